@@ -1,0 +1,218 @@
+"""``cachectl diff-tokens``: where two prompts stop matching, in token IDs."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from ..engines import tokendiff
+from ..errors import UsageError
+from ..inputs import iter_log, read_prompt
+from ..tokenization import Tokenized, load_tokenizer
+from .common import (EXIT_FINDING, EXIT_OK, AsOpt, BlockSizeOpt, ChatTemplateOpt, Format, FormatOpt, Progress,
+                     TemplateVarOpt, TokenizerOpt, emit_json, emit_jsonl, handle_errors, iter_progress,
+                     parse_template_vars, stdout)
+
+HELP = """Find where two prompts stop matching in token space, and why.
+
+A and B may each be a raw text prompt, a JSON chat message list, an OpenAI or Anthropic request body,
+a JSON list of token IDs, or - for stdin. Chat inputs are rendered through the tokenizer's own chat
+template. Exit code 0 when the token IDs are identical, 1 when they differ, 2 on bad input.
+
+Modes: two files (A B); --log FILE.jsonl pairs each request with the previous one of its conversation;
+--stability CONVERSATION.json checks that each turn's render is a token prefix of the next.
+"""
+
+
+@handle_errors
+def command(
+    a: Annotated[Optional[str], typer.Argument(help="First prompt (the earlier request), or - for stdin.",
+                                               show_default=False)] = None,
+    b: Annotated[Optional[str], typer.Argument(help="Second prompt (the later request).", show_default=False)] = None,
+    tokenizer: TokenizerOpt = None,
+    chat_template: ChatTemplateOpt = None,
+    block_size: BlockSizeOpt = 16,
+    context: Annotated[int, typer.Option("--context", min=0, help="Tokens of context around the divergence.")] = 6,
+    add_generation_prompt: Annotated[bool, typer.Option(
+        "--add-generation-prompt", help="Render chat inputs with the assistant generation prompt.")] = False,
+    special_tokens: Annotated[bool, typer.Option(
+        "--special-tokens/--no-special-tokens",
+        help="Add the tokenizer's special tokens (BOS...) when encoding raw text, as a completions API does.")] = True,
+    as_kind: AsOpt = None,
+    template_var: TemplateVarOpt = None,
+    log: Annotated[Optional[str], typer.Option(
+        "--log", metavar="FILE.jsonl", help="Batch mode: compare each logged request with the previous one.")] = None,
+    key: Annotated[Optional[str], typer.Option(
+        "--key", metavar="FIELD", help="With --log: conversation key field (dotted path, e.g. metadata.session); "
+                                       "default: each line is compared with the previous line.")] = None,
+    stability: Annotated[Optional[str], typer.Option(
+        "--stability", metavar="CONVERSATION.json",
+        help="Check that rendering turns[:k] is a token prefix of rendering turns[:k+1] for every k.")] = None,
+    fmt: FormatOpt = Format.text,
+) -> None:
+    modes = sum(x is not None for x in (log, stability)) + (a is not None or b is not None)
+    if modes != 1:
+        raise UsageError("give two prompts A B, or --log FILE.jsonl, or --stability CONVERSATION.json "
+                         "(exactly one of these)")
+    kind = as_kind.value if as_kind is not None else None
+    tvars = parse_template_vars(template_var)
+    tok = load_tokenizer(tokenizer, chat_template_file=chat_template) if tokenizer else None
+    if chat_template and not tokenizer:
+        raise UsageError("--chat-template needs --tokenizer")
+
+    if stability is not None:
+        if tok is None:
+            raise UsageError("--stability needs --tokenizer (a tokenizer with a chat template)")
+        report = tokendiff.check_stability(read_prompt(stability, kind), tok, block_size=block_size,
+                                           context=context, template_vars=tvars)
+        _render_stability(report, fmt)
+        raise typer.Exit(EXIT_OK if report.stable else EXIT_FINDING)
+
+    if log is not None:
+        mismatches = 0
+        with Progress("requests") as progress:
+            records = iter_progress(iter_log(log, key, kind), progress)
+            for item in tokendiff.diff_log(records, tok, block_size=block_size, context=context,
+                                           add_generation_prompt=add_generation_prompt,
+                                           add_special_tokens=special_tokens, template_vars=tvars):
+                if isinstance(item, tokendiff.LogSummary):
+                    _render_log_summary(item, fmt)
+                else:
+                    mismatches += item.diff.kind == tokendiff.MISMATCH
+                    _render_pair(item, fmt)
+        raise typer.Exit(EXIT_FINDING if mismatches else EXIT_OK)
+
+    if a is None or b is None:
+        raise UsageError("diff-tokens needs two prompts, A and B")
+    if a == "-" and b == "-":
+        raise UsageError("only one of A and B can be stdin (-)")
+    pa, pb = read_prompt(a, kind), read_prompt(b, kind)
+    for name, p in (("A", pa), ("B", pb)):
+        if p.ids is None and tok is None:
+            raise UsageError(f"{name} ({p.source}) is a {p.kind} prompt: pass --tokenizer to turn it into token IDs "
+                             "(a model directory, a tokenizer.json, or a cached Hugging Face id)")
+    if tok is not None:
+        ta = tok.tokenize(pa, add_generation_prompt=add_generation_prompt, add_special_tokens=special_tokens,
+                          template_vars=tvars)
+        tb = tok.tokenize(pb, add_generation_prompt=add_generation_prompt, add_special_tokens=special_tokens,
+                          template_vars=tvars)
+    else:
+        ta, tb = Tokenized(pa, list(pa.ids)), Tokenized(pb, list(pb.ids))
+    result = tokendiff.diff_tokens(ta, tb, block_size=block_size, context=context, tokenizer=tok)
+    if fmt is Format.json:
+        emit_json(result)
+    else:
+        _render_diff(result)
+    raise typer.Exit(EXIT_FINDING if result.differs else EXIT_OK)
+
+
+command.__doc__ = HELP
+
+# -------------------------------------------------------------------------------------- renderers
+
+_KIND_TEXT = {
+    tokendiff.IDENTICAL: "identical",
+    tokendiff.A_PREFIX_OF_B: "A is a token prefix of B",
+    tokendiff.B_PREFIX_OF_A: "B is a token prefix of A",
+    tokendiff.MISMATCH: "mismatch",
+}
+
+
+def _side_title(name: str, side: tokendiff.Side) -> str:
+    return f"{name}: {side.source} ({side.input_kind}, {side.tokens} tokens)"
+
+
+def _render_diff(d: tokendiff.TokenDiff) -> None:
+    stdout.print(_side_title("A", d.a), markup=False)
+    stdout.print(_side_title("B", d.b), markup=False)
+    if d.kind == tokendiff.IDENTICAL:
+        stdout.print(f"[green]identical[/]: {d.tokens_a} tokens, {d.reusable_blocks} full blocks of {d.block_size}")
+        return
+    style = "red" if d.kind == tokendiff.MISMATCH else "yellow"
+    stdout.print(f"[{style}]{_KIND_TEXT[d.kind]}[/] at token {d.first_diff_index}: common prefix "
+                 f"{d.common_prefix_tokens} tokens = {d.reusable_blocks} reusable blocks of {d.block_size}")
+    for name, side in (("A", d.a), ("B", d.b)):
+        if side.location is not None:
+            stdout.print(f"  {name} diverges at: {side.location.describe()}", markup=False)
+    if d.cause is not None:
+        stdout.print(Text.assemble(("cause: ", "bold"), (d.cause.id, "bold magenta"), f" - {d.cause.message}"),
+                     soft_wrap=True)
+    stdout.print(_window_table(d))
+
+
+def _window_table(d: tokendiff.TokenDiff) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("index", "A id", "A token", "B id", "B token"):
+        table.add_column(col, justify="right" if "id" in col or col == "index" else "left")
+    start = min(d.a.window_start, d.b.window_start)
+    stop = max(d.a.window_start + len(d.a.window_ids), d.b.window_start + len(d.b.window_ids))
+    for i in range(start, stop):
+        cells = [str(i)]
+        for side in (d.a, d.b):
+            j = i - side.window_start
+            if 0 <= j < len(side.window_ids):
+                cells += [str(side.window_ids[j]), side.window_tokens[j]]
+            else:
+                cells += ["", ""]
+        style = "bold red" if i == d.first_diff_index else ("dim" if i < (d.first_diff_index or 0) else "")
+        table.add_row(*(Text(c) for c in cells), style=style)
+    return table
+
+
+def _render_pair(p: tokendiff.PairResult, fmt: Format) -> None:
+    if fmt is Format.json:
+        emit_jsonl(p.to_dict())
+        return
+    d = p.diff
+    key = f" [{p.key}]" if p.key is not None else ""
+    if d.kind == tokendiff.MISMATCH:
+        loc = d.b.location.describe() if d.b.location else ""
+        cause = f" cause={d.cause.id}" if d.cause else ""
+        stdout.print(f"line {p.line_b}{key}: [red]mismatch[/] at token {d.first_diff_index} of "
+                     f"{d.tokens_b} (prefix {d.common_prefix_tokens}, {d.reusable_blocks} blocks) {loc}{cause}", soft_wrap=True)
+    else:
+        stdout.print(f"line {p.line_b}{key}: [green]{_KIND_TEXT[d.kind]}[/] ({d.common_prefix_tokens} tokens reused)")
+
+
+def _render_log_summary(s: tokendiff.LogSummary, fmt: Format) -> None:
+    if fmt is Format.json:
+        emit_jsonl(s.to_dict())
+        return
+    stdout.print()
+    stdout.print(f"[bold]{s.requests} requests, {s.conversations} conversations, {s.pairs} pairs[/]")
+    stdout.print("  " + ", ".join(f"{_KIND_TEXT[k]}: {n}" for k, n in s.kinds.items()), soft_wrap=True)
+    ratio = f"{s.reuse_ratio:.1%}" if s.reuse_ratio is not None else "n/a"
+    stdout.print(f"  reusable {s.reusable_tokens} tokens, reused {s.reused_tokens} ({ratio}); in full blocks of "
+                 f"{s.block_size}: {s.reused_block_tokens}", soft_wrap=True)
+    if s.kinds.get(tokendiff.MISMATCH):
+        stdout.print("  divergence point (share of the shorter prompt): " +
+                     ", ".join(f"{h['bucket']}: {h['pairs']}" for h in s.divergence_histogram if h["pairs"]), soft_wrap=True)
+    if s.top_causes:
+        stdout.print("  causes: " + ", ".join(f"{c['cause']} x{c['pairs']}" for c in s.top_causes), soft_wrap=True)
+
+
+def _render_stability(r: tokendiff.StabilityReport, fmt: Format) -> None:
+    if fmt is Format.json:
+        emit_json(r)
+        return
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for col in ("k", "adds", "tokens k", "tokens k+1", "result", "first diff", "cause"):
+        table.add_column(col)
+    for s in r.steps:
+        result = Text("prefix", "green") if s.stable else Text("REWRITTEN", "bold red")
+        cause = s.diff.cause.id if s.diff.cause else ""
+        first = "" if s.stable else str(s.diff.first_diff_index)
+        table.add_row(str(s.k), s.role_added, str(s.tokens_prev), str(s.tokens_next), result, first, cause)
+    stdout.print(f"{r.source}: {r.turns} messages", markup=False)
+    stdout.print(table)
+    if r.stable:
+        stdout.print("[green]stable[/]: every turn's render is a token prefix of the next")
+    else:
+        bad = next(s for s in r.steps if not s.stable)
+        stdout.print(Text.assemble(
+            ("unstable", "red"), f" at k={r.first_unstable_k}: adding message {bad.k} ({bad.role_added}) changes "
+            f"earlier tokens at index {bad.diff.first_diff_index}" +
+            (f" - {bad.diff.cause.message}" if bad.diff.cause else "")), soft_wrap=True)

@@ -1,0 +1,1 @@
+"""Engines: plain library modules. They take plain values, return frozen dataclasses, and never print."""

@@ -1,0 +1,575 @@
+"""Where two prompts stop matching in token space, and why.
+
+The core is :func:`common_prefix_length`; :func:`diff_tokens` builds the full report for two tokenized
+prompts (windows, locations, a cause hint), :func:`diff_log` streams a JSONL log pairing each request with
+the previous one of its conversation, and :func:`check_stability` checks that a chat template renders each
+conversation prefix as a token prefix of the next turn.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Iterable, Iterator, Sequence
+
+from ..errors import UsageError
+from ..inputs import LogRecord, PromptInput
+from ..tokenization import Location, TokenizerHandle, Tokenized
+
+SCHEMA_VERSION = 1
+IDENTICAL, A_PREFIX_OF_B, B_PREFIX_OF_A, MISMATCH = "identical", "a_prefix_of_b", "b_prefix_of_a", "mismatch"
+
+
+# ------------------------------------------------------------------------------------------- core
+
+
+def common_prefix_length(a: Sequence, b: Sequence) -> int:
+    """Length of the longest common prefix of two sequences (token IDs, or strings).
+
+    Slice comparisons run in C; the search halves the unresolved range each step and compares only
+    that range, so the total work is linear in the prefix length.
+    """
+    if type(a) is not type(b):
+        a, b = list(a), list(b)
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo]; a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def classify(len_a: int, len_b: int, common: int) -> tuple[str, int | None]:
+    """``(kind, first_diff_index)`` from the lengths and the common prefix length."""
+    if common == len_a == len_b:
+        return IDENTICAL, None
+    if common == len_a:
+        return A_PREFIX_OF_B, common
+    if common == len_b:
+        return B_PREFIX_OF_A, common
+    return MISMATCH, common
+
+
+# ---------------------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class Cause:
+    id: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Side:
+    source: str
+    input_kind: str
+    tokens: int
+    window_start: int
+    window_ids: tuple[int, ...]
+    window_tokens: tuple[str, ...]
+    location: Location | None
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class TokenDiff:
+    kind: str
+    first_diff_index: int | None
+    common_prefix_tokens: int
+    tokens_a: int
+    tokens_b: int
+    block_size: int
+    reusable_blocks: int
+    a: Side
+    b: Side
+    cause: Cause | None
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def differs(self) -> bool:
+        return self.kind != IDENTICAL
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------------------- visible
+
+
+_VISIBLE = str.maketrans({" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍", "\u00a0": "⍽"})
+
+
+def visible(text: str) -> str:
+    """Make whitespace visible: space ␣, newline ↵, tab ⇥, carriage return ␍, no-break space ⍽."""
+    return text.translate(_VISIBLE)
+
+
+def _side(t: Tokenized, index: int | None, context: int) -> Side:
+    if index is None:
+        return Side(source=t.prompt.source, line=t.prompt.line, input_kind=t.prompt.kind, tokens=len(t),
+                    window_start=0, window_ids=(), window_tokens=(), location=None)
+    start = max(0, index - context)
+    stop = min(len(t), index + context + 1)
+    return Side(source=t.prompt.source, line=t.prompt.line, input_kind=t.prompt.kind, tokens=len(t),
+                window_start=start, window_ids=tuple(t.ids[start:stop]),
+                window_tokens=tuple(visible(t.token_text(i)) for i in range(start, stop)),
+                location=t.location(index))
+
+
+def diff_tokens(a: Tokenized, b: Tokenized, *, block_size: int = 16, context: int = 6,
+                tokenizer: TokenizerHandle | None = None) -> TokenDiff:
+    """Compare two tokenized prompts: where reuse stops, what surrounds it, and a likely cause."""
+    if block_size < 1:
+        raise UsageError("--block-size must be at least 1")
+    if context < 0:
+        raise UsageError("--context must not be negative")
+    common = common_prefix_length(a.ids, b.ids)
+    kind, index = classify(len(a), len(b), common)
+    cause = explain(a, b, index, tokenizer) if kind == MISMATCH else None
+    return TokenDiff(kind=kind, first_diff_index=index, common_prefix_tokens=common, tokens_a=len(a),
+                     tokens_b=len(b), block_size=block_size, reusable_blocks=common // block_size,
+                     a=_side(a, index, context), b=_side(b, index, context), cause=cause)
+
+
+# ----------------------------------------------------------------------------------------- causes
+
+_MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.?"
+_DAY = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)[a-z]*"
+DATE_TIME_RE = re.compile(
+    r"\d{4}-\d{2}-\d{2}(?:[T ]\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?"
+    r"|\b\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:\s?[AaPp][Mm])?\b"
+    rf"|\b\d{{1,2}}(?:st|nd|rd|th)? {_MONTH},? \d{{4}}\b"
+    rf"|\b{_MONTH} \d{{1,2}}(?:st|nd|rd|th)?,? \d{{4}}\b"
+    r"|\b\d{1,2}/\d{1,2}/\d{2,4}\b"
+    rf"|\b{_DAY}\b"
+    r"|\b1[6-9]\d{8}(?:\d{3})?(?:\.\d+)?\b")  # Unix time in seconds or milliseconds
+VOLATILE_ID_RE = re.compile(
+    r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
+    r"|\b(?:req|request|trace|span|msg|run|chatcmpl|call|toolu)[_-][A-Za-z0-9_-]{6,}\b"
+    r"|\b[0-9a-f]{16,64}\b")
+
+
+def _char_span(t: Tokenized, index: int) -> tuple[int, int] | None:
+    if index < len(t):
+        return t.char_range(index)
+    if t.text is not None:  # past the end: the end of the text
+        return len(t.text), len(t.text)
+    return None
+
+
+def _matches_at(regex: re.Pattern, t: Tokenized, index: int) -> str | None:
+    """A regex match in ``t.text`` that overlaps token ``index`` (or starts right after it)."""
+    rng = _char_span(t, index)
+    if rng is None or t.text is None:
+        return None
+    start, end = rng
+    for m in regex.finditer(t.text, max(0, start - 40), min(len(t.text), end + 40)):
+        if m.start() <= end + 2 and m.end() > start:  # overlaps the token, or starts right after it
+            return m.group(0)
+    return None
+
+
+def _has_system(p: PromptInput) -> bool:
+    return bool(p.messages) and p.messages[0].get("role") in ("system", "developer")
+
+
+def _has_think(msg: dict | None) -> bool:
+    if not msg:
+        return False
+    content = msg.get("content") or ""
+    return "<think>" in content or "</think>" in content or bool(msg.get("reasoning_content"))
+
+
+def explain(a: Tokenized, b: Tokenized, index: int, tokenizer: TokenizerHandle | None = None) -> Cause | None:
+    """The known pitfall that best explains a divergence at ``index``, or None."""
+    for check in (_bos, _tools, _default_system, _think, _date_time, _volatile_id, _whitespace,
+                  _token_boundary, _history, _system_changed):
+        cause = check(a, b, index, tokenizer)
+        if cause is not None:
+            return cause
+    return None
+
+
+def _bos(a, b, index, tokenizer) -> Cause | None:
+    if index > 1:
+        return None
+    bos = tokenizer.bos_token_id if tokenizer is not None else None
+    for x, y, nx, ny in ((a, b, "A", "B"), (b, a, "B", "A")):
+        if len(x) < 2 or not len(y):
+            continue
+        cand = bos if bos is not None else x.ids[0]
+        doubled_x = x.ids[0] == x.ids[1] == cand
+        doubled_y = len(y) > 1 and y.ids[0] == y.ids[1] == cand
+        if doubled_x and not doubled_y and y.ids[0] == cand and index == 1:
+            what = f"BOS ({tokenizer.id_text(cand)!s})" if bos is not None else f"token {cand} (likely BOS)"
+            return Cause("doubled_bos", f"{nx} starts with two copies of {what}: the prompt text already "
+                         "contains BOS and encoding added another. Encode rendered chat text with "
+                         "add_special_tokens=False, or tokenize through the chat template.")
+    if bos is not None and index == 0 and len(a) and len(b) and (a.ids[0] == bos) != (b.ids[0] == bos):
+        nx = "A" if a.ids[0] == bos else "B"
+        ny = "B" if nx == "A" else "A"
+        return Cause("bos_mismatch", f"{nx} starts with BOS and {ny} does not: one was encoded with special "
+                     "tokens and the other without.")
+    return None
+
+
+def _dumps(obj: Any, sort: bool) -> str:
+    return json.dumps(obj, sort_keys=sort, ensure_ascii=False)
+
+
+def _in_content(t: Tokenized, index: int) -> bool:
+    loc = t.location(index) if index < len(t) else None
+    return bool(loc and loc.message_index is not None)
+
+
+def _tools(a, b, index, tokenizer) -> Cause | None:
+    ta, tb = a.prompt.tools, b.prompt.tools
+    if not ta and not tb:
+        return None
+    if _in_content(a, index) and _in_content(b, index):
+        return None
+    ta, tb = list(ta or ()), list(tb or ())
+    if ta == tb:
+        if _dumps(ta, False) != _dumps(tb, False):
+            return Cause("tool_schema_key_order", "the tool schemas are equal but their keys are serialized "
+                         "in another order, and chat templates render tools with tojson, which keeps key "
+                         "order: serialize tools deterministically (sorted keys, fixed order) before sending.")
+        return None
+    if sorted(_dumps(t, True) for t in ta) == sorted(_dumps(t, True) for t in tb):
+        return Cause("tool_order", "the same tools are listed in another order: keep the tool list in a fixed "
+                     "order (tools render before the messages, so everything after them misses).")
+    changed = [i for i in range(max(len(ta), len(tb)))
+               if i >= len(ta) or i >= len(tb) or ta[i] != tb[i]]
+    return Cause("tools_changed", f"the tool definitions differ (tools[{changed[0]}]); a changed tool list "
+                 "invalidates the cache for everything after it.")
+
+
+def _default_system(a, b, index, tokenizer) -> Cause | None:
+    if not (a.prompt.is_chat and b.prompt.is_chat):
+        return None
+    sa, sb = _has_system(a.prompt), _has_system(b.prompt)
+    if sa == sb:
+        return None
+    x, nx, ny = (b, "B", "A") if sa else (a, "A", "B")
+    y = a if sa else b
+    loc_x = x.location(index) if index < len(x) else None
+    loc_y = y.location(index) if index < len(y) else None
+    if (loc_x is not None and loc_x.in_template) or (loc_y is not None and loc_y.message_index == 0):
+        return Cause("default_system_prompt", f"{nx} has no system message, so the chat template inserted its "
+                     f"default system prompt where {ny} has its own: send the same system message every time.")
+    return None
+
+
+def _think(a, b, index, tokenizer) -> Cause | None:
+    if a.text is None or b.text is None:
+        return None
+    for t in (a, b):
+        loc = t.location(index) if index < len(t) else None
+        if loc is not None and loc.message_index is not None and a.prompt.is_chat and b.prompt.is_chat:
+            m = loc.message_index
+            ma = a.prompt.messages[m] if m < len(a.prompt.messages) else None
+            mb = b.prompt.messages[m] if m < len(b.prompt.messages) else None
+            if ma and mb and ma.get("role") == mb.get("role") == "assistant" and _has_think(ma) != _has_think(mb):
+                return _think_cause("A" if _has_think(ma) else "B")
+    ra, rb = _char_span(a, index), _char_span(b, index)
+    if ra is None or rb is None:
+        return None
+    ahead_a, ahead_b = a.text[ra[0]:ra[0] + 80], b.text[rb[0]:rb[0] + 80]
+    if ("<think>" in ahead_a) != ("<think>" in ahead_b):
+        return _think_cause("A" if "<think>" in ahead_a else "B")
+    return None
+
+
+def _think_cause(has: str) -> Cause:
+    other = "B" if has == "A" else "A"
+    return Cause("think_stripped", f"a <think> block is present in {has} and gone in {other}: templates such as "
+                 "Qwen3's and DeepSeek-R1's drop reasoning from earlier assistant turns, so the history "
+                 "re-renders differently. Keep reasoning out of the history, or in it, consistently.")
+
+
+def _date_time(a, b, index, tokenizer) -> Cause | None:
+    da, db = _matches_at(DATE_TIME_RE, a, index), _matches_at(DATE_TIME_RE, b, index)
+    if da and db and da != db:
+        where = a.location(index).describe() if index < len(a) else "the end of A"
+        return Cause("date_time", f"a date or time differs ({da!r} vs {db!r}, at {where}): move volatile values "
+                     "after the cached prefix (the end of the prompt), or pin them per day.")
+    return None
+
+
+def _volatile_id(a, b, index, tokenizer) -> Cause | None:
+    ia, ib = _matches_at(VOLATILE_ID_RE, a, index), _matches_at(VOLATILE_ID_RE, b, index)
+    if ia and ib and ia != ib:
+        return Cause("volatile_id", f"an id that changes per request differs ({ia!r} vs {ib!r}): keep request, "
+                     "trace and user ids out of the cached prefix.")
+    return None
+
+
+def _text_divergence(a: Tokenized, b: Tokenized, index: int) -> tuple[int, int, int] | None:
+    """``(token_start, token_end_min, char_divergence)`` when both divergent tokens start at the same
+    character after identical text, else None."""
+    if a.text is None or b.text is None:
+        return None
+    ra, rb = _char_span(a, index), _char_span(b, index)
+    if ra is None or rb is None or ra[0] != rb[0] or a.text[:ra[0]] != b.text[:rb[0]]:
+        return None
+    cp = ra[0] + common_prefix_length(a.text[ra[0]:ra[0] + 4096], b.text[rb[0]:rb[0] + 4096])
+    return ra[0], min(ra[1], rb[1]), cp
+
+
+_WS = re.compile(r"\s+")
+
+
+def _whitespace(a, b, index, tokenizer) -> Cause | None:
+    div = _text_divergence(a, b, index)
+    if div is None:
+        return None
+    cp = div[2]
+    xa, xb = a.text[cp:cp + 200], b.text[cp:cp + 200]
+    if not (xa[:1].isspace() or xb[:1].isspace()):
+        return None
+    na, nb = _WS.sub("", xa), _WS.sub("", xb)
+    k = min(len(na), len(nb), 40)
+    if na[:k] == nb[:k] and (k > 0 or (not na and not nb)):
+        wa = visible(xa[:len(xa) - len(xa.lstrip())][:12])
+        wb = visible(xb[:len(xb) - len(xb.lstrip())][:12])
+        return Cause("whitespace", f"the prompts differ only in whitespace here (A {wa!r} vs B {wb!r}): "
+                     "normalize whitespace (trailing newlines, indentation, double spaces) before sending.")
+    return None
+
+
+def _token_boundary(a, b, index, tokenizer) -> Cause | None:
+    div = _text_divergence(a, b, index)
+    if div is None:
+        return None
+    start, end_min, cp = div
+    # The text agrees past the end of one side's divergent token: same characters, another split.
+    if cp >= end_min and cp > start:
+        same = visible(a.text[start:cp][:20])
+        return Cause("token_boundary", f"the text still matches for {cp - start} more characters ({same!r}) but "
+                     "the tokenizer split it differently, e.g. a trailing newline or space that merged with "
+                     "what follows: end the stable part where tokens do not merge across it.")
+    return None
+
+
+def _history(a, b, index, tokenizer) -> Cause | None:
+    if not (a.prompt.is_chat and b.prompt.is_chat) or index >= len(a) or index >= len(b):
+        return None
+    la, lb = a.location(index), b.location(index)
+    if la.message_index is None or la.message_index != lb.message_index:
+        return None
+    m = la.message_index
+    if m < len(a.prompt.messages) - 1 and m < len(b.prompt.messages) - 1 and la.role != "system":
+        return Cause("history_edited", f"message {m} ({la.role}) differs although newer messages follow it in "
+                     "both prompts: the history was edited, summarised or truncated. Append-only history keeps "
+                     "the prefix cache.")
+    return None
+
+
+def _system_changed(a, b, index, tokenizer) -> Cause | None:
+    if index >= len(a) or index >= len(b):
+        return None
+    la, lb = a.location(index), b.location(index)
+    if la.role in ("system", "developer") and lb.role == la.role:
+        return Cause("system_prompt_changed", "the system prompt differs between the two requests: everything "
+                     "after it misses. Keep per-request values out of the system prompt.")
+    return None
+
+
+# ---------------------------------------------------------------------------------------- batch log
+
+
+@dataclass(frozen=True)
+class PairResult:
+    line_a: int
+    line_b: int
+    key: Any
+    diff: TokenDiff
+
+    def to_dict(self) -> dict:
+        return {"record": "pair", "schema_version": SCHEMA_VERSION, "line_a": self.line_a,
+                "line_b": self.line_b, "key": self.key, **self.diff.to_dict()}
+
+
+@dataclass(frozen=True)
+class LogSummary:
+    requests: int
+    conversations: int
+    pairs: int
+    kinds: dict
+    #: tokens an append-only successor would reuse from its predecessor: min of the two lengths
+    reusable_tokens: int
+    #: tokens actually shared as a prefix with the predecessor
+    reused_tokens: int
+    #: of those, tokens in full blocks (what a block-granular prefix cache can reuse)
+    reused_block_tokens: int
+    block_size: int
+    reuse_ratio: float | None
+    divergence_histogram: tuple[dict, ...]
+    top_causes: tuple[dict, ...]
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict:
+        return {"record": "summary", **asdict(self)}
+
+
+_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
+
+
+def _bucket_label(lo: float, hi: float) -> str:
+    return f"{int(lo * 100)}-{int(hi * 100)}%"
+
+
+class _SummaryBuilder:
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self.requests = 0
+        self.keys: set = set()
+        self.pairs = 0
+        self.kinds: Counter = Counter()
+        self.causes: Counter = Counter()
+        self.reusable = self.reused = self.reused_blocks = 0
+        self.hist = [0] * (len(_BUCKETS) - 1)
+
+    def add(self, d: TokenDiff) -> None:
+        self.pairs += 1
+        self.kinds[d.kind] += 1
+        self.reusable += min(d.tokens_a, d.tokens_b)
+        self.reused += d.common_prefix_tokens
+        self.reused_blocks += d.reusable_blocks * d.block_size
+        if d.cause is not None:
+            self.causes[d.cause.id] += 1
+        if d.kind == MISMATCH:
+            frac = d.first_diff_index / max(1, min(d.tokens_a, d.tokens_b))
+            for i in range(len(self.hist)):
+                if frac < _BUCKETS[i + 1] or i == len(self.hist) - 1:
+                    self.hist[i] += 1
+                    break
+
+    def build(self) -> LogSummary:
+        hist = tuple({"bucket": _bucket_label(_BUCKETS[i], _BUCKETS[i + 1]), "pairs": n}
+                     for i, n in enumerate(self.hist))
+        return LogSummary(requests=self.requests, conversations=len(self.keys), pairs=self.pairs,
+                          kinds={k: self.kinds.get(k, 0) for k in (IDENTICAL, A_PREFIX_OF_B, B_PREFIX_OF_A, MISMATCH)},
+                          reusable_tokens=self.reusable, reused_tokens=self.reused,
+                          reused_block_tokens=self.reused_blocks, block_size=self.block_size,
+                          reuse_ratio=(self.reused / self.reusable) if self.reusable else None,
+                          divergence_histogram=hist,
+                          top_causes=tuple({"cause": c, "pairs": n} for c, n in self.causes.most_common(10)))
+
+
+def _chunks(it: Iterable, size: int) -> Iterator[list]:
+    chunk: list = []
+    for x in it:
+        chunk.append(x)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def diff_log(records: Iterable[LogRecord], tokenizer: TokenizerHandle | None, *, block_size: int = 16,
+             context: int = 6, add_generation_prompt: bool = False, add_special_tokens: bool = True,
+             template_vars: dict | None = None, batch_size: int = 64) -> Iterator[PairResult | LogSummary]:
+    """Stream pairs (each request vs the previous one of its conversation), then one summary.
+
+    Requests are tokenized in batches of ``batch_size``; only the last request of each open
+    conversation is kept, so memory follows the working set, not the log size.
+    """
+    if block_size < 1:
+        raise UsageError("--block-size must be at least 1")
+    summary = _SummaryBuilder(block_size)
+    last: dict = {}
+    for chunk in _chunks(records, batch_size):
+        prompts = [r.prompt for r in chunk]
+        if tokenizer is None:
+            needs = next((p for p in prompts if p.ids is None), None)
+            if needs is not None:
+                raise UsageError(f"{needs.where}: a {needs.kind} prompt needs --tokenizer to become token IDs")
+            toks = [Tokenized(p, list(p.ids)) for p in prompts]
+        else:
+            toks = tokenizer.tokenize_many(prompts, add_generation_prompt=add_generation_prompt,
+                                           add_special_tokens=add_special_tokens, template_vars=template_vars)
+        for rec, tok in zip(chunk, toks):
+            summary.requests += 1
+            summary.keys.add(rec.key)
+            prev = last.get(rec.key)
+            last[rec.key] = tok
+            if prev is None:
+                continue
+            d = diff_tokens(prev, tok, block_size=block_size, context=context, tokenizer=tokenizer)
+            summary.add(d)
+            yield PairResult(line_a=prev.prompt.line or 0, line_b=rec.line, key=rec.key, diff=d)
+    yield summary.build()
+
+
+# ---------------------------------------------------------------------------------------- stability
+
+
+@dataclass(frozen=True)
+class StabilityStep:
+    k: int                   # turns[:k] rendered, compared with turns[:k+1]
+    role_added: str
+    tokens_prev: int
+    tokens_next: int
+    stable: bool
+    diff: TokenDiff
+
+
+@dataclass(frozen=True)
+class StabilityReport:
+    source: str
+    turns: int
+    stable: bool
+    first_unstable_k: int | None
+    steps: tuple[StabilityStep, ...] = field(default_factory=tuple)
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _prefix_prompt(p: PromptInput, k: int) -> PromptInput:
+    return replace(p, messages=p.messages[:k], field_paths=p.field_paths[:k])
+
+
+def check_stability(prompt: PromptInput, tokenizer: TokenizerHandle, *, block_size: int = 16,
+                    context: int = 6, template_vars: dict | None = None) -> StabilityReport:
+    """For each k, is the render of turns[:k] a token prefix of the render of turns[:k+1]?
+
+    A prefix ending in a user or tool message is rendered with the generation prompt (as a server
+    would for the request), one ending in an assistant message without it. A template that rewrites
+    history (strips reasoning, injects per-turn text) fails at the first k where it does so.
+    """
+    if not prompt.is_chat:
+        raise UsageError(f"{prompt.source}: --stability needs a conversation (a chat message list or a "
+                         "request body), not a raw prompt")
+    msgs = prompt.messages
+    first = next((i + 1 for i, m in enumerate(msgs) if m.get("role") not in ("system", "developer")), None)
+    if first is None or first >= len(msgs):
+        raise UsageError(f"{prompt.source}: --stability needs at least two turns after the system message")
+
+    def render(k: int) -> Tokenized:
+        p = _prefix_prompt(prompt, k)
+        gen = msgs[k - 1].get("role") != "assistant"
+        return tokenizer.tokenize(p, add_generation_prompt=gen, template_vars=template_vars)
+
+    steps = []
+    prev = render(first)
+    for k in range(first, len(msgs)):
+        nxt = render(k + 1)
+        d = diff_tokens(prev, nxt, block_size=block_size, context=context, tokenizer=tokenizer)
+        stable = d.kind in (IDENTICAL, A_PREFIX_OF_B)
+        steps.append(StabilityStep(k=k, role_added=str(msgs[k].get("role")), tokens_prev=len(prev),
+                                   tokens_next=len(nxt), stable=stable, diff=d))
+        prev = nxt
+    first_bad = next((s.k for s in steps if not s.stable), None)
+    return StabilityReport(source=prompt.source, turns=len(msgs), stable=first_bad is None,
+                           first_unstable_k=first_bad, steps=tuple(steps))

@@ -1,0 +1,333 @@
+"""Tokenizer loading and prompt tokenization, shared by every command.
+
+``load_tokenizer`` accepts a local model directory, a ``tokenizer.json`` file or a Hugging Face model id
+that is already in the local cache; it never downloads. transformers is imported here, lazily, only when a
+tokenizer is actually loaded.
+
+Chat prompts are rendered through the tokenizer's own chat template with transformers'
+``apply_chat_template(tokenize=False)`` and the rendered text is encoded with ``add_special_tokens=False``:
+this is exactly what ``apply_chat_template(tokenize=True)`` does in transformers 5 (a test keeps the two in
+agreement), and it keeps the character offsets that map a token back to a message and field. Raw text
+prompts are encoded with the tokenizer's special tokens (as a completions endpoint does) unless asked not
+to; that is where a doubled BOS shows up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+from .errors import InputError, TokenizerError
+from .inputs import PromptInput
+
+if TYPE_CHECKING:  # pragma: no cover
+    import tokenizers
+
+_HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+@dataclass(frozen=True)
+class Span:
+    """A character range of the encoded text that came from one input field."""
+
+    start: int
+    end: int
+    field: str
+    message_index: int | None = None
+    role: str | None = None
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a token index falls in an input."""
+
+    token_index: int
+    field: str | None = None
+    message_index: int | None = None
+    role: str | None = None
+    char_offset: int | None = None          # within ``field``
+    rendered_char_offset: int | None = None  # within the text that was encoded
+    in_template: bool = False               # text the chat template wrote, not from any field
+    end_of_input: bool = False
+    special_token: bool = False             # added by the tokenizer (a BOS from its post-processor)
+
+    def describe(self) -> str:
+        if self.end_of_input:
+            return "end of input"
+        if self.special_token:
+            return "special token added by the tokenizer"
+        if self.in_template:
+            return f"chat-template text at char {self.rendered_char_offset}"
+        if self.field is None:
+            return f"token {self.token_index}"
+        who = f"message {self.message_index} ({self.role}) " if self.message_index is not None else ""
+        return f"{who}{self.field} char {self.char_offset}"
+
+
+class Tokenized:
+    """A prompt turned into token IDs, with what is needed to map an index back to the input.
+
+    ``encoding`` is the ``tokenizers.Encoding`` when the tokenizer produced the IDs (offsets are read
+    from it lazily, one token at a time, so a batch costs no more than the IDs themselves).
+    """
+
+    __slots__ = ("prompt", "ids", "text", "encoding", "spans", "_tokenizer")
+
+    def __init__(self, prompt: PromptInput, ids: list[int], text: str | None = None,
+                 encoding: Any = None, spans: Sequence[Span] = (), tokenizer: "TokenizerHandle | None" = None):
+        self.prompt = prompt
+        self.ids = ids
+        self.text = text
+        self.encoding = encoding
+        self.spans = tuple(spans)
+        self._tokenizer = tokenizer
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def char_range(self, i: int) -> tuple[int, int] | None:
+        """Character range of token ``i`` in ``text``; None for added special tokens and ID inputs."""
+        if self.encoding is None or not (0 <= i < len(self.ids)):
+            return None
+        rng = self.encoding.token_to_chars(i)
+        if rng is None:
+            return None
+        start, end = rng
+        if start == end:
+            return None
+        return start, end
+
+    def token_text(self, i: int) -> str:
+        """The surface text of token ``i`` (its slice of the input text, or its decoded form)."""
+        rng = self.char_range(i)
+        if rng is not None and self.text is not None:
+            return self.text[rng[0]:rng[1]]
+        if self._tokenizer is not None:
+            return self._tokenizer.id_text(self.ids[i])
+        return f"<{self.ids[i]}>"
+
+    def location(self, i: int) -> Location:
+        if i >= len(self.ids):
+            return Location(token_index=i, end_of_input=True)
+        rng = self.char_range(i)
+        if rng is None:
+            if self.text is None:
+                return Location(token_index=i)
+            return Location(token_index=i, special_token=True)
+        char = rng[0]
+        for span in self.spans:
+            if span.start <= char < span.end:
+                return Location(token_index=i, field=span.field, message_index=span.message_index,
+                                role=span.role, char_offset=char - span.start, rendered_char_offset=char)
+        return Location(token_index=i, rendered_char_offset=char, in_template=True)
+
+
+def _import_transformers():
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    try:
+        import transformers
+    except ImportError as exc:  # pragma: no cover - a broken install
+        raise TokenizerError(f"transformers is not installed ({exc}); install cachectl with its dependencies") from None
+    transformers.utils.logging.set_verbosity_error()
+    return transformers
+
+
+class TokenizerHandle:
+    """A loaded tokenizer: the transformers tokenizer (for chat templates) and its fast backend."""
+
+    def __init__(self, name: str, hf: Any, chat_template: str | None = None):
+        self.name = name
+        self.hf = hf
+        backend = getattr(hf, "backend_tokenizer", None) or getattr(hf, "_tokenizer", None)
+        if backend is None:
+            raise TokenizerError(f"tokenizer {name}: only fast (tokenizers-backed) tokenizers are supported")
+        self.backend: "tokenizers.Tokenizer" = backend
+        if chat_template is not None:
+            hf.chat_template = chat_template
+        self.bos_token_id: int | None = getattr(hf, "bos_token_id", None)
+        self.bos_token: str | None = getattr(hf, "bos_token", None)
+
+    @property
+    def chat_template(self) -> str | None:
+        tmpl = getattr(self.hf, "chat_template", None)
+        if isinstance(tmpl, dict):
+            return tmpl.get("default") or next(iter(tmpl.values()), None)
+        return tmpl
+
+    def id_text(self, token_id: int) -> str:
+        text = self.backend.decode([token_id], skip_special_tokens=False)
+        if text == "":
+            tok = self.backend.id_to_token(token_id)
+            return tok if tok is not None else f"<{token_id}>"
+        return text
+
+    # ------------------------------------------------------------------------------ chat rendering
+
+    def render_chat(self, prompt: PromptInput, *, add_generation_prompt: bool = False,
+                    template_vars: dict | None = None, messages: Sequence[dict] | None = None) -> str:
+        if self.chat_template is None:
+            raise TokenizerError(
+                f"tokenizer {self.name} has no chat template; pass a model directory whose "
+                "tokenizer_config.json or chat_template.jinja has one, or --chat-template FILE")
+        msgs = list(prompt.messages if messages is None else messages)
+        if not msgs:
+            raise InputError("no messages to render", source=prompt.source, line=prompt.line, field="messages")
+        try:
+            return self.hf.apply_chat_template(
+                msgs, tools=list(prompt.tools) if prompt.tools else None,
+                add_generation_prompt=add_generation_prompt, tokenize=False, **(template_vars or {}))
+        except Exception as exc:  # jinja2 TemplateError, TypeError from a filter, ...
+            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise InputError(f"chat template failed to render: {msg}", source=prompt.source,
+                             line=prompt.line) from None
+
+    # ------------------------------------------------------------------------------ tokenization
+
+    def tokenize(self, prompt: PromptInput, **kwargs) -> Tokenized:
+        return self.tokenize_many([prompt], **kwargs)[0]
+
+    def tokenize_many(self, prompts: Sequence[PromptInput], *, add_generation_prompt: bool = False,
+                      add_special_tokens: bool = True, template_vars: dict | None = None) -> list[Tokenized]:
+        """Tokenize prompts in one batch (the Rust backend runs the batch in parallel)."""
+        texts: list[str | None] = []
+        spans: list[tuple[Span, ...]] = []
+        for p in prompts:
+            if p.ids is not None:
+                texts.append(None)
+                spans.append(())
+            elif p.is_chat:
+                text = self.render_chat(p, add_generation_prompt=add_generation_prompt,
+                                        template_vars=template_vars)
+                texts.append(text)
+                spans.append(chat_spans(p, text))
+            else:
+                texts.append(p.text)
+                spans.append((Span(0, len(p.text or ""), p.field_paths[0] if p.field_paths else "text"),))
+        # Chat renders are encoded without special tokens (the template wrote them), like
+        # apply_chat_template(tokenize=True); raw text gets them when asked.
+        chat_batch = [t for t, p in zip(texts, prompts) if t is not None and p.is_chat]
+        text_batch = [t for t, p in zip(texts, prompts) if t is not None and not p.is_chat]
+        enc_chat = iter(self.backend.encode_batch(chat_batch, add_special_tokens=False) if chat_batch else ())
+        enc_text = iter(self.backend.encode_batch(text_batch, add_special_tokens=add_special_tokens)
+                        if text_batch else ())
+        out: list[Tokenized] = []
+        for p, text, sp in zip(prompts, texts, spans):
+            if text is None:
+                out.append(Tokenized(p, list(p.ids or ()), tokenizer=self))
+                continue
+            enc = next(enc_chat) if p.is_chat else next(enc_text)
+            out.append(Tokenized(p, enc.ids, text=text, encoding=enc, spans=sp, tokenizer=self))
+        return out
+
+
+def chat_spans(prompt: PromptInput, text: str) -> tuple[Span, ...]:
+    """Find where each message's content and each tool schema landed in the rendered text.
+
+    Contents are searched in order from a moving cursor, so text the template injected between them
+    (a default system prompt, a date line, role headers) stays unattributed, i.e. template text.
+    """
+    spans: list[Span] = []
+    cursor = 0
+    for idx, (msg, path) in enumerate(zip(prompt.messages or (), prompt.field_paths)):
+        content = msg.get("content")
+        if not isinstance(content, str) or not content:
+            continue
+        pos = text.find(content, cursor)
+        if pos < 0:  # the template rewrote it (stripped a think block, trimmed): try its last line
+            tail = content.rsplit("</think>", 1)[-1].strip()
+            pos = text.find(tail, cursor) if tail else -1
+            if pos < 0:
+                continue
+            spans.append(Span(pos, pos + len(tail), path, idx, msg.get("role")))
+            cursor = pos + len(tail)
+            continue
+        spans.append(Span(pos, pos + len(content), path, idx, msg.get("role")))
+        cursor = pos + len(content)
+    for t_idx, tool in enumerate(prompt.tools or ()):
+        for rendered in _tool_renderings(tool):
+            pos = text.find(rendered)
+            if pos >= 0:
+                spans.append(Span(pos, pos + len(rendered), f"tools[{t_idx}]"))
+                break
+    spans.sort(key=lambda s: s.start)
+    return tuple(spans)
+
+
+def _tool_renderings(tool: dict) -> Iterable[str]:
+    # The ways chat templates commonly serialize a tool: transformers' tojson (json.dumps, keys unsorted,
+    # optionally indented), with and without the {"type": "function"} wrapper.
+    fn = tool.get("function") if isinstance(tool.get("function"), dict) else None
+    for obj in (tool, fn) if fn else (tool,):
+        for indent in (None, 4, 2):
+            yield json.dumps(obj, ensure_ascii=False, indent=indent)
+
+
+# ----------------------------------------------------------------------------------------- loading
+
+
+def load_tokenizer(spec: str, *, chat_template_file: str | None = None) -> TokenizerHandle:
+    """Load a tokenizer from a model directory, a tokenizer.json file, or a cached Hugging Face id."""
+    chat_template = None
+    if chat_template_file is not None:
+        try:
+            chat_template = Path(chat_template_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"cannot read chat template: {exc}", source=chat_template_file) from None
+    path = Path(spec).expanduser()
+    if path.is_file():
+        if path.name == "tokenizer_config.json":
+            return _load_dir(path.parent, spec, chat_template)
+        return _load_file(path, spec, chat_template)
+    if path.is_dir():
+        return _load_dir(path, spec, chat_template)
+    if _HF_ID.match(spec) and not spec.endswith(".json"):
+        return _load_hub_cached(spec, chat_template)
+    raise TokenizerError(f"tokenizer path not found: {spec}")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _load_file(path: Path, spec: str, chat_template: str | None) -> TokenizerHandle:
+    transformers = _import_transformers()
+    import tokenizers
+
+    try:
+        backend = tokenizers.Tokenizer.from_file(str(path))
+    except Exception as exc:
+        raise TokenizerError(f"{spec}: not a tokenizers JSON file ({_first_line(exc)})") from None
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=backend)
+    return TokenizerHandle(str(spec), hf, chat_template)
+
+
+def _load_dir(path: Path, spec: str, chat_template: str | None) -> TokenizerHandle:
+    transformers = _import_transformers()
+    if not any((path / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
+                                                   "tokenizer.model")):
+        raise TokenizerError(f"{spec}: no tokenizer files here (expected tokenizer.json or tokenizer_config.json)")
+    try:
+        hf = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:
+        raise TokenizerError(f"{spec}: cannot load tokenizer ({_first_line(exc)})") from None
+    return TokenizerHandle(str(spec), hf, chat_template)
+
+
+def _load_hub_cached(repo_id: str, chat_template: str | None) -> TokenizerHandle:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    try:
+        folder = snapshot_download(repo_id, local_files_only=True)
+    except Exception:
+        raise TokenizerError(
+            f"tokenizer {repo_id!r} is not a local path and is not in the Hugging Face cache ({HF_HUB_CACHE}); "
+            "cachectl never downloads: pass a local model directory or tokenizer.json "
+            f"(for example after `hf download {repo_id} --include 'tokenizer*' 'chat_template*'`)") from None
+    return _load_dir(Path(folder), repo_id, chat_template)
