@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
@@ -75,24 +76,36 @@ class Tokenized:
     from it lazily, one token at a time, so a batch costs no more than the IDs themselves).
     """
 
-    __slots__ = ("prompt", "ids", "text", "encoding", "spans", "_tokenizer")
+    __slots__ = ("prompt", "ids", "text", "encoding", "spans", "add_special_tokens", "_tokenizer")
 
-    def __init__(self, prompt: PromptInput, ids: list[int], text: str | None = None,
-                 encoding: Any = None, spans: Sequence[Span] = (), tokenizer: "TokenizerHandle | None" = None):
+    def __init__(self, prompt: PromptInput, ids: Sequence[int], text: str | None = None,
+                 encoding: Any = None, spans: Sequence[Span] = (), tokenizer: "TokenizerHandle | None" = None,
+                 add_special_tokens: bool = False):
         self.prompt = prompt
         self.ids = ids
         self.text = text
         self.encoding = encoding
         self.spans = tuple(spans)
+        self.add_special_tokens = add_special_tokens
         self._tokenizer = tokenizer
+
+    def compact(self) -> "Tokenized":
+        """The same prompt holding 4 bytes per token instead of a full ``Encoding`` (about 100 bytes per
+        token): offsets are recomputed from the text on first use. For keeping many prompts around."""
+        return Tokenized(self.prompt, array("I", self.ids), self.text, None, self.spans, self._tokenizer,
+                         self.add_special_tokens)
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def char_range(self, i: int) -> tuple[int, int] | None:
         """Character range of token ``i`` in ``text``; None for added special tokens and ID inputs."""
-        if self.encoding is None or not (0 <= i < len(self.ids)):
+        if not (0 <= i < len(self.ids)):
             return None
+        if self.encoding is None:
+            if self.text is None or self._tokenizer is None:
+                return None
+            self.encoding = self._tokenizer.backend.encode(self.text, add_special_tokens=self.add_special_tokens)
         rng = self.encoding.token_to_chars(i)
         if rng is None:
             return None
@@ -146,6 +159,12 @@ class TokenizerHandle:
         backend = getattr(hf, "backend_tokenizer", None) or getattr(hf, "_tokenizer", None)
         if backend is None:
             raise TokenizerError(f"tokenizer {name}: only fast (tokenizers-backed) tokenizers are supported")
+        # A tokenizer.json may carry padding or truncation settings (MiniLM pads to 128): transformers
+        # resets them on every call, and so do we, once, so that the batch path sees whole prompts.
+        if backend.padding is not None:
+            backend.no_padding()
+        if backend.truncation is not None:
+            backend.no_truncation()
         self.backend: "tokenizers.Tokenizer" = backend
         if chat_template is not None:
             hf.chat_template = chat_template
@@ -221,7 +240,8 @@ class TokenizerHandle:
                 out.append(Tokenized(p, list(p.ids or ()), tokenizer=self))
                 continue
             enc = next(enc_chat) if p.is_chat else next(enc_text)
-            out.append(Tokenized(p, enc.ids, text=text, encoding=enc, spans=sp, tokenizer=self))
+            out.append(Tokenized(p, enc.ids, text=text, encoding=enc, spans=sp, tokenizer=self,
+                                 add_special_tokens=add_special_tokens and not p.is_chat))
         return out
 
 
@@ -313,10 +333,26 @@ def _load_dir(path: Path, spec: str, chat_template: str | None) -> TokenizerHand
                                                    "tokenizer.model")):
         raise TokenizerError(f"{spec}: no tokenizer files here (expected tokenizer.json or tokenizer_config.json)")
     try:
-        hf = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        if _generic_fast_tokenizer(path):
+            # No model-specific class: load it directly, which spares AutoTokenizer's import of torch
+            # (seconds of start-up) and gives the same tokenizer.
+            hf = transformers.PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+        else:
+            hf = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as exc:
         raise TokenizerError(f"{spec}: cannot load tokenizer ({_first_line(exc)})") from None
     return TokenizerHandle(str(spec), hf, chat_template)
+
+
+def _generic_fast_tokenizer(path: Path) -> bool:
+    if not (path / "tokenizer.json").is_file():
+        return False
+    try:
+        config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("tokenizer_class") in ("PreTrainedTokenizerFast",
+                                                                          "TokenizersBackend")
 
 
 def _load_hub_cached(repo_id: str, chat_template: str | None) -> TokenizerHandle:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -48,6 +49,9 @@ def command(
     key: Annotated[Optional[str], typer.Option(
         "--key", metavar="FIELD", help="With --log: conversation key field (dotted path, e.g. metadata.session); "
                                        "default: each line is compared with the previous line.")] = None,
+    max_open: Annotated[int, typer.Option(
+        "--max-open", min=1, help="With --log: conversations remembered at once (least recently seen "
+                                  "forgotten first).")] = 10_000,
     stability: Annotated[Optional[str], typer.Option(
         "--stability", metavar="CONVERSATION.json",
         help="Check that rendering turns[:k] is a token prefix of rendering turns[:k+1] for every k.")] = None,
@@ -77,7 +81,8 @@ def command(
             records = iter_progress(iter_log(log, key, kind), progress)
             for item in tokendiff.diff_log(records, tok, block_size=block_size, context=context,
                                            add_generation_prompt=add_generation_prompt,
-                                           add_special_tokens=special_tokens, template_vars=tvars):
+                                           add_special_tokens=special_tokens, template_vars=tvars,
+                                           max_open=max_open):
                 if isinstance(item, tokendiff.LogSummary):
                     _render_log_summary(item, fmt)
                 else:
@@ -121,6 +126,10 @@ _KIND_TEXT = {
 }
 
 
+def _blocks(n: int, size: int) -> str:
+    return f"{n} full block{'s' if n != 1 else ''} of {size}"
+
+
 def _side_title(name: str, side: tokendiff.Side) -> str:
     return f"{name}: {side.source} ({side.input_kind}, {side.tokens} tokens)"
 
@@ -129,11 +138,11 @@ def _render_diff(d: tokendiff.TokenDiff) -> None:
     stdout.print(_side_title("A", d.a), markup=False)
     stdout.print(_side_title("B", d.b), markup=False)
     if d.kind == tokendiff.IDENTICAL:
-        stdout.print(f"[green]identical[/]: {d.tokens_a} tokens, {d.reusable_blocks} full blocks of {d.block_size}")
+        stdout.print(f"[green]identical[/]: {d.tokens_a} tokens, {_blocks(d.reusable_blocks, d.block_size)}")
         return
     style = "red" if d.kind == tokendiff.MISMATCH else "yellow"
     stdout.print(f"[{style}]{_KIND_TEXT[d.kind]}[/] at token {d.first_diff_index}: common prefix "
-                 f"{d.common_prefix_tokens} tokens = {d.reusable_blocks} reusable blocks of {d.block_size}")
+                 f"{d.common_prefix_tokens} tokens = {_blocks(d.reusable_blocks, d.block_size)} reusable")
     for name, side in (("A", d.a), ("B", d.b)):
         if side.location is not None:
             stdout.print(f"  {name} diverges at: {side.location.describe()}", markup=False)
@@ -164,15 +173,16 @@ def _window_table(d: tokendiff.TokenDiff) -> Table:
 
 def _render_pair(p: tokendiff.PairResult, fmt: Format) -> None:
     if fmt is Format.json:
-        emit_jsonl(p.to_dict())
+        emit_jsonl(p.to_json_obj())
         return
     d = p.diff
-    key = f" [{p.key}]" if p.key is not None else ""
+    key = escape(f" [{p.key}]") if p.key is not None else ""
     if d.kind == tokendiff.MISMATCH:
-        loc = d.b.location.describe() if d.b.location else ""
+        loc = escape(d.b.location.describe()) if d.b.location else ""
         cause = f" cause={d.cause.id}" if d.cause else ""
         stdout.print(f"line {p.line_b}{key}: [red]mismatch[/] at token {d.first_diff_index} of "
-                     f"{d.tokens_b} (prefix {d.common_prefix_tokens}, {d.reusable_blocks} blocks) {loc}{cause}", soft_wrap=True)
+                     f"{d.tokens_b} (prefix {d.common_prefix_tokens}, {_blocks(d.reusable_blocks, d.block_size)}) {loc}{cause}",
+                     soft_wrap=True)
     else:
         stdout.print(f"line {p.line_b}{key}: [green]{_KIND_TEXT[d.kind]}[/] ({d.common_prefix_tokens} tokens reused)")
 
@@ -190,6 +200,9 @@ def _render_log_summary(s: tokendiff.LogSummary, fmt: Format) -> None:
     if s.kinds.get(tokendiff.MISMATCH):
         stdout.print("  divergence point (share of the shorter prompt): " +
                      ", ".join(f"{h['bucket']}: {h['pairs']}" for h in s.divergence_histogram if h["pairs"]), soft_wrap=True)
+    if s.evicted_conversations:
+        stdout.print(f"  {s.evicted_conversations} conversations forgotten (--max-open); their next request "
+                     "counted as a new conversation", soft_wrap=True)
     if s.top_causes:
         stdout.print("  causes: " + ", ".join(f"{c['cause']} x{c['pairs']}" for c in s.top_causes), soft_wrap=True)
 

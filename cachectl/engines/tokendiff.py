@@ -8,10 +8,15 @@ conversation prefix as a token prefix of the next turn.
 
 from __future__ import annotations
 
+import functools
 import json
+import queue
 import re
+import threading
 from collections import Counter
-from dataclasses import asdict, dataclass, field, replace
+from itertools import islice
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Iterable, Iterator, Sequence
 
 from ..errors import UsageError
@@ -31,10 +36,12 @@ def common_prefix_length(a: Sequence, b: Sequence) -> int:
     Slice comparisons run in C; the search halves the unresolved range each step and compares only
     that range, so the total work is linear in the prefix length.
     """
-    if type(a) is not type(b):
+    if type(a) is not type(b):  # a list against an array or a tuple: compare as lists
         a, b = list(a), list(b)
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
+    if len(a) > len(b):
+        a, b = b, a
+    n = len(a)
+    if a == b[:n]:  # the common case in a conversation: one extends the other
         return n
     lo, hi = 0, n  # a[:lo] == b[:lo]; a[:hi] != b[:hi]
     while hi - lo > 1:
@@ -78,8 +85,9 @@ class Side:
     line: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TokenDiff:
+    schema_version: int = SCHEMA_VERSION
     kind: str
     first_diff_index: int | None
     common_prefix_tokens: int
@@ -90,7 +98,6 @@ class TokenDiff:
     a: Side
     b: Side
     cause: Cause | None
-    schema_version: int = SCHEMA_VERSION
 
     @property
     def differs(self) -> bool:
@@ -111,15 +118,18 @@ def visible(text: str) -> str:
     return text.translate(_VISIBLE)
 
 
-def _side(t: Tokenized, index: int | None, context: int) -> Side:
+def _side(t: Tokenized, index: int | None, context: int, other: Tokenized, common: int) -> Side:
     if index is None:
         return Side(source=t.prompt.source, line=t.prompt.line, input_kind=t.prompt.kind, tokens=len(t),
                     window_start=0, window_ids=(), window_tokens=(), location=None)
     start = max(0, index - context)
     stop = min(len(t), index + context + 1)
+    # Inside the common prefix both sides hold the same tokens: read their text from whichever side still
+    # has its offsets, so that a compacted prompt is re-encoded only when it really diverges.
+    shared = other if t.encoding is None and other.encoding is not None else t
+    texts = tuple(visible((shared if i < common else t).token_text(i)) for i in range(start, stop))
     return Side(source=t.prompt.source, line=t.prompt.line, input_kind=t.prompt.kind, tokens=len(t),
-                window_start=start, window_ids=tuple(t.ids[start:stop]),
-                window_tokens=tuple(visible(t.token_text(i)) for i in range(start, stop)),
+                window_start=start, window_ids=tuple(t.ids[start:stop]), window_tokens=texts,
                 location=t.location(index))
 
 
@@ -135,14 +145,15 @@ def diff_tokens(a: Tokenized, b: Tokenized, *, block_size: int = 16, context: in
     cause = explain(a, b, index, tokenizer) if kind == MISMATCH else None
     return TokenDiff(kind=kind, first_diff_index=index, common_prefix_tokens=common, tokens_a=len(a),
                      tokens_b=len(b), block_size=block_size, reusable_blocks=common // block_size,
-                     a=_side(a, index, context), b=_side(b, index, context), cause=cause)
+                     a=_side(a, index, context, b, common), b=_side(b, index, context, a, common),
+                     cause=cause)
 
 
 # ----------------------------------------------------------------------------------------- causes
 
 _MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.?"
 _DAY = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)[a-z]*"
-DATE_TIME_RE = re.compile(
+_DATE_TIME = (
     r"\d{4}-\d{2}-\d{2}(?:[T ]\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?"
     r"|\b\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:\s?[AaPp][Mm])?\b"
     rf"|\b\d{{1,2}}(?:st|nd|rd|th)? {_MONTH},? \d{{4}}\b"
@@ -150,10 +161,16 @@ DATE_TIME_RE = re.compile(
     r"|\b\d{1,2}/\d{1,2}/\d{2,4}\b"
     rf"|\b{_DAY}\b"
     r"|\b1[6-9]\d{8}(?:\d{3})?(?:\.\d+)?\b")  # Unix time in seconds or milliseconds
-VOLATILE_ID_RE = re.compile(
+_VOLATILE_ID = (
     r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
     r"|\b(?:req|request|trace|span|msg|run|chatcmpl|call|toolu)[_-][A-Za-z0-9_-]{6,}\b"
     r"|\b[0-9a-f]{16,64}\b")
+
+
+@functools.cache
+def _regex(pattern: str) -> re.Pattern:
+    """Compiled on first use, so that importing the CLI stays fast."""
+    return re.compile(pattern)
 
 
 def _char_span(t: Tokenized, index: int) -> tuple[int, int] | None:
@@ -295,7 +312,7 @@ def _think_cause(has: str) -> Cause:
 
 
 def _date_time(a, b, index, tokenizer) -> Cause | None:
-    da, db = _matches_at(DATE_TIME_RE, a, index), _matches_at(DATE_TIME_RE, b, index)
+    da, db = _matches_at(_regex(_DATE_TIME), a, index), _matches_at(_regex(_DATE_TIME), b, index)
     if da and db and da != db:
         where = a.location(index).describe() if index < len(a) else "the end of A"
         return Cause("date_time", f"a date or time differs ({da!r} vs {db!r}, at {where}): move volatile values "
@@ -304,7 +321,7 @@ def _date_time(a, b, index, tokenizer) -> Cause | None:
 
 
 def _volatile_id(a, b, index, tokenizer) -> Cause | None:
-    ia, ib = _matches_at(VOLATILE_ID_RE, a, index), _matches_at(VOLATILE_ID_RE, b, index)
+    ia, ib = _matches_at(_regex(_VOLATILE_ID), a, index), _matches_at(_regex(_VOLATILE_ID), b, index)
     if ia and ib and ia != ib:
         return Cause("volatile_id", f"an id that changes per request differs ({ia!r} vs {ib!r}): keep request, "
                      "trace and user ids out of the cached prefix.")
@@ -385,6 +402,9 @@ def _system_changed(a, b, index, tokenizer) -> Cause | None:
 # ---------------------------------------------------------------------------------------- batch log
 
 
+_DIFF_FIELDS = tuple(f.name for f in fields(TokenDiff))
+
+
 @dataclass(frozen=True)
 class PairResult:
     line_a: int
@@ -396,9 +416,16 @@ class PairResult:
         return {"record": "pair", "schema_version": SCHEMA_VERSION, "line_a": self.line_a,
                 "line_b": self.line_b, "key": self.key, **self.diff.to_dict()}
 
+    def to_json_obj(self) -> dict:
+        """Like :meth:`to_dict` but shallow: nested dataclasses stay objects (orjson writes them)."""
+        d = self.diff
+        return {"record": "pair", "schema_version": SCHEMA_VERSION, "line_a": self.line_a, "line_b": self.line_b,
+                "key": self.key, **{f: getattr(d, f) for f in _DIFF_FIELDS}}
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, kw_only=True)
 class LogSummary:
+    schema_version: int = SCHEMA_VERSION
     requests: int
     conversations: int
     pairs: int
@@ -413,10 +440,14 @@ class LogSummary:
     reuse_ratio: float | None
     divergence_histogram: tuple[dict, ...]
     top_causes: tuple[dict, ...]
-    schema_version: int = SCHEMA_VERSION
+    #: conversations forgotten to respect max_open (their next request started a new conversation)
+    evicted_conversations: int = 0
 
     def to_dict(self) -> dict:
         return {"record": "summary", **asdict(self)}
+
+    def to_json_obj(self) -> dict:
+        return self.to_dict()
 
 
 _BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
@@ -436,6 +467,7 @@ class _SummaryBuilder:
         self.causes: Counter = Counter()
         self.reusable = self.reused = self.reused_blocks = 0
         self.hist = [0] * (len(_BUCKETS) - 1)
+        self.evicted = 0
 
     def add(self, d: TokenDiff) -> None:
         self.pairs += 1
@@ -461,7 +493,8 @@ class _SummaryBuilder:
                           reused_block_tokens=self.reused_blocks, block_size=self.block_size,
                           reuse_ratio=(self.reused / self.reusable) if self.reusable else None,
                           divergence_histogram=hist,
-                          top_causes=tuple({"cause": c, "pairs": n} for c, n in self.causes.most_common(10)))
+                          top_causes=tuple({"cause": c, "pairs": n} for c, n in self.causes.most_common(10)),
+                          evicted_conversations=self.evicted)
 
 
 def _chunks(it: Iterable, size: int) -> Iterator[list]:
@@ -475,33 +508,94 @@ def _chunks(it: Iterable, size: int) -> Iterator[list]:
         yield chunk
 
 
+def prefetch(items: Iterator, depth: int = 2) -> Iterator:
+    """Produce ``items`` in a background thread, up to ``depth`` ahead of the consumer, in order.
+
+    An exception in the producer is raised in the consumer; closing the consumer stops the producer.
+    """
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    end = object()
+
+    def put(entry) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work() -> None:
+        try:
+            for item in items:
+                if not put((True, item)):
+                    return
+            put((True, end))
+        except BaseException as exc:  # handed to the consumer, raised there
+            put((False, exc))
+
+    thread = threading.Thread(target=work, name="cachectl-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            ok, item = q.get()
+            if not ok:
+                raise item
+            if item is end:
+                return
+            yield item
+    finally:
+        stop.set()
+
+
 def diff_log(records: Iterable[LogRecord], tokenizer: TokenizerHandle | None, *, block_size: int = 16,
              context: int = 6, add_generation_prompt: bool = False, add_special_tokens: bool = True,
-             template_vars: dict | None = None, batch_size: int = 64) -> Iterator[PairResult | LogSummary]:
+             template_vars: dict | None = None, batch_size: int = 128,
+             max_open: int = 10_000, keep_full: int = 64) -> Iterator[PairResult | LogSummary]:
     """Stream pairs (each request vs the previous one of its conversation), then one summary.
 
-    Requests are tokenized in batches of ``batch_size``; only the last request of each open
-    conversation is kept, so memory follows the working set, not the log size.
+    Requests are tokenized in batches of ``batch_size`` (the tokenizer runs a batch in parallel). Only
+    the last request of each conversation is kept, compacted to its IDs and text, and at most
+    ``max_open`` conversations are remembered (least recently seen forgotten first), so memory follows
+    the working set, not the log size.
     """
     if block_size < 1:
         raise UsageError("--block-size must be at least 1")
+    if max_open < 1:
+        raise UsageError("--max-open must be at least 1")
     summary = _SummaryBuilder(block_size)
-    last: dict = {}
-    for chunk in _chunks(records, batch_size):
-        prompts = [r.prompt for r in chunk]
-        if tokenizer is None:
-            needs = next((p for p in prompts if p.ids is None), None)
-            if needs is not None:
-                raise UsageError(f"{needs.where}: a {needs.kind} prompt needs --tokenizer to become token IDs")
-            toks = [Tokenized(p, list(p.ids)) for p in prompts]
-        else:
-            toks = tokenizer.tokenize_many(prompts, add_generation_prompt=add_generation_prompt,
-                                           add_special_tokens=add_special_tokens, template_vars=template_vars)
+    last: OrderedDict = OrderedDict()
+
+    def tokenized_chunks() -> Iterator[tuple[list[LogRecord], list[Tokenized]]]:
+        for chunk in _chunks(records, batch_size):
+            prompts = [r.prompt for r in chunk]
+            if tokenizer is None:
+                needs = next((p for p in prompts if p.ids is None), None)
+                if needs is not None:
+                    raise UsageError(f"{needs.where}: a {needs.kind} prompt needs --tokenizer to become token IDs")
+                yield chunk, [Tokenized(p, list(p.ids)) for p in prompts]
+            else:
+                yield chunk, tokenizer.tokenize_many(prompts, add_generation_prompt=add_generation_prompt,
+                                                     add_special_tokens=add_special_tokens,
+                                                     template_vars=template_vars)
+
+    # Reading and tokenizing the next batches runs in a thread while this one compares: the Rust
+    # tokenizer releases the GIL, so the comparison costs little on top of the tokenization.
+    for chunk, toks in prefetch(tokenized_chunks(), depth=2):
         for rec, tok in zip(chunk, toks):
             summary.requests += 1
             summary.keys.add(rec.key)
-            prev = last.get(rec.key)
+            prev = last.pop(rec.key, None)
             last[rec.key] = tok
+            # The most recently seen conversations keep their full encoding (offsets at hand for the
+            # next diff); older ones are compacted to IDs and text, and re-encoded only if they diverge.
+            if len(last) > keep_full:
+                old_key = next(islice(reversed(last), keep_full, None))
+                last[old_key] = last[old_key].compact() if last[old_key].encoding is not None else last[old_key]
+            if len(last) > max_open:
+                last.popitem(last=False)
+                summary.evicted += 1
             if prev is None:
                 continue
             d = diff_tokens(prev, tok, block_size=block_size, context=context, tokenizer=tokenizer)
@@ -523,14 +617,14 @@ class StabilityStep:
     diff: TokenDiff
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StabilityReport:
+    schema_version: int = SCHEMA_VERSION
     source: str
     turns: int
     stable: bool
     first_unstable_k: int | None
     steps: tuple[StabilityStep, ...] = field(default_factory=tuple)
-    schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,0 +1,247 @@
+"""The command line: contracts (JSON fields, exit codes), help, errors and the import budget."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import PROMPTS, ROOT, TOK_DIR
+
+TOK = str(TOK_DIR)
+DIFF_FIELDS = {"schema_version", "kind", "first_diff_index", "common_prefix_tokens", "tokens_a", "tokens_b",
+               "block_size", "reusable_blocks", "a", "b", "cause"}
+
+
+def test_version(cli):
+    from cachectl import __version__
+
+    r = cli("--version")
+    assert r.exit_code == 0 and r.stdout.strip() == f"cachectl {__version__}"
+
+
+def test_every_command_has_help(cli):
+    from cachectl.cli import app
+
+    names = [c.name for c in app.registered_commands]
+    assert "diff-tokens" in names
+    top = cli("--help")
+    assert top.exit_code == 0
+    for name in names:
+        assert name in top.stdout
+        r = cli(name, "--help")
+        assert r.exit_code == 0, name
+        assert "--format" in r.stdout, name
+        first = r.stdout.split("Usage:")[1]
+        assert len(first.strip()) > 40, name
+
+
+def test_json_contract_and_exit_codes(cli):
+    r = cli("diff-tokens", PROMPTS / "system_time_a.txt", PROMPTS / "system_time_b.txt", "-t", TOK, "--format", "json")
+    assert r.exit_code == 1, r.stderr
+    d = json.loads(r.stdout)
+    assert DIFF_FIELDS <= set(d)
+    assert d["schema_version"] == 1 and d["kind"] == "mismatch"
+    assert d["reusable_blocks"] == d["common_prefix_tokens"] // d["block_size"]
+    for side in ("a", "b"):
+        assert {"window_ids", "window_tokens", "location"} <= set(d[side])
+        assert len(d[side]["window_ids"]) == len(d[side]["window_tokens"])
+    assert d["cause"]["id"] == "date_time"
+    assert r.stderr == ""
+
+
+def test_identical_exits_zero(cli):
+    p = PROMPTS / "chat_with_system.json"
+    r = cli("diff-tokens", p, p, "-t", TOK, "-f", "json")
+    assert r.exit_code == 0
+    d = json.loads(r.stdout)
+    assert d["kind"] == "identical" and d["first_diff_index"] is None and d["cause"] is None
+
+
+def test_prefix_kind_and_block_size(cli, write):
+    a = write("a.json", list(range(40)))
+    b = write("b.json", list(range(50)))
+    r = cli("diff-tokens", a, b, "--block-size", "8", "-f", "json")
+    d = json.loads(r.stdout)
+    assert r.exit_code == 1
+    assert (d["kind"], d["first_diff_index"], d["reusable_blocks"]) == ("a_prefix_of_b", 40, 5)
+
+
+def test_text_output_names_cause_and_location(cli):
+    r = cli("diff-tokens", PROMPTS / "chat_no_system.json", PROMPTS / "chat_with_system.json", "-t", TOK)
+    assert r.exit_code == 1
+    assert "mismatch at token" in r.stdout and "default_system_prompt" in r.stdout
+    assert "chat-template text" in r.stdout and "message 0 (system)" in r.stdout
+
+
+def test_stdin_input(cli):
+    text = (PROMPTS / "system_time_a.txt").read_text()
+    r = cli("diff-tokens", "-", PROMPTS / "system_time_a.txt", "-t", TOK, "-f", "json", input=text)
+    assert r.exit_code == 0 and json.loads(r.stdout)["a"]["source"] == "<stdin>"
+
+
+def test_add_generation_prompt_and_template_var(cli, write):
+    conv = write("c.json", [{"role": "user", "content": "hi"}])
+    plain = json.loads(cli("diff-tokens", conv, conv, "-t", TOK, "-f", "json").stdout)
+    gen = json.loads(cli("diff-tokens", conv, conv, "-t", TOK, "-f", "json", "--add-generation-prompt").stdout)
+    assert gen["tokens_a"] > plain["tokens_a"]
+    dated = json.loads(cli("diff-tokens", conv, conv, "-t", TOK, "-f", "json",
+                           "--template-var", "date_string=29 Nov 2026").stdout)
+    assert dated["tokens_a"] > plain["tokens_a"]
+
+
+@pytest.mark.parametrize("make, expect", [
+    (lambda w: [w("e.txt", ""), w("ok.txt", "hi")], "e.txt: file is empty"),
+    (lambda w: [w("bin.txt", b"\x00\x01\x02"), w("ok.txt", "hi")], "binary"),
+    (lambda w: [w("u.txt", b"caf\xe9\n"), w("ok.txt", "hi")], "u.txt:1: not valid UTF-8"),
+    (lambda w: [w("bad.json", '{"messages": [}'), w("ok.txt", "hi")], "bad.json:1: invalid JSON"),
+    (lambda w: [w("ids.json", "[1, 2, \"x\"]"), w("ok.txt", "hi")], "field '[2]'"),
+    (lambda w: ["/nonexistent/a.txt", w("ok.txt", "hi")], "/nonexistent/a.txt: no such file"),
+])
+def test_bad_input_is_one_line_exit_2(cli, write, make, expect):
+    a, b = make(write)
+    r = cli("diff-tokens", a, b, "-t", TOK)
+    assert r.exit_code == 2
+    assert r.stdout == ""
+    assert expect in r.stderr
+    assert r.stderr.startswith("cachectl: error: ") and r.stderr.count("\n") == 1
+    assert "Traceback" not in r.stderr
+
+
+def test_unknown_tokenizer_path(cli, write):
+    r = cli("diff-tokens", write("a.txt", "hi"), write("b.txt", "ho"), "-t", "./no/such/tokenizer.json")
+    assert r.exit_code == 2 and "tokenizer path not found" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_text_without_tokenizer_says_what_to_pass(cli, write):
+    r = cli("diff-tokens", write("a.txt", "hi"), write("b.txt", "ho"))
+    assert r.exit_code == 2 and "pass --tokenizer" in r.stderr
+
+
+def test_usage_errors(cli, write):
+    a = write("a.txt", "hi")
+    assert cli("diff-tokens", a).exit_code == 2
+    assert cli("diff-tokens", a, a, "--log", a).exit_code == 2
+    r = cli("diff-tokens", a, a, "--block-size", "0", "-t", TOK)
+    assert r.exit_code == 2
+
+
+def test_debug_lets_the_traceback_through(cli, write):
+    a = write("e.txt", "")
+    r = cli("diff-tokens", a, a, "-t", TOK, env={"CACHECTL_DEBUG": "1"})
+    assert r.exit_code != 0 and r.exception is not None and type(r.exception).__name__ == "InputError"
+
+
+# ------------------------------------------------------------------------------------------ log mode
+
+
+def _log(write, rows):
+    return write("log.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def test_log_mode_json_lines_and_summary(cli, write):
+    sys_a = "You are a helpful assistant. Current time: 2026-11-28T09:15:00Z."
+    sys_b = "You are a helpful assistant. Current time: 2026-11-28T09:16:00Z."
+    rows = [
+        {"sid": "s1", "messages": [{"role": "system", "content": sys_a}, {"role": "user", "content": "hi"}]},
+        {"sid": "s2", "messages": [{"role": "user", "content": "What is the weather in Paris today?"}]},
+        {"sid": "s1", "messages": [{"role": "system", "content": sys_a}, {"role": "user", "content": "hi"},
+                                   {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]},
+        {"sid": "s1", "messages": [{"role": "system", "content": sys_b}, {"role": "user", "content": "hi"}]},
+    ]
+    r = cli("diff-tokens", "--log", _log(write, rows), "--key", "sid", "-t", TOK, "-f", "json")
+    assert r.exit_code == 1, r.stderr
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    pairs = [x for x in lines if x["record"] == "pair"]
+    summary = lines[-1]
+    assert summary["record"] == "summary" and len(lines) == 3
+    assert [(p["line_a"], p["line_b"]) for p in pairs] == [(1, 3), (3, 4)]
+    assert all(p["key"] == "s1" for p in pairs)
+    assert pairs[0]["kind"] == "a_prefix_of_b"
+    assert pairs[1]["kind"] == "mismatch" and pairs[1]["cause"]["id"] == "date_time"
+    assert DIFF_FIELDS <= set(pairs[0])
+    assert summary["requests"] == 4 and summary["conversations"] == 2 and summary["pairs"] == 2
+    assert summary["kinds"]["mismatch"] == 1 and summary["kinds"]["a_prefix_of_b"] == 1
+    assert summary["reused_tokens"] == pairs[0]["common_prefix_tokens"] + pairs[1]["common_prefix_tokens"]
+    assert summary["reusable_tokens"] == sum(min(p["tokens_a"], p["tokens_b"]) for p in pairs)
+    assert summary["top_causes"] == [{"cause": "date_time", "pairs": 1}]
+
+
+def test_log_mode_previous_line_default_and_text(cli, write):
+    rows = [{"prompt": "You are a helpful assistant."}, {"prompt": "You are a helpful assistant. More"},
+            {"tokens": [1, 2, 3]}]
+    r = cli("diff-tokens", "--log", _log(write, rows), "-t", TOK)
+    assert r.exit_code == 1
+    assert "line 2: A is a token prefix of B" in r.stdout
+    assert "line 3: mismatch" in r.stdout
+    assert "3 requests, 1 conversations, 2 pairs" in r.stdout
+
+
+def test_log_mode_all_prefixes_exit_zero_ids_only(cli, write):
+    rows = [{"tokens": [1, 2, 3]}, {"tokens": [1, 2, 3, 4]}, {"tokens": [1, 2, 3, 4, 5]}]
+    r = cli("diff-tokens", "--log", _log(write, rows), "-f", "json")
+    assert r.exit_code == 0
+    assert json.loads(r.stdout.splitlines()[-1])["reuse_ratio"] == 1.0
+
+
+def test_log_mode_bad_line_exit_2(cli, write):
+    path = write("log.jsonl", '{"tokens": [1, 2]}\n{"tokens": [1, "a"]}\n')
+    r = cli("diff-tokens", "--log", path, "-f", "json")
+    assert r.exit_code == 2 and "log.jsonl:2: field 'tokens[1]'" in r.stderr
+
+
+def test_log_mode_text_needs_tokenizer(cli, write):
+    r = cli("diff-tokens", "--log", _log(write, [{"prompt": "a"}]))
+    assert r.exit_code == 2 and "log.jsonl:1" in r.stderr and "--tokenizer" in r.stderr
+
+
+# ----------------------------------------------------------------------------------------- stability
+
+
+def test_stability_exit_codes(cli):
+    bad = cli("diff-tokens", "--stability", PROMPTS / "think_conversation.json", "-t", TOK, "-f", "json")
+    assert bad.exit_code == 1
+    report = json.loads(bad.stdout)
+    assert report["stable"] is False and report["first_unstable_k"] == 3 and report["schema_version"] == 1
+    good = cli("diff-tokens", "--stability", PROMPTS / "stable_conversation.json", "-t", TOK)
+    assert good.exit_code == 0 and "stable" in good.stdout
+
+
+# ------------------------------------------------------------------------------------- import budget
+
+
+def test_cli_import_does_not_load_heavy_libraries():
+    code = ("import sys, cachectl.cli, cachectl.engines.tokendiff, cachectl.tokenization; "
+            "print(','.join(m for m in ('torch', 'transformers', 'sentence_transformers', 'tokenizers') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == ""
+
+
+def test_python_dash_m_entry_point():
+    out = subprocess.run([sys.executable, "-m", "cachectl", "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and "diff-tokens" in out.stdout
+
+
+def test_no_traceback_from_the_real_process(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    out = subprocess.run([sys.executable, "-m", "cachectl", "diff-tokens", str(empty), str(empty), "-t", TOK],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2 and out.stderr.strip().endswith("file is empty") and "Traceback" not in out.stderr
+
+
+def test_library_api_is_reexported():
+    import cachectl
+
+    for name in cachectl.__all__:
+        assert getattr(cachectl, name) is not None
+
+
+def test_log_text_shows_keys_that_look_like_markup(cli):
+    r = cli("diff-tokens", "--log", PROMPTS / "demo_log.jsonl", "--key", "session", "-t", TOK)
+    assert r.exit_code == 1
+    assert "line 3 [s1]: A is a token prefix of B" in r.stdout
+    assert "line 4 [s2]: mismatch" in r.stdout and "cause=date_time" in r.stdout

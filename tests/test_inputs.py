@@ -1,0 +1,139 @@
+"""The shared readers: detection, normalization, and located errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from cachectl.errors import InputError
+from cachectl.inputs import iter_log, prompt_from_value, read_prompt
+
+from .conftest import PROMPTS
+
+
+def test_detects_each_kind(write):
+    assert read_prompt(str(write("p.txt", "Hello there\n"))).kind == "text"
+    assert read_prompt(str(write("c.json", [{"role": "user", "content": "hi"}]))).kind == "chat"
+    assert read_prompt(str(write("o.json", {"messages": [{"role": "user", "content": "hi"}]}))).kind == "openai"
+    assert read_prompt(str(PROMPTS / "anthropic_body.json")).kind == "anthropic"
+    ids = read_prompt(str(write("i.json", [1, 2, 3])))
+    assert ids.kind == "ids" and ids.ids == (1, 2, 3)
+    assert read_prompt(str(write("t.json", {"tokens": [4, 5]}))).ids == (4, 5)
+    assert read_prompt(str(write("q.json", {"prompt": "Complete this"}))).text == "Complete this"
+
+
+def test_as_text_forces_raw(write):
+    p = read_prompt(str(write("x.json", "[1, 2, 3]")), as_kind="text")
+    assert p.kind == "text" and p.text == "[1, 2, 3]"
+
+
+def test_anthropic_normalization():
+    p = read_prompt(str(PROMPTS / "anthropic_body.json"))
+    roles = [m["role"] for m in p.messages]
+    assert roles == ["system", "user", "assistant", "tool"]
+    assert p.messages[0]["content"] == "You are a cache expert. Answer briefly."
+    assert p.messages[2]["tool_calls"][0]["function"] == {"name": "search_docs", "arguments": {"query": "rate limit"}}
+    assert p.messages[3] == {"role": "tool", "tool_call_id": "toolu_01A09q90qw90", "content": "50 requests per minute"}
+    assert p.tools[0]["function"]["parameters"]["required"] == ["query"]
+    assert "cache_control" not in str(p.messages)
+    assert p.field_paths[0] == "system" and p.field_paths[3] == "messages[2].content[0].content"
+
+
+def test_openai_content_parts_and_string_arguments():
+    p = prompt_from_value({"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
+    ]}, source="s", line=3)
+    assert p.messages[0]["content"] == "a\nb"
+    assert p.messages[1]["tool_calls"][0]["function"]["arguments"] == {"x": 1}
+
+
+def test_openai_batch_line_is_unwrapped():
+    p = prompt_from_value({"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions",
+                           "body": {"messages": [{"role": "user", "content": "hi"}]}}, source="s", line=1)
+    assert p.kind == "openai" and p.meta["custom_id"] == "r1"
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "file is empty"),
+    (b"   \n", "file is empty"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00", "binary"),
+    (b"ok line\n\xff\xfe bad\n", "not valid UTF-8"),
+])
+def test_bad_bytes(write, content, message):
+    with pytest.raises(InputError, match=message):
+        read_prompt(str(write("f.txt", content)))
+
+
+def test_invalid_utf8_names_the_line(write):
+    path = write("f.txt", b"line one\nline two \xc3\x28\n")
+    with pytest.raises(InputError) as exc:
+        read_prompt(str(path))
+    assert str(exc.value).startswith(f"{path}:2: not valid UTF-8")
+
+
+def test_malformed_json_names_line_and_column(write):
+    path = write("bad.json", '[\n  {"role": "user", "content": "hi"},\n  {"role": "user" "content": "x"}\n]')
+    with pytest.raises(InputError) as exc:
+        read_prompt(str(path))
+    msg = str(exc.value)
+    assert f"{path}:3: invalid JSON" in msg and "column" in msg and "--as text" in msg
+
+
+def test_non_integer_token_id_names_the_element(write):
+    with pytest.raises(InputError, match=r"field '\[2\]': token ID 'x' is not a non-negative integer"):
+        read_prompt(str(write("ids.json", [1, 2, "x"])))
+    with pytest.raises(InputError, match=r"field 'tokens\[1\]'"):
+        read_prompt(str(write("ids2.json", {"tokens": [1, -5]})))
+    with pytest.raises(InputError, match="not a non-negative integer"):
+        read_prompt(str(write("ids3.json", [1, True])))
+    with pytest.raises(InputError, match=r"not a non-negative integer"):
+        read_prompt(str(write("ids4.json", [1, 2.5])))
+
+
+def test_message_errors_name_the_field(write):
+    with pytest.raises(InputError, match=r"field 'messages\[1\].role'"):
+        read_prompt(str(write("m.json", {"messages": [{"role": "user", "content": "a"}, {"content": "b"}]})))
+    with pytest.raises(InputError, match=r"field 'messages\[0\].content\[0\]'.*image"):
+        read_prompt(str(write("img.json", {"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:"}}]}]})))
+
+
+def test_unknown_object(write):
+    with pytest.raises(InputError, match="not a prompt"):
+        read_prompt(str(write("u.json", {"hello": 1})))
+
+
+def test_missing_file():
+    with pytest.raises(InputError, match="no such file"):
+        read_prompt("/nonexistent/prompt.txt")
+
+
+def test_log_streams_and_locates_errors(write):
+    path = write("log.jsonl", '{"s": 1, "prompt": "a"}\n\n{"s": 2, "prompt": "b"}\n{"s": 3, "prompt": \n')
+    it = iter_log(str(path), "s")
+    first = next(it)
+    assert (first.line, first.key, first.prompt.text) == (1, 1, "a")
+    second = next(it)
+    assert second.line == 3  # the blank line is skipped but still counted
+    with pytest.raises(InputError, match=r"log.jsonl:4: invalid JSON"):
+        next(it)
+
+
+def test_log_missing_key_names_line_and_field(write):
+    path = write("log.jsonl", '{"meta": {"sid": "x"}, "prompt": "a"}\n{"prompt": "b"}\n')
+    it = iter_log(str(path), "meta.sid")
+    assert next(it).key == "x"
+    with pytest.raises(InputError, match=r"log.jsonl:2: field 'meta.sid': missing conversation key"):
+        next(it)
+
+
+def test_log_bad_utf8_line(write):
+    path = write("log.jsonl", b'{"prompt": "a"}\n{"prompt": "\xff"}\n')
+    with pytest.raises(InputError, match=r"log.jsonl:2: not valid UTF-8"):
+        list(iter_log(str(path)))
+
+
+def test_empty_log(write):
+    with pytest.raises(InputError, match="file is empty"):
+        list(iter_log(str(write("e.jsonl", "\n\n"))))

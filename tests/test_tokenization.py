@@ -1,0 +1,163 @@
+"""Tokenizer loading and the token path, on the project's own BPE tokenizer and the real MiniLM WordPiece."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cachectl.engines.tokendiff import diff_tokens
+from cachectl.errors import InputError, TokenizerError
+from cachectl.inputs import read_prompt
+from cachectl.tokenization import load_tokenizer
+
+from .conftest import PROMPTS, TOK_DIR, chat_prompt, text_prompt
+
+
+CHATS = [
+    PROMPTS / "chat_with_system.json",
+    PROMPTS / "chat_no_system.json",
+    PROMPTS / "openai_tools_a.json",
+    PROMPTS / "think_conversation.json",
+    PROMPTS / "anthropic_body.json",
+]
+
+
+@pytest.mark.parametrize("path", CHATS, ids=lambda p: p.name)
+@pytest.mark.parametrize("gen", [False, True])
+def test_chat_ids_equal_apply_chat_template_token_path(tok, path, gen):
+    """Our render-then-encode path gives exactly transformers' apply_chat_template(tokenize=True) IDs."""
+    p = read_prompt(str(path))
+    ours = tok.tokenize(p, add_generation_prompt=gen).ids
+    theirs = tok.hf.apply_chat_template(list(p.messages), tools=list(p.tools) if p.tools else None,
+                                        add_generation_prompt=gen, tokenize=True, return_dict=False)
+    assert ours == list(theirs)
+
+
+def test_text_path_equals_tokenizer_call(tok):
+    text = "You are a helpful assistant.\nHow do I reset my password?"
+    t = tok.tokenize(text_prompt(text))
+    assert t.ids == tok.hf(text)["input_ids"]
+    assert t.ids[0] == tok.bos_token_id  # the post-processor adds BOS to raw text
+    no_special = tok.tokenize(text_prompt(text), add_special_tokens=False)
+    assert no_special.ids == t.ids[1:]
+
+
+def test_template_writes_bos_and_reencoding_doubles_it(tok):
+    """The pitfall the fixture reproduces: rendered text re-encoded with special tokens has two BOS."""
+    p = read_prompt(str(PROMPTS / "chat_with_system.json"))
+    rendered = tok.render_chat(p)
+    assert rendered.startswith("<|bos|>")
+    token_path = tok.tokenize(p)
+    reencoded = tok.tokenize(text_prompt(rendered))  # add_special_tokens=True
+    assert reencoded.ids[:2] == [tok.bos_token_id, tok.bos_token_id]
+    d = diff_tokens(token_path, reencoded, tokenizer=tok)
+    assert d.kind == "mismatch" and d.first_diff_index == 1
+    assert d.cause is not None and d.cause.id == "doubled_bos"
+    assert "B starts with two copies" in d.cause.message
+
+
+def test_default_system_prompt_is_template_text(tok):
+    p = read_prompt(str(PROMPTS / "chat_no_system.json"))
+    t = tok.tokenize(p)
+    assert "You are Fixture" in t.text
+    i = t.text.index("Fixture")
+    token = next(k for k in range(len(t)) if t.char_range(k) and t.char_range(k)[0] <= i < t.char_range(k)[1])
+    loc = t.location(token)
+    assert loc.in_template and loc.message_index is None
+
+
+def test_location_maps_to_message_field_and_char(tok):
+    p = chat_prompt([{"role": "system", "content": "You are a cache expert."},
+                     {"role": "user", "content": "How do I reset my password?"}])
+    t = tok.tokenize(p)
+    start = t.text.index("reset")
+    k = next(k for k in range(len(t)) if t.char_range(k) and t.char_range(k)[0] <= start < t.char_range(k)[1])
+    loc = t.location(k)
+    assert (loc.message_index, loc.role, loc.field) == (1, "user", "[1].content")
+    content = p.messages[1]["content"]
+    assert content[loc.char_offset:].lstrip().startswith("reset") or content[loc.char_offset:].startswith(" reset")
+
+
+def test_tool_schema_span(tok):
+    p = read_prompt(str(PROMPTS / "openai_tools_a.json"))
+    t = tok.tokenize(p)
+    assert any(s.field == "tools[0]" for s in t.spans)
+
+
+def test_load_from_tokenizer_json_file_has_no_chat_template():
+    t = load_tokenizer(str(TOK_DIR / "tokenizer.json"))
+    assert t.tokenize(text_prompt("hello")).ids[0] == t.backend.token_to_id("<|bos|>")
+    with pytest.raises(TokenizerError, match="has no chat template"):
+        t.tokenize(chat_prompt([{"role": "user", "content": "hi"}]))
+
+
+def test_chat_template_file_option(tmp_path):
+    tmpl = tmp_path / "t.jinja"
+    tmpl.write_text("{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}", encoding="utf-8")
+    t = load_tokenizer(str(TOK_DIR / "tokenizer.json"), chat_template_file=str(tmpl))
+    out = t.tokenize(chat_prompt([{"role": "user", "content": "hi"}]))
+    assert out.text == "[user]hi"
+
+
+def test_load_via_tokenizer_config_path(tok):
+    t = load_tokenizer(str(TOK_DIR / "tokenizer_config.json"))
+    assert t.chat_template == tok.chat_template
+
+
+def test_unknown_path_is_a_clear_error(tmp_path):
+    with pytest.raises(TokenizerError, match="tokenizer path not found"):
+        load_tokenizer(str(tmp_path / "nope" / "tokenizer.json"))
+
+
+def test_uncached_hub_id_says_what_to_pass(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(TokenizerError) as exc:
+        load_tokenizer("some-org/some-model")
+    msg = str(exc.value)
+    assert "never downloads" in msg and "some-org/some-model" in msg and "\n" not in msg
+
+
+def test_directory_without_tokenizer_files(tmp_path):
+    with pytest.raises(TokenizerError, match="no tokenizer files"):
+        load_tokenizer(str(tmp_path))
+
+
+def test_broken_tokenizer_json(tmp_path):
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("{\"not\": \"a tokenizer\"}", encoding="utf-8")
+    with pytest.raises(TokenizerError, match="not a tokenizers JSON file"):
+        load_tokenizer(str(bad))
+
+
+def test_template_error_is_an_input_error(tmp_path):
+    tmpl = tmp_path / "t.jinja"
+    tmpl.write_text("{{ raise_exception('roles must alternate') }}", encoding="utf-8")
+    t = load_tokenizer(str(TOK_DIR / "tokenizer.json"), chat_template_file=str(tmpl))
+    with pytest.raises(InputError, match="roles must alternate"):
+        t.tokenize(chat_prompt([{"role": "user", "content": "hi"}]))
+
+
+# ------------------------------------------------------------------------- the real MiniLM WordPiece
+
+
+def test_minilm_wordpiece_diff(minilm):
+    a = text_prompt("How do I reset my password?")
+    b = text_prompt("How can I reset my password?")
+    ta, tb = minilm.tokenize(a), minilm.tokenize(b)
+    assert ta.ids == minilm.hf(a.text)["input_ids"]
+    assert ta.ids[0] == minilm.hf.cls_token_id and ta.ids[-1] == minilm.hf.sep_token_id
+    d = diff_tokens(ta, tb, tokenizer=minilm)
+    ref = next(i for i, (x, y) in enumerate(zip(ta.ids, tb.ids)) if x != y)
+    assert d.kind == "mismatch" and d.first_diff_index == ref
+    assert d.a.location.char_offset == a.text.index("do")
+    assert d.b.location.char_offset == b.text.index("can")
+    assert d.a.window_tokens[d.first_diff_index - d.a.window_start] == "do"
+
+
+def test_minilm_has_no_chat_template(minilm):
+    with pytest.raises(TokenizerError, match="has no chat template"):
+        minilm.tokenize(chat_prompt([{"role": "user", "content": "hi"}]))
