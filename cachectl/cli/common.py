@@ -61,7 +61,9 @@ def parse_template_vars(items: Optional[list[str]]) -> dict:
 
 # ------------------------------------------------------------------------------------------ output
 
-stdout = Console(highlight=False, soft_wrap=False)
+# Off a terminal (a pipe, a file, CI logs) tables get room instead of the 80 columns rich assumes.
+stdout = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS")
+                 else 160)
 stderr = Console(stderr=True, highlight=False)
 
 

@@ -1,0 +1,169 @@
+"""``cachectl prompt-cost``: what provider prompt caching costs and saves."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import UsageError
+from .common import EXIT_OK, Format, FormatOpt, TokenizerOpt, emit_json, handle_errors, stdout
+
+HELP = """What provider prompt caching costs and saves.
+
+Modes:
+  --usage RESPONSES.jsonl   audit logged responses (or their usage objects): exact cost, with and without caching
+  REQUESTS.jsonl            simulate a timed request log (Anthropic bodies with cache_control, OpenAI bodies,
+                            or token layouts) and predict each request's usage counters and cost
+  --prefix-tokens N ...     what-if in the shell: N calls sharing a prefix, every D apart
+  --list-models             the price table (source and date per entry)
+"""
+
+
+@handle_errors
+def command(
+    requests: Annotated[Optional[str], typer.Argument(
+        metavar="[REQUESTS.jsonl]", help="Timed request log to simulate (- for stdin).", show_default=False)] = None,
+    usage: Annotated[Optional[str], typer.Option(
+        "--usage", metavar="RESPONSES.jsonl", help="Audit logged responses from their usage counters.")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model for lines that name none.")] = None,
+    prices: Annotated[Optional[str], typer.Option(
+        "--prices", metavar="FILE", help="Prices that override or extend the shipped table "
+                                         "(cachectl's format or LiteLLM's model_prices_and_context_window.json).")] = None,
+    list_models: Annotated[bool, typer.Option("--list-models", help="Show the price table and exit.")] = False,
+    tokenizer: TokenizerOpt = None,
+    count_with_api: Annotated[bool, typer.Option(
+        "--count-with-api", help="Count tokens with Anthropic's count_tokens endpoint (key from ANTHROPIC_API_KEY; "
+                                 "free, online, an estimate).")] = False,
+    prefix_tokens: Annotated[Optional[int], typer.Option("--prefix-tokens", help="What-if: cached prefix tokens.")] = None,
+    suffix_tokens: Annotated[int, typer.Option("--suffix-tokens", help="What-if: tokens after the prefix.")] = 0,
+    output_tokens: Annotated[int, typer.Option("--output-tokens", help="What-if: output tokens per call.")] = 0,
+    calls: Annotated[int, typer.Option("--calls", help="What-if: number of calls.")] = 1,
+    every: Annotated[Optional[str], typer.Option(
+        "--every", metavar="DURATION", help="What-if: time between calls (30s, 2m, 1h); simulate: spacing for "
+                                            "lines without a timestamp.")] = None,
+    ttl: Annotated[str, typer.Option("--ttl", help="What-if: cache TTL of the prefix breakpoint (5m or 1h).")] = "5m",
+    fmt: FormatOpt = Format.text,
+) -> None:
+    from ..engines import promptcache
+    from ..engines.pricing import PriceTable
+
+    table = PriceTable.load(prices)
+    modes = [m for m, on in (("list", list_models), ("audit", usage is not None), ("simulate", requests is not None),
+                             ("what-if", prefix_tokens is not None)) if on]
+    if len(modes) != 1:
+        raise UsageError("choose one mode: --usage RESPONSES.jsonl, REQUESTS.jsonl, --prefix-tokens N (what-if), "
+                         "or --list-models")
+    mode = modes[0]
+    if mode == "list":
+        _render_models(table, fmt)
+        raise typer.Exit(EXIT_OK)
+    if mode == "what-if":
+        if model is None:
+            raise UsageError("what-if needs --model")
+        if ttl not in ("5m", "1h"):
+            raise UsageError("--ttl must be 5m or 1h")
+        report = promptcache.what_if(table=table, model=model, prefix_tokens=prefix_tokens,
+                                     suffix_tokens=suffix_tokens, output_tokens=output_tokens, calls=calls,
+                                     every=promptcache.parse_duration(every) if every else 0.0, ttl=ttl)
+    elif mode == "audit":
+        from ..inputs import iter_jsonl
+
+        report = promptcache.audit_usage(iter_jsonl(usage), source=_name(usage), table=table, default_model=model)
+    else:
+        from ..inputs import iter_jsonl
+
+        text_counter = None
+        token_source = "layout"
+        if tokenizer is not None:
+            from ..tokenization import load_tokenizer
+
+            text_counter = promptcache.tokenizer_counter(load_tokenizer(tokenizer))
+            token_source = f"tokenizer {tokenizer}"
+        api = _anthropic_client() if count_with_api else None
+        report = promptcache.simulate_requests(
+            promptcache.iter_requests(iter_jsonl(requests), source=_name(requests), default_model=model),
+            table=table, source=_name(requests), text_counter=text_counter, api=api,
+            every=promptcache.parse_duration(every) if every else None, token_source=token_source)
+    if fmt is Format.json:
+        emit_json(report)
+    else:
+        _render_report(report)
+    raise typer.Exit(EXIT_OK)
+
+
+command.__doc__ = HELP
+
+
+def _name(path: str) -> str:
+    return "<stdin>" if path == "-" else path
+
+
+def _anthropic_client():
+    if not os.environ.get("ANTHROPIC_API_KEY") and not os.environ.get("ANTHROPIC_AUTH_TOKEN"):
+        raise UsageError("--count-with-api needs ANTHROPIC_API_KEY in the environment")
+    try:
+        import anthropic
+    except ImportError:
+        raise UsageError("--count-with-api needs the anthropic package (pip install 'cachectl[anthropic]')") from None
+    return anthropic.Anthropic(max_retries=2)
+
+
+# ------------------------------------------------------------------------------------------- renderers
+
+
+def _money(x: float) -> str:
+    return f"${x:,.4f}" if abs(x) < 100 else f"${x:,.2f}"
+
+
+def _render_models(table, fmt: Format) -> None:
+    if fmt is Format.json:
+        emit_json({"schema_version": 1, "models": list(table.models.values()), "not_shipped": table.not_shipped})
+        return
+    from rich.table import Table
+
+    t = Table(title="USD per million tokens", header_style="bold", box=None, pad_edge=False)
+    for col in ("model", "provider", "input", "5m write", "1h write", "read", "output", "min tokens", "as of"):
+        t.add_column(col, justify="left" if col in ("model", "provider", "as of") else "right")
+
+    def f(v):
+        return "-" if v is None else f"{v:g}"
+
+    for p in table.models.values():
+        t.add_row(p.model, p.provider, f(p.input), f(p.cache_write_5m), f(p.cache_write_1h), f(p.cache_read),
+                  f(p.output), f"{p.min_cacheable_tokens:,}", p.as_of)
+    stdout.print(t)
+    if table.not_shipped:
+        stdout.print(f"not shipped: {table.not_shipped}", soft_wrap=True, markup=False)
+
+
+def _render_report(r) -> None:
+    from rich.table import Table
+
+    t = Table(header_style="bold", box=None, pad_edge=False)
+    for col in ("#", "line", "model", "input", "cache write", "cache read", "output", "cost", "uncached"):
+        t.add_column(col, justify="left" if col == "model" else "right")
+    rows = r.requests
+    shown = rows if len(rows) <= 50 else rows[:25] + rows[-25:]
+    for i, q in enumerate(shown):
+        if len(rows) > 50 and i == 25:
+            t.add_row("...", "", f"{len(rows) - 50} more", "", "", "", "", "", "")
+        write = f"{q.cache_creation_input_tokens:,}"
+        if q.cache_creation.get("ephemeral_1h_input_tokens"):
+            write += f" ({q.cache_creation['ephemeral_1h_input_tokens']:,} 1h)"
+        t.add_row(str(q.index), "" if q.line is None else str(q.line), q.model, f"{q.input_tokens:,}", write,
+                  f"{q.cache_read_input_tokens:,}", f"{q.output_tokens:,}", _money(q.cost_usd),
+                  _money(q.uncached_cost_usd))
+    stdout.print(t)
+    hit = f"{r.hit_rate:.1%}" if r.hit_rate is not None else "n/a"
+    label = " (estimate)" if r.estimate else ""
+    effect = f"saves {_money(r.savings_usd)}" if r.savings_usd >= 0 else f"[red]costs {_money(-r.savings_usd)} more[/]"
+    stdout.print(f"[bold]total {_money(r.total_cost_usd)}[/] vs {_money(r.uncached_cost_usd)} without caching: "
+                 f"{effect}; cache hit rate {hit} of prompt tokens{label}", soft_wrap=True)
+    if r.break_even_reads is not None:
+        stdout.print(f"break-even: the prefix pays for its write after {r.break_even_reads} "
+                     f"read{'s' if r.break_even_reads != 1 else ''}", soft_wrap=True)
+    stdout.print(f"tokens from: {r.token_source}", soft_wrap=True, markup=False)
+    for note in r.notes:
+        stdout.print(f"note: {note}", soft_wrap=True, markup=False)

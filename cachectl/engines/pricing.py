@@ -1,0 +1,249 @@
+"""Provider prices and cache rules, as dated data.
+
+The shipped table is ``cachectl/data/prices.json`` (USD per million tokens, a ``source`` and ``as_of`` on
+every entry). A user file given with ``--prices`` overrides or extends it, in the same format or in
+LiteLLM's ``model_prices_and_context_window.json`` format (USD per token, ``cache_creation_input_token_cost``
+for 5-minute writes, ``cache_creation_input_token_cost_above_1hr`` for 1-hour writes).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, Mapping
+
+from ..errors import CachectlError, InputError
+
+PER_MTOK = 1_000_000
+
+_DEFAULTS = {
+    "anthropic": {"cache_mode": "explicit", "ttls": {"5m": 300, "1h": 3600}, "max_breakpoints": 4,
+                  "lookback_blocks": 20, "usage_style": "anthropic", "min_cacheable_tokens": 1024},
+    "openai": {"cache_mode": "automatic", "ttls": {"auto": 300}, "max_breakpoints": 0, "lookback_blocks": 0,
+               "usage_style": "openai", "min_cacheable_tokens": 1024, "cache_granularity": 128},
+}
+
+
+class UnknownModelError(CachectlError):
+    pass
+
+
+@dataclass(frozen=True)
+class Band:
+    """Prices that apply when the prompt has more than ``above_tokens`` input tokens."""
+
+    above_tokens: int
+    input: float
+    output: float
+    cache_write_5m: float | None = None
+    cache_write_1h: float | None = None
+    cache_read: float | None = None
+
+
+@dataclass(frozen=True)
+class ModelPrice:
+    model: str
+    provider: str
+    input: float                    # USD per million tokens
+    output: float
+    cache_read: float | None
+    cache_write_5m: float | None
+    cache_write_1h: float | None
+    min_cacheable_tokens: int
+    cache_mode: str                 # "explicit" (breakpoints) or "automatic"
+    ttls: Mapping[str, int]         # name -> seconds
+    max_breakpoints: int
+    lookback_blocks: int
+    usage_style: str                # "anthropic" (additive counters) or "openai" (inclusive)
+    source: str
+    as_of: str
+    cache_granularity: int = 1
+    aliases: tuple[str, ...] = ()
+    bands: tuple[Band, ...] = ()
+    notes: str | None = None
+    history: tuple[dict, ...] = field(default=(), compare=False)
+
+    def rates(self, prompt_tokens: int) -> "ModelPrice | Band":
+        """The price entry in force for a prompt of this many input tokens (bands by length)."""
+        chosen: ModelPrice | Band = self
+        for band in sorted(self.bands, key=lambda b: b.above_tokens):
+            if prompt_tokens > band.above_tokens:
+                chosen = band
+        return chosen
+
+    def ttl_seconds(self, name: str) -> int:
+        if name not in self.ttls:
+            raise InputError(f"{self.model}: unknown cache TTL {name!r} (known: {', '.join(self.ttls)})")
+        return self.ttls[name]
+
+
+def _num(entry: dict, key: str, model: str, source: str, *, optional: bool = False) -> float | None:
+    value = entry.get(key)
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise InputError(f"expected a non-negative number, got {value!r}", source=source,
+                         field=f"models.{model}.{key}")
+    return float(value)
+
+
+def _from_native(model: str, entry: Any, source: str) -> ModelPrice:
+    if not isinstance(entry, dict):
+        raise InputError("expected an object", source=source, field=f"models.{model}")
+    provider = entry.get("provider", "anthropic" if model.startswith("claude") else "openai")
+    base = {**_DEFAULTS.get(provider, _DEFAULTS["openai"]), **entry}
+    bands = []
+    for i, b in enumerate(base.get("bands") or ()):
+        if not isinstance(b, dict) or not isinstance(b.get("above_tokens"), int):
+            raise InputError("a band needs an integer above_tokens", source=source, field=f"models.{model}.bands[{i}]")
+        bands.append(Band(above_tokens=b["above_tokens"], input=_num(b, "input", model, source),
+                          output=_num(b, "output", model, source),
+                          cache_write_5m=_num(b, "cache_write_5m", model, source, optional=True),
+                          cache_write_1h=_num(b, "cache_write_1h", model, source, optional=True),
+                          cache_read=_num(b, "cache_read", model, source, optional=True)))
+    ttls = base.get("ttls") or {}
+    if not isinstance(ttls, dict) or not all(isinstance(v, int) and v > 0 for v in ttls.values()):
+        raise InputError("expected an object of TTL name -> seconds", source=source, field=f"models.{model}.ttls")
+    return ModelPrice(
+        model=model, provider=provider,
+        input=_num(base, "input", model, source), output=_num(base, "output", model, source),
+        cache_read=_num(base, "cache_read", model, source, optional=True),
+        cache_write_5m=_num(base, "cache_write_5m", model, source, optional=True),
+        cache_write_1h=_num(base, "cache_write_1h", model, source, optional=True),
+        min_cacheable_tokens=int(base["min_cacheable_tokens"]), cache_mode=str(base["cache_mode"]),
+        ttls=dict(ttls), max_breakpoints=int(base["max_breakpoints"]), lookback_blocks=int(base["lookback_blocks"]),
+        usage_style=str(base["usage_style"]), source=str(base.get("source", source)),
+        as_of=str(base.get("as_of", "unknown")), cache_granularity=int(base.get("cache_granularity", 1)),
+        aliases=tuple(base.get("aliases") or ()), bands=tuple(bands), notes=base.get("notes"),
+        history=tuple(base.get("history") or ()))
+
+
+def _from_litellm(model: str, entry: dict, source: str) -> ModelPrice | None:
+    """One entry of LiteLLM's price file (USD per token) as a ModelPrice; None for non-chat entries."""
+    if "input_cost_per_token" not in entry:
+        return None
+    provider = str(entry.get("litellm_provider", "anthropic" if "claude" in model else "openai"))
+    provider = "anthropic" if provider.startswith(("anthropic", "bedrock", "vertex_ai-anthropic")) or "claude" in model \
+        else "openai"
+
+    def per_mtok(key: str) -> float | None:
+        v = entry.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise InputError(f"expected a non-negative number, got {v!r}", source=source, field=f"{model}.{key}")
+        return round(float(v) * PER_MTOK, 10)
+
+    native = {**_DEFAULTS[provider], "provider": provider, "input": per_mtok("input_cost_per_token"),
+              "output": per_mtok("output_cost_per_token") or 0.0,
+              "cache_read": per_mtok("cache_read_input_token_cost"),
+              "cache_write_5m": per_mtok("cache_creation_input_token_cost"),
+              "cache_write_1h": per_mtok("cache_creation_input_token_cost_above_1hr"),
+              "source": f"{source} (LiteLLM format)", "as_of": "unknown"}
+    above = [k for k in entry if re.fullmatch(r"input_cost_per_token_above_(\d+)k_tokens", k)]
+    bands = []
+    for key in above:
+        n = int(re.fullmatch(r"input_cost_per_token_above_(\d+)k_tokens", key).group(1)) * 1000
+        suffix = f"_above_{n // 1000}k_tokens"
+        bands.append({"above_tokens": n, "input": per_mtok(key),
+                      "output": per_mtok("output_cost_per_token" + suffix) or native["output"],
+                      "cache_read": per_mtok("cache_read_input_token_cost" + suffix),
+                      "cache_write_5m": per_mtok("cache_creation_input_token_cost" + suffix)})
+    native["bands"] = bands
+    return _from_native(model, native, source)
+
+
+@dataclass
+class PriceTable:
+    models: dict[str, ModelPrice]
+    not_shipped: str | None = None
+
+    @classmethod
+    def load(cls, user_file: str | None = None) -> "PriceTable":
+        raw = json.loads(resources.files("cachectl.data").joinpath("prices.json").read_text(encoding="utf-8"))
+        table = cls({name: _from_native(name, e, "cachectl/data/prices.json") for name, e in raw["models"].items()},
+                    raw.get("not_shipped"))
+        if user_file is not None:
+            table.merge_file(user_file)
+        return table
+
+    def merge_file(self, path: str) -> None:
+        from ..inputs import parse_json_document, read_text
+
+        text, source = read_text(path)
+        doc = parse_json_document(text, source)
+        if not isinstance(doc, dict):
+            raise InputError("expected a JSON object of models", source=source)
+        if isinstance(doc.get("models"), dict):
+            for name, entry in doc["models"].items():
+                self.models[name] = _from_native(name, entry, source)
+            return
+        added = 0
+        for name, entry in doc.items():
+            if name == "sample_spec" or not isinstance(entry, dict):
+                continue
+            price = _from_litellm(name, entry, source)
+            if price is not None:
+                self.models[name] = price
+                added += 1
+        if not added:
+            raise InputError("no models found: expected {\"models\": {...}} or LiteLLM's format "
+                             "(entries with input_cost_per_token)", source=source)
+
+    def lookup(self, name: str) -> ModelPrice:
+        """Exact name or alias, else the longest known name that prefixes it (dated snapshots)."""
+        if name in self.models:
+            return self.models[name]
+        for price in self.models.values():
+            if name in price.aliases:
+                return price
+        bare = name.split("/")[-1].split("@")[0]
+        candidates = [m for m in self.models if bare == m or bare.startswith(m + "-")]
+        if candidates:
+            return self.models[max(candidates, key=len)]
+        close = difflib.get_close_matches(bare, list(self.models), n=4, cutoff=0.5)
+        hint = f"; close names: {', '.join(close)}" if close else ""
+        raise UnknownModelError(f"unknown model {name!r}{hint} (see `cachectl prompt-cost --list-models`, "
+                                "or add it with --prices FILE)")
+
+
+# ----------------------------------------------------------------------------------------------- cost
+
+
+@dataclass(frozen=True)
+class Usage:
+    """The four counters in Anthropic's additive convention, with the 5m/1h split of writes."""
+
+    input_tokens: int                 # not read from and not written to the cache
+    cache_creation_input_tokens: int
+    cache_read_input_tokens: int
+    output_tokens: int
+    cache_write_5m_tokens: int = 0
+    cache_write_1h_tokens: int = 0
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.input_tokens + self.cache_creation_input_tokens + self.cache_read_input_tokens
+
+
+def cost_usd(price: ModelPrice, usage: Usage) -> float:
+    """What the usage costs; writes are priced at their own TTL's rate."""
+    r = price.rates(usage.prompt_tokens)
+    read_rate = r.cache_read if r.cache_read is not None else r.input
+    w5 = r.cache_write_5m if r.cache_write_5m is not None else r.input
+    w1 = r.cache_write_1h if r.cache_write_1h is not None else None
+    if usage.cache_write_1h_tokens and w1 is None:
+        raise InputError(f"{price.model}: no 1-hour cache write price known; add cache_write_1h with --prices")
+    total = (usage.input_tokens * r.input + usage.cache_write_5m_tokens * w5
+             + usage.cache_write_1h_tokens * (w1 or 0.0) + usage.cache_read_input_tokens * read_rate
+             + usage.output_tokens * r.output)
+    return total / PER_MTOK
+
+
+def uncached_cost_usd(price: ModelPrice, usage: Usage) -> float:
+    """The same request with no caching at all: every prompt token at the base input price."""
+    r = price.rates(usage.prompt_tokens)
+    return (usage.prompt_tokens * r.input + usage.output_tokens * r.output) / PER_MTOK

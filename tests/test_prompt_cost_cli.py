@@ -1,0 +1,198 @@
+"""prompt-cost through the CLI, including the real anthropic SDK against a count_tokens server on loopback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from .conftest import ROOT
+
+REPORT_FIELDS = {"schema_version", "requests", "total_cost_usd", "uncached_cost_usd", "savings_usd"}
+COUNTERS = {"input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens", "cost_usd"}
+
+
+def jsonl(write, name, rows):
+    return write(name, "\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def test_what_if_json_contract(cli):
+    r = cli("prompt-cost", "--model", "claude-sonnet-4-5", "--prefix-tokens", "180000", "--suffix-tokens", "2000",
+            "--output-tokens", "500", "--calls", "20", "--every", "2m", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert REPORT_FIELDS <= set(d) and d["schema_version"] == 1 and d["mode"] == "what-if"
+    assert len(d["requests"]) == 20 and all(COUNTERS <= set(q) for q in d["requests"])
+    assert d["total_cost_usd"] == pytest.approx(1.971) and d["savings_usd"] == pytest.approx(11.07 - 1.971)
+    assert d["break_even_reads"] == 1
+
+
+def test_what_if_text(cli):
+    r = cli("prompt-cost", "--model", "claude-sonnet-4-5", "--prefix-tokens", "50000", "--calls", "3", "--every", "10m")
+    assert r.exit_code == 0
+    assert "costs $" in r.stdout and "more" in r.stdout and "outlive the 5m TTL" in r.stdout
+
+
+def test_list_models(cli):
+    r = cli("prompt-cost", "--list-models")
+    assert r.exit_code == 0 and "claude-3-5-sonnet" in r.stdout and "gpt-4o" in r.stdout
+    d = json.loads(cli("prompt-cost", "--list-models", "-f", "json").stdout)
+    entry = next(m for m in d["models"] if m["model"] == "claude-3-5-sonnet")
+    assert entry["input"] == 3 and entry["output"] == 15 and entry["source"] and entry["as_of"]
+
+
+def test_audit_mode(cli, write):
+    path = jsonl(write, "responses.jsonl", [
+        {"type": "message", "model": "claude-sonnet-4-5", "usage": {"input_tokens": 100, "output_tokens": 10,
+                                                                    "cache_creation_input_tokens": 2000,
+                                                                    "cache_read_input_tokens": 0}},
+        {"type": "message", "model": "claude-sonnet-4-5", "usage": {"input_tokens": 120, "output_tokens": 10,
+                                                                    "cache_creation_input_tokens": 0,
+                                                                    "cache_read_input_tokens": 2000}},
+    ])
+    r = cli("prompt-cost", "--usage", path, "-f", "json")
+    assert r.exit_code == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert [q["line"] for q in d["requests"]] == [1, 2]
+    assert d["total_cost_usd"] == pytest.approx((100 * 3 + 10 * 15 + 2000 * 3.75 + 120 * 3 + 10 * 15 + 2000 * 0.3) / 1e6)
+    assert d["hit_rate"] == pytest.approx(2000 / 4220)
+
+
+def test_simulate_mode_layouts(cli, write):
+    block = {"id": "sys", "tokens": 4000, "cache_control": {"type": "ephemeral"}}
+    path = jsonl(write, "req.jsonl", [
+        {"timestamp": 0, "model": "claude-sonnet-4-5", "blocks": [block, {"id": "q1", "tokens": 10}], "output_tokens": 5},
+        {"timestamp": "1970-01-01T00:01:00Z", "blocks": [block, {"id": "q2", "tokens": 10}], "output_tokens": 5},
+    ])
+    r = cli("prompt-cost", path, "--model", "claude-sonnet-4-5", "-f", "json")
+    assert r.exit_code == 0, r.stderr
+    q = json.loads(r.stdout)["requests"]
+    assert [(x["cache_creation_input_tokens"], x["cache_read_input_tokens"]) for x in q] == [(4000, 0), (0, 4000)]
+    assert q[1]["timestamp"] == 60.0
+
+
+@pytest.mark.parametrize("args, rows, expect", [
+    (["--usage"], [{"model": "claude-nope-9", "usage": {"input_tokens": 1, "output_tokens": 1}}], "unknown model 'claude-nope-9'"),
+    (["--usage"], [{"model": "claude-sonnet-4-5", "usage": {"input_tokens": 1, "output_tokens": 1}},
+                   {"what": "ever"}], "r.jsonl:2: neither a response nor a usage object"),
+    (["--usage"], [{"model": "claude-sonnet-4-5", "usage": {"input_tokens": -3, "output_tokens": 1}}],
+     "r.jsonl:1: field 'usage.input_tokens': negative token count -3"),
+    ([], [{"model": "claude-sonnet-4-5", "blocks": [{"id": "a", "tokens": 2000, "cache_control": {"type": "ephemeral"}}]},
+          {"model": "claude-sonnet-4-5", "blocks": [{"id": "a", "tokens": 2000}]}], "r.jsonl:2: no timestamp"),
+    ([], [{"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "hi"}]}],
+     "r.jsonl:1: request bodies need token counts"),
+])
+def test_bad_input_exit_2(cli, write, args, rows, expect):
+    path = jsonl(write, "r.jsonl", rows)
+    r = cli("prompt-cost", *args, path) if args else cli("prompt-cost", path)
+    assert r.exit_code == 2
+    assert expect in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert r.stdout == ""
+
+
+def test_mode_usage_errors(cli):
+    assert cli("prompt-cost").exit_code == 2
+    r = cli("prompt-cost", "--prefix-tokens", "100")
+    assert r.exit_code == 2 and "--model" in r.stderr
+
+
+def test_prompt_cost_path_does_not_import_heavy_libraries():
+    code = ("import sys\nfrom cachectl.cli import app\n"
+            "try:\n    app(['prompt-cost', '--model', 'claude-sonnet-4-5', '--prefix-tokens', '5000', '--calls', '3',"
+            " '--every', '1m'], prog_name='cachectl')\nexcept SystemExit:\n    pass\n"
+            "sys.stderr.write(','.join(m for m in ('torch', 'transformers', 'sentence_transformers', 'tokenizers')"
+            " if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert "total $" in out.stdout
+    assert out.stderr.strip() == ""
+
+
+def test_tokenizer_estimate_for_bodies(cli, write):
+    from .conftest import TOK_DIR
+
+    body = {"timestamp": 0, "model": "claude-sonnet-4-5",
+            "system": [{"type": "text", "text": "You are a helpful assistant. " * 400, "cache_control": {"type": "ephemeral"}}],
+            "messages": [{"role": "user", "content": "How do I reset my password?"}]}
+    path = jsonl(write, "b.jsonl", [body, {**body, "timestamp": 30}])
+    d = json.loads(cli("prompt-cost", path, "--tokenizer", TOK_DIR, "-f", "json").stdout)
+    assert d["estimate"] is True and "estimate" in d["token_source"]
+    first, second = d["requests"]
+    assert first["cache_creation_input_tokens"] > 1024 and second["cache_read_input_tokens"] == first["cache_creation_input_tokens"]
+
+
+# ------------------------------------------------------------------------------- real SDK over loopback
+
+
+def _count(body: dict) -> int:
+    """The fake service's token count: whitespace-separated pieces of the request's content."""
+    parts = [body.get("tools"), body.get("system"), body.get("messages"), body.get("tool_choice")]
+    return sum(len(json.dumps(p).split()) for p in parts if p is not None)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    seen: list = []
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        auth = self.headers.get("authorization", "")
+        key = self.headers.get("x-api-key") or (auth[len("Bearer "):] if auth.startswith("Bearer ") else None)
+        type(self).seen.append({"path": self.path, "key": key, "body": body})
+        if self.path != "/v1/messages/count_tokens":
+            self.send_response(404)
+            self.end_headers()
+            return
+        payload = json.dumps({"input_tokens": _count(body)}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def count_server():
+    _Handler.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", _Handler.seen
+    server.shutdown()
+    server.server_close()
+
+
+def test_count_with_api_uses_the_sdk_over_http(cli, write, count_server):
+    url, seen = count_server
+    system = [{"type": "text", "text": "word " * 3000, "cache_control": {"type": "ephemeral"}}]
+    body = {"model": "claude-sonnet-4-5", "system": system,
+            "messages": [{"role": "user", "content": "How do I reset my password?"}]}
+    path = jsonl(write, "b.jsonl", [{**body, "timestamp": 0}, {**body, "timestamp": 60}])
+    secret = "sk-test-not-a-real-key-123"
+    r = cli("prompt-cost", path, "--count-with-api", "-f", "json",
+            env={"ANTHROPIC_API_KEY": secret, "ANTHROPIC_BASE_URL": url})
+    assert r.exit_code == 0, r.stderr
+    assert secret not in r.stdout and secret not in r.stderr
+    assert seen and all(s["path"] == "/v1/messages/count_tokens" and s["key"] == secret for s in seen)
+    d = json.loads(r.stdout)
+    filler = {"messages": [{"role": "user", "content": "."}]}
+    at_system = _count({**filler, "system": system}) - _count(filler)
+    total = _count(body)
+    first, second = d["requests"]
+    assert first["cache_creation_input_tokens"] == at_system
+    assert first["input_tokens"] == total - at_system
+    assert (second["cache_read_input_tokens"], second["input_tokens"]) == (at_system, total - at_system)
+    assert d["estimate"] is True and "count_tokens" in d["token_source"]
+    # memoized by prefix: the second, identical request asks nothing new
+    assert len(seen) == 3  # the filler baseline, the cut at the system block, the full request
+
+
+def test_count_with_api_needs_a_key(cli, write):
+    path = jsonl(write, "b.jsonl", [{"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "x"}]}])
+    r = cli("prompt-cost", path, "--count-with-api", env={"ANTHROPIC_API_KEY": "", "ANTHROPIC_AUTH_TOKEN": ""})
+    assert r.exit_code == 2 and "ANTHROPIC_API_KEY" in r.stderr
