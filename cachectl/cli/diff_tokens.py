@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
-from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
 
-from ..engines import tokendiff
 from ..errors import UsageError
-from ..inputs import iter_log, read_prompt
-from ..tokenization import Tokenized, load_tokenizer
+if TYPE_CHECKING:  # pragma: no cover
+    from rich.table import Table
+
+    from ..engines.tokendiff import LogSummary, PairResult, Side, StabilityReport, TokenDiff
 from .common import (EXIT_FINDING, EXIT_OK, AsOpt, BlockSizeOpt, ChatTemplateOpt, Format, FormatOpt, Progress,
                      TemplateVarOpt, TokenizerOpt, emit_json, emit_jsonl, handle_errors, iter_progress,
                      parse_template_vars, stdout)
@@ -57,6 +55,11 @@ def command(
         help="Check that rendering turns[:k] is a token prefix of rendering turns[:k+1] for every k.")] = None,
     fmt: FormatOpt = Format.text,
 ) -> None:
+    # Imported here, not at the top: `cachectl --help` and the other commands start without them.
+    from ..engines import tokendiff
+    from ..inputs import iter_log, read_prompt
+    from ..tokenization import Tokenized, load_tokenizer
+
     modes = sum(x is not None for x in (log, stability)) + (a is not None or b is not None)
     if modes != 1:
         raise UsageError("give two prompts A B, or --log FILE.jsonl, or --stability CONVERSATION.json "
@@ -86,7 +89,7 @@ def command(
                 if isinstance(item, tokendiff.LogSummary):
                     _render_log_summary(item, fmt)
                 else:
-                    mismatches += item.diff.kind == tokendiff.MISMATCH
+                    mismatches += item.diff.kind == "mismatch"
                     _render_pair(item, fmt)
         raise typer.Exit(EXIT_FINDING if mismatches else EXIT_OK)
 
@@ -119,10 +122,10 @@ command.__doc__ = HELP
 # -------------------------------------------------------------------------------------- renderers
 
 _KIND_TEXT = {
-    tokendiff.IDENTICAL: "identical",
-    tokendiff.A_PREFIX_OF_B: "A is a token prefix of B",
-    tokendiff.B_PREFIX_OF_A: "B is a token prefix of A",
-    tokendiff.MISMATCH: "mismatch",
+    "identical": "identical",
+    "a_prefix_of_b": "A is a token prefix of B",
+    "b_prefix_of_a": "B is a token prefix of A",
+    "mismatch": "mismatch",
 }
 
 
@@ -130,17 +133,19 @@ def _blocks(n: int, size: int) -> str:
     return f"{n} full block{'s' if n != 1 else ''} of {size}"
 
 
-def _side_title(name: str, side: tokendiff.Side) -> str:
+def _side_title(name: str, side: "Side") -> str:
     return f"{name}: {side.source} ({side.input_kind}, {side.tokens} tokens)"
 
 
-def _render_diff(d: tokendiff.TokenDiff) -> None:
+def _render_diff(d: "TokenDiff") -> None:
+    from rich.text import Text
+
     stdout.print(_side_title("A", d.a), markup=False)
     stdout.print(_side_title("B", d.b), markup=False)
-    if d.kind == tokendiff.IDENTICAL:
+    if d.kind == "identical":
         stdout.print(f"[green]identical[/]: {d.tokens_a} tokens, {_blocks(d.reusable_blocks, d.block_size)}")
         return
-    style = "red" if d.kind == tokendiff.MISMATCH else "yellow"
+    style = "red" if d.kind == "mismatch" else "yellow"
     stdout.print(f"[{style}]{_KIND_TEXT[d.kind]}[/] at token {d.first_diff_index}: common prefix "
                  f"{d.common_prefix_tokens} tokens = {_blocks(d.reusable_blocks, d.block_size)} reusable")
     for name, side in (("A", d.a), ("B", d.b)):
@@ -152,7 +157,10 @@ def _render_diff(d: tokendiff.TokenDiff) -> None:
     stdout.print(_window_table(d))
 
 
-def _window_table(d: tokendiff.TokenDiff) -> Table:
+def _window_table(d: "TokenDiff") -> "Table":
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("index", "A id", "A token", "B id", "B token"):
         table.add_column(col, justify="right" if "id" in col or col == "index" else "left")
@@ -171,13 +179,15 @@ def _window_table(d: tokendiff.TokenDiff) -> Table:
     return table
 
 
-def _render_pair(p: tokendiff.PairResult, fmt: Format) -> None:
+def _render_pair(p: "PairResult", fmt: Format) -> None:
+    from rich.markup import escape
+
     if fmt is Format.json:
         emit_jsonl(p.to_json_obj())
         return
     d = p.diff
     key = escape(f" [{p.key}]") if p.key is not None else ""
-    if d.kind == tokendiff.MISMATCH:
+    if d.kind == "mismatch":
         loc = escape(d.b.location.describe()) if d.b.location else ""
         cause = f" cause={d.cause.id}" if d.cause else ""
         stdout.print(f"line {p.line_b}{key}: [red]mismatch[/] at token {d.first_diff_index} of "
@@ -187,7 +197,7 @@ def _render_pair(p: tokendiff.PairResult, fmt: Format) -> None:
         stdout.print(f"line {p.line_b}{key}: [green]{_KIND_TEXT[d.kind]}[/] ({d.common_prefix_tokens} tokens reused)")
 
 
-def _render_log_summary(s: tokendiff.LogSummary, fmt: Format) -> None:
+def _render_log_summary(s: "LogSummary", fmt: Format) -> None:
     if fmt is Format.json:
         emit_jsonl(s.to_dict())
         return
@@ -197,7 +207,7 @@ def _render_log_summary(s: tokendiff.LogSummary, fmt: Format) -> None:
     ratio = f"{s.reuse_ratio:.1%}" if s.reuse_ratio is not None else "n/a"
     stdout.print(f"  reusable {s.reusable_tokens} tokens, reused {s.reused_tokens} ({ratio}); in full blocks of "
                  f"{s.block_size}: {s.reused_block_tokens}", soft_wrap=True)
-    if s.kinds.get(tokendiff.MISMATCH):
+    if s.kinds.get("mismatch"):
         stdout.print("  divergence point (share of the shorter prompt): " +
                      ", ".join(f"{h['bucket']}: {h['pairs']}" for h in s.divergence_histogram if h["pairs"]), soft_wrap=True)
     if s.evicted_conversations:
@@ -207,7 +217,10 @@ def _render_log_summary(s: tokendiff.LogSummary, fmt: Format) -> None:
         stdout.print("  causes: " + ", ".join(f"{c['cause']} x{c['pairs']}" for c in s.top_causes), soft_wrap=True)
 
 
-def _render_stability(r: tokendiff.StabilityReport, fmt: Format) -> None:
+def _render_stability(r: "StabilityReport", fmt: Format) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
     if fmt is Format.json:
         emit_json(r)
         return
