@@ -1,0 +1,708 @@
+"""Replay traffic through a server prefix cache.
+
+Policies:
+
+- ``vllm``: vLLM v1's block prefix cache (``vllm/v1/core``): only full blocks are hashed, a block's key
+  chains its parent's key, the per-tenant salt is an extra key on the first block; lookup walks from the
+  first block and stops at the first miss, capped at ``num_tokens - 1``; a request allocates
+  ``ceil(L / block_size)`` blocks, registers its full blocks when admitted, and frees them tail first:
+  hashed blocks go to the back of the LRU free queue, unhashed ones to the front; a freed block stays
+  hittable until its slot is reused. Several blocks may carry the same hash (the ``L - 1`` cap makes a
+  request recompute a cached last block), as in vLLM.
+- ``radix``: SGLang's token-level radix cache (page size 1): the longest cached token prefix, the same
+  ``L - 1`` cap, LRU eviction of unreferenced leaves; running requests pin their path.
+- ``chunk``: position-independent reuse of fixed-size chunks (LMCache, 256 tokens) or of declared segments;
+  chunks not at the prefix are reused at the cost of recomputing ``recompute_ratio`` of their tokens
+  (CacheBlend). An upper bound, labelled as such.
+- ``infinite``: the vLLM rules with no eviction: the ceiling.
+
+Block keys use Python's built-in tuple hash by default (only equality matters, and a 64-bit chained hash
+makes a collision vanishingly unlikely on real traces); ``hash_fn="sha256"`` uses SHA-256 over a pickle of
+``(parent, tokens, extra)`` as vLLM does by default.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import pickle
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from ..errors import InputError, UsageError
+
+SCHEMA_VERSION = 1
+POLICIES = ("vllm", "radix", "chunk", "infinite")
+_NONE_HASH = hash(("cachectl", "none-hash"))
+_NONE_SHA = hashlib.sha256(b"cachectl-none-hash").digest()
+
+
+# ------------------------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One request of a trace: token IDs, or pre-hashed block ids (Mooncake)."""
+
+    index: int
+    line: int | None
+    prompt_tokens: int
+    tokens: Sequence[int] | None = None
+    hash_ids: Sequence[Any] | None = None
+    hash_block_size: int = 512
+    salt: Any = None
+    tenant: Any = None
+    timestamp: float | None = None
+    output_tokens: int = 0
+    segments: Sequence[int] | None = None
+
+
+def block_keys(tokens: Sequence[int], block_size: int, salt: Any = None, hash_fn: str = "builtin") -> list:
+    """Chained keys of the full blocks of ``tokens`` (a partial tail block has none)."""
+    n = len(tokens) // block_size
+    keys = []
+    if hash_fn == "sha256":
+        parent = _NONE_SHA
+        for i in range(n):
+            extra = ("salt", salt) if (i == 0 and salt is not None) else None
+            parent = hashlib.sha256(pickle.dumps((parent, tuple(tokens[i * block_size:(i + 1) * block_size]),
+                                                  extra), protocol=5)).digest()
+            keys.append(parent)
+        return keys
+    parent = _NONE_HASH
+    if n:
+        parent = hash((parent, tuple(tokens[:block_size]), None if salt is None else ("salt", salt)))
+        keys.append(parent)
+    for i in range(1, n):
+        parent = hash((parent, tuple(tokens[i * block_size:(i + 1) * block_size])))
+        keys.append(parent)
+    return keys
+
+
+def request_keys(req: TraceRequest, block_size: int, hash_fn: str = "builtin") -> list:
+    if req.hash_ids is not None:
+        full = req.prompt_tokens // req.hash_block_size
+        ids = list(req.hash_ids[:full])
+        if req.salt is not None and ids:  # a salt changes the first key and so, chained, every key
+            return [hash((("salt", req.salt), ids[0]))] + [hash((("salt", req.salt), i)) for i in ids[1:]]
+        return ids
+    return block_keys(req.tokens, block_size, req.salt, hash_fn)
+
+
+# ---------------------------------------------------------------------------------------------- vLLM
+
+
+class CapacityError(UsageError):
+    pass
+
+
+class VllmBlockPool:
+    """vLLM v1's block pool: ref counts, a doubly linked LRU free queue, and hash -> blocks."""
+
+    def __init__(self, capacity_blocks: int, block_size: int):
+        if capacity_blocks < 1:
+            raise UsageError("capacity must be at least one block")
+        n = capacity_blocks
+        self.block_size = block_size
+        self.capacity = n
+        self.head, self.tail = n, n + 1
+        # the free queue starts with every block in id order
+        self.prev = [i - 1 for i in range(n)] + [-1, n - 1]
+        self.next = [i + 1 for i in range(n)] + [0, -1]
+        self.prev[0] = self.head
+        self.next[n - 1] = self.tail
+        if n == 0:  # pragma: no cover
+            self.next[self.head] = self.tail
+        self.ref = [0] * n
+        self.key: list = [None] * n
+        self.owner: list = [None] * n
+        self.cached: dict = {}
+        self.free_count = n
+        self.evicted = 0
+        self.in_use = 0
+        self.peak_in_use = 0
+        self.cross_tenant_hits = 0
+
+    # -- free queue
+    def _remove(self, b: int) -> None:
+        p, q = self.prev[b], self.next[b]
+        self.next[p] = q
+        self.prev[q] = p
+
+    def _append(self, b: int) -> None:
+        t = self.prev[self.tail]
+        self.next[t] = b
+        self.prev[b] = t
+        self.next[b] = self.tail
+        self.prev[self.tail] = b
+
+    def _prepend(self, b: int) -> None:
+        h = self.next[self.head]
+        self.prev[h] = b
+        self.next[b] = h
+        self.prev[b] = self.head
+        self.next[self.head] = b
+
+    # -- requests
+    def lookup(self, keys: Sequence, num_tokens: int) -> list[int]:
+        """Blocks of the longest cached prefix, capped so that the last token is recomputed."""
+        limit = min(len(keys), (num_tokens - 1) // self.block_size)
+        hits = []
+        cached = self.cached
+        for i in range(limit):
+            blocks = cached.get(keys[i])
+            if not blocks:
+                break
+            hits.append(next(iter(blocks)))
+        return hits
+
+    def can_admit(self, hits: Sequence[int], num_tokens: int) -> bool:
+        need = -(-num_tokens // self.block_size) - len(hits)
+        evictable_hits = sum(1 for b in hits if self.ref[b] == 0)
+        return need + evictable_hits <= self.free_count
+
+    def admit(self, keys: Sequence, num_tokens: int, hits: list[int], tenant: Any = None) -> list[int]:
+        ref, key = self.ref, self.key
+        for b in hits:
+            if ref[b] == 0:
+                self._remove(b)
+                self.free_count -= 1
+            ref[b] += 1
+            if self.owner[b] != tenant:
+                self.cross_tenant_hits += 1
+        need = -(-num_tokens // self.block_size) - len(hits)
+        if need > self.free_count:  # the caller checks can_admit first
+            raise CapacityError("not enough free blocks")
+        blocks = list(hits)
+        nxt, head = self.next, self.head
+        for _ in range(need):
+            b = nxt[head]
+            self._remove(b)
+            self.free_count -= 1
+            k = key[b]
+            if k is not None:  # evict: the slot is reused, its content is no longer hittable
+                owners = self.cached[k]
+                del owners[b]
+                if not owners:
+                    del self.cached[k]
+                key[b] = None
+                self.evicted += 1
+            ref[b] = 1
+            blocks.append(b)
+        for i in range(len(hits), len(keys)):  # register the full blocks computed now
+            b = blocks[i]
+            k = keys[i]
+            key[b] = k
+            self.owner[b] = tenant
+            owners = self.cached.get(k)
+            if owners is None:
+                self.cached[k] = {b: None}
+            else:
+                owners[b] = None
+        self.in_use = self.capacity - self.free_count
+        if self.in_use > self.peak_in_use:
+            self.peak_in_use = self.in_use
+        return blocks
+
+    def free(self, blocks: Sequence[int]) -> None:
+        ref, key = self.ref, self.key
+        for b in reversed(blocks):  # tail first
+            ref[b] -= 1
+            if ref[b] == 0:
+                if key[b] is not None:
+                    self._append(b)
+                else:
+                    self._prepend(b)
+                self.free_count += 1
+        self.in_use = self.capacity - self.free_count
+
+
+class InfiniteCache:
+    """The vLLM lookup rules with unlimited memory."""
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self.cached: dict = {}
+        self.evicted = 0
+        self.peak_in_use = 0
+        self.cross_tenant_hits = 0
+
+    def run(self, keys: Sequence, num_tokens: int, tenant: Any) -> int:
+        limit = min(len(keys), (num_tokens - 1) // self.block_size)
+        hits = 0
+        cached = self.cached
+        while hits < limit and keys[hits] in cached:
+            if cached[keys[hits]] != tenant:
+                self.cross_tenant_hits += 1
+            hits += 1
+        for k in keys[hits:]:
+            cached.setdefault(k, tenant)
+        self.peak_in_use = max(self.peak_in_use, len(cached) + (1 if num_tokens % self.block_size else 0))
+        return hits * self.block_size
+
+
+# --------------------------------------------------------------------------------------------- radix
+
+
+class _Node:
+    __slots__ = ("children", "key", "parent", "last", "lock", "owner")
+
+    def __init__(self, key: tuple, parent: "_Node | None", owner: Any = None):
+        self.children: dict = {}
+        self.key = key
+        self.parent = parent
+        self.last = 0
+        self.lock = 0
+        self.owner = owner
+
+
+class RadixCache:
+    """SGLang-style token radix tree with LRU eviction of unlocked leaves (capacity in tokens)."""
+
+    def __init__(self, capacity_tokens: int | None):
+        self.root = _Node((), None)
+        self.root.lock = 1
+        self.capacity = capacity_tokens
+        self.size = 0
+        self.clock = 0
+        self.evicted_tokens = 0
+        self.peak = 0
+        self.cross_tenant_tokens = 0
+
+    def _match(self, tokens: Sequence[int]) -> tuple[int, list[_Node]]:
+        node, pos, path = self.root, 0, []
+        n = len(tokens)
+        while pos < n:
+            child = node.children.get(tokens[pos])
+            if child is None:
+                break
+            key = child.key
+            m = 0
+            lim = min(len(key), n - pos)
+            while m < lim and key[m] == tokens[pos + m]:
+                m += 1
+            if m < len(key):  # split the edge so that the matched part is its own node
+                mid = _Node(key[:m], node, child.owner)
+                mid.last = child.last
+                node.children[key[0]] = mid
+                child.key = key[m:]
+                child.parent = mid
+                mid.children[child.key[0]] = child
+                mid.lock = child.lock
+                child = mid
+            path.append(child)
+            pos += m
+            node = child
+            if m < len(key):
+                break
+        return pos, path
+
+    def run(self, tokens: Sequence, tenant: Any, offset: int = 0) -> tuple[int, list[_Node]]:
+        """Match, insert the rest, lock the path (until :meth:`release`); return the hit tokens.
+
+        ``offset`` leading pseudo-tokens (a tenant's salt) are not counted; the hit is capped at L - 1.
+        """
+        self.clock += 1
+        matched, path = self._match(tokens)
+        hit = max(0, min(matched - offset, len(tokens) - offset - 1))
+        for node in path:
+            node.last = self.clock
+            if node.owner != tenant:
+                self.cross_tenant_tokens += len(node.key)
+        node = path[-1] if path else self.root
+        if matched < len(tokens):
+            rest = tuple(tokens[matched:])
+            leaf = _Node(rest, node, tenant)
+            leaf.last = self.clock
+            node.children[rest[0]] = leaf
+            self.size += len(rest)
+            path.append(leaf)
+        for nd in path:
+            nd.lock += 1
+        self.peak = max(self.peak, self.size)
+        self._evict()
+        return hit, path
+
+    def release(self, path: list[_Node]) -> None:
+        for nd in path:
+            nd.lock -= 1
+        self._evict()
+
+    def _evict(self) -> None:
+        if self.capacity is None or self.size <= self.capacity:
+            return
+        leaves = []
+        stack = [self.root]
+        while stack:
+            nd = stack.pop()
+            if nd.children:
+                stack.extend(nd.children.values())
+            elif nd.lock == 0:
+                leaves.append((nd.last, id(nd), nd))
+        heapq.heapify(leaves)
+        while self.size > self.capacity and leaves:
+            _, _, nd = heapq.heappop(leaves)
+            parent = nd.parent
+            del parent.children[nd.key[0]]
+            self.size -= len(nd.key)
+            self.evicted_tokens += len(nd.key)
+            if parent is not self.root and not parent.children and parent.lock == 0:
+                heapq.heappush(leaves, (parent.last, id(parent), parent))
+
+
+# --------------------------------------------------------------------------------------------- chunk
+
+
+class ChunkCache:
+    """Position-independent chunk reuse (LMCache / CacheBlend), LRU over chunks, capacity in tokens."""
+
+    def __init__(self, capacity_tokens: int | None, chunk_size: int, recompute_ratio: float):
+        self.capacity = capacity_tokens
+        self.chunk_size = chunk_size
+        self.recompute = recompute_ratio
+        self.lru: OrderedDict = OrderedDict()
+        self.size = 0
+        self.evicted_tokens = 0
+        self.peak = 0
+        self.prefix_hit_tokens = 0
+        self.reused_nonprefix_tokens = 0
+        self.cross_tenant_tokens = 0
+
+    def run(self, tokens: Sequence[int], segments: Sequence[int] | None, salt: Any, tenant: Any) -> float:
+        bounds = []
+        if segments:
+            pos = 0
+            for s in segments:
+                bounds.append((pos, pos + s))
+                pos += s
+        else:
+            n = len(tokens) // self.chunk_size  # full chunks only
+            bounds = [(i * self.chunk_size, (i + 1) * self.chunk_size) for i in range(n)]
+        prefix = True
+        saved = 0.0
+        cap = len(tokens) - 1
+        chained = hash(("chunk-root", salt))
+        for start, end in bounds:
+            piece = tuple(tokens[start:end])
+            key = hash((salt, piece))                 # content only: reusable anywhere (CacheBlend)
+            chained = hash((chained, piece))          # content and everything before it: exact reuse
+            size = end - start
+            entry = self.lru.get(key)
+            if entry is not None:
+                self.lru.move_to_end(key)
+                if entry[1] != tenant:
+                    self.cross_tenant_tokens += size
+                usable = max(0, min(end, cap) - start)
+                if prefix and chained in entry[2]:   # same chunk, same position, same prefix: exact
+                    saved += usable
+                    self.prefix_hit_tokens += usable
+                else:
+                    prefix = False
+                    saved += usable * (1.0 - self.recompute)
+                    self.reused_nonprefix_tokens += usable
+                entry[2].add(chained)
+            else:
+                prefix = False
+                self.lru[key] = (size, tenant, {chained})
+                self.size += size
+        self.peak = max(self.peak, self.size)
+        if self.capacity is not None:
+            while self.size > self.capacity and self.lru:
+                _, (size, _, _) = self.lru.popitem(last=False)
+                self.size -= size
+                self.evicted_tokens += size
+        return saved
+
+
+# --------------------------------------------------------------------------------------------- report
+
+
+@dataclass(frozen=True)
+class TenantStats:
+    tenant: Any
+    requests: int
+    query_tokens: int
+    hit_tokens: float
+    hit_rate: float | None
+
+
+@dataclass(frozen=True)
+class RequestHit:
+    index: int
+    line: int | None
+    prompt_tokens: int
+    hit_tokens: float
+    tenant: Any = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefixReport:
+    schema_version: int = SCHEMA_VERSION
+    policy: str
+    block_size: int
+    capacity_blocks: int | None
+    requests: int
+    query_tokens: int
+    hit_tokens: float
+    hit_rate: float | None
+    prefill_tokens_saved: float
+    evicted_blocks: int
+    evicted_tokens: int
+    peak_blocks_in_use: int
+    cross_tenant_shared_blocks: int
+    per_tenant: tuple[TenantStats, ...]
+    per_request: tuple[RequestHit, ...] | None = None
+    upper_bound: bool = False
+    notes: tuple[str, ...] = ()
+
+
+@dataclass
+class _Tally:
+    requests: int = 0
+    query: int = 0
+    hits: float = 0.0
+
+
+def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_size: int = 16,
+             capacity_blocks: int | None = None, hash_fn: str = "builtin", concurrency: int = 1,
+             decode_s_per_token: float = 0.02, chunk_size: int = 256, recompute_ratio: float = 0.15,
+             per_request: bool = False, source: str = "") -> PrefixReport:
+    """Replay requests through one prefix-cache policy and count what vLLM's metrics would count."""
+    if policy not in POLICIES:
+        raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    if block_size < 1:
+        raise UsageError("--block-size must be at least 1")
+    if policy == "vllm" and capacity_blocks is None:
+        raise UsageError("the vllm policy needs --capacity-blocks N (or --capacity-gib X --model M); "
+                         "--policy infinite gives the no-eviction ceiling")
+    if concurrency < 1:
+        raise UsageError("--concurrency must be at least 1")
+    if not 0.0 <= recompute_ratio <= 1.0:
+        raise UsageError("--recompute-ratio must be between 0 and 1")
+    tenants: dict[Any, _Tally] = {}
+    rows: list[RequestHit] = []
+    total = _Tally()
+    notes: list[str] = []
+    pool = VllmBlockPool(capacity_blocks, block_size) if policy == "vllm" else None
+    inf = InfiniteCache(block_size) if policy == "infinite" else None
+    cap_tokens = capacity_blocks * block_size if capacity_blocks is not None else None
+    radix = RadixCache(cap_tokens) if policy == "radix" else None
+    chunk = ChunkCache(cap_tokens, chunk_size, recompute_ratio) if policy == "chunk" else None
+    running: list = []  # (end_time, seq, handle) of requests in flight
+    clock = 0.0
+    seq = 0
+
+    def finish(handle) -> None:
+        if pool is not None:
+            pool.free(handle)
+        elif radix is not None:
+            radix.release(handle)
+
+    for req in requests:
+        where = {"source": source, "line": req.line}
+        if req.hash_ids is not None and req.hash_block_size != block_size and policy in ("vllm", "infinite"):
+            raise UsageError(f"{source}: hash_ids cover {req.hash_block_size}-token blocks; run with "
+                             f"--block-size {req.hash_block_size} (they cannot be split)")
+        if req.hash_ids is not None and policy in ("radix", "chunk"):
+            raise UsageError(f"{source}: the {policy} policy needs token IDs; hash_ids traces work with the vllm "
+                             "and infinite policies")
+        arrival = req.timestamp if req.timestamp is not None else clock
+        clock = max(clock, arrival)
+        # requests that finished by now give their blocks back (in the order they finish)
+        while running and (running[0][0] <= clock or concurrency == 1):
+            end, _, handle = heapq.heappop(running)
+            clock = max(clock, end) if concurrency == 1 else clock
+            finish(handle)
+        tenant = req.tenant
+        if pool is not None:
+            keys = request_keys(req, block_size, hash_fn)
+            while True:
+                hits = pool.lookup(keys, req.prompt_tokens)
+                if pool.can_admit(hits, req.prompt_tokens) and len(running) < concurrency:
+                    break
+                if not running:
+                    need = -(-req.prompt_tokens // block_size)
+                    raise CapacityError(f"{source}:{req.line}: a request of {req.prompt_tokens} tokens needs "
+                                        f"{need} blocks of {block_size} but the capacity is {capacity_blocks}; "
+                                        f"the minimum that works for this trace is at least {need}")
+                end, _, handle = heapq.heappop(running)  # wait for the earliest running request
+                clock = max(clock, end)
+                finish(handle)
+            blocks = pool.admit(keys, req.prompt_tokens, hits, tenant)
+            hit = len(hits) * block_size
+            handle = blocks
+        elif inf is not None:
+            hit = inf.run(request_keys(req, block_size, hash_fn), req.prompt_tokens, tenant)
+            handle = None
+        elif radix is not None:
+            while len(running) >= concurrency:
+                end, _, h = heapq.heappop(running)
+                clock = max(clock, end)
+                finish(h)
+            if req.salt is None:
+                hit, handle = radix.run(req.tokens, tenant)
+            else:  # a salt isolates tenants: a pseudo-token of its own at the root of each tenant's tree
+                hit, handle = radix.run([("salt", req.salt), *req.tokens], tenant, offset=1)
+            if radix.capacity is not None and radix.size > radix.capacity and not running:
+                raise CapacityError(f"{source}:{req.line}: a request of {req.prompt_tokens} tokens does not fit "
+                                    f"in {radix.capacity} tokens of capacity")
+        else:
+            hit = chunk.run(req.tokens, req.segments, req.salt, tenant)
+            handle = None
+        if handle is not None:
+            seq += 1
+            heapq.heappush(running, (clock + req.output_tokens * decode_s_per_token, seq, handle))
+        t = tenants.setdefault(tenant, _Tally())
+        for tally in (t, total):
+            tally.requests += 1
+            tally.query += req.prompt_tokens
+            tally.hits += hit
+        if per_request:
+            rows.append(RequestHit(index=req.index, line=req.line, prompt_tokens=req.prompt_tokens, hit_tokens=hit,
+                                   tenant=tenant))
+    while running:
+        finish(heapq.heappop(running)[2])
+    if total.requests == 0:
+        raise InputError("the trace has no requests", source=source)
+    if policy != "chunk":  # whole tokens everywhere but in the chunk policy's upper bound
+        total.hits = int(total.hits)
+        for v in tenants.values():
+            v.hits = int(v.hits)
+
+    if pool is not None:
+        evicted_blocks, evicted_tokens = pool.evicted, pool.evicted * block_size
+        peak, cross = pool.peak_in_use, pool.cross_tenant_hits
+    elif inf is not None:
+        evicted_blocks = evicted_tokens = 0
+        peak, cross = inf.peak_in_use, inf.cross_tenant_hits
+    else:
+        c = radix or chunk
+        evicted_tokens = c.evicted_tokens
+        evicted_blocks = -(-evicted_tokens // block_size)
+        peak = -(-c.peak // block_size)
+        cross = -(-c.cross_tenant_tokens // block_size)
+        if chunk is not None:
+            notes.append(f"chunk reuse is an upper bound: chunks away from the prefix are counted as reused minus "
+                         f"the {recompute_ratio:.0%} of their tokens CacheBlend recomputes; attention across "
+                         "chunks is approximated")
+    if policy == "vllm" and hash_fn == "builtin":
+        notes.append("block keys: Python's 64-bit tuple hash (equality is all that matters); --hash sha256 for "
+                     "vLLM's own")
+    per_tenant = tuple(TenantStats(tenant=k, requests=v.requests, query_tokens=v.query, hit_tokens=v.hits,
+                                   hit_rate=v.hits / v.query if v.query else None) for k, v in tenants.items())
+    return PrefixReport(policy=policy, block_size=block_size, capacity_blocks=capacity_blocks,
+                        requests=total.requests, query_tokens=total.query, hit_tokens=total.hits,
+                        hit_rate=total.hits / total.query if total.query else None,
+                        prefill_tokens_saved=total.hits, evicted_blocks=evicted_blocks, evicted_tokens=evicted_tokens,
+                        peak_blocks_in_use=peak, cross_tenant_shared_blocks=cross, per_tenant=per_tenant,
+                        per_request=tuple(rows) if per_request else None, upper_bound=policy == "chunk",
+                        notes=tuple(notes))
+
+
+# --------------------------------------------------------------------------------------------- reading
+
+
+def _int_list(value: Any, name: str, where: dict) -> list:
+    if not isinstance(value, list):
+        raise InputError("expected a list", field=name, **where)
+    for i, x in enumerate(value):
+        if type(x) is not int or x < 0:
+            raise InputError(f"{x!r} is not a non-negative integer", field=f"{name}[{i}]", **where)
+    return value
+
+
+def _get(value: dict, dotted: str) -> Any:
+    cur: Any = value
+    for part in dotted.split("."):
+        if not isinstance(cur, dict):
+            return None
+        cur = cur.get(part)
+    return cur
+
+
+def iter_trace(records: Iterable[tuple[int, Any]], *, source: str, tokenizer: Any = None,
+               salt_field: str | None = None, tenant_field: str | None = None, hash_block_size: int = 512,
+               as_kind: str | None = None, batch_size: int = 128) -> Iterator[TraceRequest]:
+    """Requests from a JSONL trace: token IDs, Mooncake hash_ids, or text/chat through a tokenizer."""
+    pending: list[tuple[int, Any, Any, dict]] = []
+    index = 0
+
+    def flush() -> Iterator[TraceRequest]:
+        nonlocal index
+        if not pending:
+            return
+        from ..inputs import prompt_from_value
+
+        prompts = [prompt_from_value(v, source=source, line=ln, as_kind=as_kind) for ln, v, _, _ in pending]
+        toks = tokenizer.tokenize_many(prompts)
+        for (ln, v, salt, meta), tok in zip(pending, toks):
+            yield TraceRequest(index=index, line=ln, prompt_tokens=len(tok.ids), tokens=list(tok.ids), salt=salt,
+                               **meta)
+            index += 1
+        pending.clear()
+
+    for line, value in records:
+        where = {"source": source, "line": line}
+        if not isinstance(value, dict):
+            raise InputError("expected a JSON object per line", **where)
+        salt = _get(value, salt_field) if salt_field else value.get("salt", value.get("cache_salt"))
+        if salt_field and salt is None:
+            raise InputError("missing salt", field=salt_field, **where)
+        tenant = _get(value, tenant_field) if tenant_field else salt
+        if isinstance(salt, (dict, list)):
+            salt = repr(salt)
+        if isinstance(tenant, (dict, list)):
+            tenant = repr(tenant)
+        ts = value.get("timestamp")
+        if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float))):
+            raise InputError(f"expected a number of seconds, got {ts!r}", field="timestamp", **where)
+        out = value.get("output_tokens", value.get("output_length", 0)) or 0
+        if isinstance(out, bool) or not isinstance(out, int) or out < 0:
+            raise InputError(f"expected a non-negative integer, got {out!r}", field="output_tokens", **where)
+        meta = {"tenant": tenant, "timestamp": None if ts is None else float(ts), "output_tokens": out}
+        if "hash_ids" in value and as_kind is None:
+            if pending:
+                yield from flush()
+            ids = value["hash_ids"]
+            if not isinstance(ids, list):
+                raise InputError("expected a list", field="hash_ids", **where)
+            length = value.get("input_length")
+            if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+                raise InputError(f"expected a positive integer, got {length!r}", field="input_length", **where)
+            if -(-length // hash_block_size) != len(ids):
+                raise InputError(f"{len(ids)} hash_ids do not cover input_length {length} in blocks of "
+                                 f"{hash_block_size} (--hash-block-size)", field="hash_ids", **where)
+            if ts is not None and meta["timestamp"] is not None and ts > 1e11:
+                meta["timestamp"] = ts / 1000.0  # Mooncake timestamps are milliseconds
+            yield TraceRequest(index=index, line=line, prompt_tokens=length, hash_ids=ids,
+                               hash_block_size=hash_block_size, salt=salt, **meta)
+            index += 1
+            continue
+        key = next((k for k in ("tokens", "prompt_token_ids", "input_ids") if k in value), None)
+        if key is not None and as_kind in (None, "ids"):
+            if pending:
+                yield from flush()
+            tokens = _int_list(value[key], key, where)
+            if not tokens:
+                raise InputError("empty token list", field=key, **where)
+            segments = value.get("segments")
+            if segments is not None:
+                segments = _int_list(segments, "segments", where)
+                if sum(segments) != len(tokens):
+                    raise InputError(f"segments sum to {sum(segments)}, not the {len(tokens)} tokens",
+                                     field="segments", **where)
+            yield TraceRequest(index=index, line=line, prompt_tokens=len(tokens), tokens=tokens, salt=salt,
+                               segments=segments, **meta)
+            index += 1
+            continue
+        if any(k in value for k in ("prompt", "messages", "text", "body")):
+            if tokenizer is None:
+                raise InputError("a text or chat request needs --tokenizer to become token IDs", **where)
+            pending.append((line, value, salt, meta))
+            if len(pending) >= batch_size:
+                yield from flush()
+            continue
+        raise InputError("no tokens: expected 'tokens' (token IDs), 'hash_ids' with 'input_length' (Mooncake), "
+                         "or 'prompt'/'messages' with --tokenizer", **where)
+    yield from flush()
