@@ -375,46 +375,58 @@ def _anthropic_body(body: dict, loc: dict, meta: dict) -> PromptInput:
 # -------------------------------------------------------------------------------------------- JSONL
 
 
-def iter_jsonl(path: str) -> Iterator[tuple[int, Any]]:
-    """Stream ``(line_number, value)`` from a JSONL file, skipping blank lines.
-
-    Each line is decoded strictly as UTF-8 and parsed with orjson; an error names the line.
-    """
+def _open_binary(path: str):
     if path == "-":
-        fh = sys.stdin.buffer
-        source = "<stdin>"
-    else:
+        return sys.stdin.buffer, "<stdin>"
+    try:
+        return open(path, "rb"), path
+    except FileNotFoundError:
+        raise InputError("no such file", source=path) from None
+    except IsADirectoryError:
+        raise InputError("is a directory, expected a file", source=path) from None
+    except PermissionError:
+        raise InputError("permission denied", source=path) from None
+
+
+def parse_jsonl_line(raw: bytes, source: str, lineno: int) -> Any:
+    """Parse one JSONL line with orjson; errors name the file and line."""
+    if b"\x00" in raw:
+        raise InputError("looks like binary data (NUL bytes), expected JSON", source=source, line=lineno)
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
         try:
-            fh = open(path, "rb")
-        except FileNotFoundError:
-            raise InputError("no such file", source=path) from None
-        except IsADirectoryError:
-            raise InputError("is a directory, expected a file", source=path) from None
-        source = path
+            raw.decode("utf-8")
+        except UnicodeDecodeError as uexc:
+            raise InputError(f"not valid UTF-8 (offset {uexc.start} in the line)", source=source,
+                             line=lineno) from None
+        raise InputError(f"invalid JSON: {exc.msg} (column {exc.colno})", source=source, line=lineno) from None
+
+
+def iter_raw_lines(path: str) -> Iterator[tuple[int, bytes, str]]:
+    """Stream ``(line_number, raw_line, source)`` of non-blank lines; an empty file is an error."""
+    fh, source = _open_binary(path)
     seen = False
     try:
         for lineno, raw in enumerate(fh, start=1):
             if not raw.strip():
                 continue
-            if b"\x00" in raw:
-                raise InputError("looks like binary data (NUL bytes), expected JSON", source=source, line=lineno)
-            try:
-                value = orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                try:
-                    raw.decode("utf-8")
-                except UnicodeDecodeError as uexc:
-                    raise InputError(f"not valid UTF-8 (offset {uexc.start} in the line)", source=source,
-                                     line=lineno) from None
-                raise InputError(f"invalid JSON: {exc.msg} (column {exc.colno})", source=source,
-                                 line=lineno) from None
             seen = True
-            yield lineno, value
+            yield lineno, raw, source
     finally:
         if fh is not sys.stdin.buffer:
             fh.close()
     if not seen:
         raise InputError("file is empty", source=source)
+
+
+def iter_jsonl(path: str) -> Iterator[tuple[int, Any]]:
+    """Stream ``(line_number, value)`` from a JSONL file, skipping blank lines.
+
+    Each line is decoded strictly as UTF-8 and parsed with orjson; an error names the line.
+    """
+    for lineno, raw, source in iter_raw_lines(path):
+        yield lineno, parse_jsonl_line(raw, source, lineno)
 
 
 def get_path(value: Any, dotted: str) -> Any:

@@ -238,6 +238,8 @@ def test_cli_capacity_gib_from_a_model_config(cli, write, tmp_path):
     ([{"foo": 1}], ["--capacity-blocks", "4"], "trace.jsonl:1: no tokens"),
     ([{"tokens": [1, -2]}], ["--capacity-blocks", "4"], "trace.jsonl:1: field 'tokens[1]': -2 is not a non-negative"),
     ([{"tokens": [1, 2.5]}], ["--capacity-blocks", "4"], "field 'tokens[1]'"),
+    ([{"tokens": [1, True]}], ["--capacity-blocks", "4"], "field 'tokens[1]': True is not"),
+    ([{"tokens": [1, 2 ** 70]}], ["--capacity-blocks", "4"], "field 'tokens[1]'"),
     ([{"tokens": list(range(40))}], ["--capacity-blocks", "2"], "the capacity is 2"),
     ([{"hash_ids": [1, 2], "input_length": 5000}], ["--capacity-blocks", "4", "--block-size", "512"],
      "do not cover input_length"),
@@ -247,3 +249,33 @@ def test_cli_bad_input(cli, write, rows, args, expect):
     path = write_trace(write, rows)
     r = cli("simulate-prefix", path, *args)
     assert r.exit_code == 2 and expect in r.stderr and r.stderr.count("\n") == 1
+
+
+@given(token_lists, st.sampled_from([1, 2, 4, 16]), st.integers(0, 10))
+@settings(max_examples=200, deadline=None)
+def test_general_pool_equals_naive_reference(trace, bs, extra_capacity):
+    """The ref-counted pool (used with --concurrency) replays sequential traffic like the reference."""
+    from cachectl.engines.prefix import VllmBlockPool, block_keys
+
+    trace = [t if i == 0 or i % 3 else trace[i - 1] + t for i, t in enumerate(trace)]
+    capacity = max(-(-len(t) // bs) for t in trace) + extra_capacity
+    naive, pool = NaiveVllm(capacity, bs), VllmBlockPool(capacity, bs)
+    for t in trace:
+        keys = block_keys(t, bs)
+        hit = pool.lookup(keys, len(t))
+        blocks = pool.admit(keys, len(t), hit)
+        pool.free(blocks)
+        assert len(hit) * bs == naive.run(t)
+    assert pool.evicted == naive.evicted
+
+
+def test_cli_no_salt_reveals_cross_tenant_sharing(cli):
+    from .conftest import FIXTURES
+
+    trace = FIXTURES / "traces" / "rag.jsonl"
+    salted = json.loads(cli("simulate-prefix", trace, "--capacity-blocks", "300", "-f", "json").stdout)
+    open_ = json.loads(cli("simulate-prefix", trace, "--capacity-blocks", "300", "--tenant-field", "salt",
+                           "--no-salt", "-f", "json").stdout)
+    assert salted["cross_tenant_shared_blocks"] == 0
+    assert open_["cross_tenant_shared_blocks"] > 0 and open_["hit_tokens"] > salted["hit_tokens"]
+    assert {t["tenant"] for t in open_["per_tenant"]} == {"acme", "globex"}

@@ -48,6 +48,8 @@ def command(
     tenant_field: Annotated[Optional[str], typer.Option("--tenant-field", metavar="F",
                                                         help="Field naming the tenant without salting, to measure "
                                                              "cross-tenant sharing.")] = None,
+    no_salt: Annotated[bool, typer.Option("--no-salt", help="Ignore cache salts: what sharing would happen "
+                                                              "without them (with --tenant-field).")] = False,
     tokenizer: TokenizerOpt = None,
     as_kind: AsOpt = None,
     hash_block_size: Annotated[int, typer.Option("--hash-block-size", min=1,
@@ -71,7 +73,6 @@ def command(
     fmt: FormatOpt = Format.text,
 ) -> None:
     from ..engines import prefix
-    from ..inputs import iter_jsonl
 
     if hash_fn not in ("builtin", "sha256"):
         raise UsageError("--hash must be builtin or sha256")
@@ -104,9 +105,9 @@ def command(
         return capacity_blocks
 
     def run(bs: int, cap: Optional[int], keep_rows: bool):
-        records = iter_jsonl(trace)
+        records = prefix.trace_records(trace)
         requests = prefix.iter_trace(records, source=name, tokenizer=tok, salt_field=salt_field,
-                                     tenant_field=tenant_field, hash_block_size=hash_block_size,
+                                     tenant_field=tenant_field, hash_block_size=hash_block_size, no_salt=no_salt,
                                      as_kind=as_kind.value if as_kind else None)
         with Progress(f"{policy} bs={bs}") as progress:
             def counted():

@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import operator
 import pickle
-from collections import OrderedDict
+from array import array
+from collections import OrderedDict, deque
+from itertools import accumulate, chain, count, repeat
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -34,7 +37,6 @@ from ..errors import InputError, UsageError
 
 SCHEMA_VERSION = 1
 POLICIES = ("vllm", "radix", "chunk", "infinite")
-_NONE_HASH = hash(("cachectl", "none-hash"))
 _NONE_SHA = hashlib.sha256(b"cachectl-none-hash").digest()
 
 
@@ -59,23 +61,25 @@ class TraceRequest:
 
 
 def block_keys(tokens: Sequence[int], block_size: int, salt: Any = None, hash_fn: str = "builtin") -> list:
-    """Chained keys of the full blocks of ``tokens`` (a partial tail block has none)."""
-    n = len(tokens) // block_size
+    """Chained keys of the full blocks of ``tokens`` (a partial tail block has none).
+
+    builtin: block i's key is the XOR of position-salted tuple hashes of blocks 0..i (the salt folded into
+    the first), so it depends on the whole prefix like vLLM's parent-chained hash, and every step runs in
+    C (``zip`` cuts the blocks, ``accumulate`` chains them). sha256: vLLM's own, over a pickle of
+    ``(parent, tokens, extra)``.
+    """
+    if hash_fn != "sha256":
+        terms = map(hash, zip(count(), zip(*[iter(tokens)] * block_size)))
+        if salt is not None and len(tokens) >= block_size:
+            first = next(terms) ^ hash(("salt", salt))
+            return list(accumulate(chain((first,), terms), operator.xor))
+        return list(accumulate(terms, operator.xor))
     keys = []
-    if hash_fn == "sha256":
-        parent = _NONE_SHA
-        for i in range(n):
-            extra = ("salt", salt) if (i == 0 and salt is not None) else None
-            parent = hashlib.sha256(pickle.dumps((parent, tuple(tokens[i * block_size:(i + 1) * block_size]),
-                                                  extra), protocol=5)).digest()
-            keys.append(parent)
-        return keys
-    parent = _NONE_HASH
-    if n:
-        parent = hash((parent, tuple(tokens[:block_size]), None if salt is None else ("salt", salt)))
-        keys.append(parent)
-    for i in range(1, n):
-        parent = hash((parent, tuple(tokens[i * block_size:(i + 1) * block_size])))
+    parent = _NONE_SHA
+    for i in range(len(tokens) // block_size):
+        extra = ("salt", salt) if (i == 0 and salt is not None) else None
+        parent = hashlib.sha256(pickle.dumps((parent, tuple(tokens[i * block_size:(i + 1) * block_size]), extra),
+                                             protocol=5)).digest()
         keys.append(parent)
     return keys
 
@@ -216,6 +220,132 @@ class VllmBlockPool:
                     self._prepend(b)
                 self.free_count += 1
         self.in_use = self.capacity - self.free_count
+
+
+class SequentialVllmPool:
+    """The same rules as :class:`VllmBlockPool` for one request at a time, with bulk operations.
+
+    Between requests no block is referenced, so the free queue is, front to back: the unhashed blocks
+    prepended when freed (most recent first), the never-used blocks in id order, then one segment per
+    finished request holding its full blocks in the order they were appended (tail first). Touching a
+    block again re-stamps it into the newest segment with one C-level ``dict.update`` instead of moving it:
+    the copy left in the older segment is stale and skipped when eviction reaches it. Only newly computed
+    and evicted blocks take a Python-level step each.
+    """
+
+    def __init__(self, capacity_blocks: int, block_size: int):
+        if capacity_blocks < 1:
+            raise UsageError("capacity must be at least one block")
+        self.block_size = block_size
+        self.capacity = capacity_blocks
+        self.prepended: list[int] = []      # a stack: the last one prepended is the front
+        self.fresh = 0                      # never-used blocks are fresh..capacity-1
+        self.segments: deque = deque()      # [segment id, blocks]; eviction pops blocks from the end
+        self.stamp: dict = {}               # block -> id of the segment that holds it validly
+        self.seg_id = 0
+        self.entries = 0
+        self.key: dict = {}                 # block -> its key, for hashed blocks
+        self.owner: dict = {}
+        self.primary: dict = {}             # key -> the oldest block holding it
+        self.dups: dict = {}                # key -> younger blocks holding it too, oldest first
+        self.evicted = 0
+        self.peak_in_use = 0
+        self.cross_tenant_hits = 0
+        self.track_owners = False
+
+    def _evict(self, b: int) -> None:
+        k = self.key.pop(b)
+        self.evicted += 1
+        primary = self.primary
+        if primary[k] == b:
+            more = self.dups.get(k)
+            if more:
+                primary[k] = more.pop(0)
+                if not more:
+                    del self.dups[k]
+            else:
+                del primary[k]
+        else:
+            self.dups[k].remove(b)
+            if not self.dups[k]:
+                del self.dups[k]
+
+    def _take(self) -> int:
+        if self.prepended:
+            return self.prepended.pop()
+        if self.fresh < self.capacity:
+            self.fresh += 1
+            return self.fresh - 1
+        stamp, segments = self.stamp, self.segments
+        while True:
+            seg = segments[0]
+            blocks = seg[1]
+            while blocks:
+                b = blocks.pop()
+                self.entries -= 1
+                if stamp.get(b) == seg[0]:  # valid: not touched since, not in use now
+                    del stamp[b]
+                    if b in self.key:
+                        self._evict(b)
+                    return b
+            segments.popleft()
+
+    def _compact(self) -> None:
+        stamp = self.stamp
+        kept = deque()
+        entries = 0
+        for sid, blocks in self.segments:
+            live = [b for b in blocks if stamp.get(b) == sid]
+            if live:
+                kept.append([sid, live])
+                entries += len(live)
+        self.segments, self.entries = kept, entries
+
+    def run(self, keys: Sequence, num_tokens: int, tenant: Any = None) -> int:
+        bs = self.block_size
+        limit = min(len(keys), (num_tokens - 1) // bs)
+        found = list(map(self.primary.get, keys[:limit]))
+        try:
+            hits = found[:found.index(None)]
+        except ValueError:
+            hits = found
+        total = -(-num_tokens // bs)
+        if total > self.capacity:
+            raise CapacityError(f"needs {total} blocks")
+        nh = len(hits)
+        stamp = self.stamp
+        stamp.update(zip(hits, repeat(-1)))          # touch: in use, out of the free queue
+        if tenant is not None or self.track_owners:
+            self.track_owners = True
+            self.cross_tenant_hits += nh - list(map(self.owner.get, hits)).count(tenant)
+        new = [self._take() for _ in range(total - nh)]
+        full = len(keys)
+        new_full = new[:full - nh]
+        new_keys = keys[nh:full]
+        if any(map(self.primary.__contains__, new_keys)):  # a cached block recomputed (the L - 1 cap)
+            for b, k in zip(new_full, new_keys):
+                if k in self.primary:
+                    self.dups.setdefault(k, []).append(b)
+                else:
+                    self.primary[k] = b
+        else:
+            self.primary.update(zip(new_keys, new_full))
+        self.key.update(zip(new_full, new_keys))
+        if self.track_owners:
+            self.owner.update(zip(new_full, repeat(tenant)))
+        if total > self.peak_in_use:
+            self.peak_in_use = total
+        # free, tail first: full (hashed) blocks to the back as a new segment, the partial tail to the front
+        blocks = hits + new_full
+        self.seg_id += 1
+        self.segments.append([self.seg_id, blocks])
+        self.entries += len(blocks)
+        stamp.update(zip(blocks, repeat(self.seg_id)))
+        if total > full:
+            self.prepended.append(new[-1])
+        if self.entries > 4 * self.capacity + 1024:
+            self._compact()
+        return nh * bs
 
 
 class InfiniteCache:
@@ -484,7 +614,8 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
     rows: list[RequestHit] = []
     total = _Tally()
     notes: list[str] = []
-    pool = VllmBlockPool(capacity_blocks, block_size) if policy == "vllm" else None
+    seq_pool = SequentialVllmPool(capacity_blocks, block_size) if policy == "vllm" and concurrency == 1 else None
+    pool = VllmBlockPool(capacity_blocks, block_size) if policy == "vllm" and concurrency > 1 else None
     inf = InfiniteCache(block_size) if policy == "infinite" else None
     cap_tokens = capacity_blocks * block_size if capacity_blocks is not None else None
     radix = RadixCache(cap_tokens) if policy == "radix" else None
@@ -515,7 +646,16 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
             clock = max(clock, end) if concurrency == 1 else clock
             finish(handle)
         tenant = req.tenant
-        if pool is not None:
+        if seq_pool is not None:
+            try:
+                hit = seq_pool.run(request_keys(req, block_size, hash_fn), req.prompt_tokens, tenant)
+            except CapacityError:
+                need = -(-req.prompt_tokens // block_size)
+                raise CapacityError(f"{source}:{req.line}: a request of {req.prompt_tokens} tokens needs "
+                                    f"{need} blocks of {block_size} but the capacity is {capacity_blocks}; "
+                                    f"the minimum that works for this trace is at least {need}") from None
+            handle = None
+        elif pool is not None:
             keys = request_keys(req, block_size, hash_fn)
             while True:
                 hits = pool.lookup(keys, req.prompt_tokens)
@@ -570,9 +710,10 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
         for v in tenants.values():
             v.hits = int(v.hits)
 
-    if pool is not None:
-        evicted_blocks, evicted_tokens = pool.evicted, pool.evicted * block_size
-        peak, cross = pool.peak_in_use, pool.cross_tenant_hits
+    if pool is not None or seq_pool is not None:
+        p = pool or seq_pool
+        evicted_blocks, evicted_tokens = p.evicted, p.evicted * block_size
+        peak, cross = p.peak_in_use, p.cross_tenant_hits
     elif inf is not None:
         evicted_blocks = evicted_tokens = 0
         peak, cross = inf.peak_in_use, inf.cross_tenant_hits
@@ -603,6 +744,29 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
 # --------------------------------------------------------------------------------------------- reading
 
 
+def trace_records(path: str) -> Iterator[tuple[int, Any, bool]]:
+    """``(line, value, has_bool_literal)`` for each line of a JSONL trace, parsed with orjson.
+
+    The flag (a ``true``/``false`` anywhere on the line) lets token lists be checked at C speed: a bool
+    would otherwise pass as 0 or 1.
+    """
+    from ..inputs import iter_raw_lines, parse_jsonl_line
+
+    for lineno, raw, source in iter_raw_lines(path):
+        yield lineno, parse_jsonl_line(raw, source, lineno), b"true" in raw or b"false" in raw
+
+
+def _token_list(value: Any, name: str, where: dict, maybe_bool: bool = True) -> list:
+    """Check token IDs: non-negative integers below 2**64. Fast when no bool can hide in the line."""
+    if isinstance(value, list) and not maybe_bool:
+        try:
+            array("Q", value)
+            return value
+        except (TypeError, OverflowError):
+            pass
+    return _int_list(value, name, where)
+
+
 def _int_list(value: Any, name: str, where: dict) -> list:
     if not isinstance(value, list):
         raise InputError("expected a list", field=name, **where)
@@ -621,10 +785,13 @@ def _get(value: dict, dotted: str) -> Any:
     return cur
 
 
-def iter_trace(records: Iterable[tuple[int, Any]], *, source: str, tokenizer: Any = None,
+def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
                salt_field: str | None = None, tenant_field: str | None = None, hash_block_size: int = 512,
-               as_kind: str | None = None, batch_size: int = 128) -> Iterator[TraceRequest]:
-    """Requests from a JSONL trace: token IDs, Mooncake hash_ids, or text/chat through a tokenizer."""
+               as_kind: str | None = None, batch_size: int = 128, no_salt: bool = False) -> Iterator[TraceRequest]:
+    """Requests from a JSONL trace: token IDs, Mooncake hash_ids, or text/chat through a tokenizer.
+
+    ``records`` yields ``(line, value)`` or, from :func:`trace_records`, ``(line, value, has_bool_literal)``.
+    """
     pending: list[tuple[int, Any, Any, dict]] = []
     index = 0
 
@@ -642,7 +809,9 @@ def iter_trace(records: Iterable[tuple[int, Any]], *, source: str, tokenizer: An
             index += 1
         pending.clear()
 
-    for line, value in records:
+    for record in records:
+        line, value = record[0], record[1]
+        maybe_bool = record[2] if len(record) > 2 else True
         where = {"source": source, "line": line}
         if not isinstance(value, dict):
             raise InputError("expected a JSON object per line", **where)
@@ -650,6 +819,8 @@ def iter_trace(records: Iterable[tuple[int, Any]], *, source: str, tokenizer: An
         if salt_field and salt is None:
             raise InputError("missing salt", field=salt_field, **where)
         tenant = _get(value, tenant_field) if tenant_field else salt
+        if no_salt:
+            salt = None
         if isinstance(salt, (dict, list)):
             salt = repr(salt)
         if isinstance(tenant, (dict, list)):
@@ -683,7 +854,7 @@ def iter_trace(records: Iterable[tuple[int, Any]], *, source: str, tokenizer: An
         if key is not None and as_kind in (None, "ids"):
             if pending:
                 yield from flush()
-            tokens = _int_list(value[key], key, where)
+            tokens = _token_list(value[key], key, where, maybe_bool)
             if not tokens:
                 raise InputError("empty token list", field=key, **where)
             segments = value.get("segments")
