@@ -54,17 +54,11 @@ class PromptInput:
 
 def read_bytes(path: str) -> tuple[bytes, str]:
     """Read a file (or stdin for ``-``) and return its bytes and display name."""
-    if path == "-":
-        return sys.stdin.buffer.read(), "<stdin>"
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(), path
-    except FileNotFoundError:
-        raise InputError("no such file", source=path) from None
-    except IsADirectoryError:
-        raise InputError("is a directory, expected a file", source=path) from None
-    except PermissionError:
-        raise InputError("permission denied", source=path) from None
+    fh, source = _open_binary(path)
+    if fh is sys.stdin.buffer:
+        return fh.read(), source
+    with fh:
+        return fh.read(), source
 
 
 def decode_text(data: bytes, source: str) -> str:

@@ -341,28 +341,25 @@ def _layout(body: dict, model: str, ts: float | None, output: int, where: dict) 
 
 
 def _anthropic_request(body: dict, model: str, ts: float | None, output: int, where: dict) -> Request:
-    blocks: list[Block] = []
     tools = body.get("tools") or []
     if not isinstance(tools, list):
         raise InputError("expected a list of tools", field="tools", **where)
-    for i, tool in enumerate(tools):
-        if not isinstance(tool, dict):
-            raise InputError("expected a tool object", field=f"tools[{i}]", **where)
-        blocks.append(Block(identity="tool:" + _canon(_strip_cc(tool)), tokens=None,
-                            ttl=_ttl_of(tool.get("cache_control"), where, f"tools[{i}].cache_control"),
-                            segment="tools", text=json.dumps(_strip_cc(tool), ensure_ascii=False), path=f"tools[{i}]"))
     system = body.get("system")
     if isinstance(system, str):
         system = [{"type": "text", "text": system}] if system else []
-    if system is not None:
-        if not isinstance(system, list):
-            raise InputError("expected a string or a list of text blocks", field="system", **where)
-        for i, b in enumerate(system):
-            if not isinstance(b, dict):
-                raise InputError("expected a text block", field=f"system[{i}]", **where)
-            blocks.append(Block(identity="system:" + _canon(_strip_cc(b)), tokens=None,
-                                ttl=_ttl_of(b.get("cache_control"), where, f"system[{i}].cache_control"),
-                                segment="system", text=_block_text(b), path=f"system[{i}]"))
+    if system is not None and not isinstance(system, list):
+        raise InputError("expected a string or a list of text blocks", field="system", **where)
+    blocks: list[Block] = []
+    for segment, items, text_of in (("tools", tools, lambda t: json.dumps(t, ensure_ascii=False)),
+                                    ("system", system or [], _block_text)):
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise InputError(f"expected a {'tool' if segment == 'tools' else 'text block'} object",
+                                 field=f"{segment}[{i}]", **where)
+            bare = _strip_cc(item)
+            blocks.append(Block(identity=f"{segment}:" + _canon(bare), tokens=None,
+                                ttl=_ttl_of(item.get("cache_control"), where, f"{segment}[{i}].cache_control"),
+                                segment=segment, text=text_of(bare), path=f"{segment}[{i}]"))
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InputError("expected a non-empty list of messages", field="messages", **where)
