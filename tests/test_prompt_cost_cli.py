@@ -196,3 +196,15 @@ def test_count_with_api_needs_a_key(cli, write):
     path = jsonl(write, "b.jsonl", [{"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "x"}]}])
     r = cli("prompt-cost", path, "--count-with-api", env={"ANTHROPIC_API_KEY": "", "ANTHROPIC_AUTH_TOKEN": ""})
     assert r.exit_code == 2 and "ANTHROPIC_API_KEY" in r.stderr
+
+
+def test_what_if_several_calls_need_every(cli):
+    r = cli("prompt-cost", "--model", "claude-sonnet-4-5", "--prefix-tokens", "5000", "--calls", "3")
+    assert r.exit_code == 2 and "--every" in r.stderr
+
+
+def test_unknown_output_is_noted(cli, write):
+    block = {"id": "sys", "tokens": 2000, "cache_control": {"type": "ephemeral"}}
+    path = jsonl(write, "req.jsonl", [{"timestamp": 0, "model": "claude-sonnet-4-5", "blocks": [block]}])
+    d = json.loads(cli("prompt-cost", path, "-f", "json").stdout)
+    assert any("no output_tokens" in n for n in d["notes"])

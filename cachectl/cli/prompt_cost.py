@@ -64,6 +64,9 @@ def command(
             raise UsageError("what-if needs --model")
         if ttl not in ("5m", "1h"):
             raise UsageError("--ttl must be 5m or 1h")
+        if calls > 1 and every is None:
+            raise UsageError("what-if with several --calls needs --every DURATION (calls at the same moment "
+                             "all miss: an entry is readable only once its writer has started)")
         report = promptcache.what_if(table=table, model=model, prefix_tokens=prefix_tokens,
                                      suffix_tokens=suffix_tokens, output_tokens=output_tokens, calls=calls,
                                      every=promptcache.parse_duration(every) if every else 0.0, ttl=ttl)

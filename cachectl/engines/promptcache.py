@@ -228,6 +228,7 @@ class Request:
     auto_ttl: str | None = None   # top-level cache_control (automatic caching)
     body: dict | None = None      # the Anthropic body, for count_tokens
     kind: str = "layout"          # layout | anthropic | openai
+    output_known: bool = True
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$")
@@ -301,17 +302,25 @@ def request_from_value(value: Any, *, line: int | None, source: str, default_mod
     if not model:
         raise InputError("no model on this line; pass --model", **where)
     ts = _timestamp(value.get("timestamp", body.get("timestamp")), where)
-    output = value.get("output_tokens", body.get("output_tokens", 0))
+    output = value.get("output_tokens", body.get("output_tokens"))
+    output_known = output is not None
+    if output is None:
+        output = 0  # a request does not say how long its answer was: noted in the report
     if isinstance(output, bool) or not isinstance(output, int) or output < 0:
         raise InputError(f"expected a non-negative integer, got {output!r}", field="output_tokens", **where)
     if "blocks" in body:
-        return _layout(body, str(model), ts, output, where)
-    if "messages" in body:
+        req = _layout(body, str(model), ts, output, where)
+    elif "messages" in body:
         from ..inputs import _detect_chat_flavour
 
         if _detect_chat_flavour(body) == "anthropic" or str(model).startswith("claude"):
-            return _anthropic_request(body, str(model), ts, output, where)
-        return _openai_request(body, str(model), ts, output, where)
+            req = _anthropic_request(body, str(model), ts, output, where)
+        else:
+            req = _openai_request(body, str(model), ts, output, where)
+    else:
+        req = None
+    if req is not None:
+        return req if output_known else replace(req, output_known=False)
     if "usage" in value:
         raise InputError("this is a response, not a request: pass response logs with --usage", **where)
     raise InputError("neither a request body (messages) nor a token layout (blocks)", **where)
@@ -627,6 +636,7 @@ def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source:
     counter = api_counter(api) if api is not None else None
     last_t: float | None = None
     estimate = False
+    unknown_output = 0
     for index, req in enumerate(requests):
         where = {"source": source, "line": req.line}
         t = req.timestamp
@@ -644,6 +654,7 @@ def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source:
                              field="timestamp", **where)
         last_t = t
         cum = _cumulative(req, text_counter, counter, where)
+        unknown_output += not req.output_known
         if any(b.tokens is None for b in req.blocks):
             estimate = True
         price, usage, note = sim.run(req, cum, t)
@@ -653,6 +664,9 @@ def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source:
         rows.append(_row(index, req.line, price, usage, timestamp=t, reported=reported, note=note))
     if not rows:
         raise InputError("no requests", source=source)
+    if unknown_output:
+        notes.append(f"{unknown_output} request(s) give no output_tokens: their output is not priced "
+                     "(add output_tokens to those lines)")
     if estimate:
         token_source = "count_tokens API (an estimate)" if api is not None else f"{token_source} (an estimate)"
     return _report("simulate", rows, estimate=estimate, token_source=token_source, notes=notes)
