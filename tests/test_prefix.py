@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cachectl.engines.prefix import CapacityError, TraceRequest, simulate
-from cachectl.errors import InputError
 
 from .reference_prefix import NaiveVllm
 

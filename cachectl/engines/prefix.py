@@ -30,8 +30,8 @@ import pickle
 from array import array
 from collections import OrderedDict, deque
 from itertools import accumulate, chain, count, repeat
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Sequence
 
 from ..errors import InputError, UsageError
 
@@ -631,7 +631,6 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
             radix.release(handle)
 
     for req in requests:
-        where = {"source": source, "line": req.line}
         if req.hash_ids is not None and req.hash_block_size != block_size and policy in ("vllm", "infinite"):
             raise UsageError(f"{source}: hash_ids cover {req.hash_block_size}-token blocks; run with "
                              f"--block-size {req.hash_block_size} (they cannot be split)")
@@ -803,7 +802,7 @@ def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
 
         prompts = [prompt_from_value(v, source=source, line=ln, as_kind=as_kind) for ln, v, _, _ in pending]
         toks = tokenizer.tokenize_many(prompts)
-        for (ln, v, salt, meta), tok in zip(pending, toks):
+        for (ln, _, salt, meta), tok in zip(pending, toks):
             yield TraceRequest(index=index, line=ln, prompt_tokens=len(tok.ids), tokens=list(tok.ids), salt=salt,
                                **meta)
             index += 1

@@ -382,33 +382,26 @@ def _anthropic_request(body: dict, model: str, ts: float | None, output: int, wh
             content = [{"type": "text", "text": content}]
         if not isinstance(content, list):
             raise InputError("expected a string or a list of content blocks", field=f"messages[{i}].content", **where)
-        run: list[tuple[int, dict]] = []
-
-        def flush() -> None:
-            if not run:
-                return
-            ttl = None
-            for j, b in run:
-                ttl = _ttl_of(b.get("cache_control"), where, f"messages[{i}].content[{j}].cache_control") or ttl
-            ident = msg["role"] + ":" + _canon([_strip_cc(b) for _, b in run])
-            blocks.append(Block(identity=ident, tokens=None, ttl=ttl, segment="messages",
-                                text="\n".join(_block_text(b) for _, b in run),
-                                path=f"messages[{i}].content[{run[0][0]}]"))
-            run.clear()
-
+        # a run of tool_use blocks is one lookback position, and so is a run of tool_result blocks
+        runs: list[list[tuple[int, dict]]] = []
         for j, b in enumerate(content):
             if not isinstance(b, dict):
                 raise InputError("expected a content block", field=f"messages[{i}].content[{j}]", **where)
             if b.get("type") in ("image", "document"):
                 raise InputError(f"{b.get('type')} blocks cannot be token-counted offline; use --count-with-api",
                                  field=f"messages[{i}].content[{j}]", **where)
-            # a run of tool_use blocks is one lookback position, and so is a run of tool_result blocks
-            if run and not (b.get("type") in ("tool_use", "tool_result") and b.get("type") == run[-1][1].get("type")):
-                flush()
-            run.append((j, b))
-            if b.get("type") not in ("tool_use", "tool_result"):
-                flush()
-        flush()
+            kind = b.get("type")
+            if runs and kind in ("tool_use", "tool_result") and runs[-1][-1][1].get("type") == kind:
+                runs[-1].append((j, b))
+            else:
+                runs.append([(j, b)])
+        for run in runs:
+            ttl = None
+            for j, b in run:
+                ttl = _ttl_of(b.get("cache_control"), where, f"messages[{i}].content[{j}].cache_control") or ttl
+            blocks.append(Block(identity=msg["role"] + ":" + _canon([_strip_cc(b) for _, b in run]), tokens=None,
+                                ttl=ttl, segment="messages", text="\n".join(_block_text(b) for _, b in run),
+                                path=f"messages[{i}].content[{run[0][0]}]"))
     if head:
         first = next(k for k, b in enumerate(blocks) if b.segment == "messages")
         b = blocks[first]

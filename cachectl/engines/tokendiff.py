@@ -218,7 +218,7 @@ def _bos(a, b, index, tokenizer) -> Cause | None:
     if index > 1:
         return None
     bos = tokenizer.bos_token_id if tokenizer is not None else None
-    for x, y, nx, ny in ((a, b, "A", "B"), (b, a, "B", "A")):
+    for x, y, nx in ((a, b, "A"), (b, a, "B")):
         if len(x) < 2 or not len(y):
             continue
         cand = bos if bos is not None else x.ids[0]
