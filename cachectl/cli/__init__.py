@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from .. import __version__
-from . import diff_tokens, prompt_cost, simulate_prefix
+from . import diff_tokens, kv_inspect, prompt_cost, simulate_prefix
 
 app = typer.Typer(
     name="cachectl",
@@ -38,6 +38,7 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
 app.command("diff-tokens")(diff_tokens.command)
 app.command("simulate-prefix")(simulate_prefix.command)
 app.command("prompt-cost")(prompt_cost.command)
+app.command("kv-inspect")(kv_inspect.command)
 
 
 def main() -> None:

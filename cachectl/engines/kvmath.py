@@ -1,17 +1,27 @@
-"""KV-cache size arithmetic from a model's config.json (shared by simulate-prefix and, later, kv-inspect)."""
+"""KV-cache size arithmetic from a model's configuration (shared by kv-inspect and simulate-prefix).
+
+bytes per token = 2 (K and V) x layers x KV heads x head_dim x dtype bytes, with ``head_dim`` from the
+config when it has one, GQA/MQA through ``num_key_value_heads``, MLA caches as ``kv_lora_rank +
+qk_rope_head_dim`` per layer (one latent, no separate V), sliding-window layers capped at their window,
+and layers without attention KV (linear attention, Mamba) counted as zero.
+"""
 
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..errors import InputError, UsageError
 
+SCHEMA_VERSION = 1
 DTYPE_BYTES = {"fp32": 4.0, "float32": 4.0, "bf16": 2.0, "bfloat16": 2.0, "fp16": 2.0, "float16": 2.0,
                "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 GIB = 1024 ** 3
+_NO_KV = {"linear_attention", "mamba", "mamba2", "recurrent", "conv", "ssm"}
 
 
 @dataclass(frozen=True)
@@ -22,6 +32,19 @@ class KvShape:
     mla_dim: int | None          # kv_lora_rank + qk_rope_head_dim for MLA caches (no separate V)
     dtype: str
     bytes_per_token: float
+
+
+@dataclass(frozen=True)
+class LayerGroup:
+    """Layers that cache the same way."""
+
+    type: str                    # full_attention | sliding_attention | mla | no_kv
+    layers: int
+    window: int | None
+    bytes_per_token: float       # for all layers of the group together
+
+
+# ------------------------------------------------------------------------------------------- configs
 
 
 def load_config(path: str) -> tuple[dict, str]:
@@ -48,23 +71,355 @@ def _int(config: dict, key: str, source: str) -> int:
     return value
 
 
-def kv_shape(config: dict[str, Any], dtype: str = "bf16", source: str = "config.json") -> KvShape:
-    """Bytes of K and V per token, summed over layers, for full-attention caching."""
+def _text_config(config: dict) -> dict:
+    return config["text_config"] if isinstance(config.get("text_config"), dict) else config
+
+
+def layer_types(config: dict, source: str = "config.json") -> list[str]:
+    """The attention kind of every layer: from ``layer_types`` when the config lists them, else derived."""
+    cfg = _text_config(config)
+    n = _int(cfg, "num_hidden_layers", source)
+    listed = cfg.get("layer_types")
+    if isinstance(listed, list):
+        if len(listed) != n:
+            raise InputError(f"lists {len(listed)} layer types for {n} layers", source=source, field="layer_types")
+        return [str(t) for t in listed]
+    if cfg.get("kv_lora_rank"):
+        return ["mla"] * n
+    window = cfg.get("sliding_window")
+    if window and cfg.get("use_sliding_window", True) is not False:
+        if cfg.get("model_type") == "gemma2":  # Gemma 2 alternates: sliding on even layers, global on odd
+            return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+        pattern = cfg.get("sliding_window_pattern")
+        if isinstance(pattern, int) and pattern > 1:  # every pattern-th layer is global
+            return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
+        return ["sliding_attention"] * n
+    return ["full_attention"] * n
+
+
+def layer_groups(config: dict, dtype: str = "bf16", source: str = "config.json") -> tuple[LayerGroup, ...]:
     if dtype not in DTYPE_BYTES:
         raise UsageError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_BYTES)}")
-    cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    layers = _int(cfg, "num_hidden_layers", source)
+    cfg = _text_config(config)
     nbytes = DTYPE_BYTES[dtype]
-    if cfg.get("kv_lora_rank"):  # MLA (DeepSeek-V2/V3): one compressed latent plus the rope key per layer
+    types = layer_types(config, source)
+    counts: dict[str, int] = {}
+    for t in types:
+        key = "no_kv" if t in _NO_KV else t
+        counts[key] = counts.get(key, 0) + 1
+    groups = []
+    for kind, n in counts.items():
+        if kind == "no_kv":
+            groups.append(LayerGroup("no_kv", n, None, 0.0))
+            continue
+        if kind == "mla":
+            per = (_int(cfg, "kv_lora_rank", source) + _int(cfg, "qk_rope_head_dim", source)) * nbytes
+            groups.append(LayerGroup("mla", n, None, n * per))
+            continue
+        heads = _int(cfg, "num_attention_heads", source)
+        kv_heads = cfg.get("num_key_value_heads") or heads
+        head_dim = cfg.get("head_dim") or _int(cfg, "hidden_size", source) // heads
+        window = cfg.get("sliding_window") if kind == "sliding_attention" else None
+        groups.append(LayerGroup(kind, n, window, n * 2 * kv_heads * head_dim * nbytes))
+    return tuple(groups)
+
+
+def kv_shape(config: dict[str, Any], dtype: str = "bf16", source: str = "config.json") -> KvShape:
+    """Bytes of K and V per token over all layers (below any sliding window)."""
+    groups = layer_groups(config, dtype, source)
+    cfg = _text_config(config)
+    layers = _int(cfg, "num_hidden_layers", source)
+    if cfg.get("kv_lora_rank"):
         mla = _int(cfg, "kv_lora_rank", source) + _int(cfg, "qk_rope_head_dim", source)
-        return KvShape(layers, None, None, mla, dtype, layers * mla * nbytes)
+        return KvShape(layers, None, None, mla, dtype, sum(g.bytes_per_token for g in groups))
     heads = _int(cfg, "num_attention_heads", source)
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    head_dim = cfg.get("head_dim") or _int(cfg, "hidden_size", source) // heads
-    return KvShape(layers, int(kv_heads), int(head_dim), None, dtype, 2 * layers * kv_heads * head_dim * nbytes)
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    head_dim = int(cfg.get("head_dim") or _int(cfg, "hidden_size", source) // heads)
+    return KvShape(layers, kv_heads, head_dim, None, dtype, sum(g.bytes_per_token for g in groups))
+
+
+def kv_bytes(groups: tuple[LayerGroup, ...], tokens: int) -> float:
+    """Bytes one sequence of ``tokens`` holds: sliding layers keep at most their window."""
+    return sum(g.bytes_per_token * (min(tokens, g.window) if g.window else tokens) for g in groups)
+
+
+def estimate_params(config: dict) -> int | None:
+    """Dense-transformer parameter count from the config (embeddings, attention, gated MLP); None for MoE."""
+    cfg = _text_config(config)
+    if any(cfg.get(k) for k in ("n_routed_experts", "num_local_experts", "num_experts")):
+        return None
+    try:
+        hidden, layers, heads = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"]
+        vocab, inter = cfg["vocab_size"], cfg["intermediate_size"]
+    except KeyError:
+        return None
+    kv = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim") or hidden // heads
+    attn = hidden * heads * head_dim * 2 + hidden * kv * head_dim * 2
+    mlp = 3 * hidden * inter
+    embed = vocab * hidden * (1 if cfg.get("tie_word_embeddings", False) else 2)
+    norms = (2 * layers + 1) * hidden
+    return int(embed + layers * (attn + mlp) + norms)
 
 
 def blocks_for_memory(gib: float, bytes_per_token: float, block_size: int) -> int:
     if gib <= 0:
         raise UsageError("--capacity-gib must be positive")
     return int(gib * GIB // (bytes_per_token * block_size))
+
+
+# ---------------------------------------------------------------------------------------------- GGUF
+
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def _read(fh: BinaryIO, n: int, source: str) -> bytes:
+    data = fh.read(n)
+    if len(data) != n:
+        raise InputError("truncated GGUF metadata", source=source)
+    return data
+
+
+def _gguf_value(fh: BinaryIO, vtype: int, source: str) -> Any:
+    if vtype in _GGUF_SCALARS:
+        fmt = _GGUF_SCALARS[vtype]
+        return struct.unpack(fmt, _read(fh, struct.calcsize(fmt), source))[0]
+    if vtype == 8:
+        (n,) = struct.unpack("<Q", _read(fh, 8, source))
+        return _read(fh, n, source).decode("utf-8", "replace")
+    if vtype == 9:
+        (itype,) = struct.unpack("<I", _read(fh, 4, source))
+        (count,) = struct.unpack("<Q", _read(fh, 8, source))
+        if itype in _GGUF_SCALARS and itype != 7:  # skip big arrays (the vocabulary) without decoding them
+            size = struct.calcsize(_GGUF_SCALARS[itype])
+            if count > 64:
+                fh.seek(size * count, 1)
+                return None
+        return [_gguf_value(fh, itype, source) for _ in range(count)]
+    raise InputError(f"unknown GGUF value type {vtype}", source=source)
+
+
+def read_gguf_config(path: str) -> dict:
+    """The metadata of a GGUF file mapped to config.json field names (the header only, no tensors)."""
+    with open(path, "rb") as fh:
+        if fh.read(4) != b"GGUF":
+            raise InputError("not a GGUF file (bad magic)", source=path)
+        (version,) = struct.unpack("<I", _read(fh, 4, path))
+        if version < 2:
+            raise InputError(f"GGUF version {version} is not supported (2 or newer)", source=path)
+        _tensors, kv_count = struct.unpack("<QQ", _read(fh, 16, path))
+        meta: dict[str, Any] = {}
+        for _ in range(kv_count):
+            (klen,) = struct.unpack("<Q", _read(fh, 8, path))
+            key = _read(fh, klen, path).decode("utf-8", "replace")
+            (vtype,) = struct.unpack("<I", _read(fh, 4, path))
+            meta[key] = _gguf_value(fh, vtype, path)
+    arch = meta.get("general.architecture")
+    if not isinstance(arch, str):
+        raise InputError("GGUF metadata has no general.architecture", source=path)
+
+    def get(name: str) -> Any:
+        return meta.get(f"{arch}.{name}")
+
+    config: dict[str, Any] = {"model_type": arch, "num_hidden_layers": get("block_count"),
+                              "num_attention_heads": get("attention.head_count"),
+                              "num_key_value_heads": get("attention.head_count_kv") or get("attention.head_count"),
+                              "hidden_size": get("embedding_length"), "intermediate_size": get("feed_forward_length"),
+                              "max_position_embeddings": get("context_length")}
+    if get("attention.key_length"):
+        config["head_dim"] = get("attention.key_length")
+    if get("attention.sliding_window"):
+        config["sliding_window"] = get("attention.sliding_window")
+    if get("attention.kv_lora_rank"):
+        config["kv_lora_rank"] = get("attention.kv_lora_rank")
+        config["qk_rope_head_dim"] = get("rope.dimension_count")
+    if isinstance(config["num_key_value_heads"], list):  # per-layer counts: 0 marks a layer without KV
+        per_layer = config["num_key_value_heads"]
+        config["layer_types"] = ["full_attention" if h else "mamba" for h in per_layer]
+        config["num_key_value_heads"] = max(per_layer)
+    return {k: v for k, v in config.items() if v is not None}
+
+
+# --------------------------------------------------------------------------------------------- catalog
+
+
+def _data(name: str) -> dict:
+    return json.loads(resources.files("cachectl.data").joinpath(name).read_text(encoding="utf-8"))
+
+
+def catalog() -> dict:
+    return _data("models.json")["models"]
+
+
+def gpu_table() -> dict:
+    return _data("gpus.json")
+
+
+def resolve_model(spec: str) -> tuple[dict, str, dict | None]:
+    """``(config, source, catalog_entry)`` from a dir, config.json, GGUF file, catalog name or cached HF id."""
+    p = Path(spec).expanduser()
+    if p.is_file() and p.suffix.lower() == ".gguf":
+        return read_gguf_config(str(p)), str(p), None
+    if p.exists():
+        config, source = load_config(str(p))
+        return config, source, None
+    models = catalog()
+    key = spec.lower()
+    if key in models:
+        m = models[key]
+        return m["config"], f"cachectl catalog: {key} ({m['source']})", m
+    for name, m in models.items():
+        if m.get("hf_id", "").lower() == key:
+            return m["config"], f"cachectl catalog: {name} ({m['source']})", m
+    if "/" in spec and not spec.startswith((".", "/", "~")):
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(spec, "config.json")
+        except Exception:
+            cached = None
+        if isinstance(cached, str):
+            config, source = load_config(cached)
+            return config, source, None
+    raise UsageError(f"model {spec!r} is not a local path, a catalog name ({', '.join(models)}) or a Hugging Face id "
+                     "in the local cache; cachectl never downloads: pass a model directory, its config.json or a .gguf")
+
+
+def parse_memory(text: str) -> float:
+    """``80GiB``, ``80GB``, ``80`` (GiB) -> bytes."""
+    t = str(text).strip().lower().replace(" ", "")
+    units = {"gib": GIB, "gb": 1e9, "mib": 1024 ** 2, "mb": 1e6, "tib": 1024 ** 4, "tb": 1e12}
+    for suffix, mult in units.items():
+        if t.endswith(suffix):
+            t, factor = t[:-len(suffix)], mult
+            break
+    else:
+        factor = GIB
+    try:
+        value = float(t)
+    except ValueError:
+        raise UsageError(f"cannot read a memory size from {text!r} (examples: 80GiB, 24GB)") from None
+    if value <= 0:
+        raise UsageError("a memory size must be positive")
+    return value * factor
+
+
+@dataclass(frozen=True)
+class ContextRow:
+    tokens: int
+    bytes: float                   # one sequence
+    batch_bytes: float             # --batch sequences
+    max_sequences: int | None      # that fit in the KV budget
+    decode_ms_per_token: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class KvReport:
+    schema_version: int = SCHEMA_VERSION
+    model: str
+    source: str
+    layers: int
+    kv_heads: int | None
+    head_dim: int | None
+    mla_dim: int | None
+    dtype: str
+    bytes_per_token: float
+    bytes_per_token_beyond_windows: float
+    layer_types: tuple[LayerGroup, ...]
+    batch: int
+    contexts: tuple[ContextRow, ...]
+    weights_bytes: float | None
+    weights_source: str | None
+    gpu: str | None
+    gpu_memory_bytes: float | None
+    gpu_memory_utilization: float
+    kv_budget_bytes: float | None
+    vllm_blocks: int | None
+    block_size: int
+    notes: tuple[str, ...] = ()
+
+
+def inspect_config(config: dict, *, model: str, source: str, dtype: str = "bf16", contexts=(4096, 32768, 131072),
+                   batch: int = 1, gpu: str | None = None, gpu_memory: float | None = None,
+                   gpu_memory_utilization: float = 0.9, block_size: int = 16, weights_bytes: float | None = None,
+                   weights_dtype: str = "bf16", published_params: int | None = None,
+                   active_params: int | None = None) -> KvReport:
+    """Everything the config says about the KV cache: per-token bytes, memory per context, what fits."""
+    if batch < 1:
+        raise UsageError("--batch must be at least 1")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise UsageError("--gpu-memory-utilization must be in (0, 1]")
+    if block_size < 1:
+        raise UsageError("--block-size must be at least 1")
+    shape = kv_shape(config, dtype, source)
+    groups = layer_groups(config, dtype, source)
+    notes: list[str] = []
+    bandwidth = None
+    if gpu is not None:
+        table = gpu_table()
+        gpus = table["gpus"]
+        match = next((name for name, g in gpus.items() if gpu.lower() in (name.lower(), *[a.lower() for a in
+                                                                                          g.get("aliases", [])])), None)
+        if match is None:
+            raise UsageError(f"unknown GPU {gpu!r}; known: {', '.join(gpus)}")
+        gpu = match
+        bandwidth = gpus[match]["bandwidth_gbps"] * 1e9
+        if gpu_memory is None:
+            gpu_memory = gpus[match]["memory_gb"] * 1e9
+    weights_source = None
+    if weights_bytes is not None:
+        weights_source = "--weights-gib"
+    elif published_params is not None:
+        weights_bytes = published_params * DTYPE_BYTES[weights_dtype]
+        weights_source = f"published parameter count x {weights_dtype}"
+    else:
+        est = estimate_params(config)
+        if est is not None:
+            weights_bytes = est * DTYPE_BYTES[weights_dtype]
+            weights_source = f"estimated from the config ({est / 1e9:.2f}B parameters) x {weights_dtype}"
+    budget = None
+    blocks = None
+    if gpu_memory is not None:
+        if weights_bytes is None:
+            notes.append("weights size unknown (pass --weights-gib): the budget assumes none")
+        budget = gpu_memory * gpu_memory_utilization - (weights_bytes or 0.0)
+        if budget <= 0:
+            notes.append("the weights do not fit in the GPU memory budget")
+            budget = 0.0
+        full_per_token = shape.bytes_per_token
+        blocks = int(budget // (full_per_token * block_size)) if full_per_token else None
+    rows = []
+    for tokens in contexts:
+        if tokens < 1:
+            raise UsageError("--context values must be positive")
+        one = kv_bytes(groups, tokens)
+        fit = int(budget // one) if budget is not None and one else None
+        decode = None
+        read_weights = active_params * DTYPE_BYTES[weights_dtype] if active_params else weights_bytes
+        if bandwidth is not None and read_weights is not None:
+            decode = (read_weights + one * batch) / bandwidth * 1000.0
+        rows.append(ContextRow(tokens=tokens, bytes=one, batch_bytes=one * batch, max_sequences=fit,
+                               decode_ms_per_token=decode))
+    if any(g.window for g in groups):
+        notes.append("sliding-window layers hold at most their window (transformers keeps window - 1 tokens "
+                     "while get_seq_length() reports the full count)")
+    if bandwidth is not None:
+        what = (f"the {active_params / 1e9:.1f}B parameters active per token (MoE)" if active_params else "weights")
+        notes.append(f"decode lower bound = ({what} + KV of the batch) / peak memory bandwidth, per step")
+    beyond = sum(g.bytes_per_token for g in groups if not g.window)
+    return KvReport(model=model, source=source, layers=shape.layers, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
+                    mla_dim=shape.mla_dim, dtype=dtype, bytes_per_token=shape.bytes_per_token,
+                    bytes_per_token_beyond_windows=beyond, layer_types=groups, batch=batch, contexts=tuple(rows),
+                    weights_bytes=weights_bytes, weights_source=weights_source, gpu=gpu, gpu_memory_bytes=gpu_memory,
+                    gpu_memory_utilization=gpu_memory_utilization, kv_budget_bytes=budget, vllm_blocks=blocks,
+                    block_size=block_size, notes=tuple(notes))
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("TiB", 1024 ** 4), ("GiB", GIB), ("MiB", 1024 ** 2), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:,.2f} {unit}"
+    return f"{n:,.0f} B"
+

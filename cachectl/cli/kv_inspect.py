@@ -1,0 +1,140 @@
+"""``cachectl kv-inspect``: what a model's KV cache holds and costs (config arithmetic, offline, instant)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import UsageError
+from .common import EXIT_OK, BlockSizeOpt, Format, FormatOpt, emit_json, handle_errors, stdout
+
+HELP = """What a model's KV cache holds and costs, from its configuration (offline, instant).
+
+MODEL is a model directory or config.json, a .gguf file (its metadata), a Hugging Face id already in the
+local cache, or a catalog name (--list-models). Reports bytes per token per layer type (GQA, MLA,
+sliding windows, layers without KV), memory per context and batch, how many sequences fit in a GPU's
+memory after the weights, the vLLM block count, and a decode lower bound from the GPU's bandwidth.
+"""
+
+
+def _contexts(text: str) -> list[int]:
+    out = []
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        mult = 1
+        if part[-1].lower() == "k":
+            part, mult = part[:-1], 1024
+        try:
+            out.append(int(float(part) * mult))
+        except ValueError:
+            raise UsageError(f"--context expects comma-separated token counts (4096,32k,128k), got {text!r}") from None
+    if not out:
+        raise UsageError("--context needs at least one token count")
+    return out
+
+
+@handle_errors
+def command(
+    model: Annotated[Optional[str], typer.Argument(help="Model dir, config.json, .gguf, cached HF id or catalog name.",
+                                                   show_default=False)] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="KV cache dtype: bf16, fp16, fp32, fp8, int4.")] = "bf16",
+    context: Annotated[str, typer.Option("--context", metavar="N,N,...",
+                                         help="Context lengths in tokens (k = 1024).")] = "4096,32768,131072",
+    batch: Annotated[int, typer.Option("--batch", min=1, help="Sequences decoded together.")] = 1,
+    gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", metavar="SIZE",
+                                                      help="GPU memory, e.g. 80GiB (default: the --gpu's).")] = None,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", metavar="NAME",
+                                               help="A GPU from the table (H100, A100, H200, L40S, ...).")] = None,
+    gpu_memory_utilization: Annotated[float, typer.Option("--gpu-memory-utilization",
+                                                          help="Share of GPU memory vLLM may use.")] = 0.9,
+    weights_gib: Annotated[Optional[float], typer.Option("--weights-gib", help="Weights size, when the estimate "
+                                                                               "from the config does not fit.")] = None,
+    block_size: BlockSizeOpt = 16,
+    list_models: Annotated[bool, typer.Option("--list-models", help="Show the model catalog and the GPU table.")] = False,
+    fmt: FormatOpt = Format.text,
+) -> None:
+    from ..engines import kvmath
+
+    if list_models:
+        _render_catalog(kvmath, fmt)
+        raise typer.Exit(EXIT_OK)
+    if model is None:
+        raise UsageError("kv-inspect needs MODEL (or --list-models)")
+    config, source, entry = kvmath.resolve_model(model)
+    report = kvmath.inspect_config(
+        config, model=model, source=source, dtype=dtype, contexts=_contexts(context), batch=batch, gpu=gpu,
+        gpu_memory=kvmath.parse_memory(gpu_memory) if gpu_memory else None,
+        gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
+        weights_bytes=weights_gib * kvmath.GIB if weights_gib is not None else None,
+        published_params=(entry or {}).get("params"), active_params=(entry or {}).get("active_params"))
+    if fmt is Format.json:
+        emit_json(report)
+    else:
+        _render(report, kvmath.human_bytes)
+    raise typer.Exit(EXIT_OK)
+
+
+command.__doc__ = HELP
+
+
+def _render(r, hb) -> None:
+    from rich.table import Table
+
+    shape = (f"MLA latent {r.mla_dim}" if r.mla_dim else f"{r.kv_heads} KV heads x head_dim {r.head_dim}")
+    stdout.print(f"[bold]{r.model}[/]: {r.layers} layers, {shape}, {r.dtype}: "
+                 f"{r.bytes_per_token:,.0f} bytes per token ({hb(r.bytes_per_token)})", soft_wrap=True)
+    stdout.print(f"from: {r.source}", markup=False, soft_wrap=True)
+    t = Table(header_style="bold", box=None, pad_edge=False)
+    for col in ("layer type", "layers", "window", "bytes/token"):
+        t.add_column(col, justify="left" if col == "layer type" else "right")
+    for g in r.layer_types:
+        t.add_row(g.type, str(g.layers), "" if g.window is None else f"{g.window:,}", f"{g.bytes_per_token:,.0f}")
+    stdout.print(t)
+    t = Table(header_style="bold", box=None, pad_edge=False)
+    cols = ["context", "per sequence", f"batch of {r.batch}"]
+    if r.kv_budget_bytes is not None:
+        cols.append("sequences that fit")
+    if any(c.decode_ms_per_token is not None for c in r.contexts):
+        cols.append("decode >= ms/token")
+    for col in cols:
+        t.add_column(col, justify="right")
+    for c in r.contexts:
+        row = [f"{c.tokens:,}", hb(c.bytes), hb(c.batch_bytes)]
+        if r.kv_budget_bytes is not None:
+            row.append(f"{c.max_sequences:,}" if c.max_sequences is not None else "-")
+        if "decode >= ms/token" in cols:
+            row.append("-" if c.decode_ms_per_token is None else f"{c.decode_ms_per_token:.2f}")
+        t.add_row(*row)
+    stdout.print(t)
+    if r.weights_bytes is not None:
+        stdout.print(f"weights {hb(r.weights_bytes)} ({r.weights_source})", soft_wrap=True)
+    if r.kv_budget_bytes is not None:
+        where = f"{r.gpu} " if r.gpu else ""
+        stdout.print(f"{where}KV budget {hb(r.kv_budget_bytes)} = {hb(r.gpu_memory_bytes)} x "
+                     f"{r.gpu_memory_utilization:g} - weights: {r.vllm_blocks:,} vLLM blocks of {r.block_size} tokens"
+                     if r.vllm_blocks is not None else f"{where}KV budget {hb(r.kv_budget_bytes)}", soft_wrap=True)
+    for note in r.notes:
+        stdout.print(f"note: {note}", markup=False, soft_wrap=True)
+
+
+def _render_catalog(kvmath, fmt: Format) -> None:
+    models, gpus = kvmath.catalog(), kvmath.gpu_table()
+    if fmt is Format.json:
+        emit_json({"schema_version": kvmath.SCHEMA_VERSION, "models": models, "gpus": gpus})
+        return
+    from rich.table import Table
+
+    t = Table(title="models", header_style="bold", box=None, pad_edge=False)
+    for col in ("name", "hugging face id", "bf16 bytes/token", "as of"):
+        t.add_column(col)
+    for name, m in models.items():
+        t.add_row(name, m.get("hf_id", ""), f"{kvmath.kv_shape(m['config']).bytes_per_token:,.0f}", m["as_of"])
+    stdout.print(t)
+    t = Table(title=f"GPUs ({gpus['source']})", header_style="bold", box=None, pad_edge=False)
+    for col in ("name", "memory GB", "bandwidth GB/s"):
+        t.add_column(col)
+    for name, g in gpus["gpus"].items():
+        t.add_row(name, str(g["memory_gb"]), f"{g['bandwidth_gbps']:,}")
+    stdout.print(t)

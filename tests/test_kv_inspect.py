@@ -1,0 +1,150 @@
+"""kv-inspect config arithmetic: hand-computed sizes, layer kinds, GGUF metadata, the CLI contract."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from cachectl.engines import kvmath
+from cachectl.errors import InputError, UsageError
+
+from .conftest import ROOT
+
+GIB = 1024 ** 3
+
+
+def cfg(**kw):
+    base = {"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "hidden_size": 512}
+    return {**base, **kw}
+
+
+def test_gqa_bytes_per_token_and_head_dim_from_config():
+    # 2 (K,V) x 4 layers x 2 KV heads x (512 / 8 = 64) x 2 bytes
+    assert kvmath.kv_shape(cfg()).bytes_per_token == 2 * 4 * 2 * 64 * 2
+    # an explicit head_dim wins over hidden / heads (Gemma: 256 with hidden 3584 / 16 heads)
+    assert kvmath.kv_shape(cfg(head_dim=100)).bytes_per_token == 2 * 4 * 2 * 100 * 2
+    assert kvmath.kv_shape(cfg(num_key_value_heads=None)).kv_heads == 8  # MHA when the field is absent
+    assert kvmath.kv_shape(cfg(), "fp8").bytes_per_token == 2 * 4 * 2 * 64
+    assert kvmath.kv_shape(cfg(), "int4").bytes_per_token == 2 * 4 * 2 * 64 * 0.5
+
+
+def test_catalog_models_hand_computed():
+    llama = kvmath.catalog()["llama-3.1-8b"]["config"]
+    assert kvmath.kv_shape(llama).bytes_per_token == 131_072          # 2 x 32 x 8 x 128 x 2
+    assert kvmath.estimate_params(llama) == 8_030_261_248             # Meta's published count
+    ds = kvmath.catalog()["deepseek-v3"]["config"]
+    assert kvmath.kv_shape(ds).bytes_per_token == (512 + 64) * 61 * 2  # MLA: one latent + rope key, no V
+    g = kvmath.layer_groups(kvmath.catalog()["gemma-2-9b"]["config"])
+    assert {(x.type, x.layers, x.window) for x in g} == {("sliding_attention", 21, 4096), ("full_attention", 21, None)}
+
+
+def test_sliding_window_caps_memory():
+    c = cfg(sliding_window=1000, model_type="mistral")
+    groups = kvmath.layer_groups(c)
+    per = kvmath.kv_shape(c).bytes_per_token
+    assert kvmath.kv_bytes(groups, 500) == per * 500
+    assert kvmath.kv_bytes(groups, 50_000) == per * 1000
+
+
+def test_layers_without_kv_are_excluded():
+    c = cfg(layer_types=["full_attention", "linear_attention", "linear_attention", "full_attention"])
+    groups = {g.type: g for g in kvmath.layer_groups(c)}
+    assert groups["no_kv"].layers == 2 and groups["no_kv"].bytes_per_token == 0
+    assert kvmath.kv_shape(c).bytes_per_token == 2 * 2 * 2 * 64 * 2
+
+
+def test_budget_sequences_blocks_and_decode_bound():
+    r = kvmath.inspect_config(kvmath.catalog()["llama-3.1-8b"]["config"], model="m", source="s",
+                              contexts=(32768,), gpu="H100")
+    budget = 80e9 * 0.9 - 8_030_261_248 * 2
+    assert r.kv_budget_bytes == pytest.approx(budget)
+    assert r.contexts[0].max_sequences == int(budget // (131_072 * 32768))
+    assert r.vllm_blocks == int(budget // (131_072 * 16))
+    assert r.contexts[0].decode_ms_per_token == pytest.approx((8_030_261_248 * 2 + 131_072 * 32768) / 3.35e12 * 1e3)
+
+
+def test_moe_decode_bound_reads_active_parameters():
+    entry = kvmath.catalog()["deepseek-v3"]
+    r = kvmath.inspect_config(entry["config"], model="d", source="s", contexts=(4096,), gpu="H200",
+                              published_params=entry["params"], active_params=entry["active_params"])
+    assert r.contexts[0].decode_ms_per_token == pytest.approx((36.6e9 * 2 + 70_272 * 4096) / 4.8e12 * 1e3)
+    assert any("weights do not fit" in n for n in r.notes)
+
+
+def test_gguf_metadata_written_by_the_gguf_package(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(32)
+    w.add_head_count(32)
+    w.add_head_count_kv(8)
+    w.add_embedding_length(4096)
+    w.add_context_length(131072)
+    w.add_token_list([f"tok{i}" for i in range(300)])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    config = kvmath.read_gguf_config(str(path))
+    assert kvmath.kv_shape(config).bytes_per_token == 131_072
+
+
+def test_bad_models(tmp_path):
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"NOPE" + b"\x00" * 20)
+    with pytest.raises(InputError, match="not a GGUF file"):
+        kvmath.resolve_model(str(bad))
+    broken = tmp_path / "config.json"
+    broken.write_text('{"num_hidden_layers": 0}')
+    with pytest.raises(InputError, match="field 'num_hidden_layers'"):
+        kvmath.kv_shape(kvmath.load_config(str(broken))[0], source=str(broken))
+    with pytest.raises(UsageError, match="never downloads"):
+        kvmath.resolve_model("some-org/not-cached-model")
+    with pytest.raises(UsageError, match="unknown GPU"):
+        kvmath.inspect_config(cfg(), model="m", source="s", gpu="TPU9")
+
+
+def test_cli_json_contract(cli):
+    r = cli("kv-inspect", "llama-3.1-8b", "--context", "4k,32k", "--batch", "4", "--gpu", "A100", "-f", "json")
+    assert r.exit_code == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert {"schema_version", "model", "layers", "kv_heads", "head_dim", "dtype", "bytes_per_token",
+            "contexts"} <= set(d)
+    assert (d["layers"], d["kv_heads"], d["head_dim"], d["bytes_per_token"]) == (32, 8, 128, 131072)
+    assert [c["tokens"] for c in d["contexts"]] == [4096, 32768]
+    assert d["contexts"][0]["bytes"] == 131072 * 4096 and d["contexts"][0]["batch_bytes"] == 4 * 131072 * 4096
+
+
+def test_cli_local_config_dir_and_hub_cache(tmp_path):
+    model = tmp_path / "tiny"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(cfg(vocab_size=100, intermediate_size=1024)))
+    out = subprocess.run([sys.executable, "-m", "cachectl", "kv-inspect", str(model), "-f", "json"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["bytes_per_token"] == 2 * 4 * 2 * 64 * 2
+    # a Hugging Face id resolved through a local cache laid out as huggingface_hub lays it out
+    snap = tmp_path / "hub" / "models--acme--tiny" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps(cfg()))
+    (tmp_path / "hub" / "models--acme--tiny" / "refs").mkdir()
+    (tmp_path / "hub" / "models--acme--tiny" / "refs" / "main").write_text("abc123")
+    env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-m", "cachectl", "kv-inspect", "acme/tiny", "-f", "json"],
+                         capture_output=True, text=True, cwd=ROOT, env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["layers"] == 4
+
+
+def test_cli_bad_input(cli, tmp_path):
+    assert cli("kv-inspect").exit_code == 2
+    r = cli("kv-inspect", "llama-3.1-8b", "--context", "lots")
+    assert r.exit_code == 2 and "--context" in r.stderr
+    r = cli("kv-inspect", "llama-3.1-8b", "--dtype", "fp7")
+    assert r.exit_code == 2 and "unknown dtype" in r.stderr
+    r = cli("kv-inspect", "llama-3.1-8b", "--gpu-memory", "eighty")
+    assert r.exit_code == 2 and "memory size" in r.stderr
+    assert cli("kv-inspect", "--list-models").exit_code == 0
