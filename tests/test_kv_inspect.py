@@ -148,3 +148,35 @@ def test_cli_bad_input(cli, tmp_path):
     r = cli("kv-inspect", "llama-3.1-8b", "--gpu-memory", "eighty")
     assert r.exit_code == 2 and "memory size" in r.stderr
     assert cli("kv-inspect", "--list-models").exit_code == 0
+
+
+# ------------------------------------------------------------------------------------ live (torch)
+
+TINY = {"model_type": "llama", "vocab_size": 1300, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512}
+
+
+def test_live_run_measures_what_the_config_predicts(cli, tmp_path):
+    from .conftest import TOK_DIR
+
+    model = tmp_path / "tiny"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(TINY))
+    r = cli("kv-inspect", model, "--run", "--random-weights", "--prompt", "How do I reset my password?",
+            "--tokenizer", TOK_DIR, "--max-new-tokens", "5", "--threads", "1", "-f", "json")
+    assert r.exit_code == 0, r.stderr
+    run = json.loads(r.stdout)["run"]
+    # the last generated token's K/V is computed only when it is fed back
+    assert run["seq_length"] == run["prompt_tokens"] + run["generated_tokens"] - 1
+    assert run["generated_tokens"] == 5
+    # real DynamicCache tensors: 2 layers x (K and V) x 2 KV heads x seq x head_dim 16 x 4 bytes (fp32)
+    assert run["measured_bytes"] == 2 * 2 * 2 * run["seq_length"] * 16 * 4
+    assert run["agree"] and run["measured_bytes"] == run["predicted_bytes"]
+    assert run["layers"][0]["keys_shape"] == [1, 2, run["seq_length"], 16]
+
+
+def test_live_run_needs_weights_or_random(cli, tmp_path):
+    r = cli("kv-inspect", "llama-3.1-8b", "--run", "--prompt", "hi", "--tokenizer", str(tmp_path))
+    assert r.exit_code == 2
+    r = cli("kv-inspect", "llama-3.1-8b", "--prompt", "hi")
+    assert r.exit_code == 2 and "go with --run" in r.stderr

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import UsageError
-from .common import EXIT_OK, BlockSizeOpt, Format, FormatOpt, emit_json, handle_errors, stdout
+from .common import EXIT_OK, BlockSizeOpt, Format, FormatOpt, TokenizerOpt, emit_json, handle_errors, stdout
 
 HELP = """What a model's KV cache holds and costs, from its configuration (offline, instant).
 
@@ -52,6 +52,16 @@ def command(
     weights_gib: Annotated[Optional[float], typer.Option("--weights-gib", help="Weights size, when the estimate "
                                                                                "from the config does not fit.")] = None,
     block_size: BlockSizeOpt = 16,
+    run: Annotated[bool, typer.Option("--run", help="Load the model with transformers, prefill a DynamicCache, decode "
+                                                    "greedily, and measure the cache against the prediction.")] = False,
+    prompt: Annotated[Optional[str], typer.Option("--prompt", help="With --run: the prompt text.")] = None,
+    messages: Annotated[Optional[str], typer.Option("--messages", metavar="FILE",
+                                                    help="With --run: a chat (rendered with the chat template).")] = None,
+    tokenizer: TokenizerOpt = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="With --run: tokens to decode.")] = 20,
+    random_weights: Annotated[bool, typer.Option("--random-weights", help="With --run: random weights built from the "
+                                                                          "config (no weights needed).")] = False,
+    threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="With --run: torch CPU threads.")] = None,
     list_models: Annotated[bool, typer.Option("--list-models", help="Show the model catalog and the GPU table.")] = False,
     fmt: FormatOpt = Format.text,
 ) -> None:
@@ -69,11 +79,39 @@ def command(
         gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
         weights_bytes=weights_gib * kvmath.GIB if weights_gib is not None else None,
         published_params=(entry or {}).get("params"), active_params=(entry or {}).get("active_params"))
+    if run:
+        import dataclasses
+
+        from ..engines import kvlive
+
+        ids = _prompt_ids(model, tokenizer, prompt, messages)
+        live = kvlive.run_live(model, config, ids, max_new_tokens=max_new_tokens, random_weights=random_weights,
+                               threads=threads)
+        report = dataclasses.replace(report, run=live)
+    elif prompt or messages or random_weights:
+        raise UsageError("--prompt, --messages and --random-weights go with --run")
     if fmt is Format.json:
         emit_json(report)
     else:
         _render(report, kvmath.human_bytes)
     raise typer.Exit(EXIT_OK)
+
+
+def _prompt_ids(model: str, tokenizer: Optional[str], prompt: Optional[str], messages: Optional[str]) -> list[int]:
+    from pathlib import Path
+
+    from ..inputs import PromptInput, read_prompt
+    from ..tokenization import load_tokenizer
+
+    if (prompt is None) == (messages is None):
+        raise UsageError("--run needs --prompt TEXT or --messages FILE")
+    spec = tokenizer or (model if Path(model).is_dir() else None)
+    if spec is None:
+        raise UsageError("--run needs --tokenizer (the model is not a directory with one)")
+    tok = load_tokenizer(spec)
+    p = read_prompt(messages) if messages else PromptInput(kind="text", source="--prompt", text=prompt,
+                                                           field_paths=("text",))
+    return list(tok.tokenize(p, add_generation_prompt=p.is_chat).ids)
 
 
 command.__doc__ = HELP
@@ -117,6 +155,20 @@ def _render(r, hb) -> None:
                      if r.vllm_blocks is not None else f"{where}KV budget {hb(r.kv_budget_bytes)}", soft_wrap=True)
     for note in r.notes:
         stdout.print(f"note: {note}", markup=False, soft_wrap=True)
+    if r.run is not None:
+        q = r.run
+        verdict = "[green]agree[/]" if q.agree else "[red]DISAGREE[/]"
+        stdout.print(f"[bold]run[/] ({q.weights} weights, {q.dtype}): {q.prompt_tokens} prompt + {q.generated_tokens} "
+                     f"generated tokens -> get_seq_length() = {q.seq_length} (the last token's K/V is computed only "
+                     "when it is fed back)", soft_wrap=True)
+        stdout.print(f"measured {q.measured_bytes:,} bytes vs predicted {q.predicted_bytes:,.0f}: {verdict}; "
+                     f"prefill {q.prefill_tokens_per_s:,.0f} tokens/s"
+                     + (f", decode {q.decode_ms_per_token:.2f} ms/token" if q.decode_ms_per_token else ""),
+                     soft_wrap=True)
+        if q.layers:
+            first = q.layers[0]
+            stdout.print(f"layer 0 keys {first.keys_shape} values {first.values_shape} {first.dtype}; "
+                         f"{len(q.layers)} layers with K/V", soft_wrap=True, markup=False)
 
 
 def _render_catalog(kvmath, fmt: Format) -> None:

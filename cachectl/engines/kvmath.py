@@ -337,6 +337,8 @@ class KvReport:
     vllm_blocks: int | None
     block_size: int
     notes: tuple[str, ...] = ()
+    #: a live run (kvlive.LiveRun) with --run
+    run: Any = None
 
 
 def inspect_config(config: dict, *, model: str, source: str, dtype: str = "bf16", contexts=(4096, 32768, 131072),
@@ -376,7 +378,8 @@ def inspect_config(config: dict, *, model: str, source: str, dtype: str = "bf16"
         est = estimate_params(config)
         if est is not None:
             weights_bytes = est * DTYPE_BYTES[weights_dtype]
-            weights_source = f"estimated from the config ({est / 1e9:.2f}B parameters) x {weights_dtype}"
+            size = f"{est / 1e9:.2f}B" if est >= 1e8 else f"{est / 1e6:.2f}M"
+            weights_source = f"estimated from the config ({size} parameters) x {weights_dtype}"
     budget = None
     blocks = None
     if gpu_memory is not None:
