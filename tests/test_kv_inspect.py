@@ -180,3 +180,117 @@ def test_live_run_needs_weights_or_random(cli, tmp_path):
     assert r.exit_code == 2
     r = cli("kv-inspect", "llama-3.1-8b", "--prompt", "hi")
     assert r.exit_code == 2 and "go with --run" in r.stderr
+
+
+def _tiny_config():
+    from .conftest import FIXTURES
+
+    return json.loads((FIXTURES / "tiny-llama" / "config.json").read_text())
+
+
+def test_turns_crop_where_the_template_rewrites_history(tok):
+    from cachectl.engines import kvlive
+    from cachectl.inputs import read_prompt
+
+    from .conftest import FIXTURES, PROMPTS
+
+    spec = str(FIXTURES / "tiny-llama")
+    stable = kvlive.run_turns(spec, _tiny_config(), tok, read_prompt(str(PROMPTS / "stable_conversation.json")),
+                              random_weights=True, threads=1)
+    assert stable.mismatches == 0 and stable.all_match
+    second = stable.turns[1]
+    assert second.common_prefix == second.cached_tokens > 0          # the kept cache is a token prefix
+    assert second.prefilled_kept == second.input_tokens - second.cached_tokens
+    think = kvlive.run_turns(spec, _tiny_config(), tok, read_prompt(str(PROMPTS / "think_conversation.json")),
+                             random_weights=True, threads=1)
+    bad = think.turns[1]
+    assert bad.mismatch_index is not None and bad.mismatch_index < bad.cached_tokens  # <think> stripped
+    assert bad.prefilled_kept == bad.input_tokens - bad.mismatch_index            # cropped to the prefix
+    assert bad.same_next_token and bad.max_logit_diff < 1e-4                        # the crop is right
+
+
+def test_turns_stale_cache_gives_other_logits(tok):
+    from cachectl.engines import kvlive
+    from cachectl.inputs import prompt_from_value
+
+    from .conftest import FIXTURES
+
+    conv = prompt_from_value([
+        {"role": "user", "content": "What is the hit rate?"},
+        {"role": "assistant", "content": "<think>\nTwo of three requests shared it.\n</think>\nTwo thirds."},
+        {"role": "user", "content": "And as a fraction? Please summarise the conversation so far, with the numbers "
+                                    "you used, the block sizes and the cache hit rates."}], source="t", line=None)
+    r = kvlive.run_turns(str(FIXTURES / "tiny-llama"), _tiny_config(), tok, conv, random_weights=True, threads=1)
+    t = r.turns[1]
+    assert t.mismatch_index is not None and t.same_next_token and t.max_logit_diff < 1e-4
+    assert t.stale_max_logit_diff is not None and t.stale_max_logit_diff > 1e-3   # the silent wrong answer
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+def test_shared_prefix_copies_equal_fresh_prefill(tok, kind):
+    from cachectl.engines import kvlive
+
+    from .conftest import FIXTURES
+
+    r = kvlive.run_shared_prefix(str(FIXTURES / "tiny-llama"), _tiny_config(), tok,
+                                 "You are a helpful assistant. Answer briefly and cite the numbers you used.\n",
+                                 ["How do I reset my password?", "Is the API rate limited?"], cache_kind=kind,
+                                 max_new_tokens=6, random_weights=True, threads=1)
+    assert r.all_equal and all(q.reused_tokens > 0 for q in r.questions)
+
+
+def test_cli_turns_and_shared_prefix_json(cli):
+    from .conftest import FIXTURES, PROMPTS, TOK_DIR
+
+    r = cli("kv-inspect", FIXTURES / "tiny-llama", "--random-weights", "--tokenizer", TOK_DIR, "--turns",
+            PROMPTS / "think_conversation.json", "--shared-prefix", "You are a helpful assistant. ", "--questions",
+            PROMPTS / "questions.txt", "--threads", "1", "-f", "json")
+    assert r.exit_code == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["turns"]["mismatches"] == 1 and d["turns"]["all_match"]
+    assert len(d["shared_prefix"]["questions"]) == 3 and d["shared_prefix"]["all_equal"]
+    r = cli("kv-inspect", FIXTURES / "tiny-llama", "--random-weights", "--tokenizer", TOK_DIR, "--shared-prefix", "x")
+    assert r.exit_code == 2 and "--questions" in r.stderr
+
+
+def test_quantized_cache_memory_and_divergence(cli):
+    pytest.importorskip("optimum.quanto")
+    from .conftest import FIXTURES, TOK_DIR
+
+    prompt = "You are a helpful assistant for cache diagnostics. " * 30
+    args = ["kv-inspect", FIXTURES / "tiny-llama", "--random-weights", "--tokenizer", TOK_DIR, "--prompt", prompt,
+            "--threads", "1", "--max-new-tokens", "8", "-f", "json"]
+    q4 = json.loads(cli(*args, "--quantized", "quanto", "--nbits", "4").stdout)["quantized"]
+    full = q4["full_bytes"]
+    # the real DynamicCache: 2 layers x K,V x 2 heads x seq x 16 dims x 4 bytes
+    assert full == 2 * 2 * 2 * q4["seq_length"] * 16 * 4
+    assert q4["quantized_bytes"] < 0.3 * full
+    q2 = json.loads(cli(*args, "--quantized", "quanto", "--nbits", "2").stdout)["quantized"]
+    assert q2["quantized_bytes"] < q4["quantized_bytes"]
+
+
+def test_quantized_backend_missing_is_one_clear_line(cli):
+    import importlib.util
+
+    if importlib.util.find_spec("hqq") is not None:
+        pytest.skip("hqq is installed here")
+    from .conftest import FIXTURES, TOK_DIR
+
+    r = cli("kv-inspect", FIXTURES / "tiny-llama", "--random-weights", "--tokenizer", TOK_DIR, "--prompt", "hi",
+            "--quantized", "hqq")
+    assert r.exit_code == 2 and "needs the hqq package" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_more_catalog_architectures():
+    cat = kvmath.catalog()
+    qwen = cat["qwen2.5-7b"]["config"]
+    # Qwen2.5 lists a sliding window but switches it off: every layer is full attention
+    assert [(g.type, g.layers) for g in kvmath.layer_groups(qwen)] == [("full_attention", 28)]
+    assert kvmath.kv_shape(qwen).bytes_per_token == 2 * 28 * 4 * 128 * 2
+    mistral = kvmath.layer_groups(cat["mistral-7b-v0.1"]["config"])
+    assert [(g.type, g.layers, g.window) for g in mistral] == [("sliding_attention", 32, 4096)]
+    gemma3 = {g.type: g for g in kvmath.layer_groups(cat["gemma-3-27b"]["config"])}
+    assert (gemma3["sliding_attention"].layers, gemma3["full_attention"].layers) == (52, 10)  # 5 local : 1 global
+    # published sizes: Qwen2.5-7B 7.61B, Mistral-7B 7.24B parameters
+    assert abs(kvmath.estimate_params(qwen) / 1e9 - 7.61) < 0.01
+    assert round(kvmath.estimate_params(cat["mistral-7b-v0.1"]["config"]) / 1e9, 2) == 7.24

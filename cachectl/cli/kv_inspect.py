@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -62,6 +63,18 @@ def command(
     random_weights: Annotated[bool, typer.Option("--random-weights", help="With --run: random weights built from the "
                                                                           "config (no weights needed).")] = False,
     threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="With --run: torch CPU threads.")] = None,
+    turns: Annotated[Optional[str], typer.Option("--turns", metavar="FILE",
+                                                 help="Keep one cache across the turns of a conversation, verify it "
+                                                      "is a token prefix of each new prompt, crop where it is not.")] = None,
+    shared_prefix: Annotated[Optional[str], typer.Option("--shared-prefix", metavar="TEXT",
+                                                         help="Prefill TEXT once and copy the cache per question.")] = None,
+    questions: Annotated[Optional[str], typer.Option("--questions", metavar="FILE",
+                                                     help="With --shared-prefix: one question per line.")] = None,
+    cache_kind: Annotated[str, typer.Option("--cache", help="With --shared-prefix: dynamic or static.")] = "dynamic",
+    quantized: Annotated[Optional[str], typer.Option("--quantized", metavar="quanto|hqq",
+                                                     help="Compare a quantized cache with full precision: memory and "
+                                                          "the first token where greedy output diverges.")] = None,
+    nbits: Annotated[int, typer.Option("--nbits", help="With --quantized: bits per value.")] = 4,
     list_models: Annotated[bool, typer.Option("--list-models", help="Show the model catalog and the GPU table.")] = False,
     fmt: FormatOpt = Format.text,
 ) -> None:
@@ -79,35 +92,63 @@ def command(
         gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
         weights_bytes=weights_gib * kvmath.GIB if weights_gib is not None else None,
         published_params=(entry or {}).get("params"), active_params=(entry or {}).get("active_params"))
-    if run:
+    if run or quantized:
         import dataclasses
 
         from ..engines import kvlive
 
         ids = _prompt_ids(model, tokenizer, prompt, messages)
-        live = kvlive.run_live(model, config, ids, max_new_tokens=max_new_tokens, random_weights=random_weights,
-                               threads=threads)
-        report = dataclasses.replace(report, run=live)
-    elif prompt or messages or random_weights:
-        raise UsageError("--prompt, --messages and --random-weights go with --run")
+        if run:
+            report = dataclasses.replace(report, run=kvlive.run_live(
+                model, config, ids, max_new_tokens=max_new_tokens, random_weights=random_weights, threads=threads))
+        if quantized:
+            report = dataclasses.replace(report, quantized=kvlive.run_quantized(
+                model, config, ids, backend=quantized, nbits=nbits, max_new_tokens=max_new_tokens,
+                random_weights=random_weights, threads=threads))
+    if turns is not None or shared_prefix is not None:
+        import dataclasses
+
+        from ..engines import kvlive
+        from ..tokenization import load_tokenizer
+
+        spec = tokenizer or (model if Path(model).is_dir() else None)
+        if spec is None:
+            raise UsageError("--turns and --shared-prefix need --tokenizer (the model is not a directory with one)")
+        tok = load_tokenizer(spec)
+        if turns is not None:
+            from ..inputs import read_prompt
+
+            report = dataclasses.replace(report, turns=kvlive.run_turns(
+                model, config, tok, read_prompt(turns), random_weights=random_weights, threads=threads))
+        if shared_prefix is not None:
+            if questions is None:
+                raise UsageError("--shared-prefix needs --questions FILE")
+            from ..inputs import read_text
+
+            text, _ = read_text(questions)
+            qs = [q for q in text.splitlines() if q.strip()]
+            report = dataclasses.replace(report, shared_prefix=kvlive.run_shared_prefix(
+                model, config, tok, shared_prefix, qs, cache_kind=cache_kind, max_new_tokens=min(max_new_tokens, 8),
+                random_weights=random_weights, threads=threads))
+    elif not (run or quantized) and (prompt or messages or random_weights):
+        raise UsageError("--prompt, --messages and --random-weights go with --run, --turns or --shared-prefix")
     if fmt is Format.json:
         emit_json(report)
     else:
         _render(report, kvmath.human_bytes)
+        _render_live_extras(report)
     raise typer.Exit(EXIT_OK)
 
 
 def _prompt_ids(model: str, tokenizer: Optional[str], prompt: Optional[str], messages: Optional[str]) -> list[int]:
-    from pathlib import Path
-
     from ..inputs import PromptInput, read_prompt
     from ..tokenization import load_tokenizer
 
     if (prompt is None) == (messages is None):
-        raise UsageError("--run needs --prompt TEXT or --messages FILE")
+        raise UsageError("--run and --quantized need --prompt TEXT or --messages FILE")
     spec = tokenizer or (model if Path(model).is_dir() else None)
     if spec is None:
-        raise UsageError("--run needs --tokenizer (the model is not a directory with one)")
+        raise UsageError("--run and --quantized need --tokenizer (the model is not a directory with one)")
     tok = load_tokenizer(spec)
     p = read_prompt(messages) if messages else PromptInput(kind="text", source="--prompt", text=prompt,
                                                            field_paths=("text",))
@@ -169,6 +210,47 @@ def _render(r, hb) -> None:
             first = q.layers[0]
             stdout.print(f"layer 0 keys {first.keys_shape} values {first.values_shape} {first.dtype}; "
                          f"{len(q.layers)} layers with K/V", soft_wrap=True, markup=False)
+
+
+def _render_live_extras(r) -> None:
+    from rich.table import Table
+
+    if r.turns is not None:
+        t = Table(title="cache kept across turns", header_style="bold", box=None, pad_edge=False)
+        for col in ("turn", "input", "cached", "common", "mismatch at", "prefilled kept", "rebuilt", "ms kept",
+                    "ms rebuilt", "same next token"):
+            t.add_column(col, justify="right")
+        for q in r.turns.turns:
+            t.add_row(str(q.turn), str(q.input_tokens), str(q.cached_tokens), str(q.common_prefix),
+                      "" if q.mismatch_index is None else str(q.mismatch_index), str(q.prefilled_kept),
+                      str(q.prefilled_rebuilt), f"{q.ms_kept:.1f}", f"{q.ms_rebuilt:.1f}",
+                      "yes" if q.same_next_token else "NO")
+        stdout.print(t)
+        m = r.turns
+        stdout.print(f"prefilled {m.prefilled_kept:,} tokens with the cache kept vs {m.prefilled_rebuilt:,} rebuilt "
+                     f"({m.ms_saved:.1f} ms saved); {m.mismatches} turn(s) where the cache was not a token prefix "
+                     "of the new prompt and was cropped to the common prefix", soft_wrap=True)
+        for q in m.turns:
+            if q.stale_max_logit_diff is not None:
+                stdout.print(f"turn {q.turn}: trusting the stale cache would move the logits by up to "
+                             f"{q.stale_max_logit_diff:.3g} (transformers does not check)", soft_wrap=True)
+    if r.quantized is not None:
+        q = r.quantized
+        where = "identical for all" if q.first_divergence is None else f"diverges at generated token {q.first_divergence} of"
+        stdout.print(f"[bold]quantized[/] {q.backend} {q.nbits}-bit cache: {q.quantized_bytes:,} bytes vs {q.full_bytes:,} "
+                     f"full precision ({q.ratio:.1%}) at {q.seq_length} tokens (up to {q.residual_length} recent tokens stay full "
+                     f"precision); greedy output {where} {q.generated_tokens} tokens", soft_wrap=True)
+    if r.shared_prefix is not None:
+        s = r.shared_prefix
+        t = Table(title=f"shared prefix ({s.prefix_tokens} tokens, {s.cache} cache, prefilled once in "
+                        f"{s.prefix_ms:.1f} ms)", header_style="bold", box=None, pad_edge=False)
+        for col in ("question", "input", "reused", "seam re-tokenized", "same output", "ms shared", "ms fresh"):
+            t.add_column(col, justify="right")
+        for q in s.questions:
+            t.add_row(str(q.index), str(q.input_tokens), str(q.reused_tokens), "yes" if q.boundary_merge else "",
+                      "yes" if q.same_output else "NO", f"{q.ms_shared:.1f}", f"{q.ms_fresh:.1f}")
+        stdout.print(t)
+        stdout.print(f"{s.ms_saved:.1f} ms saved in all, the prefix prefill included", soft_wrap=True)
 
 
 def _render_catalog(kvmath, fmt: Format) -> None:

@@ -74,14 +74,16 @@ def run_live(spec: str, config: dict, prompt_ids: Sequence[int], *, max_new_toke
         raise UsageError("--max-new-tokens must be at least 1")
     if not prompt_ids:
         raise UsageError("the prompt has no tokens")
+    model, weights = _prepare(spec, config, random_weights, seed, threads)
+    return inspect_model(model, prompt_ids, max_new_tokens=max_new_tokens, weights=weights)
+
+
+def inspect_model(model: Any, prompt_ids: Sequence[int], *, max_new_tokens: int = 20,
+                  weights: str = "pretrained") -> LiveRun:
+    """The measurement itself, on a loaded model (the benchmark calls this against ``generate``)."""
     import torch
     from transformers import DynamicCache
 
-    if threads:
-        torch.set_num_threads(threads)
-    torch.manual_seed(seed)
-    model, weights = _load_model(spec, config, random_weights)
-    model.eval()
     vocab = getattr(model.config, "vocab_size", None)
     if vocab is not None and max(prompt_ids) >= vocab:
         raise UsageError(f"token ID {max(prompt_ids)} is outside the model's vocabulary of {vocab}: the tokenizer "
@@ -120,3 +122,284 @@ def run_live(spec: str, config: dict, prompt_ids: Sequence[int], *, max_new_toke
                    measured_bytes=int(measured), predicted_bytes=predicted, agree=abs(measured - predicted) < 1,
                    dtype=dtype, layers=tuple(layers), prefill_tokens_per_s=len(prompt_ids) / prefill if prefill else 0.0,
                    decode_ms_per_token=decode / (generated - 1) * 1000.0 if generated > 1 else None, weights=weights)
+
+
+# --------------------------------------------------------------------------------------- multi-turn
+
+
+@dataclass(frozen=True)
+class TurnReport:
+    turn: int                    # index of the message the request ends with
+    input_tokens: int
+    cached_tokens: int           # tokens in the kept cache before this turn
+    common_prefix: int           # of the cached tokens and the new prompt
+    mismatch_index: int | None   # where the cached tokens stop being a prefix of the new prompt
+    prefilled_kept: int          # tokens prefilled with the cache kept (after any crop)
+    prefilled_rebuilt: int       # tokens prefilled from scratch
+    ms_kept: float
+    ms_rebuilt: float
+    same_next_token: bool        # greedy next token of kept == rebuilt
+    max_logit_diff: float
+    #: on a mismatch: how far the logits of a loop that trusts the stale cache (no crop) are from the truth
+    stale_max_logit_diff: float | None = None
+
+
+@dataclass(frozen=True)
+class TurnsRun:
+    turns: tuple[TurnReport, ...]
+    prefilled_kept: int
+    prefilled_rebuilt: int
+    ms_saved: float
+    mismatches: int
+    all_match: bool
+
+
+def _timed_forward(model, cache, ids):
+    import torch
+
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([list(ids)]), cache=cache, use_cache=True)
+    return out.logits[0, -1], (time.perf_counter() - t0) * 1000.0
+
+
+def _prepare(spec: str, config: dict, random_weights: bool, seed: int, threads: int | None):
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    model, weights = _load_model(spec, config, random_weights)
+    model.eval()
+    return model, weights
+
+
+def run_turns(spec: str, config: dict, tokenizer: Any, conversation: Any, *, random_weights: bool = False,
+              seed: int = 0, threads: int | None = None) -> TurnsRun:
+    """Keep one DynamicCache across the requests of a conversation, as a chat loop that reuses it would.
+
+    Each request ends with a user (or tool) message and is rendered with the generation prompt. The
+    assistant reply that follows is fed into the cache as the model would have generated it (its tokens
+    and then the end-of-turn token, the last one not fed back). Before each request the cached tokens are
+    checked against the new prompt: where they stop being a token prefix (a template that rewrites history,
+    a reply that re-tokenizes differently) the cache is cropped to the common prefix, the correct fix.
+    The kept-cache result is compared with a prefill from scratch.
+    """
+    import torch
+    from transformers import DynamicCache
+
+    from .tokendiff import common_prefix_length
+
+    if not conversation.is_chat:
+        raise UsageError("--turns needs a conversation (a chat message list or a request body)")
+    model, _ = _prepare(spec, config, random_weights, seed, threads)
+    msgs = conversation.messages
+    points = [k for k, m in enumerate(msgs) if m.get("role") in ("user", "tool")
+              and (k + 1 == len(msgs) or msgs[k + 1].get("role") == "assistant")]
+    if not points:
+        raise UsageError(f"{conversation.source}: no user turn to answer")
+    eos = tokenizer.hf.eos_token_id
+    cache = DynamicCache(config=model.config)
+    cached: list[int] = []
+    reports = []
+    from dataclasses import replace as _replace
+
+    for k in points:
+        prompt = _replace(conversation, messages=msgs[:k + 1], field_paths=conversation.field_paths[:k + 1])
+        ids = list(tokenizer.tokenize(prompt, add_generation_prompt=True).ids)
+        common = common_prefix_length(cached, ids)
+        mismatch = common if common < len(cached) else None
+        keep = min(common, len(ids) - 1)  # the last prompt token is always computed, for its logits
+        stale = None
+        if mismatch is not None and len(ids) > len(cached):
+            # what transformers would silently do: feed only the new tail on top of the stale cache
+            import copy
+
+            logits_stale, _ = _timed_forward(model, copy.deepcopy(cache), ids[len(cached):])
+            stale = logits_stale
+        if keep < len(cached):
+            cache.crop(-(len(cached) - keep))
+        logits_kept, ms_kept = _timed_forward(model, cache, ids[keep:])
+        logits_full, ms_full = _timed_forward(model, DynamicCache(config=model.config), ids)
+        diff = float((logits_kept - logits_full).abs().max())
+        reports.append(TurnReport(turn=k, input_tokens=len(ids), cached_tokens=len(cached), common_prefix=common,
+                                  mismatch_index=mismatch, prefilled_kept=len(ids) - keep, prefilled_rebuilt=len(ids),
+                                  ms_kept=ms_kept, ms_rebuilt=ms_full,
+                                  same_next_token=bool(torch.argmax(logits_kept) == torch.argmax(logits_full)),
+                                  max_logit_diff=diff,
+                                  stale_max_logit_diff=None if stale is None else
+                                  float((stale - logits_full).abs().max())))
+        cached = ids
+        reply = msgs[k + 1] if k + 1 < len(msgs) and msgs[k + 1].get("role") == "assistant" else None
+        if reply is not None:
+            generated = tokenizer.backend.encode(reply.get("content") or "", add_special_tokens=False).ids
+            generated = list(generated) + ([eos] if eos is not None else [])
+            if len(generated) > 1:  # the last generated token is not fed back
+                _timed_forward(model, cache, generated[:-1])
+                cached = cached + generated[:-1]
+    kept = sum(r.prefilled_kept for r in reports)
+    rebuilt = sum(r.prefilled_rebuilt for r in reports)
+    return TurnsRun(turns=tuple(reports), prefilled_kept=kept, prefilled_rebuilt=rebuilt,
+                    ms_saved=sum(r.ms_rebuilt - r.ms_kept for r in reports),
+                    mismatches=sum(r.mismatch_index is not None for r in reports),
+                    all_match=all(r.same_next_token for r in reports))
+
+
+# ------------------------------------------------------------------------------------ shared prefix
+
+
+@dataclass(frozen=True)
+class QuestionReport:
+    index: int
+    input_tokens: int
+    reused_tokens: int
+    boundary_merge: bool         # prefix + question tokenizes differently at the seam: the cache was cropped
+    same_output: bool            # greedy tokens from the copied cache == from a fresh prefill
+    ms_shared: float
+    ms_fresh: float
+
+
+@dataclass(frozen=True)
+class SharedPrefixRun:
+    cache: str
+    prefix_tokens: int
+    prefix_ms: float
+    questions: tuple[QuestionReport, ...]
+    ms_saved: float
+    all_equal: bool
+
+
+def _greedy(model, cache, ids: list[int], n: int) -> tuple[list[int], float]:
+    import torch
+
+    t0 = time.perf_counter()
+    out_ids = []
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True)
+        nxt = int(out.logits[0, -1].argmax())
+        out_ids.append(nxt)
+        for _ in range(n - 1):
+            out = model(input_ids=torch.tensor([[nxt]]), cache=cache, use_cache=True)
+            nxt = int(out.logits[0, -1].argmax())
+            out_ids.append(nxt)
+    return out_ids, (time.perf_counter() - t0) * 1000.0
+
+
+def run_shared_prefix(spec: str, config: dict, tokenizer: Any, prefix: str, questions: Sequence[str], *,
+                      cache_kind: str = "dynamic", max_new_tokens: int = 8, random_weights: bool = False,
+                      seed: int = 0, threads: int | None = None) -> SharedPrefixRun:
+    """Prefill a shared prefix once, copy the cache per question, and check outputs equal fresh prefills."""
+    import copy
+
+    from transformers import DynamicCache, StaticCache
+
+    from ..inputs import PromptInput
+    from .tokendiff import common_prefix_length
+
+    if cache_kind not in ("dynamic", "static"):
+        raise UsageError("--cache must be dynamic or static")
+    if not questions:
+        raise UsageError("--questions is empty")
+    model, _ = _prepare(spec, config, random_weights, seed, threads)
+
+    def ids_of(text: str) -> list[int]:
+        return list(tokenizer.tokenize(PromptInput(kind="text", source="--shared-prefix", text=text,
+                                                   field_paths=("text",))).ids)
+
+    prefix_ids = ids_of(prefix)
+    full_ids = [ids_of(prefix + q) for q in questions]
+    longest = max(len(x) for x in full_ids) + max_new_tokens + 1
+
+    def new_cache():
+        if cache_kind == "static":
+            return StaticCache(config=model.config, max_cache_len=longest)
+        return DynamicCache(config=model.config)
+
+    base = new_cache()
+    _, prefix_ms = _timed_forward(model, base, prefix_ids[:-1] or prefix_ids)
+    base_len = len(prefix_ids[:-1] or prefix_ids)
+    reports = []
+    for i, ids in enumerate(full_ids):
+        reuse = min(common_prefix_length(prefix_ids, ids), base_len, len(ids) - 1)
+        cache = copy.deepcopy(base)
+        if reuse < base_len:  # the seam tokenizes differently: keep only what still matches
+            if cache_kind == "static":
+                cache = new_cache()
+                _timed_forward(model, cache, ids[:reuse]) if reuse else None
+            else:
+                cache.crop(-(base_len - reuse))
+        shared, ms_shared = _greedy(model, cache, ids[reuse:], max_new_tokens)
+        fresh, ms_fresh = _greedy(model, new_cache(), ids, max_new_tokens)
+        reports.append(QuestionReport(index=i, input_tokens=len(ids), reused_tokens=reuse,
+                                      boundary_merge=common_prefix_length(prefix_ids, ids) < len(prefix_ids),
+                                      same_output=shared == fresh, ms_shared=ms_shared, ms_fresh=ms_fresh))
+    return SharedPrefixRun(cache=cache_kind, prefix_tokens=len(prefix_ids), prefix_ms=prefix_ms,
+                           questions=tuple(reports), ms_saved=sum(r.ms_fresh - r.ms_shared for r in reports) - prefix_ms,
+                           all_equal=all(r.same_output for r in reports))
+
+
+# ---------------------------------------------------------------------------------------- quantized
+
+
+@dataclass(frozen=True)
+class QuantizedRun:
+    backend: str
+    nbits: int
+    residual_length: int
+    seq_length: int
+    full_bytes: int
+    quantized_bytes: int
+    ratio: float
+    generated_tokens: int
+    first_divergence: int | None     # first generated token where greedy output differs; None: identical
+
+
+def tensor_bytes(t: Any) -> int:
+    """Bytes held by a tensor, including the packed data and scales inside quantized tensor subclasses."""
+    flatten = getattr(t, "__tensor_flatten__", None)
+    if flatten is not None and type(t).__name__ != "Tensor":
+        names, _ = flatten()
+        return sum(tensor_bytes(getattr(t, n)) for n in names)
+    return int(t.numel() * t.element_size())
+
+
+def cache_bytes(cache: Any) -> int:
+    import torch
+
+    total = 0
+    for layer in cache.layers:
+        for name in ("keys", "values", "_quantized_keys", "_quantized_values"):
+            t = getattr(layer, name, None)
+            if isinstance(t, torch.Tensor):
+                total += tensor_bytes(t)
+    return total
+
+
+def run_quantized(spec: str, config: dict, prompt_ids: Sequence[int], *, backend: str = "quanto", nbits: int = 4,
+                  max_new_tokens: int = 20, random_weights: bool = False, seed: int = 0,
+                  threads: int | None = None) -> QuantizedRun:
+    """Greedy decode with a full-precision and a quantized cache: memory and the first divergence."""
+    if backend not in ("quanto", "hqq"):
+        raise UsageError("--quantized must be quanto or hqq")
+    package = {"quanto": "optimum-quanto", "hqq": "hqq"}[backend]
+    try:
+        __import__({"quanto": "optimum.quanto", "hqq": "hqq"}[backend])
+    except ImportError:
+        raise UsageError(f"--quantized {backend} needs the {package} package (pip install {package}, or "
+                         f"pip install 'cachectl[quanto]')") from None
+    from transformers import DynamicCache, QuantizedCache
+
+    model, _ = _prepare(spec, config, random_weights, seed, threads)
+    try:
+        quant = QuantizedCache(backend=backend, config=model.config, nbits=nbits)
+    except (ValueError, ImportError) as exc:
+        raise UsageError(f"cannot build a {backend} cache with {nbits} bits: {str(exc).splitlines()[0]}") from None
+    full = DynamicCache(config=model.config)
+    ref, _ = _greedy(model, full, list(prompt_ids), max_new_tokens)
+    got, _ = _greedy(model, quant, list(prompt_ids), max_new_tokens)
+    diverge = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), None)
+    full_b, quant_b = cache_bytes(full), cache_bytes(quant)
+    return QuantizedRun(backend=backend, nbits=nbits, residual_length=int(getattr(quant.layers[0], "residual_length",
+                                                                                   0) or 0),
+                        seq_length=int(full.get_seq_length()), full_bytes=full_b, quantized_bytes=quant_b,
+                        ratio=quant_b / full_b if full_b else 0.0, generated_tokens=len(ref), first_divergence=diverge)

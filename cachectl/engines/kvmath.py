@@ -281,8 +281,12 @@ def resolve_model(spec: str) -> tuple[dict, str, dict | None]:
         if isinstance(cached, str):
             config, source = load_config(cached)
             return config, source, None
-    raise UsageError(f"model {spec!r} is not a local path, a catalog name ({', '.join(models)}) or a Hugging Face id "
-                     "in the local cache; cachectl never downloads: pass a model directory, its config.json or a .gguf")
+    import difflib
+
+    close = difflib.get_close_matches(key, list(models), n=3, cutoff=0.5)
+    hint = f"close catalog names: {', '.join(close)}; " if close else f"catalog: {', '.join(models)}; "
+    raise UsageError(f"model {spec!r} is not a local path, a catalog name or a Hugging Face id in the local cache "
+                     f"({hint}cachectl never downloads: pass a model directory, its config.json or a .gguf)")
 
 
 def parse_memory(text: str) -> float:
@@ -339,6 +343,12 @@ class KvReport:
     notes: tuple[str, ...] = ()
     #: a live run (kvlive.LiveRun) with --run
     run: Any = None
+    #: multi-turn cache reuse (kvlive.TurnsRun) with --turns
+    turns: Any = None
+    #: a shared prefix copied per question (kvlive.SharedPrefixRun) with --shared-prefix
+    shared_prefix: Any = None
+    #: a quantized cache against full precision (kvlive.QuantizedRun) with --quantized
+    quantized: Any = None
 
 
 def inspect_config(config: dict, *, model: str, source: str, dtype: str = "bf16", contexts=(4096, 32768, 131072),
