@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from .. import __version__
-from . import diff_tokens, kv_inspect, prompt_cost, simulate_prefix
+from . import diff_tokens, kv_inspect, lint, prompt_cost, simulate_prefix
 
 app = typer.Typer(
     name="cachectl",
@@ -39,6 +39,7 @@ app.command("diff-tokens")(diff_tokens.command)
 app.command("simulate-prefix")(simulate_prefix.command)
 app.command("prompt-cost")(prompt_cost.command)
 app.command("kv-inspect")(kv_inspect.command)
+app.command("lint")(lint.command)
 
 
 def main() -> None:

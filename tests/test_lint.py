@@ -1,0 +1,155 @@
+"""cachectl lint: every rule on good and bad fixtures, the sandbox, config, and the output formats."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import FIXTURES, TOK_DIR
+
+LINT = FIXTURES / "lint"
+
+
+def findings(cli, *paths, extra=()):
+    r = cli("lint", *paths, *extra, "-f", "json")
+    assert r.exit_code in (0, 1), r.stderr
+    return r, [(f["rule"], f["line"]) for f in json.loads(r.stdout)["findings"]]
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (LINT / "good").iterdir()))
+def test_good_fixtures_are_clean(cli, name):
+    r, found = findings(cli, LINT / "good" / name, extra=("--model", "claude-sonnet-4-5"))
+    assert found == [] and r.exit_code == 0
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("time_at_top.j2", {"CC001"}),
+    ("user_name_first.j2", {"CC001"}),
+    ("clock_call.j2", {"CC001", "CC003"}),
+    ("tools_tojson.j2", {"CC006"}),
+    ("body_volatile_before_breakpoint.json", {"CC002"}),
+    ("body_breakpoint_on_volatile.json", {"CC008"}),
+    ("body_too_many.json", {"CC004"}),
+    ("chat_template_think.jinja", {"CC007"}),
+])
+def test_bad_fixtures_are_caught(cli, name, expected):
+    r, found = findings(cli, LINT / "bad" / name)
+    assert r.exit_code == 1
+    assert {rule for rule, _ in found} == expected
+
+
+def test_breakpoint_below_minimum_needs_the_model(cli):
+    _, without = findings(cli, LINT / "bad" / "body_short.json")
+    assert without == []
+    _, found = findings(cli, LINT / "bad" / "body_short.json", extra=("--model", "claude-sonnet-4-5"))
+    assert found == [("CC005", 8)]
+
+
+def test_fixture_tokenizer_chat_template(cli):
+    """The project's own pitfall template: a date line, tools through tojson, think stripping."""
+    _, found = findings(cli, TOK_DIR / "tokenizer_config.json")
+    assert {"CC003", "CC006", "CC007"} <= {rule for rule, _ in found}
+
+
+def test_good_template_is_really_stable():
+    """The dynamic check's claim, checked directly: two renders share everything up to the volatile tail."""
+    from cachectl.engines.lint import _sample_values, sandbox
+    from cachectl.engines.tokendiff import common_prefix_length
+
+    from .conftest import PROMPTS  # noqa: F401
+
+    source = (LINT / "good" / "support_prompt.j2").read_text()
+    template = sandbox().from_string(source)
+    names = ["user_name", "current_time"]
+    a = template.render(**_sample_values(names, 0, {}))
+    b = template.render(**_sample_values(names, 1, {}))
+    assert a != b
+    assert common_prefix_length(a, b) > 0.9 * len(a)
+    assert a[:common_prefix_length(a, b)].rstrip().endswith("Customer:")
+
+
+def test_volatile_late_is_fine_but_early_is_not_with_a_real_tokenizer(cli):
+    _, late = findings(cli, LINT / "good" / "support_prompt.j2", extra=("--tokenizer", TOK_DIR))
+    _, early = findings(cli, LINT / "bad" / "time_at_top.j2", extra=("--tokenizer", TOK_DIR))
+    assert late == [] and early == [("CC001", 1)]
+
+
+def test_inline_ignore_and_select_ignore(cli):
+    _, found = findings(cli, LINT / "good" / "user_name_ignored.j2")
+    assert found == []
+    _, found = findings(cli, LINT / "bad" / "clock_call.j2", extra=("--ignore", "CC001"))
+    assert {r for r, _ in found} == {"CC003"}
+    _, found = findings(cli, LINT / "bad" / "clock_call.j2", extra=("--select", "CC001"))
+    assert {r for r, _ in found} == {"CC001"}
+
+
+def test_pyproject_config(cli, tmp_path):
+    cfg = tmp_path / "pyproject.toml"
+    cfg.write_text('[tool.cachectl.lint]\nignore = ["CC006"]\n[tool.cachectl.lint.per-file-ignores]\n'
+                   '"time_at_top.j2" = ["CC001"]\n')
+    _, found = findings(cli, LINT / "bad" / "tools_tojson.j2", LINT / "bad" / "time_at_top.j2",
+                        extra=("--config", cfg))
+    assert found == []
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[tool.cachectl.lint]\nselect = ["CC999"]\n')
+    r = cli("lint", LINT / "good", "--config", bad)
+    assert r.exit_code == 2 and "unknown rule id 'CC999'" in r.stderr
+
+
+def test_exit_zero(cli):
+    r = cli("lint", LINT / "bad" / "time_at_top.j2", "--exit-zero")
+    assert r.exit_code == 0 and "CC001" in r.stdout
+
+
+@pytest.mark.parametrize("name, message", [
+    ("escape.j2", "escape.j2:1: refused: access to '__class__'"),
+    ("syntax.j2", "syntax.j2:2: invalid Jinja"),
+    ("raises.j2", "raises.j2:2: template raised while rendering"),
+])
+def test_bad_templates_exit_2_with_location(cli, name, message):
+    r = cli("lint", LINT / "bad" / name)
+    assert r.exit_code == 2 and message in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.count("\n") == 1
+
+
+def test_bad_json_body(cli, write):
+    path = write("body.json", '{"messages": [\n  {"role": "user",, "content": "x"}]}')
+    r = cli("lint", path)
+    assert r.exit_code == 2 and "body.json:2: invalid JSON" in r.stderr
+
+
+def test_sarif_is_valid_against_the_schema(cli):
+    import jsonschema
+
+    schema = json.loads((FIXTURES / "sarif" / "sarif-2.1.0-rtm.5.json").read_text())
+    r = cli("lint", LINT / "bad" / "time_at_top.j2", LINT / "bad" / "body_too_many.json", "-f", "sarif")
+    assert r.exit_code == 1
+    doc = json.loads(r.stdout)
+    jsonschema.Draft4Validator(schema).validate(doc)
+    run = doc["runs"][0]
+    ids = [rule["id"] for rule in run["tool"]["driver"]["rules"]]
+    assert "CC001" in ids and all(res["ruleId"] == ids[res["ruleIndex"]] for res in run["results"])
+    assert {res["ruleId"] for res in run["results"]} == {"CC001", "CC004"}
+
+
+def test_github_workflow_commands(cli):
+    r = cli("lint", LINT / "bad" / "time_at_top.j2", "-f", "github")
+    line = r.stdout.strip()
+    assert line.startswith("::error file=") and ",line=1,col=18,title=CC001::" in line
+
+
+def test_directory_walk_and_text_output(cli):
+    r = cli("lint", LINT / "good")
+    assert r.exit_code == 0 and "clean" in r.stdout
+    r = cli("lint", LINT / "bad" / "tools_tojson.j2", LINT / "bad" / "time_at_top.j2")
+    assert r.exit_code == 1 and "2 finding(s)" in r.stdout and "fix:" in r.stdout
+
+
+def test_pre_commit_hook_is_declared():
+    import yaml
+
+    from .conftest import ROOT
+
+    hooks = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
+    assert hooks[0]["id"] == "cachectl-lint" and hooks[0]["entry"] == "cachectl lint"
