@@ -153,3 +153,18 @@ def test_pre_commit_hook_is_declared():
 
     hooks = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
     assert hooks[0]["id"] == "cachectl-lint" and hooks[0]["entry"] == "cachectl lint"
+
+
+def test_templated_request_bodies(cli):
+    _, bad = findings(cli, LINT / "bad" / "request_body.json.j2")
+    assert bad == [("CC002", 5)]
+    _, good = findings(cli, LINT / "good" / "request_body.json.j2")
+    assert good == []
+
+
+def test_chat_template_stability_in_token_space(cli):
+    r, bad = findings(cli, LINT / "bad" / "chat_template_think.jinja", extra=("--tokenizer", TOK_DIR))
+    assert [rule for rule, _ in bad] == ["CC007"]
+    assert "think_stripped" in json.loads(r.stdout)["findings"][0]["message"]
+    _, good = findings(cli, LINT / "good" / "chat_template.jinja", extra=("--tokenizer", TOK_DIR))
+    assert good == []

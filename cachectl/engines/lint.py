@@ -322,7 +322,7 @@ def lint_template(path: str, source: str, config: LintConfig, tokenizer: Any = N
     undeclared = meta.find_undeclared_variables(ast)
     template = env.from_string(source)
     if chat:
-        _chat_dynamic(path, template, source, add)
+        _chat_dynamic(path, template, source, add, tokenizer)
     else:
         sidecar = _load_sidecar(Path(path))
         volatile = _volatile_names(undeclared, sidecar) | (undeclared & VOLATILE_CALLS)
@@ -352,6 +352,7 @@ def _prompt_dynamic(path, template, ast, lines, undeclared, volatile, sidecar, c
     base = {**fixed, **_sample_values(volatile, 0, sidecar), **_callables(0)}
     text_a = _render(template, base, path)
     ids_a = tok(text_a)
+    body_findings: list[Finding] = []
     unit = "tokens" if tokenizer is not None else "tokens (approximate: no --tokenizer)"
     for name in sorted(volatile):
         changed = dict(base)
@@ -362,6 +363,14 @@ def _prompt_dynamic(path, template, ast, lines, undeclared, volatile, sidecar, c
         text_b = _render(template, changed, path)
         if text_b == text_a:
             continue
+        body_a, body_b = _as_body(text_a), _as_body(text_b)
+        if body_a is not None and body_b is not None:  # the template renders a request body
+            blocks_b = {p: c for p, c, _ in _body_blocks(body_b)}
+            changed_blocks = {p: name for p, c, _ in _body_blocks(body_a) if blocks_b.get(p) != c}
+            line = next((n.lineno for n in ast.find_all(nodes.Name) if n.name == name), 1)
+            body_findings.extend(lint_body(path, text_a, body_a, config, None, lambda t: 0, volatile=changed_blocks,
+                                           at=(line, _col(lines, line, name))))
+            continue
         ids_b = tok(text_b)
         first = common_prefix_length(ids_a, ids_b)
         tail = _common_suffix(ids_a, ids_b, first)
@@ -370,6 +379,17 @@ def _prompt_dynamic(path, template, ast, lines, undeclared, volatile, sidecar, c
             add("CC001", line, _col(lines, line, name),
                 f"'{name}' changes per request and is followed by {tail} stable {unit} (of {len(ids_a)}); "
                 f"a cache can serve only the first {first}")
+    for f in body_findings:
+        if f.rule in ("CC002", "CC008"):
+            add(f.rule, f.line, f.column, f.message)
+
+
+def _as_body(text: str) -> dict | None:
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) and "messages" in doc else None
 
 
 _SAMPLE_CHAT = [
@@ -382,9 +402,30 @@ _SAMPLE_CHAT = [
 ]
 
 
-def _chat_dynamic(path, template, source, add) -> None:
-    """Multi-turn stability: the render of turns[:k] must be a prefix of the render of turns[:k+1]."""
+def _chat_dynamic(path, template, source, add, tokenizer=None) -> None:
+    """Multi-turn stability: the render of turns[:k] must be a prefix of the render of turns[:k+1].
+
+    With a tokenizer this is diff-tokens' stability check in token space (through transformers'
+    apply_chat_template); without one, the same check on the rendered text.
+    """
     from .tokendiff import common_prefix_length
+
+    line = source[:source.find("</think>")].count("\n") + 1 if "</think>" in source else 1
+    if tokenizer is not None:
+        from ..inputs import prompt_from_value
+        from .tokendiff import check_stability
+
+        saved = tokenizer.hf.chat_template
+        tokenizer.hf.chat_template = source
+        try:
+            report = check_stability(prompt_from_value(_SAMPLE_CHAT, source=path, line=None), tokenizer)
+        finally:
+            tokenizer.hf.chat_template = saved
+        if not report.stable:
+            bad = next(st for st in report.steps if not st.stable)
+            add("CC007", line, 1, f"adding message {bad.k} ({bad.role_added}) changes earlier tokens at index "
+                f"{bad.diff.first_diff_index}" + (f" ({bad.diff.cause.id})" if bad.diff.cause else ""))
+        return
 
     base = {"bos_token": "<s>", "eos_token": "</s>", "add_generation_prompt": False, **_callables(0)}
 
@@ -397,7 +438,6 @@ def _chat_dynamic(path, template, source, add) -> None:
         nxt = render(_SAMPLE_CHAT[:k + 1])
         common = common_prefix_length(prev, nxt)
         if common < len(prev):
-            line = source[:source.find("</think>")].count("\n") + 1 if "</think>" in source else 1
             add("CC007", line, 1,
                 f"adding message {k} ({_SAMPLE_CHAT[k]['role']}) changes earlier text at character {common}: "
                 f"{prev[common:common + 30]!r} became {nxt[common:common + 30]!r}")
@@ -445,17 +485,9 @@ def _has_placeholder(value: Any) -> str | None:
     return None
 
 
-def lint_body(path: str, text: str, body: dict, config: LintConfig, min_tokens: int | None,
-              count: Callable[[str], int]) -> list[Finding]:
-    """Breakpoints in an Anthropic/OpenAI request body: limit, minimum length, volatile content before them."""
-    locate = _json_positions(text)
-    findings: list[Finding] = []
-
-    def add(rule: str, pos: tuple, message: str) -> None:
-        r = RULES[rule]
-        findings.append(Finding(rule, r.severity, path, pos[0], pos[1], message, r.fix))
-
-    blocks: list[tuple[str, Any, Any]] = []  # (path, content, cache_control)
+def _body_blocks(body: dict) -> list[tuple[str, Any, Any]]:
+    """``(path, content, cache_control)`` for each lookback position: tools, then system, then messages."""
+    blocks: list[tuple[str, Any, Any]] = []
     for i, tool in enumerate(body.get("tools") or []):
         if isinstance(tool, dict):
             blocks.append((f"tools[{i}]", {k: v for k, v in tool.items() if k != "cache_control"},
@@ -477,6 +509,26 @@ def lint_body(path: str, text: str, body: dict, config: LintConfig, min_tokens: 
                     blocks.append((f"messages[{i}].content[{j}]", b.get("text", b), b.get("cache_control")))
         else:
             blocks.append((f"messages[{i}]", content, m.get("cache_control")))
+    return blocks
+
+
+def lint_body(path: str, text: str, body: dict, config: LintConfig, min_tokens: int | None,
+              count: Callable[[str], int], volatile: dict[str, str] | None = None,
+              at: tuple[int, int] | None = None) -> list[Finding]:
+    """Breakpoints in an Anthropic/OpenAI request body: limit, minimum length, volatile content before them.
+
+    ``volatile`` maps block paths to what changes in them (from a templated body rendered twice); without
+    it, placeholders and literal dates in a block mark it volatile. ``at`` pins every finding to one
+    position (the template line that rendered the body).
+    """
+    locate = _json_positions(text)
+    findings: list[Finding] = []
+
+    def add(rule: str, pos: tuple, message: str) -> None:
+        r = RULES[rule]
+        findings.append(Finding(rule, r.severity, path, pos[0], pos[1], message, r.fix))
+
+    blocks = _body_blocks(body)
     breakpoints = [(k, p) for k, (p, _, cc) in enumerate(blocks) if cc is not None]
     if body.get("cache_control") is not None:
         breakpoints.append((len(blocks) - 1, "cache_control"))
@@ -488,14 +540,16 @@ def lint_body(path: str, text: str, body: dict, config: LintConfig, min_tokens: 
             positions[p] = pos
             cursor = pos[2] + 1
     if len(breakpoints) > 4:
-        add("CC004", positions.get(breakpoints[4][1], (1, 1)), f"{len(breakpoints)} cache_control breakpoints; at "
+        add("CC004", at or positions.get(breakpoints[4][1], (1, 1)), f"{len(breakpoints)} cache_control breakpoints; at "
             "most 4 are allowed")
     first_volatile = None
     for k, (p, content, _) in enumerate(blocks):
-        v = _has_placeholder(content)
+        v = volatile.get(p) if volatile is not None else _has_placeholder(content)
         if v is not None:
             first_volatile = (k, p, v)
             break
+    if at is not None:
+        positions = {p: at for p in positions}
     tokens_so_far = 0
     for k, (p, content, cc) in enumerate(blocks):
         tokens_so_far += count(content if isinstance(content, str) else json.dumps(content, ensure_ascii=False))
