@@ -106,6 +106,39 @@ class Progress:
             self._progress.__exit__(*exc)
 
 
+# ------------------------------------------------------------------------------------------- plots
+
+
+def new_figure(title: str, xlabel: str, ylabel: str):
+    """A matplotlib figure on the Agg backend (matplotlib imported here, for --plot only)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("--plot needs matplotlib (pip install 'cachectl[plot]')") from None
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
+def save_figure(fig, path: str) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.axes[0].legend()
+    fig.tight_layout()
+    try:
+        fig.savefig(path)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc}") from None
+    finally:
+        plt.close(fig)
+
+
 # ------------------------------------------------------------------------------------------ errors
 
 

@@ -7,7 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import UsageError
-from .common import EXIT_FINDING, EXIT_OK, Format, FormatOpt, Progress, emit_json, handle_errors, stdout
+from .common import (EXIT_FINDING, EXIT_OK, Format, FormatOpt, Progress, emit_json, handle_errors, new_figure,
+                     save_figure, stdout)
 
 app = typer.Typer(
     help="How often a semantic cache would answer wrongly, and at which threshold. Embeddings come from a "
@@ -170,32 +171,14 @@ def sweep_cmd(file: Annotated[str, typer.Argument(help="Labeled pairs: label 1 =
 
 
 def _plot(report, path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError("--plot needs matplotlib (pip install 'cachectl[plot]')") from None
+    fig, ax = new_figure(f"cachectl semantic-probe sweep ({report.model})", "cosine threshold", "%")
     xs = [r.threshold for r in report.sweep]
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     ax.plot(xs, [100 * (r.recall or 0) for r in report.sweep], marker="o", label="recall (same-answer pairs hit)")
     ax.plot(xs, [100 * (r.false_hit_rate or 0) for r in report.sweep], marker="o", label="false-hit rate")
     ax.plot(xs, [100 * (r.false_hit_upper or 0) for r in report.sweep], linestyle="--",
             label=f"false-hit upper bound ({report.confidence:.0%})")
     ax.axhline(100 * report.target_false_hit, color="grey", linewidth=0.8)
-    ax.set_xlabel("cosine threshold")
-    ax.set_ylabel("%")
-    ax.set_title(f"cachectl semantic-probe sweep ({report.model})")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    try:
-        fig.savefig(path)
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc}") from None
-    finally:
-        plt.close(fig)
+    save_figure(fig, path)
 
 
 @app.command("replay")

@@ -8,7 +8,7 @@ import typer
 
 from ..errors import UsageError
 from .common import (EXIT_OK, AsOpt, BlockSizeOpt, Format, FormatOpt, Progress, TokenizerOpt, emit_json,
-                     handle_errors, stdout)
+                     handle_errors, new_figure, save_figure, stdout)
 
 HELP = """Replay a request trace through a server prefix cache and count hits the way vLLM does.
 
@@ -200,26 +200,9 @@ def _render_sweep(runs: list[dict], policy: str) -> None:
 
 
 def _plot(runs: list[dict], path: str, policy: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError("--plot needs matplotlib (pip install 'cachectl[plot]')") from None
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    fig, ax = new_figure(f"cachectl simulate-prefix, policy {policy}", "capacity (tokens)",
+                         "prefix-cache hit rate (%)")
     for bs in sorted({r["block_size"] for r in runs}):
         pts = sorted((r["capacity_tokens"] or 0, r["hit_rate"] or 0.0) for r in runs if r["block_size"] == bs)
         ax.plot([p[0] for p in pts], [p[1] * 100 for p in pts], marker="o", label=f"block size {bs}")
-    ax.set_xlabel("capacity (tokens)")
-    ax.set_ylabel("prefix-cache hit rate (%)")
-    ax.set_title(f"cachectl simulate-prefix, policy {policy}")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    try:
-        fig.savefig(path)
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc}") from None
-    finally:
-        plt.close(fig)
+    save_figure(fig, path)
