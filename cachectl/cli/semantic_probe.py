@@ -26,7 +26,7 @@ ColumnsOpt = Annotated[Optional[str], typer.Option("--columns", metavar="A,B[,LA
                                                    help="Column names for the two texts (and the label).")]
 
 
-def _embedder(model: Optional[str], threads: Optional[int], total: int = 0):
+def _embedder(model: Optional[str], threads: Optional[int]):
     from ..engines import semantic
 
     m, name = semantic.load_model(model, threads)

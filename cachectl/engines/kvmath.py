@@ -53,12 +53,9 @@ def load_config(path: str) -> tuple[dict, str]:
         p = p / "config.json"
     if not p.is_file():
         raise InputError("no such model config (pass a model directory or its config.json)", source=str(path))
-    try:
-        config = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read: {exc}", source=str(p)) from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"invalid JSON: {exc.msg} (column {exc.colno})", source=str(p), line=exc.lineno) from None
+    from ..inputs import parse_json_document, read_text
+
+    config = parse_json_document(*read_text(str(p)))
     if not isinstance(config, dict):
         raise InputError("expected a JSON object", source=str(p))
     return config, str(p)

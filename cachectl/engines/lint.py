@@ -264,11 +264,9 @@ def _load_sidecar(path: Path) -> dict:
     for suffix in (".samples.json", ".cachectl.json"):
         side = path.with_name(path.name + suffix)
         if side.is_file():
-            try:
-                data = json.loads(side.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as exc:
-                raise InputError(f"invalid JSON: {exc.msg} (column {exc.colno})", source=str(side),
-                                 line=exc.lineno) from None
+            from ..inputs import parse_json_document, read_text
+
+            data = parse_json_document(*read_text(str(side)))
             if not isinstance(data, dict):
                 raise InputError("expected an object with samples/volatile/stable", source=str(side))
             return data
@@ -596,7 +594,7 @@ def lint_paths(paths: Sequence[str], config: LintConfig, tokenizer: Any = None,
         else (lambda text: max(1, len(text) // 4))
     findings: list[Finding] = []
     files = discover(paths)
-    from ..inputs import decode_text, read_bytes
+    from ..inputs import decode_text, parse_json_document, read_bytes
 
     for f in files:
         data, source = read_bytes(str(f))
@@ -615,11 +613,7 @@ def lint_paths(paths: Sequence[str], config: LintConfig, tokenizer: Any = None,
                                  + (f" (column {mark.column + 1})" if mark else ""), source=source,
                                  line=mark.line + 1 if mark else None) from None
         else:
-            try:
-                doc = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"invalid JSON: {exc.msg} (column {exc.colno})", source=source,
-                                 line=exc.lineno) from None
+            doc = parse_json_document(text, source)
         if isinstance(doc, dict) and isinstance(doc.get("chat_template"), (str, list)):
             tmpl = doc["chat_template"]
             if isinstance(tmpl, list):

@@ -129,7 +129,7 @@ class Pair:
 
 def read_pairs(path: str, columns: Sequence[str] | None = None, need_label: bool = False) -> list[Pair]:
     """TSV, CSV (with a header) or JSONL pairs; ``text_a``/``text_b``/``label`` unless ``columns`` maps them."""
-    from ..inputs import decode_text, read_bytes
+    from ..inputs import decode_text, parse_jsonl_line, read_bytes
 
     data, source = read_bytes(path)
     text = decode_text(data, source)
@@ -139,10 +139,7 @@ def read_pairs(path: str, columns: Sequence[str] | None = None, need_label: bool
         for lineno, raw in enumerate(text.splitlines(), start=1):
             if not raw.strip():
                 continue
-            try:
-                value = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"invalid JSON: {exc.msg} (column {exc.colno})", source=source, line=lineno) from None
+            value = parse_jsonl_line(raw.encode("utf-8"), source, lineno)
             if not isinstance(value, dict):
                 raise InputError("expected a JSON object", source=source, line=lineno)
             rows.append((lineno, value))
