@@ -7,7 +7,8 @@ import json
 import pytest
 
 from cachectl.engines.pricing import PriceTable, Usage, UnknownModelError, cost_usd
-from cachectl.engines.promptcache import audit_usage, parse_duration, request_from_value, simulate_requests, what_if
+from cachectl.engines.promptcache import audit_usage, parse_duration, simulate_requests, what_if
+from cachectl.inputs import parse_request
 from cachectl.errors import InputError
 
 SONNET = "claude-sonnet-4-5"   # $3 in, 3.75 5m write, 6 1h write, 0.30 read, 15 out; minimum 1,024 tokens
@@ -30,7 +31,7 @@ def blk(id_, tokens, ttl=None):
 
 
 def sim(table, lines, **kw):
-    reqs = [request_from_value(v, line=i + 1, source="t.jsonl", default_model=None) for i, v in enumerate(lines)]
+    reqs = [parse_request(v, line=i + 1, source="t.jsonl") for i, v in enumerate(lines)]
     return simulate_requests(reqs, table=table, source="t.jsonl", **kw)
 
 
@@ -123,7 +124,7 @@ def test_one_hour_then_five_minute_breakpoints_mixed_billing(table):
 
 
 def test_five_minute_before_one_hour_is_an_error(table):
-    with pytest.raises(InputError, match="t.jsonl:1: a 1h cache_control breakpoint comes after a 5m one"):
+    with pytest.raises(InputError, match=r"t.jsonl:1: field .blocks\[1\].cache_control.: a 1h cache_control breakpoint comes after a 5m one"):
         sim(table, [layout(0, [blk("a", 2000, "5m"), blk("b", 10, "1h")])])
 
 
@@ -150,7 +151,7 @@ def test_changed_tool_definition_invalidates_everything_after(table):
     body = {"model": SONNET, "tools": [tool], "system": system, "messages": [{"role": "user", "content": "hi"}]}
     changed = json.loads(json.dumps(body))
     changed["tools"][0]["description"] = "Search the documentation"
-    reqs = [request_from_value({**b, "timestamp": t}, line=i + 1, source="t", default_model=None)
+    reqs = [parse_request({**b, "timestamp": t}, line=i + 1, source="t")
             for i, (t, b) in enumerate([(0, body), (10, body), (20, changed)])]
     words = lambda text: 2000 if text.startswith("x") else 5  # noqa: E731 - a fixed counter for the test
     r = simulate_requests(reqs, table=table, source="t", text_counter=words)
@@ -163,7 +164,7 @@ def test_tool_choice_change_invalidates_messages_only(table):
     msg = [{"role": "user", "content": [{"type": "text", "text": "y", "cache_control": {"type": "ephemeral"}}]}]
     a = {"model": SONNET, "system": sys_cc, "messages": msg, "tool_choice": {"type": "auto"}}
     b = {**a, "tool_choice": {"type": "any"}}
-    reqs = [request_from_value({**x, "timestamp": t}, line=i + 1, source="t", default_model=None)
+    reqs = [parse_request({**x, "timestamp": t}, line=i + 1, source="t")
             for i, (t, x) in enumerate([(0, a), (10, b)])]
     r = simulate_requests(reqs, table=table, source="t", text_counter=lambda text: 1500)
     # the system breakpoint (1500 tokens) is still read, the message breakpoint is written again
@@ -184,8 +185,10 @@ def test_tool_use_run_is_one_position(table):
                                           {"type": "tool_use", "id": "b", "name": "g", "input": {}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "content": "1"},
                                      {"type": "tool_result", "tool_use_id": "b", "content": "2"}]}]}
-    req = request_from_value(body, line=1, source="t", default_model=None)
-    assert [b.segment for b in req.blocks] == ["messages"] * 3
+    req = parse_request(body, line=1, source="t")
+    assert [(p.segment, p.kind) for p in req.positions] == [("messages", "text"), ("messages", "tool_use"),
+                                                             ("messages", "tool_result")]
+    assert req.positions[1].last_path == "messages[1].content[1]"
 
 
 def test_openai_automatic_caching_in_128_token_steps(table):
@@ -208,11 +211,11 @@ def test_missing_timestamp_where_ttl_matters(table):
 
 def test_layout_bad_input(table):
     with pytest.raises(InputError, match=r"field 'blocks\[0\].tokens': negative token count"):
-        request_from_value(layout(0, [blk("a", -5)]), line=3, source="t", default_model=None)
-    with pytest.raises(InputError, match="neither a request body"):
-        request_from_value({"model": SONNET, "foo": 1}, line=3, source="t", default_model=None)
+        parse_request(layout(0, [blk("a", -5)]), line=3, source="t")
+    with pytest.raises(InputError, match="not a request body"):
+        parse_request({"model": SONNET, "foo": 1}, line=3, source="t")
     with pytest.raises(InputError, match="this is a response"):
-        request_from_value({"model": SONNET, "usage": {"input_tokens": 3}}, line=3, source="t", default_model=None)
+        parse_request({"model": SONNET, "usage": {"input_tokens": 3}}, line=3, source="t")
 
 
 # ----------------------------------------------------------------------------------------------- audit

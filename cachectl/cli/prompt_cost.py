@@ -71,11 +71,12 @@ def command(
                                      suffix_tokens=suffix_tokens, output_tokens=output_tokens, calls=calls,
                                      every=promptcache.parse_duration(every) if every else 0.0, ttl=ttl)
     elif mode == "audit":
-        from ..inputs import iter_jsonl
+        from ..inputs import display_name, iter_jsonl
 
-        report = promptcache.audit_usage(iter_jsonl(usage), source=_name(usage), table=table, default_model=model)
+        report = promptcache.audit_usage(iter_jsonl(usage), source=display_name(usage), table=table,
+                                         default_model=model)
     else:
-        from ..inputs import iter_jsonl
+        from ..inputs import display_name, read_requests
 
         text_counter = None
         token_source = "layout"
@@ -86,8 +87,8 @@ def command(
             token_source = f"tokenizer {tokenizer}"
         api = _anthropic_client() if count_with_api else None
         report = promptcache.simulate_requests(
-            promptcache.iter_requests(iter_jsonl(requests), source=_name(requests), default_model=model),
-            table=table, source=_name(requests), text_counter=text_counter, api=api,
+            read_requests(requests, default_model=model),
+            table=table, source=display_name(requests), text_counter=text_counter, api=api,
             every=promptcache.parse_duration(every) if every else None, token_source=token_source)
     if fmt is Format.json:
         emit_json(report)
@@ -97,10 +98,6 @@ def command(
 
 
 command.__doc__ = HELP
-
-
-def _name(path: str) -> str:
-    return "<stdin>" if path == "-" else path
 
 
 def _anthropic_client():

@@ -4,30 +4,59 @@ Three entry points, one result type (:class:`CostReport`):
 
 - :func:`audit_usage` prices logged responses exactly, from the usage counters the API reported
   (Anthropic's additive counters, OpenAI's inclusive ones).
-- :func:`simulate_requests` replays a timed request log through a model of the provider's cache and
-  predicts the counters each request would report: breakpoints, minimum cacheable length, TTL expiry and
-  refresh, the 20-position lookback, the tools -> system -> messages hierarchy (a prefix hash chain),
-  per-model caches; OpenAI-style automatic caching for models that have it.
+- :func:`simulate_requests` replays canonical requests (:class:`cachectl.inputs.Request`) through a model of
+  the provider's cache and predicts the counters each request would report. Anthropic: breakpoints, the
+  minimum cacheable length, TTL expiry and refresh, the 20-position lookback, the invalidation hierarchy
+  (tools -> system -> messages, with speed/web search/citations scoping system and messages, and
+  tool_choice/images/thinking scoping messages), exact content identity, one cache per model. OpenAI:
+  automatic caching of the token prefix (tools and structured-output schema first), at least 1,024 tokens,
+  in 128-token steps. Each request that misses says why; when the log carries the usage that was billed,
+  each request is reconciled against it.
 - :func:`what_if` builds a synthetic log (a fixed prefix, a varying suffix, N calls every D seconds).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
+from array import array
 from dataclasses import dataclass, field, replace
-from datetime import datetime
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import InputError, UsageError
+from ..inputs.request import Position, Request, layout_request
+from ..inputs.usage import LoggedUsage, find_usage, parse_usage
 from .pricing import ModelPrice, PriceTable, Usage, cost_usd, uncached_cost_usd
 
 SCHEMA_VERSION = 1
 
 
 # --------------------------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class MissReason:
+    """Why a request read less than it could have."""
+
+    code: str          # cold | content_changed | ttl_expired | lookback_exceeded | breakpoint_moved |
+    #                    below_minimum | concurrent | no_breakpoint | scope_changed
+    detail: str
+    path: str | None = None
+    #: for content_changed: the kind of volatile value that changed there (date, id, counter ...), if any
+    volatile: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reconciliation:
+    """Predicted counters beside the billed ones for one request."""
+
+    billed: dict
+    billed_cost_usd: float
+    agree: bool
+    predicted_outcome: str   # read | write | read+write | none
+    billed_outcome: str
+    reason: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +75,20 @@ class RequestCost:
     #: the counters in the provider's own convention (OpenAI: prompt_tokens includes cached_tokens)
     usage_reported: dict = field(default_factory=dict)
     note: str | None = None
+    miss: MissReason | None = None
+    reconciliation: Reconciliation | None = None
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A cache problem the simulation itself sees across requests."""
+
+    code: str          # write_never_read | ttl_gap | breakpoint_after_volatile
+    message: str
+    count: int
+    lines: tuple[int, ...] = ()
+    tokens: int = 0
+    cost_usd: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,10 +106,16 @@ class CostReport:
     models: tuple[str, ...]
     notes: tuple[str, ...] = ()
     break_even_reads: int | None = None
+    findings: tuple[Finding, ...] = ()
+    #: with logged usage: how many requests were reconciled, and how many of them agree
+    reconciled: int = 0
+    agreed: int = 0
+    billed_cost_usd: float | None = None
 
 
 def _report(mode: str, rows: list[RequestCost], *, estimate: bool, token_source: str,
-            notes: Iterable[str] = (), break_even: int | None = None) -> CostReport:
+            notes: Iterable[str] = (), break_even: int | None = None,
+            findings: Iterable[Finding] = ()) -> CostReport:
     totals = {k: sum(getattr(r, k) for r in rows) for k in
               ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens")}
     totals["ephemeral_5m_input_tokens"] = sum(r.cache_creation.get("ephemeral_5m_input_tokens", 0) for r in rows)
@@ -74,16 +123,20 @@ def _report(mode: str, rows: list[RequestCost], *, estimate: bool, token_source:
     prompt = totals["input_tokens"] + totals["cache_creation_input_tokens"] + totals["cache_read_input_tokens"]
     total = sum(r.cost_usd for r in rows)
     uncached = sum(r.uncached_cost_usd for r in rows)
+    recs = [r.reconciliation for r in rows if r.reconciliation is not None]
     return CostReport(mode=mode, estimate=estimate, token_source=token_source, requests=tuple(rows),
                       total_cost_usd=round(total, 10), uncached_cost_usd=round(uncached, 10),
                       savings_usd=round(uncached - total, 10),
                       hit_rate=(totals["cache_read_input_tokens"] / prompt) if prompt else None, totals=totals,
                       models=tuple(dict.fromkeys(r.model for r in rows)), notes=tuple(dict.fromkeys(notes)),
-                      break_even_reads=break_even)
+                      break_even_reads=break_even, findings=tuple(findings), reconciled=len(recs),
+                      agreed=sum(1 for x in recs if x.agree),
+                      billed_cost_usd=round(sum(x.billed_cost_usd for x in recs), 10) if recs else None)
 
 
 def _row(index: int, line: int | None, price: ModelPrice, usage: Usage, *, timestamp: float | None = None,
-         reported: dict | None = None, note: str | None = None) -> RequestCost:
+         reported: dict | None = None, note: str | None = None, miss: MissReason | None = None,
+         reconciliation: Reconciliation | None = None) -> RequestCost:
     return RequestCost(
         index=index, line=line, model=price.model, input_tokens=usage.input_tokens,
         cache_creation_input_tokens=usage.cache_creation_input_tokens,
@@ -91,7 +144,7 @@ def _row(index: int, line: int | None, price: ModelPrice, usage: Usage, *, times
         cache_creation={"ephemeral_5m_input_tokens": usage.cache_write_5m_tokens,
                         "ephemeral_1h_input_tokens": usage.cache_write_1h_tokens},
         cost_usd=round(cost_usd(price, usage), 10), uncached_cost_usd=round(uncached_cost_usd(price, usage), 10),
-        timestamp=timestamp, usage_reported=reported or {}, note=note)
+        timestamp=timestamp, usage_reported=reported or {}, note=note, miss=miss, reconciliation=reconciliation)
 
 
 def _openai_reported(usage: Usage) -> dict:
@@ -100,92 +153,39 @@ def _openai_reported(usage: Usage) -> dict:
                                       "cache_write_tokens": usage.cache_creation_input_tokens}}
 
 
+def _as_usage(u: LoggedUsage) -> Usage:
+    return Usage(u.input_tokens, u.cache_write_tokens, u.cache_read_tokens, u.output_tokens, u.write_5m_tokens,
+                 u.write_1h_tokens)
+
+
 # ----------------------------------------------------------------------------------------------- audit
 
 
-def _count(obj: dict, key: str, where: dict, path: str, *, default: int | None = 0) -> int:
-    value = obj.get(key)
-    if value is None:
-        if default is None:
-            raise InputError("missing token counter", field=f"{path}{key}", **where)
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InputError(f"expected an integer token count, got {value!r}", field=f"{path}{key}", **where)
-    if value < 0:
-        raise InputError(f"negative token count {value}", field=f"{path}{key}", **where)
-    return value
-
-
-_USAGE_KEYS = {"input_tokens", "output_tokens", "prompt_tokens", "completion_tokens", "cache_read_input_tokens",
-               "cache_creation_input_tokens"}
-
-
 def usage_from_record(value: Any, *, default_model: str | None, table: PriceTable, source: str,
-                      line: int | None) -> tuple[ModelPrice, Usage, dict]:
-    """Read one logged response (Anthropic, OpenAI chat or Responses, or a bare usage object)."""
+                      line: int | None) -> tuple[ModelPrice, LoggedUsage]:
+    """Read one logged response (Anthropic, OpenAI chat or Responses, a wrapper, or a bare usage object)."""
     where = {"source": source, "line": line}
     if not isinstance(value, dict):
         raise InputError("expected a JSON object (a response or its usage)", **where)
-    rec = value
-    for key in ("response", "body"):  # log wrappers and OpenAI batch output lines
-        inner = rec.get(key)
-        if isinstance(inner, dict) and ("usage" in inner or "body" in inner):
-            rec = {**{k: v for k, v in rec.items() if k != key}, **inner}
-    usage = rec.get("usage")
-    path = "usage."
-    if usage is None and _USAGE_KEYS & set(rec):
-        usage, path = rec, ""
-    if not isinstance(usage, dict):
-        if "messages" in rec or "blocks" in rec:
+    usage, path, rec = find_usage(value)
+    if usage is None:
+        if "messages" in value or "blocks" in value or "input" in value:
             raise InputError("this is a request, not a response: --usage audits logged responses; pass "
                              "request logs as REQUESTS.jsonl to simulate them", **where)
         raise InputError("neither a response nor a usage object (no 'usage' field)", **where)
     model_name = rec.get("model") or default_model
     if not model_name:
         raise InputError("no model on this line; pass --model", **where)
-    price = table.lookup(str(model_name))
-    anthropic_keys = {"cache_creation_input_tokens", "cache_read_input_tokens", "cache_creation"} & set(usage)
-    if anthropic_keys or ("input_tokens" in usage and "input_tokens_details" not in usage
-                          and price.usage_style == "anthropic"):
-        inp = _count(usage, "input_tokens", where, path, default=None)
-        created = _count(usage, "cache_creation_input_tokens", where, path)
-        read = _count(usage, "cache_read_input_tokens", where, path)
-        out = _count(usage, "output_tokens", where, path)
-        split = usage.get("cache_creation")
-        if isinstance(split, dict):
-            w5 = _count(split, "ephemeral_5m_input_tokens", where, f"{path}cache_creation.")
-            w1 = _count(split, "ephemeral_1h_input_tokens", where, f"{path}cache_creation.")
-            if w5 + w1 != created:
-                raise InputError(f"cache_creation splits into {w5} + {w1} tokens but cache_creation_input_tokens "
-                                 f"is {created}", field=f"{path}cache_creation", **where)
-            assumed = False
-        else:
-            w5, w1, assumed = created, 0, created > 0
-        u = Usage(inp, created, read, out, w5, w1)
-        reported = {"input_tokens": inp, "cache_creation_input_tokens": created, "cache_read_input_tokens": read,
-                    "output_tokens": out}
-        return price, u, {"reported": reported, "assumed_5m": assumed}
-    if "prompt_tokens" in usage:  # chat completions: prompt_tokens INCLUDES cached and written tokens
-        prompt = _count(usage, "prompt_tokens", where, path, default=None)
-        details = usage.get("prompt_tokens_details") or {}
-        dpath = f"{path}prompt_tokens_details."
-        out = _count(usage, "completion_tokens", where, path)
-    elif "input_tokens" in usage:  # Responses API: input_tokens includes cached_tokens
-        prompt = _count(usage, "input_tokens", where, path, default=None)
-        details = usage.get("input_tokens_details") or {}
-        dpath = f"{path}input_tokens_details."
-        out = _count(usage, "output_tokens", where, path)
-    else:
-        raise InputError("usage has no input or prompt token counter", field=path.rstrip(".") or None, **where)
-    if not isinstance(details, dict):
-        raise InputError("expected an object", field=dpath.rstrip("."), **where)
-    cached = _count(details, "cached_tokens", where, dpath)
-    writes = _count(details, "cache_write_tokens", where, dpath)
-    if cached + writes > prompt:
-        raise InputError(f"cached ({cached}) + written ({writes}) tokens exceed the {prompt} prompt tokens",
-                         field=dpath + "cached_tokens", **where)
-    u = Usage(prompt - cached - writes, writes, cached, out, writes, 0)
-    return price, u, {"reported": {k: v for k, v in usage.items() if k != "total_tokens"}, "assumed_5m": False}
+    if not isinstance(model_name, str):
+        raise InputError("expected a string", field="model", **where)
+    price = table.lookup(model_name)
+    logged = parse_usage(usage, source=source, line=line, path=path, model=price.model,
+                         style_of=lambda m: price.usage_style)
+    return price, logged
+
+
+_SPLIT_NOTE = ("some lines report cache writes without the cache_creation split: priced as 5-minute writes "
+               "(1-hour writes cost 2x base input, not 1.25x)")
 
 
 def audit_usage(records: Iterable[tuple[int, Any]], *, source: str, table: PriceTable,
@@ -194,42 +194,17 @@ def audit_usage(records: Iterable[tuple[int, Any]], *, source: str, table: Price
     rows: list[RequestCost] = []
     notes: list[str] = []
     for index, (line, value) in enumerate(records):
-        price, usage, info = usage_from_record(value, default_model=default_model, table=table, source=source,
-                                               line=line)
-        if info["assumed_5m"]:
-            notes.append("some lines report cache writes without the cache_creation split: priced as 5-minute "
-                         "writes (1-hour writes cost 2x base input, not 1.25x)")
-        rows.append(_row(index, line, price, usage, reported=info["reported"]))
+        price, logged = usage_from_record(value, default_model=default_model, table=table, source=source,
+                                          line=line)
+        if not logged.split_known:
+            notes.append(_SPLIT_NOTE)
+        rows.append(_row(index, line, price, _as_usage(logged), reported=logged.reported))
+    if not rows:
+        raise InputError("no responses", source=source)
     return _report("audit", rows, estimate=False, token_source="usage counters", notes=notes)
 
 
-# --------------------------------------------------------------------------------------------- requests
-
-
-@dataclass(frozen=True)
-class Block:
-    """One lookback position: content identity, token count, and its cache_control TTL if it has one."""
-
-    identity: str
-    tokens: int | None
-    ttl: str | None = None
-    segment: str = "messages"
-    text: str = ""
-    path: str = ""
-
-
-@dataclass(frozen=True)
-class Request:
-    line: int | None
-    model: str
-    timestamp: float | None
-    blocks: tuple[Block, ...]
-    output_tokens: int
-    auto_ttl: str | None = None   # top-level cache_control (automatic caching)
-    body: dict | None = None      # the Anthropic body, for count_tokens
-    kind: str = "layout"          # layout | anthropic | openai
-    output_known: bool = True
-
+# --------------------------------------------------------------------------------------------- durations
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$")
 
@@ -243,209 +218,37 @@ def parse_duration(text: str) -> float:
     return n * {"ms": 0.001, "s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m.group(2)]
 
 
-def _timestamp(value: Any, where: dict) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise InputError("expected seconds or an ISO 8601 time", field="timestamp", **where)
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            pass
-    raise InputError(f"cannot read timestamp {value!r} (seconds, or ISO 8601)", field="timestamp", **where)
-
-
-def _ttl_of(cache_control: Any, where: dict, path: str) -> str | None:
-    if cache_control is None:
-        return None
-    if not isinstance(cache_control, dict) or cache_control.get("type", "ephemeral") != "ephemeral":
-        raise InputError("expected {\"type\": \"ephemeral\", \"ttl\": \"5m\"|\"1h\"}", field=path, **where)
-    ttl = cache_control.get("ttl", "5m")
-    if ttl not in ("5m", "1h"):
-        raise InputError(f"cache_control ttl must be '5m' or '1h', got {ttl!r}", field=f"{path}.ttl", **where)
-    return ttl
-
-
-def _canon(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-
-
-def _strip_cc(obj: dict) -> dict:
-    return {k: v for k, v in obj.items() if k != "cache_control"}
-
-
-def _block_text(block: dict) -> str:
-    btype = block.get("type")
-    if btype == "text":
-        return str(block.get("text", ""))
-    if btype == "thinking":
-        return str(block.get("thinking", ""))
-    if btype == "tool_use":
-        return json.dumps({"name": block.get("name"), "input": block.get("input", {})}, ensure_ascii=False)
-    if btype == "tool_result":
-        content = block.get("content", "")
-        if isinstance(content, list):
-            return "\n".join(str(c.get("text", "")) for c in content if isinstance(c, dict))
-        return str(content)
-    return json.dumps(_strip_cc(block), ensure_ascii=False)
-
-
-def request_from_value(value: Any, *, line: int | None, source: str, default_model: str | None) -> Request:
-    where = {"source": source, "line": line}
-    if not isinstance(value, dict):
-        raise InputError("expected a JSON object: a token layout or a request body", **where)
-    body = value.get("body") if isinstance(value.get("body"), dict) else value
-    model = body.get("model") or value.get("model") or default_model
-    if not model:
-        raise InputError("no model on this line; pass --model", **where)
-    ts = _timestamp(value.get("timestamp", body.get("timestamp")), where)
-    output = value.get("output_tokens", body.get("output_tokens"))
-    output_known = output is not None
-    if output is None:
-        output = 0  # a request does not say how long its answer was: noted in the report
-    if isinstance(output, bool) or not isinstance(output, int) or output < 0:
-        raise InputError(f"expected a non-negative integer, got {output!r}", field="output_tokens", **where)
-    if "blocks" in body:
-        req = _layout(body, str(model), ts, output, where)
-    elif "messages" in body:
-        from ..inputs import _detect_chat_flavour
-
-        if _detect_chat_flavour(body) == "anthropic" or str(model).startswith("claude"):
-            req = _anthropic_request(body, str(model), ts, output, where)
-        else:
-            req = _openai_request(body, str(model), ts, output, where)
-    else:
-        req = None
-    if req is not None:
-        return req if output_known else replace(req, output_known=False)
-    if "usage" in value:
-        raise InputError("this is a response, not a request: pass response logs with --usage", **where)
-    raise InputError("neither a request body (messages) nor a token layout (blocks)", **where)
-
-
-def _layout(body: dict, model: str, ts: float | None, output: int, where: dict) -> Request:
-    blocks_in = body["blocks"]
-    if not isinstance(blocks_in, list) or not blocks_in:
-        raise InputError("expected a non-empty list of blocks", field="blocks", **where)
-    blocks = []
-    for i, b in enumerate(blocks_in):
-        path = f"blocks[{i}]"
-        if not isinstance(b, dict):
-            raise InputError("expected a block object", field=path, **where)
-        if "id" not in b:
-            raise InputError("missing 'id' (blocks with equal ids are the same content)", field=f"{path}.id", **where)
-        tokens = b.get("tokens")
-        if isinstance(tokens, bool) or not isinstance(tokens, int):
-            raise InputError(f"expected an integer token count, got {tokens!r}", field=f"{path}.tokens", **where)
-        if tokens < 0:
-            raise InputError(f"negative token count {tokens}", field=f"{path}.tokens", **where)
-        blocks.append(Block(identity="id:" + _canon(b["id"]), tokens=tokens,
-                            ttl=_ttl_of(b.get("cache_control"), where, f"{path}.cache_control"),
-                            segment=str(b.get("segment", "messages")), path=path))
-    return Request(line=where["line"], model=model, timestamp=ts, blocks=tuple(blocks), output_tokens=output,
-                   auto_ttl=_ttl_of(body.get("cache_control"), where, "cache_control"), kind="layout")
-
-
-def _anthropic_request(body: dict, model: str, ts: float | None, output: int, where: dict) -> Request:
-    tools = body.get("tools") or []
-    if not isinstance(tools, list):
-        raise InputError("expected a list of tools", field="tools", **where)
-    system = body.get("system")
-    if isinstance(system, str):
-        system = [{"type": "text", "text": system}] if system else []
-    if system is not None and not isinstance(system, list):
-        raise InputError("expected a string or a list of text blocks", field="system", **where)
-    blocks: list[Block] = []
-    for segment, items, text_of in (("tools", tools, lambda t: json.dumps(t, ensure_ascii=False)),
-                                    ("system", system or [], _block_text)):
-        for i, item in enumerate(items):
-            if not isinstance(item, dict):
-                raise InputError(f"expected a {'tool' if segment == 'tools' else 'text block'} object",
-                                 field=f"{segment}[{i}]", **where)
-            bare = _strip_cc(item)
-            blocks.append(Block(identity=f"{segment}:" + _canon(bare), tokens=None,
-                                ttl=_ttl_of(item.get("cache_control"), where, f"{segment}[{i}].cache_control"),
-                                segment=segment, text=text_of(bare), path=f"{segment}[{i}]"))
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise InputError("expected a non-empty list of messages", field="messages", **where)
-    # tool_choice changes invalidate the messages part of the cache: fold it into the first message block
-    head = "choice:" + _canon(body.get("tool_choice")) + "|" if body.get("tool_choice") is not None else ""
-    for i, msg in enumerate(messages):
-        if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant"):
-            raise InputError("expected a message with role 'user' or 'assistant'", field=f"messages[{i}]", **where)
-        content = msg.get("content")
-        if isinstance(content, str):
-            content = [{"type": "text", "text": content}]
-        if not isinstance(content, list):
-            raise InputError("expected a string or a list of content blocks", field=f"messages[{i}].content", **where)
-        # a run of tool_use blocks is one lookback position, and so is a run of tool_result blocks
-        runs: list[list[tuple[int, dict]]] = []
-        for j, b in enumerate(content):
-            if not isinstance(b, dict):
-                raise InputError("expected a content block", field=f"messages[{i}].content[{j}]", **where)
-            if b.get("type") in ("image", "document"):
-                raise InputError(f"{b.get('type')} blocks cannot be token-counted offline; use --count-with-api",
-                                 field=f"messages[{i}].content[{j}]", **where)
-            kind = b.get("type")
-            if runs and kind in ("tool_use", "tool_result") and runs[-1][-1][1].get("type") == kind:
-                runs[-1].append((j, b))
-            else:
-                runs.append([(j, b)])
-        for run in runs:
-            ttl = None
-            for j, b in run:
-                ttl = _ttl_of(b.get("cache_control"), where, f"messages[{i}].content[{j}].cache_control") or ttl
-            blocks.append(Block(identity=msg["role"] + ":" + _canon([_strip_cc(b) for _, b in run]), tokens=None,
-                                ttl=ttl, segment="messages", text="\n".join(_block_text(b) for _, b in run),
-                                path=f"messages[{i}].content[{run[0][0]}]"))
-    if head:
-        first = next(k for k, b in enumerate(blocks) if b.segment == "messages")
-        b = blocks[first]
-        blocks[first] = Block(head + b.identity, b.tokens, b.ttl, b.segment, b.text, b.path)
-    return Request(line=where["line"], model=model, timestamp=ts, blocks=tuple(blocks), output_tokens=output,
-                   auto_ttl=_ttl_of(body.get("cache_control"), where, "cache_control"), body=body, kind="anthropic")
-
-
-def _openai_request(body: dict, model: str, ts: float | None, output: int, where: dict) -> Request:
-    from ..inputs import prompt_from_value
-
-    prompt = prompt_from_value({k: v for k, v in body.items() if k in ("messages", "tools")},
-                               source=where["source"], line=where["line"])
-    blocks = [Block(identity="tool:" + _canon(t), tokens=None, segment="tools",
-                    text=json.dumps(t, ensure_ascii=False), path=f"tools[{i}]") for i, t in enumerate(prompt.tools or ())]
-    for i, m in enumerate(prompt.messages or ()):
-        text = (m.get("content") or "") + (json.dumps(m["tool_calls"]) if m.get("tool_calls") else "")
-        blocks.append(Block(identity=m["role"] + ":" + _canon(m), tokens=None, segment="messages", text=text,
-                            path=f"messages[{i}]"))
-    return Request(line=where["line"], model=model, timestamp=ts, blocks=tuple(blocks), output_tokens=output,
-                   body=body, kind="openai")
-
-
 # ------------------------------------------------------------------------------------------ token counts
 
-TokenCounter = Callable[[Request, int], int]  # cumulative tokens of blocks[:k+1]
+
+class TextTokens:
+    """Token counts (and IDs, for OpenAI's token-prefix caching) of position texts from a local tokenizer."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tok = tokenizer
+        self._cache: dict[str, tuple[int, ...]] = {}
+
+    def ids(self, text: str) -> tuple[int, ...]:
+        got = self._cache.get(text)
+        if got is None:
+            got = tuple(self._tok.backend.encode(text, add_special_tokens=False).ids)
+            if len(self._cache) < 65536:
+                self._cache[text] = got
+        return got
+
+    def count(self, text: str) -> int:
+        return len(self.ids(text))
 
 
-def tokenizer_counter(tokenizer: Any) -> Callable[[str], int]:
-    cache: dict[str, int] = {}
-
-    def count(text: str) -> int:
-        if text not in cache:
-            cache[text] = len(tokenizer.backend.encode(text, add_special_tokens=False).ids)
-        return cache[text]
-
-    return count
+def tokenizer_counter(tokenizer: Any) -> TextTokens:
+    return TextTokens(tokenizer)
 
 
-def api_counter(client: Any) -> Callable[[Request, int], int]:
-    """Cumulative token counts from ``client.messages.count_tokens`` on the request cut after a block.
+def api_counter(client: Any) -> Callable[[Request, int, str], int]:
+    """Cumulative token counts from ``client.messages.count_tokens`` on the request cut after a position.
 
     A cut inside tools or system has no messages; the API needs one, so a one-character user message is
-    added and its own count (measured once per model) subtracted. Counts are memoized per prefix.
+    added and its own count (measured once per model) subtracted. Counts are memoized per prefix key.
     """
     memo: dict[tuple[str, int, str], int] = {}
     baseline: dict[str, int] = {}
@@ -455,12 +258,13 @@ def api_counter(client: Any) -> Callable[[Request, int], int]:
         return int(client.messages.count_tokens(model=model, **kwargs).input_tokens)
 
     def count(req: Request, k: int, key: str) -> int:
-        memo_key = (req.model, k, key)
+        model = str(req.model)
+        memo_key = (model, k, key)
         if memo_key in memo:
             return memo[memo_key]
-        body = req.body or {}
-        n_tools = sum(1 for b in req.blocks if b.segment == "tools")
-        n_system = sum(1 for b in req.blocks if b.segment == "system")
+        body = req.body
+        n_tools = sum(1 for p in req.positions if p.segment == "tools")
+        n_system = sum(1 for p in req.positions if p.segment == "system")
         kwargs: dict[str, Any] = {}
         tools = body.get("tools") or []
         system = body.get("system")
@@ -474,37 +278,59 @@ def api_counter(client: Any) -> Callable[[Request, int], int]:
             if system:
                 kwargs["system"] = system[:max(0, k + 1 - n_tools)]
         if k < n_tools + n_system:
-            if req.model not in baseline:
-                baseline[req.model] = call(req.model, messages=filler)
-            n = call(req.model, messages=filler, **kwargs) - baseline[req.model]
+            if model not in baseline:
+                baseline[model] = call(model, messages=filler)
+            n = call(model, messages=filler, **kwargs) - baseline[model]
         else:
-            kwargs["messages"] = _messages_upto(body["messages"], req, k - n_tools - n_system)
-            if body.get("tool_choice") is not None:
-                kwargs["tool_choice"] = body["tool_choice"]
-            n = call(req.model, **kwargs)
+            kwargs["messages"] = _messages_upto(body["messages"], req.positions[k])
+            for param in ("tool_choice", "thinking"):
+                if body.get(param) is not None:
+                    kwargs[param] = body[param]
+            n = call(model, **kwargs)
         memo[memo_key] = n
         return n
 
     return count
 
 
-def _messages_upto(messages: list, req: Request, position: int) -> list:
-    """The messages holding the first ``position + 1`` message positions of ``req``."""
-    paths = [b.path for b in req.blocks if b.segment == "messages"][:position + 1]
-    last = paths[-1]
-    m = re.match(r"messages\[(\d+)\](?:\.content\[(\d+)\])?", last)
+_MSG_PATH = re.compile(r"messages\[(\d+)\](?:\.content\[(\d+)\])?")
+
+
+def _messages_upto(messages: list, pos: Position) -> list:
+    """The messages up to and including position ``pos`` (a whole run of tool_use/tool_result blocks)."""
+    m = _MSG_PATH.match(pos.last_path or pos.path)
+    assert m is not None
     i = int(m.group(1))
     out = [dict(x) for x in messages[:i + 1]]
     if m.group(2) is not None and isinstance(out[i].get("content"), list):
-        # keep the whole run that starts at this block (a run of tool_use/tool_result counts as one)
-        start = int(m.group(2))
-        content = out[i]["content"]
-        end = start + 1
-        while end < len(content) and content[end].get("type") == content[start].get("type") and \
-                content[start].get("type") in ("tool_use", "tool_result"):
-            end += 1
-        out[i]["content"] = content[:end]
+        out[i]["content"] = out[i]["content"][:int(m.group(2)) + 1]
     return out
+
+
+# ------------------------------------------------------------------------------------------- hashing
+
+
+def _h(*parts: str) -> str:
+    return hashlib.blake2b("\x00".join(parts).encode(), digest_size=16).hexdigest()
+
+
+def chain_keys(model: str, req: Request) -> list[str]:
+    """The key of each position's prefix: a hash chain over exact content, with the Anthropic scopes folded
+    in where their level starts (system scope before the first non-tool position, messages scope before the
+    first message position), so that a scope change invalidates that level and everything after it."""
+    keys = []
+    h = _h("model", model)
+    system_done = messages_done = False
+    for p in req.positions:
+        if not system_done and p.segment != "tools":
+            h = _h(h, "scope-system", req.scope_system)
+            system_done = True
+        if not messages_done and p.segment == "messages":
+            h = _h(h, "scope-messages", req.scope_messages)
+            messages_done = True
+        h = _h(h, p.identity)
+        keys.append(h)
+    return keys
 
 
 # ------------------------------------------------------------------------------------------ simulation
@@ -515,15 +341,23 @@ class _Entry:
     expires: float
     ttl: float
     available_from: float
+    line: int | None
+    path: str
+    tokens: int
+    written_cost: float = 0.0
+    reads: int = 0
 
 
-def _chain(model: str, blocks: Sequence[Block]) -> list[str]:
-    keys = []
-    h = hashlib.blake2b(("model:" + model).encode(), digest_size=16).hexdigest()
-    for b in blocks:
-        h = hashlib.blake2b((h + "\x00" + b.identity).encode(), digest_size=16).hexdigest()
-        keys.append(h)
-    return keys
+@dataclass
+class _Seen:
+    """The last request of a model: its keys and positions, to say where the next one diverged."""
+
+    keys: list[str]
+    positions: tuple[Position, ...]
+    line: int | None
+    writes: list[int]        # indices where it wrote entries
+    scope_system: str = ""
+    scope_messages: str = ""
 
 
 class CacheSimulator:
@@ -533,6 +367,9 @@ class CacheSimulator:
         self.table = table
         self.source = source
         self.entries: dict[str, _Entry] = {}
+        self.expired: dict[str, float] = {}      # key -> when it expired (for the TTL miss reason)
+        self.last: dict[str, _Seen] = {}
+        self.never_read: list[_Entry] = []
 
     def _alive(self, key: str, t: float) -> _Entry | None:
         e = self.entries.get(key)
@@ -540,33 +377,29 @@ class CacheSimulator:
             return None
         if e.expires <= t:
             del self.entries[key]
+            self.expired[key] = e.expires
+            if e.reads == 0:
+                self.never_read.append(e)
             return None
         # readable only once the writing request has started (parallel twins both miss)
         return e if e.available_from < t else None
 
-    def run(self, req: Request, cum: Sequence[int], t: float) -> tuple[ModelPrice, Usage, str | None]:
-        price = self.table.lookup(req.model)
-        keys = _chain(price.model, req.blocks)
-        if price.cache_mode == "automatic":
-            return price, *self._automatic(req, price, keys, cum, t)
-        return price, *self._explicit(req, price, keys, cum, t)
+    # ---------------------------------------------------------------------------- Anthropic (explicit)
 
-    def _explicit(self, req: Request, price: ModelPrice, keys: list[str], cum: Sequence[int],
-                  t: float) -> tuple[Usage, str | None]:
-        where = {"source": self.source, "line": req.line}
-        bps = [(i, b.ttl) for i, b in enumerate(req.blocks) if b.ttl is not None]
-        if req.auto_ttl is not None and (not bps or bps[-1][0] != len(req.blocks) - 1):
-            bps.append((len(req.blocks) - 1, req.auto_ttl))  # automatic caching: the last block, one slot
+    def explicit(self, req: Request, price: ModelPrice, keys: list[str], cum: Sequence[int],
+                 t: float) -> tuple[Usage, str | None, MissReason | None, list[int]]:
+        bps = [(i, p.ttl) for i, p in enumerate(req.positions) if p.ttl is not None]
+        if req.auto_ttl is not None and req.positions and (not bps or bps[-1][0] != len(req.positions) - 1):
+            bps.append((len(req.positions) - 1, req.auto_ttl))  # automatic caching: the last block, one slot
         if len(bps) > price.max_breakpoints:
-            raise InputError(f"{len(bps)} cache breakpoints; {price.model} allows at most {price.max_breakpoints}",
-                             **where)
+            raise req.error(f"{len(bps)} cache breakpoints; {price.model} allows at most {price.max_breakpoints}")
         seen_5m = False
-        for _, ttl in bps:
+        for i, ttl in bps:
             if ttl == "5m":
                 seen_5m = True
             elif seen_5m:
-                raise InputError("a 1h cache_control breakpoint comes after a 5m one; 1h entries must come first",
-                                 **where)
+                raise req.error("a 1h cache_control breakpoint comes after a 5m one; 1h entries must come first",
+                                req.positions[i].cache_path)
         total = cum[-1] if cum else 0
         cacheable = [(i, ttl) for i, ttl in bps if cum[i] >= price.min_cacheable_tokens]
         note = None
@@ -579,48 +412,246 @@ class CacheSimulator:
                 e = self._alive(keys[j], t)
                 if e is not None:
                     e.expires = t + e.ttl  # a hit refreshes the TTL for free
+                    e.reads += 1
                     hit = max(hit, j)
                     break
         a = cum[hit] if hit >= 0 else 0
         after = [(i, ttl) for i, ttl in cacheable if cum[i] > a]
         b = max((cum[i] for i, ttl in after if ttl == "1h"), default=a)
         c = max((cum[i] for i, _ in after), default=a)
+        written = []
         for i, ttl in after:
             secs = price.ttl_seconds(ttl)
-            self.entries[keys[i]] = _Entry(expires=t + secs, ttl=secs, available_from=t)
+            self.entries[keys[i]] = _Entry(expires=t + secs, ttl=secs, available_from=t, line=req.line,
+                                           path=req.positions[i].path, tokens=cum[i])
+            self.expired.pop(keys[i], None)
+            written.append(i)
         usage = Usage(input_tokens=total - max(a, c), cache_creation_input_tokens=c - a, cache_read_input_tokens=a,
-                      output_tokens=req.output_tokens, cache_write_5m_tokens=c - b, cache_write_1h_tokens=b - a)
-        return usage, note
+                      output_tokens=req.output_tokens or 0, cache_write_5m_tokens=c - b, cache_write_1h_tokens=b - a)
+        miss = None
+        if not bps:
+            miss = MissReason("no_breakpoint", "no cache_control breakpoint: nothing is written or read")
+        elif not cacheable:
+            miss = MissReason("below_minimum", note or "")
+        elif hit < max(i for i, _ in cacheable):
+            miss = self._why_explicit(req, price, keys, [i for i, _ in cacheable], hit, t)
+        return usage, note, miss, written
 
-    def _automatic(self, req: Request, price: ModelPrice, keys: list[str], cum: Sequence[int],
-                   t: float) -> tuple[Usage, str | None]:
-        total = cum[-1] if cum else 0
-        hit = -1
-        for j in range(len(keys) - 1, -1, -1):
-            e = self._alive(keys[j], t)
-            if e is not None:
-                hit = j
-                break
+    def _why_explicit(self, req: Request, price: ModelPrice, keys: list[str], bps: list[int], hit: int,
+                      t: float) -> MissReason:
+        """Why the last breakpoint was not read: the first rule of the provider's that explains it."""
+        top = max(bps)
+        for j in range(top, hit, -1):
+            k = keys[j]
+            e = self.entries.get(k)
+            if e is not None and e.available_from >= t:
+                return MissReason("concurrent", f"the entry at {req.positions[j].path} was written by a request that "
+                                  f"started at the same time (line {e.line}): it is readable only once that "
+                                  "response has begun", req.positions[j].path)
+            if e is not None and e.expires > t:
+                near = min((i for i in bps if i >= j), default=top)
+                return MissReason("lookback_exceeded", f"an entry exists at {req.positions[j].path}, "
+                                  f"{near - j + 1} positions before the breakpoint at {req.positions[near].path}: "
+                                  f"beyond the {price.lookback_blocks}-position lookback", req.positions[j].path)
+            if k in self.expired:
+                gone = self.expired[k]
+                return MissReason("ttl_expired", f"the entry at {req.positions[j].path} expired {t - gone:,.0f}s "
+                                  "before this request (TTL ran out between requests)", req.positions[j].path)
+        prev = self.last.get(str(req.model))
+        if prev is None:
+            return MissReason("cold", "first request for this model in the log: nothing cached yet")
+        same = 0
+        while same < min(len(keys), len(prev.keys)) and keys[same] == prev.keys[same]:
+            same += 1
+        if same > top:  # the content up to the breakpoint is the previous request's: entries sit elsewhere
+            where = ", ".join(prev.positions[w].path for w in prev.writes) or "nowhere"
+            return MissReason("breakpoint_moved", f"the prefix up to {req.positions[top].path} is the same as line "
+                              f"{prev.line}'s, but that request wrote its entries at {where} (entries are written "
+                              "only at breakpoints)", req.positions[top].path)
+        return _changed(req, prev, same)
+
+    # ---------------------------------------------------------------------------- OpenAI (automatic)
+
+    def automatic(self, req: Request, price: ModelPrice, pieces: list[tuple[str, Sequence[int] | None, int]],
+                  t: float) -> tuple[Usage, str | None, MissReason | None]:
+        """Cached tokens = the longest stored token prefix, >= the minimum, in ``cache_granularity`` steps."""
+        total = sum(n for _, _, n in pieces)
+        g = max(1, price.cache_granularity)
+        bounds = _token_keys(str(req.model), req, pieces, price.min_cacheable_tokens, g)
         cached = 0
-        if hit >= 0 and cum[hit] >= price.min_cacheable_tokens:
-            g = max(1, price.cache_granularity)
-            cached = min(cum[hit], total) // g * g
-            for j in range(hit + 1):
-                e = self.entries.get(keys[j])
-                if e is not None:
-                    e.expires = t + e.ttl
-        if total >= price.min_cacheable_tokens:
-            ttl = float(next(iter(price.ttls.values())))
-            for j, k in enumerate(keys):
-                if cum[j] >= price.min_cacheable_tokens and (k not in self.entries or self.entries[k].expires <= t):
-                    self.entries[k] = _Entry(expires=t + ttl, ttl=ttl, available_from=t)
+        hit_key = None
+        for n, k in reversed(bounds):
+            if self._alive(k, t) is not None:
+                cached, hit_key = n, k
+                break
+        ttl = float(next(iter(price.ttls.values())))
+        for n, k in bounds:
+            e = self.entries.get(k)
+            if e is not None and e.expires > t:
+                e.expires = t + e.ttl  # refreshed by use
+                if n <= cached:
+                    e.reads += 1
+            else:
+                self.entries[k] = _Entry(expires=t + ttl, ttl=ttl, available_from=t, line=req.line, path="",
+                                         tokens=n)
+                self.expired.pop(k, None)
         note = None if total >= price.min_cacheable_tokens else \
             f"prompt below {price.model}'s minimum of {price.min_cacheable_tokens} tokens: not cached"
-        return Usage(total - cached, 0, cached, req.output_tokens, 0, 0), note
+        miss = None
+        full = bounds[-1][0] if bounds else 0
+        if total < price.min_cacheable_tokens:
+            miss = MissReason("below_minimum", note or "")
+        elif cached < full:
+            miss = self._why_automatic(req, price, bounds, cached, hit_key, t)
+        return Usage(total - cached, 0, cached, req.output_tokens or 0, 0, 0), note, miss
+
+    def _why_automatic(self, req: Request, price: ModelPrice, bounds: list[tuple[int, str]], cached: int,
+                       hit_key: str | None, t: float) -> MissReason:
+        for n, k in reversed(bounds):
+            if n <= cached:
+                break
+            e = self.entries.get(k)
+            if e is not None and e.available_from >= t and e.line != req.line:
+                return MissReason("concurrent", f"the prefix of {n:,} tokens was written by a request that started "
+                                  f"at the same time (line {e.line})")
+            if k in self.expired:
+                return MissReason("ttl_expired", f"the cached prefix of {n:,} tokens expired {t - self.expired[k]:,.0f}s "
+                                  "before this request")
+        prev = self.last.get(str(req.model))
+        if prev is None:
+            return MissReason("cold", "first request for this model in the log: nothing cached yet")
+        keys = chain_keys(str(req.model), req)
+        same = 0
+        while same < min(len(keys), len(prev.keys)) and keys[same] == prev.keys[same]:
+            same += 1
+        if same >= len(keys):
+            return MissReason("content_changed", "the request extends the previous one only past the cached prefix")
+        return _changed(req, prev, same)
+
+    def remember(self, req: Request, keys: list[str], writes: list[int]) -> None:
+        self.last[str(req.model)] = _Seen(keys, req.positions, req.line, writes, req.scope_system, req.scope_messages)
+
+    def finish(self) -> list[_Entry]:
+        """Entries written and never read, the ones still alive at the end included."""
+        return self.never_read + [e for e in self.entries.values() if e.reads == 0]
+
+
+def _changed(req: Request, prev: _Seen, same: int) -> MissReason:
+    """The first position where ``req`` differs from the previous request, named by path (and by what
+    changed in it, through the shared volatile-value detector)."""
+    from ..volatile import classify_change
+
+    if same < len(req.positions) and same < len(prev.positions):
+        a, b = prev.positions[same], req.positions[same]
+        if a.identity == b.identity:  # same content, different chain: a scope changed before it
+            if prev.scope_system != req.scope_system:
+                return MissReason("scope_changed", f"a request parameter that scopes system and messages changed "
+                                  f"(speed, web search or citations): {prev.scope_system} -> {req.scope_system}",
+                                  b.path)
+            return MissReason("scope_changed", "a request parameter that scopes messages changed (tool_choice, "
+                              f"images or thinking): {prev.scope_messages} -> {req.scope_messages}", b.path)
+        change = classify_change(a.content, b.content)
+        what = ""
+        if change is not None:
+            what = f": {change[0].kind.replace('_', ' ')} {change[0].text!r} -> {change[1].text!r}"
+        elif a.content != b.content and sorted_equal(a.content, b.content):
+            what = ": same keys and values in another order (providers cache on exact content)"
+        return MissReason("content_changed", f"content changed at {b.path} (vs line {prev.line}){what}", b.path,
+                          volatile=change[0].kind if change is not None else None)
+    if same < len(req.positions):
+        return MissReason("content_changed", f"the request adds positions after line {prev.line}'s; no breakpoint "
+                          "was written at the shared prefix", req.positions[same].path)
+    return MissReason("content_changed", f"the request is a prefix of line {prev.line}'s; its breakpoint was never "
+                      "written", None)
+
+
+def sorted_equal(a: str, b: str) -> bool:
+    """Whether two JSON texts hold the same value with keys in another order."""
+    import json
+
+    try:
+        return json.loads(a) == json.loads(b)
+    except ValueError:
+        return False
+
+
+def _token_keys(model: str, req: Request, pieces: list[tuple[str, Sequence[int] | None, int]], minimum: int,
+                step: int) -> list[tuple[int, str]]:
+    """``(n, key)`` for each cacheable token-prefix length n (minimum, minimum + step, ...) of the request.
+
+    A piece with token IDs is hashed token by token, so two requests share every key up to the token where
+    they diverge. A piece without IDs (a token layout) is one unit: a key inside it names the piece and the
+    offset, so a changed piece shares nothing from its start on.
+    """
+    out: list[tuple[int, str]] = []
+    h = hashlib.blake2b(digest_size=16)
+    h.update(("model\x00" + model).encode())
+    pos = 0
+    nxt = minimum if minimum > 0 else step
+    for identity, ids, n in pieces:
+        if ids is None:
+            h.update(b"\x01" + identity.encode())
+            while nxt <= pos + n:
+                k = h.copy()
+                k.update(str(nxt - pos).encode())
+                out.append((nxt, k.hexdigest()))
+                nxt += step
+            pos += n
+            continue
+        buf = array("I", ids)
+        start = 0
+        while nxt <= pos + n:
+            cut = nxt - pos
+            h.update(buf[start:cut].tobytes())
+            start = cut
+            out.append((nxt, h.copy().hexdigest()))
+            nxt += step
+        h.update(buf[start:].tobytes())
+        pos += n
+    return out
+
+
+def _outcome(read: int, write: int) -> str:
+    return "read+write" if read and write else "read" if read else "write" if write else "none"
+
+
+def _reconcile(req: Request, price: ModelPrice, predicted: Usage, miss: MissReason | None, source: str,
+               estimate: bool) -> Reconciliation | None:
+    if req.usage is None:
+        return None
+    logged = parse_usage(req.usage, source=source, line=req.line, path="usage.", model=price.model,
+                         style_of=lambda m: price.usage_style)
+    billed = _as_usage(logged)
+    po = _outcome(predicted.cache_read_input_tokens, predicted.cache_creation_input_tokens)
+    bo = _outcome(billed.cache_read_input_tokens, billed.cache_creation_input_tokens)
+    same_tokens = (predicted.cache_read_input_tokens == billed.cache_read_input_tokens
+                   and predicted.cache_creation_input_tokens == billed.cache_creation_input_tokens)
+    agree = po == bo and (same_tokens or estimate)
+    reason = None
+    if not agree:
+        if po == bo:
+            reason = (f"token counts differ: predicted {predicted.cache_read_input_tokens:,} read / "
+                      f"{predicted.cache_creation_input_tokens:,} written, billed {billed.cache_read_input_tokens:,} / "
+                      f"{billed.cache_creation_input_tokens:,}")
+        elif predicted.cache_read_input_tokens > billed.cache_read_input_tokens:
+            reason = ("billed less read than the rules predict: the entry was gone (evicted, or the request was "
+                      "routed elsewhere: provider caching is best effort), or an earlier request it relies on is "
+                      "missing from the log")
+        else:
+            reason = (f"billed more read than predicted ({miss.code}: {miss.detail})" if miss is not None else
+                      "billed more read than predicted: an earlier request not in this log wrote the entry")
+    elif bo in ("write", "none") and miss is not None:
+        reason = f"{miss.code}: {miss.detail}"
+    return Reconciliation(billed={"input_tokens": billed.input_tokens,
+                                  "cache_creation_input_tokens": billed.cache_creation_input_tokens,
+                                  "cache_read_input_tokens": billed.cache_read_input_tokens,
+                                  "output_tokens": billed.output_tokens},
+                          billed_cost_usd=round(cost_usd(price, billed), 10), agree=agree, predicted_outcome=po,
+                          billed_outcome=bo, reason=reason)
 
 
 def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source: str,
-                      text_counter: Callable[[str], int] | None = None, api: Any = None,
+                      text_counter: TextTokens | Callable[[str], int] | None = None, api: Any = None,
                       every: float | None = None, token_source: str = "layout") -> CostReport:
     """Replay requests in order through the cache model and price what each would report."""
     sim = CacheSimulator(table, source)
@@ -630,8 +661,11 @@ def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source:
     last_t: float | None = None
     estimate = False
     unknown_output = 0
+    volatile_misses: list[tuple[int | None, str]] = []
+    ttl_gaps: list[int | None] = []
     for index, req in enumerate(requests):
-        where = {"source": source, "line": req.line}
+        if not req.model:
+            raise req.error("no model on this line; pass --model")
         t = req.timestamp
         if t is None:
             if every is None:
@@ -639,48 +673,118 @@ def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source:
                     t = 0.0
                 else:
                     raise InputError("no timestamp: cache entries expire (5 minutes or 1 hour), so TTL matters; "
-                                     "add 'timestamp' (seconds or ISO 8601) or pass --every DURATION", **where)
+                                     "add 'timestamp' (seconds or ISO 8601) or pass --every DURATION",
+                                     source=req.source, line=req.line)
             else:
                 t = index * every
         if last_t is not None and t < last_t:
             raise InputError(f"timestamp {t} is earlier than the previous request's ({last_t}); sort the log by time",
-                             field="timestamp", **where)
+                             source=req.source, line=req.line, field="timestamp")
         last_t = t
-        cum = _cumulative(req, text_counter, counter, where)
-        unknown_output += not req.output_known
-        if any(b.tokens is None for b in req.blocks):
+        price = table.lookup(req.model)
+        if req.provider == "anthropic" and price.provider != "anthropic":
+            notes.append(f"{price.model} is not a Claude model but a request body is Anthropic-shaped: simulated "
+                         f"with {price.model}'s rules")
+        keys = chain_keys(price.model, req)
+        unknown_output += req.output_tokens is None
+        if any(p.tokens is None for p in req.positions):
             estimate = True
-        price, usage, note = sim.run(req, cum, t)
+        written: list[int] = []
+        if price.cache_mode == "automatic":
+            pieces = _pieces(req, text_counter, counter)
+            usage, note, miss = sim.automatic(req, price, pieces, t)
+        else:
+            cum = _cumulative(req, keys, text_counter, counter)
+            usage, note, miss, written = sim.explicit(req, price, keys, cum, t)
         if note:
             notes.append(note)
+        if miss is not None and miss.code == "ttl_expired":
+            ttl_gaps.append(req.line)
+        if miss is not None and miss.code == "content_changed" and miss.volatile is not None:
+            volatile_misses.append((req.line, miss.path or ""))
+        recon = _reconcile(req, price, usage, miss, source, estimate)
         reported = _openai_reported(usage) if price.usage_style == "openai" else {}
-        rows.append(_row(index, req.line, price, usage, timestamp=t, reported=reported, note=note))
+        rows.append(_row(index, req.line, price, usage, timestamp=t, reported=reported, note=note, miss=miss,
+                         reconciliation=recon))
+        sim.remember(req, keys, written)
     if not rows:
         raise InputError("no requests", source=source)
     if unknown_output:
         notes.append(f"{unknown_output} request(s) give no output_tokens: their output is not priced "
                      "(add output_tokens to those lines)")
+    if any(r.reconciliation is not None and not r.reconciliation.agree for r in rows):
+        notes.append("predicted and billed counters disagree on some requests: see each request's reconciliation")
+    if any(p == "anthropic" for p in (table.lookup(str(r.model)).provider for r in rows[:1])) and \
+            any(r.miss is not None and r.miss.code == "scope_changed" for r in rows):
+        notes.append("thinking and effort changes are predicted by the documented rule (they invalidate the "
+                     "messages cache); their effect is model-dependent, and an effort change was observed to miss "
+                     "the system cache too")
     if estimate:
         token_source = "count_tokens API (an estimate)" if api is not None else f"{token_source} (an estimate)"
-    return _report("simulate", rows, estimate=estimate, token_source=token_source, notes=notes)
+    findings = _findings(sim, table, ttl_gaps, volatile_misses)
+    return _report("simulate", rows, estimate=estimate, token_source=token_source, notes=notes, findings=findings)
 
 
-def _cumulative(req: Request, text_counter, api_count, where: dict) -> list[int]:
+def _findings(sim: CacheSimulator, table: PriceTable, ttl_gaps: list, volatile: list) -> list[Finding]:
+    out = []
+    never = [e for e in sim.finish() if e.path]  # explicit writes (automatic caching has no write fee)
+    if never:
+        out.append(Finding("write_never_read", f"{len(never)} cache write(s) were never read before they expired "
+                           "or the log ended: their write premium bought nothing", len(never),
+                           tuple(sorted({e.line for e in never if e.line is not None})),
+                           tokens=sum(e.tokens for e in never)))
+    if ttl_gaps:
+        out.append(Finding("ttl_gap", f"{len(ttl_gaps)} request(s) missed because the entry expired between "
+                           "requests: space them closer than the TTL, or use the 1h TTL", len(ttl_gaps),
+                           tuple(x for x in ttl_gaps if x is not None)))
+    if volatile:
+        paths = sorted({p for _, p in volatile if p})
+        out.append(Finding("breakpoint_after_volatile", f"{len(volatile)} request(s) missed because a value that "
+                           f"changes per request (a date, time, id or counter) sits before the breakpoint, at "
+                           f"{', '.join(paths[:3])}: move it after the last breakpoint", len(volatile),
+                           tuple(x for x, _ in volatile if x is not None)))
+    return out
+
+
+def _piece_count(p: Position, text_counter) -> int:
+    if isinstance(text_counter, TextTokens):
+        return text_counter.count(p.text)
+    return text_counter(p.text)
+
+
+def _need_counts(req: Request) -> InputError:
+    return InputError("request bodies need token counts: pass --tokenizer (an estimate) or, for Claude models, "
+                      "--count-with-api", source=req.source, line=req.line)
+
+
+def _pieces(req: Request, text_counter, api_count) -> list[tuple[str, Sequence[int] | None, int]]:
+    """The request as token pieces for token-prefix caching (IDs where a tokenizer gives them)."""
+    out: list[tuple[str, Sequence[int] | None, int]] = []
+    for p in req.positions:
+        if p.tokens is not None:
+            out.append((p.identity, None, p.tokens))
+        elif isinstance(text_counter, TextTokens):
+            ids = text_counter.ids(p.text)
+            out.append((p.identity, ids, len(ids)))
+        elif text_counter is not None:
+            out.append((p.identity, None, text_counter(p.text)))
+        else:
+            raise _need_counts(req)
+    return out
+
+
+def _cumulative(req: Request, keys: list[str], text_counter, api_count) -> list[int]:
     cum: list[int] = []
     total = 0
-    keys = None
-    for k, b in enumerate(req.blocks):
-        if b.tokens is not None:
-            total += b.tokens
-        elif api_count is not None and req.kind == "anthropic":
-            if keys is None:
-                keys = _chain(req.model, req.blocks)
+    for k, p in enumerate(req.positions):
+        if p.tokens is not None:
+            total += p.tokens
+        elif api_count is not None and req.provider == "anthropic":
             total = api_count(req, k, keys[k])
         elif text_counter is not None:
-            total += text_counter(b.text)
+            total += _piece_count(p, text_counter)
         else:
-            raise InputError("request bodies need token counts: pass --tokenizer (an estimate) or, for Claude "
-                             "models, --count-with-api", **where)
+            raise _need_counts(req)
         cum.append(total)
     return cum
 
@@ -691,20 +795,17 @@ def _cumulative(req: Request, text_counter, api_count, where: dict) -> list[int]
 def what_if(*, table: PriceTable, model: str, prefix_tokens: int, suffix_tokens: int, output_tokens: int,
             calls: int, every: float, ttl: str = "5m") -> CostReport:
     """N calls sharing a cached prefix, ``every`` seconds apart: cost with and without caching."""
-    for name, v in (("--prefix-tokens", prefix_tokens), ("--suffix-tokens", suffix_tokens),
-                    ("--output-tokens", output_tokens)):
+    for name, v in (("prefix_tokens", prefix_tokens), ("suffix_tokens", suffix_tokens),
+                    ("output_tokens", output_tokens)):
         if v < 0:
             raise UsageError(f"{name} must not be negative")
     if calls < 1:
-        raise UsageError("--calls must be at least 1")
+        raise UsageError("calls must be at least 1")
     price = table.lookup(model)
     explicit = price.cache_mode == "explicit"
-    reqs = []
-    for i in range(calls):
-        blocks = (Block("id:prefix", prefix_tokens, ttl if explicit else None),
-                  Block(f"id:suffix-{i}", suffix_tokens))
-        reqs.append(Request(line=None, model=price.model, timestamp=i * every, blocks=blocks,
-                            output_tokens=output_tokens))
+    reqs = [layout_request([("prefix", prefix_tokens, ttl if explicit else None), (f"suffix-{i}", suffix_tokens, None)],
+                           model=price.model, timestamp=i * every, output_tokens=output_tokens)
+            for i in range(calls)]
     report = simulate_requests(reqs, table=table, source="what-if", token_source="what-if")
     notes = list(report.notes)
     if explicit:
@@ -719,9 +820,4 @@ def what_if(*, table: PriceTable, model: str, prefix_tokens: int, suffix_tokens:
     break_even = None
     if prefix_tokens >= price.min_cacheable_tokens and saving > 0:
         break_even = max(0, math.ceil(premium / saving - 1e-12))
-    return replace(report, mode="what-if", notes=tuple(notes), break_even_reads=break_even)
-
-
-def iter_requests(records: Iterable[tuple[int, Any]], *, source: str, default_model: str | None) -> Iterator[Request]:
-    for line, value in records:
-        yield request_from_value(value, line=line, source=source, default_model=default_model)
+    return replace(report, mode="what-if", notes=tuple(notes), break_even_reads=break_even, findings=())

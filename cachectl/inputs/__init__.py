@@ -1,0 +1,43 @@
+"""THE one parser of every input: files and stdin (gzip too), JSON documents and JSONL logs, prompts
+(text, chat lists, token IDs), request bodies (OpenAI Chat and Responses, Anthropic Messages, token layouts,
+``{timestamp, body, usage}`` wrappers) as one canonical :class:`Request`, and logged usage counters.
+
+Engines take the records made here; no engine opens a file or walks a request body itself.
+"""
+
+from __future__ import annotations
+
+from .files import (MAX_DEPTH, decode_text, display_name, get_path, iter_jsonl, iter_raw_lines, open_binary,
+                    parse_json_document, parse_jsonl_line, read_bytes, read_text)
+from .jsonpos import Locator
+from .prompt import KINDS, LogRecord, PromptInput, iter_log, parse_ids, prompt_from_value, read_prompt
+from .request import (ChatView, Position, Request, compact, detect_provider, is_request_body, layout_request,
+                      parse_request, parse_timestamp, unwrap)
+
+__all__ = [
+    "MAX_DEPTH", "decode_text", "display_name", "get_path", "iter_jsonl", "iter_raw_lines", "open_binary",
+    "parse_json_document", "parse_jsonl_line", "read_bytes", "read_text", "Locator", "KINDS", "LogRecord",
+    "PromptInput", "iter_log", "parse_ids", "prompt_from_value", "read_prompt", "ChatView", "Position", "Request",
+    "compact", "detect_provider", "is_request_body", "layout_request", "parse_request", "parse_timestamp",
+    "unwrap", "read_requests", "read_request_document",
+]
+
+
+def read_requests(path: str, *, default_model: str | None = None, provider: str | None = None):
+    """Stream canonical requests from a JSONL log (``-`` for stdin, ``.gz`` too), one per non-blank line."""
+    source = display_name(path)
+    for lineno, value in iter_jsonl(path):
+        yield parse_request(value, source=source, line=lineno, default_model=default_model, provider=provider)
+
+
+def read_request_document(text: str, source: str, *, default_model: str | None = None,
+                          provider: str | None = None) -> Request:
+    """One request body (or wrapper) from a JSON document, with line:col locations for every field."""
+    from ..errors import InputError
+
+    value = parse_json_document(text, source)
+    if isinstance(value, list):
+        raise InputError("expected a request body (a JSON object), got a JSON list; a bare message list is a "
+                         "chat, not a request", source=source)
+    return parse_request(value, source=source, locator=Locator(text), default_model=default_model,
+                         provider=provider)

@@ -1,0 +1,221 @@
+"""Bytes in: files, stdin, gzip; JSON documents and JSONL lines parsed with located errors.
+
+Every other reader in :mod:`cachectl.inputs` gets its bytes and its parsed JSON from here, so every
+command accepts the same things (``-`` for stdin, ``.gz`` files, a BOM) and refuses bad input with the
+same one-line messages.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+import zlib
+from typing import IO, Any, Iterator
+
+import orjson
+
+from ..errors import InputError
+
+_BINARY_SNIFF = 8192
+_GZIP_MAGIC = b"\x1f\x8b"
+#: deepest nesting accepted in a JSON value (orjson's own limit is 1024; json's recursion breaks earlier)
+MAX_DEPTH = 512
+
+
+def display_name(path: str) -> str:
+    return "<stdin>" if path == "-" else path
+
+
+def _open_raw(path: str) -> tuple[IO[bytes], str]:
+    if path == "-":
+        return sys.stdin.buffer, "<stdin>"
+    try:
+        return open(path, "rb"), path
+    except FileNotFoundError:
+        raise InputError("no such file", source=path) from None
+    except IsADirectoryError:
+        raise InputError("is a directory, expected a file", source=path) from None
+    except PermissionError:
+        raise InputError("permission denied", source=path) from None
+    except OSError as exc:
+        raise InputError(f"cannot open: {exc.strerror or exc}", source=path) from None
+
+
+def open_binary(path: str) -> tuple[IO[bytes], str]:
+    """Open a file (``-`` for stdin) for reading bytes; gzip is recognized by its magic and undone."""
+    fh, source = _open_raw(path)
+    try:
+        head = fh.peek(2)[:2] if hasattr(fh, "peek") else b""
+    except OSError:
+        head = b""
+    if head == _GZIP_MAGIC:
+        return _GzipLines(gzip.GzipFile(fileobj=fh, mode="rb"), source), source  # type: ignore[return-value]
+    return fh, source
+
+
+class _GzipLines:
+    """A gzip stream whose read errors become located input errors."""
+
+    def __init__(self, gz: gzip.GzipFile, source: str) -> None:
+        self._gz, self._source = gz, source
+
+    def _guard(self, fn, *args):
+        try:
+            return fn(*args)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise InputError(f"corrupt gzip data ({exc})", source=self._source) from None
+
+    def read(self, n: int = -1) -> bytes:
+        return self._guard(self._gz.read, n)
+
+    def readline(self, limit: int = -1) -> bytes:
+        return self._guard(self._gz.readline, limit)
+
+    def __iter__(self) -> Iterator[bytes]:
+        while True:
+            line = self.readline()
+            if not line:
+                return
+            yield line
+
+    def close(self) -> None:
+        self._gz.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _close(fh: Any) -> None:
+    if fh is not sys.stdin.buffer:
+        fh.close()
+
+
+def read_bytes(path: str) -> tuple[bytes, str]:
+    """Read a whole file (or stdin for ``-``), gunzipped if it is gzip, with its display name."""
+    fh, source = open_binary(path)
+    try:
+        return fh.read(), source
+    finally:
+        _close(fh)
+
+
+def decode_text(data: bytes, source: str) -> str:
+    """Decode UTF-8 strictly (a BOM is dropped); refuse empty and binary files with a located message."""
+    if not data.strip():
+        raise InputError("file is empty", source=source)
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise InputError("looks like UTF-16 text; save it as UTF-8", source=source)
+    if b"\x00" in data[:_BINARY_SNIFF]:
+        raise InputError("looks like a binary file (NUL bytes), expected text or JSON", source=source)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise InputError(f"not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})",
+                         source=source, line=line) from None
+    return text[1:] if text.startswith("\ufeff") else text
+
+
+def read_text(path: str) -> tuple[str, str]:
+    data, source = read_bytes(path)
+    return decode_text(data, source), source
+
+
+# ---------------------------------------------------------------------------------------------- JSON
+
+
+def _depth_exceeds(text: str, limit: int) -> bool:
+    """Whether brackets nest deeper than ``limit`` outside strings (a cheap pre-check before parsing)."""
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    depth = 0
+    in_str = esc = False
+    for ch in text:
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif ch in "]}":
+            depth -= 1
+    return False
+
+
+def parse_json_document(text: str, source: str) -> Any:
+    """Parse a JSON document; errors carry the line (and column) where the parser stopped."""
+    if _depth_exceeds(text, MAX_DEPTH):
+        raise InputError(f"JSON nested deeper than {MAX_DEPTH} levels", source=source)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"invalid JSON: {exc.msg} (column {exc.colno})", source=source,
+                         line=exc.lineno) from None
+    except RecursionError:
+        raise InputError("JSON nested too deeply", source=source) from None
+
+
+def parse_jsonl_line(raw: bytes, source: str, lineno: int) -> Any:
+    """Parse one JSONL line with orjson; errors name the file and line."""
+    if b"\x00" in raw:
+        raise InputError("looks like binary data (NUL bytes), expected JSON", source=source, line=lineno)
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as uexc:
+            raise InputError(f"not valid UTF-8 (offset {uexc.start} in the line)", source=source,
+                             line=lineno) from None
+        msg = str(exc.msg)
+        if "recursion" in msg.lower():
+            raise InputError("JSON nested too deeply", source=source, line=lineno) from None
+        hint = ""
+        if raw.strip() in (b"{", b"[") or (lineno == 1 and raw.rstrip().endswith((b"{", b"["))):
+            hint = "; this looks like pretty-printed JSON, but one JSON value per line (JSONL) is expected"
+        raise InputError(f"invalid JSON: {msg} (column {exc.colno}){hint}", source=source, line=lineno) from None
+
+
+def iter_raw_lines(path: str) -> Iterator[tuple[int, bytes, str]]:
+    """Stream ``(line_number, raw_line, source)`` of non-blank lines; an empty file is an error."""
+    fh, source = open_binary(path)
+    seen = False
+    try:
+        for lineno, raw in enumerate(fh, start=1):
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            if not raw.strip():
+                continue
+            seen = True
+            yield lineno, raw, source
+    finally:
+        _close(fh)
+    if not seen:
+        raise InputError("file is empty", source=source)
+
+
+def iter_jsonl(path: str) -> Iterator[tuple[int, Any]]:
+    """Stream ``(line_number, value)`` from a JSONL file (or ``.jsonl.gz``), skipping blank lines."""
+    for lineno, raw, source in iter_raw_lines(path):
+        yield lineno, parse_jsonl_line(raw, source, lineno)
+
+
+def get_path(value: Any, dotted: str) -> Any:
+    """``a.b.c`` lookup in nested dicts; ``None`` when absent."""
+    cur = value
+    for part in dotted.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur

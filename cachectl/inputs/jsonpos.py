@@ -1,0 +1,119 @@
+"""Where each value of a JSON text stands: JSON path -> (line, column).
+
+The standard parsers give values, not positions. This scanner walks the text once with one regular
+expression over its tokens and records the offset of every value under its path (``messages[2].content``),
+so that findings and errors point at the field itself, whatever order the keys come in.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from typing import Callable
+
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]:,]|[^\s{}\[\]:,"]+')
+
+
+def child(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def value_offsets(text: str) -> dict[str, int]:
+    """Offset of the first character of every value, keyed by its path (the root is ``""``)."""
+    out: dict[str, int] = {}
+    # stack entries: [path, is_array, next_index, pending_key]
+    stack: list[list] = []
+    expect_value = True
+    root_done = False
+    for m in _TOKEN.finditer(text):
+        tok = m.group(0)
+        if tok in ",:":
+            continue
+        if tok in "}]":
+            if stack:
+                stack.pop()
+            continue
+        top = stack[-1] if stack else None
+        if top is not None and not top[1] and top[3] is None:
+            # inside an object, waiting for a key
+            if tok.startswith('"'):
+                try:
+                    top[3] = json.loads(tok)
+                except ValueError:
+                    top[3] = tok[1:-1]
+            continue
+        if top is None:
+            if root_done:
+                break
+            path = ""
+            root_done = True
+        elif top[1]:
+            path = child(top[0], top[2])
+            top[2] += 1
+        else:
+            path = child(top[0], top[3])
+            top[3] = None
+        out.setdefault(path, m.start())
+        if tok == "{":
+            stack.append([path, False, 0, None])
+        elif tok == "[":
+            stack.append([path, True, 0, None])
+        expect_value = False
+    del expect_value
+    return out
+
+
+class Locator:
+    """``locate(path) -> (line, column)``, 1-based, for a JSON text that starts at ``line``/``column``.
+
+    Paths that are not found fall back to their nearest located ancestor; the scan runs on first use.
+    """
+
+    def __init__(self, text: str, line: int = 1, column: int = 1) -> None:
+        self._text = text
+        self._line = line
+        self._column = column
+
+    @functools.cached_property
+    def _offsets(self) -> dict[str, int]:
+        return value_offsets(self._text)
+
+    @functools.cached_property
+    def _line_starts(self) -> list[int]:
+        starts = [0]
+        for m in re.finditer("\n", self._text):
+            starts.append(m.end())
+        return starts
+
+    def offset(self, path: str) -> int | None:
+        offsets = self._offsets
+        p = path
+        while True:
+            if p in offsets:
+                return offsets[p]
+            if not p:
+                return None
+            p = _parent(p)
+
+    def __call__(self, path: str) -> tuple[int, int]:
+        off = self.offset(path)
+        if off is None:
+            return self._line, self._column
+        import bisect
+
+        i = bisect.bisect_right(self._line_starts, off) - 1
+        col = off - self._line_starts[i] + 1
+        return self._line + i, (col + self._column - 1) if i == 0 else col
+
+
+def _parent(path: str) -> str:
+    if path.endswith("]"):
+        return path[:path.rindex("[")]
+    i = path.rfind(".")
+    return path[:i] if i >= 0 else ""
+
+
+LocateFn = Callable[[str], tuple[int, int]]

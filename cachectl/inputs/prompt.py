@@ -1,0 +1,183 @@
+"""Prompts as tokenizers see them: raw text, chat message lists, request bodies (through the canonical
+request of :mod:`cachectl.inputs.request`), token-ID lists, and JSONL logs of any of these.
+
+Every reader returns :class:`PromptInput` records that keep their provenance (file and line) so that an
+error or a finding can name where it came from. Chat-shaped inputs are normalized to the message form that
+Hugging Face chat templates expect (``role``/``content`` strings, OpenAI-style ``tool_calls`` and function
+tools); ``field_paths`` maps each normalized message back to where it stood in the original body.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from ..errors import InputError
+from .files import display_name, iter_jsonl, parse_json_document, read_text
+from .jsonpos import Locator
+from .request import Request, is_request_body, parse_request, unwrap
+
+KINDS = ("text", "chat", "openai", "anthropic", "ids")
+_ID_KEYS = ("tokens", "prompt_token_ids", "input_ids", "token_ids")
+
+
+@dataclass(frozen=True)
+class PromptInput:
+    """One prompt as read from a file, before tokenization."""
+
+    kind: str
+    source: str
+    line: int | None = None
+    text: str | None = None
+    messages: tuple[dict, ...] | None = None
+    tools: tuple[dict, ...] | None = None
+    ids: tuple[int, ...] | None = None
+    #: for each normalized message, the JSON path of its text in the original input
+    field_paths: tuple[str, ...] = ()
+    #: top-level fields of the original record (a log line's session id, model, ...), not rendered
+    meta: dict = field(default_factory=dict, compare=False)
+    #: the canonical request, when the prompt came from a request body
+    request: Request | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def where(self) -> str:
+        return f"{self.source}:{self.line}" if self.line is not None else self.source
+
+    @property
+    def is_chat(self) -> bool:
+        return self.messages is not None
+
+
+def read_prompt(path: str, as_kind: str | None = None) -> PromptInput:
+    """Read one prompt file of any supported kind (detected unless ``as_kind`` forces it)."""
+    if as_kind is not None and as_kind not in KINDS:
+        raise InputError(f"unknown input kind {as_kind!r}; expected one of {', '.join(KINDS)}")
+    text, source = read_text(path)
+    if as_kind == "text":
+        return PromptInput(kind="text", source=source, text=text, field_paths=("text",))
+    stripped = text.lstrip(" \t\r\n")
+    looks_json = stripped[:1] in ("{", "[") or source.endswith((".json", ".jsonl", ".json.gz"))
+    if as_kind is None and not looks_json:
+        return PromptInput(kind="text", source=source, text=text, field_paths=("text",))
+    try:
+        value = parse_json_document(text, source)
+    except InputError as exc:
+        if as_kind is None:
+            raise InputError(exc.message + "; pass --as text to treat the file as a raw prompt",
+                             source=source, line=exc.line) from None
+        raise
+    return prompt_from_value(value, source=source, line=None, as_kind=as_kind, locator=Locator(text))
+
+
+def prompt_from_value(value: Any, *, source: str, line: int | None, as_kind: str | None = None,
+                      locator: Locator | None = None) -> PromptInput:
+    """Turn a parsed JSON value into a :class:`PromptInput` (detecting its kind)."""
+    loc = {"source": source, "line": line}
+    if isinstance(value, list):
+        if as_kind in (None, "ids") and (as_kind == "ids" or not value or not isinstance(value[0], dict)):
+            return PromptInput(kind="ids", source=source, line=line, ids=parse_ids(value, **loc))
+        if as_kind in (None, "chat"):
+            req = parse_request({"messages": value}, source=source, line=line, locator=_shift(locator),
+                                provider="openai")
+            assert req.chat is not None
+            _refuse_unrenderable(req, source, line, strip="messages")
+            paths = tuple(p[len("messages"):] for p in req.chat.field_paths)
+            return PromptInput(kind="chat", source=source, line=line, messages=req.chat.messages,
+                               field_paths=paths)
+        raise InputError(f"a JSON list cannot be read as {as_kind!r}", **loc)
+    if not isinstance(value, dict):
+        raise InputError(f"expected a JSON object or list, got {type(value).__name__}", **loc)
+
+    body, body_path, wrapper = unwrap(value)
+    if is_request_body(body) and "blocks" not in body:
+        provider = as_kind if as_kind in ("openai", "anthropic") else None
+        req = parse_request(value, source=source, line=line, locator=locator, provider=provider)
+        assert req.chat is not None
+        _refuse_unrenderable(req, source, line)
+        kind = "anthropic" if req.provider == "anthropic" else "openai"
+        paths = tuple(body_path + p for p in req.chat.field_paths)
+        return PromptInput(kind=kind, source=source, line=line, messages=req.chat.messages, tools=req.chat.tools,
+                           field_paths=paths, meta=dict(req.meta), request=req)
+    meta = {k: v for k, v in body.items() if k not in ("messages", "tools", "system", "prompt")}
+    meta.update(wrapper)
+    id_key = next((k for k in _ID_KEYS if k in body), None)
+    if as_kind == "ids" or (as_kind is None and id_key is not None):
+        if id_key is None:
+            raise InputError(f"no token-ID field (expected one of {', '.join(_ID_KEYS)})", **loc)
+        return PromptInput(kind="ids", source=source, line=line,
+                           ids=parse_ids(body[id_key], field=body_path + id_key, **loc), meta=meta)
+    if "prompt" in body:
+        prompt = body["prompt"]
+        if isinstance(prompt, list) and all(isinstance(x, int) for x in prompt):
+            return PromptInput(kind="ids", source=source, line=line,
+                               ids=parse_ids(prompt, field=body_path + "prompt", **loc), meta=meta)
+        if not isinstance(prompt, str):
+            raise InputError("expected a string", field=body_path + "prompt", **loc)
+        if as_kind not in (None, "text"):
+            raise InputError(f"a completion prompt cannot be read as {as_kind!r}", **loc)
+        return PromptInput(kind="text", source=source, line=line, text=prompt,
+                           field_paths=(body_path + "prompt",), meta=meta)
+    if "text" in body and isinstance(body["text"], str):
+        return PromptInput(kind="text", source=source, line=line, text=body["text"],
+                           field_paths=(body_path + "text",), meta=meta)
+    raise InputError("not a prompt: expected 'messages', 'input', 'prompt', 'text' or a token-ID field "
+                     f"({', '.join(_ID_KEYS)})", **loc)
+
+
+def _refuse_unrenderable(req: Request, source: str, line: int | None, strip: str = "") -> None:
+    if req.chat is not None and req.chat.unrenderable:
+        path = req.body_path + req.chat.unrenderable[0]
+        raise InputError("this content part (image, audio, document or file) cannot be rendered to token IDs "
+                         "without the model's processor; only text parts are supported", source=source,
+                         line=line if line is not None else req.locate(req.chat.unrenderable[0])[0],
+                         field=path[len(strip):] if strip and path.startswith(strip) else path)
+
+
+def _shift(locator: Locator | None):
+    """A locator for a bare message list parsed as the body ``{"messages": [...]}``."""
+    if locator is None:
+        return None
+    return lambda path: locator(path[len("messages"):] if path.startswith("messages") else path)
+
+
+def parse_ids(value: Any, *, source: str, line: int | None, field: str | None = None) -> tuple[int, ...]:
+    """A list of non-negative integer token IDs (the one validator of token-ID lists)."""
+    if not isinstance(value, list):
+        raise InputError("expected a list of token IDs", source=source, line=line, field=field)
+    for i, x in enumerate(value):
+        if type(x) is not int or x < 0:
+            name = f"{field}[{i}]" if field else f"[{i}]"
+            raise InputError(f"token ID {x!r} is not a non-negative integer", source=source, line=line,
+                             field=name)
+    if not value:
+        raise InputError("token-ID list is empty", source=source, line=line, field=field)
+    return tuple(value)
+
+
+# -------------------------------------------------------------------------------------------- logs
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    line: int
+    key: Any
+    prompt: PromptInput
+
+
+def iter_log(path: str, key_field: str | None = None, as_kind: str | None = None) -> Iterator[LogRecord]:
+    """Stream prompts from a JSONL log, one record per non-blank line."""
+    from .files import get_path
+
+    source = display_name(path)
+    for lineno, value in iter_jsonl(path):
+        if key_field is not None:
+            key = get_path(value, key_field)
+            if key is None:
+                raise InputError("missing conversation key", source=source, line=lineno, field=key_field)
+            if isinstance(key, (dict, list)):
+                key = json.dumps(key, sort_keys=True)
+        else:
+            key = None
+        prompt = prompt_from_value(value, source=source, line=lineno, as_kind=as_kind)
+        yield LogRecord(line=lineno, key=key, prompt=prompt)

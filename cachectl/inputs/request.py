@@ -1,0 +1,705 @@
+"""The canonical request: one parse of an OpenAI Chat, OpenAI Responses or Anthropic Messages body (bare or
+inside a ``{timestamp, body, usage, ...}`` wrapper), or a token layout, into what every command needs.
+
+- ``positions``: the ordered cacheable positions as the provider sees them, tools -> system -> messages
+  (OpenAI: tools -> structured-output schema -> messages), each with its exact serialized content (key order
+  kept: providers cache on exact bytes), its JSON path, its cache marker, and the text a tokenizer counts.
+  On Anthropic each content block is one position, except that a run of ``tool_use`` blocks is one and a run
+  of ``tool_result`` blocks is one (the 20-position lookback counts them so).
+- ``params``: the request-level parameters that scope a cache (model, tool_choice, thinking, speed,
+  response_format, prompt_cache_key, ...), and the two scope strings the Anthropic invalidation hierarchy
+  needs (what invalidates system + messages, what invalidates messages).
+- ``chat``: the same request as the message list Hugging Face chat templates expect (for diff-tokens and
+  kv-inspect), with the JSON path of each message's text.
+- ``locate(path)``: line and column of any field in the source file.
+
+This is the only code that walks a request body. Engines take :class:`Request` values; a library user can
+build one in memory with :func:`parse_request`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Callable, Mapping
+
+from ..errors import InputError
+from .jsonpos import LocateFn
+
+PROVIDERS = ("anthropic", "openai", "layout")
+APIS = ("messages", "chat", "responses", "layout")
+
+#: Anthropic content block types and whether a tokenizer can render them offline
+ANTHROPIC_BLOCKS = {
+    "text": True, "thinking": True, "redacted_thinking": True, "tool_use": True, "tool_result": True,
+    "image": False, "document": False, "search_result": True, "server_tool_use": True,
+    "web_search_tool_result": True, "web_fetch_tool_result": True, "code_execution_tool_result": True,
+    "bash_code_execution_tool_result": True, "text_editor_code_execution_tool_result": True,
+    "mcp_tool_use": True, "mcp_tool_result": True, "container_upload": False, "tool_search_tool_result": True,
+}
+_RUNS = ("tool_use", "tool_result")
+OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+OPENAI_PARTS = {"text", "input_text", "output_text", "refusal", "image_url", "input_image", "input_audio",
+                "input_file", "file"}
+RESPONSES_ITEMS = {"message", "function_call", "function_call_output", "reasoning", "custom_tool_call",
+                   "custom_tool_call_output", "item_reference", "web_search_call", "file_search_call",
+                   "computer_call", "computer_call_output", "image_generation_call", "code_interpreter_call",
+                   "local_shell_call", "local_shell_call_output", "mcp_call", "mcp_list_tools"}
+_ID_KEYS = ("tokens", "prompt_token_ids", "input_ids", "token_ids")
+#: keys of a log wrapper that hold the body
+WRAPPER_KEYS = ("body", "request")
+
+
+def compact(obj: Any) -> str:
+    """Exact serialized content: compact JSON, key order as given (providers cache on exact content)."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def _strip_cc(obj: dict) -> dict:
+    return {k: v for k, v in obj.items() if k != "cache_control"}
+
+
+@dataclass(frozen=True)
+class Position:
+    """One cacheable position of a request."""
+
+    segment: str                 # tools | system | messages (OpenAI also: schema)
+    path: str                    # JSON path in the body of its first block
+    kind: str                    # tool | text | image | document | tool_use | tool_result | thinking | schema | message | layout ...
+    role: str | None
+    content: str                 # exact serialized content of the position, cache_control removed
+    text: str                    # what a tokenizer counts for it (an estimate without the provider's renderer)
+    ttl: str | None = None       # "5m" | "1h" when this position carries cache_control
+    tokens: int | None = None    # known token count (token layouts)
+    cache_path: str | None = None  # JSON path of its cache_control
+    last_path: str | None = None   # JSON path of its last block (a run of tool_use/tool_result blocks)
+
+    @property
+    def identity(self) -> str:
+        return f"{self.segment}:{self.role or ''}:{self.content}"
+
+
+@dataclass(frozen=True)
+class ChatView:
+    """The request as Hugging Face chat templates see it."""
+
+    messages: tuple[dict, ...]
+    tools: tuple[dict, ...] | None
+    field_paths: tuple[str, ...]
+    #: JSON paths of parts a tokenizer cannot render without the model's processor (images, audio, files)
+    unrenderable: tuple[str, ...] = ()
+
+
+def _no_locate(path: str) -> tuple[int, int]:
+    return 1, 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    provider: str                         # anthropic | openai | layout
+    api: str                              # messages | chat | responses | layout
+    model: str | None
+    positions: tuple[Position, ...]
+    params: Mapping[str, Any] = field(default_factory=dict)
+    #: what invalidates system and messages (Anthropic: speed, web search, citations)
+    scope_system: str = ""
+    #: what invalidates messages (Anthropic: tool_choice, images, thinking)
+    scope_messages: str = ""
+    auto_ttl: str | None = None           # top-level cache_control (automatic caching)
+    source: str = "<memory>"
+    line: int | None = None
+    body_path: str = ""                   # "body." when the body sits inside a wrapper
+    timestamp: float | None = None
+    output_tokens: int | None = None
+    usage: Any = None                     # the usage logged next to the request (wrapper), as given
+    body: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    chat: ChatView | None = field(default=None, compare=False, repr=False)
+    meta: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    locator: LocateFn = field(default=_no_locate, compare=False, repr=False)
+
+    def locate(self, path: str) -> tuple[int, int]:
+        """Line and column of ``path`` (a path in the body) in the source."""
+        return self.locator(self.body_path + path if path else self.body_path.rstrip("."))
+
+    def where(self, path: str | None = None) -> dict:
+        """``source``/``line``/``field`` keywords for an :class:`InputError` about ``path``."""
+        line = self.locate(path)[0] if path is not None and self.line is None else self.line
+        return {"source": self.source, "line": line, "field": (self.body_path + path) if path else None}
+
+    def error(self, message: str, path: str | None = None) -> InputError:
+        return InputError(message, **self.where(path))
+
+    @property
+    def breakpoints(self) -> tuple[int, ...]:
+        """Indices of positions with an explicit cache_control marker."""
+        return tuple(i for i, p in enumerate(self.positions) if p.ttl is not None)
+
+
+# ------------------------------------------------------------------------------------------------ parse
+
+
+class _Ctx:
+    def __init__(self, source: str, line: int | None, body_path: str, locator: LocateFn) -> None:
+        self.source, self.line, self.body_path, self.locator = source, line, body_path, locator
+
+    def err(self, message: str, path: str | None = None) -> InputError:
+        line = self.line
+        if line is None and path is not None:
+            line = self.locator(self.body_path + path)[0]
+        return InputError(message, source=self.source, line=line,
+                          field=(self.body_path + path) if path else None)
+
+
+def detect_provider(body: Mapping[str, Any], model: str | None = None) -> str:
+    """``anthropic`` or ``openai`` for a body with messages/input; ``layout`` for token layouts."""
+    if "blocks" in body:
+        return "layout"
+    if "input" in body and "messages" not in body:
+        return "openai"
+    if "system" in body or (model or "").startswith("claude"):
+        return "anthropic"
+    for tool in body.get("tools") or ():
+        if isinstance(tool, dict) and ("input_schema" in tool or ("name" in tool and "function" not in tool
+                                                                  and tool.get("type") != "function")):
+            return "anthropic"
+    for msg in body.get("messages") or ():
+        if isinstance(msg, dict) and isinstance(msg.get("content"), list):
+            for block in msg["content"]:
+                if isinstance(block, dict) and block.get("type") in ANTHROPIC_BLOCKS and \
+                        block.get("type") not in ("text",):
+                    return "anthropic"
+    return "openai"
+
+
+def is_request_body(value: Any) -> bool:
+    return isinstance(value, dict) and ("messages" in value or "blocks" in value or "input" in value)
+
+
+def unwrap(value: Any) -> tuple[dict, str, dict]:
+    """``(body, body_path, wrapper_fields)`` of a log line: the body itself, or the one inside a wrapper."""
+    if isinstance(value, dict) and not is_request_body(value):
+        for key in WRAPPER_KEYS:
+            inner = value.get(key)
+            if is_request_body(inner):
+                return inner, f"{key}.", {k: v for k, v in value.items() if k != key}
+    return value, "", {}
+
+
+def parse_timestamp(value: Any) -> float | None:
+    """Seconds, or an ISO 8601 time; ``ValueError`` otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError("expected seconds or an ISO 8601 time")
+    if isinstance(value, (int, float)):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError("expected a finite number of seconds")
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            pass
+    raise ValueError(f"cannot read timestamp {value!r} (seconds, or ISO 8601)")
+
+
+def parse_request(value: Any, *, source: str = "<memory>", line: int | None = None,
+                  locator: LocateFn | None = None, default_model: str | None = None,
+                  provider: str | None = None) -> Request:
+    """Parse a request body (or a log line wrapping one) into the canonical :class:`Request`.
+
+    ``locator`` maps a JSON path of ``value`` to (line, column) in its file (documents); log lines pass their
+    ``line``. ``provider`` forces ``anthropic`` or ``openai`` where detection would guess.
+    """
+    loc = locator or _no_locate
+    if not isinstance(value, dict):
+        raise _Ctx(source, line, "", loc).err(
+            f"expected a JSON object (a request body), got {type(value).__name__}")
+    body, body_path, wrapper = unwrap(value)
+    ctx = _Ctx(source, line, body_path, loc)
+    if not is_request_body(body):
+        if "usage" in value and "messages" not in value:
+            raise ctx.err("this is a response, not a request (it has 'usage' but no 'messages')")
+        raise ctx.err("not a request body: expected 'messages' (Chat, Anthropic), 'input' (Responses) or "
+                      "'blocks' (a token layout)")
+    model = body.get("model", wrapper.get("model"))
+    if model is not None and not isinstance(model, str):
+        raise ctx.err("expected a string", "model")
+    model = model or default_model
+    ts_raw = wrapper.get("timestamp", body.get("timestamp"))
+    try:
+        ts = parse_timestamp(ts_raw)
+    except ValueError as exc:
+        raise InputError(str(exc), source=source, line=line if line is not None else loc("timestamp")[0],
+                         field="timestamp") from None
+    out_raw = wrapper.get("output_tokens", body.get("output_tokens"))
+    if out_raw is not None and (isinstance(out_raw, bool) or not isinstance(out_raw, int) or out_raw < 0):
+        raise InputError(f"expected a non-negative integer, got {out_raw!r}", source=source, line=line,
+                         field="output_tokens")
+    usage = wrapper.get("usage")
+    if usage is None and isinstance(wrapper.get("response"), dict):
+        usage = wrapper["response"].get("usage")
+    kind = provider or detect_provider(body, model)
+    if kind == "layout":
+        parsed = _layout(body, ctx)
+    elif kind == "anthropic":
+        parsed = _anthropic(body, ctx)
+    elif "input" in body and "messages" not in body:
+        parsed = _responses(body, ctx)
+    else:
+        parsed = _openai_chat(body, ctx)
+    meta = {**wrapper, **{k: v for k, v in body.items() if k not in ("messages", "tools", "system", "input")}}
+    return Request(model=model, source=source, line=line, body_path=body_path, timestamp=ts,
+                   output_tokens=out_raw, usage=usage, body=body, meta=meta, locator=loc, **parsed)
+
+
+# ------------------------------------------------------------------------------------------- anthropic
+
+
+def _ttl(cc: Any, ctx: _Ctx, path: str) -> str | None:
+    if cc is None:
+        return None
+    if not isinstance(cc, dict) or cc.get("type", "ephemeral") != "ephemeral":
+        raise ctx.err("expected {\"type\": \"ephemeral\", \"ttl\": \"5m\"|\"1h\"}", path)
+    ttl = cc.get("ttl", "5m")
+    if ttl not in ("5m", "1h"):
+        raise ctx.err(f"cache_control ttl must be '5m' or '1h', got {ttl!r}", f"{path}.ttl")
+    return ttl
+
+
+def _text_of_result(content: Any, ctx: _Ctx, path: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ctx.err("expected a string or a list of content blocks", path)
+    texts = []
+    for i, b in enumerate(content):
+        if not isinstance(b, dict):
+            raise ctx.err("expected a content block object", f"{path}[{i}]")
+        btype = b.get("type")
+        if btype == "text":
+            if not isinstance(b.get("text"), str):
+                raise ctx.err("expected a string", f"{path}[{i}].text")
+            texts.append(b["text"])
+        elif btype not in ANTHROPIC_BLOCKS:
+            raise ctx.err(f"unknown content block type {btype!r}", f"{path}[{i}].type")
+        else:
+            texts.append(compact(_strip_cc(b)))
+    return "\n".join(texts)
+
+
+def _anthropic_block_text(b: dict) -> str:
+    t = b.get("type")
+    if t == "text":
+        return str(b.get("text", ""))
+    if t == "thinking":
+        return str(b.get("thinking", ""))
+    if t == "tool_use":
+        return compact({"name": b.get("name"), "input": b.get("input", {})})
+    return compact(_strip_cc(b))
+
+
+def _anthropic(body: dict, ctx: _Ctx) -> dict:
+    positions: list[Position] = []
+    chat_msgs: list[dict] = []
+    chat_paths: list[str] = []
+    chat_tools: list[dict] = []
+    tools = body.get("tools")
+    web_search = False
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise ctx.err("expected a list of tools", "tools")
+        for i, tool in enumerate(tools):
+            path = f"tools[{i}]"
+            if not isinstance(tool, dict):
+                raise ctx.err("expected a tool object", path)
+            ttl = _ttl(tool.get("cache_control"), ctx, f"{path}.cache_control")
+            ttype = str(tool.get("type") or "")
+            bare = _strip_cc(tool)
+            if "input_schema" in tool:
+                fn = {k: v for k, v in bare.items() if k not in ("input_schema", "type")}
+                fn["parameters"] = tool["input_schema"]
+                chat_tools.append({"type": "function", "function": fn})
+            else:
+                if not isinstance(tool.get("name"), str) and not ttype:
+                    raise ctx.err("a tool needs 'name' and 'input_schema' (or a server tool 'type')", path)
+                chat_tools.append(bare)
+            if ttype.startswith("web_search"):
+                web_search = True  # toggling web search invalidates system and messages, not tools
+                continue
+            if tool.get("defer_loading") is True:
+                continue  # deferred through tool search: not in the prefix
+            positions.append(Position("tools", path, "tool", None, compact(bare), compact(bare), ttl,
+                                      cache_path=f"{path}.cache_control" if ttl else None))
+    system = body.get("system")
+    if system is not None:
+        if isinstance(system, str):
+            if system:
+                positions.append(Position("system", "system", "text", "system", compact(
+                    {"type": "text", "text": system}), system))
+            chat_msgs.append({"role": "system", "content": system})
+            chat_paths.append("system")
+        elif isinstance(system, list):
+            texts = []
+            for i, b in enumerate(system):
+                path = f"system[{i}]"
+                if not isinstance(b, dict):
+                    raise ctx.err("expected a text block object", path)
+                if b.get("type", "text") != "text" or not isinstance(b.get("text"), str):
+                    raise ctx.err("system blocks must be {\"type\": \"text\", \"text\": ...}", path)
+                ttl = _ttl(b.get("cache_control"), ctx, f"{path}.cache_control")
+                positions.append(Position("system", path, "text", "system", compact(_strip_cc(b)), b["text"], ttl,
+                                          cache_path=f"{path}.cache_control" if ttl else None))
+                texts.append(b["text"])
+            chat_msgs.append({"role": "system", "content": "\n".join(texts)})
+            chat_paths.append("system")
+        else:
+            raise ctx.err("expected a string or a list of text blocks", "system")
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise ctx.err("expected a list of messages", "messages")
+    if not messages:
+        raise ctx.err("expected at least one message", "messages")
+    images = 0
+    citations = False
+    unrenderable: list[str] = []
+    for i, msg in enumerate(messages):
+        mpath = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise ctx.err("expected a message object", mpath)
+        role = msg.get("role")
+        if role not in ("user", "assistant"):
+            raise ctx.err(f"role must be 'user' or 'assistant', got {role!r}", f"{mpath}.role")
+        if "content" not in msg:
+            raise ctx.err("missing 'content'", mpath)
+        content = msg["content"]
+        if isinstance(content, str):
+            positions.append(Position("messages", f"{mpath}.content", "text", role,
+                                      compact([{"type": "text", "text": content}]), content,
+                                      last_path=f"{mpath}.content"))
+            chat_msgs.append({"role": role, "content": content})
+            chat_paths.append(f"{mpath}.content")
+            continue
+        if not isinstance(content, list):
+            raise ctx.err("expected a string or a list of content blocks", f"{mpath}.content")
+        runs: list[list[tuple[int, dict]]] = []
+        for j, b in enumerate(content):
+            bpath = f"{mpath}.content[{j}]"
+            if not isinstance(b, dict):
+                raise ctx.err("expected a content block object", bpath)
+            btype = b.get("type")
+            if btype not in ANTHROPIC_BLOCKS:
+                raise ctx.err(f"unknown content block type {btype!r} (known: {', '.join(ANTHROPIC_BLOCKS)})",
+                              f"{bpath}.type")
+            if btype == "text" and not isinstance(b.get("text"), str):
+                raise ctx.err("expected a string", f"{bpath}.text")
+            if btype == "tool_use" and not isinstance(b.get("name"), str):
+                raise ctx.err("a tool_use block needs a string 'name'", f"{bpath}.name")
+            if btype == "image":
+                images += 1
+            if btype == "document" and isinstance(b.get("citations"), dict) and b["citations"].get("enabled"):
+                citations = True
+            if runs and btype in _RUNS and runs[-1][-1][1].get("type") == btype:
+                runs[-1].append((j, b))
+            else:
+                runs.append([(j, b)])
+        for run in runs:
+            ttl = None
+            cache_path = None
+            for j, b in run:
+                t = _ttl(b.get("cache_control"), ctx, f"{mpath}.content[{j}].cache_control")
+                if t is not None:
+                    ttl, cache_path = t, f"{mpath}.content[{j}].cache_control"
+            first, kind = run[0][0], str(run[0][1].get("type"))
+            items = [_strip_cc(b) for _, b in run]
+            positions.append(Position("messages", f"{mpath}.content[{first}]", kind, role,
+                                      compact(items if len(items) > 1 else items[0]),
+                                      "\n".join(_anthropic_block_text(b) for b in items), ttl, cache_path=cache_path,
+                                      last_path=f"{mpath}.content[{run[-1][0]}]"))
+        _anthropic_chat(role, mpath, content, ctx, chat_msgs, chat_paths, unrenderable)
+    auto = _ttl(body.get("cache_control"), ctx, "cache_control")
+    params = {k: body[k] for k in ("tool_choice", "thinking", "speed", "output_config", "service_tier",
+                                   "inference_geo", "metadata", "container", "mcp_servers") if k in body}
+    # The invalidation hierarchy (FACTS: Anthropic prompt caching): a change of tool definitions invalidates
+    # everything (they lead the chain); speed, web search and citations invalidate system and messages;
+    # tool_choice, images and thinking invalidate messages.
+    scope_system = compact({"speed": body.get("speed"), "web_search": web_search, "citations": citations})
+    scope_messages = compact({"tool_choice": body.get("tool_choice"), "images": images,
+                              "thinking": body.get("thinking"),
+                              "effort": (body.get("output_config") or {}).get("effort")
+                              if isinstance(body.get("output_config"), dict) else None})
+    return {"provider": "anthropic", "api": "messages", "positions": tuple(positions), "params": params,
+            "scope_system": scope_system, "scope_messages": scope_messages, "auto_ttl": auto,
+            "chat": ChatView(tuple(chat_msgs), tuple(chat_tools) if tools is not None else None, tuple(chat_paths),
+                             tuple(unrenderable))}
+
+
+def _anthropic_chat(role: str, mpath: str, content: list, ctx: _Ctx, msgs: list[dict], paths: list[str],
+                    unrenderable: list[str]) -> None:
+    """The chat-template view of one Anthropic message (tool_result blocks become tool messages)."""
+    texts: list[str] = []
+    reasoning: list[str] = []
+    calls: list[dict] = []
+    for j, b in enumerate(content):
+        bpath = f"{mpath}.content[{j}]"
+        btype = b.get("type")
+        if btype == "text":
+            texts.append(b["text"])
+        elif btype == "thinking":
+            reasoning.append(str(b.get("thinking", "")))
+        elif btype == "redacted_thinking":
+            continue
+        elif btype == "tool_use":
+            calls.append({"id": b.get("id"), "type": "function",
+                          "function": {"name": b.get("name"), "arguments": b.get("input", {})}})
+        elif btype == "tool_result":
+            msgs.append({"role": "tool", "tool_call_id": b.get("tool_use_id"),
+                         "content": _text_of_result(b.get("content"), ctx, f"{bpath}.content")})
+            paths.append(f"{bpath}.content")
+        elif not ANTHROPIC_BLOCKS.get(str(btype), False):
+            unrenderable.append(bpath)
+        else:
+            texts.append(_anthropic_block_text(b))
+    if texts or calls or reasoning:
+        norm: dict = {"role": role, "content": "\n".join(texts)}
+        if reasoning:
+            norm["reasoning_content"] = "\n".join(reasoning)
+        if calls:
+            norm["tool_calls"] = calls
+        msgs.append(norm)
+        paths.append(f"{mpath}.content")
+
+
+# ---------------------------------------------------------------------------------------------- openai
+
+
+def _part_text(part: Any, ctx: _Ctx, path: str) -> str | None:
+    """Text of one OpenAI content part; ``None`` for a non-text part (image, audio, file)."""
+    if isinstance(part, str):
+        return part
+    if not isinstance(part, dict):
+        raise ctx.err("expected a content part object", path)
+    ptype = part.get("type", "text")
+    if ptype not in OPENAI_PARTS:
+        raise ctx.err(f"unknown content part type {ptype!r} (known: {', '.join(sorted(OPENAI_PARTS))})",
+                      f"{path}.type")
+    if ptype in ("text", "input_text", "output_text"):
+        if not isinstance(part.get("text"), str):
+            raise ctx.err("expected a string", f"{path}.text")
+        return part["text"]
+    if ptype == "refusal":
+        return str(part.get("refusal", ""))
+    return None
+
+
+def _openai_content(content: Any, ctx: _Ctx, path: str, unrenderable: list[str]) -> str:
+    """The text of a message's content; parts are joined by newlines as vLLM does. Paths of non-text
+    parts are added to ``unrenderable``."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ctx.err("expected a string or a list of content parts", path)
+    texts = []
+    for i, part in enumerate(content):
+        t = _part_text(part, ctx, f"{path}[{i}]")
+        if t is None:
+            unrenderable.append(f"{path}[{i}]")
+        else:
+            texts.append(t)
+    return "\n".join(texts)
+
+
+def _tool_call_for_template(call: Any, ctx: _Ctx, path: str) -> dict:
+    if not isinstance(call, dict):
+        raise ctx.err("expected a tool call object", path)
+    fn = call.get("function")
+    if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+        # Chat templates expect arguments as an object (they render it with tojson).
+        try:
+            args = json.loads(fn["arguments"]) if fn["arguments"].strip() else {}
+        except json.JSONDecodeError:
+            args = fn["arguments"]
+        return {**call, "function": {**fn, "arguments": args}}
+    return call
+
+
+def _openai_tools(tools: Any, ctx: _Ctx, positions: list[Position]) -> tuple[dict, ...] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise ctx.err("expected a list of tools", "tools")
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise ctx.err("expected a tool object", f"tools[{i}]")
+        positions.append(Position("tools", f"tools[{i}]", "tool", None, compact(tool), compact(tool)))
+    return tuple(tools)
+
+
+def _schema_position(fmt: Any, path: str, positions: list[Position]) -> None:
+    """Structured outputs: the schema is part of the cached prefix, ahead of the system message."""
+    if isinstance(fmt, dict) and fmt.get("type") in ("json_schema", "json_object"):
+        positions.append(Position("schema", path, "schema", None, compact(fmt), compact(fmt)))
+
+
+def _openai_chat(body: dict, ctx: _Ctx) -> dict:
+    positions: list[Position] = []
+    tools = _openai_tools(body.get("tools"), ctx, positions)
+    _schema_position(body.get("response_format"), "response_format", positions)
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise ctx.err("expected a list of messages", "messages")
+    msgs: list[dict] = []
+    paths: list[str] = []
+    unrenderable: list[str] = []
+    for i, msg in enumerate(messages):
+        path = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise ctx.err("expected a message object", path)
+        role = msg.get("role")
+        if not isinstance(role, str):
+            raise ctx.err("missing or non-string 'role'", f"{path}.role")
+        if role not in OPENAI_ROLES:
+            raise ctx.err(f"unknown role {role!r} (known: {', '.join(OPENAI_ROLES)})", f"{path}.role")
+        calls = msg.get("tool_calls")
+        if "content" not in msg and not calls and not msg.get("function_call"):
+            raise ctx.err("missing 'content'", path)
+        text = _openai_content(msg.get("content"), ctx, f"{path}.content", unrenderable)
+        if calls is not None and not isinstance(calls, list):
+            raise ctx.err("expected a list of tool calls", f"{path}.tool_calls")
+        norm = {k: v for k, v in msg.items() if k != "content"}
+        norm["content"] = text if (msg.get("content") is not None or not calls) else None
+        if calls:
+            norm["tool_calls"] = [_tool_call_for_template(c, ctx, f"{path}.tool_calls[{j}]")
+                                  for j, c in enumerate(calls)]
+        msgs.append(norm)
+        paths.append(f"{path}.content")
+        shown = text + (compact(calls) if calls else "")
+        positions.append(Position("messages", path, "message", role, compact(msg), shown,
+                                  last_path=path))
+    params = {k: body[k] for k in ("tool_choice", "response_format", "prompt_cache_key", "reasoning_effort",
+                                   "parallel_tool_calls", "prompt_cache_retention") if k in body}
+    return {"provider": "openai", "api": "chat", "positions": tuple(positions), "params": params,
+            "chat": ChatView(tuple(msgs), tools, tuple(paths), tuple(unrenderable))}
+
+
+def _responses(body: dict, ctx: _Ctx) -> dict:
+    positions: list[Position] = []
+    tools_in = body.get("tools")
+    chat_tools = None
+    if tools_in is not None:
+        _openai_tools(tools_in, ctx, positions)
+        chat_tools = tuple({"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
+                           if t.get("type") == "function" and "function" not in t else t for t in tools_in)
+    text_cfg = body.get("text")
+    if isinstance(text_cfg, dict):
+        _schema_position(text_cfg.get("format"), "text.format", positions)
+    msgs: list[dict] = []
+    paths: list[str] = []
+    unrenderable: list[str] = []
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise ctx.err("expected a string", "instructions")
+        positions.append(Position("system", "instructions", "text", "system", compact(instructions), instructions))
+        msgs.append({"role": "system", "content": instructions})
+        paths.append("instructions")
+    items = body.get("input")
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+        single = True
+    else:
+        single = False
+    if not isinstance(items, list):
+        raise ctx.err("expected a string or a list of input items", "input")
+    for i, item in enumerate(items):
+        path = "input" if single else f"input[{i}]"
+        if not isinstance(item, dict):
+            raise ctx.err("expected an input item object", path)
+        itype = item.get("type", "message")
+        if itype not in RESPONSES_ITEMS:
+            raise ctx.err(f"unknown input item type {itype!r}", f"{path}.type")
+        if itype == "message":
+            role = item.get("role")
+            if role not in ("system", "developer", "user", "assistant"):
+                raise ctx.err(f"role must be system, developer, user or assistant, got {role!r}", f"{path}.role")
+            if "content" not in item:
+                raise ctx.err("missing 'content'", path)
+            text = _openai_content(item.get("content"), ctx, path if single else f"{path}.content", unrenderable)
+            msgs.append({"role": role, "content": text})
+            paths.append(path if single else f"{path}.content")
+            shown = text
+        elif itype == "function_call":
+            if not isinstance(item.get("name"), str):
+                raise ctx.err("a function_call needs a string 'name'", f"{path}.name")
+            call = _tool_call_for_template({"id": item.get("call_id"), "type": "function",
+                                            "function": {"name": item["name"],
+                                                         "arguments": item.get("arguments", "")}}, ctx, path)
+            if msgs and msgs[-1]["role"] == "assistant" and msgs[-1].get("tool_calls") is not None:
+                msgs[-1]["tool_calls"].append(call)
+            else:
+                msgs.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                paths.append(path)
+            shown = compact({"name": item["name"], "arguments": item.get("arguments", "")})
+        elif itype == "function_call_output":
+            out = item.get("output", "")
+            shown = out if isinstance(out, str) else compact(out)
+            msgs.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": shown})
+            paths.append(f"{path}.output")
+        else:
+            shown = compact(item)
+        positions.append(Position("messages", path, itype, item.get("role"), compact(item), shown,
+                                  last_path=path))
+    params = {k: body[k] for k in ("tool_choice", "prompt_cache_key", "reasoning", "text", "parallel_tool_calls",
+                                   "previous_response_id", "prompt_cache_retention") if k in body}
+    return {"provider": "openai", "api": "responses", "positions": tuple(positions), "params": params,
+            "chat": ChatView(tuple(msgs), chat_tools, tuple(paths), tuple(unrenderable))}
+
+
+# ---------------------------------------------------------------------------------------------- layout
+
+
+def _layout(body: dict, ctx: _Ctx) -> dict:
+    blocks_in = body["blocks"]
+    if not isinstance(blocks_in, list) or not blocks_in:
+        raise ctx.err("expected a non-empty list of blocks", "blocks")
+    positions = []
+    for i, b in enumerate(blocks_in):
+        path = f"blocks[{i}]"
+        if not isinstance(b, dict):
+            raise ctx.err("expected a block object", path)
+        if "id" not in b:
+            raise ctx.err("missing 'id' (blocks with equal ids are the same content)", f"{path}.id")
+        tokens = b.get("tokens")
+        if isinstance(tokens, bool) or not isinstance(tokens, int):
+            raise ctx.err(f"expected an integer token count, got {tokens!r}", f"{path}.tokens")
+        if tokens < 0:
+            raise ctx.err(f"negative token count {tokens}", f"{path}.tokens")
+        segment = b.get("segment", "messages")
+        if segment not in ("tools", "system", "messages"):
+            raise ctx.err(f"segment must be tools, system or messages, got {segment!r}", f"{path}.segment")
+        ttl = _ttl(b.get("cache_control"), ctx, f"{path}.cache_control")
+        positions.append(Position(segment, path, "layout", None, "id:" + json.dumps(b["id"], sort_keys=True),
+                                  "", ttl, tokens=tokens, cache_path=f"{path}.cache_control" if ttl else None))
+    return {"provider": "layout", "api": "layout", "positions": tuple(positions), "params": {},
+            "auto_ttl": _ttl(body.get("cache_control"), ctx, "cache_control")}
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def layout_request(positions: list[tuple[str, int, str | None]], *, model: str, timestamp: float | None = None,
+                   output_tokens: int = 0) -> Request:
+    """A token layout built in memory: ``(id, tokens, ttl)`` per position (what-if and library use)."""
+    pos = tuple(Position("messages", f"blocks[{i}]", "layout", None, "id:" + json.dumps(id_), "", ttl, tokens=n)
+                for i, (id_, n, ttl) in enumerate(positions))
+    return Request(provider="layout", api="layout", model=model, positions=pos, timestamp=timestamp,
+                   output_tokens=output_tokens, source="what-if")
+
+
+IdKeys = _ID_KEYS
+Locate = Callable[[str], tuple[int, int]]

@@ -1,0 +1,165 @@
+"""Logged usage counters, as the providers report them, into one record.
+
+Anthropic's counters are additive (``input_tokens`` excludes cache reads and writes); OpenAI's are inclusive
+(``prompt_tokens`` / Responses ``input_tokens`` include ``cached_tokens`` and ``cache_write_tokens``). Every
+counter a usage object carries must be one this reader knows: an unknown one (``cache_write``, a provider's
+new field) is an error naming it, never dropped, since dropping it would price the request wrongly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import InputError
+
+#: known counters per convention; values: None = a token counter read here, "info" = known, not a token
+#: counter that changes the bill of input tokens (listed so that nothing is silently dropped)
+ANTHROPIC_KEYS: dict[str, str | None] = {
+    "input_tokens": None, "output_tokens": None, "cache_creation_input_tokens": None,
+    "cache_read_input_tokens": None, "cache_creation": None, "server_tool_use": "info", "service_tier": "info",
+    "inference_geo": "info",
+}
+ANTHROPIC_SPLIT_KEYS = ("ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens")
+OPENAI_CHAT_KEYS: dict[str, str | None] = {
+    "prompt_tokens": None, "completion_tokens": None, "total_tokens": "info", "prompt_tokens_details": None,
+    "completion_tokens_details": "info",
+}
+OPENAI_RESPONSES_KEYS: dict[str, str | None] = {
+    "input_tokens": None, "output_tokens": None, "total_tokens": "info", "input_tokens_details": None,
+    "output_tokens_details": "info",
+}
+OPENAI_DETAIL_KEYS = ("cached_tokens", "cache_write_tokens", "audio_tokens", "text_tokens", "image_tokens")
+_ANY_USAGE = set(ANTHROPIC_KEYS) | set(OPENAI_CHAT_KEYS) | set(OPENAI_RESPONSES_KEYS)
+
+
+@dataclass(frozen=True)
+class LoggedUsage:
+    """One response's counters in one convention: ``input_tokens`` are the ordinary (uncached) ones."""
+
+    style: str                    # anthropic | openai-chat | openai-responses
+    model: str | None
+    input_tokens: int
+    cache_write_tokens: int
+    cache_read_tokens: int
+    output_tokens: int
+    write_5m_tokens: int
+    write_1h_tokens: int
+    #: False when writes were reported without the 5m/1h split (priced as 5m, and said so)
+    split_known: bool = True
+    #: the counters as the provider reported them
+    reported: dict = field(default_factory=dict)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.input_tokens + self.cache_write_tokens + self.cache_read_tokens
+
+
+def _count(obj: dict, key: str, loc: dict, path: str, *, required: bool = False) -> int:
+    value = obj.get(key)
+    if value is None:
+        if required:
+            raise InputError("missing token counter", field=f"{path}{key}", **loc)
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"expected an integer token count, got {value!r}", field=f"{path}{key}", **loc)
+    if value < 0:
+        raise InputError(f"negative token count {value}", field=f"{path}{key}", **loc)
+    return value
+
+
+def _check_known(obj: dict, known, loc: dict, path: str, what: str) -> None:
+    for key in obj:
+        if key not in known:
+            raise InputError(f"unknown {what} {key!r}: not priced, so the bill would be wrong (known: "
+                             f"{', '.join(known)})", field=f"{path}{key}", **loc)
+
+
+def find_usage(value: Any) -> tuple[dict | None, str, dict]:
+    """``(usage, path_prefix, record)``: the usage object of a response line, a wrapper, or a bare usage."""
+    if not isinstance(value, dict):
+        return None, "", {}
+    rec = value
+    prefix = ""
+    for key in ("response", "body"):  # log wrappers and OpenAI batch output lines
+        inner = rec.get(key)
+        if isinstance(inner, dict) and ("usage" in inner or isinstance(inner.get("body"), dict)):
+            rec = {**{k: v for k, v in rec.items() if k != key}, **inner}
+            prefix += f"{key}."
+            inner2 = inner.get("body")
+            if isinstance(inner2, dict) and "usage" in inner2:  # batch output: response.body.usage
+                rec = {**rec, **inner2}
+                prefix += "body."
+    usage = rec.get("usage")
+    if usage is None and _ANY_USAGE & set(rec):
+        return rec, "", rec
+    return (usage if isinstance(usage, dict) else None), prefix + "usage.", rec
+
+
+def parse_usage(usage: dict, *, source: str, line: int | None, path: str = "usage.", model: str | None = None,
+                style_of: Callable[[str], str] | None = None) -> LoggedUsage:
+    """Read one usage object. ``style_of(model)`` settles a bare ``input_tokens``/``output_tokens`` pair
+    (Anthropic's additive or OpenAI Responses' inclusive counters) from the model's provider."""
+    loc = {"source": source, "line": line}
+    if not isinstance(usage, dict):
+        raise InputError("expected a usage object", field=path.rstrip(".") or None, **loc)
+    keys = set(usage)
+    if "prompt_tokens" in keys:
+        style = "openai-chat"
+    elif keys & {"cache_creation_input_tokens", "cache_read_input_tokens", "cache_creation"}:
+        style = "anthropic"
+    elif "input_tokens_details" in keys:
+        style = "openai-responses"
+    elif "input_tokens" in keys:
+        hint = style_of(model) if (style_of and model) else None
+        style = "openai-responses" if hint == "openai" else "anthropic"
+    else:
+        unknown = sorted(keys - _ANY_USAGE)
+        if unknown:
+            raise InputError(f"unknown usage counter {unknown[0]!r} and no input or prompt token counter",
+                             field=f"{path}{unknown[0]}", **loc)
+        raise InputError("usage has no input or prompt token counter", field=path.rstrip(".") or None, **loc)
+    if style == "anthropic":
+        _check_known(usage, ANTHROPIC_KEYS, loc, path, "usage counter")
+        inp = _count(usage, "input_tokens", loc, path, required=True)
+        created = _count(usage, "cache_creation_input_tokens", loc, path)
+        read = _count(usage, "cache_read_input_tokens", loc, path)
+        out = _count(usage, "output_tokens", loc, path)
+        split = usage.get("cache_creation")
+        if isinstance(split, dict):
+            _check_known(split, ANTHROPIC_SPLIT_KEYS, loc, f"{path}cache_creation.", "cache_creation counter")
+            w5 = _count(split, "ephemeral_5m_input_tokens", loc, f"{path}cache_creation.")
+            w1 = _count(split, "ephemeral_1h_input_tokens", loc, f"{path}cache_creation.")
+            if w5 + w1 != created:
+                raise InputError(f"cache_creation splits into {w5} + {w1} tokens but cache_creation_input_tokens "
+                                 f"is {created}", field=f"{path}cache_creation", **loc)
+            known = True
+        elif split is not None:
+            raise InputError("expected an object", field=f"{path}cache_creation", **loc)
+        else:
+            w5, w1, known = created, 0, created == 0
+        reported = {"input_tokens": inp, "cache_creation_input_tokens": created, "cache_read_input_tokens": read,
+                    "output_tokens": out}
+        return LoggedUsage(style, model, inp, created, read, out, w5, w1, known, reported)
+    if style == "openai-chat":
+        _check_known(usage, OPENAI_CHAT_KEYS, loc, path, "usage counter")
+        prompt = _count(usage, "prompt_tokens", loc, path, required=True)
+        out = _count(usage, "completion_tokens", loc, path)
+        dkey = "prompt_tokens_details"
+    else:
+        _check_known(usage, OPENAI_RESPONSES_KEYS, loc, path, "usage counter")
+        prompt = _count(usage, "input_tokens", loc, path, required=True)
+        out = _count(usage, "output_tokens", loc, path)
+        dkey = "input_tokens_details"
+    details = usage.get(dkey) or {}
+    dpath = f"{path}{dkey}."
+    if not isinstance(details, dict):
+        raise InputError("expected an object", field=dpath.rstrip("."), **loc)
+    _check_known(details, OPENAI_DETAIL_KEYS, loc, dpath, "token detail")
+    cached = _count(details, "cached_tokens", loc, dpath)
+    writes = _count(details, "cache_write_tokens", loc, dpath)
+    if cached + writes > prompt:
+        raise InputError(f"cached ({cached}) + written ({writes}) tokens exceed the {prompt} prompt tokens",
+                         field=dpath + "cached_tokens", **loc)
+    reported = {k: v for k, v in usage.items() if k != "total_tokens"}
+    return LoggedUsage(style, model, prompt - cached - writes, writes, cached, out, writes, 0, True, reported)
