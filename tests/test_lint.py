@@ -28,9 +28,10 @@ def test_good_fixtures_are_clean(cli, name):
     ("user_name_first.j2", {"CC001"}),
     ("clock_call.j2", {"CC001", "CC003"}),
     ("tools_tojson.j2", {"CC006"}),
-    ("body_volatile_before_breakpoint.json", {"CC002"}),
-    ("body_breakpoint_on_volatile.json", {"CC008"}),
-    ("body_too_many.json", {"CC004"}),
+    # their early breakpoints also close prefixes below claude-sonnet-4-5's 1,024 tokens (body.model): CC005
+    ("body_volatile_before_breakpoint.json", {"CC002", "CC005"}),
+    ("body_breakpoint_on_volatile.json", {"CC008", "CC005"}),
+    ("body_too_many.json", {"CC004", "CC005"}),
     ("chat_template_think.jinja", {"CC007"}),
 ])
 def test_bad_fixtures_are_caught(cli, name, expected):
@@ -39,11 +40,17 @@ def test_bad_fixtures_are_caught(cli, name, expected):
     assert {rule for rule, _ in found} == expected
 
 
-def test_breakpoint_below_minimum_needs_the_model(cli):
-    _, without = findings(cli, LINT / "bad" / "body_short.json")
-    assert without == []
+def test_breakpoint_below_minimum_from_model_option_or_body(cli, write):
+    _, from_body = findings(cli, LINT / "bad" / "body_short.json")  # body.model is claude-sonnet-4-5
+    assert from_body == [("CC005", 8)]
     _, found = findings(cli, LINT / "bad" / "body_short.json", extra=("--model", "claude-sonnet-4-5"))
     assert found == [("CC005", 8)]
+    body = json.loads((LINT / "bad" / "body_short.json").read_text())
+    del body["model"]
+    no_model = write("nomodel.json", json.dumps(body, indent=2))
+    assert findings(cli, no_model)[1] == []
+    # the option wins over the body: Opus 5.5's minimum is 512 tokens, still above this short prefix
+    assert findings(cli, no_model, extra=("--model", "claude-opus-5-5"))[1] == [("CC005", 7)]  # one line up
 
 
 def test_fixture_tokenizer_chat_template(cli):
@@ -130,7 +137,7 @@ def test_sarif_is_valid_against_the_schema(cli):
     run = doc["runs"][0]
     ids = [rule["id"] for rule in run["tool"]["driver"]["rules"]]
     assert "CC001" in ids and all(res["ruleId"] == ids[res["ruleIndex"]] for res in run["results"])
-    assert {res["ruleId"] for res in run["results"]} == {"CC001", "CC004"}
+    assert {res["ruleId"] for res in run["results"]} == {"CC001", "CC004", "CC005"}
 
 
 def test_github_workflow_commands(cli):

@@ -129,7 +129,7 @@ def test_five_minute_before_one_hour_is_an_error(table):
 
 
 def test_more_than_four_breakpoints_is_an_error(table):
-    with pytest.raises(InputError, match="5 cache breakpoints"):
+    with pytest.raises(InputError, match="5 cache_control breakpoints"):
         sim(table, [layout(0, [blk(f"b{i}", 500, "5m") for i in range(5)])])
 
 

@@ -14,9 +14,12 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from ..errors import InputError, UsageError
+
+if TYPE_CHECKING:
+    from ..inputs import Request
 
 SCHEMA_VERSION = 1
 
@@ -59,13 +62,19 @@ RULES: dict[str, Rule] = {r.id: r for r in (
     Rule("CC008", "breakpoint-on-volatile-block", "error",
          "cache_control is on a block whose own content changes per request: the entry is written and never read.",
          "Put cache_control on a stable block before it."),
+    Rule("CC009", "no-cache-marker", "warning",
+         "A long Anthropic prompt has no cache_control at all: nothing is cached, every request pays full price.",
+         "Add cache_control to the last stable block, or a top-level cache_control for automatic caching."),
+    Rule("CC010", "volatile-in-openai-prefix", "error",
+         "A value that changes per request sits inside the first 1,024 tokens of an OpenAI request (tools, "
+         "schema, system): automatic caching starts at 1,024 shared tokens, so nothing is cached.",
+         "Move per-request values to the end of the request, after the stable instructions."),
 )}
 
 VOLATILE_NAME = re.compile(
     r"(^|_)(now|today|date|datetime|time|timestamp|ts|clock|uuid|guid|nonce|random|rand|request_?id|req_?id|"
     r"trace_?id|span_?id|session_?id|session|user_?id|user_?name|username|customer|email|ip)(_|$)", re.I)
 VOLATILE_CALLS = {"now", "strftime_now", "utcnow", "today", "uuid4", "uuid", "random", "time"}
-_PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][\w.]*)\s*\}\}|\{([A-Za-z_]\w*)\}|\$\{([A-Za-z_]\w*)\}")
 
 
 @dataclass(frozen=True)
@@ -361,12 +370,12 @@ def _prompt_dynamic(path, template, ast, lines, undeclared, volatile, sidecar, c
         text_b = _render(template, changed, path)
         if text_b == text_a:
             continue
-        body_a, body_b = _as_body(text_a), _as_body(text_b)
-        if body_a is not None and body_b is not None:  # the template renders a request body
-            blocks_b = {p: c for p, c, _ in _body_blocks(body_b)}
-            changed_blocks = {p: name for p, c, _ in _body_blocks(body_a) if blocks_b.get(p) != c}
+        req_a, req_b = _as_body(text_a, path), _as_body(text_b, path)
+        if req_a is not None and req_b is not None:  # the template renders a request body
+            contents_b = {p.path: p.content for p in req_b.positions}
+            changed_blocks = {p.path: name for p in req_a.positions if contents_b.get(p.path) != p.content}
             line = next((n.lineno for n in ast.find_all(nodes.Name) if n.name == name), 1)
-            body_findings.extend(lint_body(path, text_a, body_a, config, None, lambda t: 0, volatile=changed_blocks,
+            body_findings.extend(lint_body(path, req_a, config, None, lambda t: 0, volatile=changed_blocks,
                                            at=(line, _col(lines, line, name))))
             continue
         ids_b = tok(text_b)
@@ -382,12 +391,19 @@ def _prompt_dynamic(path, template, ast, lines, undeclared, volatile, sidecar, c
             add(f.rule, f.line, f.column, f.message)
 
 
-def _as_body(text: str) -> dict | None:
+def _as_body(text: str, path: str) -> "Request | None":
+    """The canonical request a templated body renders to, or None when the render is not a request body."""
+    from ..inputs import is_request_body, parse_request, unwrap
+
     try:
         doc = json.loads(text)
     except ValueError:
         return None
-    return doc if isinstance(doc, dict) and "messages" in doc else None
+    if not isinstance(doc, dict) or not is_request_body(unwrap(doc)[0]):
+        return None
+    from ..inputs import Locator
+
+    return parse_request(doc, source=path, locator=Locator(text))
 
 
 _SAMPLE_CHAT = [
@@ -461,109 +477,24 @@ def _filter(findings: list[Finding], source: str, config: LintConfig) -> list[Fi
 # ------------------------------------------------------------------------------------- request bodies
 
 
-def _json_positions(text: str) -> Callable[[str], tuple[int, int]]:
-    """Best-effort line/column of a key's first occurrence after a given offset (JSON has no AST positions)."""
-    def locate(needle: str, start: int = 0) -> tuple[int, int, int]:
-        i = text.find(needle, start)
-        if i < 0:
-            return 1, 1, start
-        line = text.count("\n", 0, i) + 1
-        col = i - (text.rfind("\n", 0, i) + 1) + 1
-        return line, col, i
-    return locate
-
-
-def _has_placeholder(value: Any) -> str | None:
-    text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else value
-    m = _PLACEHOLDER.search(text)
-    if m:
-        return m.group(1) or m.group(2) or m.group(3)
-    for v in re.findall(r"\b(?:19|20)\d\d-\d\d-\d\d(?:T\d\d:\d\d)?", text):
-        return v
-    return None
-
-
-def _body_blocks(body: dict) -> list[tuple[str, Any, Any]]:
-    """``(path, content, cache_control)`` for each lookback position: tools, then system, then messages."""
-    blocks: list[tuple[str, Any, Any]] = []
-    for i, tool in enumerate(body.get("tools") or []):
-        if isinstance(tool, dict):
-            blocks.append((f"tools[{i}]", {k: v for k, v in tool.items() if k != "cache_control"},
-                           tool.get("cache_control")))
-    system = body.get("system")
-    if isinstance(system, str):
-        blocks.append(("system", system, None))
-    elif isinstance(system, list):
-        for i, b in enumerate(system):
-            if isinstance(b, dict):
-                blocks.append((f"system[{i}]", b.get("text", b), b.get("cache_control")))
-    for i, m in enumerate(body.get("messages") or []):
-        if not isinstance(m, dict):
-            continue
-        content = m.get("content")
-        if isinstance(content, list):
-            for j, b in enumerate(content):
-                if isinstance(b, dict):
-                    blocks.append((f"messages[{i}].content[{j}]", b.get("text", b), b.get("cache_control")))
-        else:
-            blocks.append((f"messages[{i}]", content, m.get("cache_control")))
-    return blocks
-
-
-def lint_body(path: str, text: str, body: dict, config: LintConfig, min_tokens: int | None,
+def lint_body(path: str, req: "Request", config: LintConfig, min_tokens: int | None,
               count: Callable[[str], int], volatile: dict[str, str] | None = None,
               at: tuple[int, int] | None = None) -> list[Finding]:
-    """Breakpoints in an Anthropic/OpenAI request body: limit, minimum length, volatile content before them.
+    """Cache rules on a canonical request (:mod:`cachectl.engines.lint_body`): breakpoint count, minimum
+    length (``min_tokens``, else the body's own model), volatile content before or under a breakpoint,
+    no marker at all, volatile content in OpenAI's automatically cached prefix.
 
-    ``volatile`` maps block paths to what changes in them (from a templated body rendered twice); without
-    it, placeholders and literal dates in a block mark it volatile. ``at`` pins every finding to one
-    position (the template line that rendered the body).
+    ``volatile`` maps position paths to what changes in them (a templated body rendered twice); ``at``
+    pins every finding to one position (the template line that rendered the body).
     """
-    locate = _json_positions(text)
-    findings: list[Finding] = []
+    from .lint_body import lint_request
 
-    def add(rule: str, pos: tuple, message: str) -> None:
-        r = RULES[rule]
-        findings.append(Finding(rule, r.severity, path, pos[0], pos[1], message, r.fix))
+    def make(rule: str, severity: str, pos: tuple[int, int], message: str) -> Finding:
+        return Finding(rule, severity, path, pos[0], pos[1], message, RULES[rule].fix)
 
-    blocks = _body_blocks(body)
-    breakpoints = [(k, p) for k, (p, _, cc) in enumerate(blocks) if cc is not None]
-    if body.get("cache_control") is not None:
-        breakpoints.append((len(blocks) - 1, "cache_control"))
-    cursor = 0
-    positions = {}
-    for p, _, cc in blocks:
-        if cc is not None:
-            pos = locate('"cache_control"', cursor)
-            positions[p] = pos
-            cursor = pos[2] + 1
-    if len(breakpoints) > 4:
-        add("CC004", at or positions.get(breakpoints[4][1], (1, 1)), f"{len(breakpoints)} cache_control breakpoints; at "
-            "most 4 are allowed")
-    first_volatile = None
-    for k, (p, content, _) in enumerate(blocks):
-        v = volatile.get(p) if volatile is not None else _has_placeholder(content)
-        if v is not None:
-            first_volatile = (k, p, v)
-            break
-    if at is not None:
-        positions = {p: at for p in positions}
-    tokens_so_far = 0
-    for k, (p, content, cc) in enumerate(blocks):
-        tokens_so_far += count(content if isinstance(content, str) else json.dumps(content, ensure_ascii=False))
-        if cc is None:
-            continue
-        pos = positions.get(p, (1, 1))
-        if first_volatile is not None and first_volatile[0] == k:
-            add("CC008", pos, f"{p} carries cache_control and its content changes per request "
-                f"({first_volatile[2]!r}): the entry is written on every request and never read")
-        elif first_volatile is not None and first_volatile[0] < k:
-            add("CC002", pos, f"the breakpoint on {p} comes after {first_volatile[1]}, which changes per request "
-                f"({first_volatile[2]!r}): this breakpoint can never be read")
-        if min_tokens is not None and tokens_so_far < min_tokens:
-            add("CC005", pos, f"the prefix up to {p} is about {tokens_so_far} tokens, below the model's minimum of "
-                f"{min_tokens}: nothing is cached")
-    return _filter(findings, "", config)
+    found = lint_request(req, rules=RULES, make=make, min_tokens=min_tokens, count=count, changed=volatile, at=at,
+                         volatile_name=VOLATILE_NAME)
+    return _filter(found, "", config)
 
 
 # ---------------------------------------------------------------------------------------------- files
@@ -594,7 +525,9 @@ def lint_paths(paths: Sequence[str], config: LintConfig, tokenizer: Any = None,
         else (lambda text: max(1, len(text) // 4))
     findings: list[Finding] = []
     files = discover(paths)
-    from ..inputs import decode_text, parse_json_document, read_bytes
+    from ..inputs import Locator, decode_text, is_request_body, parse_json_document, parse_request, read_bytes, unwrap
+
+    named = {str(Path(raw)) for raw in paths if Path(raw).is_file()}  # named files must be lintable
 
     for f in files:
         data, source = read_bytes(str(f))
@@ -623,7 +556,11 @@ def lint_paths(paths: Sequence[str], config: LintConfig, tokenizer: Any = None,
             for x in lint_template(source, tmpl, config, tokenizer):
                 findings.append(Finding(x.rule, x.severity, x.path, base_line, x.column,
                                         f"{x.message} (chat_template line {x.line})", x.fix))
-        elif isinstance(doc, dict) and "messages" in doc:
-            findings += lint_body(source, text, doc, config, min_tokens, count)
+        elif isinstance(doc, dict) and is_request_body(unwrap(doc)[0]):
+            req = parse_request(doc, source=source, locator=Locator(text))
+            findings += lint_body(source, req, config, min_tokens, count)
+        elif str(f) in named:
+            raise InputError("not a request body (no 'messages', 'input' or 'blocks', also not inside 'body') "
+                             "and not a tokenizer_config.json with a chat_template", source=source)
         # other JSON/YAML files in a directory are not prompts: skipped
     return LintReport(files=len(files), findings=tuple(findings))

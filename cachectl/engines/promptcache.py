@@ -391,8 +391,9 @@ class CacheSimulator:
         bps = [(i, p.ttl) for i, p in enumerate(req.positions) if p.ttl is not None]
         if req.auto_ttl is not None and req.positions and (not bps or bps[-1][0] != len(req.positions) - 1):
             bps.append((len(req.positions) - 1, req.auto_ttl))  # automatic caching: the last block, one slot
-        if len(bps) > price.max_breakpoints:
-            raise req.error(f"{len(bps)} cache breakpoints; {price.model} allows at most {price.max_breakpoints}")
+        if req.marker_count > price.max_breakpoints:
+            raise req.error(f"{req.marker_count} cache_control breakpoints; {price.model} allows at most "
+                            f"{price.max_breakpoints} (the API rejects the request)")
         seen_5m = False
         for i, ttl in bps:
             if ttl == "5m":

@@ -74,6 +74,8 @@ class Position:
     tokens: int | None = None    # known token count (token layouts)
     cache_path: str | None = None  # JSON path of its cache_control
     last_path: str | None = None   # JSON path of its last block (a run of tool_use/tool_result blocks)
+    #: cache_control markers in this position (a run of blocks can carry several; each uses one of the 4 slots)
+    markers: int = 0
 
     @property
     def identity(self) -> str:
@@ -134,6 +136,15 @@ class Request:
     def breakpoints(self) -> tuple[int, ...]:
         """Indices of positions with an explicit cache_control marker."""
         return tuple(i for i, p in enumerate(self.positions) if p.ttl is not None)
+
+    @property
+    def marker_count(self) -> int:
+        """cache_control markers that use one of the provider's breakpoint slots (top-level automatic caching
+        uses one unless the last position already carries a marker)."""
+        n = sum(p.markers for p in self.positions)
+        if self.auto_ttl is not None and self.positions and self.positions[-1].ttl is None:
+            n += 1
+        return n
 
 
 # ------------------------------------------------------------------------------------------------ parse
@@ -333,7 +344,7 @@ def _anthropic(body: dict, ctx: _Ctx) -> dict:
             if tool.get("defer_loading") is True:
                 continue  # deferred through tool search: not in the prefix
             positions.append(Position("tools", path, "tool", None, compact(bare), compact(bare), ttl,
-                                      cache_path=f"{path}.cache_control" if ttl else None))
+                                      cache_path=f"{path}.cache_control" if ttl else None, markers=int(ttl is not None)))
     system = body.get("system")
     if system is not None:
         if isinstance(system, str):
@@ -352,7 +363,8 @@ def _anthropic(body: dict, ctx: _Ctx) -> dict:
                     raise ctx.err("system blocks must be {\"type\": \"text\", \"text\": ...}", path)
                 ttl = _ttl(b.get("cache_control"), ctx, f"{path}.cache_control")
                 positions.append(Position("system", path, "text", "system", compact(_strip_cc(b)), b["text"], ttl,
-                                          cache_path=f"{path}.cache_control" if ttl else None))
+                                          cache_path=f"{path}.cache_control" if ttl else None,
+                                          markers=int(ttl is not None)))
                 texts.append(b["text"])
             chat_msgs.append({"role": "system", "content": "\n".join(texts)})
             chat_paths.append("system")
@@ -409,16 +421,18 @@ def _anthropic(body: dict, ctx: _Ctx) -> dict:
         for run in runs:
             ttl = None
             cache_path = None
+            markers = 0
             for j, b in run:
                 t = _ttl(b.get("cache_control"), ctx, f"{mpath}.content[{j}].cache_control")
                 if t is not None:
                     ttl, cache_path = t, f"{mpath}.content[{j}].cache_control"
+                    markers += 1
             first, kind = run[0][0], str(run[0][1].get("type"))
             items = [_strip_cc(b) for _, b in run]
             positions.append(Position("messages", f"{mpath}.content[{first}]", kind, role,
                                       compact(items if len(items) > 1 else items[0]),
                                       "\n".join(_anthropic_block_text(b) for b in items), ttl, cache_path=cache_path,
-                                      last_path=f"{mpath}.content[{run[-1][0]}]"))
+                                      last_path=f"{mpath}.content[{run[-1][0]}]", markers=markers))
         _anthropic_chat(role, mpath, content, ctx, chat_msgs, chat_paths, unrenderable)
     auto = _ttl(body.get("cache_control"), ctx, "cache_control")
     params = {k: body[k] for k in ("tool_choice", "thinking", "speed", "output_config", "service_tier",
@@ -684,7 +698,8 @@ def _layout(body: dict, ctx: _Ctx) -> dict:
             raise ctx.err(f"segment must be tools, system or messages, got {segment!r}", f"{path}.segment")
         ttl = _ttl(b.get("cache_control"), ctx, f"{path}.cache_control")
         positions.append(Position(segment, path, "layout", None, "id:" + json.dumps(b["id"], sort_keys=True),
-                                  "", ttl, tokens=tokens, cache_path=f"{path}.cache_control" if ttl else None))
+                                  "", ttl, tokens=tokens, cache_path=f"{path}.cache_control" if ttl else None,
+                                  markers=int(ttl is not None)))
     return {"provider": "layout", "api": "layout", "positions": tuple(positions), "params": {},
             "auto_ttl": _ttl(body.get("cache_control"), ctx, "cache_control")}
 
@@ -695,8 +710,8 @@ def _layout(body: dict, ctx: _Ctx) -> dict:
 def layout_request(positions: list[tuple[str, int, str | None]], *, model: str, timestamp: float | None = None,
                    output_tokens: int = 0) -> Request:
     """A token layout built in memory: ``(id, tokens, ttl)`` per position (what-if and library use)."""
-    pos = tuple(Position("messages", f"blocks[{i}]", "layout", None, "id:" + json.dumps(id_), "", ttl, tokens=n)
-                for i, (id_, n, ttl) in enumerate(positions))
+    pos = tuple(Position("messages", f"blocks[{i}]", "layout", None, "id:" + json.dumps(id_), "", ttl, tokens=n,
+                         markers=int(ttl is not None)) for i, (id_, n, ttl) in enumerate(positions))
     return Request(provider="layout", api="layout", model=model, positions=pos, timestamp=timestamp,
                    output_tokens=output_tokens, source="what-if")
 
