@@ -235,9 +235,9 @@ def test_cli_capacity_gib_from_a_model_config(cli, write, tmp_path):
 
 @pytest.mark.parametrize("rows, args, expect", [
     ([{"foo": 1}], ["--capacity-blocks", "4"], "trace.jsonl:1: no tokens"),
-    ([{"tokens": [1, -2]}], ["--capacity-blocks", "4"], "trace.jsonl:1: field 'tokens[1]': -2 is not a non-negative"),
+    ([{"tokens": [1, -2]}], ["--capacity-blocks", "4"], "trace.jsonl:1: field 'tokens[1]': token ID -2 is not a non-negative"),
     ([{"tokens": [1, 2.5]}], ["--capacity-blocks", "4"], "field 'tokens[1]'"),
-    ([{"tokens": [1, True]}], ["--capacity-blocks", "4"], "field 'tokens[1]': True is not"),
+    ([{"tokens": [1, True]}], ["--capacity-blocks", "4"], "field 'tokens[1]': token ID True is not"),
     ([{"tokens": [1, 2 ** 70]}], ["--capacity-blocks", "4"], "field 'tokens[1]'"),
     ([{"tokens": list(range(40))}], ["--capacity-blocks", "2"], "the capacity is 2"),
     ([{"hash_ids": [1, 2], "input_length": 5000}], ["--capacity-blocks", "4", "--block-size", "512"],

@@ -27,7 +27,6 @@ import hashlib
 import heapq
 import operator
 import pickle
-from array import array
 from collections import OrderedDict, deque
 from itertools import accumulate, chain, count, repeat
 from dataclasses import dataclass
@@ -756,14 +755,11 @@ def trace_records(path: str) -> Iterator[tuple[int, Any, bool]]:
 
 
 def _token_list(value: Any, name: str, where: dict, maybe_bool: bool = True) -> list:
-    """Check token IDs: non-negative integers below 2**64. Fast when no bool can hide in the line."""
-    if isinstance(value, list) and not maybe_bool:
-        try:
-            array("Q", value)
-            return value
-        except (TypeError, OverflowError):
-            pass
-    return _int_list(value, name, where)
+    """Token IDs through the one validator of token-ID lists (:func:`cachectl.inputs.parse_ids`)."""
+    from ..inputs import parse_ids
+
+    parse_ids(value, field=name, maybe_bool=maybe_bool, **where)
+    return value
 
 
 def _int_list(value: Any, name: str, where: dict) -> list:
@@ -854,8 +850,6 @@ def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
             if pending:
                 yield from flush()
             tokens = _token_list(value[key], key, where, maybe_bool)
-            if not tokens:
-                raise InputError("empty token list", field=key, **where)
             segments = value.get("segments")
             if segments is not None:
                 segments = _int_list(segments, "segments", where)

@@ -10,6 +10,7 @@ tools); ``field_paths`` maps each normalized message back to where it stood in t
 from __future__ import annotations
 
 import json
+from array import array
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -141,12 +142,23 @@ def _shift(locator: Locator | None):
     return lambda path: locator(path[len("messages"):] if path.startswith("messages") else path)
 
 
-def parse_ids(value: Any, *, source: str, line: int | None, field: str | None = None) -> tuple[int, ...]:
-    """A list of non-negative integer token IDs (the one validator of token-ID lists)."""
+def parse_ids(value: Any, *, source: str, line: int | None, field: str | None = None,
+              maybe_bool: bool = True) -> tuple[int, ...]:
+    """A non-empty list of non-negative integer token IDs below 2**64 (the one validator of token-ID lists).
+
+    ``maybe_bool=False`` (the caller saw no ``true``/``false`` in the raw line) checks at C speed: a bool
+    would otherwise pass as 0 or 1.
+    """
     if not isinstance(value, list):
         raise InputError("expected a list of token IDs", source=source, line=line, field=field)
+    if value and not maybe_bool:
+        try:
+            array("Q", value)
+            return tuple(value)
+        except (TypeError, OverflowError):
+            pass
     for i, x in enumerate(value):
-        if type(x) is not int or x < 0:
+        if type(x) is not int or x < 0 or x >= 1 << 64:
             name = f"{field}[{i}]" if field else f"[{i}]"
             raise InputError(f"token ID {x!r} is not a non-negative integer", source=source, line=line,
                              field=name)
