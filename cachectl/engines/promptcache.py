@@ -416,6 +416,13 @@ class CacheSimulator:
                     e.reads += 1
                     hit = max(hit, j)
                     break
+        miss = None
+        if not bps:
+            miss = MissReason("no_breakpoint", "no cache_control breakpoint: nothing is written or read")
+        elif not cacheable:
+            miss = MissReason("below_minimum", note or "")
+        elif hit < max(i for i, _ in cacheable):
+            miss = self._why_explicit(req, price, keys, [i for i, _ in cacheable], hit, t)
         a = cum[hit] if hit >= 0 else 0
         after = [(i, ttl) for i, ttl in cacheable if cum[i] > a]
         b = max((cum[i] for i, ttl in after if ttl == "1h"), default=a)
@@ -429,13 +436,6 @@ class CacheSimulator:
             written.append(i)
         usage = Usage(input_tokens=total - max(a, c), cache_creation_input_tokens=c - a, cache_read_input_tokens=a,
                       output_tokens=req.output_tokens or 0, cache_write_5m_tokens=c - b, cache_write_1h_tokens=b - a)
-        miss = None
-        if not bps:
-            miss = MissReason("no_breakpoint", "no cache_control breakpoint: nothing is written or read")
-        elif not cacheable:
-            miss = MissReason("below_minimum", note or "")
-        elif hit < max(i for i, _ in cacheable):
-            miss = self._why_explicit(req, price, keys, [i for i, _ in cacheable], hit, t)
         return usage, note, miss, written
 
     def _why_explicit(self, req: Request, price: ModelPrice, keys: list[str], bps: list[int], hit: int,
@@ -485,6 +485,14 @@ class CacheSimulator:
             if self._alive(k, t) is not None:
                 cached, hit_key = n, k
                 break
+        note = None if total >= price.min_cacheable_tokens else \
+            f"prompt below {price.model}'s minimum of {price.min_cacheable_tokens} tokens: not cached"
+        miss = None
+        full = bounds[-1][0] if bounds else 0
+        if total < price.min_cacheable_tokens:
+            miss = MissReason("below_minimum", note or "")
+        elif cached < full:
+            miss = self._why_automatic(req, price, bounds, cached, hit_key, t)
         ttl = float(next(iter(price.ttls.values())))
         for n, k in bounds:
             e = self.entries.get(k)
@@ -496,14 +504,6 @@ class CacheSimulator:
                 self.entries[k] = _Entry(expires=t + ttl, ttl=ttl, available_from=t, line=req.line, path="",
                                          tokens=n)
                 self.expired.pop(k, None)
-        note = None if total >= price.min_cacheable_tokens else \
-            f"prompt below {price.model}'s minimum of {price.min_cacheable_tokens} tokens: not cached"
-        miss = None
-        full = bounds[-1][0] if bounds else 0
-        if total < price.min_cacheable_tokens:
-            miss = MissReason("below_minimum", note or "")
-        elif cached < full:
-            miss = self._why_automatic(req, price, bounds, cached, hit_key, t)
         return Usage(total - cached, 0, cached, req.output_tokens or 0, 0, 0), note, miss
 
     def _why_automatic(self, req: Request, price: ModelPrice, bounds: list[tuple[int, str]], cached: int,
@@ -512,7 +512,7 @@ class CacheSimulator:
             if n <= cached:
                 break
             e = self.entries.get(k)
-            if e is not None and e.available_from >= t and e.line != req.line:
+            if e is not None and e.available_from >= t:
                 return MissReason("concurrent", f"the prefix of {n:,} tokens was written by a request that started "
                                   f"at the same time (line {e.line})")
             if k in self.expired:
