@@ -97,10 +97,12 @@ def test_positions_follow_the_provider_order_not_the_file_order(tmp_path):
     assert [p.segment for p in req.positions] == ["tools", "system", "messages"]
     # line:col come from the parser, whatever order the keys stand in the file
     lines = text.splitlines()
-    line, col = req.locate("system")
-    assert lines[line - 1][col - 1:].startswith('"be brief"')
+    line, col = req.locate("system")  # a member is located at its key
+    assert lines[line - 1][col - 1:].startswith('"system": "be brief"')
     line, col = req.locate("messages[0].content")
-    assert lines[line - 1][col - 1:].startswith('"hi"')
+    assert lines[line - 1][col - 1:].startswith('"content": "hi"')
+    line, col = req.locate("messages[0]")  # an array element at its value
+    assert lines[line - 1][col - 1:].startswith('{')
 
 
 def test_wrapper_keeps_timestamp_usage_and_prefixes_paths():
@@ -423,3 +425,37 @@ def test_lint_locations_when_messages_come_before_system(cli, write):
 def test_lint_refuses_a_json_list(cli, write):
     r = cli("lint", write("list.json", json.dumps([{"role": "user", "content": "x"}])))
     assert r.exit_code == 2 and "list.json: not a request body" in r.stderr
+
+
+# ------------------------------------------------------------------------------- the README's logs
+
+
+def test_openai_log_of_the_readme(cli, tok):
+    """fixtures/prompts/openai_requests.jsonl: a time line deep in the system prompt; each later request reads
+    the token prefix before it, rounded down to 128."""
+    from .conftest import PROMPTS
+
+    lines = [json.loads(x) for x in (PROMPTS / "openai_requests.jsonl").read_text().splitlines()]
+    r = cli("prompt-cost", PROMPTS / "openai_requests.jsonl", "--tokenizer", FIXTURES / "tok", "-f", "json")
+    assert r.exit_code == 0, r.stderr
+    got = json.loads(r.stdout)
+    for prev, cur, row in zip(lines, lines[1:], got["requests"][1:]):
+        a = tok.backend.encode(prev["body"]["messages"][0]["content"], add_special_tokens=False).ids
+        b = tok.backend.encode(cur["body"]["messages"][0]["content"], add_special_tokens=False).ids
+        shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+        assert row["cache_read_input_tokens"] == shared // 128 * 128 > 1024
+        assert row["miss"]["code"] == "content_changed" and row["miss"]["volatile"] == "iso_datetime"
+
+
+def test_billed_log_of_the_readme_is_reconciled(cli):
+    from .conftest import PROMPTS
+
+    r = cli("prompt-cost", PROMPTS / "anthropic_billed.jsonl", "--tokenizer", FIXTURES / "tok", "-f", "json")
+    assert r.exit_code == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert (got["reconciled"], got["agreed"]) == (5, 4)
+    bad = [q for q in got["requests"] if not q["reconciliation"]["agree"]]
+    assert [q["line"] for q in bad] == [4] and "billed less read" in bad[0]["reconciliation"]["reason"]
+    assert got["requests"][4]["miss"]["code"] == "ttl_expired"
+    text = cli("prompt-cost", PROMPTS / "anthropic_billed.jsonl", "--tokenizer", FIXTURES / "tok").stdout
+    assert "4 of 5 requests agree" in text and "disagree at line 4" in text

@@ -138,23 +138,43 @@ def _render_models(table, fmt: Format) -> None:
         stdout.print(f"not shipped: {table.not_shipped}", soft_wrap=True, markup=False)
 
 
+_MISS_LABEL = {"cold": "cold", "content_changed": "changed", "ttl_expired": "TTL expired",
+               "lookback_exceeded": "lookback", "breakpoint_moved": "bp moved", "below_minimum": "below min",
+               "concurrent": "concurrent", "no_breakpoint": "no marker", "scope_changed": "scope"}
+
+
 def _render_report(r) -> None:
     from rich.table import Table
 
+    recon = any(q.reconciliation is not None for q in r.requests)
+    why = any(q.miss is not None for q in r.requests)
     t = Table(header_style="bold", box=None, pad_edge=False)
-    for col in ("#", "line", "model", "input", "cache write", "cache read", "output", "cost", "uncached"):
-        t.add_column(col, justify="left" if col == "model" else "right")
+    cols = ["#", "line", "model", "input", "cache write", "cache read", "output", "cost", "uncached"]
+    if why:
+        cols.append("miss")
+    if recon:
+        cols += ["billed read/write", "agree"]
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("model", "miss", "agree") else "right")
     rows = r.requests
     shown = rows if len(rows) <= 50 else rows[:25] + rows[-25:]
     for i, q in enumerate(shown):
         if len(rows) > 50 and i == 25:
-            t.add_row("...", "", f"{len(rows) - 50} more", "", "", "", "", "", "")
+            t.add_row("...", "", f"{len(rows) - 50} more", *[""] * (len(cols) - 3))
         write = f"{q.cache_creation_input_tokens:,}"
         if q.cache_creation.get("ephemeral_1h_input_tokens"):
             write += f" ({q.cache_creation['ephemeral_1h_input_tokens']:,} 1h)"
-        t.add_row(str(q.index), "" if q.line is None else str(q.line), q.model, f"{q.input_tokens:,}", write,
-                  f"{q.cache_read_input_tokens:,}", f"{q.output_tokens:,}", _money(q.cost_usd),
-                  _money(q.uncached_cost_usd))
+        cells = [str(q.index), "" if q.line is None else str(q.line), q.model, f"{q.input_tokens:,}", write,
+                 f"{q.cache_read_input_tokens:,}", f"{q.output_tokens:,}", _money(q.cost_usd),
+                 _money(q.uncached_cost_usd)]
+        if why:
+            cells.append(_MISS_LABEL.get(q.miss.code, q.miss.code) if q.miss is not None else "")
+        if recon:
+            c = q.reconciliation
+            cells += ["" if c is None else f"{c.billed['cache_read_input_tokens']:,}/"
+                                           f"{c.billed['cache_creation_input_tokens']:,}",
+                      "" if c is None else ("yes" if c.agree else "[red]no[/]")]
+        t.add_row(*cells)
     stdout.print(t)
     hit = f"{r.hit_rate:.1%}" if r.hit_rate is not None else "n/a"
     label = " (estimate)" if r.estimate else ""
@@ -164,6 +184,20 @@ def _render_report(r) -> None:
     if r.break_even_reads is not None:
         stdout.print(f"break-even: the prefix pays for its write after {r.break_even_reads} "
                      f"read{'s' if r.break_even_reads != 1 else ''}", soft_wrap=True)
+    if recon:
+        stdout.print(f"billed {_money(r.billed_cost_usd or 0.0)}: {r.agreed} of {r.reconciled} requests agree with "
+                     "the prediction", soft_wrap=True, markup=False)
     stdout.print(f"tokens from: {r.token_source}", soft_wrap=True, markup=False)
+    for q in rows:
+        c = q.reconciliation
+        if q.miss is not None and q.miss.code not in ("cold",) and (c is None or not c.agree):
+            line = f"line {q.line}" if q.line is not None else f"#{q.index}"
+            stdout.print(f"miss at {line}: {q.miss.detail}", soft_wrap=True, markup=False)
+        if c is not None and not c.agree and c.reason:
+            line = f"line {q.line}" if q.line is not None else f"#{q.index}"
+            stdout.print(f"disagree at {line}: {c.reason}", soft_wrap=True, markup=False)
+    for f in r.findings:
+        lines = f" (lines {', '.join(map(str, f.lines[:8]))}{', ...' if len(f.lines) > 8 else ''})" if f.lines else ""
+        stdout.print(f"finding {f.code}: {f.message}{lines}", soft_wrap=True, markup=False)
     for note in r.notes:
         stdout.print(f"note: {note}", soft_wrap=True, markup=False)

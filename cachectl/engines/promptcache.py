@@ -551,7 +551,7 @@ def _changed(req: Request, prev: _Seen, same: int) -> MissReason:
                                   b.path)
             return MissReason("scope_changed", "a request parameter that scopes messages changed (tool_choice, "
                               f"images or thinking): {prev.scope_messages} -> {req.scope_messages}", b.path)
-        change = classify_change(a.content, b.content)
+        change = classify_change(a.text, b.text) if b.kind != "layout" else None  # layout ids are names
         what = ""
         if change is not None:
             what = f": {change[0].kind.replace('_', ' ')} {change[0].text!r} -> {change[1].text!r}"
@@ -730,8 +730,11 @@ def _findings(sim: CacheSimulator, table: PriceTable, ttl_gaps: list, volatile: 
     out = []
     never = [e for e in sim.finish() if e.path]  # explicit writes (automatic caching has no write fee)
     if never:
-        out.append(Finding("write_never_read", f"{len(never)} cache write(s) were never read before they expired "
-                           "or the log ended: their write premium bought nothing", len(never),
+        live = {id(e) for e in sim.entries.values()}
+        alive = sum(1 for e in never if id(e) in live)
+        out.append(Finding("write_never_read", f"{len(never)} cache write(s) were never read within the log"
+                           + (f" ({alive} still alive when it ends)" if alive else "")
+                           + ": a write that is never read pays its premium for nothing", len(never),
                            tuple(sorted({e.line for e in never if e.line is not None})),
                            tokens=sum(e.tokens for e in never)))
     if ttl_gaps:
@@ -741,8 +744,9 @@ def _findings(sim: CacheSimulator, table: PriceTable, ttl_gaps: list, volatile: 
     if volatile:
         paths = sorted({p for _, p in volatile if p})
         out.append(Finding("breakpoint_after_volatile", f"{len(volatile)} request(s) missed because a value that "
-                           f"changes per request (a date, time, id or counter) sits before the breakpoint, at "
-                           f"{', '.join(paths[:3])}: move it after the last breakpoint", len(volatile),
+                           f"changes per request (a date, time, id or counter) sits inside the cached prefix, at "
+                           f"{', '.join(paths[:3])}: move it after the stable content (after the last breakpoint)",
+                           len(volatile),
                            tuple(x for x, _ in volatile if x is not None)))
     return out
 

@@ -21,12 +21,13 @@ def child(path: str, key: str | int) -> str:
     return f"{path}.{key}" if path else key
 
 
-def value_offsets(text: str) -> dict[str, int]:
-    """Offset of the first character of every value, keyed by its path (the root is ``""``)."""
-    out: dict[str, int] = {}
-    # stack entries: [path, is_array, next_index, pending_key]
+def scan_offsets(text: str) -> tuple[dict[str, int], dict[str, int]]:
+    """``(values, keys)``: the offset of the first character of every value, keyed by its path (the root is
+    ``""``), and, for object members, the offset of the member's key."""
+    values: dict[str, int] = {}
+    keys: dict[str, int] = {}
+    # stack entries: [path, is_array, next_index, pending_key, pending_key_offset]
     stack: list[list] = []
-    expect_value = True
     root_done = False
     for m in _TOKEN.finditer(text):
         tok = m.group(0)
@@ -44,6 +45,7 @@ def value_offsets(text: str) -> dict[str, int]:
                     top[3] = json.loads(tok)
                 except ValueError:
                     top[3] = tok[1:-1]
+                top[4] = m.start()
             continue
         if top is None:
             if root_done:
@@ -55,21 +57,27 @@ def value_offsets(text: str) -> dict[str, int]:
             top[2] += 1
         else:
             path = child(top[0], top[3])
+            keys.setdefault(path, top[4])
             top[3] = None
-        out.setdefault(path, m.start())
+        values.setdefault(path, m.start())
         if tok == "{":
-            stack.append([path, False, 0, None])
+            stack.append([path, False, 0, None, 0])
         elif tok == "[":
-            stack.append([path, True, 0, None])
-        expect_value = False
-    del expect_value
-    return out
+            stack.append([path, True, 0, None, 0])
+    return values, keys
+
+
+def value_offsets(text: str) -> dict[str, int]:
+    """Offset of the first character of every value, keyed by its path (the root is ``""``)."""
+    return scan_offsets(text)[0]
 
 
 class Locator:
     """``locate(path) -> (line, column)``, 1-based, for a JSON text that starts at ``line``/``column``.
 
-    Paths that are not found fall back to their nearest located ancestor; the scan runs on first use.
+    An object member is located at its key (``"cache_control": ...`` points at ``"cache_control"``), an
+    array element at its value. Paths that are not found fall back to their nearest located ancestor; the
+    scan runs on first use.
     """
 
     def __init__(self, text: str, line: int = 1, column: int = 1) -> None:
@@ -79,7 +87,9 @@ class Locator:
 
     @functools.cached_property
     def _offsets(self) -> dict[str, int]:
-        return value_offsets(self._text)
+        values, keys = scan_offsets(self._text)
+        values.update(keys)
+        return values
 
     @functools.cached_property
     def _line_starts(self) -> list[int]:

@@ -91,6 +91,12 @@ def prompt_from_value(value: Any, *, source: str, line: int | None, as_kind: str
         raise InputError(f"expected a JSON object or list, got {type(value).__name__}", **loc)
 
     body, body_path, wrapper = unwrap(value)
+    if not body_path:  # a wrapper around a completion prompt or token IDs
+        for key in ("body", "request"):
+            inner = value.get(key)
+            if isinstance(inner, dict) and any(k in inner for k in ("prompt", "text", *_ID_KEYS)):
+                body, body_path, wrapper = inner, f"{key}.", {k: v for k, v in value.items() if k != key}
+                break
     if is_request_body(body) and "blocks" not in body:
         provider = as_kind if as_kind in ("openai", "anthropic") else None
         req = parse_request(value, source=source, line=line, locator=locator, provider=provider)
