@@ -8,7 +8,7 @@ import pytest
 
 from cachectl.engines.pricing import PriceTable, Usage, UnknownModelError, cost_usd
 from cachectl.engines.promptcache import audit_usage, parse_duration, simulate_requests, what_if
-from cachectl.inputs import parse_request
+from cachectl.inputs import parse_request, read_json_file
 from cachectl.errors import InputError
 
 SONNET = "claude-sonnet-4-5"   # $3 in, 3.75 5m write, 6 1h write, 0.30 read, 15 out; minimum 1,024 tokens
@@ -262,7 +262,7 @@ def test_audit_without_split_assumes_5m_and_says_so(table):
     ({"model": SONNET, "usage": {"input_tokens": -1, "output_tokens": 0}}, "field 'usage.input_tokens': negative"),
     ({"model": SONNET, "messages": []}, "this is a request, not a response"),
     ({"hello": "world"}, "neither a response nor a usage object"),
-    ({"usage": {"input_tokens": 1, "output_tokens": 1}}, "no model on this line; pass --model"),
+    ({"usage": {"input_tokens": 1, "output_tokens": 1}}, "no model on this line; pass `default_model`"),
     ({"model": SONNET, "usage": {"input_tokens": 1, "cache_creation_input_tokens": 10,
                                  "cache_creation": {"ephemeral_5m_input_tokens": 3, "ephemeral_1h_input_tokens": 3}}},
      "does not|splits into 3 \\+ 3"),
@@ -311,7 +311,7 @@ def test_litellm_price_file_import(tmp_path):
                       "input_cost_per_token_above_200k_tokens": 6e-06, "output_cost_per_token_above_200k_tokens": 2.25e-05,
                       "cache_read_input_token_cost_above_200k_tokens": 6e-07},
     }))
-    t = PriceTable.load(str(f))
+    t = PriceTable.load(read_json_file(str(f)))
     p = t.lookup("my-claude")
     assert (p.input, p.cache_write_5m, p.cache_write_1h, p.cache_read, p.output) == (3, 3.75, 6, 0.3, 15)
     assert p.usage_style == "anthropic" and p.max_breakpoints == 4
@@ -326,11 +326,11 @@ def test_native_price_file_overrides(tmp_path):
     f.write_text(json.dumps({"models": {"claude-sonnet-4-5": {"provider": "anthropic", "input": 1, "output": 2,
                                                               "cache_write_5m": 1.25, "cache_write_1h": 2,
                                                               "cache_read": 0.1, "min_cacheable_tokens": 100}}}))
-    assert PriceTable.load(str(f)).lookup(SONNET).input == 1
+    assert PriceTable.load(read_json_file(str(f))).lookup(SONNET).input == 1
 
 
 def test_bad_price_file(tmp_path):
     f = tmp_path / "p.json"
     f.write_text(json.dumps({"models": {"x": {"input": "cheap", "output": 1}}}))
     with pytest.raises(InputError, match=r"field 'models.x.input'"):
-        PriceTable.load(str(f))
+        PriceTable.load(read_json_file(str(f)))

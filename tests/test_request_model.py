@@ -459,3 +459,16 @@ def test_billed_log_of_the_readme_is_reconciled(cli):
     assert got["requests"][4]["miss"]["code"] == "ttl_expired"
     text = cli("prompt-cost", PROMPTS / "anthropic_billed.jsonl", "--tokenizer", FIXTURES / "tok").stdout
     assert "4 of 5 requests agree" in text and "disagree at line 4" in text
+
+
+def test_engine_errors_name_parameters_and_the_cli_shows_its_flags(cli, write):
+    """Engines speak of their parameters (`default_model`); the CLI's one table turns them into flags."""
+    with pytest.raises(InputError, match="pass `default_model`"):
+        simulate_requests([parse_request({"messages": [{"role": "user", "content": "x"}]})], table=PriceTable.load(),
+                          source="mem")
+    path = write("nomodel.jsonl", json.dumps({"messages": [{"role": "user", "content": "x"}]}) + "\n")
+    r = cli("prompt-cost", path)
+    assert r.exit_code == 2 and "nomodel.jsonl:1: no model on this line; pass --model" in r.stderr
+    r = cli("prompt-cost", "--usage", write("u.jsonl", json.dumps({"model": "claude-sonnet-9", "usage": {
+        "input_tokens": 1}}) + "\n"))
+    assert "--list-models" in r.stderr and "--prices FILE" in r.stderr and "`" not in r.stderr

@@ -141,6 +141,24 @@ def save_figure(fig, path: str) -> None:
 
 # ------------------------------------------------------------------------------------------ errors
 
+#: Engine errors name library parameters in backticks (`default_model`); the CLI shows its flags instead.
+#: The one table from parameter names to flags.
+PARAM_FLAGS = {
+    "default_model": "--model", "model": "--model", "tokenizer": "--tokenizer", "count_with_api": "--count-with-api",
+    "every": "--every DURATION", "prices": "--prices FILE", "list_models": "--list-models", "usage": "--usage",
+    "requests": "a REQUESTS.jsonl argument", "hash_block_size": "--hash-block-size", "block_size": "--block-size",
+    "capacity_blocks": "--capacity-blocks", "capacity_gib": "--capacity-gib", "policy": "--policy",
+    "concurrency": "--concurrency", "recompute_ratio": "--recompute-ratio", "hash": "--hash",
+    "select": "--select", "ignore": "--ignore", "as_kind": "--as",
+}
+
+
+def flags_for_params(message: str) -> str:
+    """Replace `param` names in an engine's message by the command-line flags that set them."""
+    import re
+
+    return re.sub(r"`([a-z_]+)`", lambda m: PARAM_FLAGS.get(m.group(1), m.group(0)), message)
+
 
 def fail(message: str, code: int = EXIT_ERROR) -> "typer.Exit":
     stderr.print(f"cachectl: error: {message}", markup=False, highlight=False, soft_wrap=True)
@@ -163,7 +181,7 @@ def handle_errors(fn: Callable) -> Callable:
         except CachectlError as exc:
             if debug:
                 raise
-            raise fail(str(exc), exc.exit_code) from None
+            raise fail(flags_for_params(str(exc)), exc.exit_code) from None
         except BrokenPipeError:
             # the reader went away (`| head`): stop quietly
             devnull = os.open(os.devnull, os.O_WRONLY)

@@ -49,7 +49,9 @@ def command(
     from ..engines import promptcache
     from ..engines.pricing import PriceTable
 
-    table = PriceTable.load(prices)
+    from ..inputs import read_json_file
+
+    table = PriceTable.load(read_json_file(prices) if prices else None)
     modes = [m for m, on in (("list", list_models), ("audit", usage is not None), ("simulate", requests is not None),
                              ("what-if", prefix_tokens is not None)) if on]
     if len(modes) != 1:

@@ -162,19 +162,18 @@ class PriceTable:
     not_shipped: str | None = None
 
     @classmethod
-    def load(cls, user_file: str | None = None) -> "PriceTable":
+    def load(cls, user_prices: "tuple[Any, str] | None" = None) -> "PriceTable":
+        """The shipped table, overridden or extended by ``user_prices``: ``(document, source)``, a parsed price
+        file in cachectl's format or LiteLLM's (read it with :func:`cachectl.inputs.read_json_file`)."""
         raw = json.loads(resources.files("cachectl.data").joinpath("prices.json").read_text(encoding="utf-8"))
         table = cls({name: _from_native(name, e, "cachectl/data/prices.json") for name, e in raw["models"].items()},
                     raw.get("not_shipped"))
-        if user_file is not None:
-            table.merge_file(user_file)
+        if user_prices is not None:
+            table.merge_document(*user_prices)
         return table
 
-    def merge_file(self, path: str) -> None:
-        from ..inputs import parse_json_document, read_text
-
-        text, source = read_text(path)
-        doc = parse_json_document(text, source)
+    def merge_document(self, doc: Any, source: str) -> None:
+        """Add or override models from a parsed price document (cachectl's format or LiteLLM's)."""
         if not isinstance(doc, dict):
             raise InputError("expected a JSON object of models", source=source)
         if isinstance(doc.get("models"), dict):
@@ -206,8 +205,8 @@ class PriceTable:
             return self.models[max(candidates, key=len)]
         close = difflib.get_close_matches(bare, list(self.models), n=4, cutoff=0.5)
         hint = f"; close names: {', '.join(close)}" if close else ""
-        raise UnknownModelError(f"unknown model {name!r}{hint} (see `cachectl prompt-cost --list-models`, "
-                                "or add it with --prices FILE)")
+        raise UnknownModelError(f"unknown model {name!r}{hint} (see the price table with `list_models`, or add "
+                                "the model with `prices`)")
 
 
 # ----------------------------------------------------------------------------------------------- cost
@@ -236,7 +235,7 @@ def cost_usd(price: ModelPrice, usage: Usage) -> float:
     w5 = r.cache_write_5m if r.cache_write_5m is not None else r.input
     w1 = r.cache_write_1h if r.cache_write_1h is not None else None
     if usage.cache_write_1h_tokens and w1 is None:
-        raise InputError(f"{price.model}: no 1-hour cache write price known; add cache_write_1h with --prices")
+        raise InputError(f"{price.model}: no 1-hour cache write price known; add cache_write_1h with `prices`")
     total = (usage.input_tokens * r.input + usage.cache_write_5m_tokens * w5
              + usage.cache_write_1h_tokens * (w1 or 0.0) + usage.cache_read_input_tokens * read_rate
              + usage.output_tokens * r.output)

@@ -170,12 +170,12 @@ def usage_from_record(value: Any, *, default_model: str | None, table: PriceTabl
     usage, path, rec = find_usage(value)
     if usage is None:
         if "messages" in value or "blocks" in value or "input" in value:
-            raise InputError("this is a request, not a response: --usage audits logged responses; pass "
-                             "request logs as REQUESTS.jsonl to simulate them", **where)
+            raise InputError("this is a request, not a response: `usage` audits logged responses; simulate "
+                             "request logs with `requests`", **where)
         raise InputError("neither a response nor a usage object (no 'usage' field)", **where)
     model_name = rec.get("model") or default_model
     if not model_name:
-        raise InputError("no model on this line; pass --model", **where)
+        raise InputError("no model on this line; pass `default_model`", **where)
     if not isinstance(model_name, str):
         raise InputError("expected a string", field="model", **where)
     price = table.lookup(model_name)
@@ -666,7 +666,7 @@ def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source:
     ttl_gaps: list[int | None] = []
     for index, req in enumerate(requests):
         if not req.model:
-            raise req.error("no model on this line; pass --model")
+            raise req.error("no model on this line; pass `default_model`")
         t = req.timestamp
         if t is None:
             if every is None:
@@ -674,7 +674,7 @@ def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source:
                     t = 0.0
                 else:
                     raise InputError("no timestamp: cache entries expire (5 minutes or 1 hour), so TTL matters; "
-                                     "add 'timestamp' (seconds or ISO 8601) or pass --every DURATION",
+                                     "add 'timestamp' (seconds or ISO 8601) or pass `every`",
                                      source=req.source, line=req.line)
             else:
                 t = index * every
@@ -758,8 +758,8 @@ def _piece_count(p: Position, text_counter) -> int:
 
 
 def _need_counts(req: Request) -> InputError:
-    return InputError("request bodies need token counts: pass --tokenizer (an estimate) or, for Claude models, "
-                      "--count-with-api", source=req.source, line=req.line)
+    return InputError("request bodies need token counts: pass `tokenizer` (an estimate) or, for Claude models, "
+                      "`count_with_api`", source=req.source, line=req.line)
 
 
 def _pieces(req: Request, text_counter, api_count) -> list[tuple[str, Sequence[int] | None, int]]:

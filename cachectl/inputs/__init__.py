@@ -19,8 +19,14 @@ __all__ = [
     "parse_json_document", "parse_jsonl_line", "read_bytes", "read_text", "Locator", "KINDS", "LogRecord",
     "PromptInput", "iter_log", "parse_ids", "prompt_from_value", "read_prompt", "ChatView", "Position", "Request",
     "compact", "detect_provider", "is_request_body", "layout_request", "parse_request", "parse_timestamp",
-    "unwrap", "read_requests", "read_request_document",
+    "unwrap", "read_requests", "read_request_document", "read_json_file",
 ]
+
+
+def read_json_file(path: str) -> tuple:
+    """``(document, source)`` of a JSON file (``-`` for stdin), with located errors."""
+    text, source = read_text(path)
+    return parse_json_document(text, source), source
 
 
 def read_requests(path: str, *, default_model: str | None = None, provider: str | None = None):
