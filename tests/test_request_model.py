@@ -238,6 +238,7 @@ def test_prompt_cache_key_is_routing_not_content(table, counter):
     r = run(table, counter, [{"model": "gpt-4o", "messages": msgs, "prompt_cache_key": "a"},
                              {"model": "gpt-4o", "messages": msgs, "prompt_cache_key": "b"}])
     assert r.requests[1].cache_read_input_tokens > 1024
+    assert any("prompt_cache_key" in n and "routed" in n for n in r.notes)
 
 
 # --------------------------------------------------------------------------- Anthropic invalidation
@@ -472,3 +473,14 @@ def test_engine_errors_name_parameters_and_the_cli_shows_its_flags(cli, write):
     r = cli("prompt-cost", "--usage", write("u.jsonl", json.dumps({"model": "claude-sonnet-9", "usage": {
         "input_tokens": 1}}) + "\n"))
     assert "--list-models" in r.stderr and "--prices FILE" in r.stderr and "`" not in r.stderr
+
+
+def test_deepseek_counters_are_mapped_not_dropped():
+    from cachectl.inputs.usage import parse_usage
+
+    u = parse_usage({"prompt_tokens": 100, "completion_tokens": 5, "prompt_cache_hit_tokens": 64,
+                     "prompt_cache_miss_tokens": 36}, source="d", line=1)
+    assert (u.cache_read_tokens, u.input_tokens, u.style) == (64, 36, "openai-chat")
+    with pytest.raises(InputError, match="field 'usage.prompt_cache_hit_tokens'"):
+        parse_usage({"prompt_tokens": 100, "prompt_cache_hit_tokens": 64, "prompt_cache_miss_tokens": 30},
+                    source="d", line=1)

@@ -662,6 +662,7 @@ def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source:
     last_t: float | None = None
     estimate = False
     unknown_output = 0
+    routed = 0
     volatile_misses: list[tuple[int | None, str]] = []
     ttl_gaps: list[int | None] = []
     for index, req in enumerate(requests):
@@ -688,6 +689,7 @@ def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source:
                          f"with {price.model}'s rules")
         keys = chain_keys(price.model, req)
         unknown_output += req.output_tokens is None
+        routed += "prompt_cache_key" in req.params
         if any(p.tokens is None for p in req.positions):
             estimate = True
         written: list[int] = []
@@ -720,6 +722,9 @@ def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source:
         notes.append("thinking and effort changes are predicted by the documented rule (they invalidate the "
                      "messages cache); their effect is model-dependent, and an effort change was observed to miss "
                      "the system cache too")
+    if routed:
+        notes.append(f"{routed} request(s) set prompt_cache_key: it steers which cache a request is routed to "
+                     "and is not part of the cached prefix, so it changes no prediction here")
     if estimate:
         token_source = "count_tokens API (an estimate)" if api is not None else f"{token_source} (an estimate)"
     findings = _findings(sim, table, ttl_gaps, volatile_misses)

@@ -24,6 +24,8 @@ ANTHROPIC_SPLIT_KEYS = ("ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens"
 OPENAI_CHAT_KEYS: dict[str, str | None] = {
     "prompt_tokens": None, "completion_tokens": None, "total_tokens": "info", "prompt_tokens_details": None,
     "completion_tokens_details": "info",
+    # DeepSeek's OpenAI-compatible counters: hit + miss = prompt_tokens (mapped: hits are cached tokens)
+    "prompt_cache_hit_tokens": None, "prompt_cache_miss_tokens": None,
 }
 OPENAI_RESPONSES_KEYS: dict[str, str | None] = {
     "input_tokens": None, "output_tokens": None, "total_tokens": "info", "input_tokens_details": None,
@@ -158,6 +160,16 @@ def parse_usage(usage: dict, *, source: str, line: int | None, path: str = "usag
     _check_known(details, OPENAI_DETAIL_KEYS, loc, dpath, "token detail")
     cached = _count(details, "cached_tokens", loc, dpath)
     writes = _count(details, "cache_write_tokens", loc, dpath)
+    if "prompt_cache_hit_tokens" in usage:  # DeepSeek
+        hit = _count(usage, "prompt_cache_hit_tokens", loc, path)
+        miss = _count(usage, "prompt_cache_miss_tokens", loc, path)
+        if "prompt_cache_miss_tokens" in usage and hit + miss != prompt:
+            raise InputError(f"prompt_cache_hit_tokens ({hit}) + prompt_cache_miss_tokens ({miss}) is not "
+                             f"prompt_tokens ({prompt})", field=f"{path}prompt_cache_hit_tokens", **loc)
+        if "cached_tokens" in details and cached != hit:
+            raise InputError(f"cached_tokens ({cached}) disagrees with prompt_cache_hit_tokens ({hit})",
+                             field=f"{dpath}cached_tokens", **loc)
+        cached = hit
     if cached + writes > prompt:
         raise InputError(f"cached ({cached}) + written ({writes}) tokens exceed the {prompt} prompt tokens",
                          field=dpath + "cached_tokens", **loc)
