@@ -338,3 +338,22 @@ def test_counters_ids_and_dates(with_template):
     tb = llama.tokenize(_p([U1]), template_vars={"date_string": "29 Nov 2026"})
     d = diff_tokens(ta, tb, tokenizer=llama)
     assert d.cause.id == "date_time" and d.a.location.in_template
+
+
+@pytest.mark.parametrize("name", ["microsoft-Phi-3.5-mini-instruct", "openai-gpt-oss-120b"])
+def test_last_turn_closed_otherwise_than_history(with_template, name):
+    d = _diff(with_template(name), [SYS, U1, A1], [SYS, U1, A1, U2], gen=False)
+    assert d.kind == "mismatch" and d.cause.id == "last_turn_closed_differently"
+    # a template that closes every turn alike: a plain prefix, no cause needed
+    d = _diff(with_template("Qwen-Qwen2.5-7B-Instruct"), [SYS, U1, A1], [SYS, U1, A1, U2], gen=False)
+    assert d.kind == "a_prefix_of_b"
+
+
+def test_importing_the_cli_and_engines_loads_no_heavy_library():
+    import subprocess
+    import sys
+
+    code = ("import sys, cachectl.cli, cachectl.engines.lint, cachectl.engines.tokendiff, cachectl.tokenization; "
+            "print(sorted(m for m in ('torch', 'transformers', 'jinja2') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

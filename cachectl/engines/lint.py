@@ -632,7 +632,7 @@ def _chat_dynamic(path, template, source, add, tokenizer=None, clock_reads: list
     from .tokendiff import common_prefix_length
 
     line = source[:source.find("</think>")].count("\n") + 1 if "</think>" in source else 1
-    what, msgs, tools, renders = chat_sample(path, template, tokenizer, clock_reads)
+    _, msgs, tools, renders = chat_sample(path, template, tokenizer, clock_reads)
     first = _first_turn(msgs)
     if tokenizer is not None:
         from ..inputs import prompt_from_value

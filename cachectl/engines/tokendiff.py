@@ -177,7 +177,7 @@ def _has_system(p: PromptInput) -> bool:
 
 def explain(a: Tokenized, b: Tokenized, index: int, tokenizer: TokenizerHandle | None = None) -> Cause | None:
     """The known pitfall that explains a divergence at ``index``, or None when none is shown."""
-    for check in (_bos, _tools, _default_system, _think, _relocated, _volatile, _unicode, _json_key_order,
+    for check in (_bos, _tools, _default_system, _think, _relocated, _last_turn, _volatile, _unicode, _json_key_order,
                   _whitespace, _token_boundary, _history, _system_changed):
         cause = check(a, b, index, tokenizer)
         if cause is not None:
@@ -305,6 +305,31 @@ def _relocated(a, b, index, tokenizer) -> Cause | None:
                      "turns are added (Mistral's templates put the system prompt into the last user turn), so the "
                      "history re-renders every turn. Put such text where it stays (the first user turn), or use a "
                      "template that keeps it in place.")
+    return None
+
+
+def _last_turn(a, b, index, tokenizer) -> Cause | None:
+    """One prompt ends with an assistant turn that the other holds unchanged and follows with more turns, and the
+    renders part right after that turn's content: the template closes a final turn otherwise than a turn in
+    the history (gpt-oss: <|return|> then <|end|>; templates that append EOS after the last turn)."""
+    if not (a.prompt.is_chat and b.prompt.is_chat) or a.text is None or b.text is None:
+        return None
+    c = common_prefix_length(a.text, b.text)
+    for x, y, nx, ny in ((a, b, "A", "B"), (b, a, "B", "A")):
+        n = len(x.prompt.messages)
+        last = x.prompt.messages[-1] if n else None
+        if last is None or last.get("role") != "assistant" or n >= len(y.prompt.messages) \
+                or y.prompt.messages[n - 1] != last:
+            continue
+        ends = [s.end for s in x.spans if s.message_index == n - 1]
+        if not ends or c < max(ends) or any(max(ends) <= s.start < c for s in x.spans):
+            continue
+        tail_x, tail_y = x.text[c:c + 24], y.text[c:c + 24]
+        return Cause("last_turn_closed_differently", f"{nx} ends with an assistant turn (message {n - 1}) and {ny} "
+                     f"holds the same turn with more after it, but the chat template closes the final turn "
+                     f"({tail_x!r}) otherwise than a turn in the history ({tail_y!r}): a render that ends with an "
+                     "assistant turn is no prefix of the next request. What a server caches ends with the "
+                     "generation prompt: compare those renders, or expect this miss at every turn.")
     return None
 
 
