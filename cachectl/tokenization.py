@@ -14,13 +14,14 @@ to; that is where a doubled BOS shows up.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from .errors import InputError, TokenizerError
 from .inputs import PromptInput
@@ -40,6 +41,7 @@ class Span:
     field: str
     message_index: int | None = None
     role: str | None = None
+    offset: int = 0    # the field's character at ``start`` (a template may drop the field's head)
 
 
 @dataclass(frozen=True)
@@ -76,24 +78,39 @@ class Tokenized:
     from it lazily, one token at a time, so a batch costs no more than the IDs themselves).
     """
 
-    __slots__ = ("prompt", "ids", "text", "encoding", "spans", "add_special_tokens", "_tokenizer")
+    __slots__ = ("prompt", "ids", "text", "encoding", "_spans", "add_special_tokens", "_tokenizer", "render_opts")
 
     def __init__(self, prompt: PromptInput, ids: Sequence[int], text: str | None = None,
-                 encoding: Any = None, spans: Sequence[Span] = (), tokenizer: "TokenizerHandle | None" = None,
-                 add_special_tokens: bool = False):
+                 encoding: Any = None, spans: "Sequence[Span] | Callable[[], Sequence[Span]]" = (),
+                 tokenizer: "TokenizerHandle | None" = None, add_special_tokens: bool = False,
+                 render_opts: dict | None = None):
         self.prompt = prompt
         self.ids = ids
         self.text = text
         self.encoding = encoding
-        self.spans = tuple(spans)
+        # spans may be a function: chat spans cost a second (instrumented) render, paid only when a
+        # location is asked for
+        self._spans = spans if callable(spans) else tuple(spans)
         self.add_special_tokens = add_special_tokens
         self._tokenizer = tokenizer
+        #: how a chat prompt was rendered (add_generation_prompt, template_vars): counterfactual renders reuse it
+        self.render_opts = render_opts
+
+    @property
+    def spans(self) -> tuple[Span, ...]:
+        if callable(self._spans):
+            self._spans = tuple(self._spans())
+        return self._spans
+
+    @property
+    def tokenizer(self) -> "TokenizerHandle | None":
+        return self._tokenizer
 
     def compact(self) -> "Tokenized":
         """The same prompt holding 4 bytes per token instead of a full ``Encoding`` (about 100 bytes per
         token): offsets are recomputed from the text on first use. For keeping many prompts around."""
-        return Tokenized(self.prompt, array("I", self.ids), self.text, None, self.spans, self._tokenizer,
-                         self.add_special_tokens)
+        return Tokenized(self.prompt, array("I", self.ids), self.text, None, self._spans, self._tokenizer,
+                         self.add_special_tokens, self.render_opts)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -135,7 +152,8 @@ class Tokenized:
         for span in self.spans:
             if span.start <= char < span.end:
                 return Location(token_index=i, field=span.field, message_index=span.message_index,
-                                role=span.role, char_offset=char - span.start, rendered_char_offset=char)
+                                role=span.role, char_offset=char - span.start + span.offset,
+                                rendered_char_offset=char)
         return Location(token_index=i, rendered_char_offset=char, in_template=True)
 
 
@@ -214,7 +232,8 @@ class TokenizerHandle:
                       add_special_tokens: bool = True, template_vars: dict | None = None) -> list[Tokenized]:
         """Tokenize prompts in one batch (the Rust backend runs the batch in parallel)."""
         texts: list[str | None] = []
-        spans: list[tuple[Span, ...]] = []
+        spans: list[Any] = []
+        opts = {"add_generation_prompt": add_generation_prompt, "template_vars": dict(template_vars or {})}
         for p in prompts:
             if p.ids is not None:
                 texts.append(None)
@@ -223,7 +242,7 @@ class TokenizerHandle:
                 text = self.render_chat(p, add_generation_prompt=add_generation_prompt,
                                         template_vars=template_vars)
                 texts.append(text)
-                spans.append(chat_spans(p, text))
+                spans.append(_lazy_chat_spans(self, p, text, opts))
             else:
                 texts.append(p.text)
                 spans.append((Span(0, len(p.text or ""), p.field_paths[0] if p.field_paths else "text"),))
@@ -241,16 +260,123 @@ class TokenizerHandle:
                 continue
             enc = next(enc_chat) if p.is_chat else next(enc_text)
             out.append(Tokenized(p, enc.ids, text=text, encoding=enc, spans=sp, tokenizer=self,
-                                 add_special_tokens=add_special_tokens and not p.is_chat))
+                                 add_special_tokens=add_special_tokens and not p.is_chat,
+                                 render_opts=opts if p.is_chat else None))
         return out
 
 
-def chat_spans(prompt: PromptInput, text: str) -> tuple[Span, ...]:
+def _lazy_chat_spans(tok: TokenizerHandle, prompt: PromptInput, text: str, opts: dict) -> Callable[[], tuple]:
+    def render(messages: Sequence[dict]) -> str:
+        return tok.render_chat(prompt, messages=messages, add_generation_prompt=opts["add_generation_prompt"],
+                               template_vars=opts["template_vars"])
+
+    return lambda: chat_spans(prompt, text, render=render)
+
+
+# Markers from Unicode's supplementary private use area A (plane 15): message i's content is wrapped in
+# chr(_MARK + 2i) ... chr(_MARK + 2i + 1) for one instrumented render.
+_MARK = 0xF0000
+_MARK_END = 0xFFFFD
+_MARKS = re.compile("[\U000F0000-\U000FFFFD]")
+_EDGE_WS = re.compile(r"^(\s*)(.*?)(\s*)$", re.S)
+
+
+def _marked_spans(prompt: PromptInput, text: str, render: Callable[[Sequence[dict]], str]) -> list[Span] | None:
+    """Spans read from one render with every message's content wrapped in invisible markers.
+
+    Exact wherever the template put the content (Mistral moves the system prompt into the last user turn,
+    reasoning templates cut a think block's head off): the markers travel with the text. None when the
+    instrumented render differs from the real one once the markers are removed (a template that compares
+    content to a literal), or when the content already holds such characters.
+    """
+    msgs = list(prompt.messages or ())
+    if 2 * len(msgs) > _MARK_END - _MARK or _MARKS.search(text):
+        return None
+    marked, cores = [], []
+    for i, msg in enumerate(msgs):
+        content = msg.get("content")
+        if not isinstance(content, str) or not content.strip():
+            marked.append(msg)
+            cores.append(None)
+            continue
+        lead, core, trail = _EDGE_WS.match(content).groups()  # markers inside the edge whitespace: trim keeps them
+        marked.append({**msg, "content": f"{lead}{chr(_MARK + 2 * i)}{core}{chr(_MARK + 2 * i + 1)}{trail}"})
+        cores.append((len(lead), core))
+    try:
+        out = render(marked)
+    except Exception:  # the instrumented render is a best effort; the real one already succeeded
+        return None
+    clean: list[str] = []
+    where: dict[int, list[int]] = {}  # marker code -> positions in the clean text
+    last = 0
+    pos = 0
+    for m in _MARKS.finditer(out):
+        clean.append(out[last:m.start()])
+        pos += m.start() - last
+        where.setdefault(ord(m.group(0)) - _MARK, []).append(pos)
+        last = m.end()
+    clean.append(out[last:])
+    if "".join(clean) != text:
+        return None
+    spans: list[Span] = []
+    for i, (msg, path) in enumerate(zip(msgs, prompt.field_paths)):
+        if cores[i] is None:
+            continue
+        lead, core = cores[i]
+        starts, ends = where.get(2 * i, []), where.get(2 * i + 1, [])
+        role = msg.get("role")
+        for s in starts:  # a start marker: the content from there, as far as the text follows it
+            e = next((e for e in ends if e >= s), None)
+            if e is None:
+                e = s + common_prefix(text[s:s + len(core)], core)
+            spans.append(Span(s, e, path, i, role, lead))
+        for e in ends:  # an end marker without its start: the tail the template kept
+            if any(sp.start <= e <= sp.end and sp.message_index == i for sp in spans):
+                continue
+            n = common_suffix(text[max(0, e - len(core)):e], core)
+            if n:
+                spans.append(Span(e - n, e, path, i, role, lead + len(core) - n))
+    return spans
+
+
+def common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def common_suffix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[len(a) - 1 - i] == b[len(b) - 1 - i]:
+        i += 1
+    return i
+
+
+def chat_spans(prompt: PromptInput, text: str,
+               render: Callable[[Sequence[dict]], str] | None = None) -> tuple[Span, ...]:
     """Find where each message's content and each tool schema landed in the rendered text.
 
-    Contents are searched in order from a moving cursor, so text the template injected between them
-    (a default system prompt, a date line, role headers) stays unattributed, i.e. template text.
+    With ``render`` (the same chat template, same options) the contents are located by an instrumented
+    render (:func:`_marked_spans`), wherever the template put them. Otherwise, or when that fails,
+    contents are searched in order from a moving cursor. Text the template wrote itself (a default
+    system prompt, a date line, role headers) stays unattributed, i.e. template text.
     """
+    marked = _marked_spans(prompt, text, render) if render is not None else None
+    spans: list[Span] = list(marked) if marked is not None else _searched_spans(prompt, text)
+    for t_idx, tool in enumerate(prompt.tools or ()):
+        for rendered in _tool_renderings(tool):
+            pos = text.find(rendered)
+            if pos >= 0:
+                spans.append(Span(pos, pos + len(rendered), f"tools[{t_idx}]"))
+                break
+    spans.sort(key=lambda s: (s.start, s.end))
+    return tuple(spans)
+
+
+def _searched_spans(prompt: PromptInput, text: str) -> list[Span]:
     spans: list[Span] = []
     cursor = 0
     for idx, (msg, path) in enumerate(zip(prompt.messages or (), prompt.field_paths)):
@@ -263,19 +389,12 @@ def chat_spans(prompt: PromptInput, text: str) -> tuple[Span, ...]:
             pos = text.find(tail, cursor) if tail else -1
             if pos < 0:
                 continue
-            spans.append(Span(pos, pos + len(tail), path, idx, msg.get("role")))
+            spans.append(Span(pos, pos + len(tail), path, idx, msg.get("role"), content.rfind(tail)))
             cursor = pos + len(tail)
             continue
         spans.append(Span(pos, pos + len(content), path, idx, msg.get("role")))
         cursor = pos + len(content)
-    for t_idx, tool in enumerate(prompt.tools or ()):
-        for rendered in _tool_renderings(tool):
-            pos = text.find(rendered)
-            if pos >= 0:
-                spans.append(Span(pos, pos + len(rendered), f"tools[{t_idx}]"))
-                break
-    spans.sort(key=lambda s: s.start)
-    return tuple(spans)
+    return spans
 
 
 def _tool_renderings(tool: dict) -> Iterable[str]:
@@ -367,3 +486,69 @@ def _load_hub_cached(repo_id: str, chat_template: str | None) -> TokenizerHandle
             "cachectl never downloads: pass a local model directory or tokenizer.json "
             f"(for example after `hf download {repo_id} --include 'tokenizer*' 'chat_template*'`)") from None
     return _load_dir(Path(folder), repo_id, chat_template)
+
+
+# ------------------------------------------------------------------------------- chat templates, lint
+
+
+def template_environment():
+    """transformers' own chat-template environment, in an overlay that refuses sandbox escapes.
+
+    The environment is the one ``apply_chat_template`` compiles templates in (``ImmutableSandboxedEnvironment``
+    with trim_blocks and lstrip_blocks, jinja2's loopcontrols, the ``{% generation %}`` extension, its
+    ``tojson``, ``raise_exception``, ``strftime_now``, ``namespace`` and ``dict``), reached through one
+    compiled template, not rebuilt. The overlay differs in one point: reaching for an unsafe attribute
+    (``__class__``, a mutating method) raises ``SecurityError`` where transformers renders it as undefined,
+    so lint reports the attempt instead of rendering around it. Filters and globals are copied so that
+    nothing set here reaches transformers' own renders.
+    """
+    return _template_environment()
+
+
+@functools.cache
+def _template_environment():
+    _import_transformers()
+    from jinja2.exceptions import SecurityError
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    base = _compile_jinja_template("").environment
+    env = base.overlay()
+    env.filters = dict(base.filters)
+    env.globals = dict(base.globals)
+
+    def unsafe_undefined(obj: Any, attribute: str) -> Any:
+        raise SecurityError(f"access to {attribute!r} of a {type(obj).__name__} is refused by the sandbox")
+
+    env.unsafe_undefined = unsafe_undefined
+    return env
+
+
+def template_data(value: Any) -> Any:
+    """What a template sees of a value, as transformers builds it (plain JSON types only)."""
+    from transformers.utils import chat_template_utils as ctu
+
+    plain = getattr(ctu, "_plain_template_data", None)
+    return plain(value) if plain is not None else value
+
+
+def render_chat_template(template: Any, messages: Sequence[dict], *, tools: Sequence[dict] | None = None,
+                         documents: Sequence[dict] | None = None, add_generation_prompt: bool = False,
+                         special_tokens: dict | None = None, overrides: dict | None = None, **kwargs: Any) -> str:
+    """Render a compiled chat template (from :func:`template_environment`) as ``apply_chat_template`` does.
+
+    The same values reach the template: messages without None-valued keys and with reasoning aliased
+    (transformers' own helpers), ``tools`` and ``documents`` (None when absent), ``add_generation_prompt``,
+    the tokenizer's special tokens, then ``kwargs``. ``overrides`` go in last and untouched: lint's
+    instrumented callables (a recording ``strftime_now``).
+    """
+    from transformers.utils import chat_template_utils as ctu
+
+    msgs = [{k: v for k, v in m.items() if v is not None} for m in messages]
+    msgs = template_data(msgs)
+    alias = getattr(ctu, "_alias_reasoning_fields", None)
+    if alias is not None:
+        msgs = alias(msgs)
+    values = template_data({**(special_tokens or {}), **kwargs})
+    return template.render(messages=msgs, tools=template_data(list(tools) if tools is not None else None),
+                           documents=template_data(list(documents) if documents is not None else None),
+                           add_generation_prompt=add_generation_prompt, **values, **(overrides or {}))

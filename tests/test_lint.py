@@ -175,3 +175,20 @@ def test_chat_template_stability_in_token_space(cli):
     assert "think_stripped" in json.loads(r.stdout)["findings"][0]["message"]
     _, good = findings(cli, LINT / "good" / "chat_template.jinja", extra=("--tokenizer", TOK_DIR))
     assert good == []
+
+
+def test_each_finding_says_its_fix_and_whether_it_is_safe(cli):
+    r = cli("lint", LINT / "bad" / "tools_tojson.j2", LINT / "bad" / "time_at_top.j2", "-f", "json")
+    doc = json.loads(r.stdout)
+    assert doc["errors"] == []
+    safety = {f["rule"]: f["fix_safety"] for f in doc["findings"]}
+    assert safety == {"CC006": "safe", "CC001": "unsafe"}
+    assert all(f["fix"] for f in doc["findings"])
+    text = cli("lint", LINT / "bad" / "tools_tojson.j2")
+    assert "(safe fix)" in text.stdout
+
+
+def test_exit_zero_does_not_hide_errors(cli, write):
+    bad = write("bad.j2", "{{ x }")
+    r = cli("lint", bad, LINT / "bad" / "time_at_top.j2", "--exit-zero")
+    assert r.exit_code == 2 and "CC001" in r.stdout and "bad.j2:1: invalid Jinja" in r.stderr

@@ -10,13 +10,15 @@ import typer
 
 from .. import __version__
 from ..errors import UsageError
-from .common import EXIT_FINDING, EXIT_OK, TokenizerOpt, handle_errors, stdout
+from .common import EXIT_ERROR, EXIT_FINDING, EXIT_OK, TokenizerOpt, handle_errors, stdout
 
 HELP = """Lint prompt templates and request bodies for patterns that break prefix and prompt caches.
 
 PATHs are Jinja prompt templates (.j2, .jinja, .prompt), chat templates (tokenizer_config.json,
 chat_template.jinja), Anthropic/OpenAI request bodies (JSON or YAML), or directories of them.
-Exit codes: 0 clean, 1 findings, 2 tool or input error (--exit-zero: 0 with findings too).
+Every file is reported: its findings, or one error line (file:line) when it could not be checked; the
+others are checked all the same. Exit codes: the worst outcome, 0 clean, 1 findings, 2 when a file could
+not be checked or a PATH holds no lintable file (--exit-zero: 0 with findings, still 2 on errors).
 Ignore a rule on a line with a Jinja comment {# cachectl: ignore[CC001] #} on it or the line before;
 configure in [tool.cachectl.lint] of pyproject.toml (select, ignore, per-file-ignores, model, tail-tokens).
 """
@@ -63,18 +65,20 @@ def command(
         raise UsageError("lint needs at least one PATH")
     report = lint.lint_paths(paths, cfg, tokenizer=tok, min_tokens=min_tokens)
     if fmt is LintFormat.json:
-        out = {"schema_version": report.schema_version, "files": report.files,
-               "findings": [{"rule": f.rule, "severity": f.severity, "path": f.path, "line": f.line,
-                             "column": f.column, "message": f.message, "fix": f.fix} for f in report.findings]}
-        typer.echo(json.dumps(out, indent=2, ensure_ascii=False))
+        typer.echo(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
     elif fmt is LintFormat.sarif:
         typer.echo(json.dumps(to_sarif(report), indent=2, ensure_ascii=False))
     elif fmt is LintFormat.github:
+        for e in report.errors:
+            typer.echo(github_error(e))
         for f in report.findings:
             typer.echo(to_github(f))
     else:
         _render_text(report)
-    raise typer.Exit(EXIT_FINDING if report.findings and not exit_zero else EXIT_OK)
+    for e in report.errors:  # one line each on stderr too, whatever the format
+        typer.echo(f"cachectl: error: {e.describe()}", err=True)
+    code = report.exit_code
+    raise typer.Exit(EXIT_ERROR if code == 2 else EXIT_FINDING if code == 1 and not exit_zero else EXIT_OK)
 
 
 command.__doc__ = HELP
@@ -88,13 +92,23 @@ def to_sarif(report) -> dict:
               "help": {"text": r.fix}, "defaultConfiguration": {"level": r.severity}} for r in RULES.values()]
     results = [{"ruleId": f.rule, "ruleIndex": ids.index(f.rule), "level": f.severity,
                 "message": {"text": f.message},
-                "locations": [{"physicalLocation": {"artifactLocation": {"uri": f.path.replace("\\", "/")},
-                                                    "region": {"startLine": max(1, f.line),
-                                                               "startColumn": max(1, f.column)}}}]}
+                "locations": [_sarif_location(f.path, f.line, f.column)],
+                "properties": {"fix": f.fix, "fixSafety": f.safety}}
                for f in report.findings]
+    # files that could not be checked: tool execution notifications of an unsuccessful invocation
+    notes = [{"level": "error", "message": {"text": e.message}, "locations": [_sarif_location(e.path, e.line, None)],
+              "descriptor": {"id": "file-error"}} for e in report.errors]
+    invocation = {"executionSuccessful": not report.errors, "toolExecutionNotifications": notes}
     return {"$schema": "https://json.schemastore.org/sarif-2.1.0.json", "version": "2.1.0",
             "runs": [{"tool": {"driver": {"name": "cachectl", "version": __version__, "rules": rules}},
-                      "results": results}]}
+                      "invocations": [invocation], "results": results}]}
+
+
+def _sarif_location(path: str, line: int | None, column: int | None) -> dict:
+    region: dict = {"startLine": max(1, line or 1)}
+    if column:
+        region["startColumn"] = max(1, column)
+    return {"physicalLocation": {"artifactLocation": {"uri": path.replace("\\", "/")}, "region": region}}
 
 
 def _escape(text: str, prop: bool = False) -> str:
@@ -107,7 +121,12 @@ def _escape(text: str, prop: bool = False) -> str:
 def to_github(f) -> str:
     kind = "error" if f.severity == "error" else "warning"
     return (f"::{kind} file={_escape(f.path, True)},line={f.line},col={f.column},title={f.rule}::"
-            f"{_escape(f.message + ' (' + f.fix + ')')}")
+            f"{_escape(f.message + ' (fix, ' + f.safety + ': ' + f.fix + ')')}")
+
+
+def github_error(e) -> str:
+    line = f",line={e.line}" if e.line else ""
+    return f"::error file={_escape(e.path, True)}{line},title=cachectl could not check this file::{_escape(e.message)}"
 
 
 def _render_text(report) -> None:
@@ -122,7 +141,9 @@ def _render_text(report) -> None:
             style = "red" if f.severity == "error" else "yellow"
             stdout.print(Text.assemble(f"  {f.line}:{f.column} ", (f.rule, f"bold {style}"), f" {f.message}"),
                          soft_wrap=True)
-            stdout.print(Text(f"      fix: {f.fix}", "dim"), soft_wrap=True)
+            stdout.print(Text(f"      fix: {f.fix} ({f.safety} fix)", "dim"), soft_wrap=True)
     n = len(report.findings)
     summary = f"{report.files} file(s) checked: " + (f"{n} finding(s)" if n else "clean")
-    stdout.print(Text(summary, "bold red" if n else "bold green"))
+    if report.errors:
+        summary += f"; {len(report.errors)} could not be checked (errors on stderr)"
+    stdout.print(Text(summary, "bold red" if n or report.errors else "bold green"))

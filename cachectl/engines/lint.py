@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
-from ..errors import InputError, UsageError
+from ..errors import CachectlError, InputError, UsageError
 
 if TYPE_CHECKING:
     from ..inputs import Request
@@ -31,44 +31,60 @@ class Rule:
     severity: str          # error | warning
     summary: str
     fix: str
+    #: "safe": the fix leaves what the model reads unchanged (it moves a breakpoint, fixes serialization);
+    #: "unsafe": the fix changes the prompt text the model sees (reordered content, a pinned date)
+    fix_safety: str = "unsafe"
 
 
 RULES: dict[str, Rule] = {r.id: r for r in (
     Rule("CC001", "volatile-before-stable-content", "error",
          "A value that changes per request sits before stable content, which can then never be cached.",
-         "Move per-request values (dates, ids, names) after the stable content: the end of the prompt."),
+         "Move per-request values (dates, ids, names) after the stable content: the end of the prompt.",
+         fix_safety="unsafe"),
     Rule("CC002", "volatile-before-breakpoint", "error",
          "Content that changes per request sits at or before a cache_control breakpoint, so the breakpoint is "
          "never read.",
-         "Put cache_control on the last stable block, after which the per-request content starts."),
+         "Put cache_control on the last stable block, after which the per-request content starts.",
+         fix_safety="safe"),
     Rule("CC003", "template-injects-time", "error",
-         "The template writes the current date or time itself (strftime_now, now(), a date_string default).",
-         "Pass the date explicitly and pin it per day, or leave it out of the cached prefix."),
+         "The template reads the clock while rendering (strftime_now, now()), or renders a date variable that has "
+         "no constant default, so the caller must pass a date in every request.",
+         "Pass the date explicitly and pin it (per day at most), or give the variable a constant default, or "
+         "leave it out of the cached prefix.",
+         fix_safety="unsafe"),
     Rule("CC004", "too-many-breakpoints", "error",
          "More than 4 cache_control breakpoints: the API rejects the request.",
-         "Keep at most 4 breakpoints (top-level automatic caching uses one)."),
+         "Keep at most 4 breakpoints (top-level automatic caching uses one).",
+         fix_safety="safe"),
     Rule("CC005", "breakpoint-below-minimum", "warning",
          "A breakpoint closes a prefix shorter than the model's minimum cacheable length: nothing is cached, "
          "silently.",
-         "Move the breakpoint later, or drop it."),
+         "Move the breakpoint later, or drop it.",
+         fix_safety="safe"),
     Rule("CC006", "tools-unsorted-json", "warning",
-         "Tools are serialized with tojson without sort_keys: their key order follows the caller's dicts, and a "
-         "reordered schema misses the cache.",
-         "Use tojson(sort_keys=true) for tools, or serialize them deterministically before rendering."),
+         "Tool schemas are serialized with tojson without sort_keys: their key order follows the caller's dicts, "
+         "and a reordered schema misses the cache (tool calls in the history are the model's own output and are "
+         "not flagged).",
+         "Use tojson(sort_keys=true) for tools, or serialize them deterministically before rendering.",
+         fix_safety="safe"),
     Rule("CC007", "template-rewrites-history", "error",
          "The chat template renders earlier turns differently once a new turn is added, so each request's prefix "
          "differs from the previous request's.",
-         "Keep history rendering append-only (do not strip reasoning or rewrite earlier messages)."),
+         "Keep history rendering append-only (do not strip reasoning or rewrite earlier messages).",
+         fix_safety="unsafe"),
     Rule("CC008", "breakpoint-on-volatile-block", "error",
          "cache_control is on a block whose own content changes per request: the entry is written and never read.",
-         "Put cache_control on a stable block before it."),
+         "Put cache_control on a stable block before it.",
+         fix_safety="safe"),
     Rule("CC009", "no-cache-marker", "warning",
          "A long Anthropic prompt has no cache_control at all: nothing is cached, every request pays full price.",
-         "Add cache_control to the last stable block, or a top-level cache_control for automatic caching."),
+         "Add cache_control to the last stable block, or a top-level cache_control for automatic caching.",
+         fix_safety="safe"),
     Rule("CC010", "volatile-in-openai-prefix", "error",
          "A value that changes per request sits inside the first 1,024 tokens of an OpenAI request (tools, "
          "schema, system): automatic caching starts at 1,024 shared tokens, so nothing is cached.",
-         "Move per-request values to the end of the request, after the stable instructions."),
+         "Move per-request values to the end of the request, after the stable instructions.",
+         fix_safety="unsafe"),
 )}
 
 VOLATILE_NAME = re.compile(
@@ -86,6 +102,31 @@ class Finding:
     column: int
     message: str
     fix: str = ""
+    #: "safe" or "unsafe" (see Rule.fix_safety); empty: the rule's own
+    fix_safety: str = ""
+
+    @property
+    def safety(self) -> str:
+        return self.fix_safety or (RULES[self.rule].fix_safety if self.rule in RULES else "unsafe")
+
+    def to_dict(self) -> dict:
+        return {"rule": self.rule, "severity": self.severity, "path": self.path, "line": self.line,
+                "column": self.column, "message": self.message, "fix": self.fix, "fix_safety": self.safety}
+
+
+@dataclass(frozen=True)
+class FileError:
+    """A file that could not be checked (unreadable, invalid, refused by the sandbox, unrenderable)."""
+
+    path: str
+    line: int | None
+    message: str
+
+    def describe(self) -> str:
+        return f"{self.path}:{self.line}: {self.message}" if self.line else f"{self.path}: {self.message}"
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "line": self.line, "message": self.message}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,7 +134,17 @@ class LintReport:
     schema_version: int = SCHEMA_VERSION
     files: int
     findings: tuple[Finding, ...]
+    errors: tuple[FileError, ...] = ()
     rules: tuple[Rule, ...] = field(default_factory=lambda: tuple(RULES.values()))
+
+    @property
+    def exit_code(self) -> int:
+        """The worst outcome: 2 when a file could not be checked, 1 with findings, else 0."""
+        return 2 if self.errors else 1 if self.findings else 0
+
+    def to_dict(self) -> dict:
+        return {"schema_version": self.schema_version, "files": self.files,
+                "findings": [f.to_dict() for f in self.findings], "errors": [e.to_dict() for e in self.errors]}
 
 
 # --------------------------------------------------------------------------------------------- config
@@ -161,21 +212,12 @@ def load_config(pyproject: str | None, *, select: Sequence[str] = (), ignore: Se
 
 
 def sandbox():
-    """jinja2's immutable sandbox, made strict: touching an unsafe attribute raises instead of rendering ''."""
-    from jinja2.exceptions import SecurityError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    """The environment templates are parsed and rendered in: transformers' own chat-template environment
+    (its sandbox, loopcontrols, ``{% generation %}``, ``tojson``, ``raise_exception``, ``strftime_now``),
+    in an overlay that refuses sandbox escapes instead of rendering them as undefined."""
+    from ..tokenization import template_environment
 
-    class StrictSandbox(ImmutableSandboxedEnvironment):
-        def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
-            raise SecurityError(f"access to {attribute!r} of a {type(obj).__name__} is refused by the sandbox")
-
-    env = StrictSandbox(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-
-    def tojson(value: Any, indent: int | None = None, sort_keys: bool = False, ensure_ascii: bool = False) -> str:
-        return json.dumps(value, indent=indent, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
-
-    env.filters["tojson"] = tojson
-    return env
+    return template_environment()
 
 
 def _template_line(exc: BaseException, name: str) -> int | None:
@@ -191,16 +233,21 @@ def _template_line(exc: BaseException, name: str) -> int | None:
     return found
 
 
-def _render(template, values: dict, path: str) -> str:
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _render(template, values: dict, path: str, render: Callable[..., str] | None = None) -> str:
+    """Render, turning whatever the template raises into one located InputError."""
     from jinja2.exceptions import SecurityError
 
     try:
-        return template.render(**values)
+        return render(template, **values) if render is not None else template.render(**values)
     except SecurityError as exc:
         raise InputError(f"refused: {exc}", source=path, line=_template_line(exc, path)) from None
     except Exception as exc:  # a template that raises while rendering
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(f"template raised while rendering: {msg}", source=path,
+        raise InputError(f"template raised while rendering: {_first_line(exc)}", source=path,
                          line=_template_line(exc, path)) from None
 
 
@@ -288,13 +335,18 @@ def _is_chat_template(source: str) -> bool:
 
 
 def lint_template(path: str, source: str, config: LintConfig, tokenizer: Any = None) -> list[Finding]:
-    """Static and dynamic checks of one Jinja template (a prompt template or a chat template)."""
-    from jinja2 import meta, nodes
+    """Static and dynamic checks of one Jinja template (a prompt template or a chat template).
+
+    Raises InputError (located) when the template cannot be checked: invalid Jinja, a sandbox escape, or a
+    chat template that rejects every form of the sample conversation lint tries.
+    """
+    from jinja2 import meta
     from jinja2.exceptions import TemplateSyntaxError
 
     env = sandbox()
     try:
         ast = env.parse(source, name=path)
+        template = env.from_string(source)
     except TemplateSyntaxError as exc:
         raise InputError(f"invalid Jinja: {exc.message}", source=path, line=exc.lineno) from None
     lines = source.splitlines()
@@ -302,35 +354,16 @@ def lint_template(path: str, source: str, config: LintConfig, tokenizer: Any = N
 
     def add(rule: str, line: int, column: int, message: str) -> None:
         r = RULES[rule]
-        findings.append(Finding(rule, r.severity, path, line, column, message, r.fix))
+        findings.append(Finding(rule, r.severity, path, line, column, message, r.fix, r.fix_safety))
 
     chat = _is_chat_template(source)
-    # CC003: the template reads the clock itself
-    for call in ast.find_all(nodes.Call):
-        fn = call.node
-        name = fn.name if isinstance(fn, nodes.Name) else fn.attr if isinstance(fn, nodes.Getattr) else None
-        if name in VOLATILE_CALLS:
-            add("CC003", call.lineno, _col(lines, call.lineno, name),
-                f"the template calls {name}() while rendering: every request (every day, at least) renders another "
-                "prefix")
-    if chat:
-        for node in ast.find_all(nodes.Name):
-            if node.name == "date_string" and node.ctx == "load":
-                add("CC003", node.lineno, _col(lines, node.lineno, "date_string"),
-                    "the chat template renders date_string (Llama 3.1 style): pin it, or every day misses")
-                break
-    # CC006: tools through tojson without sort_keys
-    for filt in ast.find_all(nodes.Filter):
-        if filt.name == "tojson" and not any(kw.key == "sort_keys" for kw in filt.kwargs):
-            names = {n.name for n in filt.find_all(nodes.Name)} | {g.attr for g in filt.find_all(nodes.Getattr)}
-            if any("tool" in n.lower() or n in ("function", "parameters") for n in names):
-                add("CC006", filt.lineno, _col(lines, filt.lineno, "tojson"),
-                    "tools are rendered with tojson without sort_keys: the caller's key order reaches the tokens")
     undeclared = meta.find_undeclared_variables(ast)
-    template = env.from_string(source)
+    clock_reads: list[str] = []
     if chat:
-        _chat_dynamic(path, template, source, add, tokenizer)
-    else:
+        _chat_dynamic(path, template, source, add, tokenizer, clock_reads)
+    _clock_findings(ast, lines, chat, undeclared, clock_reads, add)
+    _tool_schema_findings(ast, lines, add)
+    if not chat:
         sidecar = _load_sidecar(Path(path))
         volatile = _volatile_names(undeclared, sidecar) | (undeclared & VOLATILE_CALLS)
         if volatile:
@@ -338,6 +371,130 @@ def lint_template(path: str, source: str, config: LintConfig, tokenizer: Any = N
         else:  # nothing volatile: one render still proves the template renders, inside the sandbox
             _render(template, {**_sample_values(undeclared, 0, sidecar), **_callables(0)}, path)
     return _filter(findings, source, config)
+
+
+# CC003 ------------------------------------------------------------------------------------------------
+
+#: functions that read the clock: transformers' strftime_now, and the names templates use for it elsewhere
+CLOCK_CALLS = frozenset({"strftime_now", "now", "utcnow", "today", "time", "localtime", "gmtime"})
+_DATE_NAME = re.compile(r"(^|_)(date|today|now|datetime|time|timestamp|day)(_|$)|^date", re.I)
+
+
+def _is_constant(expr) -> bool:
+    from jinja2 import nodes
+
+    return not isinstance(expr, (nodes.Name, nodes.Call)) and next(expr.find_all((nodes.Name, nodes.Call)), None) is None
+
+
+def _constant_default(ast, name: str) -> bool:
+    """The template gives ``name`` a constant value itself (``{% set date_string = "26 Jul 2024" %}`` when it is
+    undefined, or ``date_string | default("...")``)."""
+    from jinja2 import nodes
+
+    for a in ast.find_all(nodes.Assign):
+        if isinstance(a.target, nodes.Name) and a.target.name == name and _is_constant(a.node):
+            return True
+    for f in ast.find_all(nodes.Filter):
+        if (f.name in ("default", "d") and isinstance(f.node, nodes.Name) and f.node.name == name and f.args
+                and _is_constant(f.args[0])):
+            return True
+    return False
+
+
+def _clock_findings(ast, lines: list[str], chat: bool, undeclared: set, clock_reads: list, add) -> None:
+    from jinja2 import nodes
+
+    for call in ast.find_all(nodes.Call):
+        fn = call.node
+        name = fn.name if isinstance(fn, nodes.Name) else fn.attr if isinstance(fn, nodes.Getattr) else None
+        if name in CLOCK_CALLS:
+            seen = (" (read while rendering lint's sample conversation)" if name == "strftime_now" and clock_reads
+                    else "")
+            add("CC003", call.lineno, _col(lines, call.lineno, name),
+                f"the template reads the clock with {name}(){seen}: every request (every day, at least) renders "
+                "another prefix")
+    if not chat:
+        return  # prompt templates: a date variable is a volatile value, and CC001 renders it
+    for node in ast.find_all(nodes.Name):
+        n = node.name
+        if node.ctx == "load" and n in undeclared and _DATE_NAME.search(n) and not _constant_default(ast, n):
+            add("CC003", node.lineno, _col(lines, node.lineno, n),
+                f"the chat template renders '{n}' and has no constant default for it: a caller that passes today's "
+                "date changes the prefix every day")
+            undeclared = undeclared - {n}  # one finding per variable
+
+
+# CC006 ------------------------------------------------------------------------------------------------
+
+_TOOLS_NAME = re.compile(r"(custom_|available_|builtin_)?(tools|functions)", re.I)
+
+
+def _tool_schema_findings(ast, lines: list[str], add) -> None:
+    """``tojson`` without ``sort_keys`` applied to tool *schemas*: the ``tools`` variable, what a loop over it
+    binds, and names set from those. A tool call's arguments are the model's own output, not a schema."""
+    from jinja2 import nodes
+
+    def derived(expr, scope: dict) -> bool:
+        if isinstance(expr, nodes.Name):
+            return scope.get(expr.name, bool(_TOOLS_NAME.fullmatch(expr.name)))
+        if isinstance(expr, (nodes.Getattr, nodes.Getitem)):
+            return derived(expr.node, scope)
+        if isinstance(expr, nodes.Filter):
+            return expr.node is not None and derived(expr.node, scope)
+        if isinstance(expr, nodes.CondExpr):
+            return derived(expr.expr1, scope) or (expr.expr2 is not None and derived(expr.expr2, scope))
+        if isinstance(expr, nodes.Call) and isinstance(expr.node, nodes.Getattr):  # tool.items(), tools.values()
+            return derived(expr.node.node, scope)
+        if isinstance(expr, (nodes.List, nodes.Tuple)):
+            return any(derived(x, scope) for x in expr.items)
+        if isinstance(expr, nodes.Concat):
+            return any(derived(x, scope) for x in expr.nodes)
+        return False
+
+    def bind(target, value: bool, scope: dict) -> None:
+        if isinstance(target, nodes.Name):
+            scope[target.name] = value
+        elif isinstance(target, nodes.Tuple):
+            for t in target.items:
+                bind(t, value, scope)
+
+    def visit(node, scope: dict) -> None:
+        if isinstance(node, nodes.For):
+            visit(node.iter, scope)
+            inner = dict(scope)
+            bind(node.target, derived(node.iter, scope), inner)
+            for child in node.body + node.else_:
+                visit(child, inner)
+            if node.test is not None:
+                visit(node.test, inner)
+            return
+        if isinstance(node, nodes.Assign):
+            visit(node.node, scope)
+            # once tool schemas, always (a `set tools = none` default does not make later loops safe)
+            if derived(node.node, scope):
+                bind(node.target, True, scope)
+            return
+        if isinstance(node, nodes.Macro):
+            inner = dict(scope)
+            for i, arg in enumerate(node.args):  # a parameter named like tools, or passed tools somewhere
+                bind(arg, bool(_TOOLS_NAME.fullmatch(arg.name)) or (node.name, i) in passed, inner)
+            for child in node.body:
+                visit(child, inner)
+            return
+        if (isinstance(node, nodes.Filter) and node.name == "tojson" and node.node is not None
+                and derived(node.node, scope)):
+            sort = next((kw.value for kw in node.kwargs if kw.key == "sort_keys"), None)
+            if not (isinstance(sort, nodes.Const) and sort.value):
+                add("CC006", node.lineno, _col(lines, node.lineno, "tojson"),
+                    "tool schemas are rendered with tojson without sort_keys: the caller's key order reaches the "
+                    "tokens")
+        for child in node.iter_child_nodes():
+            visit(child, scope)
+
+    # macro parameters that some call passes tool schemas to
+    passed = {(call.node.name, i) for call in ast.find_all(nodes.Call) if isinstance(call.node, nodes.Name)
+              for i, arg in enumerate(call.args) if derived(arg, {})}
+    visit(ast, {})
 
 
 def _callables(which: int) -> dict:
@@ -414,17 +571,87 @@ _SAMPLE_CHAT = [
     {"role": "assistant", "content": "It is raining in Berlin."},
     {"role": "user", "content": "Thanks."},
 ]
+_SAMPLE_TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city."}},
+                   "required": ["city"]}}}]
+_SAMPLE_SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>"}
 
 
-def _chat_dynamic(path, template, source, add, tokenizer=None) -> None:
+def _sample_variants() -> list[tuple[str, list[dict], list[dict] | None]]:
+    """lint's sample conversation, then the forms a template's own constraints may demand."""
+    folded = [{"role": "user", "content": _SAMPLE_CHAT[0]["content"] + "\n\n" + _SAMPLE_CHAT[1]["content"]}]
+    folded += _SAMPLE_CHAT[2:]
+    no_system = _SAMPLE_CHAT[1:]
+    return [
+        ("the sample conversation", _SAMPLE_CHAT, None),
+        ("without a system message", no_system, None),
+        ("with the system message folded into the first user turn (strict alternation)", folded, None),
+        ("with tools", _SAMPLE_CHAT, _SAMPLE_TOOLS),
+        ("with tools, without a system message", no_system, _SAMPLE_TOOLS),
+    ]
+
+
+def _first_turn(msgs: Sequence[dict]) -> int:
+    return next(i + 1 for i, m in enumerate(msgs) if m["role"] not in ("system", "developer"))
+
+
+def chat_sample(path: str, template: Any, tokenizer: Any = None, clock_reads: list | None = None
+                ) -> tuple[str, list[dict], list[dict] | None, list[str]]:
+    """The first form of the sample conversation the chat template renders, every prefix of it.
+
+    Returns ``(what, messages, tools, renders)`` where ``renders[j]`` is the render of
+    ``messages[:first + j]`` (``first`` = up to the first user turn), with the generation prompt when the
+    prefix ends in a user turn, as a server renders a request. The values passed are those transformers'
+    ``apply_chat_template`` passes (tools and documents None when absent, the tokenizer's special tokens),
+    plus a ``strftime_now`` that records each clock read in ``clock_reads``. A template that rejects every
+    form raises one InputError naming the first form's error and its line.
+    """
+    from ..tokenization import render_chat_template
+
+    special = dict(getattr(tokenizer.hf, "special_tokens_map", {}) or {}) if tokenizer is not None \
+        else _SAMPLE_SPECIAL_TOKENS
+    reads = clock_reads if clock_reads is not None else []
+
+    def strftime_now(fmt: str = "%Y-%m-%d") -> str:
+        import datetime
+
+        reads.append(fmt)
+        return datetime.datetime(2026, 11, 28, 9, 15).strftime(fmt)
+
+    first_error: InputError | None = None
+    for what, msgs, tools in _sample_variants():
+        renders = []
+        try:
+            for k in range(_first_turn(msgs), len(msgs) + 1):
+                gen = msgs[k - 1]["role"] != "assistant"
+                renders.append(_render(template, {"messages": msgs[:k], "tools": tools, "add_generation_prompt": gen,
+                                                  "special_tokens": special,
+                                                  "overrides": {"strftime_now": strftime_now}},
+                                       path, render=render_chat_template))
+        except InputError as exc:
+            if exc.message.startswith("refused:"):
+                raise  # a sandbox escape is refused, whatever the conversation
+            first_error = first_error or exc
+            continue
+        return what, msgs, tools, renders
+    assert first_error is not None
+    raise InputError(f"{first_error.message} (the chat template rejected lint's sample conversation in every form "
+                     f"tried: {len(_sample_variants())})", source=path, line=first_error.line)
+
+
+def _chat_dynamic(path, template, source, add, tokenizer=None, clock_reads: list | None = None) -> None:
     """Multi-turn stability: the render of turns[:k] must be a prefix of the render of turns[:k+1].
 
     With a tokenizer this is diff-tokens' stability check in token space (through transformers'
-    apply_chat_template); without one, the same check on the rendered text.
+    apply_chat_template, with the same form of the sample conversation); without one, the same check on
+    the rendered text.
     """
     from .tokendiff import common_prefix_length
 
     line = source[:source.find("</think>")].count("\n") + 1 if "</think>" in source else 1
+    _, msgs, tools, renders = chat_sample(path, template, tokenizer, clock_reads)
+    first = _first_turn(msgs)
     if tokenizer is not None:
         from ..inputs import prompt_from_value
         from .tokendiff import check_stability
@@ -432,7 +659,8 @@ def _chat_dynamic(path, template, source, add, tokenizer=None) -> None:
         saved = tokenizer.hf.chat_template
         tokenizer.hf.chat_template = source
         try:
-            report = check_stability(prompt_from_value(_SAMPLE_CHAT, source=path, line=None), tokenizer)
+            value = {"messages": msgs, "tools": tools} if tools else msgs
+            report = check_stability(prompt_from_value(value, source=path, line=None), tokenizer)
         finally:
             tokenizer.hf.chat_template = saved
         if not report.stable:
@@ -440,23 +668,15 @@ def _chat_dynamic(path, template, source, add, tokenizer=None) -> None:
             add("CC007", line, 1, f"adding message {bad.k} ({bad.role_added}) changes earlier tokens at index "
                 f"{bad.diff.first_diff_index}" + (f" ({bad.diff.cause.id})" if bad.diff.cause else ""))
         return
-
-    base = {"bos_token": "<s>", "eos_token": "</s>", "add_generation_prompt": False, **_callables(0)}
-
-    def render(msgs: list[dict]) -> str:
-        gen = msgs[-1]["role"] != "assistant"
-        return _render(template, {**base, "messages": msgs, "add_generation_prompt": gen}, path)
-
-    prev = render(_SAMPLE_CHAT[:2])
-    for k in range(2, len(_SAMPLE_CHAT)):
-        nxt = render(_SAMPLE_CHAT[:k + 1])
+    for j in range(1, len(renders)):
+        prev, nxt = renders[j - 1], renders[j]
         common = common_prefix_length(prev, nxt)
         if common < len(prev):
+            k = first + j - 1
             add("CC007", line, 1,
-                f"adding message {k} ({_SAMPLE_CHAT[k]['role']}) changes earlier text at character {common}: "
+                f"adding message {k} ({msgs[k]['role']}) changes earlier text at character {common}: "
                 f"{prev[common:common + 30]!r} became {nxt[common:common + 30]!r}")
             break
-        prev = nxt
 
 
 def _filter(findings: list[Finding], source: str, config: LintConfig) -> list[Finding]:
@@ -503,64 +723,104 @@ TEMPLATE_SUFFIXES = (".j2", ".jinja", ".jinja2", ".prompt", ".tmpl")
 
 
 def discover(paths: Sequence[str]) -> list[Path]:
+    """Candidate files under ``paths`` (a missing path raises; see :func:`lint_paths` for per-path errors)."""
     out: list[Path] = []
     for raw in paths:
-        p = Path(raw)
-        if p.is_dir():
-            for f in sorted(p.rglob("*")):
+        out += _candidates(raw)
+    return out
+
+
+def _candidates(raw: str) -> list[Path]:
+    p = Path(raw)
+    if p.is_dir():
+        return [f for f in sorted(p.rglob("*"))
                 if f.is_file() and (f.name.endswith(TEMPLATE_SUFFIXES) or f.name == "tokenizer_config.json"
                                     or (f.suffix in (".json", ".yaml", ".yml")
-                                        and not f.name.endswith((".samples.json", ".cachectl.json")))):
-                    out.append(f)
-        elif p.is_file():
-            out.append(p)
-        else:
-            raise InputError("no such file or directory", source=raw)
-    return out
+                                        and not f.name.endswith((".samples.json", ".cachectl.json"))))]
+    if p.is_file() or raw == "-":
+        return [p]
+    raise InputError("no such file or directory", source=raw)
 
 
 def lint_paths(paths: Sequence[str], config: LintConfig, tokenizer: Any = None,
                min_tokens: int | None = None) -> LintReport:
+    """Lint every file under ``paths``. A file that cannot be checked becomes a :class:`FileError` and the
+    others are still checked; a path that holds no lintable file is an error too."""
     count = (lambda text: len(tokenizer.backend.encode(text, add_special_tokens=False).ids)) if tokenizer \
         else (lambda text: max(1, len(text) // 4))
     findings: list[Finding] = []
-    files = discover(paths)
-    from ..inputs import Locator, decode_text, is_request_body, parse_json_document, parse_request, read_bytes, unwrap
-
-    named = {str(Path(raw)) for raw in paths if Path(raw).is_file()}  # named files must be lintable
-
-    for f in files:
-        data, source = read_bytes(str(f))
-        text = decode_text(data, source)
-        if f.name.endswith(TEMPLATE_SUFFIXES):
-            findings += lint_template(source, text, config, tokenizer)
+    errors: list[FileError] = []
+    checked = 0
+    for raw in paths:
+        try:
+            files = _candidates(raw)
+        except CachectlError as exc:
+            errors.append(_file_error(exc, raw))
             continue
-        if f.suffix in (".yaml", ".yml"):
-            import yaml
-
+        linted = 0
+        for f in files:
             try:
-                doc = yaml.safe_load(text)
-            except yaml.YAMLError as exc:
-                mark = getattr(exc, "problem_mark", None)
-                raise InputError(f"invalid YAML: {getattr(exc, 'problem', exc)}"
-                                 + (f" (column {mark.column + 1})" if mark else ""), source=source,
-                                 line=mark.line + 1 if mark else None) from None
-        else:
-            doc = parse_json_document(text, source)
-        if isinstance(doc, dict) and isinstance(doc.get("chat_template"), (str, list)):
-            tmpl = doc["chat_template"]
-            if isinstance(tmpl, list):
-                tmpl = next((t.get("template") for t in tmpl if isinstance(t, dict) and t.get("name") == "default"),
-                            None) or ""
-            base_line = text[:text.find('"chat_template"')].count("\n") + 1
-            for x in lint_template(source, tmpl, config, tokenizer):
-                findings.append(Finding(x.rule, x.severity, x.path, base_line, x.column,
-                                        f"{x.message} (chat_template line {x.line})", x.fix))
-        elif isinstance(doc, dict) and is_request_body(unwrap(doc)[0]):
-            req = parse_request(doc, source=source, locator=Locator(text))
-            findings += lint_body(source, req, config, min_tokens, count)
-        elif str(f) in named:
-            raise InputError("not a request body (no 'messages', 'input' or 'blocks', also not inside 'body') "
-                             "and not a tokenizer_config.json with a chat_template", source=source)
-        # other JSON/YAML files in a directory are not prompts: skipped
-    return LintReport(files=len(files), findings=tuple(findings))
+                found = _lint_file(f, config, tokenizer, min_tokens, count, named=Path(raw).is_file())
+            except CachectlError as exc:
+                errors.append(_file_error(exc, str(f)))
+                linted += 1
+                continue
+            if found is not None:
+                findings += found
+                linted += 1
+        if not linted:
+            errors.append(FileError(raw, None, "no lintable file here (Jinja templates " + ", ".join(TEMPLATE_SUFFIXES)
+                                    + ", tokenizer_config.json with a chat_template, request bodies in JSON or YAML)"))
+        checked += linted
+    return LintReport(files=checked, findings=tuple(findings), errors=tuple(errors))
+
+
+def _file_error(exc: CachectlError, path: str) -> FileError:
+    if isinstance(exc, InputError):
+        return FileError(exc.source or path, exc.line, exc.message)
+    return FileError(path, None, str(exc))
+
+
+def _lint_file(f: Path, config: LintConfig, tokenizer: Any, min_tokens: int | None,
+               count: Callable[[str], int], named: bool = False) -> list[Finding] | None:
+    """Findings of one file; None when the file is no prompt (other JSON/YAML in a directory)."""
+    from ..inputs import decode_text, parse_json_document, read_bytes
+
+    data, source = read_bytes(str(f))
+    text = decode_text(data, source)
+    if f.name.endswith(TEMPLATE_SUFFIXES):
+        return lint_template(source, text, config, tokenizer)
+    if f.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            raise InputError(f"invalid YAML: {getattr(exc, 'problem', exc)}"
+                             + (f" (column {mark.column + 1})" if mark else ""), source=source,
+                             line=mark.line + 1 if mark else None) from None
+    else:
+        doc = parse_json_document(text, source)
+    if isinstance(doc, dict) and isinstance(doc.get("chat_template"), (str, list)):
+        tmpl = doc["chat_template"]
+        if isinstance(tmpl, list):
+            tmpl = next((t.get("template") for t in tmpl if isinstance(t, dict) and t.get("name") == "default"),
+                        None) or ""
+        base_line = text[:text.find('"chat_template"')].count("\n") + 1
+        try:
+            found = lint_template(source, tmpl, config, tokenizer)
+        except InputError as exc:
+            where = f" (chat_template line {exc.line})" if exc.line else ""
+            raise InputError(exc.message + where, source=source, line=base_line, field="chat_template") from None
+        return [Finding(x.rule, x.severity, x.path, base_line, x.column, f"{x.message} (chat_template line {x.line})",
+                        x.fix, x.fix_safety) for x in found]
+    from ..inputs import Locator, is_request_body, parse_request, unwrap
+
+    if isinstance(doc, dict) and is_request_body(unwrap(doc)[0]):
+        req = parse_request(doc, source=source, locator=Locator(text))
+        return lint_body(source, req, config, min_tokens, count)
+    if named:
+        raise InputError("not a request body (no 'messages', 'input' or 'blocks', also not inside 'body') "
+                         "and not a tokenizer_config.json with a chat_template", source=source)
+    return None  # other JSON/YAML files in a directory are not prompts: skipped

@@ -8,7 +8,6 @@ conversation prefix as a token prefix of the next turn.
 
 from __future__ import annotations
 
-import functools
 import json
 import queue
 import re
@@ -19,9 +18,9 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Iterable, Iterator, Sequence
 
-from ..errors import UsageError
+from ..errors import CachectlError, UsageError
 from ..inputs import LogRecord, PromptInput
-from ..tokenization import Location, TokenizerHandle, Tokenized
+from ..tokenization import Location, Span, TokenizerHandle, Tokenized
 
 SCHEMA_VERSION = 1
 IDENTICAL, A_PREFIX_OF_B, B_PREFIX_OF_A, MISMATCH = "identical", "a_prefix_of_b", "b_prefix_of_a", "mismatch"
@@ -150,27 +149,11 @@ def diff_tokens(a: Tokenized, b: Tokenized, *, block_size: int = 16, context: in
 
 
 # ----------------------------------------------------------------------------------------- causes
-
-_MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.?"
-_DAY = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)[a-z]*"
-_DATE_TIME = (
-    r"\d{4}-\d{2}-\d{2}(?:[T ]\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?"
-    r"|\b\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:\s?[AaPp][Mm])?\b"
-    rf"|\b\d{{1,2}}(?:st|nd|rd|th)? {_MONTH},? \d{{4}}\b"
-    rf"|\b{_MONTH} \d{{1,2}}(?:st|nd|rd|th)?,? \d{{4}}\b"
-    r"|\b\d{1,2}/\d{1,2}/\d{2,4}\b"
-    rf"|\b{_DAY}\b"
-    r"|\b1[6-9]\d{8}(?:\d{3})?(?:\.\d+)?\b")  # Unix time in seconds or milliseconds
-_VOLATILE_ID = (
-    r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
-    r"|\b(?:req|request|trace|span|msg|run|chatcmpl|call|toolu)[_-][A-Za-z0-9_-]{6,}\b"
-    r"|\b[0-9a-f]{16,64}\b")
-
-
-@functools.cache
-def _regex(pattern: str) -> re.Pattern:
-    """Compiled on first use, so that importing the CLI stays fast."""
-    return re.compile(pattern)
+#
+# Each check names a cause only when the two prompts (and, for chat prompts, counterfactual renders of
+# them through the same template) prove it: a default system prompt is one the template writes when the
+# system message is left out; a stripped reasoning span is one A's render holds and B's does not; a token
+# boundary is text that agrees through the divergence while the tokens do not.
 
 
 def _char_span(t: Tokenized, index: int) -> tuple[int, int] | None:
@@ -181,33 +164,21 @@ def _char_span(t: Tokenized, index: int) -> tuple[int, int] | None:
     return None
 
 
-def _matches_at(regex: re.Pattern, t: Tokenized, index: int) -> str | None:
-    """A regex match in ``t.text`` that overlaps token ``index`` (or starts right after it)."""
-    rng = _char_span(t, index)
-    if rng is None or t.text is None:
+def _char_divergence(a: Tokenized, b: Tokenized) -> int | None:
+    """The first character where the two texts differ (their common length when one extends the other)."""
+    if a.text is None or b.text is None:
         return None
-    start, end = rng
-    for m in regex.finditer(t.text, max(0, start - 40), min(len(t.text), end + 40)):
-        if m.start() <= end + 2 and m.end() > start:  # overlaps the token, or starts right after it
-            return m.group(0)
-    return None
+    return common_prefix_length(a.text, b.text)
 
 
 def _has_system(p: PromptInput) -> bool:
     return bool(p.messages) and p.messages[0].get("role") in ("system", "developer")
 
 
-def _has_think(msg: dict | None) -> bool:
-    if not msg:
-        return False
-    content = msg.get("content") or ""
-    return "<think>" in content or "</think>" in content or bool(msg.get("reasoning_content"))
-
-
 def explain(a: Tokenized, b: Tokenized, index: int, tokenizer: TokenizerHandle | None = None) -> Cause | None:
-    """The known pitfall that best explains a divergence at ``index``, or None."""
-    for check in (_bos, _tools, _default_system, _think, _date_time, _volatile_id, _whitespace,
-                  _token_boundary, _history, _system_changed):
+    """The known pitfall that explains a divergence at ``index``, or None when none is shown."""
+    for check in (_bos, _tools, _default_system, _think, _relocated, _last_turn, _volatile, _unicode, _json_key_order,
+                  _whitespace, _token_boundary, _history, _system_changed):
         cause = check(a, b, index, tokenizer)
         if cause is not None:
             return cause
@@ -268,76 +239,240 @@ def _tools(a, b, index, tokenizer) -> Cause | None:
                  "invalidates the cache for everything after it.")
 
 
+def _rerender(t: Tokenized, messages: Sequence[dict], tokenizer: TokenizerHandle | None) -> str | None:
+    """``t``'s chat prompt with other messages, rendered as ``t`` was (same template, tools and options)."""
+    tok = tokenizer or t.tokenizer
+    if tok is None or t.render_opts is None or not messages:
+        return None
+    try:
+        return tok.render_chat(t.prompt, messages=messages, add_generation_prompt=t.render_opts["add_generation_prompt"],
+                               template_vars=t.render_opts["template_vars"])
+    except CachectlError:
+        return None
+
+
+def _span_of(t: Tokenized, message_index: int) -> Span | None:
+    return next((s for s in t.spans if s.message_index == message_index), None)
+
+
 def _default_system(a, b, index, tokenizer) -> Cause | None:
-    if not (a.prompt.is_chat and b.prompt.is_chat):
+    """Proven by rendering the side that has a system message without it: the template then writes text of
+    its own exactly where that system message was, and the other side's render starts with the same text."""
+    if not (a.prompt.is_chat and b.prompt.is_chat) or a.text is None or b.text is None:
         return None
     sa, sb = _has_system(a.prompt), _has_system(b.prompt)
     if sa == sb:
         return None
-    x, nx, ny = (b, "B", "A") if sa else (a, "A", "B")
-    y = a if sa else b
-    loc_x = x.location(index) if index < len(x) else None
-    loc_y = y.location(index) if index < len(y) else None
-    if (loc_x is not None and loc_x.in_template) or (loc_y is not None and loc_y.message_index == 0):
-        return Cause("default_system_prompt", f"{nx} has no system message, so the chat template inserted its "
-                     f"default system prompt where {ny} has its own: send the same system message every time.")
+    x, y, nx, ny = (b, a, "B", "A") if sa else (a, b, "A", "B")
+    span = _span_of(y, 0)
+    without = _rerender(y, y.prompt.messages[1:], tokenizer)
+    if span is None or without is None:
+        return None
+    left, right = y.text[:span.start], y.text[span.end:]
+    if not (without.startswith(left) and without.endswith(right) and len(without) >= len(left) + len(right)):
+        return None
+    injected = without[len(left):len(without) - len(right)]
+    c = common_prefix_length(a.text, b.text)
+    if not injected.strip() or not x.text.startswith(left + injected) or not len(left) <= c <= len(left) + len(injected):
+        return None
+    shown = injected.strip()[:60] + ("..." if len(injected.strip()) > 60 else "")
+    return Cause("default_system_prompt", f"{nx} has no system message, so the chat template inserted its default "
+                 f"system prompt ({shown!r}) where {ny} has its own: send the same system message every time.")
+
+
+def _relocated(a, b, index, tokenizer) -> Cause | None:
+    """A message both prompts hold unchanged, rendered at another place in one of them (Mistral's templates put
+    the system prompt into the last user turn, which moves with every new turn)."""
+    if not (a.prompt.is_chat and b.prompt.is_chat) or index >= len(a) or index >= len(b):
+        return None
+    for x, y, nx, ny in ((a, b, "A", "B"), (b, a, "B", "A")):
+        rng = x.char_range(index)
+        if rng is None:
+            continue
+        here = next((s for s in x.spans if s.message_index is not None and s.start <= rng[0] < s.end), None)
+        if here is None:
+            continue
+        m = here.message_index
+        if m >= len(y.prompt.messages) or y.prompt.messages[m] != x.prompt.messages[m]:
+            continue
+        whole = str(x.prompt.messages[m].get("content") or "").strip()
+        there = [s for s in y.spans if s.message_index == m and y.text[s.start:s.end].strip() == whole]
+        if x.text[here.start:here.end].strip() != whole or not there or any(s.start == here.start for s in there):
+            continue  # only whole renders of the message count: a template that cuts a part off is no move
+        role = x.prompt.messages[m].get("role")
+        return Cause("message_relocated", f"message {m} ({role}) is the same in both prompts, but the chat template "
+                     f"renders it at char {here.start} in {nx} and at char {there[0].start} in {ny}: it moves as "
+                     "turns are added (Mistral's templates put the system prompt into the last user turn), so the "
+                     "history re-renders every turn. Put such text where it stays (the first user turn), or use a "
+                     "template that keeps it in place.")
+    return None
+
+
+def _last_turn(a, b, index, tokenizer) -> Cause | None:
+    """One prompt ends with an assistant turn that the other holds unchanged and follows with more turns, and the
+    renders part right after that turn's content: the template closes a final turn otherwise than a turn in
+    the history (gpt-oss: <|return|> then <|end|>; templates that append EOS after the last turn)."""
+    if not (a.prompt.is_chat and b.prompt.is_chat) or a.text is None or b.text is None:
+        return None
+    c = common_prefix_length(a.text, b.text)
+    for x, y, nx, ny in ((a, b, "A", "B"), (b, a, "B", "A")):
+        n = len(x.prompt.messages)
+        last = x.prompt.messages[-1] if n else None
+        if last is None or last.get("role") != "assistant" or n >= len(y.prompt.messages) \
+                or y.prompt.messages[n - 1] != last:
+            continue
+        ends = [s.end for s in x.spans if s.message_index == n - 1]
+        if not ends or c < max(ends) or any(max(ends) <= s.start < c for s in x.spans):
+            continue
+        tail_x, tail_y = x.text[c:c + 24], y.text[c:c + 24]
+        return Cause("last_turn_closed_differently", f"{nx} ends with an assistant turn (message {n - 1}) and {ny} "
+                     f"holds the same turn with more after it, but the chat template closes the final turn "
+                     f"({tail_x!r}) otherwise than a turn in the history ({tail_y!r}): a render that ends with an "
+                     "assistant turn is no prefix of the next request. What a server caches ends with the "
+                     "generation prompt: compare those renders, or expect this miss at every turn.")
+    return None
+
+
+_THINK = re.compile(r"<think>(.*?)</think>", re.S)
+
+
+def _reasoning(msg: dict) -> str | None:
+    rc = msg.get("reasoning_content")
+    if isinstance(rc, str) and rc.strip():
+        return rc.strip()
+    content = msg.get("content")
+    if isinstance(content, str):
+        m = _THINK.search(content)
+        if m and m.group(1).strip():
+            return m.group(1).strip()
     return None
 
 
 def _think(a, b, index, tokenizer) -> Cause | None:
+    """A reasoning span of an assistant turn that A's render holds and B's does not (or the reverse)."""
+    if not (a.prompt.is_chat and b.prompt.is_chat) or a.text is None or b.text is None:
+        return None
+    c = common_prefix_length(a.text, b.text)
+    for x, y, nx, ny in ((a, b, "A", "B"), (b, a, "B", "A")):
+        for m, msg in enumerate(x.prompt.messages):
+            if msg.get("role") != "assistant" or m >= len(y.prompt.messages):
+                continue
+            other = y.prompt.messages[m]
+            r = _reasoning(msg)
+            if other.get("role") != "assistant" or r is None:
+                continue
+            pos = x.text.find(r)
+            if pos < 0 or r in y.text or c > pos + len(r):
+                continue
+            how = ("the chat template dropped it (Qwen3's and DeepSeek-R1's templates strip reasoning from "
+                   "assistant turns before the last user turn)" if _reasoning(other) == r
+                   else f"the history sent in {ny} no longer carries it")
+            return Cause("think_stripped", f"the reasoning of message {m} (assistant) is in {nx}'s render and gone "
+                         f"from {ny}'s: {how}, so the history re-renders differently. Keep reasoning out of the "
+                         "history, or in it, consistently.")
+        # x ends with a generation prompt that opens a reasoning block; y holds the answer, with reasoning, and
+        # renders it without one (DeepSeek-R1's template: the prompt ends in <think>, history has none)
+        m = len(x.prompt.messages)
+        if x.render_opts and x.render_opts.get("add_generation_prompt") and m < len(y.prompt.messages):
+            other = y.prompt.messages[m]
+            r = _reasoning(other)
+            if (other.get("role") == "assistant" and r is not None and r not in y.text
+                    and "<think>" in x.text[c:] and "<think>" not in y.text[c:]):
+                return Cause("think_stripped", f"{nx} ends with a generation prompt that opens a <think> block, and "
+                             f"{ny} renders that answer (message {m}) without its reasoning: the chat template drops "
+                             "reasoning from assistant turns in the history (DeepSeek-R1's does), so the tokens "
+                             "generated after the prompt never match the next request. Expect this miss, or keep "
+                             "reasoning out of the generation.")
+    return None
+
+
+def _volatile(a, b, index, tokenizer) -> Cause | None:
+    """A per-request value (date, time, id, counter) on both sides where the texts diverge."""
+    from ..volatile import classify_change
+
     if a.text is None or b.text is None:
         return None
-    for t in (a, b):
-        loc = t.location(index) if index < len(t) else None
-        if loc is not None and loc.message_index is not None and a.prompt.is_chat and b.prompt.is_chat:
-            m = loc.message_index
-            ma = a.prompt.messages[m] if m < len(a.prompt.messages) else None
-            mb = b.prompt.messages[m] if m < len(b.prompt.messages) else None
-            if ma and mb and ma.get("role") == mb.get("role") == "assistant" and _has_think(ma) != _has_think(mb):
-                return _think_cause("A" if _has_think(ma) else "B")
-    ra, rb = _char_span(a, index), _char_span(b, index)
-    if ra is None or rb is None:
+    c = common_prefix_length(a.text, b.text)
+    if c == len(a.text) or c == len(b.text):
         return None
-    ahead_a, ahead_b = a.text[ra[0]:ra[0] + 80], b.text[rb[0]:rb[0] + 80]
-    if ("<think>" in ahead_a) != ("<think>" in ahead_b):
-        return _think_cause("A" if "<think>" in ahead_a else "B")
+    pair = classify_change(a.text, b.text, c)
+    if pair is None:
+        return None
+    va, vb = pair
+    where = a.location(index).describe() if index < len(a) else "the end of A"
+    if va.is_date_time and vb.is_date_time:
+        return Cause("date_time", f"a date or time differs ({va.text!r} vs {vb.text!r}, at {where}): move volatile "
+                     "values after the cached prefix (the end of the prompt), or pin them per day.")
+    if va.kind == "counter":
+        return Cause("counter", f"a number that changes per request differs ({va.text!r} vs {vb.text!r}, at {where}):"
+                     " a counter (turn, attempt, sequence number) in the prefix makes every request new; move it "
+                     "to the end of the prompt or drop it.")
+    return Cause("volatile_id", f"an id that changes per request differs ({va.text!r} vs {vb.text!r}, {va.kind}): "
+                 "keep request, trace and user ids out of the cached prefix.")
+
+
+def _unicode(a, b, index, tokenizer) -> Cause | None:
+    """The texts differ here but agree once both are NFC-normalized: the same characters, composed differently."""
+    import unicodedata
+
+    if a.text is None or b.text is None:
+        return None
+    c = common_prefix_length(a.text, b.text)
+    s = max(0, c - 8)  # a base character before a combining mark
+    wa, wb = a.text[s:s + 400], b.text[s:s + 400]
+    if wa == wb:
+        return None
+    na, nb = unicodedata.normalize("NFC", wa), unicodedata.normalize("NFC", wb)
+    agree = common_prefix_length(na, nb)
+    need = min(len(na) - 2, len(nb) - 2, (c - s) + 16)
+    if agree <= c - s or agree < need:
+        return None
+
+    def form(w: str) -> str:
+        return next((f for f in ("NFC", "NFD") if unicodedata.is_normalized(f, w)), "mixed")
+
+    return Cause("unicode_normalization", f"the texts are the same characters in another Unicode normalization "
+                 f"(A {form(wa)}, B {form(wb)}, at {visible(na[c - s:c - s + 12])!r}): normalize text (NFC) before "
+                 "it reaches the prompt.")
+
+
+def _json_key_order(a, b, index, tokenizer) -> Cause | None:
+    """JSON inside a message that parses to the same value on both sides, with its keys in another order."""
+    if a.text is None or b.text is None:
+        return None
+    c = common_prefix_length(a.text, b.text)
+    decoder = json.JSONDecoder()
+    lo = max(0, c - 4000)
+    starts = [i for i in range(c - 1, lo - 1, -1) if a.text[i] in "{["][:64]
+    for start in starts:  # innermost first
+        try:
+            va, ea = decoder.raw_decode(a.text, start)
+            vb, eb = decoder.raw_decode(b.text, start)
+        except ValueError:
+            continue
+        if ea <= c and eb <= c:
+            continue  # ends before the divergence
+        if va != vb:
+            return None  # the innermost JSON around the divergence holds other values: not a key order
+        if _dumps(va, False) != _dumps(vb, False):
+            where = a.location(index).describe() if index < len(a) else "the end of A"
+            return Cause("json_key_order", f"JSON embedded in the prompt ({where}) holds the same values with its "
+                         "keys in another order: serialize it deterministically (sorted keys) before putting it in "
+                         "a message.")
+        return None
     return None
 
 
-def _think_cause(has: str) -> Cause:
-    other = "B" if has == "A" else "A"
-    return Cause("think_stripped", f"a <think> block is present in {has} and gone in {other}: templates such as "
-                 "Qwen3's and DeepSeek-R1's drop reasoning from earlier assistant turns, so the history "
-                 "re-renders differently. Keep reasoning out of the history, or in it, consistently.")
-
-
-def _date_time(a, b, index, tokenizer) -> Cause | None:
-    da, db = _matches_at(_regex(_DATE_TIME), a, index), _matches_at(_regex(_DATE_TIME), b, index)
-    if da and db and da != db:
-        where = a.location(index).describe() if index < len(a) else "the end of A"
-        return Cause("date_time", f"a date or time differs ({da!r} vs {db!r}, at {where}): move volatile values "
-                     "after the cached prefix (the end of the prompt), or pin them per day.")
-    return None
-
-
-def _volatile_id(a, b, index, tokenizer) -> Cause | None:
-    ia, ib = _matches_at(_regex(_VOLATILE_ID), a, index), _matches_at(_regex(_VOLATILE_ID), b, index)
-    if ia and ib and ia != ib:
-        return Cause("volatile_id", f"an id that changes per request differs ({ia!r} vs {ib!r}): keep request, "
-                     "trace and user ids out of the cached prefix.")
-    return None
-
-
-def _text_divergence(a: Tokenized, b: Tokenized, index: int) -> tuple[int, int, int] | None:
-    """``(token_start, token_end_min, char_divergence)`` when both divergent tokens start at the same
-    character after identical text, else None."""
+def _text_divergence(a: Tokenized, b: Tokenized, index: int) -> tuple[int, int, int, int] | None:
+    """``(token_start, end_a, end_b, char_divergence)`` when both divergent tokens start at the same character
+    after identical text, else None."""
     if a.text is None or b.text is None:
         return None
     ra, rb = _char_span(a, index), _char_span(b, index)
     if ra is None or rb is None or ra[0] != rb[0] or a.text[:ra[0]] != b.text[:rb[0]]:
         return None
     cp = ra[0] + common_prefix_length(a.text[ra[0]:ra[0] + 4096], b.text[rb[0]:rb[0] + 4096])
-    return ra[0], min(ra[1], rb[1]), cp
+    return ra[0], ra[1], rb[1], cp
 
 
 _WS = re.compile(r"\s+")
@@ -347,7 +482,7 @@ def _whitespace(a, b, index, tokenizer) -> Cause | None:
     div = _text_divergence(a, b, index)
     if div is None:
         return None
-    cp = div[2]
+    cp = div[3]
     xa, xb = a.text[cp:cp + 200], b.text[cp:cp + 200]
     if not (xa[:1].isspace() or xb[:1].isspace()):
         return None
@@ -362,12 +497,13 @@ def _whitespace(a, b, index, tokenizer) -> Cause | None:
 
 
 def _token_boundary(a, b, index, tokenizer) -> Cause | None:
+    """The texts agree through both divergent tokens (as far as both texts go), and the tokens do not."""
     div = _text_divergence(a, b, index)
     if div is None:
         return None
-    start, end_min, cp = div
-    # The text agrees past the end of one side's divergent token: same characters, another split.
-    if cp >= end_min and cp > start:
+    start, end_a, end_b, cp = div
+    through = min(max(end_a, end_b), len(a.text), len(b.text))
+    if cp > start and cp >= through:
         same = visible(a.text[start:cp][:20])
         return Cause("token_boundary", f"the text still matches for {cp - start} more characters ({same!r}) but "
                      "the tokenizer split it differently, e.g. a trailing newline or space that merged with "
@@ -397,6 +533,7 @@ def _system_changed(a, b, index, tokenizer) -> Cause | None:
         return Cause("system_prompt_changed", "the system prompt differs between the two requests: everything "
                      "after it misses. Keep per-request values out of the system prompt.")
     return None
+
 
 
 # ---------------------------------------------------------------------------------------- batch log
