@@ -269,16 +269,27 @@ def test_quantized_cache_memory_and_divergence(cli):
     assert q2["quantized_bytes"] < q4["quantized_bytes"]
 
 
-def test_quantized_backend_missing_is_one_clear_line(cli):
-    import importlib.util
-
-    if importlib.util.find_spec("hqq") is not None:
-        pytest.skip("hqq is installed here")
+@pytest.mark.parametrize("backend,module", [("hqq", "hqq"), ("quanto", "optimum.quanto")])
+def test_quantized_backend_missing_is_one_clear_line(cli, monkeypatch, backend, module):
     from .conftest import FIXTURES, TOK_DIR
 
+    monkeypatch.setitem(sys.modules, module, None)  # import raises ImportError, as when it is not installed
     r = cli("kv-inspect", FIXTURES / "tiny-llama", "--random-weights", "--tokenizer", TOK_DIR, "--prompt", "hi",
-            "--quantized", "hqq")
-    assert r.exit_code == 2 and "needs the hqq package" in r.stderr and r.stderr.count("\n") == 1
+            "--quantized", backend)
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1
+    assert f"pip install 'llm-cachectl[{backend}]'" in r.stderr
+
+
+def test_quantized_hqq_where_installed(cli):
+    pytest.importorskip("hqq")
+    from .conftest import FIXTURES, TOK_DIR
+
+    r = cli("kv-inspect", FIXTURES / "tiny-llama", "--random-weights", "--tokenizer", TOK_DIR, "--prompt",
+            "You are a helpful assistant for cache diagnostics. " * 30, "--threads", "1", "--max-new-tokens", "4",
+            "--quantized", "hqq", "--nbits", "4", "-f", "json")
+    assert r.exit_code == 0, r.stderr
+    q = json.loads(r.stdout)["quantized"]
+    assert q["full_bytes"] == 2 * 2 * 2 * q["seq_length"] * 16 * 4 and q["quantized_bytes"] < q["full_bytes"]
 
 
 def test_more_catalog_architectures():
@@ -294,3 +305,61 @@ def test_more_catalog_architectures():
     # published sizes: Qwen2.5-7B 7.61B, Mistral-7B 7.24B parameters
     assert abs(kvmath.estimate_params(qwen) / 1e9 - 7.61) < 0.01
     assert round(kvmath.estimate_params(cat["mistral-7b-v0.1"]["config"]) / 1e9, 2) == 7.24
+
+
+def _tiny_model():
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = dict(TINY)
+    return transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(cfg.pop("model_type"),
+                                                                                          **cfg)).eval()
+
+
+def test_cache_reaches_a_model_that_takes_past_key_values_only():
+    # transformers 5.0-5.23: forward(past_key_values=...); `cache=` would vanish into **kwargs
+    import torch
+
+    from cachectl.engines import kvlive
+
+    inner = _tiny_model()
+
+    class PastKeyValuesOnly(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner, self.config = inner, inner.config
+
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None, **kwargs):
+            assert "cache" not in kwargs
+            return self.inner(input_ids=input_ids, use_cache=use_cache,
+                              **{kvlive.cache_keyword(self.inner): past_key_values})
+
+    model = PastKeyValuesOnly()
+    assert kvlive.cache_keyword(model) == "past_key_values"
+    run = kvlive.inspect_model(model, list(range(3, 11)), max_new_tokens=4)
+    assert (run.seq_length, run.expected_seq_length) == (8 + 4 - 1, 11)
+    assert run.measured_bytes == 2 * 2 * 2 * 11 * 16 * 4 and run.agree
+
+
+def test_agree_is_independent_of_the_cache_it_checks():
+    # a forward that swallows the cache keyword (what `cache=` did on transformers 5.0-5.23) leaves the cache
+    # empty: 0 bytes measured must not "agree" with a prediction built from that same empty cache
+    import torch
+
+    from cachectl.engines import kvlive
+
+    inner = _tiny_model()
+
+    class SwallowsCache(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner, self.config = inner, inner.config
+
+        def forward(self, input_ids=None, **kwargs):
+            return self.inner(input_ids=input_ids, use_cache=False)
+
+    run = kvlive.inspect_model(SwallowsCache(), list(range(3, 11)), max_new_tokens=3)
+    assert run.seq_length == 0 and run.measured_bytes == 0
+    assert run.expected_seq_length == 10 and run.predicted_bytes == 2 * 2 * 2 * 10 * 16 * 4
+    assert not run.agree

@@ -117,7 +117,7 @@ def new_figure(title: str, xlabel: str, ylabel: str):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise UsageError("--plot needs matplotlib (pip install 'cachectl[plot]')") from None
+        raise UsageError("--plot needs matplotlib (pip install 'llm-cachectl[plot]')") from None
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     ax.set_title(title)
     ax.set_xlabel(xlabel)

@@ -200,8 +200,8 @@ def _render(r, hb) -> None:
         q = r.run
         verdict = "[green]agree[/]" if q.agree else "[red]DISAGREE[/]"
         stdout.print(f"[bold]run[/] ({q.weights} weights, {q.dtype}): {q.prompt_tokens} prompt + {q.generated_tokens} "
-                     f"generated tokens -> get_seq_length() = {q.seq_length} (the last token's K/V is computed only "
-                     "when it is fed back)", soft_wrap=True)
+                     f"generated tokens -> get_seq_length() = {q.seq_length}, expected {q.expected_seq_length} (the last "
+                     "token's K/V is computed only when it is fed back)", soft_wrap=True)
         stdout.print(f"measured {q.measured_bytes:,} bytes vs predicted {q.predicted_bytes:,.0f}: {verdict}; "
                      f"prefill {q.prefill_tokens_per_s:,.0f} tokens/s"
                      + (f", decode {q.decode_ms_per_token:.2f} ms/token" if q.decode_ms_per_token else ""),
