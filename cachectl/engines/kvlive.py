@@ -58,6 +58,42 @@ class LiveRun:
     weights: str                 # "pretrained" or "random (from config)"
 
 
+def available_memory_bytes() -> int | None:
+    """Memory this process can still take: MemAvailable, bounded by a cgroup v2 limit; None where unknown."""
+    available = None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+        if limit != "max":
+            room = int(limit) - used
+            available = room if available is None else min(available, room)
+    except (OSError, ValueError):
+        pass
+    return available
+
+
+def check_random_weights_memory(config: dict, params: int | None = None, available: int | None = None) -> None:
+    """Refuse, with the numbers, to build a random-weight model that would not fit in memory (transformers builds
+    it in fp32: 4 bytes per parameter) instead of being killed by the OOM killer half-way."""
+    params = params or kvmath.estimate_params(config)
+    if available is None:
+        available = available_memory_bytes()
+    if params is None or available is None:
+        return
+    need = params * 4
+    if need > available:
+        raise UsageError(f"--random-weights builds the model in fp32: about {kvmath.human_bytes(need)} for "
+                         f"{params / 1e9:.2f}B parameters, but {kvmath.human_bytes(available)} of memory is "
+                         "available: use a smaller config (fewer layers) or a machine with more memory")
+
+
 def _load_model(spec: str, config: dict, random_weights: bool):
     import torch  # noqa: F401 - transformers needs it here
     import transformers
@@ -68,6 +104,7 @@ def _load_model(spec: str, config: dict, random_weights: bool):
         model_type = cfg.pop("model_type", None)
         if not model_type:
             raise UsageError("--random-weights needs a config with model_type")
+        check_random_weights_memory(config)
         try:
             hf_config = transformers.AutoConfig.for_model(model_type, **cfg)
             return transformers.AutoModelForCausalLM.from_config(hf_config), "random (from config)"
@@ -77,6 +114,9 @@ def _load_model(spec: str, config: dict, random_weights: bool):
     if not path.is_dir():
         raise UsageError("--run loads weights from a local model directory; for a config alone (or a catalog "
                          "name) add --random-weights")
+    if not any(next(path.glob(pattern), None) for pattern in ("*.safetensors", "*.bin", "*.pt", "*.pth")):
+        raise UsageError(f"{spec} has a config but no weights (*.safetensors, *.bin): add --random-weights to "
+                         "build random weights from its config")
     try:
         return (transformers.AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True),
                 "pretrained")
