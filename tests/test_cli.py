@@ -131,7 +131,11 @@ def test_usage_errors(cli, write):
 def test_debug_lets_the_traceback_through(cli, write):
     a = write("e.txt", "")
     r = cli("diff-tokens", a, a, "-t", TOK, env={"CACHECTL_DEBUG": "1"})
-    assert r.exit_code != 0 and r.exception is not None and type(r.exception).__name__ == "InputError"
+    # the traceback is shown, and the exit code stays the one without debugging (2: input error)
+    assert r.exit_code == 2 and "Traceback (most recent call last)" in r.stderr
+    assert "cachectl.errors.InputError" in r.stderr and r.stderr.strip().splitlines()[-1].startswith("cachectl: error:")
+    plain = cli("diff-tokens", a, a, "-t", TOK)
+    assert plain.exit_code == 2 and plain.stderr.count("\n") == 1
 
 
 # ------------------------------------------------------------------------------------------ log mode

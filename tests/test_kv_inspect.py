@@ -59,7 +59,8 @@ def test_layers_without_kv_are_excluded():
 def test_budget_sequences_blocks_and_decode_bound():
     r = kvmath.inspect_config(kvmath.catalog()["llama-3.1-8b"]["config"], model="m", source="s",
                               contexts=(32768,), gpu="H100")
-    budget = 80e9 * 0.9 - 8_030_261_248 * 2
+    # an H100 80 GB: the driver reports 81,559 MiB (79.6 GiB), not the datasheet's 80e9 bytes
+    budget = 81_559 * 1024 ** 2 * 0.9 - 8_030_261_248 * 2
     assert r.kv_budget_bytes == pytest.approx(budget)
     assert r.contexts[0].max_sequences == int(budget // (131_072 * 32768))
     assert r.vllm_blocks == int(budget // (131_072 * 16))
@@ -269,16 +270,27 @@ def test_quantized_cache_memory_and_divergence(cli):
     assert q2["quantized_bytes"] < q4["quantized_bytes"]
 
 
-def test_quantized_backend_missing_is_one_clear_line(cli):
-    import importlib.util
-
-    if importlib.util.find_spec("hqq") is not None:
-        pytest.skip("hqq is installed here")
+@pytest.mark.parametrize("backend,module", [("hqq", "hqq"), ("quanto", "optimum.quanto")])
+def test_quantized_backend_missing_is_one_clear_line(cli, monkeypatch, backend, module):
     from .conftest import FIXTURES, TOK_DIR
 
+    monkeypatch.setitem(sys.modules, module, None)  # import raises ImportError, as when it is not installed
     r = cli("kv-inspect", FIXTURES / "tiny-llama", "--random-weights", "--tokenizer", TOK_DIR, "--prompt", "hi",
-            "--quantized", "hqq")
-    assert r.exit_code == 2 and "needs the hqq package" in r.stderr and r.stderr.count("\n") == 1
+            "--quantized", backend)
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1
+    assert f"pip install 'llm-cachectl[{backend}]'" in r.stderr
+
+
+def test_quantized_hqq_where_installed(cli):
+    pytest.importorskip("hqq")
+    from .conftest import FIXTURES, TOK_DIR
+
+    r = cli("kv-inspect", FIXTURES / "tiny-llama", "--random-weights", "--tokenizer", TOK_DIR, "--prompt",
+            "You are a helpful assistant for cache diagnostics. " * 30, "--threads", "1", "--max-new-tokens", "4",
+            "--quantized", "hqq", "--nbits", "4", "-f", "json")
+    assert r.exit_code == 0, r.stderr
+    q = json.loads(r.stdout)["quantized"]
+    assert q["full_bytes"] == 2 * 2 * 2 * q["seq_length"] * 16 * 4 and q["quantized_bytes"] < q["full_bytes"]
 
 
 def test_more_catalog_architectures():
@@ -294,3 +306,238 @@ def test_more_catalog_architectures():
     # published sizes: Qwen2.5-7B 7.61B, Mistral-7B 7.24B parameters
     assert abs(kvmath.estimate_params(qwen) / 1e9 - 7.61) < 0.01
     assert round(kvmath.estimate_params(cat["mistral-7b-v0.1"]["config"]) / 1e9, 2) == 7.24
+
+
+def _tiny_model():
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = dict(TINY)
+    return transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(cfg.pop("model_type"),
+                                                                                          **cfg)).eval()
+
+
+def test_cache_reaches_a_model_that_takes_past_key_values_only():
+    # transformers 5.0-5.23: forward(past_key_values=...); `cache=` would vanish into **kwargs
+    import torch
+
+    from cachectl.engines import kvlive
+
+    inner = _tiny_model()
+
+    class PastKeyValuesOnly(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner, self.config = inner, inner.config
+
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None, **kwargs):
+            assert "cache" not in kwargs
+            return self.inner(input_ids=input_ids, use_cache=use_cache,
+                              **{kvlive.cache_keyword(self.inner): past_key_values})
+
+    model = PastKeyValuesOnly()
+    assert kvlive.cache_keyword(model) == "past_key_values"
+    run = kvlive.inspect_model(model, list(range(3, 11)), max_new_tokens=4)
+    assert (run.seq_length, run.expected_seq_length) == (8 + 4 - 1, 11)
+    assert run.measured_bytes == 2 * 2 * 2 * 11 * 16 * 4 and run.agree
+
+
+def test_agree_is_independent_of_the_cache_it_checks():
+    # a forward that swallows the cache keyword (what `cache=` did on transformers 5.0-5.23) leaves the cache
+    # empty: 0 bytes measured must not "agree" with a prediction built from that same empty cache
+    import torch
+
+    from cachectl.engines import kvlive
+
+    inner = _tiny_model()
+
+    class SwallowsCache(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner, self.config = inner, inner.config
+
+        def forward(self, input_ids=None, **kwargs):
+            return self.inner(input_ids=input_ids, use_cache=False)
+
+    run = kvlive.inspect_model(SwallowsCache(), list(range(3, 11)), max_new_tokens=3)
+    assert run.seq_length == 0 and run.measured_bytes == 0
+    assert run.expected_seq_length == 10 and run.predicted_bytes == 2 * 2 * 2 * 10 * 16 * 4
+    assert not run.agree
+
+
+# ------------------------------------------------------------------------ real configurations
+
+
+def _gguf(path, arch, *, layers, heads, kv, key_length=None, key_length_swa=None, window=None, pattern=None,
+          causal=None, context=None, tensors=()):
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(layers)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_embedding_length(2560)
+    if key_length:
+        w.add_key_length(key_length)
+        w.add_value_length(key_length)
+    if key_length_swa:
+        w.add_key_length_swa(key_length_swa)
+        w.add_value_length_swa(key_length_swa)
+    if window:
+        w.add_sliding_window(window)
+    if pattern is not None:
+        w.add_sliding_window_pattern(pattern)
+    if causal is not None:
+        w.add_causal_attention(causal)
+    if context:
+        w.add_context_length(context)
+    w.add_token_list([f"tok{i}" for i in range(300)])
+    for name in tensors:
+        w.add_tensor(name, np.zeros((4, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_gemma4_gguf_per_layer_arrays(tmp_path, cli):
+    # FACTS: Gemma 4 GGUF, 30 layers, head_count_kv [8,8,8,8,8,2] x 5, sliding_window_pattern true = sliding,
+    # key_length 512 (global), key_length_swa 256 (sliding): 225,280 B/token at 16-bit, not 491,520
+    path = _gguf(tmp_path / "gemma4.gguf", "gemma4", layers=30, heads=16, kv=[8, 8, 8, 8, 8, 2] * 5,
+                 key_length=512, key_length_swa=256, window=1024, pattern=([True] * 5 + [False]) * 5,
+                 context=131072)
+    config = kvmath.read_gguf_config(str(path))
+    # one period of the pattern, repeated over the layers, reads the same
+    period = _gguf(tmp_path / "period.gguf", "gemma4", layers=30, heads=16, kv=[8, 8, 8, 8, 8, 2] * 5,
+                   key_length=512, key_length_swa=256, window=1024, pattern=[True] * 5 + [False])
+    assert kvmath.layer_groups(kvmath.read_gguf_config(str(period))) == kvmath.layer_groups(config)
+    groups = {g.type: g for g in kvmath.layer_groups(config)}
+    sliding, full = groups["sliding_attention"], groups["full_attention"]
+    assert (sliding.layers, sliding.kv_heads, sliding.head_dim, sliding.window) == (25, 8, 256, 1024)
+    assert (full.layers, full.kv_heads, full.head_dim) == (5, 2, 512)
+    assert kvmath.kv_shape(config).bytes_per_token == 225_280 == 25 * 8 * 256 * 2 * 2 + 5 * 2 * 512 * 2 * 2
+    r = cli("kv-inspect", path, "-f", "json")
+    assert r.exit_code == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["bytes_per_token"] == 225_280 and d["kv_heads"] is None and d["head_dim"] is None
+    r = cli("kv-inspect", path)
+    assert "KV heads and head dims per layer type" in r.stdout and "225,280 bytes per token" in r.stdout
+
+
+def test_gguf_per_layer_array_longer_than_64_and_mamba_layers(tmp_path):
+    # 80 layers: a per-layer array this long must be read, not skipped like the vocabulary
+    kv = [0 if i % 4 == 3 else 8 for i in range(80)]   # every 4th layer without attention KV
+    path = _gguf(tmp_path / "hybrid.gguf", "granitehybrid", layers=80, heads=32, kv=kv, key_length=128)
+    groups = {g.type: g for g in kvmath.layer_groups(kvmath.read_gguf_config(str(path)))}
+    assert groups["full_attention"].layers == 60 and groups["no_kv"].layers == 20
+    assert kvmath.kv_shape(kvmath.read_gguf_config(str(path))).bytes_per_token == 60 * 8 * 128 * 2 * 2
+
+
+def test_gguf_tied_embeddings_from_the_tensor_list(tmp_path):
+    tied = _gguf(tmp_path / "tied.gguf", "llama", layers=2, heads=4, kv=2, tensors=["token_embd.weight"])
+    untied = _gguf(tmp_path / "untied.gguf", "llama", layers=2, heads=4, kv=2,
+                   tensors=["token_embd.weight", "output.weight"])
+    assert kvmath.read_gguf_config(str(tied))["tie_word_embeddings"] is True
+    assert kvmath.read_gguf_config(str(untied))["tie_word_embeddings"] is False
+
+
+def test_gemma4_config_json_per_kind_head_dims_match_a_real_transformers_cache():
+    # config.json alike: global_head_dim for full-attention layers, and the config transformers itself writes
+    # (per_layer_config, keys "05"), measured against the real cache of a random-weight Gemma 4
+    import torch
+    import transformers
+
+    from cachectl.engines import kvlive
+
+    base = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=12, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=8,
+                vocab_size_per_layer_input=300, hidden_size_per_layer_input=8, num_kv_shared_layers=2)
+    groups = {g.type: g for g in kvmath.layer_groups({"model_type": "gemma4_text", **base}, "fp32")}
+    assert (groups["full_attention"].layers, groups["full_attention"].head_dim) == (1, 32)   # layer 5; 11 shared
+    assert (groups["sliding_attention"].layers, groups["shared_kv"].layers) == (9, 2)
+    torch.manual_seed(0)
+    hf = transformers.AutoConfig.for_model("gemma4_text", **base)
+    model = transformers.AutoModelForCausalLM.from_config(hf).eval()
+    run = kvlive.inspect_model(model, list(range(3, 23)), max_new_tokens=4)
+    assert run.seq_length == run.expected_seq_length == 23
+    # 9 sliding layers hold window - 1 = 7 tokens, the global layer all 23 at head_dim 32
+    assert run.measured_bytes == 9 * 2 * 2 * 7 * 16 * 4 + 2 * 2 * 23 * 32 * 4
+    assert run.agree
+
+
+def test_encoder_only_models_are_refused(tmp_path, cli):
+    bert = _gguf(tmp_path / "bert.gguf", "bert", layers=12, heads=12, kv=12, causal=False)
+    r = cli("kv-inspect", bert)
+    assert r.exit_code == 2 and "encoder-only" in r.stderr and r.stderr.count("\n") == 1
+    model = tmp_path / "bert"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(cfg(model_type="bert")))
+    r = cli("kv-inspect", model)
+    assert r.exit_code == 2 and "encoder-only model (bert)" in r.stderr
+    # a decoder config is not refused
+    (model / "config.json").write_text(json.dumps(cfg(model_type="llama")))
+    assert cli("kv-inspect", model).exit_code == 0
+
+
+def test_context_beyond_the_maximum_is_said(cli):
+    d = json.loads(cli("kv-inspect", "gemma-2-9b", "--context", "4k,128k", "-f", "json").stdout)
+    assert any("131,072 is beyond the model's maximum of 8,192" in n for n in d["notes"])
+    d = json.loads(cli("kv-inspect", "gemma-2-9b", "--context", "4k,8k", "-f", "json").stdout)
+    assert not any("beyond" in n for n in d["notes"])
+
+
+def test_tied_embeddings_default_per_model_type():
+    # the defaults table against the installed transformers' configuration classes
+    import transformers
+
+    table = kvmath._data("model_defaults.json")["tie_word_embeddings"]
+    for model_type, tied in table.items():
+        hf = transformers.AutoConfig.for_model(model_type).get_text_config()
+        assert hf.tie_word_embeddings is tied, model_type
+    gemma = {k: v for k, v in kvmath.catalog()["gemma-2-9b"]["config"].items() if k != "tie_word_embeddings"}
+    assert kvmath.tied_embeddings(gemma) == (True, "the gemma2 default")
+    untied = kvmath.estimate_params({**gemma, "tie_word_embeddings": False})
+    assert kvmath.estimate_params(gemma) == untied - 256000 * 3584     # one embedding matrix fewer
+    r = kvmath.inspect_config(gemma, model="g", source="s")
+    assert any("tie_word_embeddings is not in the config: tied (the gemma2 default)" in n for n in r.notes)
+
+
+def test_gpu_memory_is_what_the_driver_reports(cli):
+    d = json.loads(cli("kv-inspect", "llama-3.1-8b", "--gpu", "H200", "-f", "json").stdout)
+    assert d["gpu_memory_bytes"] == 139 * GIB          # not the datasheet's 141e9 bytes
+    d = json.loads(cli("kv-inspect", "llama-3.1-8b", "--gpu", "H100", "-f", "json").stdout)
+    assert abs(d["gpu_memory_bytes"] / GIB - 79.6) < 0.1
+
+
+def test_random_weights_refused_with_the_number_and_the_limit(cli):
+    from cachectl.engines import kvlive
+
+    from .conftest import TOK_DIR
+
+    # 70.55B parameters in fp32 (~263 GiB) fit on no machine this runs on: refused before anything is built
+    r = cli("kv-inspect", "llama-3.1-70b", "--run", "--random-weights", "--prompt", "hi", "--tokenizer", TOK_DIR)
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1
+    assert "about 262.8" in r.stderr and "70.55B parameters" in r.stderr and "of memory is available" in r.stderr
+    # MoE: the catalog's published total is used where the config alone cannot size the model
+    r = cli("kv-inspect", "deepseek-v3", "--run", "--random-weights", "--prompt", "hi", "--tokenizer", TOK_DIR)
+    assert r.exit_code == 2 and "671.00B parameters" in r.stderr
+    llama = kvmath.catalog()["llama-3.1-8b"]["config"]
+    with pytest.raises(UsageError, match=r"about 29\.92 GiB for 8\.03B parameters, but 20\.00 GiB"):
+        kvlive.check_random_weights_memory(llama, available=20 * GIB)
+    kvlive.check_random_weights_memory(llama, available=40 * GIB)          # fits: no error
+    assert kvlive.available_memory_bytes() > 0
+
+
+def test_hints_for_missing_weights_and_tokenizer(cli):
+    from .conftest import FIXTURES, TOK_DIR
+
+    tiny = FIXTURES / "tiny-llama"                                            # a config.json and nothing else
+    r = cli("kv-inspect", tiny, "--run", "--prompt", "hi", "--tokenizer", TOK_DIR)
+    assert r.exit_code == 2 and "no weights" in r.stderr and "--random-weights" in r.stderr
+    r = cli("kv-inspect", tiny, "--run", "--random-weights", "--prompt", "hi")
+    assert r.exit_code == 2 and "need --tokenizer" in r.stderr and "has no tokenizer files" in r.stderr
+    r = cli("kv-inspect", tiny, "--random-weights", "--turns", FIXTURES / "prompts" / "think_conversation.json")
+    assert r.exit_code == 2 and "need --tokenizer" in r.stderr

@@ -24,3 +24,12 @@ def test_readme_starts_with_two_commands_that_ci_runs():
 
 def test_constraints_pin_the_cpu_torch():
     assert "torch==2.13.0" in (ROOT / "constraints.txt").read_text(encoding="utf-8").split()
+
+
+def test_ci_runs_the_oldest_versions_job_on_the_declared_floors():
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert "bash .ci/oldest" in ci and ci.index("bash .ci/oldest") > ci.index("python3 -m pytest -q")
+    oldest = (ROOT / ".ci" / "oldest").read_text(encoding="utf-8")
+    # the pins come from pyproject.toml itself, and the job checks they were installed
+    assert 'tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]' in oldest
+    assert "--system-site-packages" in oldest and "floors installed" in oldest

@@ -8,15 +8,26 @@ import typer
 
 from .. import __version__
 from . import diff_tokens, kv_inspect, lint, prompt_cost, semantic_probe, simulate_prefix
+from .common import CachectlGroup
+
+HELP = """Diagnose the caches around LLMs: token diffs, prefix-cache replay, prompt-cache cost, semantic-cache
+probes, KV-cache math and template lint. Data goes to stdout, progress and errors to stderr.
+
+Exit codes: 0 success (identical, clean); 1 a finding (prompts differ, lint findings, a template rewrites
+history, wrong semantic-cache hits); 2 usage or input error (one line on stderr; CACHECTL_DEBUG=1 adds the
+traceback and keeps the code).
+"""
 
 app = typer.Typer(
     name="cachectl",
-    help="Diagnose the caches around LLMs: token diffs, prefix-cache replay, prompt-cache cost, "
-         "semantic-cache probes, KV-cache math and template lint.",
+    help=HELP,
+    cls=CachectlGroup,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    # plain help: rich markup would eat bracketed text such as [tool.cachectl.lint]
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
 
 
@@ -29,10 +40,7 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                                 help="Print the version and exit.")] = False) -> None:
-    """Diagnose the caches around LLMs. Data goes to stdout, progress and errors to stderr.
-
-    Exit codes: 0 success or identical, 1 a finding (prompts differ, instability), 2 usage or input error.
-    """
+    pass
 
 
 app.command("diff-tokens")(diff_tokens.command)

@@ -5,12 +5,19 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import traceback
 from enum import Enum
 from typing import Annotated, Any, Callable, Iterator, Optional
+
+import importlib
 
 import orjson
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
+
+# click's exceptions as typer raises them: the click package, or the copy newer typer versions carry
+_click_exceptions: Any = importlib.import_module(typer.BadParameter.__module__)
 
 from ..errors import CachectlError, UsageError
 
@@ -28,6 +35,61 @@ class InputKind(str, Enum):
     openai = "openai"
     anthropic = "anthropic"
     ids = "ids"
+
+
+# Options with a fixed set of values: enums, so that help lists them and click validates them.
+
+
+class Dtype(str, Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
+    fp8 = "fp8"
+    int8 = "int8"
+    int4 = "int4"
+
+
+class Policy(str, Enum):
+    vllm = "vllm"
+    radix = "radix"
+    chunk = "chunk"
+    infinite = "infinite"
+
+
+class HashFn(str, Enum):
+    builtin = "builtin"
+    sha256 = "sha256"
+
+
+class CacheKind(str, Enum):
+    dynamic = "dynamic"
+    static = "static"
+
+
+class Quantizer(str, Enum):
+    quanto = "quanto"
+    hqq = "hqq"
+
+
+class Nbits(str, Enum):
+    """Bits per value of a quantized cache (quanto: 2 or 4; hqq: 1, 2, 3, 4 or 8)."""
+
+    b1 = "1"
+    b2 = "2"
+    b3 = "3"
+    b4 = "4"
+    b8 = "8"
+
+
+class Ttl(str, Enum):
+    m5 = "5m"
+    h1 = "1h"
+
+
+class Normalize(str, Enum):
+    none = "none"
+    whitespace = "whitespace"
+    case = "case"
 
 
 # Shared options: declared once, reused by every command that takes them.
@@ -61,22 +123,66 @@ def parse_template_vars(items: Optional[list[str]]) -> dict:
 
 # ------------------------------------------------------------------------------------------ output
 
+def _reader_gone() -> None:
+    """The reader of stdout went away (`| head`): send the rest of the output nowhere, so that the command
+    finishes quietly and exits with the code it would have had (not click's 1, not a traceback)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # not a real file descriptor (a test runner's buffer)
+        pass
+
+
+class _PipeSafeStdout:
+    """sys.stdout as it is at each write (test runners swap it), tolerant of a closed pipe."""
+
+    def write(self, text: str) -> int:
+        try:
+            return sys.stdout.write(text)
+        except BrokenPipeError:
+            _reader_gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _reader_gone()
+
+    def isatty(self) -> bool:
+        return sys.stdout.isatty()
+
+    def fileno(self) -> int:
+        return sys.stdout.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(sys.stdout, "encoding", None) or "utf-8"
+
+
 # Off a terminal (a pipe, a file, CI logs) tables get room instead of the 80 columns rich assumes.
-stdout = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS")
-                 else 160)
+stdout = Console(file=_PipeSafeStdout(), highlight=False, soft_wrap=False,  # type: ignore[arg-type]
+                 width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
 stderr = Console(stderr=True, highlight=False)
+
+
+def _write_bytes(data: bytes) -> None:
+    try:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _reader_gone()
 
 
 def emit_json(obj: Any) -> None:
     """One JSON document on stdout (dataclasses serialize field by field)."""
-    sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS) + b"\n")
-    sys.stdout.flush()
+    _write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS) + b"\n")
 
 
 def emit_jsonl(obj: Any) -> None:
     """One JSON line on stdout, flushed so that a pipe sees it at once."""
-    sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS) + b"\n")
-    sys.stdout.flush()
+    _write_bytes(orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS) + b"\n")
 
 
 class Progress:
@@ -117,7 +223,7 @@ def new_figure(title: str, xlabel: str, ylabel: str):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise UsageError("--plot needs matplotlib (pip install 'cachectl[plot]')") from None
+        raise UsageError("--plot needs matplotlib (pip install 'llm-cachectl[plot]')") from None
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     ax.set_title(title)
     ax.set_xlabel(xlabel)
@@ -165,37 +271,86 @@ def fail(message: str, code: int = EXIT_ERROR) -> "typer.Exit":
     return typer.Exit(code)
 
 
+def _debug() -> bool:
+    return os.environ.get("CACHECTL_DEBUG", "") not in ("", "0")
+
+
+def _offline_api_error(exc: BaseException) -> str | None:
+    """One line for a provider SDK that cannot reach its API (offline, DNS, timeout), else None."""
+    module = type(exc).__module__ or ""
+    if module.split(".")[0] == "anthropic" and type(exc).__name__ in ("APIConnectionError", "APITimeoutError"):
+        return ("--count-with-api cannot reach the Anthropic API (offline, or blocked by a proxy or firewall): "
+                "count tokens offline with --tokenizer, or give token layouts")
+    return None
+
+
 def handle_errors(fn: Callable) -> Callable:
     """Turn the errors a user can cause into one line on stderr and exit code 2.
 
-    ``CACHECTL_DEBUG=1`` lets the traceback through instead.
+    ``CACHECTL_DEBUG=1`` prints the traceback too, and keeps the exit code.
     """
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        debug = os.environ.get("CACHECTL_DEBUG", "") not in ("", "0")
         try:
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort, SystemExit):
             raise
-        except CachectlError as exc:
-            if debug:
-                raise
-            raise fail(flags_for_params(str(exc)), exc.exit_code) from None
         except BrokenPipeError:
-            # the reader went away (`| head`): stop quietly
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
+            # the reader went away (`| head`) outside our writers: stop quietly
+            _reader_gone()
             raise typer.Exit(EXIT_OK) from None
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
-        except Exception as exc:  # a bug of ours: still one line, unless debugging
-            if debug:
-                raise
+        except CachectlError as exc:
+            if _debug():
+                traceback.print_exc()
+            raise fail(flags_for_params(str(exc)), exc.exit_code) from None
+        except Exception as exc:  # a bug of ours, or a library failing: still one line, exit 2
+            if _debug():
+                traceback.print_exc()
+            offline = _offline_api_error(exc)
+            if offline is not None:
+                raise fail(offline) from None
             raise fail(f"internal error: {type(exc).__name__}: {exc} (set CACHECTL_DEBUG=1 for the traceback)") \
                 from None
 
     return wrapper
+
+
+def _usage_line(exc: Any) -> str:
+    """A click usage error as one line: no box, no pydantic-style 'Value error,' prefix, the help command."""
+    message = " ".join(exc.format_message().split())
+    message = message.replace("Value error, ", "")
+    ctx = exc.ctx
+    path = ctx.command_path if ctx is not None else "cachectl"
+    return f"{message} (see '{path} --help')"
+
+
+class CachectlGroup(TyperGroup):
+    """The root command: click's own error output (a boxed usage error, exit 1 on a closed pipe) replaced by
+    cachectl's one line on stderr and its exit codes."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # type: ignore[override]
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _click_exceptions.UsageError as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx is not None:  # `cachectl` alone: the help
+                _PipeSafeStdout().write(exc.ctx.get_help() + "\n")
+                sys.exit(EXIT_OK)
+            stderr.print(f"cachectl: error: {_usage_line(exc)}", markup=False, highlight=False, soft_wrap=True)
+            sys.exit(EXIT_ERROR)
+        except _click_exceptions.ClickException as exc:
+            stderr.print(f"cachectl: error: {exc.format_message()}", markup=False, highlight=False, soft_wrap=True)
+            sys.exit(EXIT_ERROR)
+        except (_click_exceptions.Abort, KeyboardInterrupt):
+            sys.exit(130)
+        except BrokenPipeError:
+            _reader_gone()
+            sys.exit(EXIT_OK)
+        sys.exit(code if isinstance(code, int) else EXIT_OK)
 
 
 def iter_progress(items: Iterator, progress: Progress) -> Iterator:

@@ -92,6 +92,10 @@ def command(
         gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
         weights_bytes=weights_gib * kvmath.GIB if weights_gib is not None else None,
         published_params=(entry or {}).get("params"), active_params=(entry or {}).get("active_params"))
+    if random_weights and (run or quantized or turns is not None or shared_prefix is not None):
+        from ..engines import kvlive
+
+        kvlive.check_random_weights_memory(config, (entry or {}).get("params"))
     if run or quantized:
         import dataclasses
 
@@ -111,10 +115,7 @@ def command(
         from ..engines import kvlive
         from ..tokenization import load_tokenizer
 
-        spec = tokenizer or (model if Path(model).is_dir() else None)
-        if spec is None:
-            raise UsageError("--turns and --shared-prefix need --tokenizer (the model is not a directory with one)")
-        tok = load_tokenizer(spec)
+        tok = load_tokenizer(_tokenizer_spec(model, tokenizer, "--turns and --shared-prefix"))
         if turns is not None:
             from ..inputs import read_prompt
 
@@ -140,16 +141,25 @@ def command(
     raise typer.Exit(EXIT_OK)
 
 
+def _tokenizer_spec(model: str, tokenizer: Optional[str], what: str) -> str:
+    """--tokenizer, else the model directory when it holds a tokenizer; else say to pass --tokenizer."""
+    if tokenizer:
+        return tokenizer
+    path = Path(model).expanduser()
+    if path.is_dir() and any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json",
+                                                            "tokenizer.model")):
+        return model
+    where = f"{model} has no tokenizer files" if path.is_dir() else "the model is not a directory with a tokenizer"
+    raise UsageError(f"{what} need --tokenizer DIR ({where})")
+
+
 def _prompt_ids(model: str, tokenizer: Optional[str], prompt: Optional[str], messages: Optional[str]) -> list[int]:
     from ..inputs import PromptInput, read_prompt
     from ..tokenization import load_tokenizer
 
     if (prompt is None) == (messages is None):
         raise UsageError("--run and --quantized need --prompt TEXT or --messages FILE")
-    spec = tokenizer or (model if Path(model).is_dir() else None)
-    if spec is None:
-        raise UsageError("--run and --quantized need --tokenizer (the model is not a directory with one)")
-    tok = load_tokenizer(spec)
+    tok = load_tokenizer(_tokenizer_spec(model, tokenizer, "--run and --quantized"))
     p = read_prompt(messages) if messages else PromptInput(kind="text", source="--prompt", text=prompt,
                                                            field_paths=("text",))
     return list(tok.tokenize(p, add_generation_prompt=p.is_chat).ids)
@@ -161,15 +171,19 @@ command.__doc__ = HELP
 def _render(r, hb) -> None:
     from rich.table import Table
 
-    shape = (f"MLA latent {r.mla_dim}" if r.mla_dim else f"{r.kv_heads} KV heads x head_dim {r.head_dim}")
+    shape = (f"MLA latent {r.mla_dim}" if r.mla_dim else f"{r.kv_heads} KV heads x head_dim {r.head_dim}"
+             if r.kv_heads is not None and r.head_dim is not None else "KV heads and head dims per layer type")
     stdout.print(f"[bold]{r.model}[/]: {r.layers} layers, {shape}, {r.dtype}: "
                  f"{r.bytes_per_token:,.0f} bytes per token ({hb(r.bytes_per_token)})", soft_wrap=True)
     stdout.print(f"from: {r.source}", markup=False, soft_wrap=True)
     t = Table(header_style="bold", box=None, pad_edge=False)
-    for col in ("layer type", "layers", "window", "bytes/token"):
+    for col in ("layer type", "layers", "KV heads", "head dim", "window", "bytes/token"):
         t.add_column(col, justify="left" if col == "layer type" else "right")
     for g in r.layer_types:
-        t.add_row(g.type, str(g.layers), "" if g.window is None else f"{g.window:,}", f"{g.bytes_per_token:,.0f}")
+        dims = "" if g.head_dim is None else (f"{g.head_dim}" if g.value_dim in (None, g.head_dim)
+                                              else f"{g.head_dim} K / {g.value_dim} V")
+        t.add_row(g.type, str(g.layers), "" if g.kv_heads is None else str(g.kv_heads), dims,
+                  "" if g.window is None else f"{g.window:,}", f"{g.bytes_per_token:,.0f}")
     stdout.print(t)
     t = Table(header_style="bold", box=None, pad_edge=False)
     cols = ["context", "per sequence", f"batch of {r.batch}"]
@@ -200,8 +214,8 @@ def _render(r, hb) -> None:
         q = r.run
         verdict = "[green]agree[/]" if q.agree else "[red]DISAGREE[/]"
         stdout.print(f"[bold]run[/] ({q.weights} weights, {q.dtype}): {q.prompt_tokens} prompt + {q.generated_tokens} "
-                     f"generated tokens -> get_seq_length() = {q.seq_length} (the last token's K/V is computed only "
-                     "when it is fed back)", soft_wrap=True)
+                     f"generated tokens -> get_seq_length() = {q.seq_length}, expected {q.expected_seq_length} (the last "
+                     "token's K/V is computed only when it is fed back)", soft_wrap=True)
         stdout.print(f"measured {q.measured_bytes:,} bytes vs predicted {q.predicted_bytes:,.0f}: {verdict}; "
                      f"prefill {q.prefill_tokens_per_s:,.0f} tokens/s"
                      + (f", decode {q.decode_ms_per_token:.2f} ms/token" if q.decode_ms_per_token else ""),
@@ -267,8 +281,8 @@ def _render_catalog(kvmath, fmt: Format) -> None:
         t.add_row(name, m.get("hf_id", ""), f"{kvmath.kv_shape(m['config']).bytes_per_token:,.0f}", m["as_of"])
     stdout.print(t)
     t = Table(title=f"GPUs ({gpus['source']})", header_style="bold", box=None, pad_edge=False)
-    for col in ("name", "memory GB", "bandwidth GB/s"):
+    for col in ("name", "datasheet GB", "driver GiB", "bandwidth GB/s"):
         t.add_column(col)
     for name, g in gpus["gpus"].items():
-        t.add_row(name, str(g["memory_gb"]), f"{g['bandwidth_gbps']:,}")
+        t.add_row(name, str(g["memory_gb"]), f"{g['memory_mib'] / 1024:.2f}", f"{g['bandwidth_gbps']:,}")
     stdout.print(t)

@@ -108,7 +108,7 @@ def _anthropic_client():
     try:
         import anthropic
     except ImportError:
-        raise UsageError("--count-with-api needs the anthropic package (pip install 'cachectl[anthropic]')") from None
+        raise UsageError("--count-with-api needs the anthropic package (pip install 'llm-cachectl[anthropic]')") from None
     return anthropic.Anthropic(max_retries=2)
 
 

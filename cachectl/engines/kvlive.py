@@ -16,6 +16,19 @@ from . import kvmath
 _TORCH_DTYPES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
 
 
+def cache_keyword(model: Any) -> str:
+    """The keyword the model's forward takes its cache by: ``cache`` (transformers 5.24+) or
+    ``past_key_values`` (5.0-5.23, where ``cache=`` would vanish into ``**kwargs`` and leave the cache empty)."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _forward(model: Any, ids: Any, cache: Any) -> Any:
+    return model(input_ids=ids, use_cache=True, **{cache_keyword(model): cache})
+
+
 @dataclass(frozen=True)
 class LiveLayer:
     index: int
@@ -29,16 +42,56 @@ class LiveLayer:
 class LiveRun:
     prompt_tokens: int
     generated_tokens: int
-    #: prompt + generated - 1: the last generated token's K/V is computed only when it is fed back
+    #: what the cache reports (get_seq_length())
     seq_length: int
+    #: prompt + generated - 1: the last generated token's K/V is computed only when it is fed back
+    expected_seq_length: int
     measured_bytes: int
+    #: from the model's config and dtype at expected_seq_length tokens (not from the cache itself)
     predicted_bytes: float
+    #: seq_length == expected_seq_length and measured_bytes == predicted_bytes
     agree: bool
     dtype: str
     layers: tuple[LiveLayer, ...]
     prefill_tokens_per_s: float
     decode_ms_per_token: float | None
     weights: str                 # "pretrained" or "random (from config)"
+
+
+def available_memory_bytes() -> int | None:
+    """Memory this process can still take: MemAvailable, bounded by a cgroup v2 limit; None where unknown."""
+    available = None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+        if limit != "max":
+            room = int(limit) - used
+            available = room if available is None else min(available, room)
+    except (OSError, ValueError):
+        pass
+    return available
+
+
+def check_random_weights_memory(config: dict, params: int | None = None, available: int | None = None) -> None:
+    """Refuse, with the numbers, to build a random-weight model that would not fit in memory (transformers builds
+    it in fp32: 4 bytes per parameter) instead of being killed by the OOM killer half-way."""
+    params = params or kvmath.estimate_params(config)
+    if available is None:
+        available = available_memory_bytes()
+    if params is None or available is None:
+        return
+    need = params * 4
+    if need > available:
+        raise UsageError(f"--random-weights builds the model in fp32: about {kvmath.human_bytes(need)} for "
+                         f"{params / 1e9:.2f}B parameters, but {kvmath.human_bytes(available)} of memory is "
+                         "available: use a smaller config (fewer layers) or a machine with more memory")
 
 
 def _load_model(spec: str, config: dict, random_weights: bool):
@@ -51,6 +104,7 @@ def _load_model(spec: str, config: dict, random_weights: bool):
         model_type = cfg.pop("model_type", None)
         if not model_type:
             raise UsageError("--random-weights needs a config with model_type")
+        check_random_weights_memory(config)
         try:
             hf_config = transformers.AutoConfig.for_model(model_type, **cfg)
             return transformers.AutoModelForCausalLM.from_config(hf_config), "random (from config)"
@@ -60,6 +114,9 @@ def _load_model(spec: str, config: dict, random_weights: bool):
     if not path.is_dir():
         raise UsageError("--run loads weights from a local model directory; for a config alone (or a catalog "
                          "name) add --random-weights")
+    if not any(next(path.glob(pattern), None) for pattern in ("*.safetensors", "*.bin", "*.pt", "*.pth")):
+        raise UsageError(f"{spec} has a config but no weights (*.safetensors, *.bin): add --random-weights to "
+                         "build random weights from its config")
     try:
         return (transformers.AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True),
                 "pretrained")
@@ -92,34 +149,37 @@ def inspect_model(model: Any, prompt_ids: Sequence[int], *, max_new_tokens: int 
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
         t0 = time.perf_counter()
-        out = model(input_ids=ids, cache=cache, use_cache=True)
+        out = _forward(model, ids, cache)
         prefill = time.perf_counter() - t0
         nxt = out.logits[:, -1].argmax(-1, keepdim=True)
         generated = 1
         t1 = time.perf_counter()
         while generated < max_new_tokens:
-            out = model(input_ids=nxt, cache=cache, use_cache=True)
+            out = _forward(model, nxt, cache)
             nxt = out.logits[:, -1].argmax(-1, keepdim=True)
             generated += 1
         decode = time.perf_counter() - t1
     seq_length = int(cache.get_seq_length())
+    expected = len(prompt_ids) + generated - 1
     layers = []
     measured = 0
-    dtype = "fp32"
     for i, layer in enumerate(cache.layers):
         k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if k is None or v is None or not hasattr(k, "shape"):
+        if k is None or v is None or not hasattr(k, "shape") or k.numel() == 0:
             continue
         nbytes = k.numel() * k.element_size() + v.numel() * v.element_size()
-        dtype = _TORCH_DTYPES.get(str(k.dtype), str(k.dtype))
-        layers.append(LiveLayer(i, tuple(k.shape), tuple(v.shape), dtype, int(nbytes)))
+        layers.append(LiveLayer(i, tuple(k.shape), tuple(v.shape), _TORCH_DTYPES.get(str(k.dtype), str(k.dtype)),
+                                int(nbytes)))
         measured += nbytes
-    hf_config = model.config.to_dict()
-    groups = kvmath.layer_groups(hf_config, dtype if dtype in kvmath.DTYPE_BYTES else "fp32", "model config")
+    # The prediction comes from the config and the model's dtype at the length the decode loop implies,
+    # never from the cache being checked: an empty or mis-fed cache cannot agree with it.
+    dtype = _TORCH_DTYPES.get(str(getattr(model, "dtype", "torch.float32")), "fp32")
+    groups = kvmath.layer_groups(model.config.to_dict(), dtype, "model config")
     # transformers keeps window - 1 tokens in a sliding layer
-    predicted = sum(g.bytes_per_token * (min(seq_length, g.window - 1) if g.window else seq_length) for g in groups)
+    predicted = sum(g.bytes_per_token * (min(expected, g.window - 1) if g.window else expected) for g in groups)
+    agree = seq_length == expected and abs(measured - predicted) < 1
     return LiveRun(prompt_tokens=len(prompt_ids), generated_tokens=generated, seq_length=seq_length,
-                   measured_bytes=int(measured), predicted_bytes=predicted, agree=abs(measured - predicted) < 1,
+                   expected_seq_length=expected, measured_bytes=int(measured), predicted_bytes=predicted, agree=agree,
                    dtype=dtype, layers=tuple(layers), prefill_tokens_per_s=len(prompt_ids) / prefill if prefill else 0.0,
                    decode_ms_per_token=decode / (generated - 1) * 1000.0 if generated > 1 else None, weights=weights)
 
@@ -159,7 +219,7 @@ def _timed_forward(model, cache, ids):
 
     t0 = time.perf_counter()
     with torch.no_grad():
-        out = model(input_ids=torch.tensor([list(ids)]), cache=cache, use_cache=True)
+        out = _forward(model, torch.tensor([list(ids)]), cache)
     return out.logits[0, -1], (time.perf_counter() - t0) * 1000.0
 
 
@@ -275,11 +335,11 @@ def _greedy(model, cache, ids: list[int], n: int) -> tuple[list[int], float]:
     t0 = time.perf_counter()
     out_ids = []
     with torch.no_grad():
-        out = model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True)
+        out = _forward(model, torch.tensor([ids]), cache)
         nxt = int(out.logits[0, -1].argmax())
         out_ids.append(nxt)
         for _ in range(n - 1):
-            out = model(input_ids=torch.tensor([[nxt]]), cache=cache, use_cache=True)
+            out = _forward(model, torch.tensor([[nxt]]), cache)
             nxt = int(out.logits[0, -1].argmax())
             out_ids.append(nxt)
     return out_ids, (time.perf_counter() - t0) * 1000.0
@@ -385,8 +445,8 @@ def run_quantized(spec: str, config: dict, prompt_ids: Sequence[int], *, backend
     try:
         __import__({"quanto": "optimum.quanto", "hqq": "hqq"}[backend])
     except ImportError:
-        raise UsageError(f"--quantized {backend} needs the {package} package (pip install {package}, or "
-                         f"pip install 'cachectl[quanto]')") from None
+        raise UsageError(f"--quantized {backend} needs the {package} package: pip install "
+                         f"'llm-cachectl[{backend}]'") from None
     from transformers import DynamicCache, QuantizedCache
 
     model, _ = _prepare(spec, config, random_weights, seed, threads)

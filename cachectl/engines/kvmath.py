@@ -27,8 +27,8 @@ _NO_KV = {"linear_attention", "mamba", "mamba2", "recurrent", "conv", "ssm"}
 @dataclass(frozen=True)
 class KvShape:
     layers: int
-    kv_heads: int | None
-    head_dim: int | None
+    kv_heads: int | None         # None when layers differ (see the layer groups) or for MLA
+    head_dim: int | None         # None when layers differ (see the layer groups) or for MLA
     mla_dim: int | None          # kv_lora_rank + qk_rope_head_dim for MLA caches (no separate V)
     dtype: str
     bytes_per_token: float
@@ -38,13 +38,33 @@ class KvShape:
 class LayerGroup:
     """Layers that cache the same way."""
 
-    type: str                    # full_attention | sliding_attention | mla | no_kv
+    type: str                    # full_attention | sliding_attention | mla | no_kv | shared_kv
     layers: int
     window: int | None
     bytes_per_token: float       # for all layers of the group together
+    kv_heads: int | None = None
+    head_dim: int | None = None  # of the keys
+    value_dim: int | None = None  # of the values (= head_dim unless the model says otherwise)
+
+
+@dataclass(frozen=True)
+class _Layer:
+    type: str
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    value_dim: int | None = None
+    window: int | None = None
 
 
 # ------------------------------------------------------------------------------------------- configs
+
+#: model types whose layers never cache keys and values between tokens (bidirectional encoders)
+ENCODER_ONLY = frozenset({"bert", "roberta", "xlm-roberta", "xlm_roberta", "distilbert", "albert", "electra",
+                          "deberta", "deberta-v2", "deberta_v2", "camembert", "mpnet", "modernbert", "nomic-bert",
+                          "nomic_bert", "jina-bert-v2", "neo-bert", "t5encoder", "bge-m3", "ernie", "xlnet-encoder"})
+#: every pattern-th layer is global when the config lists no layer_types (their transformers defaults)
+_DEFAULT_SLIDING_PATTERN = {"gemma3": 6, "gemma3_text": 6, "gemma4": 6, "gemma4_text": 6}
+_GEMMA4 = {"gemma4", "gemma4_text"}
 
 
 def load_config(path: str) -> tuple[dict, str]:
@@ -72,6 +92,21 @@ def _text_config(config: dict) -> dict:
     return config["text_config"] if isinstance(config.get("text_config"), dict) else config
 
 
+def model_type(config: dict) -> str:
+    cfg = _text_config(config)
+    return str(cfg.get("model_type") or config.get("model_type") or "")
+
+
+def is_encoder_only(config: dict) -> bool:
+    """A bidirectional encoder (BERT-style): no KV cache is kept between tokens."""
+    cfg = _text_config(config)
+    if cfg.get("is_causal") is False or config.get("causal_attention") is False:
+        return True
+    if cfg.get("is_decoder") is True or cfg.get("is_encoder_decoder") is True:
+        return False
+    return model_type(config).lower() in ENCODER_ONLY
+
+
 def layer_types(config: dict, source: str = "config.json") -> list[str]:
     """The attention kind of every layer: from ``layer_types`` when the config lists them, else derived."""
     cfg = _text_config(config)
@@ -80,18 +115,80 @@ def layer_types(config: dict, source: str = "config.json") -> list[str]:
     if isinstance(listed, list):
         if len(listed) != n:
             raise InputError(f"lists {len(listed)} layer types for {n} layers", source=source, field="layer_types")
-        return [str(t) for t in listed]
-    if cfg.get("kv_lora_rank"):
-        return ["mla"] * n
-    window = cfg.get("sliding_window")
-    if window and cfg.get("use_sliding_window", True) is not False:
+        types = [str(t) for t in listed]
+    elif cfg.get("kv_lora_rank"):
+        types = ["mla"] * n
+    elif cfg.get("sliding_window") and cfg.get("use_sliding_window", True) is not False:
+        pattern = cfg.get("sliding_window_pattern") or _DEFAULT_SLIDING_PATTERN.get(model_type(config))
         if cfg.get("model_type") == "gemma2":  # Gemma 2 alternates: sliding on even layers, global on odd
-            return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
-        pattern = cfg.get("sliding_window_pattern")
-        if isinstance(pattern, int) and pattern > 1:  # every pattern-th layer is global
-            return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
-        return ["sliding_attention"] * n
-    return ["full_attention"] * n
+            types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+        elif isinstance(pattern, list):  # per layer, true = sliding (GGUF)
+            if not pattern or n % len(pattern):  # one entry per layer, or one period repeated over the layers
+                raise InputError(f"lists {len(pattern)} entries for {n} layers", source=source,
+                                 field="sliding_window_pattern")
+            types = ["sliding_attention" if pattern[i % len(pattern)] else "full_attention" for i in range(n)]
+        elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 1:
+            # every pattern-th layer is global
+            types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
+        else:
+            types = ["sliding_attention"] * n
+    else:
+        types = ["full_attention"] * n
+    shared = cfg.get("num_kv_shared_layers")
+    if isinstance(shared, int) and not isinstance(shared, bool) and 0 < shared <= n:
+        # the last layers reuse the K/V of earlier layers of their kind (Gemma 3n, Gemma 4): nothing of their own
+        types = types[:n - shared] + ["shared_kv"] * shared
+    return types
+
+
+def _layers(config: dict, source: str) -> list[_Layer]:
+    """What each layer caches: kind, KV heads, key and value head dims, window."""
+    cfg = _text_config(config)
+    types = layer_types(config, source)
+    per_layer: dict[int, dict] = {}
+    if isinstance(cfg.get("per_layer_config"), dict):  # keys are layer indices, as strings ("05") in JSON
+        for key, value in cfg["per_layer_config"].items():
+            try:
+                per_layer[int(key)] = value if isinstance(value, dict) else {}
+            except ValueError:
+                raise InputError(f"expected layer indices as keys, got {key!r}", source=source,
+                                 field="per_layer_config") from None
+    if any(t not in _NO_KV and t not in ("mla", "shared_kv") for t in types):
+        heads = _int(cfg, "num_attention_heads", source)
+        base_kv = cfg.get("num_key_value_heads") or heads
+        base_hd = cfg.get("head_dim") or _int(cfg, "hidden_size", source) // heads
+        base_vd = cfg.get("value_head_dim") or None
+    out = []
+    for i, t in enumerate(types):
+        if t in _NO_KV:
+            out.append(_Layer("no_kv"))
+            continue
+        if t in ("mla", "shared_kv"):
+            out.append(_Layer(t))
+            continue
+        kv, hd, vd = base_kv, base_hd, base_vd
+        if t == "full_attention":
+            # per-kind overrides for global layers (config.json of Gemma 4; GGUF key_length vs key_length_swa)
+            if cfg.get("global_head_dim"):
+                hd = cfg["global_head_dim"]
+            elif model_type(config) in _GEMMA4 and not per_layer:
+                hd = 512  # transformers' Gemma4 default when config.json omits it
+            if cfg.get("global_value_head_dim"):
+                vd = cfg["global_value_head_dim"]
+            if cfg.get("num_global_key_value_heads") and (model_type(config) not in _GEMMA4
+                                                          or cfg.get("attention_k_eq_v", False)):
+                kv = cfg["num_global_key_value_heads"]
+        over = per_layer.get(i, {})
+        kv = over.get("num_key_value_heads", kv)
+        hd = over.get("head_dim", hd)
+        vd = over.get("value_head_dim", vd)
+        for name, value in (("num_key_value_heads", kv), ("head_dim", hd)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"expected a positive integer, got {value!r}", source=source,
+                                 field=f"{name} (layer {i})")
+        window = cfg.get("sliding_window") if t == "sliding_attention" else None
+        out.append(_Layer(t, kv, hd, vd or hd, window))
+    return out
 
 
 def layer_groups(config: dict, dtype: str = "bf16", source: str = "config.json") -> tuple[LayerGroup, ...]:
@@ -99,25 +196,21 @@ def layer_groups(config: dict, dtype: str = "bf16", source: str = "config.json")
         raise UsageError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_BYTES)}")
     cfg = _text_config(config)
     nbytes = DTYPE_BYTES[dtype]
-    types = layer_types(config, source)
-    counts: dict[str, int] = {}
-    for t in types:
-        key = "no_kv" if t in _NO_KV else t
-        counts[key] = counts.get(key, 0) + 1
+    counts: dict[_Layer, int] = {}
+    for layer in _layers(config, source):
+        counts[layer] = counts.get(layer, 0) + 1
     groups = []
-    for kind, n in counts.items():
-        if kind == "no_kv":
-            groups.append(LayerGroup("no_kv", n, None, 0.0))
-            continue
-        if kind == "mla":
+    for layer, n in counts.items():
+        if layer.type in ("no_kv", "shared_kv"):
+            groups.append(LayerGroup(layer.type, n, None, 0.0))
+        elif layer.type == "mla":
             per = (_int(cfg, "kv_lora_rank", source) + _int(cfg, "qk_rope_head_dim", source)) * nbytes
             groups.append(LayerGroup("mla", n, None, n * per))
-            continue
-        heads = _int(cfg, "num_attention_heads", source)
-        kv_heads = cfg.get("num_key_value_heads") or heads
-        head_dim = cfg.get("head_dim") or _int(cfg, "hidden_size", source) // heads
-        window = cfg.get("sliding_window") if kind == "sliding_attention" else None
-        groups.append(LayerGroup(kind, n, window, n * 2 * kv_heads * head_dim * nbytes))
+        else:
+            assert layer.kv_heads is not None and layer.head_dim is not None and layer.value_dim is not None
+            per = layer.kv_heads * (layer.head_dim + layer.value_dim) * nbytes
+            groups.append(LayerGroup(layer.type, n, layer.window, n * per, layer.kv_heads, layer.head_dim,
+                                     layer.value_dim))
     return tuple(groups)
 
 
@@ -126,13 +219,16 @@ def kv_shape(config: dict[str, Any], dtype: str = "bf16", source: str = "config.
     groups = layer_groups(config, dtype, source)
     cfg = _text_config(config)
     layers = _int(cfg, "num_hidden_layers", source)
-    if cfg.get("kv_lora_rank"):
+    total = sum(g.bytes_per_token for g in groups)
+    if cfg.get("kv_lora_rank") and any(g.type == "mla" for g in groups):
         mla = _int(cfg, "kv_lora_rank", source) + _int(cfg, "qk_rope_head_dim", source)
-        return KvShape(layers, None, None, mla, dtype, sum(g.bytes_per_token for g in groups))
-    heads = _int(cfg, "num_attention_heads", source)
-    kv_heads = int(cfg.get("num_key_value_heads") or heads)
-    head_dim = int(cfg.get("head_dim") or _int(cfg, "hidden_size", source) // heads)
-    return KvShape(layers, kv_heads, head_dim, None, dtype, sum(g.bytes_per_token for g in groups))
+        return KvShape(layers, None, None, mla, dtype, total)
+    attn = [g for g in groups if g.kv_heads is not None]
+    kv_heads = {g.kv_heads for g in attn}
+    dims = {(g.head_dim, g.value_dim) for g in attn}
+    one_kv = kv_heads.pop() if len(kv_heads) == 1 else None
+    one_dim = dims.pop()[0] if len(dims) == 1 else None
+    return KvShape(layers, one_kv, one_dim, None, dtype, total)
 
 
 def kv_bytes(groups: tuple[LayerGroup, ...], tokens: int) -> float:
@@ -140,23 +236,46 @@ def kv_bytes(groups: tuple[LayerGroup, ...], tokens: int) -> float:
     return sum(g.bytes_per_token * (min(tokens, g.window) if g.window else tokens) for g in groups)
 
 
+def tied_embeddings(config: dict) -> tuple[bool, str]:
+    """Whether the output head shares the embedding matrix, and where that came from."""
+    cfg = _text_config(config)
+    for c in (cfg, config):
+        if isinstance(c.get("tie_word_embeddings"), bool):
+            return c["tie_word_embeddings"], "config"
+    mt = model_type(config)
+    table = _data("model_defaults.json")["tie_word_embeddings"]
+    if mt in table:
+        return bool(table[mt]), f"the {mt} default"
+    return False, "unknown: assumed untied"
+
+
 def estimate_params(config: dict) -> int | None:
-    """Dense-transformer parameter count from the config (embeddings, attention, gated MLP); None for MoE."""
+    """Dense-transformer parameter count from the config (embeddings, attention, gated MLP); None for MoE and for
+    layers it cannot size (MLA, Mamba)."""
     cfg = _text_config(config)
     if any(cfg.get(k) for k in ("n_routed_experts", "num_local_experts", "num_experts")):
         return None
     try:
-        hidden, layers, heads = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"]
+        hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
         vocab, inter = cfg["vocab_size"], cfg["intermediate_size"]
-    except KeyError:
+        layers = _layers(config, "config")
+    except (KeyError, InputError):
         return None
-    kv = cfg.get("num_key_value_heads") or heads
-    head_dim = cfg.get("head_dim") or hidden // heads
-    attn = hidden * heads * head_dim * 2 + hidden * kv * head_dim * 2
-    mlp = 3 * hidden * inter
-    embed = vocab * hidden * (1 if cfg.get("tie_word_embeddings", False) else 2)
-    norms = (2 * layers + 1) * hidden
-    return int(embed + layers * (attn + mlp) + norms)
+    if any(layer.type in ("mla", "no_kv") for layer in layers) or not isinstance(inter, int):
+        return None
+    attn = 0
+    for layer in layers:
+        if layer.type == "shared_kv":  # q and o projections only; K and V come from another layer
+            hd = cfg.get("head_dim") or hidden // heads
+            attn += 2 * hidden * heads * hd
+            continue
+        assert layer.head_dim is not None and layer.kv_heads is not None and layer.value_dim is not None
+        attn += hidden * heads * layer.head_dim + heads * layer.value_dim * hidden
+        attn += hidden * layer.kv_heads * (layer.head_dim + layer.value_dim)
+    mlp = 3 * hidden * inter * len(layers)
+    embed = vocab * hidden * (1 if tied_embeddings(config)[0] else 2)
+    norms = (2 * len(layers) + 1) * hidden
+    return int(embed + attn + mlp + norms)
 
 
 def blocks_for_memory(gib: float, bytes_per_token: float, block_size: int) -> int:
@@ -177,7 +296,7 @@ def _read(fh: BinaryIO, n: int, source: str) -> bytes:
     return data
 
 
-def _gguf_value(fh: BinaryIO, vtype: int, source: str) -> Any:
+def _gguf_value(fh: BinaryIO, vtype: int, source: str, skip_big: bool = False) -> Any:
     if vtype in _GGUF_SCALARS:
         fmt = _GGUF_SCALARS[vtype]
         return struct.unpack(fmt, _read(fh, struct.calcsize(fmt), source))[0]
@@ -187,11 +306,14 @@ def _gguf_value(fh: BinaryIO, vtype: int, source: str) -> Any:
     if vtype == 9:
         (itype,) = struct.unpack("<I", _read(fh, 4, source))
         (count,) = struct.unpack("<Q", _read(fh, 8, source))
-        if itype in _GGUF_SCALARS and itype != 7:  # skip big arrays (the vocabulary) without decoding them
-            size = struct.calcsize(_GGUF_SCALARS[itype])
-            if count > 64:
-                fh.seek(size * count, 1)
-                return None
+        if skip_big and count > 64 and itype in _GGUF_SCALARS:  # the vocabulary's scores and types: not needed
+            fh.seek(struct.calcsize(_GGUF_SCALARS[itype]) * count, 1)
+            return None
+        if skip_big and count > 64 and itype == 8:  # the vocabulary itself
+            for _ in range(count):
+                (n,) = struct.unpack("<Q", _read(fh, 8, source))
+                fh.seek(n, 1)
+            return None
         return [_gguf_value(fh, itype, source) for _ in range(count)]
     raise InputError(f"unknown GGUF value type {vtype}", source=source)
 
@@ -204,13 +326,19 @@ def read_gguf_config(path: str) -> dict:
         (version,) = struct.unpack("<I", _read(fh, 4, path))
         if version < 2:
             raise InputError(f"GGUF version {version} is not supported (2 or newer)", source=path)
-        _tensors, kv_count = struct.unpack("<QQ", _read(fh, 16, path))
+        tensor_count, kv_count = struct.unpack("<QQ", _read(fh, 16, path))
         meta: dict[str, Any] = {}
         for _ in range(kv_count):
             (klen,) = struct.unpack("<Q", _read(fh, 8, path))
             key = _read(fh, klen, path).decode("utf-8", "replace")
             (vtype,) = struct.unpack("<I", _read(fh, 4, path))
-            meta[key] = _gguf_value(fh, vtype, path)
+            meta[key] = _gguf_value(fh, vtype, path, skip_big=key.startswith("tokenizer."))
+        tensors = set()  # the tensor infos follow the metadata: names only (the data is never read)
+        for _ in range(tensor_count):
+            (nlen,) = struct.unpack("<Q", _read(fh, 8, path))
+            tensors.add(_read(fh, nlen, path).decode("utf-8", "replace"))
+            (n_dims,) = struct.unpack("<I", _read(fh, 4, path))
+            fh.seek(8 * n_dims + 4 + 8, 1)
     arch = meta.get("general.architecture")
     if not isinstance(arch, str):
         raise InputError("GGUF metadata has no general.architecture", source=path)
@@ -218,23 +346,47 @@ def read_gguf_config(path: str) -> dict:
     def get(name: str) -> Any:
         return meta.get(f"{arch}.{name}")
 
+    heads = get("attention.head_count")
+    if isinstance(heads, list):  # per layer
+        heads = max(heads) or None
+    kv = get("attention.head_count_kv")
     config: dict[str, Any] = {"model_type": arch, "num_hidden_layers": get("block_count"),
-                              "num_attention_heads": get("attention.head_count"),
-                              "num_key_value_heads": get("attention.head_count_kv") or get("attention.head_count"),
+                              "num_attention_heads": heads,
+                              "num_key_value_heads": (max(kv) if isinstance(kv, list) else kv) or heads,
                               "hidden_size": get("embedding_length"), "intermediate_size": get("feed_forward_length"),
                               "max_position_embeddings": get("context_length")}
-    if get("attention.key_length"):
-        config["head_dim"] = get("attention.key_length")
+    if get("attention.causal") is False:
+        config["is_causal"] = False
+    # head dims: key_length_swa/value_length_swa for sliding layers, key_length/value_length for the others
+    k_len, k_swa = get("attention.key_length"), get("attention.key_length_swa")
+    v_len, v_swa = get("attention.value_length"), get("attention.value_length_swa")
+    if k_swa:
+        config["head_dim"] = k_swa
+        config["global_head_dim"] = k_len or None
+        config["value_head_dim"] = v_swa or k_swa
+        config["global_value_head_dim"] = v_len or k_len or None
+    else:
+        config["head_dim"] = k_len or None
+        config["value_head_dim"] = v_len if v_len and v_len != k_len else None
     if get("attention.sliding_window"):
         config["sliding_window"] = get("attention.sliding_window")
+        pattern = get("attention.sliding_window_pattern")
+        if pattern is not None:  # an int (every n-th layer global) or one bool per layer (true = sliding)
+            config["sliding_window_pattern"] = pattern
     if get("attention.kv_lora_rank"):
         config["kv_lora_rank"] = get("attention.kv_lora_rank")
         config["qk_rope_head_dim"] = get("rope.dimension_count")
-    if isinstance(config["num_key_value_heads"], list):  # per-layer counts: 0 marks a layer without KV
-        per_layer = config["num_key_value_heads"]
-        config["layer_types"] = ["full_attention" if h else "mamba" for h in per_layer]
-        config["num_key_value_heads"] = max(per_layer)
-    return {k: v for k, v in config.items() if v is not None}
+    if "token_embd.weight" in tensors:  # llama.cpp stores no output.weight when the head is tied
+        config["tie_word_embeddings"] = "output.weight" not in tensors
+    config = {k: v for k, v in config.items() if v is not None}
+    if isinstance(kv, list):  # per-layer KV head counts; 0 marks a layer without attention KV (Mamba, ...)
+        if len(kv) != config.get("num_hidden_layers"):
+            raise InputError(f"lists {len(kv)} KV head counts for {config.get('num_hidden_layers')} layers",
+                             source=path, field=f"{arch}.attention.head_count_kv")
+        types = layer_types(config, path)
+        config["layer_types"] = [t if h else "mamba" for t, h in zip(types, kv)]
+        config["per_layer_config"] = {str(i): {"num_key_value_heads": h} for i, h in enumerate(kv) if h}
+    return config
 
 
 # --------------------------------------------------------------------------------------------- catalog
@@ -360,6 +512,9 @@ def inspect_config(config: dict, *, model: str, source: str, dtype: str = "bf16"
         raise UsageError("--gpu-memory-utilization must be in (0, 1]")
     if block_size < 1:
         raise UsageError("--block-size must be at least 1")
+    if is_encoder_only(config):
+        raise UsageError(f"{model} is an encoder-only model ({model_type(config) or 'not causal'}): every token "
+                         "attends to the whole input at once, so it keeps no KV cache between tokens")
     shape = kv_shape(config, dtype, source)
     groups = layer_groups(config, dtype, source)
     notes: list[str] = []
@@ -373,8 +528,9 @@ def inspect_config(config: dict, *, model: str, source: str, dtype: str = "bf16"
             raise UsageError(f"unknown GPU {gpu!r}; known: {', '.join(gpus)}")
         gpu = match
         bandwidth = gpus[match]["bandwidth_gbps"] * 1e9
-        if gpu_memory is None:
-            gpu_memory = gpus[match]["memory_gb"] * 1e9
+        if gpu_memory is None:  # what the driver reports (GiB), not the datasheet's decimal GB
+            g = gpus[match]
+            gpu_memory = g["memory_mib"] * 1024 ** 2 if g.get("memory_mib") else g["memory_gb"] * 1e9
     weights_source = None
     if weights_bytes is not None:
         weights_source = "--weights-gib"
@@ -410,6 +566,15 @@ def inspect_config(config: dict, *, model: str, source: str, dtype: str = "bf16"
             decode = (read_weights + one * batch) / bandwidth * 1000.0
         rows.append(ContextRow(tokens=tokens, bytes=one, batch_bytes=one * batch, max_sequences=fit,
                                decode_ms_per_token=decode))
+    limit = _text_config(config).get("max_position_embeddings")
+    if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+        beyond_max = [t for t in contexts if t > limit]
+        if beyond_max:
+            notes.append(f"context {', '.join(f'{t:,}' for t in beyond_max)} is beyond the model's maximum of "
+                         f"{limit:,} tokens (max_position_embeddings): sizes shown for arithmetic only")
+    tied, tied_from = tied_embeddings(config)
+    if weights_source and weights_source.startswith("estimated") and tied_from != "config":
+        notes.append(f"tie_word_embeddings is not in the config: {'tied' if tied else 'untied'} ({tied_from})")
     if any(g.window for g in groups):
         notes.append("sliding-window layers hold at most their window (transformers keeps window - 1 tokens "
                      "while get_seq_length() reports the full count)")

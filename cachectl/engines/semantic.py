@@ -60,7 +60,7 @@ def load_model(spec: str | None = None, threads: int | None = None):
         from sentence_transformers import SentenceTransformer
         from transformers.utils import logging as hf_logging
     except ImportError as exc:
-        raise UsageError(f"semantic-probe needs sentence-transformers ({exc}); pip install 'cachectl[semantic]'") \
+        raise UsageError(f"semantic-probe needs sentence-transformers ({exc}); pip install 'llm-cachectl[semantic]'") \
             from None
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
