@@ -16,7 +16,7 @@ import functools
 import re
 from dataclasses import dataclass
 
-__all__ = ["VolatileMatch", "find_volatile", "classify_change", "KINDS"]
+__all__ = ["KINDS", "VolatileMatch", "classify_change", "find_volatile"]
 
 _MONTH = (r"(?:January|February|March|April|May|June|July|August|September|October|November|December"
           r"|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sept|Sep|Oct|Nov|Dec)\.?")

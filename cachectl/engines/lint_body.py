@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from ..inputs.request import Position, Request
 from ..volatile import find_volatile

@@ -21,8 +21,9 @@ import hashlib
 import math
 import re
 from array import array
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from ..errors import InputError, UsageError
 from ..inputs.request import Position, Request, layout_request
@@ -164,7 +165,7 @@ def _as_usage(u: LoggedUsage) -> Usage:
 def usage_from_record(value: Any, *, default_model: str | None, table: PriceTable, source: str,
                       line: int | None) -> tuple[ModelPrice, LoggedUsage]:
     """Read one logged response (Anthropic, OpenAI chat or Responses, a wrapper, or a bare usage object)."""
-    where = {"source": source, "line": line}
+    where: dict[str, Any] = {"source": source, "line": line}
     if not isinstance(value, dict):
         raise InputError("expected a JSON object (a response or its usage)", **where)
     usage, path, rec = find_usage(value)

@@ -7,19 +7,75 @@ Engines take the records made here; no engine opens a file or walks a request bo
 
 from __future__ import annotations
 
-from .files import (MAX_DEPTH, decode_text, display_name, get_path, iter_jsonl, iter_raw_lines, open_binary,
-                    parse_json_document, parse_jsonl_line, read_bytes, read_text)
+from .files import (
+    MAX_DEPTH,
+    decode_text,
+    display_name,
+    get_path,
+    iter_jsonl,
+    iter_raw_lines,
+    open_binary,
+    parse_json_document,
+    parse_jsonl_line,
+    read_bytes,
+    read_text,
+)
 from .jsonpos import Locator
-from .prompt import KINDS, LogRecord, PromptInput, iter_log, parse_ids, prompt_from_value, read_prompt
-from .request import (ChatView, Position, Request, compact, detect_provider, is_request_body, layout_request,
-                      parse_request, parse_timestamp, unwrap)
+from .prompt import (
+    KINDS,
+    LogRecord,
+    PromptInput,
+    iter_log,
+    parse_ids,
+    prompt_from_value,
+    read_prompt,
+)
+from .request import (
+    ChatView,
+    Position,
+    Request,
+    compact,
+    detect_provider,
+    is_request_body,
+    layout_request,
+    parse_request,
+    parse_timestamp,
+    unwrap,
+)
 
 __all__ = [
-    "MAX_DEPTH", "decode_text", "display_name", "get_path", "iter_jsonl", "iter_raw_lines", "open_binary",
-    "parse_json_document", "parse_jsonl_line", "read_bytes", "read_text", "Locator", "KINDS", "LogRecord",
-    "PromptInput", "iter_log", "parse_ids", "prompt_from_value", "read_prompt", "ChatView", "Position", "Request",
-    "compact", "detect_provider", "is_request_body", "layout_request", "parse_request", "parse_timestamp",
-    "unwrap", "read_requests", "read_request_document", "read_json_file",
+    "KINDS",
+    "MAX_DEPTH",
+    "ChatView",
+    "Locator",
+    "LogRecord",
+    "Position",
+    "PromptInput",
+    "Request",
+    "compact",
+    "decode_text",
+    "detect_provider",
+    "display_name",
+    "get_path",
+    "is_request_body",
+    "iter_jsonl",
+    "iter_log",
+    "iter_raw_lines",
+    "layout_request",
+    "open_binary",
+    "parse_ids",
+    "parse_json_document",
+    "parse_jsonl_line",
+    "parse_request",
+    "parse_timestamp",
+    "prompt_from_value",
+    "read_bytes",
+    "read_json_file",
+    "read_prompt",
+    "read_request_document",
+    "read_requests",
+    "read_text",
+    "unwrap",
 ]
 
 

@@ -11,7 +11,8 @@ import gzip
 import json
 import sys
 import zlib
-from typing import IO, Any, Iterator
+from collections.abc import Iterator
+from typing import IO, Any
 
 import orjson
 
@@ -117,7 +118,7 @@ def decode_text(data: bytes, source: str) -> str:
         line = data.count(b"\n", 0, exc.start) + 1
         raise InputError(f"not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})",
                          source=source, line=line) from None
-    return text[1:] if text.startswith("\ufeff") else text
+    return text.removeprefix("\ufeff")
 
 
 def read_text(path: str) -> tuple[str, str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from typing import Callable
+from collections.abc import Callable
 
 _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]:,]|[^\s{}\[\]:,"]+')
 

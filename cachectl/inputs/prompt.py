@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from ..errors import InputError
 from .files import display_name, iter_jsonl, parse_json_document, read_text
@@ -74,7 +75,7 @@ def read_prompt(path: str, as_kind: str | None = None) -> PromptInput:
 def prompt_from_value(value: Any, *, source: str, line: int | None, as_kind: str | None = None,
                       locator: Locator | None = None) -> PromptInput:
     """Turn a parsed JSON value into a :class:`PromptInput` (detecting its kind)."""
-    loc = {"source": source, "line": line}
+    loc: dict[str, Any] = {"source": source, "line": line}
     if isinstance(value, list):
         if as_kind in (None, "ids") and (as_kind == "ids" or not value or not isinstance(value[0], dict)):
             return PromptInput(kind="ids", source=source, line=line, ids=parse_ids(value, **loc))
@@ -145,7 +146,7 @@ def _shift(locator: Locator | None):
     """A locator for a bare message list parsed as the body ``{"messages": [...]}``."""
     if locator is None:
         return None
-    return lambda path: locator(path[len("messages"):] if path.startswith("messages") else path)
+    return lambda path: locator(path.removeprefix("messages"))
 
 
 def parse_ids(value: Any, *, source: str, line: int | None, field: str | None = None,

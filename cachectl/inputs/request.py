@@ -20,9 +20,11 @@ build one in memory with :func:`parse_request`.
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from ..errors import InputError
 from .jsonpos import LocateFn
@@ -46,7 +48,6 @@ RESPONSES_ITEMS = {"message", "function_call", "function_call_output", "reasonin
                    "custom_tool_call_output", "item_reference", "web_search_call", "file_search_call",
                    "computer_call", "computer_call_output", "image_generation_call", "code_interpreter_call",
                    "local_shell_call", "local_shell_call_output", "mcp_call", "mcp_list_tools"}
-_ID_KEYS = ("tokens", "prompt_token_ids", "input_ids", "token_ids")
 #: keys of a log wrapper that hold the body
 WRAPPER_KEYS = ("body", "request")
 
@@ -187,7 +188,7 @@ def is_request_body(value: Any) -> bool:
     return isinstance(value, dict) and ("messages" in value or "blocks" in value or "input" in value)
 
 
-def unwrap(value: Any) -> tuple[dict, str, dict]:
+def unwrap(value: Any) -> tuple[Any, str, dict]:
     """``(body, body_path, wrapper_fields)`` of a log line: the body itself, or the one inside a wrapper."""
     if isinstance(value, dict) and not is_request_body(value):
         for key in WRAPPER_KEYS:
@@ -204,7 +205,7 @@ def parse_timestamp(value: Any) -> float | None:
     if isinstance(value, bool):
         raise ValueError("expected seconds or an ISO 8601 time")
     if isinstance(value, (int, float)):
-        if value != value or value in (float("inf"), float("-inf")):
+        if not math.isfinite(value):
             raise ValueError("expected a finite number of seconds")
         return float(value)
     if isinstance(value, str):
@@ -715,6 +716,3 @@ def layout_request(positions: list[tuple[str, int, str | None]], *, model: str, 
     return Request(provider="layout", api="layout", model=model, positions=pos, timestamp=timestamp,
                    output_tokens=output_tokens, source="what-if")
 
-
-IdKeys = _ID_KEYS
-Locate = Callable[[str], tuple[int, int]]

@@ -8,8 +8,9 @@ new field) is an error naming it, never dropped, since dropping it would price t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import InputError
 
@@ -102,7 +103,7 @@ def parse_usage(usage: dict, *, source: str, line: int | None, path: str = "usag
                 style_of: Callable[[str], str] | None = None) -> LoggedUsage:
     """Read one usage object. ``style_of(model)`` settles a bare ``input_tokens``/``output_tokens`` pair
     (Anthropic's additive or OpenAI Responses' inclusive counters) from the model's provider."""
-    loc = {"source": source, "line": line}
+    loc: dict[str, Any] = {"source": source, "line": line}
     if not isinstance(usage, dict):
         raise InputError("expected a usage object", field=path.rstrip(".") or None, **loc)
     keys = set(usage)
