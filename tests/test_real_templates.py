@@ -357,3 +357,17 @@ def test_importing_the_cli_and_engines_loads_no_heavy_library():
             "print(sorted(m for m in ('torch', 'transformers', 'jinja2') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_diff_tokens_cli_on_a_real_template(cli, write):
+    a = write("a.json", [SYS, U1])
+    b = write("b.json", [SYS, U1, A1, U2])
+    r = cli("diff-tokens", a, b, "-t", TOK_DIR, "--chat-template", CORPUS / "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+            "--add-generation-prompt", "--format", "json")
+    assert r.exit_code == 1, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["cause"]["id"] == "message_relocated"
+    assert doc["a"]["location"]["message_index"] == 0 and doc["b"]["location"]["message_index"] == 1
+    text = cli("diff-tokens", a, b, "-t", TOK_DIR, "--chat-template",
+               CORPUS / "mistralai-Mistral-Nemo-Instruct-2407.jinja", "--add-generation-prompt")
+    assert "message 0 (system)" in text.stdout and "chat-template text" not in text.stdout.split("cause:")[0]
