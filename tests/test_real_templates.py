@@ -25,7 +25,8 @@ NAMES = sorted(p.stem for p in CORPUS.glob("*.jinja"))
 
 SYS = {"role": "system", "content": "You are a concise assistant for a weather service."}
 U1 = {"role": "user", "content": "What is the weather in Paris today?"}
-A1 = {"role": "assistant", "content": "<think>\nThe user asks about Paris. Look it up.\n</think>\nIt is sunny in Paris."}
+A1 = {"role": "assistant",
+      "content": "<think>\nThe user asks about Paris. Look it up.\n</think>\nIt is sunny in Paris."}
 U2 = {"role": "user", "content": "And in Berlin?"}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
                                            "parameters": {"type": "object",
@@ -362,8 +363,8 @@ def test_importing_the_cli_and_engines_loads_no_heavy_library():
 def test_diff_tokens_cli_on_a_real_template(cli, write):
     a = write("a.json", [SYS, U1])
     b = write("b.json", [SYS, U1, A1, U2])
-    r = cli("diff-tokens", a, b, "-t", TOK_DIR, "--chat-template", CORPUS / "mistralai-Mistral-Nemo-Instruct-2407.jinja",
-            "--add-generation-prompt", "--format", "json")
+    nemo = CORPUS / "mistralai-Mistral-Nemo-Instruct-2407.jinja"
+    r = cli("diff-tokens", a, b, "-t", TOK_DIR, "--chat-template", nemo, "--add-generation-prompt", "--format", "json")
     assert r.exit_code == 1, r.stderr
     doc = json.loads(r.stdout)
     assert doc["cause"]["id"] == "message_relocated"
@@ -371,3 +372,24 @@ def test_diff_tokens_cli_on_a_real_template(cli, write):
     text = cli("diff-tokens", a, b, "-t", TOK_DIR, "--chat-template",
                CORPUS / "mistralai-Mistral-Nemo-Instruct-2407.jinja", "--add-generation-prompt")
     assert "message 0 (system)" in text.stdout and "chat-template text" not in text.stdout.split("cause:")[0]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_message_is_located_in_the_render(with_template, name):
+    """Tokens map to messages through the rendered spans, wherever the template put each message."""
+    t = with_template(name)
+    template = lint.sandbox().from_string((CORPUS / f"{name}.jinja").read_text(encoding="utf-8"))
+    _, msgs, tools, _ = lint.chat_sample(name, template, t)
+    tk = t.tokenize(_p(msgs, tools), add_generation_prompt=True)
+    located = set()
+    for s in tk.spans:
+        if s.message_index is None:
+            continue
+        content = msgs[s.message_index]["content"]
+        assert tk.text[s.start:s.end] == content[s.offset:s.offset + s.end - s.start]
+        located.add(s.message_index)
+    # every message whose answer text (after any reasoning) the render holds is located
+    for i, m in enumerate(msgs):
+        answer = m["content"].split("</think>")[-1].strip()
+        if answer in tk.text:
+            assert i in located, (name, i)

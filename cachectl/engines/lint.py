@@ -379,7 +379,8 @@ _DATE_NAME = re.compile(r"(^|_)(date|today|now|datetime|time|timestamp|day)(_|$)
 def _is_constant(expr) -> bool:
     from jinja2 import nodes
 
-    return not isinstance(expr, (nodes.Name, nodes.Call)) and next(expr.find_all((nodes.Name, nodes.Call)), None) is None
+    dynamic = (nodes.Name, nodes.Call)
+    return not isinstance(expr, dynamic) and next(expr.find_all(dynamic), None) is None
 
 
 def _constant_default(ast, name: str) -> bool:
