@@ -175,7 +175,9 @@ def test_a_broken_template_does_not_hide_the_others(cli, tmp_path):
     flagged = {f["path"].rsplit("/", 1)[-1] for f in doc["findings"]}
     assert {"meta-llama-Llama-3.2-3B-Instruct.jinja", "Qwen-Qwen3-0.6B.jinja"} <= flagged
     assert "zz-broken.jinja:2: invalid Jinja" in r.stderr and "Traceback" not in r.stderr
-    # every output format carries the error
+    # every output format carries the error (on a smaller folder: the same code path, less time)
+    for extra in NAMES[3:]:
+        (folder / f"{extra}.jinja").unlink()
     gh = cli("lint", folder, "-f", "github")
     assert gh.exit_code == 2 and any(line.startswith("::error file=") and "zz-broken.jinja,line=2," in line
                                      for line in gh.stdout.splitlines())
@@ -184,7 +186,7 @@ def test_a_broken_template_does_not_hide_the_others(cli, tmp_path):
     assert inv["executionSuccessful"] is False
     assert inv["toolExecutionNotifications"][0]["locations"][0]["physicalLocation"]["region"]["startLine"] == 2
     text = cli("lint", folder)
-    assert text.exit_code == 2 and f"{len(NAMES)} file(s) checked" in text.stdout and "1 error(s)" in text.stdout
+    assert text.exit_code == 2 and "3 file(s) checked" in text.stdout and "1 error(s)" in text.stdout
 
 
 def test_a_path_without_lintable_files(cli, tmp_path):
