@@ -509,8 +509,13 @@ def template_environment():
 def _template_environment():
     _import_transformers()
     from jinja2.exceptions import SecurityError
-    from transformers.utils.chat_template_utils import _compile_jinja_template
 
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:  # pragma: no cover - a transformers release that moved it
+        raise TokenizerError("this transformers release has no chat-template compiler cachectl can reuse "
+                             "(transformers.utils.chat_template_utils._compile_jinja_template); install the "
+                             "version constraints.txt names") from None
     base = _compile_jinja_template("").environment
     env = base.overlay()
     env.filters = dict(base.filters)
@@ -543,7 +548,8 @@ def render_chat_template(template: Any, messages: Sequence[dict], *, tools: Sequ
     """
     from transformers.utils import chat_template_utils as ctu
 
-    msgs = [{k: v for k, v in m.items() if v is not None} for m in messages]
+    normalize = getattr(ctu, "_normalize_chat_messages", None)  # drops None-valued keys, as apply_chat_template does
+    msgs = normalize(list(messages)) if normalize is not None else [dict(m) for m in messages]
     msgs = template_data(msgs)
     alias = getattr(ctu, "_alias_reasoning_fields", None)
     if alias is not None:

@@ -25,7 +25,8 @@ NAMES = sorted(p.stem for p in CORPUS.glob("*.jinja"))
 
 SYS = {"role": "system", "content": "You are a concise assistant for a weather service."}
 U1 = {"role": "user", "content": "What is the weather in Paris today?"}
-A1 = {"role": "assistant", "content": "<think>\nThe user asks about Paris. Look it up.\n</think>\nIt is sunny in Paris."}
+A1 = {"role": "assistant",
+      "content": "<think>\nThe user asks about Paris. Look it up.\n</think>\nIt is sunny in Paris."}
 U2 = {"role": "user", "content": "And in Berlin?"}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
                                            "parameters": {"type": "object",
@@ -174,7 +175,9 @@ def test_a_broken_template_does_not_hide_the_others(cli, tmp_path):
     flagged = {f["path"].rsplit("/", 1)[-1] for f in doc["findings"]}
     assert {"meta-llama-Llama-3.2-3B-Instruct.jinja", "Qwen-Qwen3-0.6B.jinja"} <= flagged
     assert "zz-broken.jinja:2: invalid Jinja" in r.stderr and "Traceback" not in r.stderr
-    # every output format carries the error
+    # every output format carries the error (on a smaller folder: the same code path, less time)
+    for extra in NAMES[3:]:
+        (folder / f"{extra}.jinja").unlink()
     gh = cli("lint", folder, "-f", "github")
     assert gh.exit_code == 2 and any(line.startswith("::error file=") and "zz-broken.jinja,line=2," in line
                                      for line in gh.stdout.splitlines())
@@ -183,7 +186,7 @@ def test_a_broken_template_does_not_hide_the_others(cli, tmp_path):
     assert inv["executionSuccessful"] is False
     assert inv["toolExecutionNotifications"][0]["locations"][0]["physicalLocation"]["region"]["startLine"] == 2
     text = cli("lint", folder)
-    assert text.exit_code == 2 and "1 could not be checked" in text.stdout
+    assert text.exit_code == 2 and "3 file(s) checked" in text.stdout and "1 error(s)" in text.stdout
 
 
 def test_a_path_without_lintable_files(cli, tmp_path):
@@ -357,3 +360,38 @@ def test_importing_the_cli_and_engines_loads_no_heavy_library():
             "print(sorted(m for m in ('torch', 'transformers', 'jinja2') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_diff_tokens_cli_on_a_real_template(cli, write):
+    a = write("a.json", [SYS, U1])
+    b = write("b.json", [SYS, U1, A1, U2])
+    nemo = CORPUS / "mistralai-Mistral-Nemo-Instruct-2407.jinja"
+    r = cli("diff-tokens", a, b, "-t", TOK_DIR, "--chat-template", nemo, "--add-generation-prompt", "--format", "json")
+    assert r.exit_code == 1, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["cause"]["id"] == "message_relocated"
+    assert doc["a"]["location"]["message_index"] == 0 and doc["b"]["location"]["message_index"] == 1
+    text = cli("diff-tokens", a, b, "-t", TOK_DIR, "--chat-template",
+               CORPUS / "mistralai-Mistral-Nemo-Instruct-2407.jinja", "--add-generation-prompt")
+    assert "message 0 (system)" in text.stdout and "chat-template text" not in text.stdout.split("cause:")[0]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_message_is_located_in_the_render(with_template, name):
+    """Tokens map to messages through the rendered spans, wherever the template put each message."""
+    t = with_template(name)
+    template = lint.sandbox().from_string((CORPUS / f"{name}.jinja").read_text(encoding="utf-8"))
+    _, msgs, tools, _ = lint.chat_sample(name, template, t)
+    tk = t.tokenize(_p(msgs, tools), add_generation_prompt=True)
+    located = set()
+    for s in tk.spans:
+        if s.message_index is None:
+            continue
+        content = msgs[s.message_index]["content"]
+        assert tk.text[s.start:s.end] == content[s.offset:s.offset + s.end - s.start]
+        located.add(s.message_index)
+    # every message whose answer text (after any reasoning) the render holds is located
+    for i, m in enumerate(msgs):
+        answer = m["content"].split("</think>")[-1].strip()
+        if answer in tk.text:
+            assert i in located, (name, i)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
@@ -121,12 +121,14 @@ class FileError:
     path: str
     line: int | None
     message: str
+    #: "file": a file that could not be checked; "path": a PATH argument that is missing or holds no lintable file
+    kind: str = "file"
 
     def describe(self) -> str:
         return f"{self.path}:{self.line}: {self.message}" if self.line else f"{self.path}: {self.message}"
 
     def to_dict(self) -> dict:
-        return {"path": self.path, "line": self.line, "message": self.message}
+        return {"path": self.path, "line": self.line, "message": self.message, "kind": self.kind}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,6 +138,11 @@ class LintReport:
     findings: tuple[Finding, ...]
     errors: tuple[FileError, ...] = ()
     rules: tuple[Rule, ...] = field(default_factory=lambda: tuple(RULES.values()))
+
+    @property
+    def checked(self) -> int:
+        """Files checked to the end (``files`` counts those that could not be checked too)."""
+        return self.files - sum(e.kind == "file" for e in self.errors)
 
     @property
     def exit_code(self) -> int:
@@ -383,7 +390,8 @@ _DATE_NAME = re.compile(r"(^|_)(date|today|now|datetime|time|timestamp|day)(_|$)
 def _is_constant(expr) -> bool:
     from jinja2 import nodes
 
-    return not isinstance(expr, (nodes.Name, nodes.Call)) and next(expr.find_all((nodes.Name, nodes.Call)), None) is None
+    dynamic = (nodes.Name, nodes.Call)
+    return not isinstance(expr, dynamic) and next(expr.find_all(dynamic), None) is None
 
 
 def _constant_default(ast, name: str) -> bool:
@@ -636,8 +644,9 @@ def chat_sample(path: str, template: Any, tokenizer: Any = None, clock_reads: li
             continue
         return what, msgs, tools, renders
     assert first_error is not None
-    raise InputError(f"{first_error.message} (the chat template rejected lint's sample conversation in every form "
-                     f"tried: {len(_sample_variants())})", source=path, line=first_error.line)
+    raise InputError(f"{first_error.message} (the chat template rejects each of the {len(_sample_variants())} forms "
+                     "of lint's sample conversation: with and without a system message, strict alternation, with "
+                     "and without tools)", source=path, line=first_error.line)
 
 
 def _chat_dynamic(path, template, source, add, tokenizer=None, clock_reads: list | None = None) -> None:
@@ -755,7 +764,7 @@ def lint_paths(paths: Sequence[str], config: LintConfig, tokenizer: Any = None,
         try:
             files = _candidates(raw)
         except CachectlError as exc:
-            errors.append(_file_error(exc, raw))
+            errors.append(replace(_file_error(exc, raw), kind="path"))
             continue
         linted = 0
         for f in files:
@@ -769,15 +778,17 @@ def lint_paths(paths: Sequence[str], config: LintConfig, tokenizer: Any = None,
                 findings += found
                 linted += 1
         if not linted:
-            errors.append(FileError(raw, None, "no lintable file here (Jinja templates " + ", ".join(TEMPLATE_SUFFIXES)
-                                    + ", tokenizer_config.json with a chat_template, request bodies in JSON or YAML)"))
+            errors.append(FileError(raw, None, kind="path", message=(
+                "no lintable file here (Jinja templates " + ", ".join(TEMPLATE_SUFFIXES)
+                + ", tokenizer_config.json with a chat_template, request bodies in JSON or YAML)")))
         checked += linted
     return LintReport(files=checked, findings=tuple(findings), errors=tuple(errors))
 
 
 def _file_error(exc: CachectlError, path: str) -> FileError:
     if isinstance(exc, InputError):
-        return FileError(exc.source or path, exc.line, exc.message)
+        field = f"field '{exc.field}': " if exc.field else ""
+        return FileError(exc.source or path, exc.line, field + exc.message)
     return FileError(path, None, str(exc))
 
 

@@ -245,7 +245,8 @@ def _rerender(t: Tokenized, messages: Sequence[dict], tokenizer: TokenizerHandle
     if tok is None or t.render_opts is None or not messages:
         return None
     try:
-        return tok.render_chat(t.prompt, messages=messages, add_generation_prompt=t.render_opts["add_generation_prompt"],
+        return tok.render_chat(t.prompt, messages=messages,
+                               add_generation_prompt=t.render_opts["add_generation_prompt"],
                                template_vars=t.render_opts["template_vars"])
     except CachectlError:
         return None
@@ -273,7 +274,9 @@ def _default_system(a, b, index, tokenizer) -> Cause | None:
         return None
     injected = without[len(left):len(without) - len(right)]
     c = common_prefix_length(a.text, b.text)
-    if not injected.strip() or not x.text.startswith(left + injected) or not len(left) <= c <= len(left) + len(injected):
+    if not injected.strip() or not x.text.startswith(left + injected):
+        return None
+    if not len(left) <= c <= len(left) + len(injected):  # the prompts part elsewhere
         return None
     shown = injected.strip()[:60] + ("..." if len(injected.strip()) > 60 else "")
     return Cause("default_system_prompt", f"{nx} has no system message, so the chat template inserted its default "
