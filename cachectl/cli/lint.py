@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import json
 from enum import Enum
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from .. import __version__
 from ..errors import UsageError
-from .common import EXIT_ERROR, EXIT_FINDING, EXIT_OK, TokenizerOpt, handle_errors, stdout
+from .common import (
+    EXIT_ERROR,
+    EXIT_FINDING,
+    EXIT_OK,
+    TokenizerOpt,
+    handle_errors,
+    stdout,
+)
 
 HELP = """Lint prompt templates and request bodies for patterns that break prefix and prompt caches.
 
@@ -37,17 +44,17 @@ def command(
     fmt: Annotated[LintFormat, typer.Option("--format", "-f", case_sensitive=False,
                                             help="text, json, sarif (2.1.0) or github (workflow commands).")]
     = LintFormat.text,
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Provider model, for the minimum cacheable "
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Provider model, for the minimum cacheable "
                                                                        "length (CC005).")] = None,
     tokenizer: TokenizerOpt = None,
-    select: Annotated[Optional[str], typer.Option("--select", metavar="IDS", help="Only these rules (comma-separated).")]
+    select: Annotated[str | None, typer.Option("--select", metavar="IDS", help="Only these rules (comma-separated).")]
     = None,
-    ignore: Annotated[Optional[str], typer.Option("--ignore", metavar="IDS", help="Skip these rules.")] = None,
+    ignore: Annotated[str | None, typer.Option("--ignore", metavar="IDS", help="Skip these rules.")] = None,
     exit_zero: Annotated[bool, typer.Option("--exit-zero", help="Exit 0 even with findings (report only).")] = False,
-    config: Annotated[Optional[str], typer.Option("--config", metavar="pyproject.toml",
+    config: Annotated[str | None, typer.Option("--config", metavar="pyproject.toml",
                                                   help="Read [tool.cachectl.lint] from this file.")] = None,
 ) -> None:
-    from ..engines import lint
+    from ..engines import lint, lint_output
 
     cfg = lint.load_config(config, select=(select or "").split(",") if select else (),
                            ignore=(ignore or "").split(",") if ignore else (), model=model)
@@ -67,12 +74,12 @@ def command(
     if fmt is LintFormat.json:
         typer.echo(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
     elif fmt is LintFormat.sarif:
-        typer.echo(json.dumps(to_sarif(report), indent=2, ensure_ascii=False))
+        typer.echo(json.dumps(lint_output.to_sarif(report, __version__), indent=2, ensure_ascii=False))
     elif fmt is LintFormat.github:
         for e in report.errors:
-            typer.echo(github_error(e))
+            typer.echo(lint_output.github_error(e))
         for f in report.findings:
-            typer.echo(to_github(f))
+            typer.echo(lint_output.to_github(f))
     else:
         _render_text(report)
     for e in report.errors:  # one line each on stderr too, whatever the format
@@ -82,51 +89,6 @@ def command(
 
 
 command.__doc__ = HELP
-
-
-def to_sarif(report) -> dict:
-    from ..engines.lint import RULES
-
-    ids = list(RULES)
-    rules = [{"id": r.id, "name": r.name, "shortDescription": {"text": r.summary}, "fullDescription": {"text": r.summary},
-              "help": {"text": r.fix}, "defaultConfiguration": {"level": r.severity}} for r in RULES.values()]
-    results = [{"ruleId": f.rule, "ruleIndex": ids.index(f.rule), "level": f.severity,
-                "message": {"text": f.message},
-                "locations": [_sarif_location(f.path, f.line, f.column)],
-                "properties": {"fix": f.fix, "fixSafety": f.safety}}
-               for f in report.findings]
-    # files that could not be checked: tool execution notifications of an unsuccessful invocation
-    notes = [{"level": "error", "message": {"text": e.message}, "locations": [_sarif_location(e.path, e.line, None)],
-              "descriptor": {"id": "file-error"}} for e in report.errors]
-    invocation = {"executionSuccessful": not report.errors, "toolExecutionNotifications": notes}
-    return {"$schema": "https://json.schemastore.org/sarif-2.1.0.json", "version": "2.1.0",
-            "runs": [{"tool": {"driver": {"name": "cachectl", "version": __version__, "rules": rules}},
-                      "invocations": [invocation], "results": results}]}
-
-
-def _sarif_location(path: str, line: int | None, column: int | None) -> dict:
-    region: dict = {"startLine": max(1, line or 1)}
-    if column:
-        region["startColumn"] = max(1, column)
-    return {"physicalLocation": {"artifactLocation": {"uri": path.replace("\\", "/")}, "region": region}}
-
-
-def _escape(text: str, prop: bool = False) -> str:
-    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-    if prop:
-        text = text.replace(":", "%3A").replace(",", "%2C")
-    return text
-
-
-def to_github(f) -> str:
-    kind = "error" if f.severity == "error" else "warning"
-    return (f"::{kind} file={_escape(f.path, True)},line={f.line},col={f.column},title={f.rule}::"
-            f"{_escape(f.message + ' (fix, ' + f.safety + ': ' + f.fix + ')')}")
-
-
-def github_error(e) -> str:
-    line = f",line={e.line}" if e.line else ""
-    return f"::error file={_escape(e.path, True)}{line},title=cachectl could not check this file::{_escape(e.message)}"
 
 
 def _render_text(report) -> None:
