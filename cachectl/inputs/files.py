@@ -182,10 +182,10 @@ def parse_jsonl_line(raw: bytes, source: str, lineno: int) -> Any:
         msg = str(exc.msg)
         if "recursion" in msg.lower():
             raise InputError("JSON nested too deeply", source=source, line=lineno) from None
-        hint = ""
-        if raw.strip() in (b"{", b"[") or (lineno == 1 and raw.rstrip().endswith((b"{", b"["))):
-            hint = "; this looks like pretty-printed JSON, but one JSON value per line (JSONL) is expected"
-        raise InputError(f"invalid JSON: {msg} (column {exc.colno}){hint}", source=source, line=lineno) from None
+        if lineno == 1 and (raw.strip() in (b"{", b"[") or raw.rstrip().endswith((b"{", b"["))):
+            raise InputError("this is pretty-printed JSON over several lines; expected JSONL, one JSON value per "
+                             "line (convert with: jq -c . FILE)", source=source, line=lineno) from None
+        raise InputError(f"invalid JSON: {msg} (column {exc.colno})", source=source, line=lineno) from None
 
 
 def iter_raw_lines(path: str) -> Iterator[tuple[int, bytes, str]]:
