@@ -484,3 +484,17 @@ def test_deepseek_counters_are_mapped_not_dropped():
     with pytest.raises(InputError, match="field 'usage.prompt_cache_hit_tokens'"):
         parse_usage({"prompt_tokens": 100, "prompt_cache_hit_tokens": 64, "prompt_cache_miss_tokens": 30},
                     source="d", line=1)
+
+
+def test_a_library_user_builds_a_request_in_memory_and_calls_the_engines(tok, table):
+    """No files: one parsed request feeds the token diff and the prompt-cache simulation."""
+    from cachectl.engines.tokendiff import diff_tokens
+    from cachectl.inputs import prompt_from_request
+
+    a = parse_request({"model": SONNET, "system": "You are terse.", "messages": [{"role": "user", "content": "hi"}]})
+    b = parse_request({"model": SONNET, "system": "You are terse. Now: 2026-11-30T10:00:00Z",
+                       "messages": [{"role": "user", "content": "hi"}]})
+    d = diff_tokens(tok.tokenize(prompt_from_request(a)), tok.tokenize(prompt_from_request(b)))
+    assert d.kind == "mismatch" and d.first_diff_index > 0
+    r = simulate_requests([a, b], table=table, source="memory", text_counter=tokenizer_counter(tok), every=1.0)
+    assert len(r.requests) == 2

@@ -27,6 +27,7 @@ from .prompt import (
     PromptInput,
     iter_log,
     parse_ids,
+    prompt_from_request,
     prompt_from_value,
     read_prompt,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "parse_jsonl_line",
     "parse_request",
     "parse_timestamp",
+    "prompt_from_request",
     "prompt_from_value",
     "read_bytes",
     "read_json_file",

@@ -101,12 +101,7 @@ def prompt_from_value(value: Any, *, source: str, line: int | None, as_kind: str
     if is_request_body(body) and "blocks" not in body:
         provider = as_kind if as_kind in ("openai", "anthropic") else None
         req = parse_request(value, source=source, line=line, locator=locator, provider=provider)
-        assert req.chat is not None
-        _refuse_unrenderable(req, source, line)
-        kind = "anthropic" if req.provider == "anthropic" else "openai"
-        paths = tuple(body_path + p for p in req.chat.field_paths)
-        return PromptInput(kind=kind, source=source, line=line, messages=req.chat.messages, tools=req.chat.tools,
-                           field_paths=paths, meta=dict(req.meta), request=req)
+        return prompt_from_request(req)
     meta = {k: v for k, v in body.items() if k not in ("messages", "tools", "system", "prompt")}
     meta.update(wrapper)
     id_key = next((k for k in _ID_KEYS if k in body), None)
@@ -131,6 +126,17 @@ def prompt_from_value(value: Any, *, source: str, line: int | None, as_kind: str
                            field_paths=(body_path + "text",), meta=meta)
     raise InputError("not a prompt: expected 'messages', 'input', 'prompt', 'text' or a token-ID field "
                      f"({', '.join(_ID_KEYS)})", **loc)
+
+
+def prompt_from_request(req: Request) -> PromptInput:
+    """The prompt a tokenizer renders for a canonical request (its chat-template view)."""
+    if req.chat is None:
+        raise req.error("a token layout has no text to render")
+    _refuse_unrenderable(req, req.source, req.line)
+    kind = "anthropic" if req.provider == "anthropic" else "openai"
+    paths = tuple(req.body_path + p for p in req.chat.field_paths)
+    return PromptInput(kind=kind, source=req.source, line=req.line, messages=req.chat.messages,
+                       tools=req.chat.tools, field_paths=paths, meta=dict(req.meta), request=req)
 
 
 def _refuse_unrenderable(req: Request, source: str, line: int | None, strip: str = "") -> None:
