@@ -755,10 +755,10 @@ def trace_records(path: str) -> Iterator[tuple[int, Any, bool]]:
 
 
 def _token_list(value: Any, name: str, where: dict, maybe_bool: bool = True) -> list:
-    """Token IDs through the one validator of token-ID lists (:func:`cachectl.inputs.parse_ids`)."""
-    from ..inputs import parse_ids
+    """Token IDs through the one validator of token-ID lists (:func:`cachectl.inputs.prompt.check_ids`)."""
+    from ..inputs.prompt import check_ids
 
-    parse_ids(value, field=name, maybe_bool=maybe_bool, **where)
+    check_ids(value, field=name, maybe_bool=maybe_bool, **where)
     return value
 
 

@@ -196,7 +196,7 @@ def iter_raw_lines(path: str) -> Iterator[tuple[int, bytes, str]]:
         for lineno, raw in enumerate(fh, start=1):
             if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]
-            if not raw.strip():
+            if not raw or raw.isspace():  # no copy of the line, unlike strip()
                 continue
             seen = True
             yield lineno, raw, source

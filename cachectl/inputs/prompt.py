@@ -155,9 +155,10 @@ def _shift(locator: Locator | None):
     return lambda path: locator(path.removeprefix("messages"))
 
 
-def parse_ids(value: Any, *, source: str, line: int | None, field: str | None = None,
-              maybe_bool: bool = True) -> tuple[int, ...]:
-    """A non-empty list of non-negative integer token IDs below 2**64 (the one validator of token-ID lists).
+def check_ids(value: Any, *, source: str, line: int | None, field: str | None = None,
+              maybe_bool: bool = True) -> None:
+    """Validate a non-empty list of non-negative integer token IDs below 2**64 without copying it (the one
+    validator of token-ID lists).
 
     ``maybe_bool=False`` (the caller saw no ``true``/``false`` in the raw line) checks at C speed: a bool
     would otherwise pass as 0 or 1.
@@ -167,7 +168,7 @@ def parse_ids(value: Any, *, source: str, line: int | None, field: str | None = 
     if value and not maybe_bool:
         try:
             array("Q", value)
-            return tuple(value)
+            return
         except (TypeError, OverflowError):
             pass
     for i, x in enumerate(value):
@@ -177,6 +178,12 @@ def parse_ids(value: Any, *, source: str, line: int | None, field: str | None = 
                              field=name)
     if not value:
         raise InputError("token-ID list is empty", source=source, line=line, field=field)
+
+
+def parse_ids(value: Any, *, source: str, line: int | None, field: str | None = None,
+              maybe_bool: bool = True) -> tuple[int, ...]:
+    """:func:`check_ids`, then the IDs as a tuple."""
+    check_ids(value, source=source, line=line, field=field, maybe_bool=maybe_bool)
     return tuple(value)
 
 
