@@ -584,6 +584,7 @@ class PrefixReport:
     per_request: tuple[RequestHit, ...] | None = None
     upper_bound: bool = False
     notes: tuple[str, ...] = ()
+    warmup_requests: int = 0
 
 
 @dataclass
@@ -596,8 +597,11 @@ class _Tally:
 def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_size: int = 16,
              capacity_blocks: int | None = None, hash_fn: str = "builtin", concurrency: int = 1,
              decode_s_per_token: float = 0.02, chunk_size: int = 256, recompute_ratio: float = 0.15,
-             per_request: bool = False, source: str = "") -> PrefixReport:
-    """Replay requests through one prefix-cache policy and count what vLLM's metrics would count."""
+             per_request: bool = False, source: str = "", warmup: int = 0) -> PrefixReport:
+    """Replay requests through one prefix-cache policy and count what vLLM's metrics would count.
+
+    The first ``warmup`` requests fill the cache but are not counted.
+    """
     if policy not in POLICIES:
         raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     if block_size < 1:
@@ -622,6 +626,7 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
     running: list = []  # (end_time, seq, handle) of requests in flight
     clock = 0.0
     seq = 0
+    seen = 0
 
     def finish(handle) -> None:
         if pool is not None:
@@ -691,6 +696,9 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
         if handle is not None:
             seq += 1
             heapq.heappush(running, (clock + req.output_tokens * decode_s_per_token, seq, handle))
+        seen += 1
+        if seen <= warmup:
+            continue
         t = tenants.setdefault(tenant, _Tally())
         for tally in (t, total):
             tally.requests += 1
@@ -702,6 +710,8 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
     while running:
         finish(heapq.heappop(running)[2])
     if total.requests == 0:
+        if seen:
+            raise UsageError(f"`warmup` covers all {seen} requests: nothing is left to count")
         raise InputError("the trace has no requests", source=source)
     if policy != "chunk":  # whole tokens everywhere but in the chunk policy's upper bound
         total.hits = int(total.hits)
@@ -725,6 +735,8 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
             notes.append(f"chunk reuse is an upper bound: chunks away from the prefix are counted as reused minus "
                          f"the {recompute_ratio:.0%} of their tokens CacheBlend recomputes; attention across "
                          "chunks is approximated")
+    if warmup and seen:
+        notes.append(f"the first {min(warmup, seen)} requests warmed the cache and are not counted")
     if policy == "vllm" and hash_fn == "builtin":
         notes.append("block keys: Python's 64-bit tuple hash (equality is all that matters); --hash sha256 for "
                      "vLLM's own")
@@ -736,7 +748,7 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
                         prefill_tokens_saved=total.hits, evicted_blocks=evicted_blocks, evicted_tokens=evicted_tokens,
                         peak_blocks_in_use=peak, cross_tenant_shared_blocks=cross, per_tenant=per_tenant,
                         per_request=tuple(rows) if per_request else None, upper_bound=policy == "chunk",
-                        notes=tuple(notes))
+                        notes=tuple(notes), warmup_requests=min(warmup, seen))
 
 
 # --------------------------------------------------------------------------------------------- reading
@@ -782,7 +794,8 @@ def _get(value: dict, dotted: str) -> Any:
 
 def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
                salt_field: str | None = None, tenant_field: str | None = None, hash_block_size: int = 512,
-               as_kind: str | None = None, batch_size: int = 128, no_salt: bool = False) -> Iterator[TraceRequest]:
+               as_kind: str | None = None, batch_size: int = 128, no_salt: bool = False,
+               add_generation_prompt: bool = True) -> Iterator[TraceRequest]:
     """Requests from a JSONL trace: token IDs, Mooncake hash_ids, or text/chat through a tokenizer.
 
     ``records`` yields ``(line, value)`` or, from :func:`trace_records`, ``(line, value, has_bool_literal)``.
@@ -797,7 +810,8 @@ def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
         from ..inputs import prompt_from_value
 
         prompts = [prompt_from_value(v, source=source, line=ln, as_kind=as_kind) for ln, v, _, _ in pending]
-        toks = tokenizer.tokenize_many(prompts)
+        # chat requests as vLLM's chat endpoint renders them by default (with the assistant header)
+        toks = tokenizer.tokenize_many(prompts, add_generation_prompt=add_generation_prompt)
         for (ln, _, salt, meta), tok in zip(pending, toks):
             yield TraceRequest(index=index, line=ln, prompt_tokens=len(tok.ids), tokens=list(tok.ids), salt=salt,
                                **meta)

@@ -1,0 +1,254 @@
+"""The hit-rate-vs-capacity curve of vLLM's prefix cache from one read of a trace, and the Belady bound.
+
+The trace is read and keyed once (:func:`key_trace`): each request keeps only its chained block keys (the
+salt folded in), its length, tenant and timing, as a pre-keyed :class:`~cachectl.engines.prefix.TraceRequest`
+whose ``hash_ids`` are those keys. Every capacity is then replayed from that store by the one engine,
+:func:`cachectl.engines.prefix.simulate`, so a point of the curve is, by construction, the single-capacity
+replay at that capacity (the tests check it against the naive reference too). Memory is one key per full
+block (8 bytes plus the list slot), not one per token.
+
+:func:`optimal_hits` is an offline bound at the same capacity and under the same block rules (full blocks
+only, chained keys, stop at the first miss, the ``L - 1`` cap, ``ceil(L / block_size)`` blocks held while a
+request runs): when blocks must be freed it evicts the cached block whose next use is farthest away
+(Belady's MIN). The gap between it and vLLM's LRU says whether the eviction policy or the capacity is what
+limits the hit rate.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from ..errors import UsageError
+from .prefix import SCHEMA_VERSION, SequentialVllmPool, TraceRequest, request_keys, simulate
+
+#: points of a ``--curve`` when the caller does not say
+CURVE_POINTS = 32
+
+
+# ---------------------------------------------------------------------------------------------- keying
+
+
+@dataclass(frozen=True)
+class KeyedTrace:
+    """A trace reduced to block keys at one block size (pre-keyed requests, salts folded into the keys)."""
+
+    block_size: int
+    requests: tuple[TraceRequest, ...]
+    min_capacity_blocks: int          # blocks the largest request holds: the smallest capacity that works
+    min_capacity_line: int | None     # the line of the (first) largest request
+    query_tokens: int
+
+
+def key_trace(requests: Iterable[TraceRequest], block_sizes: Sequence[int], *, hash_fn: str = "builtin",
+              source: str = "") -> dict[int, KeyedTrace]:
+    """Read the requests once and key them at every block size in ``block_sizes``."""
+    if not block_sizes or any(bs < 1 for bs in block_sizes):
+        raise UsageError("`block_size` must be at least 1")
+    stores: dict[int, list] = {bs: [] for bs in block_sizes}
+    largest = {bs: (0, None) for bs in block_sizes}
+    query = 0
+    for req in requests:
+        query += req.prompt_tokens
+        for bs in block_sizes:
+            if req.hash_ids is not None and req.hash_block_size != bs:
+                raise UsageError(f"{source}: hash_ids cover {req.hash_block_size}-token blocks; run with "
+                                 f"`block_size` {req.hash_block_size} (they cannot be split)")
+            keys = request_keys(req, bs, hash_fn)
+            stores[bs].append(TraceRequest(index=req.index, line=req.line, prompt_tokens=req.prompt_tokens,
+                                           hash_ids=keys, hash_block_size=bs, tenant=req.tenant,
+                                           timestamp=req.timestamp, output_tokens=req.output_tokens))
+            need = -(-req.prompt_tokens // bs)
+            if need > largest[bs][0]:
+                largest[bs] = (need, req.line)
+    if not query and not any(stores.values()):
+        from ..errors import InputError
+
+        raise InputError("the trace has no requests", source=source)
+    return {bs: KeyedTrace(block_size=bs, requests=tuple(stores[bs]), min_capacity_blocks=largest[bs][0],
+                           min_capacity_line=largest[bs][1], query_tokens=query) for bs in block_sizes}
+
+
+def resolve_warmup(warmup: float | int | None, n_requests: int) -> int:
+    """``--warmup``: a count of requests (an int >= 1, or 0) or a share of the trace (0 <= x < 1)."""
+    if warmup is None or warmup == 0:
+        return 0
+    if warmup < 0:
+        raise UsageError("`warmup` must be a number of requests or a share between 0 and 1")
+    if isinstance(warmup, float) and warmup < 1:
+        return int(math.floor(warmup * n_requests))
+    if isinstance(warmup, float) and not warmup.is_integer():
+        raise UsageError(f"`warmup` {warmup} is neither a share below 1 nor a whole number of requests")
+    return int(warmup)
+
+
+def no_eviction_capacity(kt: KeyedTrace) -> int:
+    """The smallest capacity at which the sequential vLLM pool never evicts (the curve's ceiling).
+
+    Every block slot a pool of unbounded size ever takes, duplicates from the ``L - 1`` cap and the partial
+    tail block included: with that many blocks, never-used blocks are always there to take.
+    """
+    total = sum(-(-r.prompt_tokens // kt.block_size) for r in kt.requests)
+    pool = SequentialVllmPool(max(1, total), kt.block_size)
+    for r in kt.requests:
+        pool.run(r.hash_ids, r.prompt_tokens)
+    return max(pool.fresh, kt.min_capacity_blocks)
+
+
+def curve_capacities(low: int, high: int, points: int = CURVE_POINTS) -> list[int]:
+    """About ``points`` capacities from ``low`` to ``high``, log-spaced, whole and distinct, both ends in."""
+    if points < 2 or high <= low:
+        return [low] if high <= low else [low, high]
+    ratio = (high / low) ** (1 / (points - 1))
+    caps = sorted({min(high, max(low, round(low * ratio ** i))) for i in range(points)} | {low, high})
+    return caps
+
+
+# -------------------------------------------------------------------------------------------- optimal
+
+
+def optimal_hits(kt: KeyedTrace, capacity_blocks: int, *, warmup: int = 0) -> int:
+    """Hit tokens of Belady's MIN at ``capacity_blocks`` under vLLM's block rules, requests one at a time.
+
+    A request's hits are its leading cached keys up to ``min(full blocks, (L - 1) // block_size)``; while it
+    runs it holds ``ceil(L / block_size)`` blocks, its hits pinned; to make room, the unpinned cached block
+    whose next use (the next request that can hit it) is farthest goes first, the deeper block of a prefix
+    first on a tie. Its full blocks stay cached afterwards (one copy per key).
+    """
+    bs = kt.block_size
+    reqs = kt.requests
+    if capacity_blocks < kt.min_capacity_blocks:
+        raise UsageError(f"capacity {capacity_blocks} is below the {kt.min_capacity_blocks} blocks the largest "
+                         "request needs")
+    inf = len(reqs)
+    # next_use[r][p]: the next request after r that can hit the key r has at position p
+    nxt_of: dict = {}
+    next_use: list[list[int]] = [None] * len(reqs)  # type: ignore[list-item]
+    for r in range(len(reqs) - 1, -1, -1):
+        keys = reqs[r].hash_ids
+        limit = min(len(keys), (reqs[r].prompt_tokens - 1) // bs)
+        next_use[r] = [nxt_of.get(k, inf) for k in keys]
+        for k in keys[:limit]:
+            nxt_of[k] = r
+    cached: dict = {}       # key -> (next use, position): its eviction priority
+    heap: list = []         # (-next use, -position, key); stale entries skipped
+    hit_tokens = 0
+    for r, req in enumerate(reqs):
+        keys = req.hash_ids
+        limit = min(len(keys), (req.prompt_tokens - 1) // bs)
+        nh = 0
+        while nh < limit and keys[nh] in cached:
+            nh += 1
+        pinned = set(keys[:nh])
+        need = -(-req.prompt_tokens // bs) - nh
+        deferred = []
+        while capacity_blocks - len(cached) < need:
+            nu, neg_p, k = heapq.heappop(heap)
+            if cached.get(k) != (-nu, -neg_p):
+                continue                                    # stale
+            if k in pinned:
+                deferred.append((nu, neg_p, k))
+                continue
+            del cached[k]
+        for item in deferred:
+            heapq.heappush(heap, item)
+        uses = next_use[r]
+        for p, k in enumerate(keys):
+            prio = (uses[p], p)
+            cached[k] = prio
+            heapq.heappush(heap, (-prio[0], -p, k))
+        if len(heap) > 4 * capacity_blocks + 1024:
+            heap = [(-v[0], -v[1], k) for k, v in cached.items()]
+            heapq.heapify(heap)
+        if r >= warmup:
+            hit_tokens += nh * bs
+    return hit_tokens
+
+
+# ---------------------------------------------------------------------------------------------- curve
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    capacity_blocks: int
+    capacity_tokens: int
+    fits: bool                           # False: the largest request does not fit, the point is not replayed
+    hit_tokens: int | None
+    hit_rate: float | None
+    evicted_blocks: int | None
+    optimal_hit_tokens: int | None = None   # the Belady bound, when asked for
+    optimal_hit_rate: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CurveReport:
+    schema_version: int = SCHEMA_VERSION
+    policy: str = "vllm"
+    block_size: int
+    requests: int
+    warmup_requests: int
+    counted_requests: int
+    query_tokens: int                    # of the counted requests
+    min_capacity_blocks: int
+    min_capacity_line: int | None
+    ceiling_capacity_blocks: int         # no eviction from here on
+    ceiling_hit_rate: float | None       # the infinite policy's hit rate
+    concurrency: int
+    points: tuple[CurvePoint, ...]
+    optimal: bool = False
+    notes: tuple[str, ...] = ()
+
+
+def capacity_curve(kt: KeyedTrace, capacities: Sequence[int] | None = None, *, points: int = CURVE_POINTS,
+                   warmup: float | int | None = 0, concurrency: int = 1, decode_s_per_token: float = 0.02,
+                   optimal: bool = False, source: str = "") -> CurveReport:
+    """Hit rate at each capacity (or at ``points`` log-spaced ones from the minimum to the ceiling)."""
+    n = len(kt.requests)
+    skip = resolve_warmup(warmup, n)
+    if skip >= n:
+        raise UsageError(f"`warmup` covers all {n} requests: nothing is left to count")
+    ceiling = no_eviction_capacity(kt)
+    if capacities is None:
+        capacities = curve_capacities(kt.min_capacity_blocks, ceiling, points)
+    elif any(c < 1 for c in capacities):
+        raise UsageError("`capacity_blocks` must be at least one block")
+    counted = kt.requests[skip:]
+    query = sum(r.prompt_tokens for r in counted)
+    inf = simulate(kt.requests, policy="infinite", block_size=kt.block_size, source=source, warmup=skip)
+    out = []
+    for cap in capacities:
+        tokens = cap * kt.block_size
+        if cap < kt.min_capacity_blocks:
+            out.append(CurvePoint(capacity_blocks=cap, capacity_tokens=tokens, fits=False, hit_tokens=None,
+                                  hit_rate=None, evicted_blocks=None))
+            continue
+        rep = simulate(kt.requests, policy="vllm", block_size=kt.block_size, capacity_blocks=cap,
+                       concurrency=concurrency, decode_s_per_token=decode_s_per_token, source=source, warmup=skip)
+        opt = optimal_hits(kt, cap, warmup=skip) if optimal else None
+        out.append(CurvePoint(capacity_blocks=cap, capacity_tokens=tokens, fits=True, hit_tokens=int(rep.hit_tokens),
+                              hit_rate=rep.hit_rate, evicted_blocks=rep.evicted_blocks, optimal_hit_tokens=opt,
+                              optimal_hit_rate=None if opt is None else (opt / query if query else None)))
+    notes = []
+    small = [p.capacity_blocks for p in out if not p.fits]
+    if small:
+        notes.append(f"{len(small)} capacit{'y' if len(small) == 1 else 'ies'} ({', '.join(map(str, small))} blocks) "
+                     f"cannot hold the largest request (line {kt.min_capacity_line}): the minimum is "
+                     f"{kt.min_capacity_blocks} blocks of {kt.block_size}")
+    if skip:
+        notes.append(f"the first {skip} requests warmed the cache and are not counted")
+    if optimal:
+        notes.append("optimal: an offline bound (Belady: evict the block used again farthest in the future) under "
+                     "the same block rules, requests one at a time; no real server can know the future")
+        if concurrency > 1:
+            notes.append("the optimal bound replays requests one at a time; the vLLM points use --concurrency")
+    if concurrency > 1:
+        notes.append("the ceiling capacity is the sequential one: with requests in flight a little eviction may "
+                     "remain at the top point")
+    return CurveReport(block_size=kt.block_size, requests=n, warmup_requests=skip, counted_requests=n - skip,
+                       query_tokens=query, min_capacity_blocks=kt.min_capacity_blocks,
+                       min_capacity_line=kt.min_capacity_line, ceiling_capacity_blocks=ceiling,
+                       ceiling_hit_rate=inf.hit_rate, concurrency=concurrency, points=tuple(out), optimal=optimal,
+                       notes=tuple(notes))
+
