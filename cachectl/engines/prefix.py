@@ -289,6 +289,45 @@ class SequentialVllmPool:
                     return b
             segments.popleft()
 
+    def _take_many(self, n: int) -> list[int]:
+        """``n`` blocks in the order :meth:`_take` would give them, evicting in bulk where it can."""
+        out: list[int] = []
+        pre = self.prepended
+        while n and pre:
+            out.append(pre.pop())
+            n -= 1
+        if n and self.fresh < self.capacity:
+            k = min(n, self.capacity - self.fresh)
+            out.extend(range(self.fresh, self.fresh + k))
+            self.fresh += k
+            n -= k
+        if not n:
+            return out
+        stamp, segments, key, primary = self.stamp, self.segments, self.key, self.primary
+        while n:
+            sid, blocks = segments[0]
+            cut = max(0, len(blocks) - n)
+            chunk = blocks[cut:]
+            del blocks[cut:]
+            self.entries -= len(chunk)
+            chunk.reverse()                       # eviction pops from the end
+            valid = [b for b in chunk if stamp.get(b) == sid]
+            if len(valid) > n:                    # cannot happen: at most n taken  # pragma: no cover
+                raise AssertionError("took too many blocks")
+            deque(map(stamp.__delitem__, valid), 0)
+            if self.dups:
+                for b in valid:
+                    if b in key:
+                        self._evict(b)
+            else:                                 # one block per key (a valid block in a segment is hashed)
+                deque(map(primary.__delitem__, map(key.pop, valid)), 0)
+                self.evicted += len(valid)
+            out.extend(valid)
+            n -= len(valid)
+            if not blocks:
+                segments.popleft()
+        return out
+
     def _compact(self) -> None:
         stamp = self.stamp
         kept = deque()
@@ -317,7 +356,7 @@ class SequentialVllmPool:
         if tenant is not None or self.track_owners:
             self.track_owners = True
             self.cross_tenant_hits += nh - list(map(self.owner.get, hits)).count(tenant)
-        new = [self._take() for _ in range(total - nh)]
+        new = self._take_many(total - nh)
         full = len(keys)
         new_full = new[:full - nh]
         new_keys = keys[nh:full]

@@ -16,8 +16,10 @@ limits the hit rate.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
+from operator import sub
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -167,6 +169,130 @@ def optimal_hits(kt: KeyedTrace, capacity_blocks: int, *, warmup: int = 0) -> in
     return hit_tokens
 
 
+# ---------------------------------------------------------------------------------------------- stack
+
+
+_CHUNK = 12          # dead slots are counted per chunk of 2**12 slots
+
+
+@dataclass
+class _Stack:
+    """What one pass of the LRU stack leaves: hits at every capacity below ``exact_below``."""
+
+    counted: list        # sorted thresholds of the counted requests: a block hits at capacity C iff threshold <= C
+    every: list          # the same for all requests (warm-up included), for the eviction count
+    exact_below: float   # capacities from here on hold duplicate blocks: replayed instead
+    used_unbounded: int  # block slots an unbounded pool takes: the no-eviction ceiling
+    total_blocks: int    # sum of ceil(L / block_size)
+    prepended_pops: int  # partial tail blocks taken back by the next request
+    unbounded_hits: int  # hit blocks of the counted requests with no eviction (the ceiling)
+
+
+def _stack_pass(kt: KeyedTrace, skip: int) -> _Stack | None:
+    """Mattson's LRU stack over block keys, exact for vLLM's sequential rules; None where it does not apply.
+
+    Between requests the pool holds, newest first, the full blocks ordered by (request, -position) (a
+    request frees tail first), and after request r at capacity C exactly the newest ``C - u_r`` of them,
+    ``u_r = 1`` when r left a partial block at the front of the free queue (the next request takes it back
+    before anything is evicted). That order does not depend on C: a block computed again gets the same place
+    as a block hit. So a block of request r hits at capacity C iff every block before it in the request has
+    stack depth ``<= C - u_{r-1}``: one threshold per block (the prefix maximum of the depths, plus u).
+
+    Only the ``L - 1`` cap breaks this: a block-aligned request whose blocks are all cached recomputes its
+    last block, and vLLM keeps both copies (the older one stays the one hits use). From the smallest capacity
+    where that happens (``exact_below``) the caller replays. Keys that are not prefix-chained (a key seen
+    before after an unseen one; Mooncake ids can be anything) make the pass return None.
+    """
+    bs = kt.block_size
+    last: dict = {}                   # key -> slot of its latest touch
+    dead = bytearray()                # slot -> 1 once its key was touched again
+    per_chunk: list[int] = []         # dead slots per chunk
+    dead_total = 0
+    slots = 0
+    counted: list[int] = []
+    every: list[int] = []
+    exact_below = math.inf
+    used_unbounded = prepended_unbounded = 0
+    total_blocks = pops = unbounded_hits = 0
+    u_prev = 0
+
+    def dead_upto(t: int) -> int:     # dead slots <= t
+        c = t >> _CHUNK
+        return sum(per_chunk[:c]) + dead.count(1, c << _CHUNK, t + 1)
+
+    for r, req in enumerate(kt.requests):
+        keys = req.hash_ids
+        n = len(keys)
+        length = req.prompt_tokens
+        total = -(-length // bs)
+        total_blocks += total
+        limit = min(n, (length - 1) // bs)
+        prev = list(map(last.get, keys))
+        try:
+            h = prev.index(None)
+        except ValueError:
+            h = n
+        if (h < n and prev.count(None) != n - h) or len(set(keys)) != n:
+            return None                                    # not prefix-chained
+        m = min(h, limit + 1)                              # depths needed: the hits, and the capped block
+        thresholds: list[int] = []
+        if m:
+            seen = prev[:m]
+            t = seen[0]
+            d = slots - t - (dead_total - dead_upto(t))    # newest first: depth 1 is the latest touch
+            # runs of consecutive slots (blocks last touched together, in order) deepen by one per block
+            steps = list(map(sub, seen, prev[1:m]))
+            if min(steps, default=1) < 1:
+                return None                                # a later block touched before an earlier one
+            start = 0
+            for p in [i for i, x in enumerate(steps, 1) if x != 1]:
+                thresholds.extend(range(d + u_prev, d + u_prev + p - start))
+                d += p - start - 1
+                t, t_next = seen[p - 1], seen[p]
+                gap = t - t_next - 1                       # blocks touched since, alive or dead, in between
+                if gap < 4096:
+                    d += 1 + gap - dead.count(1, t_next + 1, t)
+                else:
+                    d += 1 + gap - (dead_upto(t - 1) - dead_upto(t_next))
+                start = p
+            thresholds.extend(range(d + u_prev, d + u_prev + m - start))
+            if m > limit:                                  # the L - 1 cap recomputes a cached block
+                exact_below = min(exact_below, thresholds.pop())
+        every.extend(thresholds)
+        if r >= skip:
+            counted.extend(thresholds)
+        hits_unbounded = min(h, limit)
+        if r >= skip:
+            unbounded_hits += hits_unbounded
+        need = total - hits_unbounded
+        taken = min(prepended_unbounded, need)
+        used_unbounded += need - taken
+        pops += u_prev
+        u_prev = 1 if length % bs else 0
+        prepended_unbounded += u_prev - taken
+        # the base stack: earlier touches of these keys die, the request's blocks are the newest slots
+        if h:
+            lo, hi = prev[h - 1], prev[0]
+            if hi - lo + 1 == h:                           # one run of slots (the usual case): in bulk
+                dead[lo:hi + 1] = b"\x01" * h
+                for c in range(lo >> _CHUNK, (hi >> _CHUNK) + 1):
+                    per_chunk[c] += min(hi, ((c + 1) << _CHUNK) - 1) - max(lo, c << _CHUNK) + 1
+            else:
+                for t in prev[:h]:
+                    dead[t] = 1
+                    per_chunk[t >> _CHUNK] += 1
+        dead_total += h
+        last.update(zip(keys, range(slots + n - 1, slots - 1, -1)))
+        slots += n
+        dead.extend(bytes(n))
+        while len(per_chunk) <= (slots >> _CHUNK):
+            per_chunk.append(0)
+    counted.sort()
+    every.sort()
+    return _Stack(counted=counted, every=every, exact_below=exact_below, used_unbounded=used_unbounded,
+                  total_blocks=total_blocks, prepended_pops=pops, unbounded_hits=unbounded_hits)
+
+
 # ---------------------------------------------------------------------------------------------- curve
 
 
@@ -198,6 +324,7 @@ class CurveReport:
     concurrency: int
     points: tuple[CurvePoint, ...]
     optimal: bool = False
+    replayed_points: int = 0             # points replayed one by one (the rest come from the one stack pass)
     notes: tuple[str, ...] = ()
 
 
@@ -209,26 +336,41 @@ def capacity_curve(kt: KeyedTrace, capacities: Sequence[int] | None = None, *, p
     skip = resolve_warmup(warmup, n)
     if skip >= n:
         raise UsageError(f"`warmup` covers all {n} requests: nothing is left to count")
-    ceiling = no_eviction_capacity(kt)
+    stack = _stack_pass(kt, skip) if concurrency == 1 else None
+    ceiling = max(stack.used_unbounded, kt.min_capacity_blocks) if stack else no_eviction_capacity(kt)
     if capacities is None:
         capacities = curve_capacities(kt.min_capacity_blocks, ceiling, points)
     elif any(c < 1 for c in capacities):
         raise UsageError("`capacity_blocks` must be at least one block")
     counted = kt.requests[skip:]
     query = sum(r.prompt_tokens for r in counted)
-    inf = simulate(kt.requests, policy="infinite", block_size=kt.block_size, source=source, warmup=skip)
+    if stack is not None:
+        ceiling_rate = stack.unbounded_hits * kt.block_size / query if query else None
+    else:
+        ceiling_rate = simulate(kt.requests, policy="infinite", block_size=kt.block_size, source=source,
+                                warmup=skip).hit_rate
     out = []
+    replayed = 0
     for cap in capacities:
         tokens = cap * kt.block_size
         if cap < kt.min_capacity_blocks:
             out.append(CurvePoint(capacity_blocks=cap, capacity_tokens=tokens, fits=False, hit_tokens=None,
                                   hit_rate=None, evicted_blocks=None))
             continue
-        rep = simulate(kt.requests, policy="vllm", block_size=kt.block_size, capacity_blocks=cap,
-                       concurrency=concurrency, decode_s_per_token=decode_s_per_token, source=source, warmup=skip)
+        if stack is not None and cap < stack.exact_below:
+            hit_tokens = bisect.bisect_right(stack.counted, cap) * kt.block_size
+            every = bisect.bisect_right(stack.every, cap)
+            evicted = stack.total_blocks - every - stack.prepended_pops - min(cap, stack.used_unbounded)
+            hit_rate = hit_tokens / query if query else None
+        else:
+            rep = simulate(kt.requests, policy="vllm", block_size=kt.block_size, capacity_blocks=cap,
+                           concurrency=concurrency, decode_s_per_token=decode_s_per_token, source=source,
+                           warmup=skip)
+            hit_tokens, hit_rate, evicted = int(rep.hit_tokens), rep.hit_rate, rep.evicted_blocks
+            replayed += 1
         opt = optimal_hits(kt, cap, warmup=skip) if optimal else None
-        out.append(CurvePoint(capacity_blocks=cap, capacity_tokens=tokens, fits=True, hit_tokens=int(rep.hit_tokens),
-                              hit_rate=rep.hit_rate, evicted_blocks=rep.evicted_blocks, optimal_hit_tokens=opt,
+        out.append(CurvePoint(capacity_blocks=cap, capacity_tokens=tokens, fits=True, hit_tokens=hit_tokens,
+                              hit_rate=hit_rate, evicted_blocks=evicted, optimal_hit_tokens=opt,
                               optimal_hit_rate=None if opt is None else (opt / query if query else None)))
     notes = []
     small = [p.capacity_blocks for p in out if not p.fits]
@@ -238,6 +380,9 @@ def capacity_curve(kt: KeyedTrace, capacities: Sequence[int] | None = None, *, p
                      f"{kt.min_capacity_blocks} blocks of {kt.block_size}")
     if skip:
         notes.append(f"the first {skip} requests warmed the cache and are not counted")
+    if replayed and stack is not None:
+        notes.append(f"from {int(stack.exact_below):,} blocks the L - 1 cap leaves duplicate blocks in the cache: "
+                     f"{replayed} point{'s' if replayed > 1 else ''} replayed one by one (exact, slower)")
     if optimal:
         notes.append("optimal: an offline bound (Belady: evict the block used again farthest in the future) under "
                      "the same block rules, requests one at a time; no real server can know the future")
@@ -249,6 +394,6 @@ def capacity_curve(kt: KeyedTrace, capacities: Sequence[int] | None = None, *, p
     return CurveReport(block_size=kt.block_size, requests=n, warmup_requests=skip, counted_requests=n - skip,
                        query_tokens=query, min_capacity_blocks=kt.min_capacity_blocks,
                        min_capacity_line=kt.min_capacity_line, ceiling_capacity_blocks=ceiling,
-                       ceiling_hit_rate=inf.hit_rate, concurrency=concurrency, points=tuple(out), optimal=optimal,
+                       ceiling_hit_rate=ceiling_rate, concurrency=concurrency, points=tuple(out), optimal=optimal, replayed_points=replayed,
                        notes=tuple(notes))
 
