@@ -656,7 +656,11 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
     rows: list[RequestHit] = []
     total = _Tally()
     notes: list[str] = []
-    seq_pool = SequentialVllmPool(capacity_blocks, block_size) if policy == "vllm" and concurrency == 1 else None
+    seq_pool = None
+    if policy == "vllm" and concurrency == 1:
+        from .prefix_lru import LruKeyPool
+
+        seq_pool = LruKeyPool(capacity_blocks, block_size)
     pool = VllmBlockPool(capacity_blocks, block_size) if policy == "vllm" and concurrency > 1 else None
     inf = InfiniteCache(block_size) if policy == "infinite" else None
     cap_tokens = capacity_blocks * block_size if capacity_blocks is not None else None
