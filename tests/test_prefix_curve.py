@@ -369,3 +369,20 @@ def test_unchained_hash_ids_fall_back_to_replays():
     rep = capacity_curve(kt, [3, 4, 6])
     for p in rep.points:
         assert p.hit_tokens == simulate(rs, block_size=512, capacity_blocks=p.capacity_blocks).hit_tokens
+
+
+def test_cli_mooncake_fixture_curve_points_equal_single_runs(cli):
+    import json
+
+    from .conftest import FIXTURES
+
+    trace = FIXTURES / "traces" / "mooncake_conv.jsonl"
+    d = json.loads(cli("simulate-prefix", trace, "--block-size", "512", "--curve", "--curve-points", "5",
+                       "-f", "json").stdout)
+    c = d["curves"][0]
+    assert c["requests"] == 1500 and c["replayed_points"] == 0
+    for p in d["sweep"][:3]:
+        one = json.loads(cli("simulate-prefix", trace, "--block-size", "512", "--capacity-blocks",
+                             p["capacity_blocks"], "-f", "json").stdout)
+        assert (one["hit_tokens"], one["evicted_blocks"]) == (p["hit_tokens"], p["evicted_blocks"])
+    assert d["sweep"][-1]["hit_rate"] == c["ceiling_hit_rate"]
