@@ -42,18 +42,11 @@ def timed(cmd: list[str]) -> tuple[float, str]:
 
 
 def peak_rss(cmd: list[str]) -> int:
-    """Peak RSS in MiB of one run of cmd (a fresh child, measured through /usr/bin/time-free wait4)."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
-        os.chdir(ROOT)
-        fd = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.execve(sys.executable, cmd, ENV)
-    _, status, usage = os.wait4(pid, 0)
-    if status:
-        raise SystemExit(f"{cmd} failed")
-    return usage.ru_maxrss // 1024
+    """Peak RSS in MiB of one run of cmd, as GNU time reports it."""
+    proc = subprocess.run(["/usr/bin/time", "-f", "%M", *cmd], capture_output=True, cwd=ROOT, env=ENV)
+    if proc.returncode:
+        raise SystemExit(f"{cmd} failed: {proc.stderr.decode()[-500:]}")
+    return int(proc.stderr.decode().strip().splitlines()[-1]) // 1024
 
 
 def main() -> None:
@@ -66,8 +59,10 @@ def main() -> None:
         trace = Path(tmp) / "trace.jsonl"
         tokens = make_trace(trace, args.requests)
         half = Path(tmp) / "half.jsonl"
-        lines = trace.read_bytes().splitlines(keepends=True)
-        half.write_bytes(b"".join(lines[:len(lines) // 2]))
+        with trace.open("rb") as src, half.open("wb") as dst:
+            for i, line in enumerate(src):
+                if i < args.requests // 2:
+                    dst.write(line)
         py = sys.executable
 
         def cmds(path: Path) -> dict[str, list[str]]:

@@ -158,6 +158,7 @@ def command(
         raise typer.Exit(EXIT_OK)
     if per_request:
         raise UsageError("--per-request lists one replay: drop it from sweeps")
+    skip = 0
     if policy == "vllm":
         from ..engines import prefix_curve
 
@@ -199,6 +200,8 @@ def command(
         emit_json(result)
     else:
         _render_sweep(runs, policy, curves, "curve" if curve else "sweep")
+        if not curves and skip:
+            stdout.print(f"note: the first {skip} requests warmed the cache and are not counted", markup=False)
         _generation_note(tok)
     raise typer.Exit(EXIT_OK)
 

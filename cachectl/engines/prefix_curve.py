@@ -5,7 +5,7 @@ salt folded in), its length, tenant and timing, as a pre-keyed :class:`~cachectl
 whose ``hash_ids`` are those keys. Every capacity is then replayed from that store by the one engine,
 :func:`cachectl.engines.prefix.simulate`, so a point of the curve is, by construction, the single-capacity
 replay at that capacity (the tests check it against the naive reference too). Memory is one key per full
-block (8 bytes plus the list slot), not one per token.
+block (8 bytes where keys are 64-bit integers), not one per token.
 
 :func:`optimal_hits` is an offline bound at the same capacity and under the same block rules (full blocks
 only, chained keys, stop at the first miss, the ``L - 1`` cap, ``ceil(L / block_size)`` blocks held while a
@@ -17,6 +17,7 @@ limits the hit rate.
 from __future__ import annotations
 
 import bisect
+from array import array
 import heapq
 import math
 from operator import sub
@@ -59,6 +60,10 @@ def key_trace(requests: Iterable[TraceRequest], block_sizes: Sequence[int], *, h
                 raise UsageError(f"{source}: hash_ids cover {req.hash_block_size}-token blocks; run with "
                                  f"`block_size` {req.hash_block_size} (they cannot be split)")
             keys = request_keys(req, bs, hash_fn)
+            try:  # 8 bytes a key where they are 64-bit integers (the builtin hash, Mooncake ids)
+                keys = array("q", keys)
+            except (TypeError, OverflowError):
+                pass
             stores[bs].append(TraceRequest(index=req.index, line=req.line, prompt_tokens=req.prompt_tokens,
                                            hash_ids=keys, hash_block_size=bs, tenant=req.tenant,
                                            timestamp=req.timestamp, output_tokens=req.output_tokens))
