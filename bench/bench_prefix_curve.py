@@ -8,6 +8,8 @@ times, interleaved, process start included, median of --runs:
   curve     cachectl simulate-prefix TRACE --curve --format json   (32 capacities, minimum to ceiling)
 and the peak RSS of `single` and `curve` on the trace and on its first half (memory against trace length).
 Targets (issue 13): single >= 1.3x faster than naive; curve <= 2.5x single; memory flat in trace length.
+With --mooncake N (default 12,000), the same for a Mooncake-style hash_ids trace of N requests
+(fixtures/make_mooncake_trace.py, 512-token blocks): one capacity, a 5-point --sweep-capacity, --curve.
 
     python bench/bench_prefix_curve.py [--requests 4800] [--runs 5]
 """
@@ -54,6 +56,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=4800)
     ap.add_argument("--capacity-blocks", type=int, default=20_000)
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--mooncake", type=int, default=12_000, help="requests of the Mooncake-style trace (0: skip)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.jsonl"
@@ -96,6 +99,40 @@ def main() -> None:
           f"{len(json.loads(outs['cachectl --curve (32 points)'])['sweep'])}")
     print(f"hit rate at {args.capacity_blocks} blocks: naive (LRU, no vLLM rules) {float(outs['naive seed']):.4f}, "
           f"cachectl {json.loads(outs['cachectl, one capacity'])['hit_rate']:.4f}")
+
+
+    if args.mooncake:
+        mooncake(args.mooncake, args.runs)
+
+
+def mooncake(requests: int, runs: int) -> None:
+    sys.path.insert(0, str(ROOT / "fixtures"))
+    from make_mooncake_trace import build
+
+    py = sys.executable
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "mooncake.jsonl"
+        build(requests, out=trace)
+        base = [py, "-m", "cachectl", "simulate-prefix", str(trace), "--block-size", "512", "--format", "json"]
+        cmds = {
+            "one capacity (500 blocks)": base + ["--capacity-blocks", "500"],
+            "5-point sweep": base + ["--sweep-capacity", "250,500,1000,2000,4000"],
+            "--curve (32 points)": base + ["--curve"],
+        }
+        outs = {name: timed(cmd)[1] for name, cmd in cmds.items()}
+        times: dict[str, list[float]] = {k: [] for k in cmds}
+        for _ in range(runs):
+            for name, cmd in cmds.items():
+                times[name].append(timed(cmd)[0])
+    med = {k: statistics.median(v) for k, v in times.items()}
+    one = med["one capacity (500 blocks)"]
+    curve = json.loads(outs["--curve (32 points)"])["curves"][0]
+    print(f"\nMooncake-style trace: {requests} requests, {curve['query_tokens']:,} prompt tokens in 512-token "
+          f"hash_ids blocks; minimum {curve['min_capacity_blocks']} blocks, ceiling "
+          f"{curve['ceiling_capacity_blocks']:,}; {runs} interleaved runs, median")
+    for name, m in med.items():
+        runs_s = " ".join(f"{t:.2f}" for t in times[name])
+        print(f"{name:<32}{m:>9.3f}{runs_s:>40}{m / one:>8.2f}x one capacity")
 
 
 if __name__ == "__main__":
