@@ -43,6 +43,7 @@ class KeyedTrace:
     min_capacity_blocks: int          # blocks the largest request holds: the smallest capacity that works
     min_capacity_line: int | None     # the line of the (first) largest request
     query_tokens: int
+    unbounded_blocks: int = 0         # block slots a pool of unbounded size takes: no eviction from there on
 
 
 def key_trace(requests: Iterable[TraceRequest], block_sizes: Sequence[int], *, hash_fn: str = "builtin",
@@ -52,6 +53,8 @@ def key_trace(requests: Iterable[TraceRequest], block_sizes: Sequence[int], *, h
         raise UsageError("`block_size` must be at least 1")
     stores: dict[int, list] = {bs: [] for bs in block_sizes}
     largest = {bs: (0, None) for bs in block_sizes}
+    # an unbounded pool, per block size: keys seen, a partial block waiting at the front, slots taken
+    unbounded = {bs: [set(), 0, 0] for bs in block_sizes}
     query = 0
     for req in requests:
         query += req.prompt_tokens
@@ -70,12 +73,21 @@ def key_trace(requests: Iterable[TraceRequest], block_sizes: Sequence[int], *, h
             need = -(-req.prompt_tokens // bs)
             if need > largest[bs][0]:
                 largest[bs] = (need, req.line)
+            state = unbounded[bs]
+            limit = min(len(keys), (req.prompt_tokens - 1) // bs)
+            present = list(map(state[0].__contains__, keys[:limit]))
+            hits = present.index(False) if False in present else limit
+            taken = min(state[1], need - hits)
+            state[2] += need - hits - taken
+            state[1] += (1 if req.prompt_tokens % bs else 0) - taken
+            state[0].update(keys)
     if not query and not any(stores.values()):
         from ..errors import InputError
 
         raise InputError("the trace has no requests", source=source)
     return {bs: KeyedTrace(block_size=bs, requests=tuple(stores[bs]), min_capacity_blocks=largest[bs][0],
-                           min_capacity_line=largest[bs][1], query_tokens=query) for bs in block_sizes}
+                           min_capacity_line=largest[bs][1], query_tokens=query,
+                           unbounded_blocks=max(unbounded[bs][2], largest[bs][0])) for bs in block_sizes}
 
 
 def resolve_warmup(warmup: float | int | None, n_requests: int) -> int:
@@ -182,18 +194,50 @@ _CHUNK = 12          # dead slots are counted per chunk of 2**12 slots
 
 @dataclass
 class _Stack:
-    """What one pass of the LRU stack leaves: hits at every capacity below ``exact_below``."""
+    """What one pass of the LRU stack leaves: hits at the capacities it tracked."""
 
     counted: list        # sorted thresholds of the counted requests: a block hits at capacity C iff threshold <= C
     every: list          # the same for all requests (warm-up included), for the eviction count
-    exact_below: float   # capacities from here on hold duplicate blocks: replayed instead
-    used_unbounded: int  # block slots an unbounded pool takes: the no-eviction ceiling
+    corrections: dict    # capacity -> [counted, every] hit blocks to add where duplicate blocks shifted depths
     total_blocks: int    # sum of ceil(L / block_size)
     prepended_pops: int  # partial tail blocks taken back by the next request
     unbounded_hits: int  # hit blocks of the counted requests with no eviction (the ceiling)
 
+    def hit_blocks(self, capacity: int, counted: bool = True) -> int:
+        base = bisect.bisect_right(self.counted if counted else self.every, capacity)
+        return base + self.corrections.get(capacity, (0, 0))[0 if counted else 1]
 
-def _stack_pass(kt: KeyedTrace, skip: int) -> _Stack | None:
+
+class _Duplicates:
+    """The extra blocks vLLM keeps at one capacity after the ``L - 1`` cap recomputed a cached block.
+
+    A key then has several blocks (``entries``, slots in registration order; hits use the first, vLLM's
+    ``get_one_block``); all but its newest are stale slots that still take room: each pushes every older
+    block one place deeper until it is evicted.
+    """
+
+    __slots__ = ("stale", "owner", "entries", "counted", "every")
+
+    def __init__(self) -> None:
+        self.stale: list[int] = []      # sorted slots of stale blocks
+        self.owner: dict = {}           # stale slot -> key
+        self.entries: dict = {}         # key -> slots of its blocks, oldest registered first
+        self.counted = 0                # hit-block corrections against the plain stack
+        self.every = 0
+
+    def newer(self, slot: int) -> int:
+        return len(self.stale) - bisect.bisect_right(self.stale, slot)
+
+    def add(self, slot: int, key) -> None:
+        bisect.insort(self.stale, slot)
+        self.owner[slot] = key
+
+    def drop(self, slot: int) -> None:
+        del self.stale[bisect.bisect_left(self.stale, slot)]
+        del self.owner[slot]
+
+
+def _stack_pass(kt: KeyedTrace, skip: int, capacities: Sequence[int] = ()) -> _Stack | None:
     """Mattson's LRU stack over block keys, exact for vLLM's sequential rules; None where it does not apply.
 
     Between requests the pool holds, newest first, the full blocks ordered by (request, -position) (a
@@ -203,12 +247,14 @@ def _stack_pass(kt: KeyedTrace, skip: int) -> _Stack | None:
     as a block hit. So a block of request r hits at capacity C iff every block before it in the request has
     stack depth ``<= C - u_{r-1}``: one threshold per block (the prefix maximum of the depths, plus u).
 
-    Only the ``L - 1`` cap breaks this: a block-aligned request whose blocks are all cached recomputes its
-    last block, and vLLM keeps both copies (the older one stays the one hits use). From the smallest capacity
-    where that happens (``exact_below``) the caller replays. Keys that are not prefix-chained (a key seen
-    before after an unseen one; Mooncake ids can be anything) make the pass return None.
+    Only the ``L - 1`` cap adds to this: a block-aligned request whose blocks are all cached recomputes its
+    last block, and vLLM keeps both copies. The stale copies are followed per capacity in ``capacities``
+    (:class:`_Duplicates`), which corrects those capacities' hits. Keys that are not prefix-chained (a key
+    seen before after an unseen one; Mooncake ids can be anything) make the pass return None.
     """
     bs = kt.block_size
+    caps = sorted(c for c in set(capacities) if c >= kt.min_capacity_blocks)
+    dups: dict[int, _Duplicates] = {}    # capacities holding stale blocks now
     last: dict = {}                   # key -> slot of its latest touch
     dead = bytearray()                # slot -> 1 once its key was touched again
     per_chunk: list[int] = []         # dead slots per chunk
@@ -216,8 +262,7 @@ def _stack_pass(kt: KeyedTrace, skip: int) -> _Stack | None:
     slots = 0
     counted: list[int] = []
     every: list[int] = []
-    exact_below = math.inf
-    used_unbounded = prepended_unbounded = 0
+    corrections: dict = {}
     total_blocks = pops = unbounded_hits = 0
     u_prev = 0
 
@@ -241,6 +286,7 @@ def _stack_pass(kt: KeyedTrace, skip: int) -> _Stack | None:
             return None                                    # not prefix-chained
         m = min(h, limit + 1)                              # depths needed: the hits, and the capped block
         thresholds: list[int] = []
+        capped = None                                      # the capped block's threshold, when it is cached
         if m:
             seen = prev[:m]
             t = seen[0]
@@ -261,20 +307,57 @@ def _stack_pass(kt: KeyedTrace, skip: int) -> _Stack | None:
                     d += 1 + gap - (dead_upto(t - 1) - dead_upto(t_next))
                 start = p
             thresholds.extend(range(d + u_prev, d + u_prev + m - start))
-            if m > limit:                                  # the L - 1 cap recomputes a cached block
-                exact_below = min(exact_below, thresholds.pop())
+            if m > limit:                                  # the L - 1 cap recomputes this cached block
+                capped = thresholds.pop()
         every.extend(thresholds)
         if r >= skip:
             counted.extend(thresholds)
+        # capacities holding stale copies, and those where this request makes one
+        touched = list(dups)
+        if capped is not None:
+            touched += [c for c in caps[bisect.bisect_left(caps, capped):] if c not in dups]
+        pos = None
+        for cap in touched:
+            dup = dups.get(cap)
+            base = bisect.bisect_right(thresholds, cap)
+            if dup is None:
+                hits = base
+                makes = True                               # listed above: capped <= cap
+                dup = dups[cap] = _Duplicates()
+            else:
+                lo, hi = 0, len(thresholds)                # first block deeper than cap, stale copies counted
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if thresholds[mid] + dup.newer(prev[mid]) <= cap:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                hits = lo
+                makes = capped is not None and capped + dup.newer(prev[limit]) <= cap
+                dup.every += hits - base
+                if r >= skip:
+                    dup.counted += hits - base
+                if dup.entries and hits:
+                    if pos is None:
+                        pos = dict(zip(keys, range(n)))
+                    for k in dup.entries.keys() & set(keys[:hits]):
+                        p = pos[k]
+                        blocks = dup.entries[k]
+                        newest = prev[p]
+                        if blocks[0] != newest:            # the hit uses the oldest copy, a stale one
+                            dup.drop(blocks[0])
+                            dup.add(newest, k)
+                        blocks[0] = slots + n - 1 - p
+            if makes:
+                k = keys[limit]
+                old = prev[limit]
+                dup.entries.setdefault(k, [old]).append(slots + n - 1 - limit)
+                dup.add(old, k)
         hits_unbounded = min(h, limit)
         if r >= skip:
             unbounded_hits += hits_unbounded
-        need = total - hits_unbounded
-        taken = min(prepended_unbounded, need)
-        used_unbounded += need - taken
         pops += u_prev
         u_prev = 1 if length % bs else 0
-        prepended_unbounded += u_prev - taken
         # the base stack: earlier touches of these keys die, the request's blocks are the newest slots
         if h:
             lo, hi = prev[h - 1], prev[0]
@@ -292,10 +375,32 @@ def _stack_pass(kt: KeyedTrace, skip: int) -> _Stack | None:
         dead.extend(bytes(n))
         while len(per_chunk) <= (slots >> _CHUNK):
             per_chunk.append(0)
+        # stale copies beyond the newest C - u blocks are gone (the oldest first)
+        for cap in list(dups):
+            dup = dups[cap]
+            room = cap - u_prev
+            while dup.stale:
+                s = dup.stale[0]
+                alive_above = slots - 1 - s - (dead_total - dead_upto(s))
+                if alive_above + len(dup.stale) <= room:   # its depth: alive above, the other stales, itself
+                    break
+                k = dup.owner[s]
+                dup.drop(s)
+                blocks = dup.entries[k]
+                blocks.remove(s)
+                if len(blocks) == 1:
+                    del dup.entries[k]
+            if not dup.stale:
+                corrections[cap] = [corrections.get(cap, [0, 0])[0] + dup.counted,
+                                    corrections.get(cap, [0, 0])[1] + dup.every]
+                del dups[cap]
+    for cap, dup in dups.items():
+        corrections[cap] = [corrections.get(cap, [0, 0])[0] + dup.counted,
+                            corrections.get(cap, [0, 0])[1] + dup.every]
     counted.sort()
     every.sort()
-    return _Stack(counted=counted, every=every, exact_below=exact_below, used_unbounded=used_unbounded,
-                  total_blocks=total_blocks, prepended_pops=pops, unbounded_hits=unbounded_hits)
+    return _Stack(counted=counted, every=every, corrections=corrections, total_blocks=total_blocks,
+                  prepended_pops=pops, unbounded_hits=unbounded_hits)
 
 
 # ---------------------------------------------------------------------------------------------- curve
@@ -341,12 +446,12 @@ def capacity_curve(kt: KeyedTrace, capacities: Sequence[int] | None = None, *, p
     skip = resolve_warmup(warmup, n)
     if skip >= n:
         raise UsageError(f"`warmup` covers all {n} requests: nothing is left to count")
-    stack = _stack_pass(kt, skip) if concurrency == 1 else None
-    ceiling = max(stack.used_unbounded, kt.min_capacity_blocks) if stack else no_eviction_capacity(kt)
+    ceiling = kt.unbounded_blocks
     if capacities is None:
         capacities = curve_capacities(kt.min_capacity_blocks, ceiling, points)
     elif any(c < 1 for c in capacities):
         raise UsageError("`capacity_blocks` must be at least one block")
+    stack = _stack_pass(kt, skip, capacities) if concurrency == 1 else None
     counted = kt.requests[skip:]
     query = sum(r.prompt_tokens for r in counted)
     if stack is not None:
@@ -362,10 +467,10 @@ def capacity_curve(kt: KeyedTrace, capacities: Sequence[int] | None = None, *, p
             out.append(CurvePoint(capacity_blocks=cap, capacity_tokens=tokens, fits=False, hit_tokens=None,
                                   hit_rate=None, evicted_blocks=None))
             continue
-        if stack is not None and cap < stack.exact_below:
-            hit_tokens = bisect.bisect_right(stack.counted, cap) * kt.block_size
-            every = bisect.bisect_right(stack.every, cap)
-            evicted = stack.total_blocks - every - stack.prepended_pops - min(cap, stack.used_unbounded)
+        if stack is not None:
+            hit_tokens = stack.hit_blocks(cap) * kt.block_size
+            every = stack.hit_blocks(cap, counted=False)
+            evicted = stack.total_blocks - every - stack.prepended_pops - min(cap, kt.unbounded_blocks)
             hit_rate = hit_tokens / query if query else None
         else:
             rep = simulate(kt.requests, policy="vllm", block_size=kt.block_size, capacity_blocks=cap,
@@ -385,9 +490,9 @@ def capacity_curve(kt: KeyedTrace, capacities: Sequence[int] | None = None, *, p
                      f"{kt.min_capacity_blocks} blocks of {kt.block_size}")
     if skip:
         notes.append(f"the first {skip} requests warmed the cache and are not counted")
-    if replayed and stack is not None:
-        notes.append(f"from {int(stack.exact_below):,} blocks the L - 1 cap leaves duplicate blocks in the cache: "
-                     f"{replayed} point{'s' if replayed > 1 else ''} replayed one by one (exact, slower)")
+    if replayed and concurrency == 1:
+        notes.append(f"the hash_ids are not prefix-chained: {replayed} point{'s' if replayed > 1 else ''} "
+                     "replayed one by one (exact, slower)")
     if optimal:
         notes.append("optimal: an offline bound (Belady: evict the block used again farthest in the future) under "
                      "the same block rules, requests one at a time; no real server can know the future")
