@@ -374,3 +374,14 @@ def test_cli_mooncake_fixture_curve_points_equal_single_runs(cli):
                              p["capacity_blocks"], "-f", "json").stdout)
         assert (one["hit_tokens"], one["evicted_blocks"]) == (p["hit_tokens"], p["evicted_blocks"])
     assert d["sweep"][-1]["hit_rate"] == c["ceiling_hit_rate"]
+
+
+def test_cli_single_run_too_small_names_the_true_minimum(cli, write):
+    rows = [{"tokens": list(range(40))}, {"tokens": list(range(200))}, {"tokens": list(range(500))},
+            {"tokens": list(range(30))}]
+    path = _trace(write, rows)
+    r = cli("simulate-prefix", path, "--capacity-blocks", "5")
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1
+    # the first request that does not fit needs 13 blocks, but the largest (line 3) needs 32
+    assert "at least 13" in r.stderr and "the whole trace needs 32 blocks of 16 (its largest request, line 3)" \
+        in r.stderr

@@ -140,12 +140,20 @@ def command(
     if optimal and not (curve or caps):
         raise UsageError("--optimal draws the bound beside a curve: add --curve or --sweep-capacity")
     if len(sizes) == 1 and not caps and not curve:
-        if isinstance(warm, float) and warm < 1:  # a share: count the requests first (kept in memory once)
-            requests = list(read(f"{policy} bs={sizes[0]}"))
-            report = run(requests, sizes[0], capacity_for(sizes[0]), per_request,
-                         _resolve_warmup(warm, len(requests)))
-        else:
-            report = run(read(f"{policy} bs={sizes[0]}"), sizes[0], capacity_for(sizes[0]), per_request, int(warm or 0))
+        bs, cap = sizes[0], capacity_for(sizes[0])
+        largest = _Largest(read(f"{policy} bs={bs}"), bs)
+        try:
+            if isinstance(warm, float) and warm < 1:  # a share: count the requests first (kept in memory once)
+                requests = list(largest)
+                report = run(requests, bs, cap, per_request, _resolve_warmup(warm, len(requests)))
+            else:
+                report = run(largest, bs, cap, per_request, int(warm or 0))
+        except prefix.CapacityError as exc:
+            if policy != "vllm" or cap is None:
+                raise
+            largest.drain()                        # read on: the true minimum is the largest request's
+            raise UsageError(f"{exc}; the whole trace needs {largest.need:,} blocks of {bs} (its largest request, "
+                             f"line {largest.line}): --capacity-blocks {largest.need} or more, or --curve") from None
         if plot:
             raise UsageError("--plot draws sweeps: add --curve, --sweep-capacity and/or --sweep-block-size")
         if fmt is Format.json:
@@ -204,6 +212,29 @@ def command(
             stdout.print(f"note: the first {skip} requests warmed the cache and are not counted", markup=False)
         _generation_note(tok)
     raise typer.Exit(EXIT_OK)
+
+
+class _Largest:
+    """Requests passed through, remembering the one that needs the most blocks (and its line)."""
+
+    def __init__(self, requests, block_size: int):
+        self._it = iter(requests)
+        self._bs = block_size
+        self.need, self.line = 0, None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        r = next(self._it)
+        need = -(-r.prompt_tokens // self._bs)
+        if need > self.need:
+            self.need, self.line = need, r.line
+        return r
+
+    def drain(self) -> None:
+        for _ in self:
+            pass
 
 
 class _ChatAware:
