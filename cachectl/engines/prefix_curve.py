@@ -2,10 +2,11 @@
 
 The trace is read and keyed once (:func:`key_trace`): each request keeps only its chained block keys (the
 salt folded in), its length, tenant and timing, as a pre-keyed :class:`~cachectl.engines.prefix.TraceRequest`
-whose ``hash_ids`` are those keys. Every capacity is then replayed from that store by the one engine,
-:func:`cachectl.engines.prefix.simulate`, so a point of the curve is, by construction, the single-capacity
-replay at that capacity (the tests check it against the naive reference too). Memory is one key per full
-block (8 bytes where keys are 64-bit integers), not one per token.
+whose ``hash_ids`` are those keys. One LRU-stack pass over that store (:func:`_stack_pass`) then gives the
+hits at every capacity of the curve at once, exact for vLLM's rules with requests one at a time; with
+``concurrency`` > 1, or keys that are not prefix-chained, each capacity is replayed from the store by the one
+engine, :func:`cachectl.engines.prefix.simulate`. The tests check every point against the naive reference
+replay. Memory is one key per full block (8 bytes where keys are 64-bit integers), not one per token.
 
 :func:`optimal_hits` is an offline bound at the same capacity and under the same block rules (full blocks
 only, chained keys, stop at the first miss, the ``L - 1`` cap, ``ceil(L / block_size)`` blocks held while a
