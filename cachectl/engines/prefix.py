@@ -269,28 +269,9 @@ class SequentialVllmPool:
             if not self.dups[k]:
                 del self.dups[k]
 
-    def _take(self) -> int:
-        if self.prepended:
-            return self.prepended.pop()
-        if self.fresh < self.capacity:
-            self.fresh += 1
-            return self.fresh - 1
-        stamp, segments = self.stamp, self.segments
-        while True:
-            seg = segments[0]
-            blocks = seg[1]
-            while blocks:
-                b = blocks.pop()
-                self.entries -= 1
-                if stamp.get(b) == seg[0]:  # valid: not touched since, not in use now
-                    del stamp[b]
-                    if b in self.key:
-                        self._evict(b)
-                    return b
-            segments.popleft()
-
     def _take_many(self, n: int) -> list[int]:
-        """``n`` blocks in the order :meth:`_take` would give them, evicting in bulk where it can."""
+        """``n`` blocks from the front of the free queue: the prepended, the never used, then the oldest
+        valid entries of the oldest segments (evicting their keys), in bulk."""
         out: list[int] = []
         pre = self.prepended
         while n and pre:
