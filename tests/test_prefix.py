@@ -278,3 +278,27 @@ def test_cli_no_salt_reveals_cross_tenant_sharing(cli):
     assert salted["cross_tenant_shared_blocks"] == 0
     assert open_["cross_tenant_shared_blocks"] > 0 and open_["hit_tokens"] > salted["hit_tokens"]
     assert {t["tenant"] for t in open_["per_tenant"]} == {"acme", "globex"}
+
+
+@given(token_lists, st.sampled_from([1, 2, 4, 16]), st.integers(0, 10),
+       st.lists(st.sampled_from([None, "a", "b"]), min_size=25, max_size=25), st.booleans())
+@settings(max_examples=300, deadline=None)
+def test_both_sequential_pools_equal_the_naive_reference(trace, bs, extra_capacity, salts, repeats):
+    """The key-level LRU (hand-over to blocks on the first duplicate) and the block-level pool, alone."""
+    from cachectl.engines.prefix import SequentialVllmPool, block_keys
+    from cachectl.engines.prefix_lru import LruKeyPool
+
+    if repeats:   # whole repeats: block-aligned ones recompute a cached last block (duplicates, hand-over)
+        trace = [t if i == 0 or i % 3 else list(trace[i // 2]) for i, t in enumerate(trace)]
+    else:         # conversations: extend earlier requests
+        trace = [t if i == 0 or i % 2 else trace[i // 2] + t for i, t in enumerate(trace)]
+    capacity = max(-(-len(t) // bs) for t in trace) + extra_capacity
+    naive = NaiveVllm(capacity, bs)
+    pools = [LruKeyPool(capacity, bs), SequentialVllmPool(capacity, bs)]
+    for i, t in enumerate(trace):
+        expected = naive.run(t, salts[i])
+        keys = block_keys(t, bs, salts[i])
+        assert [p.run(keys, len(t), salts[i]) for p in pools] == [expected, expected]
+    assert [p.evicted for p in pools] == [naive.evicted] * 2
+    assert pools[0].cross_tenant_hits == pools[1].cross_tenant_hits
+    assert pools[0].peak_in_use == pools[1].peak_in_use

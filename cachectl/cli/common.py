@@ -255,7 +255,7 @@ PARAM_FLAGS = {
     "requests": "a REQUESTS.jsonl argument", "hash_block_size": "--hash-block-size", "block_size": "--block-size",
     "capacity_blocks": "--capacity-blocks", "capacity_gib": "--capacity-gib", "policy": "--policy",
     "concurrency": "--concurrency", "recompute_ratio": "--recompute-ratio", "hash": "--hash",
-    "select": "--select", "ignore": "--ignore", "as_kind": "--as",
+    "select": "--select", "ignore": "--ignore", "as_kind": "--as", "warmup": "--warmup",
 }
 
 

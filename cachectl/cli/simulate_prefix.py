@@ -38,7 +38,8 @@ def command(
     capacity_blocks: Annotated[Optional[int], typer.Option("--capacity-blocks", min=1,
                                                            help="Usable KV blocks (vLLM adds one null block).")] = None,
     capacity_gib: Annotated[Optional[float], typer.Option("--capacity-gib", help="KV memory in GiB (needs --model).")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", help="Model directory or config.json, for --capacity-gib.")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="For --capacity-gib: a catalog name, cached HF id, "
+                                                                 "model directory, config.json or .gguf (as kv-inspect).")] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="KV dtype for --capacity-gib: bf16, fp16, fp32, fp8, int4.")] = "bf16",
     policy: Annotated[str, typer.Option("--policy", help="vllm, radix (SGLang), chunk (LMCache/CacheBlend), "
                                                          "infinite (no eviction).")] = "vllm",
@@ -67,6 +68,19 @@ def command(
                                                           help="Capacities in blocks to sweep.")] = None,
     sweep_block_size: Annotated[Optional[str], typer.Option("--sweep-block-size", metavar="B,B,...",
                                                             help="Block sizes to sweep.")] = None,
+    curve: Annotated[bool, typer.Option("--curve", help="The whole hit-rate-vs-capacity curve: about "
+                                                        "--curve-points log-spaced capacities from the smallest "
+                                                        "that fits to the no-eviction ceiling, from one read.")] = False,
+    curve_points: Annotated[int, typer.Option("--curve-points", min=2, help="Points of --curve.")] = 32,
+    optimal: Annotated[bool, typer.Option("--optimal", help="With --curve/--sweep-capacity: also the offline "
+                                                            "optimal bound (Belady) at each capacity.")] = False,
+    warmup: Annotated[Optional[str], typer.Option("--warmup", metavar="N|SHARE",
+                                                  help="Requests that fill the cache but are not counted: a "
+                                                       "number (50) or a share of the trace (0.5).")] = None,
+    no_generation_prompt: Annotated[bool, typer.Option("--no-generation-prompt",
+                                                       help="Tokenize chat requests without the assistant header "
+                                                            "(completion-style logs); by default they are rendered "
+                                                            "as vLLM's chat endpoint does.")] = False,
     per_request: Annotated[bool, typer.Option("--per-request", help="List each request's hit tokens.")] = False,
     plot: Annotated[Optional[str], typer.Option("--plot", metavar="FILE.png",
                                                 help="Draw hit rate against capacity per block size.")] = None,
@@ -81,19 +95,14 @@ def command(
     bytes_per_token = None
     if capacity_gib is not None:
         if model is None:
-            raise UsageError("--capacity-gib needs --model (a model directory or config.json)")
+            raise UsageError("--capacity-gib needs --model (a catalog name, HF id, model directory or config.json)")
         from ..engines.kvmath import kv_shape, resolve_model
 
         config, source, _ = resolve_model(model)
         bytes_per_token = kv_shape(config, dtype, source).bytes_per_token
-    tok = None
-    if tokenizer is not None:
-        from ..tokenization import load_tokenizer
-
-        tok = load_tokenizer(tokenizer)
+    warm = _warmup(warmup)
+    tok = _ChatAware(tokenizer, not no_generation_prompt) if tokenizer is not None else None
     name = "<stdin>" if trace == "-" else trace
-    if trace == "-" and (sweep_capacity or sweep_block_size):
-        raise UsageError("sweeps read the trace once per run: pass a file, not stdin")
 
     def capacity_for(bs: int) -> Optional[int]:
         if bytes_per_token is not None:
@@ -104,47 +113,176 @@ def command(
             return max(1, capacity_blocks * block_size // bs)
         return capacity_blocks
 
-    def run(bs: int, cap: Optional[int], keep_rows: bool):
+    def read(label: str):
+        """The trace's requests, streamed (one read)."""
         records = prefix.trace_records(trace)
         requests = prefix.iter_trace(records, source=name, tokenizer=tok, salt_field=salt_field,
                                      tenant_field=tenant_field, hash_block_size=hash_block_size, no_salt=no_salt,
-                                     as_kind=as_kind.value if as_kind else None)
-        with Progress(f"{policy} bs={bs}") as progress:
-            def counted():
-                for r in requests:
-                    progress.advance()
-                    yield r
-            return prefix.simulate(counted(), policy=policy, block_size=bs, capacity_blocks=cap, hash_fn=hash_fn,
-                                   concurrency=concurrency, decode_s_per_token=decode_ms / 1000.0,
-                                   chunk_size=chunk_size, recompute_ratio=recompute_ratio, per_request=keep_rows,
-                                   source=name)
+                                     as_kind=as_kind.value if as_kind else None,
+                                     add_generation_prompt=not no_generation_prompt)
+        with Progress(label) as progress:
+            for r in requests:
+                progress.advance()
+                yield r
+
+    def run(requests, bs: int, cap: Optional[int], keep_rows: bool, skip: int):
+        return prefix.simulate(requests, policy=policy, block_size=bs, capacity_blocks=cap, hash_fn=hash_fn,
+                               concurrency=concurrency, decode_s_per_token=decode_ms / 1000.0,
+                               chunk_size=chunk_size, recompute_ratio=recompute_ratio, per_request=keep_rows,
+                               source=name, warmup=skip)
 
     sizes = _ints(sweep_block_size, "--sweep-block-size") or [block_size]
     caps = _ints(sweep_capacity, "--sweep-capacity")
-    if len(sizes) == 1 and not caps:
-        report = run(sizes[0], capacity_for(sizes[0]), per_request)
+    if curve and caps:
+        raise UsageError("--curve picks the capacities itself: drop --sweep-capacity (or --curve)")
+    if (curve or optimal) and policy != "vllm":
+        raise UsageError("--curve and --optimal follow the vllm policy's block rules: use --policy vllm")
+    if optimal and not (curve or caps):
+        raise UsageError("--optimal draws the bound beside a curve: add --curve or --sweep-capacity")
+    if len(sizes) == 1 and not caps and not curve:
+        bs, cap = sizes[0], capacity_for(sizes[0])
+        largest = _Largest(read(f"{policy} bs={bs}"), bs)
+        try:
+            if isinstance(warm, float) and warm < 1:  # a share: count the requests first (kept in memory once)
+                requests = list(largest)
+                report = run(requests, bs, cap, per_request, _resolve_warmup(warm, len(requests)))
+            else:
+                report = run(largest, bs, cap, per_request, int(warm or 0))
+        except prefix.CapacityError as exc:
+            if policy != "vllm" or cap is None:
+                raise
+            largest.drain()                        # read on: the true minimum is the largest request's
+            raise UsageError(f"{exc}; the whole trace needs {largest.need:,} blocks of {bs} (its largest request, "
+                             f"line {largest.line}): --capacity-blocks {largest.need} or more, or --curve") from None
         if plot:
-            raise UsageError("--plot draws sweeps: add --sweep-capacity and/or --sweep-block-size")
+            raise UsageError("--plot draws sweeps: add --curve, --sweep-capacity and/or --sweep-block-size")
         if fmt is Format.json:
-            emit_json(report)
+            import dataclasses
+
+            emit_json({**dataclasses.asdict(report), "chat_generation_prompt": tok.used if tok else None})
         else:
             _render(report)
+            _generation_note(tok)
         raise typer.Exit(EXIT_OK)
-    runs = []
-    for bs in sizes:
-        for cap in (caps or [capacity_for(bs)]):
-            r = run(bs, cap, False)
-            runs.append({"block_size": bs, "capacity_blocks": cap, "capacity_tokens": None if cap is None else cap * bs,
-                         "requests": r.requests, "query_tokens": r.query_tokens, "hit_tokens": r.hit_tokens,
-                         "hit_rate": r.hit_rate, "evicted_blocks": r.evicted_blocks})
-    result = {"schema_version": prefix.SCHEMA_VERSION, "policy": policy, "sweep": runs}
+    if per_request:
+        raise UsageError("--per-request lists one replay: drop it from sweeps")
+    skip = 0
+    if policy == "vllm":
+        from ..engines import prefix_curve
+
+        keyed = prefix_curve.key_trace(read("reading and keying"), sizes, hash_fn=hash_fn, source=name)
+        curves = []
+        for bs in sizes:
+            points = None if curve else (caps or [capacity_for(bs)])
+            if points == [None]:
+                raise UsageError("the vllm policy needs --capacity-blocks, --sweep-capacity or --curve")
+            curves.append(prefix_curve.capacity_curve(keyed[bs], points, points=curve_points, warmup=warm,
+                                                      concurrency=concurrency, decode_s_per_token=decode_ms / 1000.0,
+                                                      optimal=optimal, source=name))
+        if not any(p.fits for c in curves for p in c.points):
+            c = curves[0]
+            raise UsageError(f"no capacity holds the largest request ({name}:{c.min_capacity_line}, "
+                             f"{c.min_capacity_blocks} blocks of {c.block_size}): the minimum that works is "
+                             f"{c.min_capacity_blocks} blocks")
+        runs = [{"block_size": c.block_size, "capacity_blocks": p.capacity_blocks,
+                 "capacity_tokens": p.capacity_tokens, "fits": p.fits, "requests": c.counted_requests,
+                 "query_tokens": c.query_tokens, "hit_tokens": p.hit_tokens, "hit_rate": p.hit_rate,
+                 "evicted_blocks": p.evicted_blocks, "optimal_hit_tokens": p.optimal_hit_tokens,
+                 "optimal_hit_rate": p.optimal_hit_rate} for c in curves for p in c.points]
+    else:  # token-level policies: the requests are kept in memory and replayed per point
+        requests = list(read("reading"))
+        skip = _resolve_warmup(warm, len(requests))
+        curves, runs = [], []
+        for bs in sizes:
+            for cap in (caps or [capacity_for(bs)]):
+                r = run(requests, bs, cap, False, skip)
+                runs.append({"block_size": bs, "capacity_blocks": cap,
+                             "capacity_tokens": None if cap is None else cap * bs, "fits": True,
+                             "requests": r.requests, "query_tokens": r.query_tokens, "hit_tokens": r.hit_tokens,
+                             "hit_rate": r.hit_rate, "evicted_blocks": r.evicted_blocks})
+    result = {"schema_version": prefix.SCHEMA_VERSION, "policy": policy, "mode": "curve" if curve else "sweep",
+              "chat_generation_prompt": tok.used if tok else None, "curves": curves, "sweep": runs}
     if plot:
-        _plot(runs, plot, policy)
+        _plot(runs, plot, policy, curves)
     if fmt is Format.json:
         emit_json(result)
     else:
-        _render_sweep(runs, policy)
+        _render_sweep(runs, policy, curves, "curve" if curve else "sweep")
+        if not curves and skip:
+            stdout.print(f"note: the first {skip} requests warmed the cache and are not counted", markup=False)
+        _generation_note(tok)
     raise typer.Exit(EXIT_OK)
+
+
+class _Largest:
+    """Requests passed through, remembering the one that needs the most blocks (and its line)."""
+
+    def __init__(self, requests, block_size: int):
+        self._it = iter(requests)
+        self._bs = block_size
+        self.need, self.line = 0, None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        r = next(self._it)
+        need = -(-r.prompt_tokens // self._bs)
+        if need > self.need:
+            self.need, self.line = need, r.line
+        return r
+
+    def drain(self) -> None:
+        for _ in self:
+            pass
+
+
+class _ChatAware:
+    """The tokenizer, loaded once, that renders chat requests with or without the generation prompt and
+    remembers which it did (``used``: None while no chat request was rendered)."""
+
+    def __init__(self, spec: str, add_generation_prompt: bool):
+        from ..tokenization import load_tokenizer
+
+        self._tok = load_tokenizer(spec)
+        self._gen = add_generation_prompt
+        self.used: Optional[bool] = None
+
+    def tokenize_many(self, prompts, **kwargs):
+        if any(p.is_chat for p in prompts):
+            self.used = self._gen
+        kwargs["add_generation_prompt"] = self._gen
+        return self._tok.tokenize_many(prompts, **kwargs)
+
+
+def _generation_note(tok: Optional[_ChatAware]) -> None:
+    if tok is not None and tok.used is not None:
+        how = ("with the generation prompt, as vLLM's chat endpoint does (--no-generation-prompt for "
+               "completion-style logs)" if tok.used else "without the generation prompt (--no-generation-prompt)")
+        stdout.print(f"note: chat requests tokenized {how}", soft_wrap=True, markup=False)
+
+
+def _warmup(text: Optional[str]):
+    """``--warmup``: 50 (requests) or 0.5 (a share); checked here, resolved once the count is known."""
+    if text is None:
+        return 0
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"--warmup expects a number of requests (50) or a share (0.5), got {text!r}") from None
+    if value < 0 or value != value:
+        raise UsageError(f"--warmup must not be negative, got {text!r}")
+    if value < 1 and value != 0:
+        return value
+    if not value.is_integer():
+        raise UsageError(f"--warmup {text} is neither a share below 1 nor a whole number of requests")
+    return int(value)
+
+
+def _resolve_warmup(warm, n: int) -> int:
+    from ..engines.prefix_curve import resolve_warmup
+
+    return resolve_warmup(warm, n)
 
 
 command.__doc__ = HELP
@@ -185,24 +323,57 @@ def _render(r) -> None:
         stdout.print(f"note: {note}", soft_wrap=True, markup=False)
 
 
-def _render_sweep(runs: list[dict], policy: str) -> None:
+def _render_sweep(runs: list[dict], policy: str, curves: list, mode: str) -> None:
     from rich.table import Table
 
-    t = Table(title=f"{policy} sweep", header_style="bold", box=None, pad_edge=False)
-    for col in ("block size", "capacity blocks", "capacity tokens", "hit rate", "hit tokens", "evicted blocks"):
+    opt = any(r.get("optimal_hit_rate") is not None for r in runs)
+    t = Table(title=f"{policy} {mode}", header_style="bold", box=None, pad_edge=False)
+    cols = ["block size", "capacity blocks", "capacity tokens", "hit rate"]
+    cols += ["optimal (bound)"] if opt else []
+    cols += ["hit tokens", "evicted blocks"]
+    for col in cols:
         t.add_column(col, justify="right")
     for r in runs:
         cap = "unbounded" if r["capacity_blocks"] is None else f"{r['capacity_blocks']:,}"
         tokens = "" if r["capacity_tokens"] is None else f"{r['capacity_tokens']:,}"
-        t.add_row(str(r["block_size"]), cap, tokens, _pct(r["hit_rate"]), f"{r['hit_tokens']:,.0f}",
-                  f"{r['evicted_blocks']:,}")
+        if not r.get("fits", True):
+            row = [str(r["block_size"]), cap, tokens, "too small"] + ([""] if opt else []) + ["", ""]
+        else:
+            row = [str(r["block_size"]), cap, tokens, _pct(r["hit_rate"])]
+            row += [_pct(r.get("optimal_hit_rate"))] if opt else []
+            row += [f"{r['hit_tokens']:,.0f}", f"{r['evicted_blocks']:,}"]
+        t.add_row(*row)
     stdout.print(t)
+    for c in curves:
+        stdout.print(f"block size {c.block_size}: minimum {c.min_capacity_blocks:,} blocks (the largest request, "
+                     f"line {c.min_capacity_line}); no eviction from {c.ceiling_capacity_blocks:,} blocks, "
+                     f"ceiling hit rate {_pct(c.ceiling_hit_rate)}; {c.counted_requests:,} requests counted",
+                     soft_wrap=True, markup=False)
+    for note in dict.fromkeys(n for c in curves for n in c.notes):
+        stdout.print(f"note: {note}", soft_wrap=True, markup=False)
 
 
-def _plot(runs: list[dict], path: str, policy: str) -> None:
-    fig, ax = new_figure(f"cachectl simulate-prefix, policy {policy}", "capacity (tokens)",
+def _plot(runs: list[dict], path: str, policy: str, curves: list) -> None:
+    fig, ax = new_figure(f"cachectl simulate-prefix, policy {policy}", "KV capacity (tokens)",
                          "prefix-cache hit rate (%)")
     for bs in sorted({r["block_size"] for r in runs}):
-        pts = sorted((r["capacity_tokens"] or 0, r["hit_rate"] or 0.0) for r in runs if r["block_size"] == bs)
-        ax.plot([p[0] for p in pts], [p[1] * 100 for p in pts], marker="o", label=f"block size {bs}")
+        pts = sorted((r["capacity_tokens"] or 0, r["hit_rate"] or 0.0, r.get("optimal_hit_rate"))
+                     for r in runs if r["block_size"] == bs and r.get("fits", True))
+        (line,) = ax.plot([p[0] for p in pts], [p[1] * 100 for p in pts], marker="o", markersize=3,
+                          label=f"{policy} LRU, block size {bs}")
+        if any(p[2] is not None for p in pts):
+            ax.plot([p[0] for p in pts], [(p[2] or 0) * 100 for p in pts], linestyle="--", color=line.get_color(),
+                    label=f"optimal bound (Belady), block size {bs}")
+        for c in curves:
+            if c.block_size != bs:
+                continue
+            ax.axvline(c.min_capacity_blocks * bs, color=line.get_color(), linestyle=":", alpha=0.7,
+                       label=f"minimum {c.min_capacity_blocks:,} blocks")
+            ax.axvline(c.ceiling_capacity_blocks * bs, color="grey", linestyle="-.", alpha=0.7,
+                       label=f"no eviction from {c.ceiling_capacity_blocks:,} blocks")
+            if c.ceiling_hit_rate is not None:
+                ax.axhline(c.ceiling_hit_rate * 100, color="grey", linestyle=":", alpha=0.7,
+                           label=f"ceiling {c.ceiling_hit_rate:.1%}")
+    if len(runs) > 8:
+        ax.set_xscale("log")
     save_figure(fig, path)

@@ -269,25 +269,45 @@ class SequentialVllmPool:
             if not self.dups[k]:
                 del self.dups[k]
 
-    def _take(self) -> int:
-        if self.prepended:
-            return self.prepended.pop()
-        if self.fresh < self.capacity:
-            self.fresh += 1
-            return self.fresh - 1
-        stamp, segments = self.stamp, self.segments
-        while True:
-            seg = segments[0]
-            blocks = seg[1]
-            while blocks:
-                b = blocks.pop()
-                self.entries -= 1
-                if stamp.get(b) == seg[0]:  # valid: not touched since, not in use now
-                    del stamp[b]
-                    if b in self.key:
+    def _take_many(self, n: int) -> list[int]:
+        """``n`` blocks from the front of the free queue: the prepended, the never used, then the oldest
+        valid entries of the oldest segments (evicting their keys), in bulk."""
+        out: list[int] = []
+        pre = self.prepended
+        while n and pre:
+            out.append(pre.pop())
+            n -= 1
+        if n and self.fresh < self.capacity:
+            k = min(n, self.capacity - self.fresh)
+            out.extend(range(self.fresh, self.fresh + k))
+            self.fresh += k
+            n -= k
+        if not n:
+            return out
+        stamp, segments, key, primary = self.stamp, self.segments, self.key, self.primary
+        while n:
+            sid, blocks = segments[0]
+            cut = max(0, len(blocks) - n)
+            chunk = blocks[cut:]
+            del blocks[cut:]
+            self.entries -= len(chunk)
+            chunk.reverse()                       # eviction pops from the end
+            valid = [b for b in chunk if stamp.get(b) == sid]
+            if len(valid) > n:                    # cannot happen: at most n taken  # pragma: no cover
+                raise AssertionError("took too many blocks")
+            deque(map(stamp.__delitem__, valid), 0)
+            if self.dups:
+                for b in valid:
+                    if b in key:
                         self._evict(b)
-                    return b
-            segments.popleft()
+            else:                                 # one block per key (a valid block in a segment is hashed)
+                deque(map(primary.__delitem__, map(key.pop, valid)), 0)
+                self.evicted += len(valid)
+            out.extend(valid)
+            n -= len(valid)
+            if not blocks:
+                segments.popleft()
+        return out
 
     def _compact(self) -> None:
         stamp = self.stamp
@@ -317,7 +337,7 @@ class SequentialVllmPool:
         if tenant is not None or self.track_owners:
             self.track_owners = True
             self.cross_tenant_hits += nh - list(map(self.owner.get, hits)).count(tenant)
-        new = [self._take() for _ in range(total - nh)]
+        new = self._take_many(total - nh)
         full = len(keys)
         new_full = new[:full - nh]
         new_keys = keys[nh:full]
@@ -584,6 +604,7 @@ class PrefixReport:
     per_request: tuple[RequestHit, ...] | None = None
     upper_bound: bool = False
     notes: tuple[str, ...] = ()
+    warmup_requests: int = 0
 
 
 @dataclass
@@ -596,8 +617,11 @@ class _Tally:
 def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_size: int = 16,
              capacity_blocks: int | None = None, hash_fn: str = "builtin", concurrency: int = 1,
              decode_s_per_token: float = 0.02, chunk_size: int = 256, recompute_ratio: float = 0.15,
-             per_request: bool = False, source: str = "") -> PrefixReport:
-    """Replay requests through one prefix-cache policy and count what vLLM's metrics would count."""
+             per_request: bool = False, source: str = "", warmup: int = 0) -> PrefixReport:
+    """Replay requests through one prefix-cache policy and count what vLLM's metrics would count.
+
+    The first ``warmup`` requests fill the cache but are not counted.
+    """
     if policy not in POLICIES:
         raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     if block_size < 1:
@@ -613,7 +637,11 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
     rows: list[RequestHit] = []
     total = _Tally()
     notes: list[str] = []
-    seq_pool = SequentialVllmPool(capacity_blocks, block_size) if policy == "vllm" and concurrency == 1 else None
+    seq_pool = None
+    if policy == "vllm" and concurrency == 1:
+        from .prefix_lru import LruKeyPool
+
+        seq_pool = LruKeyPool(capacity_blocks, block_size)
     pool = VllmBlockPool(capacity_blocks, block_size) if policy == "vllm" and concurrency > 1 else None
     inf = InfiniteCache(block_size) if policy == "infinite" else None
     cap_tokens = capacity_blocks * block_size if capacity_blocks is not None else None
@@ -622,6 +650,7 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
     running: list = []  # (end_time, seq, handle) of requests in flight
     clock = 0.0
     seq = 0
+    seen = 0
 
     def finish(handle) -> None:
         if pool is not None:
@@ -691,6 +720,9 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
         if handle is not None:
             seq += 1
             heapq.heappush(running, (clock + req.output_tokens * decode_s_per_token, seq, handle))
+        seen += 1
+        if seen <= warmup:
+            continue
         t = tenants.setdefault(tenant, _Tally())
         for tally in (t, total):
             tally.requests += 1
@@ -702,6 +734,8 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
     while running:
         finish(heapq.heappop(running)[2])
     if total.requests == 0:
+        if seen:
+            raise UsageError(f"`warmup` covers all {seen} requests: nothing is left to count")
         raise InputError("the trace has no requests", source=source)
     if policy != "chunk":  # whole tokens everywhere but in the chunk policy's upper bound
         total.hits = int(total.hits)
@@ -725,6 +759,8 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
             notes.append(f"chunk reuse is an upper bound: chunks away from the prefix are counted as reused minus "
                          f"the {recompute_ratio:.0%} of their tokens CacheBlend recomputes; attention across "
                          "chunks is approximated")
+    if warmup and seen:
+        notes.append(f"the first {min(warmup, seen)} requests warmed the cache and are not counted")
     if policy == "vllm" and hash_fn == "builtin":
         notes.append("block keys: Python's 64-bit tuple hash (equality is all that matters); --hash sha256 for "
                      "vLLM's own")
@@ -736,7 +772,7 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
                         prefill_tokens_saved=total.hits, evicted_blocks=evicted_blocks, evicted_tokens=evicted_tokens,
                         peak_blocks_in_use=peak, cross_tenant_shared_blocks=cross, per_tenant=per_tenant,
                         per_request=tuple(rows) if per_request else None, upper_bound=policy == "chunk",
-                        notes=tuple(notes))
+                        notes=tuple(notes), warmup_requests=min(warmup, seen))
 
 
 # --------------------------------------------------------------------------------------------- reading
@@ -782,7 +818,8 @@ def _get(value: dict, dotted: str) -> Any:
 
 def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
                salt_field: str | None = None, tenant_field: str | None = None, hash_block_size: int = 512,
-               as_kind: str | None = None, batch_size: int = 128, no_salt: bool = False) -> Iterator[TraceRequest]:
+               as_kind: str | None = None, batch_size: int = 128, no_salt: bool = False,
+               add_generation_prompt: bool = True) -> Iterator[TraceRequest]:
     """Requests from a JSONL trace: token IDs, Mooncake hash_ids, or text/chat through a tokenizer.
 
     ``records`` yields ``(line, value)`` or, from :func:`trace_records`, ``(line, value, has_bool_literal)``.
@@ -797,7 +834,8 @@ def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
         from ..inputs import prompt_from_value
 
         prompts = [prompt_from_value(v, source=source, line=ln, as_kind=as_kind) for ln, v, _, _ in pending]
-        toks = tokenizer.tokenize_many(prompts)
+        # chat requests as vLLM's chat endpoint renders them by default (with the assistant header)
+        toks = tokenizer.tokenize_many(prompts, add_generation_prompt=add_generation_prompt)
         for (ln, _, salt, meta), tok in zip(pending, toks):
             yield TraceRequest(index=index, line=ln, prompt_tokens=len(tok.ids), tokens=list(tok.ids), salt=salt,
                                **meta)

@@ -1,0 +1,510 @@
+"""The hit-rate-vs-capacity curve of vLLM's prefix cache from one read of a trace, and the Belady bound.
+
+The trace is read and keyed once (:func:`key_trace`): each request keeps only its chained block keys (the
+salt folded in), its length, tenant and timing, as a pre-keyed :class:`~cachectl.engines.prefix.TraceRequest`
+whose ``hash_ids`` are those keys. One LRU-stack pass over that store (:func:`_stack_pass`) then gives the
+hits at every capacity of the curve at once, exact for vLLM's rules with requests one at a time; with
+``concurrency`` > 1, or keys that are not prefix-chained, each capacity is replayed from the store by the one
+engine, :func:`cachectl.engines.prefix.simulate`. The tests check every point against the naive reference
+replay. Memory is one key per full block (8 bytes where keys are 64-bit integers), not one per token.
+
+:func:`optimal_hits` is an offline bound at the same capacity and under the same block rules (full blocks
+only, chained keys, stop at the first miss, the ``L - 1`` cap, ``ceil(L / block_size)`` blocks held while a
+request runs): when blocks must be freed it evicts the cached block whose next use is farthest away
+(Belady's MIN). The gap between it and vLLM's LRU says whether the eviction policy or the capacity is what
+limits the hit rate.
+"""
+
+from __future__ import annotations
+
+import bisect
+from array import array
+import heapq
+import math
+from operator import sub
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from ..errors import UsageError
+from .prefix import SCHEMA_VERSION, SequentialVllmPool, TraceRequest, request_keys, simulate
+
+#: points of a ``--curve`` when the caller does not say
+CURVE_POINTS = 32
+
+
+# ---------------------------------------------------------------------------------------------- keying
+
+
+@dataclass(frozen=True)
+class KeyedTrace:
+    """A trace reduced to block keys at one block size (pre-keyed requests, salts folded into the keys)."""
+
+    block_size: int
+    requests: tuple[TraceRequest, ...]
+    min_capacity_blocks: int          # blocks the largest request holds: the smallest capacity that works
+    min_capacity_line: int | None     # the line of the (first) largest request
+    query_tokens: int
+    unbounded_blocks: int = 0         # block slots a pool of unbounded size takes: no eviction from there on
+
+
+def key_trace(requests: Iterable[TraceRequest], block_sizes: Sequence[int], *, hash_fn: str = "builtin",
+              source: str = "") -> dict[int, KeyedTrace]:
+    """Read the requests once and key them at every block size in ``block_sizes``."""
+    if not block_sizes or any(bs < 1 for bs in block_sizes):
+        raise UsageError("`block_size` must be at least 1")
+    stores: dict[int, list] = {bs: [] for bs in block_sizes}
+    largest = {bs: (0, None) for bs in block_sizes}
+    # an unbounded pool, per block size: keys seen, a partial block waiting at the front, slots taken
+    unbounded = {bs: [set(), 0, 0] for bs in block_sizes}
+    query = 0
+    for req in requests:
+        query += req.prompt_tokens
+        for bs in block_sizes:
+            if req.hash_ids is not None and req.hash_block_size != bs:
+                raise UsageError(f"{source}: hash_ids cover {req.hash_block_size}-token blocks; run with "
+                                 f"`block_size` {req.hash_block_size} (they cannot be split)")
+            keys = request_keys(req, bs, hash_fn)
+            try:  # 8 bytes a key where they are 64-bit integers (the builtin hash, Mooncake ids)
+                keys = array("q", keys)
+            except (TypeError, OverflowError):
+                pass
+            stores[bs].append(TraceRequest(index=req.index, line=req.line, prompt_tokens=req.prompt_tokens,
+                                           hash_ids=keys, hash_block_size=bs, tenant=req.tenant,
+                                           timestamp=req.timestamp, output_tokens=req.output_tokens))
+            need = -(-req.prompt_tokens // bs)
+            if need > largest[bs][0]:
+                largest[bs] = (need, req.line)
+            state = unbounded[bs]
+            limit = min(len(keys), (req.prompt_tokens - 1) // bs)
+            present = list(map(state[0].__contains__, keys[:limit]))
+            hits = present.index(False) if False in present else limit
+            taken = min(state[1], need - hits)
+            state[2] += need - hits - taken
+            state[1] += (1 if req.prompt_tokens % bs else 0) - taken
+            state[0].update(keys)
+    if not query and not any(stores.values()):
+        from ..errors import InputError
+
+        raise InputError("the trace has no requests", source=source)
+    return {bs: KeyedTrace(block_size=bs, requests=tuple(stores[bs]), min_capacity_blocks=largest[bs][0],
+                           min_capacity_line=largest[bs][1], query_tokens=query,
+                           unbounded_blocks=max(unbounded[bs][2], largest[bs][0])) for bs in block_sizes}
+
+
+def resolve_warmup(warmup: float | int | None, n_requests: int) -> int:
+    """``--warmup``: a count of requests (an int >= 1, or 0) or a share of the trace (0 <= x < 1)."""
+    if warmup is None or warmup == 0:
+        return 0
+    if warmup < 0:
+        raise UsageError("`warmup` must be a number of requests or a share between 0 and 1")
+    if isinstance(warmup, float) and warmup < 1:
+        return int(math.floor(warmup * n_requests))
+    if isinstance(warmup, float) and not warmup.is_integer():
+        raise UsageError(f"`warmup` {warmup} is neither a share below 1 nor a whole number of requests")
+    return int(warmup)
+
+
+def no_eviction_capacity(kt: KeyedTrace) -> int:
+    """The smallest capacity at which the sequential vLLM pool never evicts (the curve's ceiling).
+
+    Every block slot a pool of unbounded size ever takes, duplicates from the ``L - 1`` cap and the partial
+    tail block included: with that many blocks, never-used blocks are always there to take.
+    """
+    total = sum(-(-r.prompt_tokens // kt.block_size) for r in kt.requests)
+    pool = SequentialVllmPool(max(1, total), kt.block_size)
+    for r in kt.requests:
+        pool.run(r.hash_ids, r.prompt_tokens)
+    return max(pool.fresh, kt.min_capacity_blocks)
+
+
+def curve_capacities(low: int, high: int, points: int = CURVE_POINTS) -> list[int]:
+    """About ``points`` capacities from ``low`` to ``high``, log-spaced, whole and distinct, both ends in."""
+    if points < 2 or high <= low:
+        return [low] if high <= low else [low, high]
+    ratio = (high / low) ** (1 / (points - 1))
+    caps = sorted({min(high, max(low, round(low * ratio ** i))) for i in range(points)} | {low, high})
+    return caps
+
+
+# -------------------------------------------------------------------------------------------- optimal
+
+
+def optimal_hits(kt: KeyedTrace, capacity_blocks: int, *, warmup: int = 0) -> int:
+    """Hit tokens of Belady's MIN at ``capacity_blocks`` under vLLM's block rules, requests one at a time.
+
+    A request's hits are its leading cached keys up to ``min(full blocks, (L - 1) // block_size)``; while it
+    runs it holds ``ceil(L / block_size)`` blocks, its hits pinned; to make room, the unpinned cached block
+    whose next use (the next request that can hit it) is farthest goes first, the deeper block of a prefix
+    first on a tie. Its full blocks stay cached afterwards (one copy per key).
+    """
+    bs = kt.block_size
+    reqs = kt.requests
+    if capacity_blocks < kt.min_capacity_blocks:
+        raise UsageError(f"capacity {capacity_blocks} is below the {kt.min_capacity_blocks} blocks the largest "
+                         "request needs")
+    inf = len(reqs)
+    # next_use[r][p]: the next request after r that can hit the key r has at position p
+    nxt_of: dict = {}
+    next_use: list[list[int]] = [None] * len(reqs)  # type: ignore[list-item]
+    for r in range(len(reqs) - 1, -1, -1):
+        keys = reqs[r].hash_ids
+        limit = min(len(keys), (reqs[r].prompt_tokens - 1) // bs)
+        next_use[r] = [nxt_of.get(k, inf) for k in keys]
+        for k in keys[:limit]:
+            nxt_of[k] = r
+    cached: dict = {}       # key -> (next use, position): its eviction priority
+    heap: list = []         # (-next use, -position, key); stale entries skipped
+    hit_tokens = 0
+    for r, req in enumerate(reqs):
+        keys = req.hash_ids
+        limit = min(len(keys), (req.prompt_tokens - 1) // bs)
+        nh = 0
+        while nh < limit and keys[nh] in cached:
+            nh += 1
+        pinned = set(keys[:nh])
+        need = -(-req.prompt_tokens // bs) - nh
+        deferred = []
+        while capacity_blocks - len(cached) < need:
+            nu, neg_p, k = heapq.heappop(heap)
+            if cached.get(k) != (-nu, -neg_p):
+                continue                                    # stale
+            if k in pinned:
+                deferred.append((nu, neg_p, k))
+                continue
+            del cached[k]
+        for item in deferred:
+            heapq.heappush(heap, item)
+        uses = next_use[r]
+        for p, k in enumerate(keys):
+            prio = (uses[p], p)
+            cached[k] = prio
+            heapq.heappush(heap, (-prio[0], -p, k))
+        if len(heap) > 4 * capacity_blocks + 1024:
+            heap = [(-v[0], -v[1], k) for k, v in cached.items()]
+            heapq.heapify(heap)
+        if r >= warmup:
+            hit_tokens += nh * bs
+    return hit_tokens
+
+
+# ---------------------------------------------------------------------------------------------- stack
+
+
+_CHUNK = 12          # dead slots are counted per chunk of 2**12 slots
+
+
+@dataclass
+class _Stack:
+    """What one pass of the LRU stack leaves: hits at the capacities it tracked."""
+
+    counted: list        # sorted thresholds of the counted requests: a block hits at capacity C iff threshold <= C
+    every: list          # the same for all requests (warm-up included), for the eviction count
+    corrections: dict    # capacity -> [counted, every] hit blocks to add where duplicate blocks shifted depths
+    total_blocks: int    # sum of ceil(L / block_size)
+    prepended_pops: int  # partial tail blocks taken back by the next request
+    unbounded_hits: int  # hit blocks of the counted requests with no eviction (the ceiling)
+
+    def hit_blocks(self, capacity: int, counted: bool = True) -> int:
+        base = bisect.bisect_right(self.counted if counted else self.every, capacity)
+        return base + self.corrections.get(capacity, (0, 0))[0 if counted else 1]
+
+
+class _Duplicates:
+    """The extra blocks vLLM keeps at one capacity after the ``L - 1`` cap recomputed a cached block.
+
+    A key then has several blocks (``entries``, slots in registration order; hits use the first, vLLM's
+    ``get_one_block``); all but its newest are stale slots that still take room: each pushes every older
+    block one place deeper until it is evicted.
+    """
+
+    __slots__ = ("stale", "owner", "entries", "counted", "every")
+
+    def __init__(self) -> None:
+        self.stale: list[int] = []      # sorted slots of stale blocks
+        self.owner: dict = {}           # stale slot -> key
+        self.entries: dict = {}         # key -> slots of its blocks, oldest registered first
+        self.counted = 0                # hit-block corrections against the plain stack
+        self.every = 0
+
+    def newer(self, slot: int) -> int:
+        return len(self.stale) - bisect.bisect_right(self.stale, slot)
+
+    def add(self, slot: int, key) -> None:
+        bisect.insort(self.stale, slot)
+        self.owner[slot] = key
+
+    def drop(self, slot: int) -> None:
+        del self.stale[bisect.bisect_left(self.stale, slot)]
+        del self.owner[slot]
+
+
+def _stack_pass(kt: KeyedTrace, skip: int, capacities: Sequence[int] = ()) -> _Stack | None:
+    """Mattson's LRU stack over block keys, exact for vLLM's sequential rules; None where it does not apply.
+
+    Between requests the pool holds, newest first, the full blocks ordered by (request, -position) (a
+    request frees tail first), and after request r at capacity C exactly the newest ``C - u_r`` of them,
+    ``u_r = 1`` when r left a partial block at the front of the free queue (the next request takes it back
+    before anything is evicted). That order does not depend on C: a block computed again gets the same place
+    as a block hit. So a block of request r hits at capacity C iff every block before it in the request has
+    stack depth ``<= C - u_{r-1}``: one threshold per block (the prefix maximum of the depths, plus u).
+
+    Only the ``L - 1`` cap adds to this: a block-aligned request whose blocks are all cached recomputes its
+    last block, and vLLM keeps both copies. The stale copies are followed per capacity in ``capacities``
+    (:class:`_Duplicates`), which corrects those capacities' hits. Keys that are not prefix-chained (a key
+    seen before after an unseen one; Mooncake ids can be anything) make the pass return None.
+    """
+    bs = kt.block_size
+    caps = sorted(c for c in set(capacities) if c >= kt.min_capacity_blocks)
+    dups: dict[int, _Duplicates] = {}    # capacities holding stale blocks now
+    last: dict = {}                   # key -> slot of its latest touch
+    dead = bytearray()                # slot -> 1 once its key was touched again
+    per_chunk: list[int] = []         # dead slots per chunk
+    dead_total = 0
+    slots = 0
+    counted: list[int] = []
+    every: list[int] = []
+    corrections: dict = {}
+    total_blocks = pops = unbounded_hits = 0
+    u_prev = 0
+
+    def dead_upto(t: int) -> int:     # dead slots <= t
+        c = t >> _CHUNK
+        return sum(per_chunk[:c]) + dead.count(1, c << _CHUNK, t + 1)
+
+    for r, req in enumerate(kt.requests):
+        keys = req.hash_ids
+        n = len(keys)
+        length = req.prompt_tokens
+        total = -(-length // bs)
+        total_blocks += total
+        limit = min(n, (length - 1) // bs)
+        prev = list(map(last.get, keys))
+        try:
+            h = prev.index(None)
+        except ValueError:
+            h = n
+        if (h < n and prev.count(None) != n - h) or len(set(keys)) != n:
+            return None                                    # not prefix-chained
+        m = min(h, limit + 1)                              # depths needed: the hits, and the capped block
+        thresholds: list[int] = []
+        capped = None                                      # the capped block's threshold, when it is cached
+        if m:
+            seen = prev[:m]
+            t = seen[0]
+            d = slots - t - (dead_total - dead_upto(t))    # newest first: depth 1 is the latest touch
+            # runs of consecutive slots (blocks last touched together, in order) deepen by one per block
+            steps = list(map(sub, seen, prev[1:m]))
+            if min(steps, default=1) < 1:
+                return None                                # a later block touched before an earlier one
+            start = 0
+            for p in [i for i, x in enumerate(steps, 1) if x != 1]:
+                thresholds.extend(range(d + u_prev, d + u_prev + p - start))
+                d += p - start - 1
+                t, t_next = seen[p - 1], seen[p]
+                gap = t - t_next - 1                       # blocks touched since, alive or dead, in between
+                if gap < 4096:
+                    d += 1 + gap - dead.count(1, t_next + 1, t)
+                else:
+                    d += 1 + gap - (dead_upto(t - 1) - dead_upto(t_next))
+                start = p
+            thresholds.extend(range(d + u_prev, d + u_prev + m - start))
+            if m > limit:                                  # the L - 1 cap recomputes this cached block
+                capped = thresholds.pop()
+        every.extend(thresholds)
+        if r >= skip:
+            counted.extend(thresholds)
+        # capacities holding stale copies, and those where this request makes one
+        touched = list(dups)
+        if capped is not None:
+            touched += [c for c in caps[bisect.bisect_left(caps, capped):] if c not in dups]
+        pos = None
+        for cap in touched:
+            dup = dups.get(cap)
+            base = bisect.bisect_right(thresholds, cap)
+            if dup is None:
+                hits = base
+                makes = True                               # listed above: capped <= cap
+                dup = dups[cap] = _Duplicates()
+            else:
+                lo, hi = 0, len(thresholds)                # first block deeper than cap, stale copies counted
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if thresholds[mid] + dup.newer(prev[mid]) <= cap:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                hits = lo
+                makes = capped is not None and capped + dup.newer(prev[limit]) <= cap
+                dup.every += hits - base
+                if r >= skip:
+                    dup.counted += hits - base
+                if dup.entries and hits:
+                    if pos is None:
+                        pos = dict(zip(keys, range(n)))
+                    for k in dup.entries.keys() & set(keys[:hits]):
+                        p = pos[k]
+                        blocks = dup.entries[k]
+                        newest = prev[p]
+                        if blocks[0] != newest:            # the hit uses the oldest copy, a stale one
+                            dup.drop(blocks[0])
+                            dup.add(newest, k)
+                        blocks[0] = slots + n - 1 - p
+            if makes:
+                k = keys[limit]
+                old = prev[limit]
+                dup.entries.setdefault(k, [old]).append(slots + n - 1 - limit)
+                dup.add(old, k)
+        hits_unbounded = min(h, limit)
+        if r >= skip:
+            unbounded_hits += hits_unbounded
+        pops += u_prev
+        u_prev = 1 if length % bs else 0
+        # the base stack: earlier touches of these keys die, the request's blocks are the newest slots
+        if h:
+            lo, hi = prev[h - 1], prev[0]
+            if hi - lo + 1 == h:                           # one run of slots (the usual case): in bulk
+                dead[lo:hi + 1] = b"\x01" * h
+                for c in range(lo >> _CHUNK, (hi >> _CHUNK) + 1):
+                    per_chunk[c] += min(hi, ((c + 1) << _CHUNK) - 1) - max(lo, c << _CHUNK) + 1
+            else:
+                for t in prev[:h]:
+                    dead[t] = 1
+                    per_chunk[t >> _CHUNK] += 1
+        dead_total += h
+        last.update(zip(keys, range(slots + n - 1, slots - 1, -1)))
+        slots += n
+        dead.extend(bytes(n))
+        while len(per_chunk) <= (slots >> _CHUNK):
+            per_chunk.append(0)
+        # stale copies beyond the newest C - u blocks are gone (the oldest first)
+        for cap in list(dups):
+            dup = dups[cap]
+            room = cap - u_prev
+            while dup.stale:
+                s = dup.stale[0]
+                alive_above = slots - 1 - s - (dead_total - dead_upto(s))
+                if alive_above + len(dup.stale) <= room:   # its depth: alive above, the other stales, itself
+                    break
+                k = dup.owner[s]
+                dup.drop(s)
+                blocks = dup.entries[k]
+                blocks.remove(s)
+                if len(blocks) == 1:
+                    del dup.entries[k]
+            if not dup.stale:
+                corrections[cap] = [corrections.get(cap, [0, 0])[0] + dup.counted,
+                                    corrections.get(cap, [0, 0])[1] + dup.every]
+                del dups[cap]
+    for cap, dup in dups.items():
+        corrections[cap] = [corrections.get(cap, [0, 0])[0] + dup.counted,
+                            corrections.get(cap, [0, 0])[1] + dup.every]
+    counted.sort()
+    every.sort()
+    return _Stack(counted=counted, every=every, corrections=corrections, total_blocks=total_blocks,
+                  prepended_pops=pops, unbounded_hits=unbounded_hits)
+
+
+# ---------------------------------------------------------------------------------------------- curve
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    capacity_blocks: int
+    capacity_tokens: int
+    fits: bool                           # False: the largest request does not fit, the point is not replayed
+    hit_tokens: int | None
+    hit_rate: float | None
+    evicted_blocks: int | None
+    optimal_hit_tokens: int | None = None   # the Belady bound, when asked for
+    optimal_hit_rate: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CurveReport:
+    schema_version: int = SCHEMA_VERSION
+    policy: str = "vllm"
+    block_size: int
+    requests: int
+    warmup_requests: int
+    counted_requests: int
+    query_tokens: int                    # of the counted requests
+    min_capacity_blocks: int
+    min_capacity_line: int | None
+    ceiling_capacity_blocks: int         # no eviction from here on
+    ceiling_hit_rate: float | None       # the infinite policy's hit rate
+    concurrency: int
+    points: tuple[CurvePoint, ...]
+    optimal: bool = False
+    replayed_points: int = 0             # points replayed one by one (the rest come from the one stack pass)
+    notes: tuple[str, ...] = ()
+
+
+def capacity_curve(kt: KeyedTrace, capacities: Sequence[int] | None = None, *, points: int = CURVE_POINTS,
+                   warmup: float | int | None = 0, concurrency: int = 1, decode_s_per_token: float = 0.02,
+                   optimal: bool = False, source: str = "") -> CurveReport:
+    """Hit rate at each capacity (or at ``points`` log-spaced ones from the minimum to the ceiling)."""
+    n = len(kt.requests)
+    skip = resolve_warmup(warmup, n)
+    if skip >= n:
+        raise UsageError(f"`warmup` covers all {n} requests: nothing is left to count")
+    ceiling = kt.unbounded_blocks
+    if capacities is None:
+        capacities = curve_capacities(kt.min_capacity_blocks, ceiling, points)
+    elif any(c < 1 for c in capacities):
+        raise UsageError("`capacity_blocks` must be at least one block")
+    stack = _stack_pass(kt, skip, capacities) if concurrency == 1 else None
+    counted = kt.requests[skip:]
+    query = sum(r.prompt_tokens for r in counted)
+    if stack is not None:
+        ceiling_rate = stack.unbounded_hits * kt.block_size / query if query else None
+    else:
+        ceiling_rate = simulate(kt.requests, policy="infinite", block_size=kt.block_size, source=source,
+                                warmup=skip).hit_rate
+    out = []
+    replayed = 0
+    for cap in capacities:
+        tokens = cap * kt.block_size
+        if cap < kt.min_capacity_blocks:
+            out.append(CurvePoint(capacity_blocks=cap, capacity_tokens=tokens, fits=False, hit_tokens=None,
+                                  hit_rate=None, evicted_blocks=None))
+            continue
+        if stack is not None:
+            hit_tokens = stack.hit_blocks(cap) * kt.block_size
+            every = stack.hit_blocks(cap, counted=False)
+            evicted = stack.total_blocks - every - stack.prepended_pops - min(cap, kt.unbounded_blocks)
+            hit_rate = hit_tokens / query if query else None
+        else:
+            rep = simulate(kt.requests, policy="vllm", block_size=kt.block_size, capacity_blocks=cap,
+                           concurrency=concurrency, decode_s_per_token=decode_s_per_token, source=source,
+                           warmup=skip)
+            hit_tokens, hit_rate, evicted = int(rep.hit_tokens), rep.hit_rate, rep.evicted_blocks
+            replayed += 1
+        opt = optimal_hits(kt, cap, warmup=skip) if optimal else None
+        out.append(CurvePoint(capacity_blocks=cap, capacity_tokens=tokens, fits=True, hit_tokens=hit_tokens,
+                              hit_rate=hit_rate, evicted_blocks=evicted, optimal_hit_tokens=opt,
+                              optimal_hit_rate=None if opt is None else (opt / query if query else None)))
+    notes = []
+    small = [p.capacity_blocks for p in out if not p.fits]
+    if small:
+        notes.append(f"{len(small)} capacit{'y' if len(small) == 1 else 'ies'} ({', '.join(map(str, small))} blocks) "
+                     f"cannot hold the largest request (line {kt.min_capacity_line}): the minimum is "
+                     f"{kt.min_capacity_blocks} blocks of {kt.block_size}")
+    if skip:
+        notes.append(f"the first {skip} requests warmed the cache and are not counted")
+    if replayed and concurrency == 1:
+        notes.append(f"the hash_ids are not prefix-chained: {replayed} point{'s' if replayed > 1 else ''} "
+                     "replayed one by one (exact, slower)")
+    if optimal:
+        notes.append("optimal: an offline bound (Belady: evict the block used again farthest in the future) under "
+                     "the same block rules, requests one at a time; no real server can know the future")
+        if concurrency > 1:
+            notes.append("the optimal bound replays requests one at a time; the vLLM points use --concurrency")
+    if concurrency > 1:
+        notes.append("the ceiling capacity is the sequential one: with requests in flight a little eviction may "
+                     "remain at the top point")
+    return CurveReport(block_size=kt.block_size, requests=n, warmup_requests=skip, counted_requests=n - skip,
+                       query_tokens=query, min_capacity_blocks=kt.min_capacity_blocks,
+                       min_capacity_line=kt.min_capacity_line, ceiling_capacity_blocks=ceiling,
+                       ceiling_hit_rate=ceiling_rate, concurrency=concurrency, points=tuple(out), optimal=optimal, replayed_points=replayed,
+                       notes=tuple(notes))
+
