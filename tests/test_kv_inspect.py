@@ -145,7 +145,7 @@ def test_cli_bad_input(cli, tmp_path):
     r = cli("kv-inspect", "llama-3.1-8b", "--context", "lots")
     assert r.exit_code == 2 and "--context" in r.stderr
     r = cli("kv-inspect", "llama-3.1-8b", "--dtype", "fp7")
-    assert r.exit_code == 2 and "unknown dtype" in r.stderr
+    assert r.exit_code == 2 and "fp7" in r.stderr and "bf16" in r.stderr and r.stderr.count("\n") == 1
     r = cli("kv-inspect", "llama-3.1-8b", "--gpu-memory", "eighty")
     assert r.exit_code == 2 and "memory size" in r.stderr
     assert cli("kv-inspect", "--list-models").exit_code == 0
@@ -452,6 +452,8 @@ def test_gemma4_config_json_per_kind_head_dims_match_a_real_transformers_cache()
 
     from cachectl.engines import kvlive
 
+    if "gemma4_text" not in transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES:
+        pytest.skip(f"transformers {transformers.__version__} has no Gemma 4 (the main job runs this)")
     base = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=12, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=8,
                 vocab_size_per_layer_input=300, hidden_size_per_layer_input=8, num_kv_shared_layers=2)
@@ -494,9 +496,12 @@ def test_tied_embeddings_default_per_model_type():
     import transformers
 
     table = kvmath._data("model_defaults.json")["tie_word_embeddings"]
-    for model_type, tied in table.items():
+    known = set(transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES)
+    checked = [t for t in table if t in known]          # older transformers lack the newest types (gemma4)
+    assert len(checked) >= 0.8 * len(table)
+    for model_type in checked:
         hf = transformers.AutoConfig.for_model(model_type).get_text_config()
-        assert hf.tie_word_embeddings is tied, model_type
+        assert hf.tie_word_embeddings is table[model_type], model_type
     gemma = {k: v for k, v in kvmath.catalog()["gemma-2-9b"]["config"].items() if k != "tie_word_embeddings"}
     assert kvmath.tied_embeddings(gemma) == (True, "the gemma2 default")
     untied = kvmath.estimate_params({**gemma, "tie_word_embeddings": False})

@@ -40,7 +40,17 @@ class InputKind(str, Enum):
 # Options with a fixed set of values: enums, so that help lists them and click validates them.
 
 
-class Dtype(str, Enum):
+class Choice(str, Enum):
+    """A fixed-choice option value that prints and formats as its value ("5m", not "Ttl.m5")."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class Dtype(Choice):
     bf16 = "bf16"
     fp16 = "fp16"
     fp32 = "fp32"
@@ -49,29 +59,29 @@ class Dtype(str, Enum):
     int4 = "int4"
 
 
-class Policy(str, Enum):
+class Policy(Choice):
     vllm = "vllm"
     radix = "radix"
     chunk = "chunk"
     infinite = "infinite"
 
 
-class HashFn(str, Enum):
+class HashFn(Choice):
     builtin = "builtin"
     sha256 = "sha256"
 
 
-class CacheKind(str, Enum):
+class CacheKind(Choice):
     dynamic = "dynamic"
     static = "static"
 
 
-class Quantizer(str, Enum):
+class Quantizer(Choice):
     quanto = "quanto"
     hqq = "hqq"
 
 
-class Nbits(str, Enum):
+class Nbits(Choice):
     """Bits per value of a quantized cache (quanto: 2 or 4; hqq: 1, 2, 3, 4 or 8)."""
 
     b1 = "1"
@@ -81,12 +91,12 @@ class Nbits(str, Enum):
     b8 = "8"
 
 
-class Ttl(str, Enum):
+class Ttl(Choice):
     m5 = "5m"
     h1 = "1h"
 
 
-class Normalize(str, Enum):
+class Normalize(Choice):
     none = "none"
     whitespace = "whitespace"
     case = "case"
@@ -100,7 +110,7 @@ TokenizerOpt = Annotated[Optional[str], typer.Option(
     help="Model directory, tokenizer.json, or a Hugging Face id already in the local cache (never downloaded).")]
 ChatTemplateOpt = Annotated[Optional[str], typer.Option(
     "--chat-template", metavar="FILE", help="Jinja chat template to use instead of the tokenizer's own.")]
-BlockSizeOpt = Annotated[int, typer.Option("--block-size", min=1, help="KV-cache block size in tokens (vLLM: 16).")]
+BlockSizeOpt = Annotated[int, typer.Option("--block-size", min=1, metavar="N", help="KV-cache block size in tokens (vLLM: 16).")]
 AsOpt = Annotated[Optional[InputKind], typer.Option("--as", help="Force the input kind instead of detecting it.",
                                                     case_sensitive=False)]
 TemplateVarOpt = Annotated[Optional[list[str]], typer.Option(

@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import UsageError
-from .common import (EXIT_OK, AsOpt, BlockSizeOpt, Format, FormatOpt, Progress, TokenizerOpt, emit_json,
-                     handle_errors, new_figure, save_figure, stdout)
+from .common import (EXIT_OK, AsOpt, BlockSizeOpt, Dtype, Format, FormatOpt, HashFn, Policy, Progress, TokenizerOpt,
+                     emit_json, handle_errors, new_figure, save_figure, stdout)
 
 HELP = """Replay a request trace through a server prefix cache and count hits the way vLLM does.
 
@@ -33,15 +33,17 @@ def _ints(text: Optional[str], name: str) -> list[int]:
 
 @handle_errors
 def command(
-    trace: Annotated[str, typer.Argument(help="JSONL trace (- for stdin).", show_default=False)],
+    trace: Annotated[str, typer.Argument(metavar="TRACE", help="JSONL trace (- for stdin).", show_default=False)],
     block_size: BlockSizeOpt = 16,
-    capacity_blocks: Annotated[Optional[int], typer.Option("--capacity-blocks", min=1,
+    capacity_blocks: Annotated[Optional[int], typer.Option("--capacity-blocks", min=1, metavar="N",
                                                            help="Usable KV blocks (vLLM adds one null block).")] = None,
-    capacity_gib: Annotated[Optional[float], typer.Option("--capacity-gib", help="KV memory in GiB (needs --model).")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", help="Model directory or config.json, for --capacity-gib.")] = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="KV dtype for --capacity-gib: bf16, fp16, fp32, fp8, int4.")] = "bf16",
-    policy: Annotated[str, typer.Option("--policy", help="vllm, radix (SGLang), chunk (LMCache/CacheBlend), "
-                                                         "infinite (no eviction).")] = "vllm",
+    capacity_gib: Annotated[Optional[float], typer.Option("--capacity-gib", metavar="GIB", help="KV memory in GiB (needs --model).")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", metavar="MODEL", help="Model (directory, config.json, .gguf or catalog name) whose KV bytes per token turn --capacity-gib into blocks.")] = None,
+    dtype: Annotated[Dtype, typer.Option("--dtype", case_sensitive=False,
+                                         help="KV dtype for --capacity-gib.")] = Dtype.bf16,
+    policy: Annotated[Policy, typer.Option("--policy", case_sensitive=False,
+                                           help="vllm, radix (SGLang), chunk (LMCache/CacheBlend), infinite (no "
+                                                "eviction: the ceiling).")] = Policy.vllm,
     salt_field: Annotated[Optional[str], typer.Option("--salt-field", metavar="F",
                                                       help="Field holding the per-tenant cache salt (default: salt "
                                                            "or cache_salt).")] = None,
@@ -52,15 +54,16 @@ def command(
                                                               "without them (with --tenant-field).")] = False,
     tokenizer: TokenizerOpt = None,
     as_kind: AsOpt = None,
-    hash_block_size: Annotated[int, typer.Option("--hash-block-size", min=1,
+    hash_block_size: Annotated[int, typer.Option("--hash-block-size", min=1, metavar="N",
                                                  help="Tokens per hash_ids entry in Mooncake traces.")] = 512,
-    hash_fn: Annotated[str, typer.Option("--hash", help="Block key: builtin (fast) or sha256 (vLLM's).")] = "builtin",
-    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Requests in flight at once.")] = 1,
-    decode_ms: Annotated[float, typer.Option("--decode-ms-per-token", min=0.0,
+    hash_fn: Annotated[HashFn, typer.Option("--hash", case_sensitive=False,
+                                            help="Block key: builtin (fast) or sha256 (vLLM's).")] = HashFn.builtin,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, metavar="N", help="Requests in flight at once.")] = 1,
+    decode_ms: Annotated[float, typer.Option("--decode-ms-per-token", min=0.0, metavar="MS",
                                              help="With --concurrency: how long a request holds its blocks "
                                                   "per output token.")] = 20.0,
-    chunk_size: Annotated[int, typer.Option("--chunk-size", min=1, help="chunk policy: tokens per chunk.")] = 256,
-    recompute_ratio: Annotated[float, typer.Option("--recompute-ratio",
+    chunk_size: Annotated[int, typer.Option("--chunk-size", min=1, metavar="N", help="chunk policy: tokens per chunk.")] = 256,
+    recompute_ratio: Annotated[float, typer.Option("--recompute-ratio", metavar="SHARE",
                                                    help="chunk policy: share of a reused non-prefix chunk "
                                                         "that is recomputed.")] = 0.15,
     sweep_capacity: Annotated[Optional[str], typer.Option("--sweep-capacity", metavar="N,N,...",
@@ -74,8 +77,6 @@ def command(
 ) -> None:
     from ..engines import prefix
 
-    if hash_fn not in ("builtin", "sha256"):
-        raise UsageError("--hash must be builtin or sha256")
     if capacity_gib is not None and capacity_blocks is not None:
         raise UsageError("give --capacity-blocks or --capacity-gib, not both")
     bytes_per_token = None
@@ -85,7 +86,7 @@ def command(
         from ..engines.kvmath import kv_shape, resolve_model
 
         config, source, _ = resolve_model(model)
-        bytes_per_token = kv_shape(config, dtype, source).bytes_per_token
+        bytes_per_token = kv_shape(config, dtype.value, source).bytes_per_token
     tok = None
     if tokenizer is not None:
         from ..tokenization import load_tokenizer
@@ -104,17 +105,19 @@ def command(
             return max(1, capacity_blocks * block_size // bs)
         return capacity_blocks
 
+    policy_name, hash_name = policy.value, hash_fn.value
+
     def run(bs: int, cap: Optional[int], keep_rows: bool):
         records = prefix.trace_records(trace)
         requests = prefix.iter_trace(records, source=name, tokenizer=tok, salt_field=salt_field,
                                      tenant_field=tenant_field, hash_block_size=hash_block_size, no_salt=no_salt,
                                      as_kind=as_kind.value if as_kind else None)
-        with Progress(f"{policy} bs={bs}") as progress:
+        with Progress(f"{policy_name} bs={bs}") as progress:
             def counted():
                 for r in requests:
                     progress.advance()
                     yield r
-            return prefix.simulate(counted(), policy=policy, block_size=bs, capacity_blocks=cap, hash_fn=hash_fn,
+            return prefix.simulate(counted(), policy=policy_name, block_size=bs, capacity_blocks=cap, hash_fn=hash_name,
                                    concurrency=concurrency, decode_s_per_token=decode_ms / 1000.0,
                                    chunk_size=chunk_size, recompute_ratio=recompute_ratio, per_request=keep_rows,
                                    source=name)
@@ -137,13 +140,13 @@ def command(
             runs.append({"block_size": bs, "capacity_blocks": cap, "capacity_tokens": None if cap is None else cap * bs,
                          "requests": r.requests, "query_tokens": r.query_tokens, "hit_tokens": r.hit_tokens,
                          "hit_rate": r.hit_rate, "evicted_blocks": r.evicted_blocks})
-    result = {"schema_version": prefix.SCHEMA_VERSION, "policy": policy, "sweep": runs}
+    result = {"schema_version": prefix.SCHEMA_VERSION, "policy": policy_name, "sweep": runs}
     if plot:
-        _plot(runs, plot, policy)
+        _plot(runs, plot, policy_name)
     if fmt is Format.json:
         emit_json(result)
     else:
-        _render_sweep(runs, policy)
+        _render_sweep(runs, policy_name)
     raise typer.Exit(EXIT_OK)
 
 
