@@ -196,7 +196,8 @@ def replay_cmd(log: Annotated[str, typer.Argument(metavar="LOG", help="JSONL log
                                                                 "have served another answer.")] = "response",
                model: ModelOpt = None, threads: ThreadsOpt = None, fmt: FormatOpt = Format.text) -> None:
     """Run a prompt log through a simulated semantic cache (store on miss, look up before): hit rate, and
-    how many hits would have returned another stored response than the one actually produced."""
+    how many hits would have returned another stored response than the one actually produced. Exit 1 when any
+    would."""
     from ..engines import semantic
 
     emb, name, progress = _embedder(model, threads)
@@ -213,7 +214,8 @@ def replay_cmd(log: Annotated[str, typer.Argument(metavar="LOG", help="JSONL log
         for e in report.examples:
             stdout.print(f"  line {e['line']}: {e['prompt']!r} served the answer of {e['matched']!r} "
                          f"(cosine {e['cosine']:.3f})", soft_wrap=True, markup=False)
-    raise typer.Exit(EXIT_OK)
+    # wrong hits are a finding, as in probe
+    raise typer.Exit(EXIT_FINDING if report.wrong_hits else EXIT_OK)
 
 
 @app.command("dupes")

@@ -131,7 +131,7 @@ def command(
         if fmt is Format.json:
             emit_json(report)
         else:
-            _render(report)
+            _render(report, salt_field, tenant_field)
         raise typer.Exit(EXIT_OK)
     runs = []
     for bs in sizes:
@@ -157,7 +157,7 @@ def _pct(x) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
 
-def _render(r) -> None:
+def _render(r, salt_field: Optional[str] = None, tenant_field: Optional[str] = None) -> None:
     from rich.table import Table
 
     cap = "unbounded" if r.capacity_blocks is None else f"{r.capacity_blocks:,} blocks"
@@ -184,6 +184,13 @@ def _render(r) -> None:
         for q in r.per_request:
             t.add_row(str(q.index), str(q.line), f"{q.prompt_tokens:,}", f"{q.hit_tokens:,.0f}")
         stdout.print(t)
+    if r.unsalted_requests:
+        stdout.print(f"note: {r.unsalted_requests:,} of {r.requests:,} requests have no '{salt_field}': cached "
+                     "unsalted, shareable by every tenant", soft_wrap=True, markup=False)
+    if tenant_field and r.requests_without_tenant:
+        whole = " (so no tenant table)" if r.requests_without_tenant == r.requests else ""
+        stdout.print(f"note: --tenant-field '{tenant_field}' is absent on {r.requests_without_tenant:,} of "
+                     f"{r.requests:,} requests{whole}", soft_wrap=True, markup=False)
     for note in r.notes:
         stdout.print(f"note: {note}", soft_wrap=True, markup=False)
 
