@@ -394,6 +394,9 @@ def parse_jsonl_line(raw: bytes, source: str, lineno: int) -> Any:
         except UnicodeDecodeError as uexc:
             raise InputError(f"not valid UTF-8 (offset {uexc.start} in the line)", source=source,
                              line=lineno) from None
+        if lineno == 1 and raw.strip() in (b"{", b"["):  # a pretty-printed document where JSONL is expected
+            raise InputError("this is pretty-printed JSON over several lines; expected JSONL, one JSON value per "
+                             "line (convert with: jq -c . FILE)", source=source, line=lineno) from None
         raise InputError(f"invalid JSON: {exc.msg} (column {exc.colno})", source=source, line=lineno) from None
 
 

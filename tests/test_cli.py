@@ -282,3 +282,25 @@ def test_a_closed_pipe_exits_quietly_with_the_commands_own_code(tmp_path):
     proc.stdout.close()                                   # the reader is gone
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1 and err == b""
+
+
+def test_pretty_printed_json_where_jsonl_is_expected(cli, tmp_path):
+    pretty = tmp_path / "trace.jsonl"
+    pretty.write_text(json.dumps({"tokens": [1, 2, 3]}, indent=2) + "\n")
+    for args in (["simulate-prefix", pretty, "--policy", "infinite"], ["semantic-probe", "dupes", pretty]):
+        r = cli(*args)
+        assert r.exit_code == 2 and r.stderr.count("\n") == 1
+        assert "trace.jsonl:1: this is pretty-printed JSON" in r.stderr and "one JSON value per line" in r.stderr
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"tokens": [1, 2,\n')
+    assert "invalid JSON" in cli("simulate-prefix", broken, "--policy", "infinite").stderr
+
+
+def test_a_tokenizer_path_typo_is_not_sent_to_the_hub(cli, tmp_path):
+    (tmp_path / "tok").mkdir()
+    a = tmp_path / "a.txt"
+    a.write_text("hello")
+    r = cli("diff-tokens", a, a, "-t", f"{tmp_path}/tokk")
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1
+    assert f"tokenizer path not found: {tmp_path}/tokk (did you mean {tmp_path}/tok?)" in r.stderr
+    assert "hf download" not in r.stderr
