@@ -546,3 +546,26 @@ def test_hints_for_missing_weights_and_tokenizer(cli):
     assert r.exit_code == 2 and "need --tokenizer" in r.stderr and "has no tokenizer files" in r.stderr
     r = cli("kv-inspect", tiny, "--random-weights", "--turns", FIXTURES / "prompts" / "think_conversation.json")
     assert r.exit_code == 2 and "need --tokenizer" in r.stderr
+
+
+def test_quantized_cache_with_a_token_count_the_default_group_does_not_divide(cli):
+    # 77 prompt tokens x 2 KV heads x head_dim 16: transformers' default group of 64 values fails there
+    pytest.importorskip("optimum.quanto")
+    from .conftest import FIXTURES, PROMPTS, TOK_DIR
+
+    r = cli("kv-inspect", FIXTURES / "tiny-llama", "--random-weights", "--tokenizer", TOK_DIR, "--messages",
+            PROMPTS / "think_conversation.json", "--quantized", "quanto", "--nbits", "2", "--threads", "1",
+            "--max-new-tokens", "4", "-f", "json")
+    assert r.exit_code == 0, r.stderr
+    q = json.loads(r.stdout)["quantized"]
+    assert (q["seq_length"] - 3) % 2 == 1 and q["quantized_bytes"] < q["full_bytes"]   # 77 prompt tokens: odd
+
+
+def test_run_header_is_in_the_dtype_the_run_measured(cli):
+    from .conftest import FIXTURES, TOK_DIR
+
+    args = ["kv-inspect", FIXTURES / "tiny-llama", "--run", "--random-weights", "--prompt", "hi there",
+            "--tokenizer", TOK_DIR, "--max-new-tokens", "2", "--threads", "1", "-f", "json"]
+    d = json.loads(cli(*args).stdout)
+    assert d["dtype"] == d["run"]["dtype"] == "fp32" and d["bytes_per_token"] == 2 * 2 * 2 * 16 * 4
+    assert json.loads(cli(*args, "--dtype", "bf16").stdout)["dtype"] == "bf16"     # an explicit --dtype stays

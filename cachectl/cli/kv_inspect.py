@@ -41,7 +41,9 @@ def _contexts(text: str) -> list[int]:
 def command(
     model: Annotated[Optional[str], typer.Argument(metavar="MODEL", help="Model dir, config.json, .gguf, cached HF id or catalog name.",
                                                    show_default=False)] = None,
-    dtype: Annotated[Dtype, typer.Option("--dtype", case_sensitive=False, help="KV cache dtype.")] = Dtype.bf16,
+    dtype: Annotated[Optional[Dtype], typer.Option("--dtype", case_sensitive=False, show_default=False,
+                                                   help="KV cache dtype (default: bf16; with --run, the dtype the "
+                                                        "run measured).")] = None,
     context: Annotated[str, typer.Option("--context", metavar="N,N,...",
                                          help="Context lengths in tokens (k = 1024).")] = "4096,32768,131072",
     batch: Annotated[int, typer.Option("--batch", min=1, metavar="N", help="Sequences decoded together.")] = 1,
@@ -91,13 +93,20 @@ def command(
     if model is None:
         raise UsageError("kv-inspect needs MODEL (or --list-models)")
     config, source, entry = kvmath.resolve_model(model)
-    report = kvmath.inspect_config(
-        config, model=model, source=source, dtype=dtype.value, contexts=_contexts(context), batch=batch, gpu=gpu,
-        gpu_memory=kvmath.parse_memory(gpu_memory) if gpu_memory else None,
-        gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
-        weights_bytes=weights_gib * kvmath.GIB if weights_gib is not None else None,
-        published_params=(entry or {}).get("params"), active_params=(entry or {}).get("active_params"))
-    if random_weights and (run or quantized or turns is not None or shared_prefix is not None):
+
+    def static(kv_dtype: str, weights_dtype: str = "bf16"):
+        return kvmath.inspect_config(
+            config, model=model, source=source, dtype=kv_dtype, weights_dtype=weights_dtype, contexts=_contexts(context), batch=batch, gpu=gpu,
+            gpu_memory=kvmath.parse_memory(gpu_memory) if gpu_memory else None,
+            gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
+            weights_bytes=weights_gib * kvmath.GIB if weights_gib is not None else None,
+            published_params=(entry or {}).get("params"), active_params=(entry or {}).get("active_params"))
+
+    live_modes = bool(run or quantized or turns is not None or shared_prefix is not None)
+    # random weights are built in fp32: a live run's header says so unless --dtype asks otherwise
+    default = "fp32" if random_weights and live_modes else "bf16"
+    report = static(dtype.value if dtype else default, dtype.value if dtype else default)
+    if random_weights and live_modes:
         from ..engines import kvlive
 
         kvlive.check_random_weights_memory(config, (entry or {}).get("params"))
@@ -108,8 +117,11 @@ def command(
 
         ids = _prompt_ids(model, tokenizer, prompt, messages)
         if run:
-            report = dataclasses.replace(report, run=kvlive.run_live(
-                model, config, ids, max_new_tokens=max_new_tokens, random_weights=random_weights, threads=threads))
+            live = kvlive.run_live(model, config, ids, max_new_tokens=max_new_tokens, random_weights=random_weights,
+                                   threads=threads)
+            if dtype is None and live.dtype != report.dtype and live.dtype in kvmath.DTYPE_BYTES:
+                report = static(live.dtype, live.dtype)  # the dtype the run measured, not bf16 over fp32
+            report = dataclasses.replace(report, run=live)
         if quantized:
             report = dataclasses.replace(report, quantized=kvlive.run_quantized(
                 model, config, ids, backend=quantized.value, nbits=int(nbits.value), max_new_tokens=max_new_tokens,

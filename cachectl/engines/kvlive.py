@@ -450,8 +450,15 @@ def run_quantized(spec: str, config: dict, prompt_ids: Sequence[int], *, backend
     from transformers import DynamicCache, QuantizedCache
 
     model, _ = _prepare(spec, config, random_weights, seed, threads)
+    import math
+
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    # transformers' default group of 64 values must divide what is quantized: with a head_dim below 64 (small
+    # models) a group of 64 fails whenever the token count is odd, so the group follows the head dim there
+    group = math.gcd(64, int(head_dim))
     try:
-        quant = QuantizedCache(backend=backend, config=model.config, nbits=nbits)
+        quant = QuantizedCache(backend=backend, config=model.config, nbits=nbits, q_group_size=group)
     except (ValueError, ImportError) as exc:
         raise UsageError(f"cannot build a {backend} cache with {nbits} bits: {str(exc).splitlines()[0]}") from None
     full = DynamicCache(config=model.config)

@@ -570,8 +570,10 @@ def inspect_config(config: dict, *, model: str, source: str, dtype: str = "bf16"
     if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
         beyond_max = [t for t in contexts if t > limit]
         if beyond_max:
-            notes.append(f"context {', '.join(f'{t:,}' for t in beyond_max)} is beyond the model's maximum of "
-                         f"{limit:,} tokens (max_position_embeddings): sizes shown for arithmetic only")
+            which = (f"context {beyond_max[0]:,} is" if len(beyond_max) == 1 else
+                     f"contexts {', '.join(f'{t:,}' for t in beyond_max)} are")
+            notes.append(f"{which} beyond the model's maximum of {limit:,} tokens (max_position_embeddings): sizes "
+                         "shown for arithmetic only")
     tied, tied_from = tied_embeddings(config)
     if weights_source and weights_source.startswith("estimated") and tied_from != "config":
         notes.append(f"tie_word_embeddings is not in the config: {'tied' if tied else 'untied'} ({tied_from})")
