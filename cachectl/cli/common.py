@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import sys
 import traceback
+from collections.abc import Callable, Iterator
 from enum import Enum
-from typing import Annotated, Any, Callable, Iterator, Optional
-
-import importlib
+from typing import Annotated, Any, Optional
 
 import orjson
 import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
+from ..errors import CachectlError, UsageError
+
 # click's exceptions as typer raises them: the click package, or the copy newer typer versions carry
 _click_exceptions: Any = importlib.import_module(typer.BadParameter.__module__)
-
-from ..errors import CachectlError, UsageError
 
 EXIT_OK, EXIT_FINDING, EXIT_ERROR = 0, 1, 2
 
@@ -201,14 +201,14 @@ class Progress:
     def __init__(self, description: str):
         self._progress = None
         if stderr.is_terminal and not os.environ.get("CI"):
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, SpinnerColumn, \
-                TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as RichProgress
 
             self._progress = RichProgress(SpinnerColumn(), TextColumn(description), MofNCompleteColumn(),
                                           BarColumn(), TimeElapsedColumn(), console=stderr, transient=True)
             self._task = self._progress.add_task(description, total=None)
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         if self._progress is not None:
             self._progress.__enter__()
         return self
@@ -258,7 +258,7 @@ def save_figure(fig, path: str) -> None:
 # ------------------------------------------------------------------------------------------ errors
 
 
-def fail(message: str, code: int = EXIT_ERROR) -> "typer.Exit":
+def fail(message: str, code: int = EXIT_ERROR) -> typer.Exit:
     stderr.print(f"cachectl: error: {message}", markup=False, highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
@@ -323,7 +323,7 @@ class CachectlGroup(TyperGroup):
     """The root command: click's own error output (a boxed usage error, exit 1 on a closed pipe) replaced by
     cachectl's one line on stderr and its exit codes."""
 
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # type: ignore[override]
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:

@@ -8,8 +8,20 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import UsageError
-from .common import (EXIT_OK, BlockSizeOpt, CacheKind, Dtype, Format, FormatOpt, Nbits, Quantizer, TokenizerOpt,
-                     emit_json, handle_errors, stdout)
+from .common import (
+    EXIT_OK,
+    BlockSizeOpt,
+    CacheKind,
+    Dtype,
+    Format,
+    FormatOpt,
+    Nbits,
+    Quantizer,
+    TokenizerOpt,
+    emit_json,
+    handle_errors,
+    stdout,
+)
 
 HELP = """What a model's KV cache holds and costs, from its configuration (offline, instant).
 

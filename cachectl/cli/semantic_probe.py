@@ -7,8 +7,19 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import UsageError
-from .common import (EXIT_FINDING, EXIT_OK, Format, FormatOpt, Normalize, Progress, emit_json, handle_errors,
-                     new_figure, save_figure, stdout)
+from .common import (
+    EXIT_FINDING,
+    EXIT_OK,
+    Format,
+    FormatOpt,
+    Normalize,
+    Progress,
+    emit_json,
+    handle_errors,
+    new_figure,
+    save_figure,
+    stdout,
+)
 
 app = typer.Typer(
     help="How often a semantic cache would answer wrongly, and at which threshold. Embeddings come from a "
@@ -150,7 +161,8 @@ def sweep_cmd(file: Annotated[str, typer.Argument(metavar="PAIRS", help="Labeled
     emb, name, progress = _embedder(model, threads)
     with progress:
         scored = semantic.score_pairs(pairs, emb, 0.0, name)
-    report = semantic.sweep_scores([p.cosine for p in scored.pairs], [p.label for p in scored.pairs],
+    # read_pairs(need_label=True) guarantees a label on every pair
+    report = semantic.sweep_scores([p.cosine for p in scored.pairs], [int(p.label or 0) for p in scored.pairs],
                                    _thresholds(thresholds), target_false_hit, confidence, name)
     if plot:
         _plot(report, plot)

@@ -7,8 +7,23 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import UsageError
-from .common import (EXIT_OK, AsOpt, BlockSizeOpt, Dtype, Format, FormatOpt, HashFn, Policy, Progress, TokenizerOpt,
-                     emit_json, handle_errors, new_figure, save_figure, stdout)
+from .common import (
+    EXIT_OK,
+    AsOpt,
+    BlockSizeOpt,
+    Dtype,
+    Format,
+    FormatOpt,
+    HashFn,
+    Policy,
+    Progress,
+    TokenizerOpt,
+    emit_json,
+    handle_errors,
+    new_figure,
+    save_figure,
+    stdout,
+)
 
 HELP = """Replay a request trace through a server prefix cache and count hits the way vLLM does.
 
@@ -97,7 +112,7 @@ def command(
         raise UsageError("sweeps read the trace once per run: pass a file, not stdin")
 
     def capacity_for(bs: int) -> Optional[int]:
-        if bytes_per_token is not None:
+        if bytes_per_token is not None and capacity_gib is not None:
             from ..engines.kvmath import blocks_for_memory
 
             return blocks_for_memory(capacity_gib, bytes_per_token, bs)
@@ -135,7 +150,7 @@ def command(
         raise typer.Exit(EXIT_OK)
     runs = []
     for bs in sizes:
-        for cap in (caps or [capacity_for(bs)]):
+        for cap in ([*caps] if caps else [capacity_for(bs)]):
             r = run(bs, cap, False)
             runs.append({"block_size": bs, "capacity_blocks": cap, "capacity_tokens": None if cap is None else cap * bs,
                          "requests": r.requests, "query_tokens": r.query_tokens, "hit_tokens": r.hit_tokens,

@@ -6,9 +6,10 @@ torch and transformers are imported inside :func:`run_live` only.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import InputError, UsageError
 from . import kvmath

@@ -29,9 +29,10 @@ import operator
 import pickle
 from array import array
 from collections import OrderedDict, deque
-from itertools import accumulate, chain, count, repeat
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from itertools import accumulate, chain, count, repeat
+from typing import Any
 
 from ..errors import InputError, UsageError
 
@@ -382,7 +383,7 @@ class InfiniteCache:
 class _Node:
     __slots__ = ("children", "key", "parent", "last", "lock", "owner")
 
-    def __init__(self, key: tuple, parent: "_Node | None", owner: Any = None):
+    def __init__(self, key: tuple, parent: _Node | None, owner: Any = None):
         self.children: dict = {}
         self.key = key
         self.parent = parent
