@@ -57,6 +57,7 @@ def test_help_renders_every_option_with_its_help_and_choices(cli, path, cmd):
     r = cli(*path, "--help")
     assert r.exit_code == 0, r.stderr
     assert "\\[" not in r.stdout  # markup escapes leaking into plain help (typer < 0.21.1)
+    assert "<bool>" not in r.stdout  # a flag takes no value
     shown = _squash(r.stdout)
     # the command's own description, whole (wrapping aside)
     description = "\n".join(line for line in (cmd.help or "").splitlines() if line.strip() != "\b")
