@@ -569,3 +569,20 @@ def test_run_header_is_in_the_dtype_the_run_measured(cli):
     d = json.loads(cli(*args).stdout)
     assert d["dtype"] == d["run"]["dtype"] == "fp32" and d["bytes_per_token"] == 2 * 2 * 2 * 16 * 4
     assert json.loads(cli(*args, "--dtype", "bf16").stdout)["dtype"] == "bf16"     # an explicit --dtype stays
+
+
+def test_total_parameters_of_moe_configs_for_the_memory_check():
+    from cachectl.engines import kvlive
+
+    # Mixtral-8x7B's config.json: 46.7B parameters published
+    mixtral = {"model_type": "mixtral", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+               "num_key_value_heads": 8, "intermediate_size": 14336, "num_local_experts": 8, "vocab_size": 32000,
+               "tie_word_embeddings": False}
+    assert kvmath.estimate_params(mixtral) is None                      # not a dense model
+    assert abs(kvmath.estimate_total_params(mixtral) / 46.7e9 - 1) < 0.01
+    # DeepSeek-V3 (its config.json's expert fields added to the catalog's): 671B published
+    ds = {**kvmath.catalog()["deepseek-v3"]["config"], "n_routed_experts": 256, "n_shared_experts": 1,
+          "moe_intermediate_size": 2048, "intermediate_size": 18432, "first_k_dense_replace": 3}
+    assert abs(kvmath.estimate_total_params(ds) / 671e9 - 1) < 0.02
+    with pytest.raises(UsageError, match=r"46\.\d\dB parameters"):
+        kvlive.check_random_weights_memory(mixtral, available=64 * GIB)
