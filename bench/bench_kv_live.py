@@ -32,7 +32,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 
-    from cachectl.engines.kvlive import inspect_model
+    from cachectl.engines.kvlive import cache_keyword, inspect_model
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -46,8 +46,9 @@ def main() -> None:
     def plain() -> float:
         t0 = time.perf_counter()
         with torch.no_grad():
+            # the keyword the model takes the cache by (cache= from transformers 5.24, past_key_values= before)
             model.generate(ids, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
-                           cache=DynamicCache(config=model.config), pad_token_id=0)
+                           pad_token_id=0, **{cache_keyword(model): DynamicCache(config=model.config)})
         return time.perf_counter() - t0
 
     def inspected() -> float:

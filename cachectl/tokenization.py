@@ -426,7 +426,19 @@ def load_tokenizer(spec: str, *, chat_template_file: str | None = None) -> Token
         return _load_dir(path, spec, chat_template)
     if _HF_ID.match(spec) and not spec.endswith(".json"):
         return _load_hub_cached(spec, chat_template)
-    raise TokenizerError(f"tokenizer path not found: {spec}")
+    raise _path_not_found(spec)
+
+
+def _path_not_found(spec: str) -> TokenizerError:
+    """A local tokenizer path that does not exist, with the close names beside it."""
+    import difflib
+
+    path = Path(spec).expanduser()
+    close = []
+    if path.parent.is_dir():
+        close = difflib.get_close_matches(path.name, [p.name for p in path.parent.iterdir()], n=3)
+    hint = f" (did you mean {', '.join(str(Path(spec).parent / c) for c in close)}?)" if close else ""
+    return TokenizerError(f"tokenizer path not found: {spec}{hint}")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -481,6 +493,8 @@ def _load_hub_cached(repo_id: str, chat_template: str | None) -> TokenizerHandle
     try:
         folder = snapshot_download(repo_id, local_files_only=True)
     except Exception:
+        if Path(repo_id).parent.is_dir():  # "fixtures/tokk": a local path with a typo, not a Hugging Face id
+            raise _path_not_found(repo_id) from None
         raise TokenizerError(
             f"tokenizer {repo_id!r} is not a local path and is not in the Hugging Face cache ({HF_HUB_CACHE}); "
             "cachectl never downloads: pass a local model directory or tokenizer.json "

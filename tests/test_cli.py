@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -249,3 +250,57 @@ def test_log_text_shows_keys_that_look_like_markup(cli):
     assert r.exit_code == 1
     assert "line 3 [s1]: A is a token prefix of B" in r.stdout
     assert "line 4 [s2]: mismatch" in r.stdout and "cause=date_time" in r.stdout
+
+
+def test_count_with_api_offline_is_one_clear_line(tmp_path):
+    pytest.importorskip("anthropic")
+    body = {"timestamp": 0, "model": "claude-sonnet-4-5", "max_tokens": 10,
+            "system": [{"type": "text", "text": "You are helpful.", "cache_control": {"type": "ephemeral"}}],
+            "messages": [{"role": "user", "content": "Hi"}]}
+    log = tmp_path / "req.jsonl"
+    log.write_text(json.dumps(body) + "\n")
+    # a port nothing listens on: the SDK's APIConnectionError, as offline
+    env = {**os.environ, "ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": "http://127.0.0.1:9"}
+    out = subprocess.run([sys.executable, "-m", "cachectl", "prompt-cost", str(log), "--count-with-api"],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "cannot reach the Anthropic API" in out.stderr and "internal error" not in out.stderr
+    assert "test-key" not in out.stderr
+
+
+def test_a_closed_pipe_exits_quietly_with_the_commands_own_code(tmp_path):
+    # `cachectl diff-tokens --log big.jsonl | head -1`: far more output than a pipe buffers (~270 kB), the reader
+    # gone after one line: no traceback, and the code the command has without the pipe (1: prompts differ)
+    log = tmp_path / "big.jsonl"
+    log.write_text("".join(json.dumps({"prompt": f"System prompt number {i} for a long chat. Question {i % 7}"})
+                           + "\n" for i in range(3000)))
+    args = [sys.executable, "-m", "cachectl", "diff-tokens", "--log", str(log), "-t", str(TOK_DIR)]
+    alone = subprocess.run(args, capture_output=True, cwd=ROOT)
+    assert alone.returncode == 1 and len(alone.stdout) > 200_000
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    assert proc.stdout.readline().startswith(b"line 2: mismatch")
+    proc.stdout.close()                                   # the reader is gone
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and err == b""
+
+
+def test_pretty_printed_json_where_jsonl_is_expected(cli, tmp_path):
+    pretty = tmp_path / "trace.jsonl"
+    pretty.write_text(json.dumps({"tokens": [1, 2, 3]}, indent=2) + "\n")
+    for args in (["simulate-prefix", pretty, "--policy", "infinite"], ["semantic-probe", "dupes", pretty]):
+        r = cli(*args)
+        assert r.exit_code == 2 and r.stderr.count("\n") == 1
+        assert "trace.jsonl:1: this is pretty-printed JSON" in r.stderr and "one JSON value per line" in r.stderr
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"tokens": [1, 2,\n')
+    assert "invalid JSON" in cli("simulate-prefix", broken, "--policy", "infinite").stderr
+
+
+def test_a_tokenizer_path_typo_is_not_sent_to_the_hub(cli, tmp_path):
+    (tmp_path / "tok").mkdir()
+    a = tmp_path / "a.txt"
+    a.write_text("hello")
+    r = cli("diff-tokens", a, a, "-t", f"{tmp_path}/tokk")
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1
+    assert f"tokenizer path not found: {tmp_path}/tokk (did you mean {tmp_path}/tok?)" in r.stderr
+    assert "hf download" not in r.stderr

@@ -145,7 +145,7 @@ def test_cli_bad_input(cli, tmp_path):
     r = cli("kv-inspect", "llama-3.1-8b", "--context", "lots")
     assert r.exit_code == 2 and "--context" in r.stderr
     r = cli("kv-inspect", "llama-3.1-8b", "--dtype", "fp7")
-    assert r.exit_code == 2 and "unknown dtype" in r.stderr
+    assert r.exit_code == 2 and "fp7" in r.stderr and "bf16" in r.stderr and r.stderr.count("\n") == 1
     r = cli("kv-inspect", "llama-3.1-8b", "--gpu-memory", "eighty")
     assert r.exit_code == 2 and "memory size" in r.stderr
     assert cli("kv-inspect", "--list-models").exit_code == 0
@@ -452,6 +452,8 @@ def test_gemma4_config_json_per_kind_head_dims_match_a_real_transformers_cache()
 
     from cachectl.engines import kvlive
 
+    if "gemma4_text" not in transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES:
+        pytest.skip(f"transformers {transformers.__version__} has no Gemma 4 (the main job runs this)")
     base = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=12, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=8,
                 vocab_size_per_layer_input=300, hidden_size_per_layer_input=8, num_kv_shared_layers=2)
@@ -494,9 +496,12 @@ def test_tied_embeddings_default_per_model_type():
     import transformers
 
     table = kvmath._data("model_defaults.json")["tie_word_embeddings"]
-    for model_type, tied in table.items():
+    known = set(transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES)
+    checked = [t for t in table if t in known]          # older transformers lack the newest types (gemma4)
+    assert len(checked) >= 0.8 * len(table)
+    for model_type in checked:
         hf = transformers.AutoConfig.for_model(model_type).get_text_config()
-        assert hf.tie_word_embeddings is tied, model_type
+        assert hf.tie_word_embeddings is table[model_type], model_type
     gemma = {k: v for k, v in kvmath.catalog()["gemma-2-9b"]["config"].items() if k != "tie_word_embeddings"}
     assert kvmath.tied_embeddings(gemma) == (True, "the gemma2 default")
     untied = kvmath.estimate_params({**gemma, "tie_word_embeddings": False})
@@ -541,3 +546,43 @@ def test_hints_for_missing_weights_and_tokenizer(cli):
     assert r.exit_code == 2 and "need --tokenizer" in r.stderr and "has no tokenizer files" in r.stderr
     r = cli("kv-inspect", tiny, "--random-weights", "--turns", FIXTURES / "prompts" / "think_conversation.json")
     assert r.exit_code == 2 and "need --tokenizer" in r.stderr
+
+
+def test_quantized_cache_with_a_token_count_the_default_group_does_not_divide(cli):
+    # 77 prompt tokens x 2 KV heads x head_dim 16: transformers' default group of 64 values fails there
+    pytest.importorskip("optimum.quanto")
+    from .conftest import FIXTURES, PROMPTS, TOK_DIR
+
+    r = cli("kv-inspect", FIXTURES / "tiny-llama", "--random-weights", "--tokenizer", TOK_DIR, "--messages",
+            PROMPTS / "think_conversation.json", "--quantized", "quanto", "--nbits", "2", "--threads", "1",
+            "--max-new-tokens", "4", "-f", "json")
+    assert r.exit_code == 0, r.stderr
+    q = json.loads(r.stdout)["quantized"]
+    assert (q["seq_length"] - 3) % 2 == 1 and q["quantized_bytes"] < q["full_bytes"]   # 77 prompt tokens: odd
+
+
+def test_run_header_is_in_the_dtype_the_run_measured(cli):
+    from .conftest import FIXTURES, TOK_DIR
+
+    args = ["kv-inspect", FIXTURES / "tiny-llama", "--run", "--random-weights", "--prompt", "hi there",
+            "--tokenizer", TOK_DIR, "--max-new-tokens", "2", "--threads", "1", "-f", "json"]
+    d = json.loads(cli(*args).stdout)
+    assert d["dtype"] == d["run"]["dtype"] == "fp32" and d["bytes_per_token"] == 2 * 2 * 2 * 16 * 4
+    assert json.loads(cli(*args, "--dtype", "bf16").stdout)["dtype"] == "bf16"     # an explicit --dtype stays
+
+
+def test_total_parameters_of_moe_configs_for_the_memory_check():
+    from cachectl.engines import kvlive
+
+    # Mixtral-8x7B's config.json: 46.7B parameters published
+    mixtral = {"model_type": "mixtral", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+               "num_key_value_heads": 8, "intermediate_size": 14336, "num_local_experts": 8, "vocab_size": 32000,
+               "tie_word_embeddings": False}
+    assert kvmath.estimate_params(mixtral) is None                      # not a dense model
+    assert abs(kvmath.estimate_total_params(mixtral) / 46.7e9 - 1) < 0.01
+    # DeepSeek-V3 (its config.json's expert fields added to the catalog's): 671B published
+    ds = {**kvmath.catalog()["deepseek-v3"]["config"], "n_routed_experts": 256, "n_shared_experts": 1,
+          "moe_intermediate_size": 2048, "intermediate_size": 18432, "first_k_dense_replace": 3}
+    assert abs(kvmath.estimate_total_params(ds) / 671e9 - 1) < 0.02
+    with pytest.raises(UsageError, match=r"46\.\d\dB parameters"):
+        kvlive.check_random_weights_memory(mixtral, available=64 * GIB)

@@ -100,3 +100,21 @@ def test_package_data_patterns_match_files_and_py_typed_ships():
     for pattern in patterns:
         assert list((ROOT / "cachectl").glob(pattern)), f"package-data pattern {pattern!r} matches nothing"
     assert "py.typed" in patterns and (ROOT / "cachectl" / "py.typed").is_file()
+
+
+def test_the_library_exports_every_engine_and_its_results():
+    import subprocess
+    import sys
+
+    import cachectl
+
+    for name in cachectl.__all__:
+        assert getattr(cachectl, name) is not None, name
+    for name in ("diff_tokens", "simulate", "what_if", "inspect_config", "run_live", "replay", "lint_paths",
+                 "PrefixReport", "KvReport", "CostReport", "LintReport", "SweepReport"):
+        assert name in cachectl.__all__
+    # still cheap: importing the package imports no engine, torch or transformers
+    code = "import sys, cachectl; print(sorted(m for m in sys.modules if m.startswith(('cachectl.', 'torch', " \
+           "'transformers'))))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]", out.stdout

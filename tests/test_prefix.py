@@ -302,3 +302,30 @@ def test_both_sequential_pools_equal_the_naive_reference(trace, bs, extra_capaci
     assert [p.evicted for p in pools] == [naive.evicted] * 2
     assert pools[0].cross_tenant_hits == pools[1].cross_tenant_hits
     assert pools[0].peak_in_use == pools[1].peak_in_use
+
+
+def test_salt_field_absent_on_a_line_is_an_unsalted_request_and_counted(cli, write):
+    shared = list(range(100, 164))                      # 4 full blocks of 16
+    rows = [{"tokens": shared + [1], "tenant_salt": "a"}, {"tokens": shared + [2]},
+            {"tokens": shared + [3], "tenant_salt": "b"}, {"tokens": shared + [4]}]
+    trace = write("t.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n")
+    r = cli("simulate-prefix", trace, "--policy", "infinite", "--salt-field", "tenant_salt", "-f", "json")
+    assert r.exit_code == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["unsalted_requests"] == 2
+    # the two unsalted requests share one cache; each salted one is alone: only the 4th request hits (4 blocks,
+    # capped at L - 1 = 64 tokens -> 64)
+    assert d["hit_tokens"] == 64
+    text = cli("simulate-prefix", trace, "--policy", "infinite", "--salt-field", "tenant_salt").stdout
+    assert "2 of 4 requests have no 'tenant_salt': cached unsalted" in text
+
+
+def test_tenant_field_absent_is_said(cli, write):
+    trace = write("t.jsonl", "\n".join(json.dumps({"tokens": list(range(10, 50)), "org": o})
+                                       for o in ("x", None, "y")).replace(', "org": null', "") + "\n")
+    r = cli("simulate-prefix", trace, "--policy", "infinite", "--tenant-field", "team")
+    assert r.exit_code == 0 and "--tenant-field 'team' is absent on 3 of 3 requests (so no tenant table)" in r.stdout
+    r = cli("simulate-prefix", trace, "--policy", "infinite", "--tenant-field", "org")
+    assert "is absent on 1 of 3 requests" in r.stdout and "(so no tenant table)" not in r.stdout
+    assert json.loads(cli("simulate-prefix", trace, "--policy", "infinite", "--tenant-field", "org", "-f",
+                          "json").stdout)["requests_without_tenant"] == 1

@@ -155,7 +155,8 @@ def test_cli_probe_exit_1_on_wrong_hits_and_sweep_json(cli, tmp_path):
     ("text_a,text_b,label\na,b,\n", "p.csv", "p.csv:2: field 'label': missing label"),
     ("text_a,text_b,label\na,b,yes\n", "p.csv", "p.csv:2: field 'label': label must be 0 or 1"),
     ("", "p.tsv", "p.tsv: file is empty"),
-    ('{"text_a": "a"}\n', "p.jsonl", "p.jsonl:1: field 'text_b': missing or empty text"),
+    ('{"text_a": "a"}\n', "p.jsonl", "p.jsonl:1: field 'text_b': no such field"),
+    ('{"text_a": "a", "text_b": " "}\n', "p.jsonl", "p.jsonl:1: field 'text_b': missing or empty text"),
 ])
 def test_cli_bad_pair_files(cli, write, content, name, message):
     path = write(name, content)
@@ -199,3 +200,27 @@ def test_replay_reports_sampled_ann_recall(embedder, write):
     for v in vecs[:200]:
         store.nearest(v)
     assert store.checked == 4 and store.agreed == store.checked  # stored vectors find themselves
+
+
+def test_cli_replay_exits_1_on_wrong_hits_like_probe(cli, write):
+    wrong = write("w.jsonl", "\n".join(json.dumps(r) for r in [
+        {"prompt": "Is the API rate limited?", "response": "Yes, 50 requests per minute."},
+        {"prompt": "Is the API not rate limited?", "response": "It is rate limited."}]) + "\n")
+    r = cli("semantic-probe", "replay", wrong, "--threads", "1")
+    assert r.exit_code == 1 and "1 hits would have returned a different stored response" in r.stdout
+    right = write("r.jsonl", "\n".join(json.dumps(r) for r in [
+        {"prompt": "How do I reset my password?", "response": "Open settings."},
+        {"prompt": "How do I reset my password?", "response": "Open settings."}]) + "\n")
+    r = cli("semantic-probe", "replay", right, "--threads", "1")
+    assert r.exit_code == 0 and "0 hits would have returned" in r.stdout
+
+
+@pytest.mark.parametrize("name,content", [
+    ("p.csv", "question,candidate,same\nHow do I reset it?,How can I reset it?,1\n"),
+    ("p.jsonl", json.dumps({"question": "How do I reset it?", "candidate": "How can I reset it?", "same": 1}) + "\n"),
+])
+def test_other_column_names_point_to_columns(cli, write, name, content):
+    path = write(name, content)
+    r = cli("semantic-probe", "sweep", path)
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1
+    assert "'text_a'" in r.stderr and "'question'" in r.stderr and "--columns A,B[,LABEL]" in r.stderr

@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import sys
 import traceback
+from collections.abc import Callable, Iterator
 from enum import Enum
-from typing import Annotated, Any, Callable, Iterator, Optional
-
-import importlib
+from typing import Annotated, Any, Optional
 
 import orjson
 import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
+from ..errors import CachectlError, UsageError
+
 # click's exceptions as typer raises them: the click package, or the copy newer typer versions carry
 _click_exceptions: Any = importlib.import_module(typer.BadParameter.__module__)
-
-from ..errors import CachectlError, UsageError
 
 EXIT_OK, EXIT_FINDING, EXIT_ERROR = 0, 1, 2
 
@@ -40,7 +40,17 @@ class InputKind(str, Enum):
 # Options with a fixed set of values: enums, so that help lists them and click validates them.
 
 
-class Dtype(str, Enum):
+class Choice(str, Enum):
+    """A fixed-choice option value that prints and formats as its value ("5m", not "Ttl.m5")."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class Dtype(Choice):
     bf16 = "bf16"
     fp16 = "fp16"
     fp32 = "fp32"
@@ -49,29 +59,29 @@ class Dtype(str, Enum):
     int4 = "int4"
 
 
-class Policy(str, Enum):
+class Policy(Choice):
     vllm = "vllm"
     radix = "radix"
     chunk = "chunk"
     infinite = "infinite"
 
 
-class HashFn(str, Enum):
+class HashFn(Choice):
     builtin = "builtin"
     sha256 = "sha256"
 
 
-class CacheKind(str, Enum):
+class CacheKind(Choice):
     dynamic = "dynamic"
     static = "static"
 
 
-class Quantizer(str, Enum):
+class Quantizer(Choice):
     quanto = "quanto"
     hqq = "hqq"
 
 
-class Nbits(str, Enum):
+class Nbits(Choice):
     """Bits per value of a quantized cache (quanto: 2 or 4; hqq: 1, 2, 3, 4 or 8)."""
 
     b1 = "1"
@@ -81,12 +91,12 @@ class Nbits(str, Enum):
     b8 = "8"
 
 
-class Ttl(str, Enum):
+class Ttl(Choice):
     m5 = "5m"
     h1 = "1h"
 
 
-class Normalize(str, Enum):
+class Normalize(Choice):
     none = "none"
     whitespace = "whitespace"
     case = "case"
@@ -100,7 +110,7 @@ TokenizerOpt = Annotated[Optional[str], typer.Option(
     help="Model directory, tokenizer.json, or a Hugging Face id already in the local cache (never downloaded).")]
 ChatTemplateOpt = Annotated[Optional[str], typer.Option(
     "--chat-template", metavar="FILE", help="Jinja chat template to use instead of the tokenizer's own.")]
-BlockSizeOpt = Annotated[int, typer.Option("--block-size", min=1, help="KV-cache block size in tokens (vLLM: 16).")]
+BlockSizeOpt = Annotated[int, typer.Option("--block-size", min=1, metavar="N", help="KV-cache block size in tokens (vLLM: 16).")]
 AsOpt = Annotated[Optional[InputKind], typer.Option("--as", help="Force the input kind instead of detecting it.",
                                                     case_sensitive=False)]
 TemplateVarOpt = Annotated[Optional[list[str]], typer.Option(
@@ -191,14 +201,14 @@ class Progress:
     def __init__(self, description: str):
         self._progress = None
         if stderr.is_terminal and not os.environ.get("CI"):
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, SpinnerColumn, \
-                TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as RichProgress
 
             self._progress = RichProgress(SpinnerColumn(), TextColumn(description), MofNCompleteColumn(),
                                           BarColumn(), TimeElapsedColumn(), console=stderr, transient=True)
             self._task = self._progress.add_task(description, total=None)
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         if self._progress is not None:
             self._progress.__enter__()
         return self
@@ -266,7 +276,7 @@ def flags_for_params(message: str) -> str:
     return re.sub(r"`([a-z_]+)`", lambda m: PARAM_FLAGS.get(m.group(1), m.group(0)), message)
 
 
-def fail(message: str, code: int = EXIT_ERROR) -> "typer.Exit":
+def fail(message: str, code: int = EXIT_ERROR) -> typer.Exit:
     stderr.print(f"cachectl: error: {message}", markup=False, highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
@@ -331,7 +341,7 @@ class CachectlGroup(TyperGroup):
     """The root command: click's own error output (a boxed usage error, exit 1 on a closed pipe) replaced by
     cachectl's one line on stderr and its exit codes."""
 
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # type: ignore[override]
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:

@@ -8,7 +8,20 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import UsageError
-from .common import EXIT_OK, BlockSizeOpt, Format, FormatOpt, TokenizerOpt, emit_json, handle_errors, stdout
+from .common import (
+    EXIT_OK,
+    BlockSizeOpt,
+    CacheKind,
+    Dtype,
+    Format,
+    FormatOpt,
+    Nbits,
+    Quantizer,
+    TokenizerOpt,
+    emit_json,
+    handle_errors,
+    stdout,
+)
 
 HELP = """What a model's KV cache holds and costs, from its configuration (offline, instant).
 
@@ -38,31 +51,33 @@ def _contexts(text: str) -> list[int]:
 
 @handle_errors
 def command(
-    model: Annotated[Optional[str], typer.Argument(help="Model dir, config.json, .gguf, cached HF id or catalog name.",
+    model: Annotated[Optional[str], typer.Argument(metavar="MODEL", help="Model dir, config.json, .gguf, cached HF id or catalog name.",
                                                    show_default=False)] = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="KV cache dtype: bf16, fp16, fp32, fp8, int4.")] = "bf16",
+    dtype: Annotated[Optional[Dtype], typer.Option("--dtype", case_sensitive=False, show_default=False,
+                                                   help="KV cache dtype (default: bf16; with --run, the dtype the "
+                                                        "run measured).")] = None,
     context: Annotated[str, typer.Option("--context", metavar="N,N,...",
                                          help="Context lengths in tokens (k = 1024).")] = "4096,32768,131072",
-    batch: Annotated[int, typer.Option("--batch", min=1, help="Sequences decoded together.")] = 1,
+    batch: Annotated[int, typer.Option("--batch", min=1, metavar="N", help="Sequences decoded together.")] = 1,
     gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", metavar="SIZE",
                                                       help="GPU memory, e.g. 80GiB (default: the --gpu's).")] = None,
     gpu: Annotated[Optional[str], typer.Option("--gpu", metavar="NAME",
                                                help="A GPU from the table (H100, A100, H200, L40S, ...).")] = None,
-    gpu_memory_utilization: Annotated[float, typer.Option("--gpu-memory-utilization",
+    gpu_memory_utilization: Annotated[float, typer.Option("--gpu-memory-utilization", metavar="SHARE",
                                                           help="Share of GPU memory vLLM may use.")] = 0.9,
-    weights_gib: Annotated[Optional[float], typer.Option("--weights-gib", help="Weights size, when the estimate "
+    weights_gib: Annotated[Optional[float], typer.Option("--weights-gib", metavar="GIB", help="Weights size, when the estimate "
                                                                                "from the config does not fit.")] = None,
     block_size: BlockSizeOpt = 16,
     run: Annotated[bool, typer.Option("--run", help="Load the model with transformers, prefill a DynamicCache, decode "
                                                     "greedily, and measure the cache against the prediction.")] = False,
-    prompt: Annotated[Optional[str], typer.Option("--prompt", help="With --run: the prompt text.")] = None,
+    prompt: Annotated[Optional[str], typer.Option("--prompt", metavar="TEXT", help="With --run: the prompt text.")] = None,
     messages: Annotated[Optional[str], typer.Option("--messages", metavar="FILE",
                                                     help="With --run: a chat (rendered with the chat template).")] = None,
     tokenizer: TokenizerOpt = None,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="With --run: tokens to decode.")] = 20,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, metavar="N", help="With --run: tokens to decode.")] = 20,
     random_weights: Annotated[bool, typer.Option("--random-weights", help="With --run: random weights built from the "
                                                                           "config (no weights needed).")] = False,
-    threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="With --run: torch CPU threads.")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", min=1, metavar="N", help="With --run: torch CPU threads.")] = None,
     turns: Annotated[Optional[str], typer.Option("--turns", metavar="FILE",
                                                  help="Keep one cache across the turns of a conversation, verify it "
                                                       "is a token prefix of each new prompt, crop where it is not.")] = None,
@@ -70,11 +85,15 @@ def command(
                                                          help="Prefill TEXT once and copy the cache per question.")] = None,
     questions: Annotated[Optional[str], typer.Option("--questions", metavar="FILE",
                                                      help="With --shared-prefix: one question per line.")] = None,
-    cache_kind: Annotated[str, typer.Option("--cache", help="With --shared-prefix: dynamic or static.")] = "dynamic",
-    quantized: Annotated[Optional[str], typer.Option("--quantized", metavar="quanto|hqq",
-                                                     help="Compare a quantized cache with full precision: memory and "
-                                                          "the first token where greedy output diverges.")] = None,
-    nbits: Annotated[int, typer.Option("--nbits", help="With --quantized: bits per value.")] = 4,
+    cache_kind: Annotated[CacheKind, typer.Option("--cache", case_sensitive=False,
+                                                  help="With --shared-prefix: the cache class.")] = CacheKind.dynamic,
+    quantized: Annotated[Optional[Quantizer], typer.Option("--quantized", case_sensitive=False,
+                                                           help="Compare a quantized cache with full precision: "
+                                                                "memory and the first token where greedy output "
+                                                                "diverges (quanto: the quanto extra; hqq: the hqq "
+                                                                "extra).")] = None,
+    nbits: Annotated[Nbits, typer.Option("--nbits", help="With --quantized: bits per value (quanto: 2 or 4; hqq: 1, "
+                                                         "2, 3, 4 or 8).")] = Nbits.b4,
     list_models: Annotated[bool, typer.Option("--list-models", help="Show the model catalog and the GPU table.")] = False,
     fmt: FormatOpt = Format.text,
 ) -> None:
@@ -86,13 +105,20 @@ def command(
     if model is None:
         raise UsageError("kv-inspect needs MODEL (or --list-models)")
     config, source, entry = kvmath.resolve_model(model)
-    report = kvmath.inspect_config(
-        config, model=model, source=source, dtype=dtype, contexts=_contexts(context), batch=batch, gpu=gpu,
-        gpu_memory=kvmath.parse_memory(gpu_memory) if gpu_memory else None,
-        gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
-        weights_bytes=weights_gib * kvmath.GIB if weights_gib is not None else None,
-        published_params=(entry or {}).get("params"), active_params=(entry or {}).get("active_params"))
-    if random_weights and (run or quantized or turns is not None or shared_prefix is not None):
+
+    def static(kv_dtype: str, weights_dtype: str = "bf16"):
+        return kvmath.inspect_config(
+            config, model=model, source=source, dtype=kv_dtype, weights_dtype=weights_dtype, contexts=_contexts(context), batch=batch, gpu=gpu,
+            gpu_memory=kvmath.parse_memory(gpu_memory) if gpu_memory else None,
+            gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
+            weights_bytes=weights_gib * kvmath.GIB if weights_gib is not None else None,
+            published_params=(entry or {}).get("params"), active_params=(entry or {}).get("active_params"))
+
+    live_modes = bool(run or quantized or turns is not None or shared_prefix is not None)
+    # random weights are built in fp32: a live run's header says so unless --dtype asks otherwise
+    default = "fp32" if random_weights and live_modes else "bf16"
+    report = static(dtype.value if dtype else default, dtype.value if dtype else default)
+    if random_weights and live_modes:
         from ..engines import kvlive
 
         kvlive.check_random_weights_memory(config, (entry or {}).get("params"))
@@ -103,11 +129,14 @@ def command(
 
         ids = _prompt_ids(model, tokenizer, prompt, messages)
         if run:
-            report = dataclasses.replace(report, run=kvlive.run_live(
-                model, config, ids, max_new_tokens=max_new_tokens, random_weights=random_weights, threads=threads))
+            live = kvlive.run_live(model, config, ids, max_new_tokens=max_new_tokens, random_weights=random_weights,
+                                   threads=threads)
+            if dtype is None and live.dtype != report.dtype and live.dtype in kvmath.DTYPE_BYTES:
+                report = static(live.dtype, live.dtype)  # the dtype the run measured, not bf16 over fp32
+            report = dataclasses.replace(report, run=live)
         if quantized:
             report = dataclasses.replace(report, quantized=kvlive.run_quantized(
-                model, config, ids, backend=quantized, nbits=nbits, max_new_tokens=max_new_tokens,
+                model, config, ids, backend=quantized.value, nbits=int(nbits.value), max_new_tokens=max_new_tokens,
                 random_weights=random_weights, threads=threads))
     if turns is not None or shared_prefix is not None:
         import dataclasses
@@ -129,7 +158,7 @@ def command(
             text, _ = read_text(questions)
             qs = [q for q in text.splitlines() if q.strip()]
             report = dataclasses.replace(report, shared_prefix=kvlive.run_shared_prefix(
-                model, config, tok, shared_prefix, qs, cache_kind=cache_kind, max_new_tokens=min(max_new_tokens, 8),
+                model, config, tok, shared_prefix, qs, cache_kind=cache_kind.value, max_new_tokens=min(max_new_tokens, 8),
                 random_weights=random_weights, threads=threads))
     elif not (run or quantized) and (prompt or messages or random_weights):
         raise UsageError("--prompt, --messages and --random-weights go with --run, --turns or --shared-prefix")

@@ -40,11 +40,11 @@ class LintFormat(str, Enum):
 
 @handle_errors
 def command(
-    paths: Annotated[list[str], typer.Argument(help="Templates, request bodies, or directories.", show_default=False)],
+    paths: Annotated[list[str], typer.Argument(metavar="PATH", help="Templates, request bodies, or directories.", show_default=False)],
     fmt: Annotated[LintFormat, typer.Option("--format", "-f", case_sensitive=False,
                                             help="text, json, sarif (2.1.0) or github (workflow commands).")]
     = LintFormat.text,
-    model: Annotated[str | None, typer.Option("--model", "-m", help="Provider model, for the minimum cacheable "
+    model: Annotated[str | None, typer.Option("--model", "-m", metavar="MODEL", help="Provider model, for the minimum cacheable "
                                                                        "length (CC005).")] = None,
     tokenizer: TokenizerOpt = None,
     select: Annotated[str | None, typer.Option("--select", metavar="IDS", help="Only these rules (comma-separated).")]

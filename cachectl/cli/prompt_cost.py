@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import UsageError
-from .common import EXIT_OK, Format, FormatOpt, TokenizerOpt, emit_json, handle_errors, stdout
+from .common import EXIT_OK, Format, FormatOpt, TokenizerOpt, Ttl, emit_json, handle_errors, stdout
 
 HELP = """What provider prompt caching costs and saves.
 
@@ -24,10 +24,10 @@ Modes:
 @handle_errors
 def command(
     requests: Annotated[Optional[str], typer.Argument(
-        metavar="[REQUESTS.jsonl]", help="Timed request log to simulate (- for stdin).", show_default=False)] = None,
+        metavar="REQUESTS.jsonl", help="Timed request log to simulate (- for stdin).", show_default=False)] = None,
     usage: Annotated[Optional[str], typer.Option(
         "--usage", metavar="RESPONSES.jsonl", help="Audit logged responses from their usage counters.")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model for lines that name none.")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", metavar="MODEL", help="Provider model for lines that name none (and for what-if).")] = None,
     prices: Annotated[Optional[str], typer.Option(
         "--prices", metavar="FILE", help="Prices that override or extend the shipped table "
                                          "(cachectl's format or LiteLLM's model_prices_and_context_window.json).")] = None,
@@ -36,14 +36,14 @@ def command(
     count_with_api: Annotated[bool, typer.Option(
         "--count-with-api", help="Count tokens with Anthropic's count_tokens endpoint (key from ANTHROPIC_API_KEY; "
                                  "free, online, an estimate).")] = False,
-    prefix_tokens: Annotated[Optional[int], typer.Option("--prefix-tokens", help="What-if: cached prefix tokens.")] = None,
-    suffix_tokens: Annotated[int, typer.Option("--suffix-tokens", help="What-if: tokens after the prefix.")] = 0,
-    output_tokens: Annotated[int, typer.Option("--output-tokens", help="What-if: output tokens per call.")] = 0,
-    calls: Annotated[int, typer.Option("--calls", help="What-if: number of calls.")] = 1,
+    prefix_tokens: Annotated[Optional[int], typer.Option("--prefix-tokens", metavar="N", help="What-if: cached prefix tokens.")] = None,
+    suffix_tokens: Annotated[int, typer.Option("--suffix-tokens", metavar="N", help="What-if: tokens after the prefix.")] = 0,
+    output_tokens: Annotated[int, typer.Option("--output-tokens", metavar="N", help="What-if: output tokens per call.")] = 0,
+    calls: Annotated[int, typer.Option("--calls", metavar="N", help="What-if: number of calls.")] = 1,
     every: Annotated[Optional[str], typer.Option(
         "--every", metavar="DURATION", help="What-if: time between calls (30s, 2m, 1h); simulate: spacing for "
                                             "lines without a timestamp.")] = None,
-    ttl: Annotated[str, typer.Option("--ttl", help="What-if: cache TTL of the prefix breakpoint (5m or 1h).")] = "5m",
+    ttl: Annotated[Ttl, typer.Option("--ttl", help="What-if: cache TTL of the prefix breakpoint.")] = Ttl.m5,
     fmt: FormatOpt = Format.text,
 ) -> None:
     from ..engines import promptcache

@@ -7,8 +7,19 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import UsageError
-from .common import (EXIT_FINDING, EXIT_OK, Format, FormatOpt, Progress, emit_json, handle_errors, new_figure,
-                     save_figure, stdout)
+from .common import (
+    EXIT_FINDING,
+    EXIT_OK,
+    Format,
+    FormatOpt,
+    Normalize,
+    Progress,
+    emit_json,
+    handle_errors,
+    new_figure,
+    save_figure,
+    stdout,
+)
 
 app = typer.Typer(
     help="How often a semantic cache would answer wrongly, and at which threshold. Embeddings come from a "
@@ -17,11 +28,11 @@ app = typer.Typer(
     no_args_is_help=True, rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 
-ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="sentence-transformers model path or id "
+ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", metavar="MODEL", help="sentence-transformers model path or id "
                                                                        "(default all-MiniLM-L6-v2).")]
-ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="torch CPU threads (1 is often "
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, metavar="N", help="torch CPU threads (1 is often "
                                                                             "faster on small CPUs).")]
-ThresholdOpt = Annotated[float, typer.Option("--threshold", help="Cosine similarity at or above which the cache "
+ThresholdOpt = Annotated[float, typer.Option("--threshold", metavar="COSINE", help="Cosine similarity at or above which the cache "
                                                                  "answers.")]
 ColumnsOpt = Annotated[Optional[str], typer.Option("--columns", metavar="A,B[,LABEL]",
                                                    help="Column names for the two texts (and the label).")]
@@ -46,7 +57,7 @@ def _columns(text: Optional[str]):
 
 @app.command("pairs")
 @handle_errors
-def pairs_cmd(file: Annotated[str, typer.Argument(help="TSV, CSV (header) or JSONL pairs.")],
+def pairs_cmd(file: Annotated[str, typer.Argument(metavar="PAIRS", help="TSV, CSV (header) or JSONL pairs.")],
               threshold: ThresholdOpt = 0.9, columns: ColumnsOpt = None, model: ModelOpt = None,
               threads: ThreadsOpt = None, fmt: FormatOpt = Format.text) -> None:
     """Cosine similarity per prompt pair, and whether the cache would answer the second with the first's answer."""
@@ -74,7 +85,7 @@ def pairs_cmd(file: Annotated[str, typer.Argument(help="TSV, CSV (header) or JSO
 
 @app.command("probe")
 @handle_errors
-def probe_cmd(prompts: Annotated[Optional[list[str]], typer.Argument(help="Prompts to probe (default: the shipped "
+def probe_cmd(prompts: Annotated[Optional[list[str]], typer.Argument(metavar="PROMPT", help="Prompts to probe (default: the shipped "
                                                                           "probe set).", show_default=False)] = None,
               file: Annotated[Optional[str], typer.Option("--file", metavar="F", help="One prompt per line.")] = None,
               threshold: ThresholdOpt = 0.9, model: ModelOpt = None, threads: ThreadsOpt = None,
@@ -130,14 +141,17 @@ def _thresholds(text: str) -> list[float]:
 
 @app.command("sweep")
 @handle_errors
-def sweep_cmd(file: Annotated[str, typer.Argument(help="Labeled pairs: label 1 = the same answer is right, 0 = not.")],
-              thresholds: Annotated[str, typer.Option("--thresholds", metavar="T,T,...")] =
+def sweep_cmd(file: Annotated[str, typer.Argument(metavar="PAIRS", help="Labeled pairs: label 1 = the same answer is right, 0 = not.")],
+              thresholds: Annotated[str, typer.Option("--thresholds", metavar="T,T,...",
+                                                      help="Cosine thresholds to evaluate, comma-separated.")] =
               "0.7,0.75,0.8,0.85,0.88,0.9,0.92,0.94,0.95,0.96,0.97,0.98,0.99",
-              target_false_hit: Annotated[float, typer.Option("--target-false-hit",
+              target_false_hit: Annotated[float, typer.Option("--target-false-hit", metavar="RATE",
                                                               help="Highest acceptable false-hit rate.")] = 0.01,
-              confidence: Annotated[float, typer.Option("--confidence", help="Of the upper bound.")] = 0.95,
+              confidence: Annotated[float, typer.Option("--confidence", metavar="LEVEL", help="Confidence level of the false-hit upper bound.")] = 0.95,
               columns: ColumnsOpt = None, model: ModelOpt = None, threads: ThreadsOpt = None,
-              plot: Annotated[Optional[str], typer.Option("--plot", metavar="FILE.png")] = None,
+              plot: Annotated[Optional[str], typer.Option("--plot", metavar="FILE.png",
+                                                          help="Draw recall and false-hit rate against the "
+                                                               "threshold.")] = None,
               fmt: FormatOpt = Format.text) -> None:
     """Recall, false-hit rate and precision per threshold on labeled pairs; the threshold that keeps the
     false-hit rate's upper confidence bound under the target, or a plain statement that none does."""
@@ -147,7 +161,8 @@ def sweep_cmd(file: Annotated[str, typer.Argument(help="Labeled pairs: label 1 =
     emb, name, progress = _embedder(model, threads)
     with progress:
         scored = semantic.score_pairs(pairs, emb, 0.0, name)
-    report = semantic.sweep_scores([p.cosine for p in scored.pairs], [p.label for p in scored.pairs],
+    # read_pairs(need_label=True) guarantees a label on every pair
+    report = semantic.sweep_scores([p.cosine for p in scored.pairs], [int(p.label or 0) for p in scored.pairs],
                                    _thresholds(thresholds), target_false_hit, confidence, name)
     if plot:
         _plot(report, plot)
@@ -184,14 +199,17 @@ def _plot(report, path: str) -> None:
 
 @app.command("replay")
 @handle_errors
-def replay_cmd(log: Annotated[str, typer.Argument(help="JSONL log of prompts (and responses), in order.")],
+def replay_cmd(log: Annotated[str, typer.Argument(metavar="LOG", help="JSONL log of prompts (and responses), in order.")],
                threshold: ThresholdOpt = 0.9,
-               field: Annotated[str, typer.Option("--field", help="Prompt field (dotted); chat logs use the last "
+               field: Annotated[str, typer.Option("--field", metavar="PATH", help="Prompt field (dotted); chat logs use the last "
                                                                   "user message.")] = "prompt",
-               response_field: Annotated[str, typer.Option("--response-field")] = "response",
+               response_field: Annotated[str, typer.Option("--response-field", metavar="PATH",
+                                                           help="Response field (dotted), to count hits that would "
+                                                                "have served another answer.")] = "response",
                model: ModelOpt = None, threads: ThreadsOpt = None, fmt: FormatOpt = Format.text) -> None:
     """Run a prompt log through a simulated semantic cache (store on miss, look up before): hit rate, and
-    how many hits would have returned another stored response than the one actually produced."""
+    how many hits would have returned another stored response than the one actually produced. Exit 1 when any
+    would."""
     from ..engines import semantic
 
     emb, name, progress = _embedder(model, threads)
@@ -208,20 +226,24 @@ def replay_cmd(log: Annotated[str, typer.Argument(help="JSONL log of prompts (an
         for e in report.examples:
             stdout.print(f"  line {e['line']}: {e['prompt']!r} served the answer of {e['matched']!r} "
                          f"(cosine {e['cosine']:.3f})", soft_wrap=True, markup=False)
-    raise typer.Exit(EXIT_OK)
+    # wrong hits are a finding, as in probe
+    raise typer.Exit(EXIT_FINDING if report.wrong_hits else EXIT_OK)
 
 
 @app.command("dupes")
 @handle_errors
-def dupes_cmd(log: Annotated[str, typer.Argument(help="JSONL log.")],
-              field: Annotated[str, typer.Option("--field", help="Prompt field (dotted).")] = "prompt",
-              normalize: Annotated[str, typer.Option("--normalize", help="none (bytes), whitespace or case.")] = "none",
-              top: Annotated[int, typer.Option("--top", min=0, help="Most repeated prompts to show.")] = 10,
+def dupes_cmd(log: Annotated[str, typer.Argument(metavar="LOG", help="JSONL log.")],
+              field: Annotated[str, typer.Option("--field", metavar="PATH", help="Prompt field (dotted).")] = "prompt",
+              normalize: Annotated[Normalize, typer.Option("--normalize", case_sensitive=False,
+                                                           help="none (bytes as they are), whitespace (runs of "
+                                                                "whitespace as one space, trimmed) or case (that and "
+                                                                "lower case).")] = Normalize.none,
+              top: Annotated[int, typer.Option("--top", min=0, metavar="N", help="Most repeated prompts to show.")] = 10,
               fmt: FormatOpt = Format.text) -> None:
     """Exact-match duplicate rate (the fifth cache: no embeddings needed), streaming."""
     from ..engines import semantic
 
-    report = semantic.exact_dupes(log, field, normalize, top)
+    report = semantic.exact_dupes(log, field, normalize.value, top)
     if fmt is Format.json:
         emit_json(report)
     else:

@@ -7,8 +7,23 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import UsageError
-from .common import (EXIT_OK, AsOpt, BlockSizeOpt, Format, FormatOpt, Progress, TokenizerOpt, emit_json,
-                     handle_errors, new_figure, save_figure, stdout)
+from .common import (
+    EXIT_OK,
+    AsOpt,
+    BlockSizeOpt,
+    Dtype,
+    Format,
+    FormatOpt,
+    HashFn,
+    Policy,
+    Progress,
+    TokenizerOpt,
+    emit_json,
+    handle_errors,
+    new_figure,
+    save_figure,
+    stdout,
+)
 
 HELP = """Replay a request trace through a server prefix cache and count hits the way vLLM does.
 
@@ -33,16 +48,18 @@ def _ints(text: Optional[str], name: str) -> list[int]:
 
 @handle_errors
 def command(
-    trace: Annotated[str, typer.Argument(help="JSONL trace (- for stdin).", show_default=False)],
+    trace: Annotated[str, typer.Argument(metavar="TRACE", help="JSONL trace (- for stdin).", show_default=False)],
     block_size: BlockSizeOpt = 16,
-    capacity_blocks: Annotated[Optional[int], typer.Option("--capacity-blocks", min=1,
+    capacity_blocks: Annotated[Optional[int], typer.Option("--capacity-blocks", min=1, metavar="N",
                                                            help="Usable KV blocks (vLLM adds one null block).")] = None,
-    capacity_gib: Annotated[Optional[float], typer.Option("--capacity-gib", help="KV memory in GiB (needs --model).")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", help="For --capacity-gib: a catalog name, cached HF id, "
+    capacity_gib: Annotated[Optional[float], typer.Option("--capacity-gib", metavar="GIB", help="KV memory in GiB (needs --model).")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", metavar="MODEL", help="For --capacity-gib: a catalog name, cached HF id, "
                                                                  "model directory, config.json or .gguf (as kv-inspect).")] = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="KV dtype for --capacity-gib: bf16, fp16, fp32, fp8, int4.")] = "bf16",
-    policy: Annotated[str, typer.Option("--policy", help="vllm, radix (SGLang), chunk (LMCache/CacheBlend), "
-                                                         "infinite (no eviction).")] = "vllm",
+    dtype: Annotated[Dtype, typer.Option("--dtype", case_sensitive=False,
+                                         help="KV dtype for --capacity-gib.")] = Dtype.bf16,
+    policy: Annotated[Policy, typer.Option("--policy", case_sensitive=False,
+                                           help="vllm, radix (SGLang), chunk (LMCache/CacheBlend), infinite (no "
+                                                "eviction: the ceiling).")] = Policy.vllm,
     salt_field: Annotated[Optional[str], typer.Option("--salt-field", metavar="F",
                                                       help="Field holding the per-tenant cache salt (default: salt "
                                                            "or cache_salt).")] = None,
@@ -53,15 +70,16 @@ def command(
                                                               "without them (with --tenant-field).")] = False,
     tokenizer: TokenizerOpt = None,
     as_kind: AsOpt = None,
-    hash_block_size: Annotated[int, typer.Option("--hash-block-size", min=1,
+    hash_block_size: Annotated[int, typer.Option("--hash-block-size", min=1, metavar="N",
                                                  help="Tokens per hash_ids entry in Mooncake traces.")] = 512,
-    hash_fn: Annotated[str, typer.Option("--hash", help="Block key: builtin (fast) or sha256 (vLLM's).")] = "builtin",
-    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Requests in flight at once.")] = 1,
-    decode_ms: Annotated[float, typer.Option("--decode-ms-per-token", min=0.0,
+    hash_fn: Annotated[HashFn, typer.Option("--hash", case_sensitive=False,
+                                            help="Block key: builtin (fast) or sha256 (vLLM's).")] = HashFn.builtin,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, metavar="N", help="Requests in flight at once.")] = 1,
+    decode_ms: Annotated[float, typer.Option("--decode-ms-per-token", min=0.0, metavar="MS",
                                              help="With --concurrency: how long a request holds its blocks "
                                                   "per output token.")] = 20.0,
-    chunk_size: Annotated[int, typer.Option("--chunk-size", min=1, help="chunk policy: tokens per chunk.")] = 256,
-    recompute_ratio: Annotated[float, typer.Option("--recompute-ratio",
+    chunk_size: Annotated[int, typer.Option("--chunk-size", min=1, metavar="N", help="chunk policy: tokens per chunk.")] = 256,
+    recompute_ratio: Annotated[float, typer.Option("--recompute-ratio", metavar="SHARE",
                                                    help="chunk policy: share of a reused non-prefix chunk "
                                                         "that is recomputed.")] = 0.15,
     sweep_capacity: Annotated[Optional[str], typer.Option("--sweep-capacity", metavar="N,N,...",
@@ -88,8 +106,7 @@ def command(
 ) -> None:
     from ..engines import prefix
 
-    if hash_fn not in ("builtin", "sha256"):
-        raise UsageError("--hash must be builtin or sha256")
+    policy_name, hash_name = policy.value, hash_fn.value
     if capacity_gib is not None and capacity_blocks is not None:
         raise UsageError("give --capacity-blocks or --capacity-gib, not both")
     bytes_per_token = None
@@ -99,13 +116,13 @@ def command(
         from ..engines.kvmath import kv_shape, resolve_model
 
         config, source, _ = resolve_model(model)
-        bytes_per_token = kv_shape(config, dtype, source).bytes_per_token
+        bytes_per_token = kv_shape(config, dtype.value, source).bytes_per_token
     warm = _warmup(warmup)
     tok = _ChatAware(tokenizer, not no_generation_prompt) if tokenizer is not None else None
     name = "<stdin>" if trace == "-" else trace
 
     def capacity_for(bs: int) -> Optional[int]:
-        if bytes_per_token is not None:
+        if bytes_per_token is not None and capacity_gib is not None:
             from ..engines.kvmath import blocks_for_memory
 
             return blocks_for_memory(capacity_gib, bytes_per_token, bs)
@@ -126,7 +143,7 @@ def command(
                 yield r
 
     def run(requests, bs: int, cap: Optional[int], keep_rows: bool, skip: int):
-        return prefix.simulate(requests, policy=policy, block_size=bs, capacity_blocks=cap, hash_fn=hash_fn,
+        return prefix.simulate(requests, policy=policy_name, block_size=bs, capacity_blocks=cap, hash_fn=hash_name,
                                concurrency=concurrency, decode_s_per_token=decode_ms / 1000.0,
                                chunk_size=chunk_size, recompute_ratio=recompute_ratio, per_request=keep_rows,
                                source=name, warmup=skip)
@@ -135,13 +152,13 @@ def command(
     caps = _ints(sweep_capacity, "--sweep-capacity")
     if curve and caps:
         raise UsageError("--curve picks the capacities itself: drop --sweep-capacity (or --curve)")
-    if (curve or optimal) and policy != "vllm":
+    if (curve or optimal) and policy_name != "vllm":
         raise UsageError("--curve and --optimal follow the vllm policy's block rules: use --policy vllm")
     if optimal and not (curve or caps):
         raise UsageError("--optimal draws the bound beside a curve: add --curve or --sweep-capacity")
     if len(sizes) == 1 and not caps and not curve:
         bs, cap = sizes[0], capacity_for(sizes[0])
-        largest = _Largest(read(f"{policy} bs={bs}"), bs)
+        largest = _Largest(read(f"{policy_name} bs={bs}"), bs)
         try:
             if isinstance(warm, float) and warm < 1:  # a share: count the requests first (kept in memory once)
                 requests = list(largest)
@@ -149,7 +166,7 @@ def command(
             else:
                 report = run(largest, bs, cap, per_request, int(warm or 0))
         except prefix.CapacityError as exc:
-            if policy != "vllm" or cap is None:
+            if policy_name != "vllm" or cap is None:
                 raise
             largest.drain()                        # read on: the true minimum is the largest request's
             raise UsageError(f"{exc}; the whole trace needs {largest.need:,} blocks of {bs} (its largest request, "
@@ -161,16 +178,16 @@ def command(
 
             emit_json({**dataclasses.asdict(report), "chat_generation_prompt": tok.used if tok else None})
         else:
-            _render(report)
+            _render(report, salt_field, tenant_field)
             _generation_note(tok)
         raise typer.Exit(EXIT_OK)
     if per_request:
         raise UsageError("--per-request lists one replay: drop it from sweeps")
     skip = 0
-    if policy == "vllm":
+    if policy_name == "vllm":
         from ..engines import prefix_curve
 
-        keyed = prefix_curve.key_trace(read("reading and keying"), sizes, hash_fn=hash_fn, source=name)
+        keyed = prefix_curve.key_trace(read("reading and keying"), sizes, hash_fn=hash_name, source=name)
         curves = []
         for bs in sizes:
             points = None if curve else (caps or [capacity_for(bs)])
@@ -200,14 +217,14 @@ def command(
                              "capacity_tokens": None if cap is None else cap * bs, "fits": True,
                              "requests": r.requests, "query_tokens": r.query_tokens, "hit_tokens": r.hit_tokens,
                              "hit_rate": r.hit_rate, "evicted_blocks": r.evicted_blocks})
-    result = {"schema_version": prefix.SCHEMA_VERSION, "policy": policy, "mode": "curve" if curve else "sweep",
+    result = {"schema_version": prefix.SCHEMA_VERSION, "policy": policy_name, "mode": "curve" if curve else "sweep",
               "chat_generation_prompt": tok.used if tok else None, "curves": curves, "sweep": runs}
     if plot:
-        _plot(runs, plot, policy, curves)
+        _plot(runs, plot, policy_name, curves)
     if fmt is Format.json:
         emit_json(result)
     else:
-        _render_sweep(runs, policy, curves, "curve" if curve else "sweep")
+        _render_sweep(runs, policy_name, curves, "curve" if curve else "sweep")
         if not curves and skip:
             stdout.print(f"note: the first {skip} requests warmed the cache and are not counted", markup=False)
         _generation_note(tok)
@@ -292,7 +309,7 @@ def _pct(x) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
 
-def _render(r) -> None:
+def _render(r, salt_field: Optional[str] = None, tenant_field: Optional[str] = None) -> None:
     from rich.table import Table
 
     cap = "unbounded" if r.capacity_blocks is None else f"{r.capacity_blocks:,} blocks"
@@ -319,6 +336,13 @@ def _render(r) -> None:
         for q in r.per_request:
             t.add_row(str(q.index), str(q.line), f"{q.prompt_tokens:,}", f"{q.hit_tokens:,.0f}")
         stdout.print(t)
+    if r.unsalted_requests:
+        stdout.print(f"note: {r.unsalted_requests:,} of {r.requests:,} requests have no '{salt_field}': cached "
+                     "unsalted, shareable by every tenant", soft_wrap=True, markup=False)
+    if tenant_field and r.requests_without_tenant:
+        whole = " (so no tenant table)" if r.requests_without_tenant == r.requests else ""
+        stdout.print(f"note: --tenant-field '{tenant_field}' is absent on {r.requests_without_tenant:,} of "
+                     f"{r.requests:,} requests{whole}", soft_wrap=True, markup=False)
     for note in r.notes:
         stdout.print(f"note: {note}", soft_wrap=True, markup=False)
 

@@ -6,9 +6,10 @@ torch and transformers are imported inside :func:`run_live` only.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import InputError, UsageError
 from . import kvmath
@@ -82,7 +83,7 @@ def available_memory_bytes() -> int | None:
 def check_random_weights_memory(config: dict, params: int | None = None, available: int | None = None) -> None:
     """Refuse, with the numbers, to build a random-weight model that would not fit in memory (transformers builds
     it in fp32: 4 bytes per parameter) instead of being killed by the OOM killer half-way."""
-    params = params or kvmath.estimate_params(config)
+    params = params or kvmath.estimate_total_params(config)
     if available is None:
         available = available_memory_bytes()
     if params is None or available is None:
@@ -450,8 +451,15 @@ def run_quantized(spec: str, config: dict, prompt_ids: Sequence[int], *, backend
     from transformers import DynamicCache, QuantizedCache
 
     model, _ = _prepare(spec, config, random_weights, seed, threads)
+    import math
+
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    # transformers' default group of 64 values must divide what is quantized: with a head_dim below 64 (small
+    # models) a group of 64 fails whenever the token count is odd, so the group follows the head dim there
+    group = math.gcd(64, int(head_dim))
     try:
-        quant = QuantizedCache(backend=backend, config=model.config, nbits=nbits)
+        quant = QuantizedCache(backend=backend, config=model.config, nbits=nbits, q_group_size=group)
     except (ValueError, ImportError) as exc:
         raise UsageError(f"cannot build a {backend} cache with {nbits} bits: {str(exc).splitlines()[0]}") from None
     full = DynamicCache(config=model.config)

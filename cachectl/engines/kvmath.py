@@ -278,6 +278,36 @@ def estimate_params(config: dict) -> int | None:
     return int(embed + attn + mlp + norms)
 
 
+def estimate_total_params(config: dict) -> int | None:
+    """All parameters, experts included (a rough count for sizing memory, within a few percent on Mixtral and
+    DeepSeek-V3): the dense estimate where it applies, else embeddings + attention + every expert's MLP."""
+    dense = estimate_params(config)
+    if dense is not None:
+        return dense
+    cfg = _text_config(config)
+    try:
+        hidden, layers, vocab = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"]), int(cfg["vocab_size"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    heads = int(cfg.get("num_attention_heads") or 1)
+    experts = int(cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
+    inter = int(cfg.get("intermediate_size") or 0)
+    moe_inter = int(cfg.get("moe_intermediate_size") or inter)
+    shared = int(cfg.get("n_shared_experts") or 0)
+    dense_layers = int(cfg.get("first_k_dense_replace") or 0) if experts else layers
+    if cfg.get("kv_lora_rank"):  # MLA: the projections are about 4 hidden x hidden
+        attn = 4 * hidden * hidden
+    else:
+        kv = int(cfg.get("num_key_value_heads") or heads)
+        hd = int(cfg.get("head_dim") or hidden // heads)
+        attn = 2 * hidden * heads * hd + 2 * hidden * kv * hd
+    moe_layers = layers - dense_layers
+    mlp = dense_layers * 3 * hidden * inter + moe_layers * (3 * hidden * moe_inter * (experts + shared)
+                                                            + hidden * experts)
+    embed = vocab * hidden * (1 if tied_embeddings(config)[0] else 2)
+    return int(embed + layers * attn + mlp)
+
+
 def blocks_for_memory(gib: float, bytes_per_token: float, block_size: int) -> int:
     if gib <= 0:
         raise UsageError("--capacity-gib must be positive")
@@ -570,8 +600,10 @@ def inspect_config(config: dict, *, model: str, source: str, dtype: str = "bf16"
     if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
         beyond_max = [t for t in contexts if t > limit]
         if beyond_max:
-            notes.append(f"context {', '.join(f'{t:,}' for t in beyond_max)} is beyond the model's maximum of "
-                         f"{limit:,} tokens (max_position_embeddings): sizes shown for arithmetic only")
+            which = (f"context {beyond_max[0]:,} is" if len(beyond_max) == 1 else
+                     f"contexts {', '.join(f'{t:,}' for t in beyond_max)} are")
+            notes.append(f"{which} beyond the model's maximum of {limit:,} tokens (max_position_embeddings): sizes "
+                         "shown for arithmetic only")
     tied, tied_from = tied_embeddings(config)
     if weights_source and weights_source.startswith("estimated") and tied_from != "config":
         notes.append(f"tie_word_embeddings is not in the config: {'tied' if tied else 'untied'} ({tied_from})")

@@ -28,9 +28,10 @@ import heapq
 import operator
 import pickle
 from collections import OrderedDict, deque
-from itertools import accumulate, chain, count, repeat
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from itertools import accumulate, chain, count, repeat
+from typing import Any
 
 from ..errors import InputError, UsageError
 
@@ -57,6 +58,10 @@ class TraceRequest:
     timestamp: float | None = None
     output_tokens: int = 0
     segments: Sequence[int] | None = None
+    #: a salt field was asked for (--salt-field) and this request has none: it is cached unsalted
+    unsalted: bool = False
+    #: a tenant field was asked for (--tenant-field) and this request has none
+    no_tenant: bool = False
 
 
 def block_keys(tokens: Sequence[int], block_size: int, salt: Any = None, hash_fn: str = "builtin") -> list:
@@ -397,7 +402,7 @@ class InfiniteCache:
 class _Node:
     __slots__ = ("children", "key", "parent", "last", "lock", "owner")
 
-    def __init__(self, key: tuple, parent: "_Node | None", owner: Any = None):
+    def __init__(self, key: tuple, parent: _Node | None, owner: Any = None):
         self.children: dict = {}
         self.key = key
         self.parent = parent
@@ -601,6 +606,9 @@ class PrefixReport:
     peak_blocks_in_use: int
     cross_tenant_shared_blocks: int
     per_tenant: tuple[TenantStats, ...]
+    #: requests without the asked-for salt field (cached unsalted) and without the asked-for tenant field
+    unsalted_requests: int = 0
+    requests_without_tenant: int = 0
     per_request: tuple[RequestHit, ...] | None = None
     upper_bound: bool = False
     notes: tuple[str, ...] = ()
@@ -634,6 +642,7 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
     if not 0.0 <= recompute_ratio <= 1.0:
         raise UsageError("--recompute-ratio must be between 0 and 1")
     tenants: dict[Any, _Tally] = {}
+    unsalted = no_tenant = 0
     rows: list[RequestHit] = []
     total = _Tally()
     notes: list[str] = []
@@ -723,6 +732,8 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
         seen += 1
         if seen <= warmup:
             continue
+        unsalted += req.unsalted
+        no_tenant += req.no_tenant
         t = tenants.setdefault(tenant, _Tally())
         for tally in (t, total):
             tally.requests += 1
@@ -771,6 +782,7 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
                         hit_rate=total.hits / total.query if total.query else None,
                         prefill_tokens_saved=total.hits, evicted_blocks=evicted_blocks, evicted_tokens=evicted_tokens,
                         peak_blocks_in_use=peak, cross_tenant_shared_blocks=cross, per_tenant=per_tenant,
+                        unsalted_requests=unsalted, requests_without_tenant=no_tenant,
                         per_request=tuple(rows) if per_request else None, upper_bound=policy == "chunk",
                         notes=tuple(notes), warmup_requests=min(warmup, seen))
 
@@ -849,9 +861,10 @@ def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
         if not isinstance(value, dict):
             raise InputError("expected a JSON object per line", **where)
         salt = _get(value, salt_field) if salt_field else value.get("salt", value.get("cache_salt"))
-        if salt_field and salt is None:
-            raise InputError("missing salt", field=salt_field, **where)
+        # a request without a salt is an ordinary one (vLLM's cache_salt is optional): cached unsalted, counted
+        unsalted = bool(salt_field) and salt is None
         tenant = _get(value, tenant_field) if tenant_field else salt
+        no_tenant = bool(tenant_field) and tenant is None
         if no_salt:
             salt = None
         if isinstance(salt, (dict, list)):
@@ -864,7 +877,8 @@ def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
         out = value.get("output_tokens", value.get("output_length", 0)) or 0
         if isinstance(out, bool) or not isinstance(out, int) or out < 0:
             raise InputError(f"expected a non-negative integer, got {out!r}", field="output_tokens", **where)
-        meta = {"tenant": tenant, "timestamp": None if ts is None else float(ts), "output_tokens": out}
+        meta = {"tenant": tenant, "timestamp": None if ts is None else float(ts), "output_tokens": out,
+                "unsalted": unsalted, "no_tenant": no_tenant}
         if "hash_ids" in value and as_kind is None:
             if pending:
                 yield from flush()

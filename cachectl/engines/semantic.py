@@ -15,10 +15,11 @@ import math
 import os
 import re
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from ..errors import InputError, UsageError
 
@@ -150,6 +151,11 @@ def read_pairs(path: str, columns: Sequence[str] | None = None, need_label: bool
             header = next(reader)
         except StopIteration:
             raise InputError("file is empty", source=source) from None
+        wanted = [a_col, b_col] + ([l_col] if need_label else [])
+        absent = [c for c in wanted if c not in header]
+        if absent:
+            raise InputError(f"the header has no column {absent[0]!r} (it has {', '.join(map(repr, header))}): "
+                             f"name yours with --columns A,B[,LABEL]", source=source, line=1)
         for lineno, row in enumerate(reader, start=2):
             if not row or not any(cell.strip() for cell in row):
                 continue
@@ -159,6 +165,9 @@ def read_pairs(path: str, columns: Sequence[str] | None = None, need_label: bool
     pairs = []
     for lineno, row in rows:
         for col in (a_col, b_col):
+            if col not in row:
+                raise InputError(f"no such field (the line has {', '.join(map(repr, row))}): name yours with "
+                                 "--columns A,B[,LABEL]", source=source, line=lineno, field=col)
             if not isinstance(row.get(col), str) or not row.get(col).strip():
                 raise InputError("missing or empty text", source=source, line=lineno, field=col)
         label = row.get(l_col)

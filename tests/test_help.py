@@ -1,0 +1,104 @@
+"""Every command's and subcommand's --help: renders, lists the choices of fixed-choice options, loses no text."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import pytest
+import typer
+
+from cachectl.cli import app
+
+#: options whose values are a fixed set: help must list them and click must validate them
+FIXED_CHOICE = {"--policy", "--hash", "--dtype", "--cache", "--ttl", "--normalize", "--nbits", "--quantized",
+                "--format", "--as"}
+
+
+def _commands():
+    """(path, click command) for the root, every command and every subcommand."""
+    root = typer.main.get_command(app)
+    out = [((), root)]
+    todo = [((), root)]
+    while todo:
+        path, cmd = todo.pop()
+        for name, sub in getattr(cmd, "commands", {}).items():
+            out.append(((*path, name), sub))
+            todo.append(((*path, name), sub))
+    return out
+
+
+COMMANDS = _commands()
+
+
+def _choices(param) -> list[str] | None:
+    """The fixed values of a parameter: a click Choice (typer <= 0.2x) or the enum behind it (newer typer)."""
+    kind = getattr(param, "type", None)
+    if getattr(kind, "choices", None):
+        return [str(getattr(c, "value", c)) for c in kind.choices]
+    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return [str(m.value) for m in annotation]
+    return None
+
+
+def _squash(text: str) -> str:
+    return "".join(text.split())
+
+
+def test_the_tree_is_complete():
+    names = {" ".join(p) for p, _ in COMMANDS}
+    assert {"diff-tokens", "simulate-prefix", "prompt-cost", "kv-inspect", "lint", "semantic-probe",
+            "semantic-probe pairs", "semantic-probe probe", "semantic-probe sweep", "semantic-probe replay",
+            "semantic-probe dupes"} <= names
+
+
+@pytest.mark.parametrize("path,cmd", COMMANDS, ids=[" ".join(p) or "cachectl" for p, _ in COMMANDS])
+def test_help_renders_every_option_with_its_help_and_choices(cli, path, cmd):
+    r = cli(*path, "--help")
+    assert r.exit_code == 0, r.stderr
+    assert "\\[" not in r.stdout  # markup escapes leaking into plain help (typer < 0.21.1)
+    assert "<bool>" not in r.stdout  # a flag takes no value
+    shown = _squash(r.stdout)
+    # the command's own description, whole (wrapping aside)
+    description = "\n".join(line for line in (cmd.help or "").splitlines() if line.strip() != "\b")
+    assert _squash(description) in shown
+    for param in cmd.params:
+        if param.name == "help":
+            continue
+        flags = [o for o in getattr(param, "opts", []) if o.startswith("--")]
+        assert param.help, f"{' '.join(path)}: {flags or param.name} has no help"
+        assert _squash(param.help) in shown, f"{' '.join(path)}: the help of {flags or param.name} is cut"
+        choices = _choices(param)
+        if set(flags) & FIXED_CHOICE:
+            assert choices, f"{' '.join(path)} {flags}: a fixed set of values must be a choice"
+        if choices:
+            for value in choices:
+                assert value in r.stdout, f"{' '.join(path)} {flags}: choice {value!r} not listed"
+
+
+def test_bracketed_text_survives_and_exit_codes_are_stated(cli):
+    assert "[tool.cachectl.lint]" in cli("lint", "--help").stdout
+    top = _squash(cli("--help").stdout)
+    assert _squash("Exit codes: 0 success") in top and _squash("2 usage or input error") in top
+
+
+@pytest.mark.parametrize("args,bad", [
+    (["simulate-prefix", "t.jsonl", "--policy", "lru"], "lru"),
+    (["simulate-prefix", "t.jsonl", "--hash", "md5"], "md5"),
+    (["kv-inspect", "llama-3.1-8b", "--dtype", "fp7"], "fp7"),
+    (["kv-inspect", "llama-3.1-8b", "--nbits", "5"], "5"),
+    (["prompt-cost", "--ttl", "2h"], "2h"),
+    (["semantic-probe", "dupes", "x.jsonl", "--normalize", "unicode"], "unicode"),
+])
+def test_a_value_outside_the_choices_is_one_line_listing_them(cli, args, bad):
+    r = cli(*args)
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and r.stdout == ""
+    line = r.stderr
+    assert line.startswith("cachectl: error: Invalid value for") and repr(bad) in line and "Value error" not in line
+
+
+def test_an_option_typo_is_one_line(cli):
+    r = cli("kv-inspect", "llama-3.1-8b", "--contxt", "4k")
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "╭" not in r.stderr
+    assert "No such option: --contxt" in r.stderr and "--context" in r.stderr
+    assert "'cachectl kv-inspect --help'" in r.stderr
