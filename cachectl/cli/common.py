@@ -142,7 +142,15 @@ def save_figure(fig, path: str) -> None:
 # ------------------------------------------------------------------------------------------ errors
 
 
+#: Catch-all hits of this process, "Type: message" each: an input that lands here is a bug, and the fuzz tests
+#: assert that none does.
+internal_errors: list[str] = []
+
+
 def fail(message: str, code: int = EXIT_ERROR) -> "typer.Exit":
+    message = " ".join(message.split("\n")).replace("\r", " ")  # one line, whatever the message quotes
+    if len(message) > 2000:
+        message = message[:2000] + "..."
     stderr.print(f"cachectl: error: {message}", markup=False, highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
@@ -172,6 +180,7 @@ def handle_errors(fn: Callable) -> Callable:
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
         except Exception as exc:  # a bug of ours: still one line, unless debugging
+            internal_errors.append(f"{type(exc).__name__}: {exc}"[:500])
             if debug:
                 raise
             raise fail(f"internal error: {type(exc).__name__}: {exc} (set CACHECTL_DEBUG=1 for the traceback)") \

@@ -79,6 +79,7 @@ def command(
     if capacity_gib is not None and capacity_blocks is not None:
         raise UsageError("give --capacity-blocks or --capacity-gib, not both")
     bytes_per_token = None
+    source = None
     if capacity_gib is not None:
         if model is None:
             raise UsageError("--capacity-gib needs --model (a model directory or config.json)")
@@ -86,6 +87,9 @@ def command(
 
         config, source = load_config(model)
         bytes_per_token = kv_shape(config, dtype, source).bytes_per_token
+        if bytes_per_token <= 0:
+            raise UsageError(f"{source}: the model keeps no KV cache per token (no attention layers), so "
+                             "--capacity-gib gives no block count; pass --capacity-blocks")
     tok = None
     if tokenizer is not None:
         from ..tokenization import load_tokenizer
@@ -99,7 +103,11 @@ def command(
         if bytes_per_token is not None:
             from ..engines.kvmath import blocks_for_memory
 
-            return blocks_for_memory(capacity_gib, bytes_per_token, bs)
+            blocks = blocks_for_memory(capacity_gib, bytes_per_token, bs)
+            if blocks < 1:
+                raise UsageError(f"--capacity-gib {capacity_gib:g} holds no block of {bs} tokens of the model in "
+                                 f"{source} ({bytes_per_token * bs:,.0f} bytes a block)")
+            return blocks
         if capacity_blocks is not None and bs != block_size:  # same memory, other block size
             return max(1, capacity_blocks * block_size // bs)
         return capacity_blocks

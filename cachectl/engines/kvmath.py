@@ -21,6 +21,8 @@ SCHEMA_VERSION = 1
 DTYPE_BYTES = {"fp32": 4.0, "float32": 4.0, "bf16": 2.0, "bfloat16": 2.0, "fp16": 2.0, "float16": 2.0,
                "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 GIB = 1024 ** 3
+MAX_MEMORY = 1e15               # bytes: larger sizes are typos (and would overflow the JSON integers)
+MAX_CONTEXT = 2 ** 40           # tokens
 _NO_KV = {"linear_attention", "mamba", "mamba2", "recurrent", "conv", "ssm"}
 
 
@@ -64,8 +66,48 @@ def load_config(path: str) -> tuple[dict, str]:
 def _int(config: dict, key: str, source: str) -> int:
     value = config.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(f"expected a positive integer, got {value!r}", source=source, field=key)
+        raise InputError(f"expected a positive integer, got {value!r:.60}", source=source, field=key)
     return value
+
+
+#: no model has more; a bigger count is a corrupt config (and would be materialized per layer)
+MAX_LAYERS = 100_000
+MAX_CONFIG_INT = 2 ** 40
+_OPTIONAL_INTS = ("num_key_value_heads", "head_dim", "sliding_window", "kv_lora_rank", "qk_rope_head_dim",
+                  "hidden_size", "num_attention_heads")
+
+
+def check_config(config: dict, source: str = "config.json") -> None:
+    """The fields the KV arithmetic reads, checked where they are read: integers in range, KV heads that
+    divide the attention heads, a head_dim that hidden_size gives when the config has none."""
+    cfg = _text_config(config)
+    for key in ("num_hidden_layers", *_OPTIONAL_INTS):
+        value = cfg.get(key)
+        if value is None or (value == 0 and key != "num_hidden_layers" and not isinstance(value, bool)):
+            continue  # absent (0 means absent for the optional ones, as configs write it)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONFIG_INT:
+            raise InputError(f"expected a positive integer up to {MAX_CONFIG_INT:,}, got {value!r:.60}",
+                             source=source, field=key)
+    layers = _int(cfg, "num_hidden_layers", source)
+    if layers > MAX_LAYERS:
+        raise InputError(f"{layers:,} layers is more than any model has ({MAX_LAYERS:,})", source=source,
+                         field="num_hidden_layers")
+    if cfg.get("kv_lora_rank"):
+        return
+    kinds = set(layer_types(config, source))
+    if not kinds - _NO_KV:
+        return
+    heads = _int(cfg, "num_attention_heads", source)
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    if heads % kv_heads:
+        raise InputError(f"{kv_heads} KV heads do not divide the {heads} attention heads (grouped-query attention "
+                         "shares each KV head among a whole number of query heads)", source=source,
+                         field="num_key_value_heads")
+    if not cfg.get("head_dim"):
+        hidden = _int(cfg, "hidden_size", source)
+        if hidden % heads:
+            raise InputError(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads} and there is "
+                             "no head_dim", source=source, field="hidden_size")
 
 
 def _text_config(config: dict) -> dict:
@@ -76,6 +118,9 @@ def layer_types(config: dict, source: str = "config.json") -> list[str]:
     """The attention kind of every layer: from ``layer_types`` when the config lists them, else derived."""
     cfg = _text_config(config)
     n = _int(cfg, "num_hidden_layers", source)
+    if n > MAX_LAYERS:
+        raise InputError(f"{n:,} layers is more than any model has ({MAX_LAYERS:,})", source=source,
+                         field="num_hidden_layers")
     listed = cfg.get("layer_types")
     if isinstance(listed, list):
         if len(listed) != n:
@@ -97,6 +142,7 @@ def layer_types(config: dict, source: str = "config.json") -> list[str]:
 def layer_groups(config: dict, dtype: str = "bf16", source: str = "config.json") -> tuple[LayerGroup, ...]:
     if dtype not in DTYPE_BYTES:
         raise UsageError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_BYTES)}")
+    check_config(config, source)
     cfg = _text_config(config)
     nbytes = DTYPE_BYTES[dtype]
     types = layer_types(config, source)
@@ -150,6 +196,9 @@ def estimate_params(config: dict) -> int | None:
         vocab, inter = cfg["vocab_size"], cfg["intermediate_size"]
     except KeyError:
         return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_CONFIG_INT
+               for v in (hidden, layers, heads, vocab, inter)):
+        return None
     kv = cfg.get("num_key_value_heads") or heads
     head_dim = cfg.get("head_dim") or hidden // heads
     attn = hidden * heads * head_dim * 2 + hidden * kv * head_dim * 2
@@ -160,57 +209,91 @@ def estimate_params(config: dict) -> int | None:
 
 
 def blocks_for_memory(gib: float, bytes_per_token: float, block_size: int) -> int:
-    if gib <= 0:
-        raise UsageError("--capacity-gib must be positive")
+    if not 0 < gib < float("inf"):
+        raise UsageError("--capacity-gib must be a positive number")
+    if bytes_per_token <= 0:
+        raise UsageError("the model keeps no KV cache per token (no attention layers): --capacity-gib cannot "
+                         "be turned into blocks; pass --capacity-blocks")
     return int(gib * GIB // (bytes_per_token * block_size))
 
 
 # ---------------------------------------------------------------------------------------------- GGUF
 
 _GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_GGUF_MIN_SIZE = {8: 8, 9: 12}   # bytes a string (its length) and an array (type and count) take at least
+_GGUF_MAX_DEPTH = 8              # arrays of arrays: the format allows them, real files nest one level
 
 
-def _read(fh: BinaryIO, n: int, source: str) -> bytes:
-    data = fh.read(n)
-    if len(data) != n:
-        raise InputError("truncated GGUF metadata", source=source)
-    return data
+class _GgufFile:
+    """Reads a GGUF header, checking every length and count against the bytes left before reading or
+    allocating anything: a corrupt count is an error, never an allocation."""
 
+    def __init__(self, fh: BinaryIO, source: str):
+        self.fh = fh
+        self.source = source
+        self.size = fh.seek(0, 2)
+        fh.seek(0)
 
-def _gguf_value(fh: BinaryIO, vtype: int, source: str) -> Any:
-    if vtype in _GGUF_SCALARS:
-        fmt = _GGUF_SCALARS[vtype]
-        return struct.unpack(fmt, _read(fh, struct.calcsize(fmt), source))[0]
-    if vtype == 8:
-        (n,) = struct.unpack("<Q", _read(fh, 8, source))
-        return _read(fh, n, source).decode("utf-8", "replace")
-    if vtype == 9:
-        (itype,) = struct.unpack("<I", _read(fh, 4, source))
-        (count,) = struct.unpack("<Q", _read(fh, 8, source))
-        if itype in _GGUF_SCALARS and itype != 7:  # skip big arrays (the vocabulary) without decoding them
-            size = struct.calcsize(_GGUF_SCALARS[itype])
-            if count > 64:
-                fh.seek(size * count, 1)
+    def left(self) -> int:
+        return self.size - self.fh.tell()
+
+    def read(self, n: int, what: str = "metadata") -> bytes:
+        if n > self.left():
+            raise InputError(f"truncated GGUF {what}: {n:,} bytes announced at offset {self.fh.tell():,}, "
+                             f"{self.left():,} left in the file", source=self.source)
+        return self.fh.read(n)
+
+    def unpack(self, fmt: str, what: str = "metadata") -> Any:
+        return struct.unpack(fmt, self.read(struct.calcsize(fmt), what))[0]
+
+    def count(self, n: int, item_size: int, what: str) -> int:
+        if n * item_size > self.left():
+            raise InputError(f"corrupt GGUF {what}: {n:,} entries of at least {item_size} bytes at offset "
+                             f"{self.fh.tell():,}, {self.left():,} bytes left in the file", source=self.source)
+        return n
+
+    def value(self, vtype: int, key: str, depth: int = 0) -> Any:
+        if vtype in _GGUF_SCALARS:
+            return self.unpack(_GGUF_SCALARS[vtype], f"value of {key!r:.80}")
+        if vtype == 8:
+            n = self.count(self.unpack("<Q", f"string length of {key!r:.80}"), 1, f"string {key!r:.80}")
+            return self.read(n).decode("utf-8", "replace")
+        if vtype == 9:
+            if depth >= _GGUF_MAX_DEPTH:
+                raise InputError(f"GGUF array {key!r:.80} nests arrays more than {_GGUF_MAX_DEPTH} deep",
+                                 source=self.source)
+            itype = self.unpack("<I", f"array type of {key!r:.80}")
+            if itype not in _GGUF_SCALARS and itype not in _GGUF_MIN_SIZE:
+                raise InputError(f"unknown GGUF value type {itype} in array {key!r:.80}", source=self.source)
+            size = struct.calcsize(_GGUF_SCALARS[itype]) if itype in _GGUF_SCALARS else _GGUF_MIN_SIZE[itype]
+            count = self.count(self.unpack("<Q", f"array length of {key!r:.80}"), size, f"array {key!r:.80}")
+            if itype in _GGUF_SCALARS and itype != 7 and count > 64:  # skip big arrays (the vocabulary)
+                self.fh.seek(size * count, 1)
                 return None
-        return [_gguf_value(fh, itype, source) for _ in range(count)]
-    raise InputError(f"unknown GGUF value type {vtype}", source=source)
+            return [self.value(itype, key, depth + 1) for _ in range(count)]
+        raise InputError(f"unknown GGUF value type {vtype} for {key!r:.80}", source=self.source)
 
 
 def read_gguf_config(path: str) -> dict:
     """The metadata of a GGUF file mapped to config.json field names (the header only, no tensors)."""
-    with open(path, "rb") as fh:
+    try:
+        fh = open(path, "rb")
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}", source=path) from None
+    with fh:
+        gf = _GgufFile(fh, path)
         if fh.read(4) != b"GGUF":
             raise InputError("not a GGUF file (bad magic)", source=path)
-        (version,) = struct.unpack("<I", _read(fh, 4, path))
+        version = gf.unpack("<I", "header")
         if version < 2:
             raise InputError(f"GGUF version {version} is not supported (2 or newer)", source=path)
-        _tensors, kv_count = struct.unpack("<QQ", _read(fh, 16, path))
+        _tensors = gf.unpack("<Q", "header")
+        kv_count = gf.count(gf.unpack("<Q", "header"), 13, "metadata count")  # key length, type, a byte at least
         meta: dict[str, Any] = {}
         for _ in range(kv_count):
-            (klen,) = struct.unpack("<Q", _read(fh, 8, path))
-            key = _read(fh, klen, path).decode("utf-8", "replace")
-            (vtype,) = struct.unpack("<I", _read(fh, 4, path))
-            meta[key] = _gguf_value(fh, vtype, path)
+            klen = gf.count(gf.unpack("<Q", "key length"), 1, "key")
+            key = gf.read(klen, "key").decode("utf-8", "replace")
+            meta[key] = gf.value(gf.unpack("<I", f"value type of {key!r:.80}"), key)
     arch = meta.get("general.architecture")
     if not isinstance(arch, str):
         raise InputError("GGUF metadata has no general.architecture", source=path)
@@ -232,6 +315,9 @@ def read_gguf_config(path: str) -> dict:
         config["qk_rope_head_dim"] = get("rope.dimension_count")
     if isinstance(config["num_key_value_heads"], list):  # per-layer counts: 0 marks a layer without KV
         per_layer = config["num_key_value_heads"]
+        if not per_layer or any(isinstance(h, bool) or not isinstance(h, int) or h < 0 for h in per_layer):
+            raise InputError("expected per-layer KV-head counts (non-negative integers)", source=path,
+                             field=f"{arch}.attention.head_count_kv")
         config["layer_types"] = ["full_attention" if h else "mamba" for h in per_layer]
         config["num_key_value_heads"] = max(per_layer)
     return {k: v for k, v in config.items() if v is not None}
@@ -300,8 +386,8 @@ def parse_memory(text: str) -> float:
         value = float(t)
     except ValueError:
         raise UsageError(f"cannot read a memory size from {text!r} (examples: 80GiB, 24GB)") from None
-    if value <= 0:
-        raise UsageError("a memory size must be positive")
+    if not 0 < value * factor <= MAX_MEMORY:
+        raise UsageError(f"a memory size must be positive and at most 1 PB, got {text!r}")
     return value * factor
 
 
@@ -360,6 +446,8 @@ def inspect_config(config: dict, *, model: str, source: str, dtype: str = "bf16"
         raise UsageError("--gpu-memory-utilization must be in (0, 1]")
     if block_size < 1:
         raise UsageError("--block-size must be at least 1")
+    if weights_bytes is not None and not 0 <= weights_bytes <= MAX_MEMORY:
+        raise UsageError("--weights-gib must be between 0 and 1 PB")
     shape = kv_shape(config, dtype, source)
     groups = layer_groups(config, dtype, source)
     notes: list[str] = []
@@ -400,8 +488,8 @@ def inspect_config(config: dict, *, model: str, source: str, dtype: str = "bf16"
         blocks = int(budget // (full_per_token * block_size)) if full_per_token else None
     rows = []
     for tokens in contexts:
-        if tokens < 1:
-            raise UsageError("--context values must be positive")
+        if not 1 <= tokens <= MAX_CONTEXT:
+            raise UsageError(f"--context values must be between 1 and {MAX_CONTEXT:,} tokens, got {str(tokens)[:30]}")
         one = kv_bytes(groups, tokens)
         fit = int(budget // one) if budget is not None and one else None
         decode = None
