@@ -23,6 +23,8 @@ DTYPE_BYTES = {"fp32": 4.0, "float32": 4.0, "bf16": 2.0, "bfloat16": 2.0, "fp16"
 GIB = 1024 ** 3
 MAX_MEMORY = 1e15               # bytes: larger sizes are typos (and would overflow the JSON integers)
 MAX_CONTEXT = 2 ** 40           # tokens
+MAX_LAYERS = 100_000            # no model has more; a bigger count is corrupt (and is materialized per layer)
+MAX_CONFIG_INT = 2 ** 40        # any other integer of a config
 _NO_KV = {"linear_attention", "mamba", "mamba2", "recurrent", "conv", "ssm"}
 
 
@@ -70,9 +72,6 @@ def _int(config: dict, key: str, source: str) -> int:
     return value
 
 
-#: no model has more; a bigger count is a corrupt config (and would be materialized per layer)
-MAX_LAYERS = 100_000
-MAX_CONFIG_INT = 2 ** 40
 _OPTIONAL_INTS = ("num_key_value_heads", "head_dim", "sliding_window", "kv_lora_rank", "qk_rope_head_dim",
                   "hidden_size", "num_attention_heads")
 
@@ -88,13 +87,9 @@ def check_config(config: dict, source: str = "config.json") -> None:
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONFIG_INT:
             raise InputError(f"expected a positive integer up to {MAX_CONFIG_INT:,}, got {value!r:.60}",
                              source=source, field=key)
-    layers = _int(cfg, "num_hidden_layers", source)
-    if layers > MAX_LAYERS:
-        raise InputError(f"{layers:,} layers is more than any model has ({MAX_LAYERS:,})", source=source,
-                         field="num_hidden_layers")
+    kinds = set(layer_types(config, source))  # checks the layer count
     if cfg.get("kv_lora_rank"):
         return
-    kinds = set(layer_types(config, source))
     if not kinds - _NO_KV:
         return
     heads = _int(cfg, "num_attention_heads", source)

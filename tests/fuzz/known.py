@@ -20,6 +20,10 @@ LINT_BODIES = "lint body reading (lead: lint_paths and the body rules in cachect
 KNOWN: list[tuple[str, str, str]] = [
     ("*", r"internal error reached \(RecursionError: maximum recursion depth exceeded while decoding a JSON",
      f"{INPUTS}: parse_json_document uses json.loads, which recurses once per nesting level"),
+    ("diff-tokens.*", r"internal error reached \((TypeError|AttributeError)",
+     f"{INPUTS}: prompt_from_value and _detect_chat_flavour walk fields without checking their types"),
+    ("simulate-prefix.text", r"internal error reached \((TypeError|AttributeError)",
+     f"{INPUTS}: prompt_from_value and _detect_chat_flavour walk fields without checking their types"),
     ("prompt-cost.*", r"does not name the input .*cachectl: error: unknown model",
      f"{PROMPTCACHE}: a line's model is not checked to be a string, and the unknown-model error has no file:line"),
     ("prompt-cost.requests", r"internal error reached",
