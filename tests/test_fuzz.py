@@ -21,7 +21,7 @@ from .fuzz.harness import Expect, invoke, violations
 from .fuzz.known import known
 from .fuzz.targets import OPTION_TARGETS, TARGETS, gguf_seeds, run_option, run_target, size
 
-EXAMPLES = int(os.environ.get("CACHECTL_FUZZ_EXAMPLES", "50"))
+EXAMPLES = int(os.environ.get("CACHECTL_FUZZ_EXAMPLES", "35"))
 CI = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
 

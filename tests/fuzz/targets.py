@@ -146,6 +146,18 @@ TEMPLATE_FRAGMENTS = ["{{ ", " }}", "{% ", " %}", "{# ", " #}", "{{ now() }}", "
                       "{# cachectl: ignore[CC999] #}", "{# cachectl: ignore[ #}"]
 
 
+@lru_cache(None)
+def chat_template_seeds() -> list[str]:
+    tok = _json(FIX / "tok" / "tokenizer_config.json").get("chat_template")
+    found = [p.read_text(encoding="utf-8") for p in sorted((FIX / "lint").rglob("*chat_template*.jinja"))]
+    return ([tok] if isinstance(tok, str) else []) + found
+
+
+def tokenizer_config_seeds() -> list:
+    return [{"chat_template": t, "bos_token": "<s>"} for t in chat_template_seeds()] + [
+        {"chat_template": [{"name": "default", "template": chat_template_seeds()[0]}]}]
+
+
 #: known to take minutes and gigabytes (issue 11: the sandbox does not bound string repetition): long runs only
 TEMPLATE_BOMBS = ["{{ '%s' * 10**9 }}", "{{ 'ab' * 10**8 }}{{ user_id }}"]
 
@@ -238,6 +250,12 @@ TARGETS: list[Target] = [
            lambda p: ["lint", p, "--format", "json"]),
     Target("lint.body", "body.json", _j(body_seeds), lambda p: ["lint", p, "--format", "json"]),
     Target("lint.yaml", "body.yaml", lambda z: S.yaml_document(body_seeds()), lambda p: ["lint", p, "--format", "json"]),
+    Target("lint.tokenizer-config", "tokenizer_config.json", _j(tokenizer_config_seeds),
+           lambda p: ["lint", p, "--format", "json"]),
+    Target("diff-tokens.chat-template", "template.jinja",
+           lambda z: S.text_document(chat_template_seeds(), TEMPLATE_FRAGMENTS, z["deep"], z["huge_line"]),
+           lambda p: ["diff-tokens", str(PROMPTS / "chat_no_system.json"), str(PROMPTS / "chat_with_system.json"),
+                      "-t", TOK, "--chat-template", p, "--format", "json"]),
     Target("lint.config", "pyproject.toml", lambda z: S.toml_document(lint_config_seeds(), z["huge_line"]),
            lambda p: ["lint", str(FIX / "lint" / "good" / "support_prompt.j2"), "--config", p, "--format", "json"]),
     Target("semantic-probe.dupes", "log.jsonl", _jl(semantic_log_seeds),
