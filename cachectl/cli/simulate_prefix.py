@@ -19,15 +19,15 @@ TRACE is JSONL: {"tokens": [...], "salt"?, "timestamp"?, "output_tokens"?}; text
 """
 
 
-def _ints(text: Optional[str], name: str) -> list[int]:
+def _ints(text: Optional[str], name: str, most: int) -> list[int]:
     if not text:
         return []
     try:
         values = [int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
         raise UsageError(f"{name} expects comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise UsageError(f"{name} expects positive integers, got {text!r}")
+    if not values or any(not 1 <= v <= most for v in values):
+        raise UsageError(f"{name} expects integers from 1 to {most:,}, got {text!r}")
     return values
 
 
@@ -127,8 +127,8 @@ def command(
                                    chunk_size=chunk_size, recompute_ratio=recompute_ratio, per_request=keep_rows,
                                    source=name)
 
-    sizes = _ints(sweep_block_size, "--sweep-block-size") or [block_size]
-    caps = _ints(sweep_capacity, "--sweep-capacity")
+    sizes = _ints(sweep_block_size, "--sweep-block-size", prefix.MAX_BLOCK_SIZE) or [block_size]
+    caps = _ints(sweep_capacity, "--sweep-capacity", prefix.MAX_CAPACITY_BLOCKS)
     if len(sizes) == 1 and not caps:
         report = run(sizes[0], capacity_for(sizes[0]), per_request)
         if plot:

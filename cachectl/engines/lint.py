@@ -96,6 +96,7 @@ class LintConfig:
     per_file_ignores: tuple[tuple[str, frozenset[str]], ...] = ()
     model: str | None = None
     tail_tokens: int = 64          # stable tokens after a volatile value that make it a finding
+    source: str | None = None      # the pyproject.toml read, for errors about its values
 
     def enabled(self, rule: str, path: str) -> bool:
         if rule not in self.select:
@@ -181,7 +182,8 @@ def load_config(pyproject: str | None, *, select: Sequence[str] = (), ignore: Se
     cfg_model = table.get("model")
     if cfg_model is not None and not isinstance(cfg_model, str):
         raise InputError(f"expected a model name, got {cfg_model!r:.60}", source=source, field="tool.cachectl.lint.model")
-    return LintConfig(select=chosen, per_file_ignores=tuple(per_file), model=model or cfg_model, tail_tokens=tail)
+    return LintConfig(select=chosen, per_file_ignores=tuple(per_file), model=model or cfg_model, tail_tokens=tail,
+                      source=source)
 
 
 # ------------------------------------------------------------------------------------------- sandbox
