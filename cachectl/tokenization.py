@@ -172,6 +172,8 @@ class TokenizerHandle:
     """A loaded tokenizer: the transformers tokenizer (for chat templates) and its fast backend."""
 
     def __init__(self, name: str, hf: Any, chat_template: str | None = None):
+        #: the file a --chat-template came from (its syntax errors name it, not the prompt)
+        self.template_source: str | None = None
         self.name = name
         self.hf = hf
         backend = getattr(hf, "backend_tokenizer", None) or getattr(hf, "_tokenizer", None)
@@ -220,6 +222,11 @@ class TokenizerHandle:
                 add_generation_prompt=add_generation_prompt, tokenize=False, **(template_vars or {}))
         except Exception as exc:  # jinja2 TemplateError, TypeError from a filter, ...
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            from jinja2 import TemplateSyntaxError
+
+            if isinstance(exc, TemplateSyntaxError) and self.template_source:  # the template's fault, not the prompt's
+                raise InputError(f"invalid chat template: {msg}", source=self.template_source,
+                                 line=exc.lineno) from None
             raise InputError(f"chat template failed to render: {msg}", source=prompt.source,
                              line=prompt.line) from None
 
@@ -411,6 +418,12 @@ def _tool_renderings(tool: dict) -> Iterable[str]:
 
 def load_tokenizer(spec: str, *, chat_template_file: str | None = None) -> TokenizerHandle:
     """Load a tokenizer from a model directory, a tokenizer.json file, or a cached Hugging Face id."""
+    handle = _load_tokenizer(spec, chat_template_file)
+    handle.template_source = chat_template_file
+    return handle
+
+
+def _load_tokenizer(spec: str, chat_template_file: str | None) -> TokenizerHandle:
     chat_template = None
     if chat_template_file is not None:
         try:

@@ -276,7 +276,15 @@ def flags_for_params(message: str) -> str:
     return re.sub(r"`([a-z_]+)`", lambda m: PARAM_FLAGS.get(m.group(1), m.group(0)), message)
 
 
+#: Catch-all hits of this process, "Type: message" each: an input that lands here is a bug, and the fuzz tests
+#: assert that none does.
+internal_errors: list[str] = []
+
+
 def fail(message: str, code: int = EXIT_ERROR) -> typer.Exit:
+    message = " ".join(message.split("\n")).replace("\r", " ")  # one line, whatever the message quotes
+    if len(message) > 2000:
+        message = message[:2000] + "..."
     stderr.print(f"cachectl: error: {message}", markup=False, highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
@@ -317,6 +325,7 @@ def handle_errors(fn: Callable) -> Callable:
                 traceback.print_exc()
             raise fail(flags_for_params(str(exc)), exc.exit_code) from None
         except Exception as exc:  # a bug of ours, or a library failing: still one line, exit 2
+            internal_errors.append(f"{type(exc).__name__}: {exc}"[:500])
             if _debug():
                 traceback.print_exc()
             offline = _offline_api_error(exc)

@@ -42,7 +42,7 @@ def _contexts(text: str) -> list[int]:
             part, mult = part[:-1], 1024
         try:
             out.append(int(float(part) * mult))
-        except ValueError:
+        except (ValueError, OverflowError):
             raise UsageError(f"--context expects comma-separated token counts (4096,32k,128k), got {text!r}") from None
     if not out:
         raise UsageError("--context needs at least one token count")

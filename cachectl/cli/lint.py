@@ -60,9 +60,13 @@ def command(
                            ignore=(ignore or "").split(",") if ignore else (), model=model)
     min_tokens = None
     if cfg.model:
-        from ..engines.pricing import PriceTable
+        from ..engines.pricing import PriceTable, UnknownModelError
 
-        min_tokens = PriceTable.load().lookup(cfg.model).min_cacheable_tokens
+        try:
+            min_tokens = PriceTable.load().lookup(cfg.model).min_cacheable_tokens
+        except UnknownModelError as exc:
+            where = "--model" if model else f"{cfg.source}: field 'tool.cachectl.lint.model'"
+            raise UsageError(f"{where}: {exc}") from None
     tok = None
     if tokenizer:
         from ..tokenization import load_tokenizer

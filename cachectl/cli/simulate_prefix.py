@@ -34,15 +34,15 @@ TRACE is JSONL: {"tokens": [...], "salt"?, "timestamp"?, "output_tokens"?}; text
 """
 
 
-def _ints(text: Optional[str], name: str) -> list[int]:
+def _ints(text: Optional[str], name: str, most: int) -> list[int]:
     if not text:
         return []
     try:
         values = [int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
         raise UsageError(f"{name} expects comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise UsageError(f"{name} expects positive integers, got {text!r}")
+    if not values or any(not 1 <= v <= most for v in values):
+        raise UsageError(f"{name} expects integers from 1 to {most:,}, got {text!r}")
     return values
 
 
@@ -110,6 +110,7 @@ def command(
     if capacity_gib is not None and capacity_blocks is not None:
         raise UsageError("give --capacity-blocks or --capacity-gib, not both")
     bytes_per_token = None
+    source = None
     if capacity_gib is not None:
         if model is None:
             raise UsageError("--capacity-gib needs --model (a catalog name, HF id, model directory or config.json)")
@@ -117,6 +118,9 @@ def command(
 
         config, source, _ = resolve_model(model)
         bytes_per_token = kv_shape(config, dtype.value, source).bytes_per_token
+        if bytes_per_token <= 0:
+            raise UsageError(f"{source}: the model keeps no KV cache per token (no attention layers), so "
+                             "--capacity-gib gives no block count; pass --capacity-blocks")
     warm = _warmup(warmup)
     tok = _ChatAware(tokenizer, not no_generation_prompt) if tokenizer is not None else None
     name = "<stdin>" if trace == "-" else trace
@@ -125,7 +129,11 @@ def command(
         if bytes_per_token is not None and capacity_gib is not None:
             from ..engines.kvmath import blocks_for_memory
 
-            return blocks_for_memory(capacity_gib, bytes_per_token, bs)
+            blocks = blocks_for_memory(capacity_gib, bytes_per_token, bs)
+            if blocks < 1:
+                raise UsageError(f"--capacity-gib {capacity_gib:g} holds no block of {bs} tokens of the model in "
+                                 f"{source} ({bytes_per_token * bs:,.0f} bytes a block)")
+            return blocks
         if capacity_blocks is not None and bs != block_size:  # same memory, other block size
             return max(1, capacity_blocks * block_size // bs)
         return capacity_blocks
@@ -148,8 +156,8 @@ def command(
                                chunk_size=chunk_size, recompute_ratio=recompute_ratio, per_request=keep_rows,
                                source=name, warmup=skip)
 
-    sizes = _ints(sweep_block_size, "--sweep-block-size") or [block_size]
-    caps = _ints(sweep_capacity, "--sweep-capacity")
+    sizes = _ints(sweep_block_size, "--sweep-block-size", prefix.MAX_BLOCK_SIZE) or [block_size]
+    caps = _ints(sweep_capacity, "--sweep-capacity", prefix.MAX_CAPACITY_BLOCKS)
     if curve and caps:
         raise UsageError("--curve picks the capacities itself: drop --sweep-capacity (or --curve)")
     if (curve or optimal) and policy_name != "vllm":

@@ -21,6 +21,10 @@ SCHEMA_VERSION = 1
 DTYPE_BYTES = {"fp32": 4.0, "float32": 4.0, "bf16": 2.0, "bfloat16": 2.0, "fp16": 2.0, "float16": 2.0,
                "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 GIB = 1024 ** 3
+MAX_MEMORY = 1e15               # bytes: larger sizes are typos (and would overflow the JSON integers)
+MAX_CONTEXT = 2 ** 40           # tokens
+MAX_LAYERS = 100_000            # no model has more; a bigger count is corrupt (and is materialized per layer)
+MAX_CONFIG_INT = 2 ** 40        # any other integer of a config
 _NO_KV = {"linear_attention", "mamba", "mamba2", "recurrent", "conv", "ssm"}
 
 
@@ -84,8 +88,41 @@ def load_config(path: str) -> tuple[dict, str]:
 def _int(config: dict, key: str, source: str) -> int:
     value = config.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(f"expected a positive integer, got {value!r}", source=source, field=key)
+        raise InputError(f"expected a positive integer, got {value!r:.60}", source=source, field=key)
     return value
+
+
+_OPTIONAL_INTS = ("num_key_value_heads", "head_dim", "sliding_window", "kv_lora_rank", "qk_rope_head_dim",
+                  "hidden_size", "num_attention_heads")
+
+
+def check_config(config: dict, source: str = "config.json") -> None:
+    """The fields the KV arithmetic reads, checked where they are read: integers in range, KV heads that
+    divide the attention heads, a head_dim that hidden_size gives when the config has none."""
+    cfg = _text_config(config)
+    for key in ("num_hidden_layers", *_OPTIONAL_INTS):
+        value = cfg.get(key)
+        if value is None or (value == 0 and key != "num_hidden_layers" and not isinstance(value, bool)):
+            continue  # absent (0 means absent for the optional ones, as configs write it)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONFIG_INT:
+            raise InputError(f"expected a positive integer up to {MAX_CONFIG_INT:,}, got {value!r:.60}",
+                             source=source, field=key)
+    kinds = set(layer_types(config, source))  # checks the layer count
+    if cfg.get("kv_lora_rank"):
+        return
+    if not kinds - _NO_KV:
+        return
+    heads = _int(cfg, "num_attention_heads", source)
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    if heads % kv_heads:
+        raise InputError(f"{kv_heads} KV heads do not divide the {heads} attention heads (grouped-query attention "
+                         "shares each KV head among a whole number of query heads)", source=source,
+                         field="num_key_value_heads")
+    if not cfg.get("head_dim"):
+        hidden = _int(cfg, "hidden_size", source)
+        if hidden % heads:
+            raise InputError(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads} and there is "
+                             "no head_dim", source=source, field="hidden_size")
 
 
 def _text_config(config: dict) -> dict:
@@ -111,6 +148,9 @@ def layer_types(config: dict, source: str = "config.json") -> list[str]:
     """The attention kind of every layer: from ``layer_types`` when the config lists them, else derived."""
     cfg = _text_config(config)
     n = _int(cfg, "num_hidden_layers", source)
+    if n > MAX_LAYERS:
+        raise InputError(f"{n:,} layers is more than any model has ({MAX_LAYERS:,})", source=source,
+                         field="num_hidden_layers")
     listed = cfg.get("layer_types")
     if isinstance(listed, list):
         if len(listed) != n:
@@ -194,6 +234,7 @@ def _layers(config: dict, source: str) -> list[_Layer]:
 def layer_groups(config: dict, dtype: str = "bf16", source: str = "config.json") -> tuple[LayerGroup, ...]:
     if dtype not in DTYPE_BYTES:
         raise UsageError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_BYTES)}")
+    check_config(config, source)
     cfg = _text_config(config)
     nbytes = DTYPE_BYTES[dtype]
     counts: dict[_Layer, int] = {}
@@ -261,6 +302,9 @@ def estimate_params(config: dict) -> int | None:
         layers = _layers(config, "config")
     except (KeyError, InputError):
         return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_CONFIG_INT
+               for v in (hidden, heads, vocab, inter)):
+        return None
     if any(layer.type in ("mla", "no_kv") for layer in layers) or not isinstance(inter, int):
         return None
     attn = 0
@@ -309,66 +353,103 @@ def estimate_total_params(config: dict) -> int | None:
 
 
 def blocks_for_memory(gib: float, bytes_per_token: float, block_size: int) -> int:
-    if gib <= 0:
-        raise UsageError("--capacity-gib must be positive")
+    if not 0 < gib < float("inf"):
+        raise UsageError("--capacity-gib must be a positive number")
+    if bytes_per_token <= 0:
+        raise UsageError("the model keeps no KV cache per token (no attention layers): --capacity-gib cannot "
+                         "be turned into blocks; pass --capacity-blocks")
     return int(gib * GIB // (bytes_per_token * block_size))
 
 
 # ---------------------------------------------------------------------------------------------- GGUF
 
 _GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_GGUF_MIN_SIZE = {8: 8, 9: 12}   # bytes a string (its length) and an array (type and count) take at least
+_GGUF_MAX_DEPTH = 8              # arrays of arrays: the format allows them, real files nest one level
 
 
-def _read(fh: BinaryIO, n: int, source: str) -> bytes:
-    data = fh.read(n)
-    if len(data) != n:
-        raise InputError("truncated GGUF metadata", source=source)
-    return data
+class _GgufFile:
+    """Reads a GGUF header, checking every length and count against the bytes left before reading or
+    allocating anything: a corrupt count is an error, never an allocation."""
 
+    def __init__(self, fh: BinaryIO, source: str):
+        self.fh = fh
+        self.source = source
+        self.size = fh.seek(0, 2)
+        fh.seek(0)
 
-def _gguf_value(fh: BinaryIO, vtype: int, source: str, skip_big: bool = False) -> Any:
-    if vtype in _GGUF_SCALARS:
-        fmt = _GGUF_SCALARS[vtype]
-        return struct.unpack(fmt, _read(fh, struct.calcsize(fmt), source))[0]
-    if vtype == 8:
-        (n,) = struct.unpack("<Q", _read(fh, 8, source))
-        return _read(fh, n, source).decode("utf-8", "replace")
-    if vtype == 9:
-        (itype,) = struct.unpack("<I", _read(fh, 4, source))
-        (count,) = struct.unpack("<Q", _read(fh, 8, source))
-        if skip_big and count > 64 and itype in _GGUF_SCALARS:  # the vocabulary's scores and types: not needed
-            fh.seek(struct.calcsize(_GGUF_SCALARS[itype]) * count, 1)
-            return None
-        if skip_big and count > 64 and itype == 8:  # the vocabulary itself
-            for _ in range(count):
-                (n,) = struct.unpack("<Q", _read(fh, 8, source))
-                fh.seek(n, 1)
-            return None
-        return [_gguf_value(fh, itype, source) for _ in range(count)]
-    raise InputError(f"unknown GGUF value type {vtype}", source=source)
+    def left(self) -> int:
+        return self.size - self.fh.tell()
+
+    def read(self, n: int, what: str = "metadata") -> bytes:
+        if n > self.left():
+            raise InputError(f"truncated GGUF {what}: {n:,} bytes announced at offset {self.fh.tell():,}, "
+                             f"{self.left():,} left in the file", source=self.source)
+        return self.fh.read(n)
+
+    def unpack(self, fmt: str, what: str = "metadata") -> Any:
+        return struct.unpack(fmt, self.read(struct.calcsize(fmt), what))[0]
+
+    def count(self, n: int, item_size: int, what: str) -> int:
+        if n * item_size > self.left():
+            raise InputError(f"corrupt GGUF {what}: {n:,} entries of at least {item_size} bytes at offset "
+                             f"{self.fh.tell():,}, {self.left():,} bytes left in the file", source=self.source)
+        return n
+
+    def value(self, vtype: int, key: str, depth: int = 0, skip_big: bool = False) -> Any:
+        if vtype in _GGUF_SCALARS:
+            return self.unpack(_GGUF_SCALARS[vtype], f"value of {key!r:.80}")
+        if vtype == 8:
+            n = self.count(self.unpack("<Q", f"string length of {key!r:.80}"), 1, f"string {key!r:.80}")
+            return self.read(n).decode("utf-8", "replace")
+        if vtype == 9:
+            if depth >= _GGUF_MAX_DEPTH:
+                raise InputError(f"GGUF array {key!r:.80} nests arrays more than {_GGUF_MAX_DEPTH} deep",
+                                 source=self.source)
+            itype = self.unpack("<I", f"array type of {key!r:.80}")
+            if itype not in _GGUF_SCALARS and itype not in _GGUF_MIN_SIZE:
+                raise InputError(f"unknown GGUF value type {itype} in array {key!r:.80}", source=self.source)
+            size = struct.calcsize(_GGUF_SCALARS[itype]) if itype in _GGUF_SCALARS else _GGUF_MIN_SIZE[itype]
+            count = self.count(self.unpack("<Q", f"array length of {key!r:.80}"), size, f"array {key!r:.80}")
+            if skip_big and count > 64 and itype in _GGUF_SCALARS:  # the vocabulary's scores and types
+                self.fh.seek(size * count, 1)
+                return None
+            if skip_big and count > 64 and itype == 8:  # the vocabulary itself
+                for _ in range(count):
+                    n = self.count(self.unpack("<Q", f"string length in {key!r:.80}"), 1, f"string in {key!r:.80}")
+                    self.fh.seek(n, 1)
+                return None
+            return [self.value(itype, key, depth + 1) for _ in range(count)]
+        raise InputError(f"unknown GGUF value type {vtype} for {key!r:.80}", source=self.source)
 
 
 def read_gguf_config(path: str) -> dict:
     """The metadata of a GGUF file mapped to config.json field names (the header only, no tensors)."""
-    with open(path, "rb") as fh:
+    try:
+        fh = open(path, "rb")
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}", source=path) from None
+    with fh:
+        gf = _GgufFile(fh, path)
         if fh.read(4) != b"GGUF":
             raise InputError("not a GGUF file (bad magic)", source=path)
-        (version,) = struct.unpack("<I", _read(fh, 4, path))
+        version = gf.unpack("<I", "header")
         if version < 2:
             raise InputError(f"GGUF version {version} is not supported (2 or newer)", source=path)
-        tensor_count, kv_count = struct.unpack("<QQ", _read(fh, 16, path))
+        tensor_count = gf.count(gf.unpack("<Q", "header"), 24, "tensor count")  # name length, dims, type, offset
+        kv_count = gf.count(gf.unpack("<Q", "header"), 13, "metadata count")  # key length, type, a byte at least
         meta: dict[str, Any] = {}
         for _ in range(kv_count):
-            (klen,) = struct.unpack("<Q", _read(fh, 8, path))
-            key = _read(fh, klen, path).decode("utf-8", "replace")
-            (vtype,) = struct.unpack("<I", _read(fh, 4, path))
-            meta[key] = _gguf_value(fh, vtype, path, skip_big=key.startswith("tokenizer."))
+            klen = gf.count(gf.unpack("<Q", "key length"), 1, "key")
+            key = gf.read(klen, "key").decode("utf-8", "replace")
+            meta[key] = gf.value(gf.unpack("<I", f"value type of {key!r:.80}"), key,
+                                 skip_big=key.startswith("tokenizer."))
         tensors = set()  # the tensor infos follow the metadata: names only (the data is never read)
         for _ in range(tensor_count):
-            (nlen,) = struct.unpack("<Q", _read(fh, 8, path))
-            tensors.add(_read(fh, nlen, path).decode("utf-8", "replace"))
-            (n_dims,) = struct.unpack("<I", _read(fh, 4, path))
-            fh.seek(8 * n_dims + 4 + 8, 1)
+            nlen = gf.count(gf.unpack("<Q", "tensor name length"), 1, "tensor name")
+            tensors.add(gf.read(nlen, "tensor name").decode("utf-8", "replace"))
+            n_dims = gf.count(gf.unpack("<I", "tensor dimensions"), 8, "tensor dimensions")
+            gf.read(8 * n_dims + 4 + 8, "tensor info")
     arch = meta.get("general.architecture")
     if not isinstance(arch, str):
         raise InputError("GGUF metadata has no general.architecture", source=path)
@@ -376,6 +457,12 @@ def read_gguf_config(path: str) -> dict:
     def get(name: str) -> Any:
         return meta.get(f"{arch}.{name}")
 
+    for name in ("attention.head_count", "attention.head_count_kv"):
+        value = get(name)
+        if isinstance(value, list) and (not value or any(isinstance(h, bool) or not isinstance(h, int) or h < 0
+                                                         for h in value)):
+            raise InputError("expected per-layer head counts (non-negative integers)", source=path,
+                             field=f"{arch}.{name}")
     heads = get("attention.head_count")
     if isinstance(heads, list):  # per layer
         heads = max(heads) or None
@@ -410,6 +497,9 @@ def read_gguf_config(path: str) -> dict:
         config["tie_word_embeddings"] = "output.weight" not in tensors
     config = {k: v for k, v in config.items() if v is not None}
     if isinstance(kv, list):  # per-layer KV head counts; 0 marks a layer without attention KV (Mamba, ...)
+        if not kv or any(isinstance(h, bool) or not isinstance(h, int) or h < 0 for h in kv):
+            raise InputError("expected per-layer KV-head counts (non-negative integers)", source=path,
+                             field=f"{arch}.attention.head_count_kv")
         if len(kv) != config.get("num_hidden_layers"):
             raise InputError(f"lists {len(kv)} KV head counts for {config.get('num_hidden_layers')} layers",
                              source=path, field=f"{arch}.attention.head_count_kv")
@@ -482,8 +572,8 @@ def parse_memory(text: str) -> float:
         value = float(t)
     except ValueError:
         raise UsageError(f"cannot read a memory size from {text!r} (examples: 80GiB, 24GB)") from None
-    if value <= 0:
-        raise UsageError("a memory size must be positive")
+    if not 0 < value * factor <= MAX_MEMORY:
+        raise UsageError(f"a memory size must be positive and at most 1 PB, got {text!r}")
     return value * factor
 
 
@@ -545,6 +635,8 @@ def inspect_config(config: dict, *, model: str, source: str, dtype: str = "bf16"
     if is_encoder_only(config):
         raise UsageError(f"{model} is an encoder-only model ({model_type(config) or 'not causal'}): every token "
                          "attends to the whole input at once, so it keeps no KV cache between tokens")
+    if weights_bytes is not None and not 0 <= weights_bytes <= MAX_MEMORY:
+        raise UsageError("--weights-gib must be between 0 and 1 PB")
     shape = kv_shape(config, dtype, source)
     groups = layer_groups(config, dtype, source)
     notes: list[str] = []
@@ -586,8 +678,8 @@ def inspect_config(config: dict, *, model: str, source: str, dtype: str = "bf16"
         blocks = int(budget // (full_per_token * block_size)) if full_per_token else None
     rows = []
     for tokens in contexts:
-        if tokens < 1:
-            raise UsageError("--context values must be positive")
+        if not 1 <= tokens <= MAX_CONTEXT:
+            raise UsageError(f"--context values must be between 1 and {MAX_CONTEXT:,} tokens, got {str(tokens)[:30]}")
         one = kv_bytes(groups, tokens)
         fit = int(budget // one) if budget is not None and one else None
         decode = None

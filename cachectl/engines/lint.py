@@ -163,6 +163,7 @@ class LintConfig:
     per_file_ignores: tuple[tuple[str, frozenset[str]], ...] = ()
     model: str | None = None
     tail_tokens: int = 64          # stable tokens after a volatile value that make it a finding
+    source: str | None = None      # the pyproject.toml read, for errors about its values
 
     def enabled(self, rule: str, path: str) -> bool:
         if rule not in self.select:
@@ -195,24 +196,61 @@ def load_config(pyproject: str | None, *, select: Sequence[str] = (), ignore: Se
 
         try:
             with open(source, "rb") as fh:
-                data = tomllib.load(fh)
+                data = tomllib.loads(fh.read().decode("utf-8"))
         except FileNotFoundError:
             raise InputError("no such file", source=source) from None
+        except OSError as exc:
+            raise InputError(f"cannot read: {exc.strerror or exc}", source=source) from None
+        except UnicodeDecodeError as exc:
+            raise InputError(f"not valid UTF-8 (offset {exc.start})", source=source) from None
         except tomllib.TOMLDecodeError as exc:
             raise InputError(f"invalid TOML: {exc}", source=source) from None
-        table = data.get("tool", {}).get("cachectl", {}).get("lint", {}) or {}
+        except RecursionError:
+            raise InputError("invalid TOML: nested too deeply", source=source) from None
+        table = data
+        path = []
+        for key in ("tool", "cachectl", "lint"):
+            path.append(key)
+            table = table.get(key, {})
+            if not isinstance(table, dict):
+                raise InputError(f"expected a table, got {table!r:.60}", source=source, field=".".join(path))
     where = f"{source} [tool.cachectl.lint]" if source else "options"
-    chosen = _rule_ids(table.get("select", []), where) or frozenset(RULES)
-    chosen -= _rule_ids(table.get("ignore", []), where)
+
+    def ids(key: str) -> list:
+        value = table.get(key, [])
+        if isinstance(value, str):
+            value = value.split(",")
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise InputError(f"expected a list of rule ids, got {value!r:.60}", source=source,
+                             field=f"tool.cachectl.lint.{key}")
+        return value
+
+    chosen = _rule_ids(ids("select"), where) or frozenset(RULES)
+    chosen -= _rule_ids(ids("ignore"), where)
     if select:
         chosen = _rule_ids(select, "--select")
     chosen -= _rule_ids(ignore, "--ignore")
-    per_file = tuple((str(pat), _rule_ids(ids, f"{where} per-file-ignores"))
-                     for pat, ids in (table.get("per-file-ignores") or {}).items())
+    per_file_table = table.get("per-file-ignores", {})
+    if not isinstance(per_file_table, dict):
+        raise InputError("expected a table of glob = [rule ids]", source=source,
+                         field="tool.cachectl.lint.per-file-ignores")
+    per_file = []
+    for pat, rule_list in per_file_table.items():
+        if isinstance(rule_list, str):
+            rule_list = rule_list.split(",")
+        if not isinstance(rule_list, list) or not all(isinstance(v, str) for v in rule_list):
+            raise InputError(f"expected a list of rule ids, got {rule_list!r:.60}", source=source,
+                             field=f"tool.cachectl.lint.per-file-ignores.{pat}")
+        per_file.append((pat, _rule_ids(rule_list, f"{where} per-file-ignores")))
     tail = table.get("tail-tokens", 64)
-    if not isinstance(tail, int) or tail < 1:
-        raise InputError("tail-tokens must be a positive integer", source=source, field="tool.cachectl.lint.tail-tokens")
-    return LintConfig(select=chosen, per_file_ignores=per_file, model=model or table.get("model"), tail_tokens=tail)
+    if isinstance(tail, bool) or not isinstance(tail, int) or not 1 <= tail <= 1_000_000:
+        raise InputError(f"expected a positive integer up to 1,000,000, got {tail!r:.60}", source=source,
+                         field="tool.cachectl.lint.tail-tokens")
+    cfg_model = table.get("model")
+    if cfg_model is not None and not isinstance(cfg_model, str):
+        raise InputError(f"expected a model name, got {cfg_model!r:.60}", source=source, field="tool.cachectl.lint.model")
+    return LintConfig(select=chosen, per_file_ignores=tuple(per_file), model=model or cfg_model, tail_tokens=tail,
+                      source=source)
 
 
 # ------------------------------------------------------------------------------------------- sandbox
@@ -356,6 +394,8 @@ def lint_template(path: str, source: str, config: LintConfig, tokenizer: Any = N
         template = env.from_string(source)
     except TemplateSyntaxError as exc:
         raise InputError(f"invalid Jinja: {exc.message}", source=path, line=exc.lineno) from None
+    except RecursionError:
+        raise InputError("Jinja template nested too deeply to parse", source=path) from None
     lines = source.splitlines()
     findings: list[Finding] = []
 
@@ -811,6 +851,8 @@ def _lint_file(f: Path, config: LintConfig, tokenizer: Any, min_tokens: int | No
             raise InputError(f"invalid YAML: {getattr(exc, 'problem', exc)}"
                              + (f" (column {mark.column + 1})" if mark else ""), source=source,
                              line=mark.line + 1 if mark else None) from None
+        except RecursionError:
+            raise InputError("YAML nested too deeply", source=source) from None
     else:
         doc = parse_json_document(text, source)
     if isinstance(doc, dict) and isinstance(doc.get("chat_template"), (str, list)):
@@ -818,6 +860,9 @@ def _lint_file(f: Path, config: LintConfig, tokenizer: Any, min_tokens: int | No
         if isinstance(tmpl, list):
             tmpl = next((t.get("template") for t in tmpl if isinstance(t, dict) and t.get("name") == "default"),
                         None) or ""
+            if not isinstance(tmpl, str):
+                raise InputError("the default chat_template entry's 'template' is not a string", source=source,
+                                 field="chat_template")
         base_line = text[:text.find('"chat_template"')].count("\n") + 1
         try:
             found = lint_template(source, tmpl, config, tokenizer)

@@ -37,6 +37,11 @@ from ..errors import InputError, UsageError
 
 SCHEMA_VERSION = 1
 POLICIES = ("vllm", "radix", "chunk", "infinite")
+#: bounds of the numbers a trace line carries (beyond them a value is corrupt, and would overflow a float)
+MAX_OUTPUT_TOKENS = 10 ** 9
+MAX_TIMESTAMP = 1e15
+MAX_BLOCK_SIZE = 1 << 20
+MAX_CAPACITY_BLOCKS = 1 << 48
 _NONE_SHA = hashlib.sha256(b"cachectl-none-hash").digest()
 
 
@@ -114,17 +119,16 @@ class VllmBlockPool:
         n = capacity_blocks
         self.block_size = block_size
         self.capacity = n
-        self.head, self.tail = n, n + 1
-        # the free queue starts with every block in id order
-        self.prev = [i - 1 for i in range(n)] + [-1, n - 1]
-        self.next = [i + 1 for i in range(n)] + [0, -1]
-        self.prev[0] = self.head
-        self.next[n - 1] = self.tail
-        if n == 0:  # pragma: no cover
-            self.next[self.head] = self.tail
-        self.ref = [0] * n
-        self.key: list = [None] * n
-        self.owner: list = [None] * n
+        # The free queue starts with every block in id order. The never-used blocks (ids fresh..n-1) stand
+        # in it as one node, FRESH, until taken from the front one by one, so that a capacity costs memory
+        # only as far as the trace uses it.
+        self.head, self.tail, self.FRESH = -1, -2, -3
+        self.prev: dict = {self.FRESH: self.head, self.tail: self.FRESH}
+        self.next: dict = {self.head: self.FRESH, self.FRESH: self.tail}
+        self.fresh = 0
+        self.ref: list[int] = []
+        self.key: list = []
+        self.owner: list = []
         self.cached: dict = {}
         self.free_count = n
         self.evicted = 0
@@ -186,7 +190,16 @@ class VllmBlockPool:
         nxt, head = self.next, self.head
         for _ in range(need):
             b = nxt[head]
-            self._remove(b)
+            if b == self.FRESH:  # the next never-used block
+                b = self.fresh
+                self.fresh += 1
+                if self.fresh == self.capacity:
+                    self._remove(self.FRESH)
+                ref.append(0)
+                key.append(None)
+                self.owner.append(None)
+            else:
+                self._remove(b)
             self.free_count -= 1
             k = key[b]
             if k is not None:  # evict: the slot is reused, its content is no longer hittable
@@ -632,8 +645,10 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
     """
     if policy not in POLICIES:
         raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
-    if block_size < 1:
-        raise UsageError("--block-size must be at least 1")
+    if not 1 <= block_size <= MAX_BLOCK_SIZE:
+        raise UsageError(f"--block-size must be between 1 and {MAX_BLOCK_SIZE:,}")
+    if capacity_blocks is not None and not 1 <= capacity_blocks <= MAX_CAPACITY_BLOCKS:
+        raise UsageError(f"a capacity must be between 1 and {MAX_CAPACITY_BLOCKS:,} blocks, got {str(capacity_blocks)[:30]}")
     if policy == "vllm" and capacity_blocks is None:
         raise UsageError("the vllm policy needs --capacity-blocks N (or --capacity-gib X --model M); "
                          "--policy infinite gives the no-eviction ceiling")
@@ -815,7 +830,7 @@ def _int_list(value: Any, name: str, where: dict) -> list:
         raise InputError("expected a list", field=name, **where)
     for i, x in enumerate(value):
         if type(x) is not int or x < 0:
-            raise InputError(f"{x!r} is not a non-negative integer", field=f"{name}[{i}]", **where)
+            raise InputError(f"{x!r:.60} is not a non-negative integer", field=f"{name}[{i}]", **where)
     return value
 
 
@@ -872,22 +887,24 @@ def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
         if isinstance(tenant, (dict, list)):
             tenant = repr(tenant)
         ts = value.get("timestamp")
-        if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float))):
-            raise InputError(f"expected a number of seconds, got {ts!r}", field="timestamp", **where)
-        out = value.get("output_tokens", value.get("output_length", 0)) or 0
-        if isinstance(out, bool) or not isinstance(out, int) or out < 0:
-            raise InputError(f"expected a non-negative integer, got {out!r}", field="output_tokens", **where)
+        if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float))
+                               or not -MAX_TIMESTAMP < ts < MAX_TIMESTAMP):
+            raise InputError(f"expected a number of seconds (or Mooncake milliseconds), got {ts!r:.60}",
+                             field="timestamp", **where)
+        out_key = "output_tokens" if "output_tokens" in value else "output_length"
+        out = value.get(out_key) or 0
+        if isinstance(out, bool) or not isinstance(out, int) or not 0 <= out <= MAX_OUTPUT_TOKENS:
+            raise InputError(f"expected a non-negative integer up to {MAX_OUTPUT_TOKENS:,}, got {out!r:.60}",
+                             field=out_key, **where)
         meta = {"tenant": tenant, "timestamp": None if ts is None else float(ts), "output_tokens": out,
                 "unsalted": unsalted, "no_tenant": no_tenant}
         if "hash_ids" in value and as_kind is None:
             if pending:
                 yield from flush()
-            ids = value["hash_ids"]
-            if not isinstance(ids, list):
-                raise InputError("expected a list", field="hash_ids", **where)
+            ids = _int_list(value["hash_ids"], "hash_ids", where)
             length = value.get("input_length")
             if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-                raise InputError(f"expected a positive integer, got {length!r}", field="input_length", **where)
+                raise InputError(f"expected a positive integer, got {length!r:.60}", field="input_length", **where)
             if -(-length // hash_block_size) != len(ids):
                 raise InputError(f"{len(ids)} hash_ids do not cover input_length {length} in blocks of "
                                  f"{hash_block_size} (--hash-block-size)", field="hash_ids", **where)

@@ -84,20 +84,43 @@ def _num(entry: dict, key: str, model: str, source: str, *, optional: bool = Fal
     value = entry.get(key)
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise InputError(f"expected a non-negative number, got {value!r}", source=source,
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise InputError(f"expected a non-negative number, got {value!r:.60}", source=source,
                          field=f"models.{model}.{key}")
     return float(value)
+
+
+def _whole(entry: dict, key: str, model: str, source: str, lowest: int = 0) -> int:
+    value = entry.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not lowest <= value <= 10 ** 12:
+        raise InputError(f"expected an integer of at least {lowest}, got {value!r:.60}", source=source,
+                         field=f"models.{model}.{key}")
+    return value
+
+
+def _choice(entry: dict, key: str, model: str, source: str, choices: tuple[str, ...]) -> str:
+    value = entry.get(key)
+    if value not in choices:
+        raise InputError(f"expected one of {', '.join(choices)}, got {value!r:.60}", source=source,
+                         field=f"models.{model}.{key}")
+    return value
 
 
 def _from_native(model: str, entry: Any, source: str) -> ModelPrice:
     if not isinstance(entry, dict):
         raise InputError("expected an object", source=source, field=f"models.{model}")
     provider = entry.get("provider", "anthropic" if model.startswith("claude") else "openai")
+    if not isinstance(provider, str):
+        raise InputError(f"expected a provider name, got {provider!r:.60}", source=source,
+                         field=f"models.{model}.provider")
     base = {**_DEFAULTS.get(provider, _DEFAULTS["openai"]), **entry}
     bands = []
-    for i, b in enumerate(base.get("bands") or ()):
-        if not isinstance(b, dict) or not isinstance(b.get("above_tokens"), int):
+    raw_bands = base.get("bands") or ()
+    if not isinstance(raw_bands, (list, tuple)):
+        raise InputError("expected a list of bands", source=source, field=f"models.{model}.bands")
+    for i, b in enumerate(raw_bands):
+        if not isinstance(b, dict) or isinstance(b.get("above_tokens"), bool) \
+                or not isinstance(b.get("above_tokens"), int) or b["above_tokens"] < 0:
             raise InputError("a band needs an integer above_tokens", source=source, field=f"models.{model}.bands[{i}]")
         bands.append(Band(above_tokens=b["above_tokens"], input=_num(b, "input", model, source),
                           output=_num(b, "output", model, source),
@@ -105,20 +128,32 @@ def _from_native(model: str, entry: Any, source: str) -> ModelPrice:
                           cache_write_1h=_num(b, "cache_write_1h", model, source, optional=True),
                           cache_read=_num(b, "cache_read", model, source, optional=True)))
     ttls = base.get("ttls") or {}
-    if not isinstance(ttls, dict) or not all(isinstance(v, int) and v > 0 for v in ttls.values()):
+    if not isinstance(ttls, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 10 ** 9
+                                             for v in ttls.values()):
         raise InputError("expected an object of TTL name -> seconds", source=source, field=f"models.{model}.ttls")
+    aliases = base.get("aliases") or ()
+    if not isinstance(aliases, (list, tuple)) or not all(isinstance(a, str) for a in aliases):
+        raise InputError("expected a list of names", source=source, field=f"models.{model}.aliases")
+    history = base.get("history") or ()
+    if not isinstance(history, (list, tuple)) or not all(isinstance(h, dict) for h in history):
+        raise InputError("expected a list of objects", source=source, field=f"models.{model}.history")
+    notes = base.get("notes")
+    if notes is not None and not isinstance(notes, str):
+        raise InputError("expected a string", source=source, field=f"models.{model}.notes")
     return ModelPrice(
         model=model, provider=provider,
         input=_num(base, "input", model, source), output=_num(base, "output", model, source),
         cache_read=_num(base, "cache_read", model, source, optional=True),
         cache_write_5m=_num(base, "cache_write_5m", model, source, optional=True),
         cache_write_1h=_num(base, "cache_write_1h", model, source, optional=True),
-        min_cacheable_tokens=int(base["min_cacheable_tokens"]), cache_mode=str(base["cache_mode"]),
-        ttls=dict(ttls), max_breakpoints=int(base["max_breakpoints"]), lookback_blocks=int(base["lookback_blocks"]),
-        usage_style=str(base["usage_style"]), source=str(base.get("source", source)),
-        as_of=str(base.get("as_of", "unknown")), cache_granularity=int(base.get("cache_granularity", 1)),
-        aliases=tuple(base.get("aliases") or ()), bands=tuple(bands), notes=base.get("notes"),
-        history=tuple(base.get("history") or ()))
+        min_cacheable_tokens=_whole(base, "min_cacheable_tokens", model, source),
+        cache_mode=_choice(base, "cache_mode", model, source, ("explicit", "automatic")),
+        ttls=dict(ttls), max_breakpoints=_whole(base, "max_breakpoints", model, source),
+        lookback_blocks=_whole(base, "lookback_blocks", model, source),
+        usage_style=_choice(base, "usage_style", model, source, ("anthropic", "openai")),
+        source=str(base.get("source", source)), as_of=str(base.get("as_of", "unknown")),
+        cache_granularity=_whole({"cache_granularity": 1, **base}, "cache_granularity", model, source, lowest=1),
+        aliases=tuple(aliases), bands=tuple(bands), notes=notes, history=tuple(history))
 
 
 def _from_litellm(model: str, entry: dict, source: str) -> ModelPrice | None:
@@ -133,8 +168,8 @@ def _from_litellm(model: str, entry: dict, source: str) -> ModelPrice | None:
         v = entry.get(key)
         if v is None:
             return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise InputError(f"expected a non-negative number, got {v!r}", source=source, field=f"{model}.{key}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+            raise InputError(f"expected a non-negative number, got {v!r:.60}", source=source, field=f"{model}.{key}")
         return round(float(v) * PER_MTOK, 10)
 
     native = {**_DEFAULTS[provider], "provider": provider, "input": per_mtok("input_cost_per_token"),

@@ -179,10 +179,20 @@ def usage_from_record(value: Any, *, default_model: str | None, table: PriceTabl
         raise InputError("no model on this line; pass `default_model`", **where)
     if not isinstance(model_name, str):
         raise InputError("expected a string", field="model", **where)
-    price = table.lookup(model_name)
+    price = _lookup(table, model_name, source, line)
     logged = parse_usage(usage, source=source, line=line, path=path, model=price.model,
                          style_of=lambda m: price.usage_style)
     return price, logged
+
+
+def _lookup(table: PriceTable, model: str, source: str, line: int | None) -> ModelPrice:
+    """The price entry of a line's model; an unknown model is an error located at the line."""
+    from .pricing import UnknownModelError
+
+    try:
+        return table.lookup(model)
+    except UnknownModelError as exc:
+        raise InputError(str(exc), source=source, line=line, field="model") from None
 
 
 _SPLIT_NOTE = ("some lines report cache writes without the cache_creation split: priced as 5-minute writes "
@@ -684,7 +694,7 @@ def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source:
             raise InputError(f"timestamp {t} is earlier than the previous request's ({last_t}); sort the log by time",
                              source=req.source, line=req.line, field="timestamp")
         last_t = t
-        price = table.lookup(req.model)
+        price = _lookup(table, req.model, req.source, req.line)
         if req.provider == "anthropic" and price.provider != "anthropic":
             notes.append(f"{price.model} is not a Claude model but a request body is Anthropic-shaped: simulated "
                          f"with {price.model}'s rules")

@@ -137,7 +137,7 @@ def read_pairs(path: str, columns: Sequence[str] | None = None, need_label: bool
     a_col, b_col, l_col = (list(columns) + ["label"])[:3] if columns else ("text_a", "text_b", "label")
     rows: list[tuple[int, dict]] = []
     if source.endswith(".jsonl") or text.lstrip().startswith("{"):
-        for lineno, raw in enumerate(text.splitlines(), start=1):
+        for lineno, raw in enumerate(text.split("\n"), start=1):  # "\n" only: U+2028 may sit in a JSON string
             if not raw.strip():
                 continue
             value = parse_jsonl_line(raw.encode("utf-8"), source, lineno)
@@ -145,23 +145,28 @@ def read_pairs(path: str, columns: Sequence[str] | None = None, need_label: bool
                 raise InputError("expected a JSON object", source=source, line=lineno)
             rows.append((lineno, value))
     else:
-        delimiter = "\t" if (source.endswith(".tsv") or "\t" in text.splitlines()[0]) else ","
-        reader = csv.reader(io.StringIO(text), delimiter=delimiter)
+        delimiter = "\t" if (source.endswith(".tsv") or "\t" in text.split("\n", 1)[0]) else ","
+        reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
         try:
             header = next(reader)
+            wanted = [a_col, b_col] + ([l_col] if need_label else [])
+            absent = [c for c in wanted if c not in header]
+            if absent:
+                raise InputError(f"the header has no column {absent[0]!r} (it has {', '.join(map(repr, header))}): "
+                                 f"name yours with --columns A,B[,LABEL]", source=source, line=1)
+            for row in reader:
+                lineno = reader.line_num  # the row's last physical line (quoted fields may span lines)
+                if not row or not any(cell.strip() for cell in row):
+                    continue
+                if len(row) != len(header):
+                    raise InputError(f"{len(row)} fields where the header has {len(header)}", source=source,
+                                     line=lineno)
+                rows.append((lineno, dict(zip(header, row))))
         except StopIteration:
             raise InputError("file is empty", source=source) from None
-        wanted = [a_col, b_col] + ([l_col] if need_label else [])
-        absent = [c for c in wanted if c not in header]
-        if absent:
-            raise InputError(f"the header has no column {absent[0]!r} (it has {', '.join(map(repr, header))}): "
-                             f"name yours with --columns A,B[,LABEL]", source=source, line=1)
-        for lineno, row in enumerate(reader, start=2):
-            if not row or not any(cell.strip() for cell in row):
-                continue
-            if len(row) != len(header):
-                raise InputError(f"{len(row)} fields where the header has {len(header)}", source=source, line=lineno)
-            rows.append((lineno, dict(zip(header, row))))
+        except csv.Error as exc:
+            raise InputError(f"invalid {'TSV' if delimiter == chr(9) else 'CSV'}: {exc}", source=source,
+                             line=reader.line_num) from None
     pairs = []
     for lineno, row in rows:
         for col in (a_col, b_col):

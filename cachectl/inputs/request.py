@@ -171,15 +171,17 @@ def detect_provider(body: Mapping[str, Any], model: str | None = None) -> str:
         return "openai"
     if "system" in body or (model or "").startswith("claude"):
         return "anthropic"
-    for tool in body.get("tools") or ():
+    tools = body.get("tools")
+    for tool in tools if isinstance(tools, list) else ():
         if isinstance(tool, dict) and ("input_schema" in tool or ("name" in tool and "function" not in tool
                                                                   and tool.get("type") != "function")):
             return "anthropic"
-    for msg in body.get("messages") or ():
+    messages = body.get("messages")
+    for msg in messages if isinstance(messages, list) else ():
         if isinstance(msg, dict) and isinstance(msg.get("content"), list):
             for block in msg["content"]:
-                if isinstance(block, dict) and block.get("type") in ANTHROPIC_BLOCKS and \
-                        block.get("type") not in ("text",):
+                btype = block.get("type") if isinstance(block, dict) else None
+                if isinstance(btype, str) and btype in ANTHROPIC_BLOCKS and btype != "text":
                     return "anthropic"
     return "openai"
 
@@ -275,7 +277,7 @@ def _ttl(cc: Any, ctx: _Ctx, path: str) -> str | None:
     if not isinstance(cc, dict) or cc.get("type", "ephemeral") != "ephemeral":
         raise ctx.err("expected {\"type\": \"ephemeral\", \"ttl\": \"5m\"|\"1h\"}", path)
     ttl = cc.get("ttl", "5m")
-    if ttl not in ("5m", "1h"):
+    if not isinstance(ttl, str) or ttl not in ("5m", "1h"):
         raise ctx.err(f"cache_control ttl must be '5m' or '1h', got {ttl!r}", f"{path}.ttl")
     return ttl
 
@@ -296,7 +298,7 @@ def _text_of_result(content: Any, ctx: _Ctx, path: str) -> str:
             if not isinstance(b.get("text"), str):
                 raise ctx.err("expected a string", f"{path}[{i}].text")
             texts.append(b["text"])
-        elif btype not in ANTHROPIC_BLOCKS:
+        elif not isinstance(btype, str) or btype not in ANTHROPIC_BLOCKS:
             raise ctx.err(f"unknown content block type {btype!r}", f"{path}[{i}].type")
         else:
             texts.append(compact(_strip_cc(b)))
@@ -384,7 +386,7 @@ def _anthropic(body: dict, ctx: _Ctx) -> dict:
         if not isinstance(msg, dict):
             raise ctx.err("expected a message object", mpath)
         role = msg.get("role")
-        if role not in ("user", "assistant"):
+        if not isinstance(role, str) or role not in ("user", "assistant"):
             raise ctx.err(f"role must be 'user' or 'assistant', got {role!r}", f"{mpath}.role")
         if "content" not in msg:
             raise ctx.err("missing 'content'", mpath)
@@ -404,8 +406,8 @@ def _anthropic(body: dict, ctx: _Ctx) -> dict:
             if not isinstance(b, dict):
                 raise ctx.err("expected a content block object", bpath)
             btype = b.get("type")
-            if btype not in ANTHROPIC_BLOCKS:
-                raise ctx.err(f"unknown content block type {btype!r} (known: {', '.join(ANTHROPIC_BLOCKS)})",
+            if not isinstance(btype, str) or btype not in ANTHROPIC_BLOCKS:
+                raise ctx.err(f"unknown content block type {btype!r:.60} (known: {', '.join(ANTHROPIC_BLOCKS)})",
                               f"{bpath}.type")
             if btype == "text" and not isinstance(b.get("text"), str):
                 raise ctx.err("expected a string", f"{bpath}.text")
@@ -498,7 +500,7 @@ def _part_text(part: Any, ctx: _Ctx, path: str) -> str | None:
     if not isinstance(part, dict):
         raise ctx.err("expected a content part object", path)
     ptype = part.get("type", "text")
-    if ptype not in OPENAI_PARTS:
+    if not isinstance(ptype, str) or ptype not in OPENAI_PARTS:
         raise ctx.err(f"unknown content part type {ptype!r} (known: {', '.join(sorted(OPENAI_PARTS))})",
                       f"{path}.type")
     if ptype in ("text", "input_text", "output_text"):
@@ -636,11 +638,11 @@ def _responses(body: dict, ctx: _Ctx) -> dict:
         if not isinstance(item, dict):
             raise ctx.err("expected an input item object", path)
         itype = item.get("type", "message")
-        if itype not in RESPONSES_ITEMS:
+        if not isinstance(itype, str) or itype not in RESPONSES_ITEMS:
             raise ctx.err(f"unknown input item type {itype!r}", f"{path}.type")
         if itype == "message":
             role = item.get("role")
-            if role not in ("system", "developer", "user", "assistant"):
+            if not isinstance(role, str) or role not in ("system", "developer", "user", "assistant"):
                 raise ctx.err(f"role must be system, developer, user or assistant, got {role!r}", f"{path}.role")
             if "content" not in item:
                 raise ctx.err("missing 'content'", path)
@@ -695,7 +697,7 @@ def _layout(body: dict, ctx: _Ctx) -> dict:
         if tokens < 0:
             raise ctx.err(f"negative token count {tokens}", f"{path}.tokens")
         segment = b.get("segment", "messages")
-        if segment not in ("tools", "system", "messages"):
+        if not isinstance(segment, str) or segment not in ("tools", "system", "messages"):
             raise ctx.err(f"segment must be tools, system or messages, got {segment!r}", f"{path}.segment")
         ttl = _ttl(b.get("cache_control"), ctx, f"{path}.cache_control")
         positions.append(Position(segment, path, "layout", None, "id:" + json.dumps(b["id"], sort_keys=True),
