@@ -237,3 +237,46 @@ def test_cli_fleet_bad_usage(cli, write, args, expect):
     path = write("t.jsonl", json.dumps({"tokens": list(range(40))}) + "\n")
     r = cli("simulate-prefix", path, "--capacity-blocks", "20", *args)
     assert r.exit_code == 2 and expect in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+# ------------------------------------------------------------------------------------ worth and --jobs
+
+TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "intermediate_size": 128, "vocab_size": 100, "tie_word_embeddings": False}
+
+
+def test_hits_worth_by_hand():
+    from cachectl.engines.prefix_value import hits_worth
+
+    w = hits_worth(1000, requests=10, config=TINY, model_source="tiny", gpu="H100", gpu_hour_usd=3.6,
+                   utilization=0.5)
+    # per layer: q 64x64, o 64x64, k and v 64x(2x16) each, MLP 3 x 64 x 128; + 5 norms of 64; no embeddings
+    per_layer = 64 * 64 + 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128
+    assert w.active_params == 2 * per_layer + 5 * 64
+    attention = 2 * 2 * 4 * 16 * 100 ** 2 * 10          # 2 x layers x heads x head_dim x mean^2 x requests
+    assert w.flops_saved == 2 * w.active_params * 1000 + attention
+    assert w.gpu == "H100-SXM" and w.gpu_seconds_at_peak == pytest.approx(w.flops_saved / 989e12)
+    assert w.gpu_seconds_at_utilization == pytest.approx(2 * w.gpu_seconds_at_peak)
+    assert w.usd == pytest.approx(w.gpu_seconds_at_utilization / 3600 * 3.6)
+
+
+def test_cli_worth_and_offload_json(cli, write, tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY))
+    rows = [{"tokens": list(range(64)) + [i] * 16} for i in range(6)]
+    path = write("t.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n")
+    r = cli("simulate-prefix", path, "--capacity-blocks", "6", "--replicas", "1", "--cpu-offload-blocks", "8",
+            "--model", cfg, "--gpu", "H100", "--gpu-hour-usd", "2", "-f", "json")
+    assert r.exit_code == 0, r.stderr
+    x = json.loads(r.stdout)["results"][0]
+    assert x["hit_tokens"] == x["gpu_hit_tokens"] + x["cpu_hit_tokens"] == x["worth"]["hit_tokens"]
+    # 2 (K, V) x 2 layers x 2 heads x 16 x 2 bytes = 256 bytes per token
+    assert x["cpu_read_bytes"] == x["cpu_hit_tokens"] * 256
+    assert json.loads(r.stdout)["link"]["gbps"] == 64
+
+
+def test_jobs_give_the_same_numbers():
+    reqs = rag()
+    one = simulate_fleet(reqs, replicas=3, routers=["round-robin", "cache-aware"], capacity_blocks=200)
+    two = simulate_fleet(reqs, replicas=3, routers=["round-robin", "cache-aware"], capacity_blocks=200, jobs=2)
+    assert one == two

@@ -139,7 +139,7 @@ def _plot(report, path: str) -> None:
     if any(cpu):
         ax.bar(names, cpu, bottom=gpu, label="CPU-tier hits")
     for i, r in enumerate(report.results):
-        ax.text(i, (gpu[i] + cpu[i]) + 0.5, f"max/mean {_x(r.request_imbalance)}", ha="center", fontsize=7)
+        ax.text(i, (gpu[i] + cpu[i]) + 0.5, f"requests max/mean {_x(r.request_imbalance)}", ha="center", fontsize=7)
     ax.tick_params(axis="x", labelrotation=20)
     save_figure(fig, path)
 

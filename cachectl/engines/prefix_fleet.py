@@ -310,6 +310,14 @@ def _replay(job: tuple) -> dict:
                 cpu_hit_tokens=0, evicted_blocks=r.evicted_blocks, offloaded_blocks=0, cpu_evicted_blocks=0)
 
 
+_TASKS: list = []
+
+
+def _replay_inherited(i: int) -> dict:
+    """Task ``i`` of the parent's list, inherited through fork: nothing but the index crosses the pipe."""
+    return _replay(_TASKS[i])
+
+
 def _imbalance(values: list[int]) -> float | None:
     mean = sum(values) / len(values)
     return max(values) / mean if mean else None
@@ -360,8 +368,17 @@ def simulate_fleet(requests: Sequence[TraceRequest], *, replicas: int, routers: 
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as ex:
-            outs = list(ex.map(_replay, tasks))
+        import gc
+
+        global _TASKS
+        _TASKS = tasks
+        gc.freeze()        # the children inherit the trace: keep the collector from touching (copying) its pages
+        try:
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as ex:
+                outs = list(ex.map(_replay_inherited, range(len(tasks))))
+        finally:
+            _TASKS = []
+            gc.unfreeze()
     else:
         outs = list(map(_replay, tasks))
     results = []
