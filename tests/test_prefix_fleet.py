@@ -232,6 +232,10 @@ def test_cli_router_all_json_and_table(cli, write):
     (["--replicas", "2", "--gpu", "H100"], "--gpu needs --model"),
     (["--replicas", "2", "--cpu-offload-blocks", "4", "--concurrency", "2"], "requests one at a time"),
     (["--gpu", "H100"], "add --replicas"),
+    (["--replicas", "2", "--cache-threshold", "1.5"], "--cache-threshold must be between 0 and 1"),
+    (["--replicas", "2", "--cpu-offload-gib", "-1", "--model", "llama-3.1-8b"], "--cpu-offload-gib must be positive"),
+    (["--replicas", "2", "--link", "usb"], "--link must be one of"),
+    (["--replicas", "2", "--router", "session", "--session-field", "user.id"], "t.jsonl:1: field 'user.id': missing"),
 ])
 def test_cli_fleet_bad_usage(cli, write, args, expect):
     path = write("t.jsonl", json.dumps({"tokens": list(range(40))}) + "\n")
@@ -280,3 +284,29 @@ def test_jobs_give_the_same_numbers():
     one = simulate_fleet(reqs, replicas=3, routers=["round-robin", "cache-aware"], capacity_blocks=200)
     two = simulate_fleet(reqs, replicas=3, routers=["round-robin", "cache-aware"], capacity_blocks=200, jobs=2)
     assert one == two
+
+
+def test_cli_session_field_named_and_default_order(cli, write):
+    rows = [{"tokens": [i % 3] * 40, "chat_id": f"x{i % 3}", "user": {"id": i % 2}} for i in range(12)]
+    path = write("t.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n")
+
+    def placement(*extra):
+        r = cli("simulate-prefix", path, "--capacity-blocks", "20", "--replicas", "4", "--router", "session",
+                *extra, "-f", "json")
+        assert r.exit_code == 0, r.stderr
+        return [p["requests"] for p in json.loads(r.stdout)["results"][0]["replicas"]]
+
+    by_chat = placement()                                   # chat_id, the only default field present
+    assert sum(by_chat) == 12 and all(n % 4 == 0 for n in by_chat)   # 3 sessions of 4 requests, kept together
+    by_user = placement("--session-field", "user.id")       # 2 sessions of 6
+    assert sorted(n for n in by_user if n) in ([6, 6], [12])
+
+
+@pytest.mark.parametrize("policy", ["radix", "chunk", "infinite"])
+def test_one_replica_reproduces_the_other_policies(policy):
+    reqs = rag()[:40]
+    cap = None if policy == "infinite" else 300
+    one = simulate(reqs, policy=policy, capacity_blocks=cap)
+    for r in simulate_fleet(reqs, replicas=1, routers=["round-robin", "cache-aware"], policy=policy,
+                            capacity_blocks=cap).results:
+        assert (r.requests, r.query_tokens, r.hit_tokens) == (one.requests, one.query_tokens, one.hit_tokens)

@@ -21,9 +21,9 @@ def run_fleet(*, read, name: str, replicas: Optional[int], router: Optional[str]
               capacity_blocks: Optional[int], policy: str, hash_fn: str, concurrency: int, decode_s: float,
               warm, seed: int, prefix_blocks: int, params, cpu_offload_gib: Optional[float],
               cpu_offload_blocks: Optional[int], bytes_per_token: Optional[float], link: str, jobs: int,
-              value: Optional[dict], plot: Optional[str], fmt: Format) -> None:
+              value: Optional[dict], plot: Optional[str], fmt: Format, session_fields: tuple = ()) -> None:
     from ..engines import prefix_curve
-    from ..engines.prefix_fleet import ROUTERS, simulate_fleet
+    from ..engines.prefix_fleet import ROUTERS, SESSION_FIELDS, simulate_fleet
 
     routers = list(ROUTERS) if router == "all" else [router or "round-robin"]
     if routers[0] not in ROUTERS:
@@ -32,7 +32,13 @@ def run_fleet(*, read, name: str, replicas: Optional[int], router: Optional[str]
         raise UsageError("--jobs must be at least 1")
     if cpu_offload_gib is not None and cpu_offload_blocks is not None:
         raise UsageError("give --cpu-offload-gib or --cpu-offload-blocks, not both")
+    if not 0.0 <= params.cache_threshold <= 1.0:
+        raise UsageError(f"--cache-threshold must be between 0 and 1, got {params.cache_threshold}")
+    if params.balance_rel_threshold < 0:
+        raise UsageError(f"--balance-rel-threshold must not be negative, got {params.balance_rel_threshold}")
     if cpu_offload_gib is not None:
+        if not cpu_offload_gib > 0:
+            raise UsageError(f"--cpu-offload-gib must be positive, got {cpu_offload_gib}")
         if bytes_per_token is None:
             raise UsageError("--cpu-offload-gib needs --model (KV bytes per token)")
         from ..engines.kvmath import blocks_for_memory
@@ -49,13 +55,14 @@ def run_fleet(*, read, name: str, replicas: Optional[int], router: Optional[str]
     notes = []
     if router == "all" and any(r.session is None for r in requests):
         routers.remove("session")
-        notes.append("session left out: not every request has a session field (conversation, session_id, chat_id, "
-                     "or --session-field F)")
+        notes.append(f"session left out: not every request has a session field ({', '.join(session_fields)}; "
+                     "--session-field F names another)")
     report = simulate_fleet(requests, replicas=replicas or 1, routers=routers, policy=policy, block_size=block_size,
                             capacity_blocks=capacity_blocks, hash_fn=hash_fn, concurrency=concurrency,
                             decode_s_per_token=decode_s, seed=seed, prefix_blocks=prefix_blocks, params=params,
                             cpu_offload_blocks=cpu_offload_blocks, bytes_per_token=bytes_per_token,
-                            link_gbps=link_gbps, warmup=skip, jobs=jobs, source=name, notes=notes)
+                            link_gbps=link_gbps, warmup=skip, jobs=jobs, source=name, notes=notes,
+                            session_fields=session_fields or SESSION_FIELDS)
     worth = None
     if value is not None:
         from ..engines.prefix_value import hits_worth

@@ -15,7 +15,9 @@ HELP = """Replay a request trace through a server prefix cache and count hits th
 TRACE is JSONL: {"tokens": [...], "salt"?, "timestamp"?, "output_tokens"?}; text or chat requests
 ("prompt", "messages", OpenAI/Anthropic bodies) with --tokenizer; or Mooncake lines
 {"timestamp", "input_length", "output_length", "hash_ids"}. Requests replay one after another unless
---concurrency lets them overlap (they then pin their blocks until they finish).
+--concurrency lets them overlap (they then pin their blocks until they finish). A fleet: --replicas N
+--router R (or all) routes the trace over N such servers; --cpu-offload-blocks adds a CPU tier to each;
+--model with --gpu prices the hits.
 """
 
 
@@ -185,7 +187,8 @@ def command(
                   capacity_blocks=gpu_capacity, policy=policy, hash_fn=hash_fn, concurrency=concurrency,
                   decode_s=decode_ms / 1000.0, warm=warm, seed=seed, prefix_blocks=prefix_blocks, params=params,
                   cpu_offload_gib=cpu_offload_gib, cpu_offload_blocks=cpu_offload_blocks,
-                  bytes_per_token=fleet_bpt, link=link, jobs=jobs, value=value, plot=plot, fmt=fmt)
+                  bytes_per_token=fleet_bpt, link=link, jobs=jobs, value=value, plot=plot, fmt=fmt,
+                  session_fields=fields)
         _generation_note(tok)
         raise typer.Exit(EXIT_OK)
     if gpu is not None or gpu_hour_usd is not None:

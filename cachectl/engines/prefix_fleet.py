@@ -164,7 +164,7 @@ def _prefix_value(req: TraceRequest, blocks: int, block_size: int) -> Any:
 def route(requests: Sequence[TraceRequest], *, replicas: int, router: str, block_size: int = 16,
           hash_fn: str = "builtin", concurrency: int = 1, decode_s_per_token: float = 0.02, seed: int = 0,
           prefix_blocks: int = 4, params: CacheAwareParams = CacheAwareParams(),
-          source: str = "") -> tuple[list[int], dict]:
+          source: str = "", session_fields: Sequence[str] = SESSION_FIELDS) -> tuple[list[int], dict]:
     """The replica of each request, and counts of how the router decided (cache-aware)."""
     if router not in ROUTERS:
         raise UsageError(f"unknown router {router!r}; choose one of {', '.join(ROUTERS)} (or all)")
@@ -181,8 +181,11 @@ def route(requests: Sequence[TraceRequest], *, replicas: int, router: str, block
         out = []
         for req in requests:
             if req.session is None:
+                if len(session_fields) == 1:
+                    raise InputError("missing: the session router needs it on every request", source=source,
+                                     line=req.line, field=session_fields[0])
                 raise InputError("no session to route by: expected one of the fields "
-                                 f"{', '.join(SESSION_FIELDS)} (or name one with --session-field)",
+                                 f"{', '.join(session_fields)} (or name one with --session-field)",
                                  source=source, line=req.line)
             out.append(ring(("session", req.session)))
         return out, {}
@@ -306,7 +309,7 @@ def _replay(job: tuple) -> dict:
     r = simulate(requests, policy=kw["policy"], block_size=kw["block_size"], capacity_blocks=kw["capacity_blocks"],
                  hash_fn=kw["hash_fn"], concurrency=kw["concurrency"], decode_s_per_token=kw["decode_s_per_token"],
                  source=kw["source"], warmup=kw["warmup"])
-    return dict(requests=r.requests, query_tokens=r.query_tokens, gpu_hit_tokens=int(r.hit_tokens),
+    return dict(requests=r.requests, query_tokens=r.query_tokens, gpu_hit_tokens=r.hit_tokens,
                 cpu_hit_tokens=0, evicted_blocks=r.evicted_blocks, offloaded_blocks=0, cpu_evicted_blocks=0)
 
 
@@ -329,7 +332,8 @@ def simulate_fleet(requests: Sequence[TraceRequest], *, replicas: int, routers: 
                    seed: int = 0, prefix_blocks: int = 4, params: CacheAwareParams = CacheAwareParams(),
                    cpu_offload_blocks: int | None = None, bytes_per_token: float | None = None,
                    link_gbps: float | None = None, warmup: int = 0, jobs: int = 1,
-                   source: str = "", notes: Sequence[str] = ()) -> FleetReport:
+                   source: str = "", notes: Sequence[str] = (),
+                   session_fields: Sequence[str] = SESSION_FIELDS) -> FleetReport:
     """Route ``requests`` with each router and replay every replica's share; the first ``warmup`` requests of
     the trace fill the caches but are not counted."""
     if cpu_offload_blocks is not None:
@@ -355,7 +359,8 @@ def simulate_fleet(requests: Sequence[TraceRequest], *, replicas: int, routers: 
     for router in routers:
         assign, decisions = route(requests, replicas=replicas, router=router, block_size=block_size, hash_fn=hash_fn,
                                   concurrency=concurrency, decode_s_per_token=decode_s_per_token, seed=seed,
-                                  prefix_blocks=prefix_blocks, params=params, source=source)
+                                  prefix_blocks=prefix_blocks, params=params, source=source,
+                                  session_fields=session_fields)
         shares: list[list[TraceRequest]] = [[] for _ in range(replicas)]
         skips = [0] * replicas
         for i, (req, r) in enumerate(zip(requests, assign)):
