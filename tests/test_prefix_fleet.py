@@ -252,12 +252,13 @@ TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "nu
 def test_hits_worth_by_hand():
     from cachectl.engines.prefix_value import hits_worth
 
-    w = hits_worth(1000, requests=10, config=TINY, model_source="tiny", gpu="H100", gpu_hour_usd=3.6,
-                   utilization=0.5)
+    # 10 requests hitting 100 tokens each
+    w = hits_worth(1000, hit_square_sum=10 * 100 ** 2, config=TINY, model_source="tiny", gpu="H100",
+                   gpu_hour_usd=3.6, utilization=0.5)
     # per layer: q 64x64, o 64x64, k and v 64x(2x16) each, MLP 3 x 64 x 128; + 5 norms of 64; no embeddings
     per_layer = 64 * 64 + 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128
     assert w.active_params == 2 * per_layer + 5 * 64
-    attention = 2 * 2 * 4 * 16 * 100 ** 2 * 10          # 2 x layers x heads x head_dim x mean^2 x requests
+    attention = 2 * 2 * 4 * 16 * 100 ** 2 * 10          # 2 x layers x heads x head_dim x sum of hit^2
     assert w.flops_saved == 2 * w.active_params * 1000 + attention
     assert w.gpu == "H100-SXM" and w.gpu_seconds_at_peak == pytest.approx(w.flops_saved / 989e12)
     assert w.gpu_seconds_at_utilization == pytest.approx(2 * w.gpu_seconds_at_peak)
@@ -277,6 +278,12 @@ def test_cli_worth_and_offload_json(cli, write, tmp_path):
     # 2 (K, V) x 2 layers x 2 heads x 16 x 2 bytes = 256 bytes per token
     assert x["cpu_read_bytes"] == x["cpu_hit_tokens"] * 256
     assert json.loads(r.stdout)["link"]["gbps"] == 64
+    # the squares of each request's hit, from the same replay with --per-request on one server
+    one = cli("simulate-prefix", path, "--capacity-blocks", "6", "--per-request", "-f", "json")
+    gpu_only = json.loads(cli("simulate-prefix", path, "--capacity-blocks", "6", "--replicas", "1", "--model", cfg,
+                              "--gpu", "H100", "-f", "json").stdout)["results"][0]
+    assert gpu_only["hit_square_sum"] == sum(q["hit_tokens"] ** 2 for q in json.loads(one.stdout)["per_request"])
+    assert gpu_only["worth"]["attention_flops"] == 2 * 2 * 4 * 16 * gpu_only["hit_square_sum"]
 
 
 def test_jobs_give_the_same_numbers():

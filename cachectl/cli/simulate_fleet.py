@@ -67,7 +67,7 @@ def run_fleet(*, read, name: str, replicas: Optional[int], router: Optional[str]
     if value is not None:
         from ..engines.prefix_value import hits_worth
 
-        worth = {r.router: dataclasses.asdict(hits_worth(r.hit_tokens, requests=r.requests, **value))
+        worth = {r.router: dataclasses.asdict(hits_worth(r.hit_tokens, hit_square_sum=r.hit_square_sum, **value))
                  for r in report.results}
     if plot:
         _plot(report, plot)

@@ -88,6 +88,7 @@ class RouterResult:
     token_imbalance: float | None          # max / mean prompt tokens per replica
     replicas: tuple[ReplicaStats, ...]
     decisions: dict = field(default_factory=dict)   # cache-aware: how each request was placed
+    hit_square_sum: float = 0.0                     # sum over requests of (hit tokens)^2: the attention saved
     cpu_read_bytes: float | None = None
     cpu_write_bytes: float | None = None
     cpu_read_s: float | None = None
@@ -259,7 +260,7 @@ def _replay_offload(requests: Sequence[TraceRequest], *, block_size: int, capaci
     pool.victims = victims
     cpu: OrderedDict = OrderedDict()
     tally = dict(requests=0, query_tokens=0, gpu_hit_tokens=0, cpu_hit_tokens=0, offloaded_blocks=0,
-                 cpu_evicted_blocks=0)
+                 cpu_evicted_blocks=0, hit_square_sum=0)
     for i, req in enumerate(requests):
         bs = block_size
         keys = request_keys(req, bs, hash_fn)
@@ -290,6 +291,7 @@ def _replay_offload(requests: Sequence[TraceRequest], *, block_size: int, capaci
         tally["query_tokens"] += req.prompt_tokens
         tally["gpu_hit_tokens"] += gpu_hit
         tally["cpu_hit_tokens"] += nc * bs
+        tally["hit_square_sum"] += (gpu_hit + nc * bs) ** 2
         tally["offloaded_blocks"] += len(victims)
         tally["cpu_evicted_blocks"] += max(0, over)
     tally["evicted_blocks"] = pool.evicted
@@ -301,16 +303,17 @@ def _replay(job: tuple) -> dict:
     requests, kw = job
     if not requests or kw["warmup"] >= len(requests):
         return dict(requests=0, query_tokens=0, gpu_hit_tokens=0, cpu_hit_tokens=0, evicted_blocks=0,
-                    offloaded_blocks=0, cpu_evicted_blocks=0)
+                    offloaded_blocks=0, cpu_evicted_blocks=0, hit_square_sum=0)
     if kw.get("cpu_blocks"):
         return _replay_offload(requests, block_size=kw["block_size"], capacity_blocks=kw["capacity_blocks"],
                                hash_fn=kw["hash_fn"], cpu_blocks=kw["cpu_blocks"], warmup=kw["warmup"],
                                source=kw["source"])
     r = simulate(requests, policy=kw["policy"], block_size=kw["block_size"], capacity_blocks=kw["capacity_blocks"],
                  hash_fn=kw["hash_fn"], concurrency=kw["concurrency"], decode_s_per_token=kw["decode_s_per_token"],
-                 source=kw["source"], warmup=kw["warmup"])
+                 source=kw["source"], warmup=kw["warmup"], per_request=True)
     return dict(requests=r.requests, query_tokens=r.query_tokens, gpu_hit_tokens=r.hit_tokens,
-                cpu_hit_tokens=0, evicted_blocks=r.evicted_blocks, offloaded_blocks=0, cpu_evicted_blocks=0)
+                cpu_hit_tokens=0, evicted_blocks=r.evicted_blocks, offloaded_blocks=0, cpu_evicted_blocks=0,
+                hit_square_sum=sum(q.hit_tokens ** 2 for q in r.per_request))
 
 
 _TASKS: list = []
@@ -412,7 +415,8 @@ def simulate_fleet(requests: Sequence[TraceRequest], *, replicas: int, routers: 
                                     gpu_hit_tokens=hit - cpu_hit, cpu_hit_tokens=cpu_hit,
                                     request_imbalance=_imbalance([s.requests for s in stats]),
                                     token_imbalance=_imbalance([s.query_tokens for s in stats]),
-                                    replicas=tuple(stats), decisions=decisions, **moved))
+                                    replicas=tuple(stats), decisions=decisions,
+                                    hit_square_sum=sum(o["hit_square_sum"] for o in per), **moved))
     notes = list(notes)
     if any(r in ("least-loaded", "cache-aware") for r in routers) and all(q.timestamp is None for q in requests):
         notes.append("the trace has no timestamps: every request arrives at time 0, so loads only grow "

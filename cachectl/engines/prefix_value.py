@@ -3,9 +3,8 @@
 A hit token skips every transformer layer for that token: about 2 x (parameters outside the embedding and
 the LM head) FLOPs for the matrix products (the LM head runs in prefill only for the last token, which is
 never a hit), plus attention: a query at position p reads p keys, 4 x head_dim FLOPs per key and head
-(QK^T and AV), so a prefix of h hit tokens costs about 2 x layers x heads x head_dim x h^2. Only the total of
-hit tokens and requests is known here, so h is taken as the mean hit per request: the attention term is a
-lower bound (the sum of squares is at least n x mean^2).
+(QK^T and AV), so a prefix of h hit tokens costs about 2 x layers x heads x head_dim x h^2, summed over the
+requests (``hit_square_sum``). Sliding-window layers are counted as full attention (an overestimate there).
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from ..errors import UsageError
 
 @dataclass(frozen=True)
 class HitsWorth:
-    hit_tokens: int
+    hit_tokens: float
     active_params: int
     flops_per_token: float
     matmul_flops: float
@@ -62,7 +61,7 @@ def active_params(config: dict) -> int:
     return int(total - embed)
 
 
-def hits_worth(hit_tokens: int, *, requests: int, config: dict, model_source: str, gpu: str,
+def hits_worth(hit_tokens: float, *, hit_square_sum: float, config: dict, model_source: str, gpu: str,
                gpu_hour_usd: float | None = None, utilization: float = 0.4) -> HitsWorth:
     from .kvmath import _layers, _text_config
 
@@ -76,8 +75,7 @@ def hits_worth(hit_tokens: int, *, requests: int, config: dict, model_source: st
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     layers = len(_layers(config, model_source))
-    mean = hit_tokens / requests if requests else 0.0
-    attention = 2.0 * layers * heads * head_dim * mean * mean * requests
+    attention = 2.0 * layers * heads * head_dim * hit_square_sum
     matmul = 2.0 * params * hit_tokens
     total = matmul + attention
     at_peak = total / (tflops * 1e12)
