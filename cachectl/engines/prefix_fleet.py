@@ -157,9 +157,9 @@ def _prefix_value(req: TraceRequest, blocks: int, block_size: int) -> Any:
     if req.hash_ids is not None:
         full = req.prompt_tokens // req.hash_block_size
         return (req.salt, tuple(req.hash_ids[:max(1, min(blocks, full))]))
-    n = len(req.tokens) // block_size
-    take = min(blocks, n) * block_size or len(req.tokens)
-    return (req.salt, tuple(req.tokens[:take]))
+    tokens = req.tokens or ()
+    take = min(blocks, len(tokens) // block_size) * block_size or len(tokens)
+    return (req.salt, tuple(tokens[:take]))
 
 
 def route(requests: Sequence[TraceRequest], *, replicas: int, router: str, block_size: int = 16,
@@ -313,7 +313,7 @@ def _replay(job: tuple) -> dict:
                  source=kw["source"], warmup=kw["warmup"], per_request=True)
     return dict(requests=r.requests, query_tokens=r.query_tokens, gpu_hit_tokens=r.hit_tokens,
                 cpu_hit_tokens=0, evicted_blocks=r.evicted_blocks, offloaded_blocks=0, cpu_evicted_blocks=0,
-                hit_square_sum=sum(q.hit_tokens ** 2 for q in r.per_request))
+                hit_square_sum=sum([q.hit_tokens ** 2 for q in r.per_request or ()]))
 
 
 _TASKS: list = []
