@@ -15,6 +15,7 @@ class NaiveVllm:
         self.free = list(range(capacity))   # index 0 is the front (evicted first)
         self.map: dict = {}                 # prefix -> [block ids], oldest first
         self.evicted = 0
+        self.victims: list = []             # keys no block holds any more, in eviction order (offload tier)
 
     def run(self, tokens, salt=None) -> int:
         bs, n = self.bs, len(tokens)
@@ -38,6 +39,7 @@ class NaiveVllm:
                 self.map[self.key[b]].remove(b)
                 if not self.map[self.key[b]]:
                     del self.map[self.key[b]]
+                    self.victims.append(self.key[b])
                 self.key[b] = None
                 self.evicted += 1
             self.ref[b] = 1

@@ -30,7 +30,9 @@ HELP = """Replay a request trace through a server prefix cache and count hits th
 TRACE is JSONL: {"tokens": [...], "salt"?, "timestamp"?, "output_tokens"?}; text or chat requests
 ("prompt", "messages", OpenAI/Anthropic bodies) with --tokenizer; or Mooncake lines
 {"timestamp", "input_length", "output_length", "hash_ids"}. Requests replay one after another unless
---concurrency lets them overlap (they then pin their blocks until they finish).
+--concurrency lets them overlap (they then pin their blocks until they finish). A fleet: --replicas N
+--router R (or all) routes the trace over N such servers; --cpu-offload-blocks adds a CPU tier to each;
+--model with --gpu prices the hits.
 """
 
 
@@ -102,6 +104,37 @@ def command(
     per_request: Annotated[bool, typer.Option("--per-request", help="List each request's hit tokens.")] = False,
     plot: Annotated[Optional[str], typer.Option("--plot", metavar="FILE.png",
                                                 help="Draw hit rate against capacity per block size.")] = None,
+    replicas: Annotated[Optional[int], typer.Option("--replicas", min=1, help="Replicas behind a router, each an "
+                                                   "independent pool of --capacity-blocks.")] = None,
+    router: Annotated[Optional[str], typer.Option("--router", metavar="R",
+                                                  help="round-robin, random, session, prefix-hash, least-loaded, "
+                                                       "cache-aware (SGLang's rule), or all (side by side).")] = None,
+    session_field: Annotated[Optional[str], typer.Option("--session-field", metavar="F",
+                                                         help="session router: the field to hash (default: the first "
+                                                              "of conversation, session_id, chat_id present).")] = None,
+    prefix_blocks: Annotated[int, typer.Option("--prefix-blocks", min=1, help="prefix-hash router: full blocks "
+                                                                                 "hashed.")] = 4,
+    seed: Annotated[int, typer.Option("--seed", help="random router: the seed.")] = 0,
+    cache_threshold: Annotated[float, typer.Option("--cache-threshold", help="cache-aware: least match ratio for "
+                                                                                  "prefix routing.")] = 0.5,
+    balance_abs: Annotated[int, typer.Option("--balance-abs-threshold", min=0, help="cache-aware: load gap that "
+                                                                                     "may mean imbalance.")] = 32,
+    balance_rel: Annotated[float, typer.Option("--balance-rel-threshold", help="cache-aware: load ratio that may "
+                                                                                "mean imbalance.")] = 1.1,
+    router_eviction_s: Annotated[float, typer.Option("--router-eviction-interval", min=0.0,
+                                                     help="cache-aware: seconds between tree prunings.")] = 30.0,
+    router_tree_tokens: Annotated[int, typer.Option("--router-max-tree-tokens", min=0,
+                                                    help="cache-aware: tree size kept at each pruning.")] = 10000,
+    cpu_offload_gib: Annotated[Optional[float], typer.Option("--cpu-offload-gib", help="CPU tier per replica in "
+                                                                                       "GiB (needs --model).")] = None,
+    cpu_offload_blocks: Annotated[Optional[int], typer.Option("--cpu-offload-blocks", min=1,
+                                                              help="CPU tier per replica in blocks.")] = None,
+    link: Annotated[str, typer.Option("--link", help="Host link for CPU-tier transfers (data/links.json).")] = "pcie5-x16",
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="With --model: what the hits are worth on this GPU.")] = None,
+    gpu_hour_usd: Annotated[Optional[float], typer.Option("--gpu-hour-usd", min=0.0, help="With --gpu: dollars.")] = None,
+    utilization: Annotated[float, typer.Option("--utilization", help="With --gpu: share of peak FLOPs prefill "
+                                                                      "reaches.")] = 0.4,
+    jobs: Annotated[int, typer.Option("--jobs", min=1, help="Fleet: replicas replayed in this many processes.")] = 1,
     fmt: FormatOpt = Format.text,
 ) -> None:
     from ..engines import prefix
@@ -138,13 +171,13 @@ def command(
             return max(1, capacity_blocks * block_size // bs)
         return capacity_blocks
 
-    def read(label: str):
+    def read(label: str, session_fields: tuple = ()):
         """The trace's requests, streamed (one read)."""
         records = prefix.trace_records(trace)
         requests = prefix.iter_trace(records, source=name, tokenizer=tok, salt_field=salt_field,
                                      tenant_field=tenant_field, hash_block_size=hash_block_size, no_salt=no_salt,
                                      as_kind=as_kind.value if as_kind else None,
-                                     add_generation_prompt=not no_generation_prompt)
+                                     add_generation_prompt=not no_generation_prompt, session_fields=session_fields)
         with Progress(label) as progress:
             for r in requests:
                 progress.advance()
@@ -156,6 +189,35 @@ def command(
                                chunk_size=chunk_size, recompute_ratio=recompute_ratio, per_request=keep_rows,
                                source=name, warmup=skip)
 
+    if replicas is not None or router is not None or cpu_offload_gib is not None or cpu_offload_blocks is not None:
+        if sweep_block_size or sweep_capacity or curve or optimal or per_request:
+            raise UsageError("--replicas/--router/--cpu-offload-* replay one capacity: drop --sweep-*, --curve, "
+                             "--optimal and --per-request")
+        from ..engines.prefix_fleet import CacheAwareParams, SESSION_FIELDS
+        from .simulate_fleet import parse_value, run_fleet
+
+        model_config, fleet_bpt, gpu_capacity = None, bytes_per_token, capacity_for(block_size)
+        if model is not None:
+            from ..engines.kvmath import kv_shape, resolve_model
+
+            config, msource, _ = resolve_model(model)
+            model_config = (config, msource)
+            fleet_bpt = kv_shape(config, dtype.value, msource).bytes_per_token
+        value = parse_value(model_config, gpu, gpu_hour_usd, utilization)
+        fields = (session_field,) if session_field else SESSION_FIELDS
+        params = CacheAwareParams(cache_threshold=cache_threshold, balance_abs_threshold=balance_abs,
+                                  balance_rel_threshold=balance_rel, eviction_interval_s=router_eviction_s,
+                                  max_tree_tokens=router_tree_tokens)
+        run_fleet(read=read("reading", fields), name=name, replicas=replicas, router=router, block_size=block_size,
+                  capacity_blocks=gpu_capacity, policy=policy_name, hash_fn=hash_name, concurrency=concurrency,
+                  decode_s=decode_ms / 1000.0, warm=warm, seed=seed, prefix_blocks=prefix_blocks, params=params,
+                  cpu_offload_gib=cpu_offload_gib, cpu_offload_blocks=cpu_offload_blocks,
+                  bytes_per_token=fleet_bpt, link=link, jobs=jobs, value=value, plot=plot, fmt=fmt,
+                  session_fields=fields)
+        _generation_note(tok)
+        raise typer.Exit(EXIT_OK)
+    if gpu is not None or gpu_hour_usd is not None:
+        raise UsageError("--gpu/--gpu-hour-usd price the hits of a fleet run: add --replicas N (1 for one server)")
     sizes = _ints(sweep_block_size, "--sweep-block-size", prefix.MAX_BLOCK_SIZE) or [block_size]
     caps = _ints(sweep_capacity, "--sweep-capacity", prefix.MAX_CAPACITY_BLOCKS)
     if curve and caps:

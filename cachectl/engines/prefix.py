@@ -67,6 +67,7 @@ class TraceRequest:
     unsalted: bool = False
     #: a tenant field was asked for (--tenant-field) and this request has none
     no_tenant: bool = False
+    session: Any = None
 
 
 def block_keys(tokens: Sequence[int], block_size: int, salt: Any = None, hash_fn: str = "builtin") -> list:
@@ -269,6 +270,7 @@ class SequentialVllmPool:
         self.peak_in_use = 0
         self.cross_tenant_hits = 0
         self.track_owners = False
+        self.victims: list | None = None    # when a list: keys no block holds any more are appended (offload)
 
     def _evict(self, b: int) -> None:
         k = self.key.pop(b)
@@ -282,6 +284,8 @@ class SequentialVllmPool:
                     del self.dups[k]
             else:
                 del primary[k]
+                if self.victims is not None:
+                    self.victims.append(k)
         else:
             self.dups[k].remove(b)
             if not self.dups[k]:
@@ -314,7 +318,7 @@ class SequentialVllmPool:
             if len(valid) > n:                    # cannot happen: at most n taken  # pragma: no cover
                 raise AssertionError("took too many blocks")
             deque(map(stamp.__delitem__, valid), 0)
-            if self.dups:
+            if self.dups or self.victims is not None:
                 for b in valid:
                     if b in key:
                         self._evict(b)
@@ -846,10 +850,12 @@ def _get(value: dict, dotted: str) -> Any:
 def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
                salt_field: str | None = None, tenant_field: str | None = None, hash_block_size: int = 512,
                as_kind: str | None = None, batch_size: int = 128, no_salt: bool = False,
-               add_generation_prompt: bool = True) -> Iterator[TraceRequest]:
+               add_generation_prompt: bool = True, session_fields: Sequence[str] = ()) -> Iterator[TraceRequest]:
     """Requests from a JSONL trace: token IDs, Mooncake hash_ids, or text/chat through a tokenizer.
 
     ``records`` yields ``(line, value)`` or, from :func:`trace_records`, ``(line, value, has_bool_literal)``.
+    ``session_fields``: the first of these (dotted) fields present on a line is the request's ``session``
+    (for session-affinity routing); None when none is.
     """
     pending: list[tuple[int, Any, Any, dict]] = []
     index = 0
@@ -898,6 +904,9 @@ def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
                              field=out_key, **where)
         meta = {"tenant": tenant, "timestamp": None if ts is None else float(ts), "output_tokens": out,
                 "unsalted": unsalted, "no_tenant": no_tenant}
+        if session_fields:
+            session = next((v for v in map(lambda f: _get(value, f), session_fields) if v is not None), None)
+            meta["session"] = repr(session) if isinstance(session, (dict, list)) else session
         if "hash_ids" in value and as_kind is None:
             if pending:
                 yield from flush()

@@ -41,6 +41,7 @@ class LruKeyPool:
         self._peak = 0
         self._cross = 0
         self.exact: Any = None                  # the block-level pool, once a block is duplicated
+        self.victims: list | None = None        # when a list: the keys evicted are appended to it (offload tier)
 
     @property
     def evicted(self) -> int:
@@ -86,8 +87,11 @@ class LruKeyPool:
         owners.reverse()
         lru.update(zip(keys[::-1], [*repeat(tenant, n - nh), *owners]))
         popitem = lru.popitem
-        for _ in repeat(None, evict):
-            popitem(False)
+        if self.victims is None:
+            for _ in repeat(None, evict):
+                popitem(False)
+        else:
+            self.victims.extend(popitem(False)[0] for _ in repeat(None, evict))
         self._evicted += evict
         return nh * bs
 
@@ -109,5 +113,6 @@ class LruKeyPool:
         pool.fresh = held + self.prepended
         assert pool.fresh == self.used, (pool.fresh, self.used)
         pool.evicted, pool.peak_in_use, pool.cross_tenant_hits = self._evicted, self._peak, self._cross
+        pool.victims = self.victims
         self.exact = pool
         self.lru = OrderedDict()

@@ -1,0 +1,167 @@
+"""The fleet path of ``cachectl simulate-prefix``: replicas behind a router, a CPU offload tier, what hits are
+worth. Called by :mod:`cachectl.cli.simulate_prefix` when ``--replicas``, ``--router`` or ``--cpu-offload-*``
+is given."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from importlib import resources
+from typing import Any, Optional
+
+from ..errors import UsageError
+from .common import Format, emit_json, new_figure, save_figure, stdout
+
+
+def links() -> dict:
+    return json.loads(resources.files("cachectl.data").joinpath("links.json").read_text(encoding="utf-8"))
+
+
+def run_fleet(*, read, name: str, replicas: Optional[int], router: Optional[str], block_size: int,
+              capacity_blocks: Optional[int], policy: str, hash_fn: str, concurrency: int, decode_s: float,
+              warm, seed: int, prefix_blocks: int, params, cpu_offload_gib: Optional[float],
+              cpu_offload_blocks: Optional[int], bytes_per_token: Optional[float], link: str, jobs: int,
+              value: Optional[dict], plot: Optional[str], fmt: Format, session_fields: tuple = ()) -> None:
+    from ..engines import prefix_curve
+    from ..engines.prefix_fleet import ROUTERS, SESSION_FIELDS, simulate_fleet
+
+    routers = list(ROUTERS) if router == "all" else [router or "round-robin"]
+    if routers[0] not in ROUTERS:
+        raise UsageError(f"--router must be one of {', '.join(ROUTERS)} or all, got {router!r}")
+    if jobs < 1:
+        raise UsageError("--jobs must be at least 1")
+    if cpu_offload_gib is not None and cpu_offload_blocks is not None:
+        raise UsageError("give --cpu-offload-gib or --cpu-offload-blocks, not both")
+    if not 0.0 <= params.cache_threshold <= 1.0:
+        raise UsageError(f"--cache-threshold must be between 0 and 1, got {params.cache_threshold}")
+    if params.balance_rel_threshold < 0:
+        raise UsageError(f"--balance-rel-threshold must not be negative, got {params.balance_rel_threshold}")
+    if cpu_offload_gib is not None:
+        if not cpu_offload_gib > 0:
+            raise UsageError(f"--cpu-offload-gib must be positive, got {cpu_offload_gib}")
+        if bytes_per_token is None:
+            raise UsageError("--cpu-offload-gib needs --model (KV bytes per token)")
+        from ..engines.kvmath import blocks_for_memory
+
+        cpu_offload_blocks = blocks_for_memory(cpu_offload_gib, bytes_per_token, block_size)
+        if cpu_offload_blocks < 1:
+            raise UsageError(f"--cpu-offload-gib {cpu_offload_gib} holds less than one block")
+    table = links()["links"]
+    if link not in table:
+        raise UsageError(f"--link must be one of {', '.join(table)}, got {link!r}")
+    link_gbps = table[link]["gbps"]
+    requests = list(read)
+    skip = prefix_curve.resolve_warmup(warm, len(requests))
+    notes = []
+    if router == "all" and any(r.session is None for r in requests):
+        routers.remove("session")
+        notes.append(f"session left out: not every request has a session field ({', '.join(session_fields)}; "
+                     "--session-field F names another)")
+    report = simulate_fleet(requests, replicas=replicas or 1, routers=routers, policy=policy, block_size=block_size,
+                            capacity_blocks=capacity_blocks, hash_fn=hash_fn, concurrency=concurrency,
+                            decode_s_per_token=decode_s, seed=seed, prefix_blocks=prefix_blocks, params=params,
+                            cpu_offload_blocks=cpu_offload_blocks, bytes_per_token=bytes_per_token,
+                            link_gbps=link_gbps, warmup=skip, jobs=jobs, source=name, notes=notes,
+                            session_fields=session_fields or SESSION_FIELDS)
+    worth = None
+    if value is not None:
+        from ..engines.prefix_value import hits_worth
+
+        worth = {r.router: dataclasses.asdict(hits_worth(r.hit_tokens, hit_square_sum=r.hit_square_sum, **value))
+                 for r in report.results}
+    if plot:
+        _plot(report, plot)
+    if fmt is Format.json:
+        out = dataclasses.asdict(report)
+        out["link"] = {"name": link, **table[link]}
+        if worth is not None:
+            for r in out["results"]:
+                r["worth"] = worth[r["router"]]
+        emit_json(out)
+        return
+    _render(report, link, link_gbps, worth)
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def _x(x) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+def _render(report, link: str, link_gbps: float, worth: Optional[dict]) -> None:
+    from rich.table import Table
+
+    cap = "unbounded" if report.capacity_blocks is None else f"{report.capacity_blocks:,} blocks"
+    cpu = report.cpu_offload_blocks
+    stdout.print(f"{report.replicas} replicas, {report.policy}, block size {report.block_size}, GPU capacity {cap} "
+                 f"each" + (f", CPU tier {cpu:,} blocks each" if cpu else ""), soft_wrap=True, markup=False)
+    t = Table(header_style="bold", box=None, pad_edge=False)
+    cols = ["router", "requests", "hit rate", "hit tokens"]
+    cols += ["GPU hits", "CPU hits"] if cpu else []
+    cols += ["requests max/mean", "tokens max/mean", "requests per replica"]
+    cols += ["GPU-s saved", "USD saved"] if worth else []
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("router", "requests per replica") else "right")
+    for r in report.results:
+        row = [r.router, f"{r.requests:,}", _pct(r.hit_rate), f"{r.hit_tokens:,}"]
+        row += [f"{r.gpu_hit_tokens:,}", f"{r.cpu_hit_tokens:,}"] if cpu else []
+        row += [_x(r.request_imbalance), _x(r.token_imbalance), " ".join(str(s.requests) for s in r.replicas)]
+        if worth:
+            w = worth[r.router]
+            row += [f"{w['gpu_seconds_at_utilization']:,.1f}",
+                    "" if w["usd"] is None else f"{w['usd']:,.4f}"]
+        t.add_row(*row)
+    stdout.print(t)
+    for r in report.results:
+        if r.decisions:
+            d = r.decisions
+            stdout.print(f"{r.router}: {d['prefix_match']:,} by prefix match, {d['smallest_tree']:,} to the smallest "
+                         f"tree, {d['load_balance']:,} by load (imbalanced)", soft_wrap=True, markup=False)
+        if r.cpu_read_bytes is not None:
+            stdout.print(f"{r.router}: CPU tier read back {_gb(r.cpu_read_bytes)} ({r.cpu_read_s:,.3f} s at "
+                         f"{link_gbps} GB/s, {link}), wrote {_gb(r.cpu_write_bytes)} ({r.cpu_write_s:,.3f} s)",
+                         soft_wrap=True, markup=False)
+    if worth:
+        w = next(iter(worth.values()))
+        stdout.print(f"worth: {w['flops_per_token']:,.3g} prefill FLOPs per token (2 x {w['active_params']:,} "
+                     f"parameters) plus attention; {w['gpu']} at {w['peak_tflops']:,} TFLOPS peak, "
+                     f"{w['utilization']:.0%} utilization", soft_wrap=True, markup=False)
+    for note in report.notes:
+        stdout.print(f"note: {note}", soft_wrap=True, markup=False)
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:,.2f} GB"
+
+
+def _plot(report, path: str) -> None:
+    fig, ax = new_figure(f"cachectl simulate-prefix: {report.replicas} replicas", "router",
+                         "prefix-cache hit rate (%)")
+    names = [r.router for r in report.results]
+    gpu = [r.gpu_hit_tokens / r.query_tokens * 100 if r.query_tokens else 0 for r in report.results]
+    cpu = [r.cpu_hit_tokens / r.query_tokens * 100 if r.query_tokens else 0 for r in report.results]
+    ax.bar(names, gpu, label="GPU hits")
+    if any(cpu):
+        ax.bar(names, cpu, bottom=gpu, label="CPU-tier hits")
+    for i, r in enumerate(report.results):
+        ax.text(i, (gpu[i] + cpu[i]) + 0.5, f"requests max/mean {_x(r.request_imbalance)}", ha="center", fontsize=7)
+    ax.tick_params(axis="x", labelrotation=20)
+    save_figure(fig, path)
+
+
+def parse_value(model_config: Optional[tuple], gpu: Optional[str], gpu_hour_usd: Optional[float],
+                utilization: float) -> Optional[dict[str, Any]]:
+    """The inputs of ``hits_worth`` from --model/--gpu/--gpu-hour-usd/--utilization (None without --gpu)."""
+    if gpu is None:
+        if gpu_hour_usd is not None:
+            raise UsageError("--gpu-hour-usd needs --gpu (and --model)")
+        return None
+    if model_config is None:
+        raise UsageError("--gpu needs --model: the FLOPs a hit saves come from the model's configuration")
+    if not 0 < utilization <= 1:
+        raise UsageError("--utilization must be in (0, 1]")
+    config, source = model_config
+    return {"config": config, "model_source": source, "gpu": gpu, "gpu_hour_usd": gpu_hour_usd,
+            "utilization": utilization}

@@ -1,0 +1,319 @@
+"""simulate-prefix for a fleet: each router's rule on hand-checked traces, N = 1 equals one server, the CPU
+tier against a naive two-tier reference, the CLI."""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cachectl.engines.prefix import TraceRequest, iter_trace, simulate, trace_records
+from cachectl.engines.prefix_fleet import ROUTERS, CacheAwareParams, HashRing, route, simulate_fleet
+from cachectl.errors import InputError
+
+from .conftest import FIXTURES
+from .reference_prefix import NaiveVllm
+
+RAG = FIXTURES / "traces" / "rag.jsonl"
+
+
+def req(i, tokens, *, ts=None, out=0, session=None, salt=None):
+    return TraceRequest(index=i, line=i + 1, prompt_tokens=len(tokens), tokens=list(tokens), timestamp=ts,
+                        output_tokens=out, session=session, salt=salt, tenant=salt)
+
+
+def rag(**kw):
+    return list(iter_trace(trace_records(str(RAG)), source="rag.jsonl", **kw))
+
+
+# ---------------------------------------------------------------------------------------- N = 1 is today
+
+
+@pytest.mark.parametrize("concurrency, warmup", [(1, 0), (1, 30), (3, 0)])
+def test_one_replica_reproduces_the_single_server_for_every_router(concurrency, warmup):
+    reqs = [TraceRequest(**{**r.__dict__, "session": r.index % 7}) for r in rag()]
+    one = simulate(reqs, capacity_blocks=300, concurrency=concurrency, warmup=warmup)
+    fleet = simulate_fleet(reqs, replicas=1, routers=ROUTERS, capacity_blocks=300, concurrency=concurrency,
+                           warmup=warmup)
+    for r in fleet.results:
+        assert (r.router, r.requests, r.query_tokens, r.hit_tokens) == (r.router, one.requests, one.query_tokens,
+                                                                       one.hit_tokens)
+        assert r.replicas[0].evicted_blocks == one.evicted_blocks and r.cpu_hit_tokens == 0
+
+
+def test_one_replica_with_a_cpu_tier_keeps_the_gpu_hits_of_today():
+    reqs = rag()
+    one = simulate(reqs, capacity_blocks=120)
+    for cpu in (1, 50, 5000):
+        r = simulate_fleet(reqs, replicas=1, routers=["round-robin"], capacity_blocks=120,
+                           cpu_offload_blocks=cpu).results[0]
+        assert r.gpu_hit_tokens == one.hit_tokens and r.replicas[0].evicted_blocks == one.evicted_blocks
+        assert r.hit_tokens == r.gpu_hit_tokens + r.cpu_hit_tokens
+    assert r.cpu_hit_tokens > 0
+
+
+# ------------------------------------------------------------------------------------------- the rules
+
+
+def test_round_robin_and_seeded_random():
+    reqs = [req(i, [i] * 8) for i in range(10)]
+    assert route(reqs, replicas=3, router="round-robin")[0] == [0, 1, 2, 0, 1, 2, 0, 1, 2, 0]
+    a = route(reqs, replicas=3, router="random", seed=1)[0]
+    assert a == route(reqs, replicas=3, router="random", seed=1)[0]
+    assert a != route(reqs, replicas=3, router="random", seed=2)[0]
+    assert set(a) <= {0, 1, 2}
+
+
+def test_session_affinity_and_a_missing_session():
+    reqs = [req(i, [i] * 8, session=f"s{i % 4}") for i in range(40)]
+    assign = route(reqs, replicas=3, router="session")[0]
+    for s in range(4):
+        assert len({assign[i] for i in range(s, 40, 4)}) == 1   # one replica per session
+    with pytest.raises(InputError, match=r"t.jsonl:2: no session"):
+        route([req(0, [1], session="a"), req(1, [1])], replicas=2, router="session", source="t.jsonl")
+
+
+def test_prefix_hash_looks_at_the_first_k_blocks_only():
+    base = list(range(64))                                # 4 blocks of 16
+    reqs = [req(i, base + [1000 + i] * 20) for i in range(20)]          # same 4 blocks, then different
+    assert len(set(route(reqs, replicas=4, router="prefix-hash", prefix_blocks=4)[0])) == 1
+    other = [req(i, [i] + base[1:] + [7] * 20) for i in range(40)]      # first block differs
+    assert len(set(route(other, replicas=4, router="prefix-hash", prefix_blocks=4)[0])) > 1
+
+
+def test_consistent_hashing_moves_few_values_when_a_replica_is_added():
+    four, five = HashRing(4), HashRing(5)
+    moved = sum(four(v) != five(v) for v in range(2000))
+    assert moved < 2000 * 0.35           # about 1/5 move; a modulo hash would move about 4/5
+
+
+def test_least_loaded_counts_requests_in_flight():
+    # decode 1 s per output token; one slot per replica. t=0: A (4 s) -> r0; t=0: B (1 s) -> r1;
+    # t=2: B done, A in flight -> r1; t=2.5: both busy (r0 until 4, r1 until 3), loads 1,1 -> r0 (lowest index);
+    # t=3.5: r1 free (ends 3), r0 holds A and the queued one -> r1
+    reqs = [req(0, [1], ts=0, out=4), req(1, [2], ts=0, out=1), req(2, [3], ts=2, out=1),
+            req(3, [4], ts=2.5, out=1), req(4, [5], ts=3.5, out=1)]
+    assert route(reqs, replicas=2, router="least-loaded", decode_s_per_token=1.0)[0] == [0, 1, 1, 0, 1]
+
+
+def test_least_loaded_queues_beyond_concurrency():
+    # two slots on each of 2 replicas; 5 requests at t=0 of 10 s: r0 r1 r0 r1 r0; at t=15 r0 still has its
+    # queued third request (started at 10, ends 20): loads 1, 0 -> r1
+    reqs = [req(i, [i], ts=0, out=10) for i in range(5)] + [req(5, [9], ts=15, out=1)]
+    assert route(reqs, replicas=2, router="least-loaded", concurrency=2, decode_s_per_token=1.0)[0] == \
+        [0, 1, 0, 1, 0, 1]
+
+
+def test_cache_aware_prefix_match_smallest_tree_and_threshold():
+    sys_a, sys_b = list(range(64)), list(range(100, 164))
+    reqs = [req(0, sys_a + [1] * 16),        # trees empty: ratio 0 -> smallest tree, r0 (lowest index)
+            req(1, sys_b + [2] * 16),        # no match -> smallest tree: r1
+            req(2, sys_a + [3] * 32),        # 64/96 > 0.5 on r0 -> r0 (its tree: 7 blocks)
+            req(3, sys_b + [4] * 16),        # 64/80 on r1 -> r1 (6 blocks)
+            req(4, sys_a[:32] + [5] * 32)]   # 32/64 = 0.5, not above 0.5 -> the smallest tree, r1
+    assign, d = route(reqs, replicas=2, router="cache-aware", block_size=16)
+    assert assign == [0, 1, 0, 1, 1]
+    assert d == {"load_balance": 0, "prefix_match": 2, "smallest_tree": 3}
+    lower = CacheAwareParams(cache_threshold=0.49)
+    assert route(reqs, replicas=2, router="cache-aware", block_size=16, params=lower)[0][4] == 0
+
+
+def test_cache_aware_turns_to_the_shortest_queue_when_imbalanced():
+    # abs 2, rel 1.5: every request shares the prefix, so all go to r0 until its load exceeds r1's by more than
+    # 2 (and 1.5 x): the 4th request sees loads 3, 0 -> r1
+    reqs = [req(i, list(range(64)) + [i] * 16, ts=0, out=100) for i in range(5)]
+    p = CacheAwareParams(balance_abs_threshold=2, balance_rel_threshold=1.5)
+    assign, d = route(reqs, replicas=2, router="cache-aware", block_size=16, params=p, decode_s_per_token=1.0)
+    # loads 0,0: empty trees -> r0; 1,0 and 2,0: not imbalanced (gap <= 2), match 64/80 -> r0; 3,0: imbalanced
+    # -> r1; 3,1: balanced again, both trees match 4 blocks -> r0 (the lowest index)
+    assert assign == [0, 0, 0, 1, 0]
+    assert d["load_balance"] == 1
+
+
+def test_cache_aware_prunes_trees_by_trace_time():
+    # B (1 block) -> r0; A (5 blocks) -> r1, the smallest tree; at t=100 A again: matched on r1 unless the
+    # trees were pruned to one block each (then 16/80 is below the threshold, and the trees tie: r0)
+    a = list(range(80))
+    reqs = [req(0, list(range(500, 516)), ts=0), req(1, a, ts=1), req(2, a[:64] + [2] * 16, ts=100)]
+    keep = CacheAwareParams(eviction_interval_s=30, max_tree_tokens=10_000)
+    assert route(reqs, replicas=2, router="cache-aware", block_size=16, params=keep)[0] == [0, 1, 1]
+    pruned = CacheAwareParams(eviction_interval_s=30, max_tree_tokens=16)
+    assert route(reqs, replicas=2, router="cache-aware", block_size=16, params=pruned)[0] == [0, 1, 0]
+    never = CacheAwareParams(eviction_interval_s=0, max_tree_tokens=16)
+    assert route(reqs, replicas=2, router="cache-aware", block_size=16, params=never)[0] == [0, 1, 1]
+
+
+# ------------------------------------------------------------------------------------------ the CPU tier
+
+
+class NaiveTiered:
+    """The naive GPU pool plus a CPU LRU over its keys (whole prefixes): fed by GPU evictions, looked up from
+    the first GPU miss."""
+
+    def __init__(self, gpu: int, cpu: int, bs: int):
+        self.gpu, self.cpu, self.cap, self.bs = NaiveVllm(gpu, bs), OrderedDict(), cpu, bs
+
+    def run(self, tokens, salt=None):
+        bs, n = self.bs, len(tokens)
+        self.gpu.victims = []
+        gpu_hit = self.gpu.run(tokens, salt)
+        keys = [(salt, tuple(tokens[:(i + 1) * bs])) for i in range(n // bs)]
+        cpu_hit = 0
+        for k in keys[gpu_hit // bs:(n - 1) // bs]:
+            if k not in self.cpu:
+                break
+            self.cpu.move_to_end(k)
+            cpu_hit += bs
+        for k in self.gpu.victims:
+            self.cpu[k] = None
+            self.cpu.move_to_end(k)
+        while len(self.cpu) > self.cap:
+            self.cpu.popitem(last=False)
+        return gpu_hit, cpu_hit
+
+
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=40), min_size=1, max_size=25),
+       st.sampled_from([2, 4, 8]), st.integers(0, 6), st.integers(1, 12), st.booleans())
+@settings(max_examples=150, deadline=None)
+def test_cpu_tier_equals_a_naive_two_tier_reference(trace, bs, extra, cpu, repeats):
+    if repeats:
+        trace = [t if i % 3 else list(trace[i // 2]) for i, t in enumerate(trace)]
+    else:
+        trace = [t if i == 0 or i % 2 else trace[i // 2] + t for i, t in enumerate(trace)]
+    gpu = max(-(-len(t) // bs) for t in trace) + extra
+    naive = NaiveTiered(gpu, cpu, bs)
+    expected = [naive.run(t) for t in trace]
+    reqs = [req(i, t) for i, t in enumerate(trace)]
+    r = simulate_fleet(reqs, replicas=1, routers=["round-robin"], block_size=bs, capacity_blocks=gpu,
+                       cpu_offload_blocks=cpu).results[0]
+    assert (r.gpu_hit_tokens, r.cpu_hit_tokens) == (sum(g for g, _ in expected), sum(c for _, c in expected))
+
+
+def test_cpu_tier_hand_checked():
+    # GPU 4 blocks of 4, CPU 4 blocks. A (4 blocks) then B (4 blocks) evicts A's blocks to the CPU tier;
+    # A again: GPU miss at once, the CPU tier has A0..A2 (the cap leaves the last block to compute): 12 tokens
+    a, b = list(range(16)), list(range(100, 116))
+    reqs = [req(0, a), req(1, b), req(2, a)]
+    r = simulate_fleet(reqs, replicas=1, routers=["round-robin"], block_size=4, capacity_blocks=4,
+                       cpu_offload_blocks=4, bytes_per_token=1000, link_gbps=1.0).results[0]
+    assert (r.gpu_hit_tokens, r.cpu_hit_tokens) == (0, 12)
+    assert r.cpu_read_bytes == 12 * 1000 and r.cpu_read_s == pytest.approx(12 * 1000 / 1e9)
+    assert r.replicas[0].offloaded_blocks == 4 + 4      # B evicts A's 4, A again evicts B's 4
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+
+
+def test_cli_router_all_json_and_table(cli, write):
+    rows = [{"tokens": [s] * 48 + [i] * 20, "conversation": f"c{i % 6}", "timestamp": i * 0.1, "output_tokens": 5}
+            for i, s in enumerate([1, 2, 3] * 10)]
+    path = write("t.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n")
+    r = cli("simulate-prefix", path, "--capacity-blocks", "20", "--replicas", "3", "--router", "all", "-f", "json")
+    assert r.exit_code == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert [x["router"] for x in d["results"]] == list(ROUTERS)
+    for x in d["results"]:
+        assert sum(p["requests"] for p in x["replicas"]) == x["requests"] == 30
+        assert sum(p["hit_tokens"] for p in x["replicas"]) == x["hit_tokens"]
+        assert x["request_imbalance"] >= 1.0
+    assert d["router_params"]["cache_aware"]["cache_threshold"] == 0.5
+    t = cli("simulate-prefix", path, "--capacity-blocks", "20", "--replicas", "3", "--router", "all")
+    assert t.exit_code == 0 and "cache-aware" in t.stdout and "session" in t.stdout
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--replicas", "2", "--router", "nope"], "--router must be one of"),
+    (["--replicas", "2", "--router", "session"], "t.jsonl:1: no session to route by"),
+    (["--replicas", "2", "--curve"], "drop --sweep-*"),
+    (["--cpu-offload-gib", "1"], "--cpu-offload-gib needs --model"),
+    (["--replicas", "2", "--gpu", "H100"], "--gpu needs --model"),
+    (["--replicas", "2", "--cpu-offload-blocks", "4", "--concurrency", "2"], "requests one at a time"),
+    (["--gpu", "H100"], "add --replicas"),
+    (["--replicas", "2", "--cache-threshold", "1.5"], "--cache-threshold must be between 0 and 1"),
+    (["--replicas", "2", "--cpu-offload-gib", "-1", "--model", "llama-3.1-8b"], "--cpu-offload-gib must be positive"),
+    (["--replicas", "2", "--link", "usb"], "--link must be one of"),
+    (["--replicas", "2", "--router", "session", "--session-field", "user.id"], "t.jsonl:1: field 'user.id': missing"),
+])
+def test_cli_fleet_bad_usage(cli, write, args, expect):
+    path = write("t.jsonl", json.dumps({"tokens": list(range(40))}) + "\n")
+    r = cli("simulate-prefix", path, "--capacity-blocks", "20", *args)
+    assert r.exit_code == 2 and expect in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+# ------------------------------------------------------------------------------------ worth and --jobs
+
+TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "intermediate_size": 128, "vocab_size": 100, "tie_word_embeddings": False}
+
+
+def test_hits_worth_by_hand():
+    from cachectl.engines.prefix_value import hits_worth
+
+    # 10 requests hitting 100 tokens each
+    w = hits_worth(1000, hit_square_sum=10 * 100 ** 2, config=TINY, model_source="tiny", gpu="H100",
+                   gpu_hour_usd=3.6, utilization=0.5)
+    # per layer: q 64x64, o 64x64, k and v 64x(2x16) each, MLP 3 x 64 x 128; + 5 norms of 64; no embeddings
+    per_layer = 64 * 64 + 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128
+    assert w.active_params == 2 * per_layer + 5 * 64
+    attention = 2 * 2 * 4 * 16 * 100 ** 2 * 10          # 2 x layers x heads x head_dim x sum of hit^2
+    assert w.flops_saved == 2 * w.active_params * 1000 + attention
+    assert w.gpu == "H100-SXM" and w.gpu_seconds_at_peak == pytest.approx(w.flops_saved / 989e12)
+    assert w.gpu_seconds_at_utilization == pytest.approx(2 * w.gpu_seconds_at_peak)
+    assert w.usd == pytest.approx(w.gpu_seconds_at_utilization / 3600 * 3.6)
+
+
+def test_cli_worth_and_offload_json(cli, write, tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY))
+    rows = [{"tokens": list(range(64)) + [i] * 16} for i in range(6)]
+    path = write("t.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n")
+    r = cli("simulate-prefix", path, "--capacity-blocks", "6", "--replicas", "1", "--cpu-offload-blocks", "8",
+            "--model", cfg, "--gpu", "H100", "--gpu-hour-usd", "2", "-f", "json")
+    assert r.exit_code == 0, r.stderr
+    x = json.loads(r.stdout)["results"][0]
+    assert x["hit_tokens"] == x["gpu_hit_tokens"] + x["cpu_hit_tokens"] == x["worth"]["hit_tokens"]
+    # 2 (K, V) x 2 layers x 2 heads x 16 x 2 bytes = 256 bytes per token
+    assert x["cpu_read_bytes"] == x["cpu_hit_tokens"] * 256
+    assert json.loads(r.stdout)["link"]["gbps"] == 64
+    # the squares of each request's hit, from the same replay with --per-request on one server
+    one = cli("simulate-prefix", path, "--capacity-blocks", "6", "--per-request", "-f", "json")
+    gpu_only = json.loads(cli("simulate-prefix", path, "--capacity-blocks", "6", "--replicas", "1", "--model", cfg,
+                              "--gpu", "H100", "-f", "json").stdout)["results"][0]
+    assert gpu_only["hit_square_sum"] == sum(q["hit_tokens"] ** 2 for q in json.loads(one.stdout)["per_request"])
+    assert gpu_only["worth"]["attention_flops"] == 2 * 2 * 4 * 16 * gpu_only["hit_square_sum"]
+
+
+def test_jobs_give_the_same_numbers():
+    reqs = rag()
+    one = simulate_fleet(reqs, replicas=3, routers=["round-robin", "cache-aware"], capacity_blocks=200)
+    two = simulate_fleet(reqs, replicas=3, routers=["round-robin", "cache-aware"], capacity_blocks=200, jobs=2)
+    assert one == two
+
+
+def test_cli_session_field_named_and_default_order(cli, write):
+    rows = [{"tokens": [i % 3] * 40, "chat_id": f"x{i % 3}", "user": {"id": i % 2}} for i in range(12)]
+    path = write("t.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n")
+
+    def placement(*extra):
+        r = cli("simulate-prefix", path, "--capacity-blocks", "20", "--replicas", "4", "--router", "session",
+                *extra, "-f", "json")
+        assert r.exit_code == 0, r.stderr
+        return [p["requests"] for p in json.loads(r.stdout)["results"][0]["replicas"]]
+
+    by_chat = placement()                                   # chat_id, the only default field present
+    assert sum(by_chat) == 12 and all(n % 4 == 0 for n in by_chat)   # 3 sessions of 4 requests, kept together
+    by_user = placement("--session-field", "user.id")       # 2 sessions of 6
+    assert sorted(n for n in by_user if n) in ([6, 6], [12])
+
+
+@pytest.mark.parametrize("policy", ["radix", "chunk", "infinite"])
+def test_one_replica_reproduces_the_other_policies(policy):
+    reqs = rag()[:40]
+    cap = None if policy == "infinite" else 300
+    one = simulate(reqs, policy=policy, capacity_blocks=cap)
+    for r in simulate_fleet(reqs, replicas=1, routers=["round-robin", "cache-aware"], policy=policy,
+                            capacity_blocks=cap).results:
+        assert (r.requests, r.query_tokens, r.hit_tokens) == (one.requests, one.query_tokens, one.hit_tokens)
