@@ -9,8 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cachectl.engines.prefix import TraceRequest, simulate
-from cachectl.engines.prefix_curve import (capacity_curve, curve_capacities, key_trace, no_eviction_capacity,
-                                           optimal_hits, resolve_warmup)
+from cachectl.engines.prefix_curve import (
+    capacity_curve,
+    curve_capacities,
+    key_trace,
+    no_eviction_capacity,
+    optimal_hits,
+    resolve_warmup,
+)
 from cachectl.errors import UsageError
 
 from .reference_prefix import NaiveVllm

@@ -12,7 +12,8 @@ import gzip
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cachectl.engines.pricing import PriceTable
 from cachectl.engines.promptcache import simulate_requests, tokenizer_counter

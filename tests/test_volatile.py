@@ -1,7 +1,8 @@
 """The shared volatile-value detector: each documented form is found, ordinary prose is not."""
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cachectl.volatile import classify_change, find_volatile
 

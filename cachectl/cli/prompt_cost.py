@@ -48,7 +48,6 @@ def command(
 ) -> None:
     from ..engines import promptcache
     from ..engines.pricing import PriceTable
-
     from ..inputs import read_json_file
 
     table = PriceTable.load(read_json_file(prices) if prices else None)
@@ -69,17 +68,21 @@ def command(
         if calls > 1 and every is None:
             raise UsageError("what-if with several --calls needs --every DURATION (calls at the same moment "
                              "all miss: an entry is readable only once its writer has started)")
+        assert prefix_tokens is not None  # the mode says so
         report = promptcache.what_if(table=table, model=model, prefix_tokens=prefix_tokens,
                                      suffix_tokens=suffix_tokens, output_tokens=output_tokens, calls=calls,
-                                     every=promptcache.parse_duration(every) if every else 0.0, ttl=ttl)
+                                     every=promptcache.parse_duration(every) if every else 0.0,
+                                     ttl=getattr(ttl, "value", ttl))
     elif mode == "audit":
         from ..inputs import display_name, iter_jsonl
 
+        assert usage is not None
         report = promptcache.audit_usage(iter_jsonl(usage), source=display_name(usage), table=table,
                                          default_model=model)
     else:
         from ..inputs import display_name, read_requests
 
+        assert requests is not None
         text_counter = None
         token_source = "layout"
         if tokenizer is not None:

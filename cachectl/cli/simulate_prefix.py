@@ -193,7 +193,7 @@ def command(
         if sweep_block_size or sweep_capacity or curve or optimal or per_request:
             raise UsageError("--replicas/--router/--cpu-offload-* replay one capacity: drop --sweep-*, --curve, "
                              "--optimal and --per-request")
-        from ..engines.prefix_fleet import CacheAwareParams, SESSION_FIELDS
+        from ..engines.prefix_fleet import SESSION_FIELDS, CacheAwareParams
         from .simulate_fleet import parse_value, run_fleet
 
         model_config, fleet_bpt, gpu_capacity = None, bytes_per_token, capacity_for(block_size)

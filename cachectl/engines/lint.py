@@ -596,7 +596,7 @@ def _prompt_dynamic(path, template, ast, lines, undeclared, volatile, sidecar, c
             add(f.rule, f.line, f.column, f.message)
 
 
-def _as_body(text: str, path: str) -> "Request | None":
+def _as_body(text: str, path: str) -> Request | None:
     """The canonical request a templated body renders to, or None when the render is not a request body."""
     from ..inputs import is_request_body, parse_request, unwrap
 
@@ -746,7 +746,7 @@ def _filter(findings: list[Finding], source: str, config: LintConfig) -> list[Fi
 # ------------------------------------------------------------------------------------- request bodies
 
 
-def lint_body(path: str, req: "Request", config: LintConfig, min_tokens: int | None,
+def lint_body(path: str, req: Request, config: LintConfig, min_tokens: int | None,
               count: Callable[[str], int], volatile: dict[str, str] | None = None,
               at: tuple[int, int] | None = None) -> list[Finding]:
     """Cache rules on a canonical request (:mod:`cachectl.engines.lint_body`): breakpoint count, minimum

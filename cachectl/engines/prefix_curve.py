@@ -18,12 +18,12 @@ limits the hit rate.
 from __future__ import annotations
 
 import bisect
-from array import array
 import heapq
 import math
-from operator import sub
+from array import array
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from operator import sub
 
 from ..errors import UsageError
 from .prefix import SCHEMA_VERSION, SequentialVllmPool, TraceRequest, request_keys, simulate

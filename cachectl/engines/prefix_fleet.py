@@ -37,9 +37,10 @@ import hashlib
 import heapq
 import random
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import InputError, UsageError
 from .prefix import SCHEMA_VERSION, CapacityError, TraceRequest, request_keys, simulate
@@ -373,10 +374,9 @@ def simulate_fleet(requests: Sequence[TraceRequest], *, replicas: int, routers: 
         plans.append((router, decisions, [(shares[r], {**kw, "warmup": skips[r]}) for r in range(replicas)]))
     tasks = [job for _, _, js in plans for job in js]
     if jobs > 1 and len(tasks) > 1:
+        import gc
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
-
-        import gc
 
         global _TASKS
         _TASKS = tasks

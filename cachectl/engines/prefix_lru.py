@@ -16,8 +16,9 @@ to :class:`~cachectl.engines.prefix.SequentialVllmPool`, which models duplicates
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from itertools import repeat
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import UsageError
 from .prefix import CapacityError, SequentialVllmPool

@@ -15,8 +15,9 @@ import resource
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Optional, Sequence
+from typing import Annotated, Optional
 
 import typer
 from click.testing import CliRunner

@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from . import corpus
 from .harness import violations
