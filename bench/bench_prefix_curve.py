@@ -18,29 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from bench_simulate_prefix import make_trace  # noqa: E402
-
-ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-ENV["PYTHONPATH"] = str(ROOT) + os.pathsep + ENV.get("PYTHONPATH", "")
-
-
-def timed(cmd: list[str]) -> tuple[float, str]:
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, cwd=ROOT, env=ENV)
-    elapsed = time.perf_counter() - t0
-    if proc.returncode:
-        raise SystemExit(f"{cmd} failed: {proc.stderr.decode()[-500:]}")
-    return elapsed, proc.stdout.decode()
+from benchutil import ENV, timed  # noqa: E402,F401
 
 
 def peak_rss(cmd: list[str]) -> int:
