@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from bench_simulate_prefix import make_trace  # noqa: E402
-from benchutil import ENV, timed  # noqa: E402,F401
+from benchutil import timed  # noqa: E402
 
 
 def main() -> None:
