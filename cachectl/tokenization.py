@@ -552,7 +552,30 @@ def _template_environment():
         raise SecurityError(f"access to {attribute!r} of a {type(obj).__name__} is refused by the sandbox")
 
     env.unsafe_undefined = unsafe_undefined
+
+    def bounded_binop(context: Any, operator: str, left: Any, right: Any) -> Any:
+        """``*`` and ``**`` whose result would be huge ('%s' * 10**9, 9**9**9) are refused, not computed: a
+        template must not exhaust the machine that lints it."""
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > _MAX_RENDERED:
+                    raise SecurityError(f"a repetition of {len(seq):,} x {n:,} items is refused by the sandbox")
+            return left * right
+        if operator == "**":
+            if isinstance(left, int) and isinstance(right, int) and right > 0 and \
+                    abs(left).bit_length() * right > 8 * _MAX_RENDERED:
+                raise SecurityError(f"a power with a {abs(left).bit_length() * right:,}-bit result is refused "
+                                    "by the sandbox")
+            return left ** right
+        return base.call_binop(context, operator, left, right)
+
+    env.intercepted_binops = frozenset(["*", "**"])
+    env.call_binop = bounded_binop
     return env
+
+
+#: the largest string or list a template may build by repetition while lint renders it
+_MAX_RENDERED = 10_000_000
 
 
 def template_data(value: Any) -> Any:

@@ -192,3 +192,14 @@ def test_exit_zero_does_not_hide_errors(cli, write):
     bad = write("bad.j2", "{{ x }")
     r = cli("lint", bad, LINT / "bad" / "time_at_top.j2", "--exit-zero")
     assert r.exit_code == 2 and "CC001" in r.stdout and "bad.j2:1: invalid Jinja" in r.stderr
+
+
+def test_template_bombs_are_refused_not_rendered(cli, write):
+    """'%s' * 10**9 would build a 2 GB string while lint renders it: the sandbox refuses the repetition."""
+    bomb = write("bomb.j2", "Hello {{ '%s' * 10**9 }} world\n")
+    ok = write("ok.j2", "{{ 'ab' * 3 }} {{ 2 ** 10 }}\n")
+    r = cli("lint", bomb, ok, "-f", "json")
+    assert r.exit_code == 2
+    assert "bomb.j2:1: refused: a repetition of 2 x 1,000,000,000 items is refused by the sandbox" in r.stderr
+    assert "internal error" not in r.stderr
+    assert json.loads(r.stdout)["files"] >= 1  # the other file is still checked
