@@ -203,3 +203,9 @@ def test_template_bombs_are_refused_not_rendered(cli, write):
     assert "bomb.j2:1: refused: a repetition of 2 x 1,000,000,000 items is refused by the sandbox" in r.stderr
     assert "internal error" not in r.stderr
     assert json.loads(r.stdout)["files"] >= 1  # the other file is still checked
+
+
+def test_unknown_model_points_at_the_price_table_not_a_flag_lint_lacks(cli):
+    r = cli("lint", LINT / "good" / "body_good.json", "--model", "claude-sonet-4-5")
+    assert r.exit_code == 2 and "close names: claude-sonnet-4-5" in r.stderr
+    assert "--prices" not in r.stderr and "cachectl prompt-cost --list-models" in r.stderr

@@ -66,7 +66,8 @@ def command(
             min_tokens = PriceTable.load().lookup(cfg.model).min_cacheable_tokens
         except UnknownModelError as exc:
             where = "--model" if model else f"{cfg.source}: field 'tool.cachectl.lint.model'"
-            raise UsageError(f"{where}: {exc}") from None
+            message = str(exc).split(" (see ")[0]  # lint has no --prices: point at the table prompt-cost shows
+            raise UsageError(f"{where}: {message} (the known models: cachectl prompt-cost --list-models)") from None
     tok = None
     if tokenizer:
         from ..tokenization import load_tokenizer
