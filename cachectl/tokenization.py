@@ -227,6 +227,8 @@ class TokenizerHandle:
             if isinstance(exc, TemplateSyntaxError) and self.template_source:  # the template's fault, not the prompt's
                 raise InputError(f"invalid chat template: {msg}", source=self.template_source,
                                  line=exc.lineno) from None
+            if self.template_source:  # name both: the template raised on this prompt
+                msg = f"{msg} (chat template {self.template_source})"
             raise InputError(f"chat template failed to render: {msg}", source=prompt.source,
                              line=prompt.line) from None
 

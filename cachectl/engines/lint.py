@@ -125,7 +125,8 @@ class FileError:
     kind: str = "file"
 
     def describe(self) -> str:
-        return f"{self.path}:{self.line}: {self.message}" if self.line else f"{self.path}: {self.message}"
+        message = " ".join(self.message.split())  # one line, whatever the message quotes
+        return f"{self.path}:{self.line}: {message}" if self.line else f"{self.path}: {message}"
 
     def to_dict(self) -> dict:
         return {"path": self.path, "line": self.line, "message": self.message, "kind": self.kind}
@@ -848,7 +849,7 @@ def _lint_file(f: Path, config: LintConfig, tokenizer: Any, min_tokens: int | No
             doc = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
-            raise InputError(f"invalid YAML: {getattr(exc, 'problem', exc)}"
+            raise InputError("invalid YAML: " + " ".join(str(getattr(exc, "problem", None) or exc).split())
                              + (f" (column {mark.column + 1})" if mark else ""), source=source,
                              line=mark.line + 1 if mark else None) from None
         except RecursionError:
