@@ -35,35 +35,8 @@ with open(sys.argv[1], "rb") as fh:
 print(n)
 """
 
-NAIVE = """
-import json, sys
-from collections import OrderedDict
-path, bs, capacity = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-lru = OrderedDict()
-queries = hits = 0
-with open(path) as fh:
-    for line in fh:
-        tokens = json.loads(line)["tokens"]
-        n = len(tokens)
-        keys, parent = [], None
-        for i in range(n // bs):
-            parent = hash((parent, tuple(tokens[i * bs:(i + 1) * bs])))
-            keys.append(parent)
-        hit = 0
-        for k in keys[:(n - 1) // bs]:
-            if k not in lru:
-                break
-            lru.move_to_end(k)
-            hit += 1
-        for k in keys[hit:]:
-            lru[k] = None
-            lru.move_to_end(k)
-            while len(lru) > capacity:
-                lru.popitem(last=False)
-        queries += n
-        hits += hit * bs
-print(hits / queries)
-"""
+#: the naive seed replay (stdlib json, tuple hash, OrderedDict LRU): one file, shared with bench_prefix_curve.py
+NAIVE_PY = Path(__file__).resolve().parent / "naive_seed_prefix.py"
 
 
 def make_trace(path: Path, requests: int, seed: int = 11) -> int:
@@ -102,9 +75,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.jsonl"
         tokens = make_trace(trace, args.requests)
-        parse_py, naive_py = Path(tmp) / "parse.py", Path(tmp) / "naive.py"
+        parse_py, naive_py = Path(tmp) / "parse.py", NAIVE_PY
         parse_py.write_text(PARSE)
-        naive_py.write_text(NAIVE)
         cmds = {
             "(a) parse only, orjson": [sys.executable, str(parse_py), str(trace)],
             "(b) naive replay, stdlib json": [sys.executable, str(naive_py), str(trace), "16", str(args.capacity_blocks)],
