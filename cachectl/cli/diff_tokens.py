@@ -108,7 +108,7 @@ def command(
         tb = tok.tokenize(pb, add_generation_prompt=add_generation_prompt, add_special_tokens=special_tokens,
                           template_vars=tvars)
     else:
-        ta, tb = Tokenized(pa, list(pa.ids)), Tokenized(pb, list(pb.ids))
+        ta, tb = Tokenized(pa, list(pa.ids or ())), Tokenized(pb, list(pb.ids or ()))
     result = tokendiff.diff_tokens(ta, tb, block_size=block_size, context=context, tokenizer=tok)
     if fmt is Format.json:
         emit_json(result)

@@ -260,9 +260,12 @@ def command(
         keyed = prefix_curve.key_trace(read("reading and keying"), sizes, hash_fn=hash_name, source=name)
         curves = []
         for bs in sizes:
-            points = None if curve else (caps or [capacity_for(bs)])
-            if points == [None]:
-                raise UsageError("the vllm policy needs --capacity-blocks, --sweep-capacity or --curve")
+            points: list[int] | None = None
+            if not curve:
+                one = capacity_for(bs)
+                if not caps and one is None:
+                    raise UsageError("the vllm policy needs --capacity-blocks, --sweep-capacity or --curve")
+                points = [*caps] if caps else [one] if one is not None else []
             curves.append(prefix_curve.capacity_curve(keyed[bs], points, points=curve_points, warmup=warm,
                                                       concurrency=concurrency, decode_s_per_token=decode_ms / 1000.0,
                                                       optimal=optimal, source=name))
@@ -281,7 +284,7 @@ def command(
         skip = _resolve_warmup(warm, len(requests))
         curves, runs = [], []
         for bs in sizes:
-            for cap in (caps or [capacity_for(bs)]):
+            for cap in ([*caps] if caps else [capacity_for(bs)]):
                 r = run(requests, bs, cap, False, skip)
                 runs.append({"block_size": bs, "capacity_blocks": cap,
                              "capacity_tokens": None if cap is None else cap * bs, "fits": True,

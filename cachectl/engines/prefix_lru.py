@@ -73,6 +73,7 @@ class LruKeyPool:
             nh = limit
         if any(map(lru.__contains__, keys[nh:])):  # a cached block computed again: vLLM keeps two
             self._hand_over()
+            assert self.exact is not None  # the hand-over made it
             return self.exact.run(keys, num_tokens, tenant)
         self._cross += nh - owners.count(tenant)
         if total > self._peak:

@@ -80,6 +80,13 @@ class ModelPrice:
         return self.ttls[name]
 
 
+def _price(entry: dict, key: str, model: str, source: str) -> float:
+    """A required price: a missing one is an error (through :func:`_num`)."""
+    value = _num(entry, key, model, source)
+    assert value is not None  # _num raises for a missing required value
+    return value
+
+
 def _num(entry: dict, key: str, model: str, source: str, *, optional: bool = False) -> float | None:
     value = entry.get(key)
     if value is None and optional:
@@ -122,8 +129,8 @@ def _from_native(model: str, entry: Any, source: str) -> ModelPrice:
         if not isinstance(b, dict) or isinstance(b.get("above_tokens"), bool) \
                 or not isinstance(b.get("above_tokens"), int) or b["above_tokens"] < 0:
             raise InputError("a band needs an integer above_tokens", source=source, field=f"models.{model}.bands[{i}]")
-        bands.append(Band(above_tokens=b["above_tokens"], input=_num(b, "input", model, source),
-                          output=_num(b, "output", model, source),
+        bands.append(Band(above_tokens=b["above_tokens"], input=_price(b, "input", model, source),
+                          output=_price(b, "output", model, source),
                           cache_write_5m=_num(b, "cache_write_5m", model, source, optional=True),
                           cache_write_1h=_num(b, "cache_write_1h", model, source, optional=True),
                           cache_read=_num(b, "cache_read", model, source, optional=True)))
@@ -142,7 +149,7 @@ def _from_native(model: str, entry: Any, source: str) -> ModelPrice:
         raise InputError("expected a string", source=source, field=f"models.{model}.notes")
     return ModelPrice(
         model=model, provider=provider,
-        input=_num(base, "input", model, source), output=_num(base, "output", model, source),
+        input=_price(base, "input", model, source), output=_price(base, "output", model, source),
         cache_read=_num(base, "cache_read", model, source, optional=True),
         cache_write_5m=_num(base, "cache_write_5m", model, source, optional=True),
         cache_write_1h=_num(base, "cache_write_1h", model, source, optional=True),
@@ -178,10 +185,10 @@ def _from_litellm(model: str, entry: dict, source: str) -> ModelPrice | None:
               "cache_write_5m": per_mtok("cache_creation_input_token_cost"),
               "cache_write_1h": per_mtok("cache_creation_input_token_cost_above_1hr"),
               "source": f"{source} (LiteLLM format)", "as_of": "unknown"}
-    above = [k for k in entry if re.fullmatch(r"input_cost_per_token_above_(\d+)k_tokens", k)]
+    above = [(k, m) for k in entry if (m := re.fullmatch(r"input_cost_per_token_above_(\d+)k_tokens", k))]
     bands = []
-    for key in above:
-        n = int(re.fullmatch(r"input_cost_per_token_above_(\d+)k_tokens", key).group(1)) * 1000
+    for key, match in above:
+        n = int(match.group(1)) * 1000
         suffix = f"_above_{n // 1000}k_tokens"
         bands.append({"above_tokens": n, "input": per_mtok(key),
                       "output": per_mtok("output_cost_per_token" + suffix) or native["output"],
