@@ -213,7 +213,7 @@ class TokenizerHandle:
             raise TokenizerError(
                 f"tokenizer {self.name} has no chat template; pass a model directory whose "
                 "tokenizer_config.json or chat_template.jinja has one, or --chat-template FILE")
-        msgs = list(prompt.messages if messages is None else messages)
+        msgs = list((prompt.messages or ()) if messages is None else messages)
         if not msgs:
             raise InputError("no messages to render", source=prompt.source, line=prompt.line, field="messages")
         try:
@@ -263,12 +263,12 @@ class TokenizerHandle:
         enc_text = iter(self.backend.encode_batch(text_batch, add_special_tokens=add_special_tokens)
                         if text_batch else ())
         out: list[Tokenized] = []
-        for p, text, sp in zip(prompts, texts, spans):
-            if text is None:
+        for p, rendered, sp in zip(prompts, texts, spans):
+            if rendered is None:
                 out.append(Tokenized(p, list(p.ids or ()), tokenizer=self))
                 continue
             enc = next(enc_chat) if p.is_chat else next(enc_text)
-            out.append(Tokenized(p, enc.ids, text=text, encoding=enc, spans=sp, tokenizer=self,
+            out.append(Tokenized(p, enc.ids, text=rendered, encoding=enc, spans=sp, tokenizer=self,
                                  add_special_tokens=add_special_tokens and not p.is_chat,
                                  render_opts=opts if p.is_chat else None))
         return out
@@ -301,14 +301,17 @@ def _marked_spans(prompt: PromptInput, text: str, render: Callable[[Sequence[dic
     msgs = list(prompt.messages or ())
     if 2 * len(msgs) > _MARK_END - _MARK or _MARKS.search(text):
         return None
-    marked, cores = [], []
+    marked: list[dict] = []
+    cores: list[tuple[int, str] | None] = []
     for i, msg in enumerate(msgs):
         content = msg.get("content")
         if not isinstance(content, str) or not content.strip():
             marked.append(msg)
             cores.append(None)
             continue
-        lead, core, trail = _EDGE_WS.match(content).groups()  # markers inside the edge whitespace: trim keeps them
+        edge = _EDGE_WS.match(content)  # the pattern matches any string
+        assert edge is not None
+        lead, core, trail = edge.groups()  # markers inside the edge whitespace: trim keeps them
         marked.append({**msg, "content": f"{lead}{chr(_MARK + 2 * i)}{core}{chr(_MARK + 2 * i + 1)}{trail}"})
         cores.append((len(lead), core))
     try:
@@ -329,9 +332,10 @@ def _marked_spans(prompt: PromptInput, text: str, render: Callable[[Sequence[dic
         return None
     spans: list[Span] = []
     for i, (msg, path) in enumerate(zip(msgs, prompt.field_paths)):
-        if cores[i] is None:
+        kept = cores[i]
+        if kept is None:
             continue
-        lead, core = cores[i]
+        lead, core = kept
         starts, ends = where.get(2 * i, []), where.get(2 * i + 1, [])
         role = msg.get("role")
         for s in starts:  # a start marker: the content from there, as far as the text follows it
