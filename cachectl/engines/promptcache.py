@@ -484,17 +484,17 @@ class CacheSimulator:
 
     # ---------------------------------------------------------------------------- OpenAI (automatic)
 
-    def automatic(self, req: Request, price: ModelPrice, pieces: list[tuple[str, Sequence[int] | None, int]],
+    def automatic(self, req: Request, price: ModelPrice, keys: list[str],
+                  pieces: list[tuple[str, Sequence[int] | None, int]],
                   t: float) -> tuple[Usage, str | None, MissReason | None]:
         """Cached tokens = the longest stored token prefix, >= the minimum, in ``cache_granularity`` steps."""
         total = sum(n for _, _, n in pieces)
         g = max(1, price.cache_granularity)
         bounds = _token_keys(str(req.model), req, pieces, price.min_cacheable_tokens, g)
         cached = 0
-        hit_key = None
         for n, k in reversed(bounds):
             if self._alive(k, t) is not None:
-                cached, hit_key = n, k
+                cached = n
                 break
         note = None if total >= price.min_cacheable_tokens else \
             f"prompt below {price.model}'s minimum of {price.min_cacheable_tokens} tokens: not cached"
@@ -503,7 +503,7 @@ class CacheSimulator:
         if total < price.min_cacheable_tokens:
             miss = MissReason("below_minimum", note or "")
         elif cached < full:
-            miss = self._why_automatic(req, price, bounds, cached, hit_key, t)
+            miss = self._why_automatic(req, price, keys, bounds, cached, t)
         ttl = float(next(iter(price.ttls.values())))
         for n, k in bounds:
             e = self.entries.get(k)
@@ -517,8 +517,8 @@ class CacheSimulator:
                 self.expired.pop(k, None)
         return Usage(total - cached, 0, cached, req.output_tokens or 0, 0, 0), note, miss
 
-    def _why_automatic(self, req: Request, price: ModelPrice, bounds: list[tuple[int, str]], cached: int,
-                       hit_key: str | None, t: float) -> MissReason:
+    def _why_automatic(self, req: Request, price: ModelPrice, keys: list[str], bounds: list[tuple[int, str]],
+                       cached: int, t: float) -> MissReason:
         for n, k in reversed(bounds):
             if n <= cached:
                 break
@@ -532,7 +532,6 @@ class CacheSimulator:
         prev = self.last.get(str(req.model))
         if prev is None:
             return MissReason("cold", "first request for this model in the log: nothing cached yet")
-        keys = chain_keys(str(req.model), req)
         same = 0
         while same < min(len(keys), len(prev.keys)) and keys[same] == prev.keys[same]:
             same += 1
@@ -706,7 +705,7 @@ def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source:
         written: list[int] = []
         if price.cache_mode == "automatic":
             pieces = _pieces(req, text_counter, counter)
-            usage, note, miss = sim.automatic(req, price, pieces, t)
+            usage, note, miss = sim.automatic(req, price, keys, pieces, t)
         else:
             cum = _cumulative(req, keys, text_counter, counter)
             usage, note, miss, written = sim.explicit(req, price, keys, cum, t)
