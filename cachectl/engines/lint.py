@@ -10,7 +10,6 @@ only in jinja2's immutable sandbox; reaching for Python internals is refused.
 from __future__ import annotations
 
 import fnmatch
-import json
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -599,16 +598,14 @@ def _prompt_dynamic(path, template, ast, lines, undeclared, volatile, sidecar, c
 
 def _as_body(text: str, path: str) -> Request | None:
     """The canonical request a templated body renders to, or None when the render is not a request body."""
-    from ..inputs import is_request_body, parse_request, unwrap
+    from ..inputs import Locator, is_request_body, parse_json_document, parse_request, unwrap
 
     try:
-        doc = json.loads(text)
-    except ValueError:
+        doc = parse_json_document(text, path)  # the shared parser: nesting bounded like every other input
+    except InputError:
         return None
     if not isinstance(doc, dict) or not is_request_body(unwrap(doc)[0]):
         return None
-    from ..inputs import Locator
-
     return parse_request(doc, source=path, locator=Locator(text))
 
 
