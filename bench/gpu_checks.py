@@ -50,8 +50,8 @@ def main() -> int:
     args = ap.parse_args()
 
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
     from torch.utils.flop_counter import FlopCounterMode
+    from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
     from cachectl.engines import kvmath, prefix_value
 
@@ -79,7 +79,6 @@ def main() -> int:
     result[f"matmul_{n}_bf16_tflops"] = 2 * n**3 / statistics.median(times) / 1e12
     name, peak, _ = prefix_value.gpu_peak(args.gpu)
     result["datasheet_dense_bf16_tflops"] = peak
-    del a, b
 
     # 3. a random-weight model from the catalog config
     config, source, _ = kvmath.resolve_model(args.model)
@@ -93,7 +92,7 @@ def main() -> int:
     for length in [int(x) for x in args.lengths.split(",")]:
         ids = torch.randint(0, cfg.vocab_size, (1, length), device=dev)
 
-        def prefill(cache=None):
+        def prefill(cache=None, ids=ids):
             with torch.no_grad():
                 return model(input_ids=ids, past_key_values=cache if cache is not None else DynamicCache(config=cfg),
                              use_cache=True, logits_to_keep=1)

@@ -89,7 +89,7 @@ class Embedder:
         self.batch_size = batch_size
         self.progress = progress
         self.index: dict[str, int] = {}
-        self.vectors = None
+        self.vectors: Any = None  # numpy array (numpy is imported lazily)
 
     def add(self, texts: Iterable[str]) -> None:
         import numpy as np
@@ -154,14 +154,14 @@ def read_pairs(path: str, columns: Sequence[str] | None = None, need_label: bool
             if absent:
                 raise InputError(f"the header has no column {absent[0]!r} (it has {', '.join(map(repr, header))}): "
                                  f"name yours with --columns A,B[,LABEL]", source=source, line=1)
-            for row in reader:
+            for cells in reader:
                 lineno = reader.line_num  # the row's last physical line (quoted fields may span lines)
-                if not row or not any(cell.strip() for cell in row):
+                if not cells or not any(cell.strip() for cell in cells):
                     continue
-                if len(row) != len(header):
-                    raise InputError(f"{len(row)} fields where the header has {len(header)}", source=source,
+                if len(cells) != len(header):
+                    raise InputError(f"{len(cells)} fields where the header has {len(header)}", source=source,
                                      line=lineno)
-                rows.append((lineno, dict(zip(header, row))))
+                rows.append((lineno, dict(zip(header, cells))))
         except StopIteration:
             raise InputError("file is empty", source=source) from None
         except csv.Error as exc:
@@ -173,7 +173,8 @@ def read_pairs(path: str, columns: Sequence[str] | None = None, need_label: bool
             if col not in row:
                 raise InputError(f"no such field (the line has {', '.join(map(repr, row))}): name yours with "
                                  "--columns A,B[,LABEL]", source=source, line=lineno, field=col)
-            if not isinstance(row.get(col), str) or not row.get(col).strip():
+            cell = row.get(col)
+            if not isinstance(cell, str) or not cell.strip():
                 raise InputError("missing or empty text", source=source, line=lineno, field=col)
         label = row.get(l_col)
         if label is None or label == "":
@@ -436,7 +437,7 @@ class VectorStore:
         self.ann_after = ann_after
         self.vectors = np.zeros((1024, dim), dtype=np.float32)
         self.size = 0
-        self.index = None
+        self.index: Any = None  # usearch Index, built past ann_after
         self.queries = 0
         self.checked = 0      # ANN answers compared with exact search (every 50th query)
         self.agreed = 0
@@ -504,7 +505,7 @@ def replay(records: Iterable[tuple[int, str, str | None]], embedder: Embedder, t
     responses: list[str | None] = []
     prompts: list[str] = []
     hits = wrong = with_resp = dupes = n = 0
-    examples = []
+    examples: list[dict[str, Any]] = []
     seen: set[str] = set()
     pending: list[tuple[int, str, str | None]] = []
 

@@ -141,7 +141,7 @@ def diff_tokens(a: Tokenized, b: Tokenized, *, block_size: int = 16, context: in
         raise UsageError("--context must not be negative")
     common = common_prefix_length(a.ids, b.ids)
     kind, index = classify(len(a), len(b), common)
-    cause = explain(a, b, index, tokenizer) if kind == MISMATCH else None
+    cause = explain(a, b, index, tokenizer) if kind == MISMATCH and index is not None else None
     return TokenDiff(kind=kind, first_diff_index=index, common_prefix_tokens=common, tokens_a=len(a),
                      tokens_b=len(b), block_size=block_size, reusable_blocks=common // block_size,
                      a=_side(a, index, context, b, common), b=_side(b, index, context, a, common),
@@ -172,7 +172,9 @@ def _char_divergence(a: Tokenized, b: Tokenized) -> int | None:
 
 
 def _has_system(p: PromptInput) -> bool:
-    return bool(p.messages) and p.messages[0].get("role") in ("system", "developer")
+    if not p.messages:
+        return False
+    return p.messages[0].get("role") in ("system", "developer")
 
 
 def explain(a: Tokenized, b: Tokenized, index: int, tokenizer: TokenizerHandle | None = None) -> Cause | None:
@@ -617,7 +619,7 @@ class _SummaryBuilder:
         self.reused_blocks += d.reusable_blocks * d.block_size
         if d.cause is not None:
             self.causes[d.cause.id] += 1
-        if d.kind == MISMATCH:
+        if d.kind == MISMATCH and d.first_diff_index is not None:
             frac = d.first_diff_index / max(1, min(d.tokens_a, d.tokens_b))
             for i in range(len(self.hist)):
                 if frac < _BUCKETS[i + 1] or i == len(self.hist) - 1:
@@ -771,7 +773,7 @@ class StabilityReport:
 
 
 def _prefix_prompt(p: PromptInput, k: int) -> PromptInput:
-    return replace(p, messages=p.messages[:k], field_paths=p.field_paths[:k])
+    return replace(p, messages=(p.messages or ())[:k], field_paths=p.field_paths[:k])
 
 
 def check_stability(prompt: PromptInput, tokenizer: TokenizerHandle, *, block_size: int = 16,
@@ -782,7 +784,7 @@ def check_stability(prompt: PromptInput, tokenizer: TokenizerHandle, *, block_si
     would for the request), one ending in an assistant message without it. A template that rewrites
     history (strips reasoning, injects per-turn text) fails at the first k where it does so.
     """
-    if not prompt.is_chat:
+    if not prompt.is_chat or prompt.messages is None:
         raise UsageError(f"{prompt.source}: --stability needs a conversation (a chat message list or a "
                          "request body), not a raw prompt")
     msgs = prompt.messages
