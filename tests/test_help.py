@@ -102,3 +102,34 @@ def test_an_option_typo_is_one_line(cli):
     assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "╭" not in r.stderr
     assert "No such option: --contxt" in r.stderr and "--context" in r.stderr
     assert "'cachectl kv-inspect --help'" in r.stderr
+
+
+@pytest.mark.parametrize("path,cmd", COMMANDS, ids=[" ".join(p) or "cachectl" for p, _ in COMMANDS])
+def test_help_names_values_not_python_types(cli, path, cmd):
+    # typer 0.29 prints `<str>` beside arguments and `<int range>` beside options that name no metavar
+    out = cli(*path, "--help").stdout
+    for tag in ("<str>", "<int>", "<float>", "<int range>", "<float range>", "<list[str]>", "<path>"):
+        assert tag not in out, f"{' '.join(path)}: {tag} in help"
+
+
+@pytest.mark.parametrize("new,old", [
+    (["kv-inspect", "llama-3.1-8b", "--context-lengths", "8k", "-f", "json"],
+     ["kv-inspect", "llama-3.1-8b", "--context", "8k", "-f", "json"]),
+    (["diff-tokens", "--log", "fixtures/prompts/demo_log.jsonl", "--session-field", "session",
+      "-t", "fixtures/tok", "-f", "json"],
+     ["diff-tokens", "--log", "fixtures/prompts/demo_log.jsonl", "--key", "session", "-t", "fixtures/tok",
+      "-f", "json"]),
+    (["semantic-probe", "dupes", "fixtures/semantic/log.jsonl", "--prompt-field", "prompt", "-f", "json"],
+     ["semantic-probe", "dupes", "fixtures/semantic/log.jsonl", "--field", "prompt", "-f", "json"]),
+])
+def test_one_vocabulary_new_names_and_the_older_ones_give_the_same_result(cli, new, old):
+    a, b = cli(*new), cli(*old)
+    assert a.exit_code == b.exit_code and a.exit_code in (0, 1), a.stderr
+    assert a.stdout == b.stdout and a.stdout
+
+
+def test_a_model_given_to_the_wrong_kind_of_option_says_which_kind_it_is(cli):
+    r = cli("kv-inspect", "claude-sonnet-4-5")
+    assert r.exit_code == 2 and "is a provider model of the price table" in r.stderr
+    r = cli("prompt-cost", "--model", "llama-3.1-8b", "--prefix-tokens", "5000")
+    assert r.exit_code == 2 and "is a model architecture of kv-inspect's catalog" in r.stderr

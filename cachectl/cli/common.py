@@ -266,6 +266,7 @@ PARAM_FLAGS = {
     "capacity_blocks": "--capacity-blocks", "capacity_gib": "--capacity-gib", "policy": "--policy",
     "concurrency": "--concurrency", "recompute_ratio": "--recompute-ratio", "hash": "--hash",
     "select": "--select", "ignore": "--ignore", "as_kind": "--as", "warmup": "--warmup",
+    "contexts": "--context-lengths",
 }
 
 
@@ -346,9 +347,41 @@ def _usage_line(exc: Any) -> str:
     return f"{message} (see '{path} --help')"
 
 
+# What an option's value is called in help when the option names no metavar (typer 0.29 would print the Python
+# type, `<int range>`, `<str>`; older typers, click's INTEGER).
+_METAVARS: dict[Any, str] = {int: "N", float: "NUMBER", str: "TEXT",
+                             "integer": "N", "integer range": "N", "float": "NUMBER", "float range": "NUMBER",
+                             "text": "TEXT"}
+
+
+def _metavar_for(param: Any) -> str | None:
+    desc = getattr(param, "type_descriptor", None)  # typer 0.29+ (its own click)
+    if desc is not None:
+        return None if desc.is_list else _METAVARS.get(desc.annotation)
+    return _METAVARS.get(getattr(getattr(param, "type", None), "name", None))  # click's types
+
+
+def tidy_help(command: Any) -> None:
+    """Help that names values, not Python types: typer 0.29 prints ``<str>`` beside every argument and the type
+    beside any option without a metavar. Arguments keep their metavar alone; such options get N, NUMBER or
+    TEXT. Options with a fixed set of values keep their ``<a|b>`` list."""
+    for param in getattr(command, "params", ()):
+        if param.param_type_name == "argument":
+            param.display_type_rich = lambda ctx: None
+        elif (param.param_type_name == "option" and param.metavar is None and not param.is_flag
+              and not param.count):
+            param.metavar = _metavar_for(param)
+    for sub in getattr(command, "commands", {}).values():
+        tidy_help(sub)
+
+
 class CachectlGroup(TyperGroup):
     """The root command: click's own error output (a boxed usage error, exit 1 on a closed pipe) replaced by
     cachectl's one line on stderr and its exit codes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        tidy_help(self)
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:

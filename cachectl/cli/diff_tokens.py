@@ -28,9 +28,9 @@ Modes: two files (A B); --log FILE.jsonl pairs each request with the previous on
 
 @handle_errors
 def command(
-    a: Annotated[Optional[str], typer.Argument(help="First prompt (the earlier request), or - for stdin.",
+    a: Annotated[Optional[str], typer.Argument(metavar="A", help="First prompt (the earlier request), or - for stdin.",
                                                show_default=False)] = None,
-    b: Annotated[Optional[str], typer.Argument(help="Second prompt (the later request).", show_default=False)] = None,
+    b: Annotated[Optional[str], typer.Argument(metavar="B", help="Second prompt (the later request).", show_default=False)] = None,
     tokenizer: TokenizerOpt = None,
     chat_template: ChatTemplateOpt = None,
     block_size: BlockSizeOpt = 16,
@@ -45,8 +45,9 @@ def command(
     log: Annotated[Optional[str], typer.Option(
         "--log", metavar="FILE.jsonl", help="Batch mode: compare each logged request with the previous one.")] = None,
     key: Annotated[Optional[str], typer.Option(
-        "--key", metavar="FIELD", help="With --log: conversation key field (dotted path, e.g. metadata.session); "
-                                       "default: each line is compared with the previous line.")] = None,
+        "--key", "--session-field", metavar="FIELD",
+        help="With --log: conversation key field (dotted path, e.g. metadata.session); default: each line is "
+             "compared with the previous line. --session-field is the same, named as in simulate-prefix.")] = None,
     max_open: Annotated[int, typer.Option(
         "--max-open", min=1, help="With --log: conversations remembered at once (least recently seen "
                                   "forgotten first).")] = 10_000,

@@ -43,9 +43,9 @@ def _contexts(text: str) -> list[int]:
         try:
             out.append(int(float(part) * mult))
         except (ValueError, OverflowError):
-            raise UsageError(f"--context expects comma-separated token counts (4096,32k,128k), got {text!r}") from None
+            raise UsageError(f"--context-lengths expects comma-separated token counts (4096,32k,128k), got {text!r}") from None
     if not out:
-        raise UsageError("--context needs at least one token count")
+        raise UsageError("--context-lengths needs at least one token count")
     return out
 
 
@@ -56,8 +56,10 @@ def command(
     dtype: Annotated[Optional[Dtype], typer.Option("--dtype", case_sensitive=False, show_default=False,
                                                    help="KV cache dtype (default: bf16; with --run, the dtype the "
                                                         "run measured).")] = None,
-    context: Annotated[str, typer.Option("--context", metavar="N,N,...",
-                                         help="Context lengths in tokens (k = 1024).")] = "4096,32768,131072",
+    context: Annotated[str, typer.Option("--context-lengths", "--context", metavar="N,N,...",
+                                         help="Context lengths in tokens (k = 1024). --context is the older name "
+                                              "(diff-tokens' --context is tokens shown around a divergence).")
+                       ] = "4096,32768,131072",
     batch: Annotated[int, typer.Option("--batch", min=1, metavar="N", help="Sequences decoded together.")] = 1,
     gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", metavar="SIZE",
                                                       help="GPU memory, e.g. 80GiB (default: the --gpu's).")] = None,

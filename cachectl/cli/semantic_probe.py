@@ -28,8 +28,9 @@ app = typer.Typer(
     no_args_is_help=True, rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 
-ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", metavar="MODEL", help="sentence-transformers model path or id "
-                                                                       "(default all-MiniLM-L6-v2).")]
+ModelOpt = Annotated[Optional[str], typer.Option("--embedding-model", "--model", "-m", metavar="MODEL",
+                                                 help="sentence-transformers model path or id (default "
+                                                      "all-MiniLM-L6-v2). --model is the older name.")]
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, metavar="N", help="torch CPU threads (1 is often "
                                                                             "faster on small CPUs).")]
 ThresholdOpt = Annotated[float, typer.Option("--threshold", metavar="COSINE", help="Cosine similarity at or above which the cache "
@@ -201,9 +202,10 @@ def _plot(report, path: str) -> None:
 @handle_errors
 def replay_cmd(log: Annotated[str, typer.Argument(metavar="LOG", help="JSONL log of prompts (and responses), in order.")],
                threshold: ThresholdOpt = 0.9,
-               field: Annotated[str, typer.Option("--field", metavar="PATH", help="Prompt field (dotted); chat logs use the last "
-                                                                  "user message.")] = "prompt",
-               response_field: Annotated[str, typer.Option("--response-field", metavar="PATH",
+               field: Annotated[str, typer.Option("--prompt-field", "--field", metavar="FIELD",
+                                                  help="Prompt field (dotted); chat logs use the last user message. "
+                                                       "--field is the older name.")] = "prompt",
+               response_field: Annotated[str, typer.Option("--response-field", metavar="FIELD",
                                                            help="Response field (dotted), to count hits that would "
                                                                 "have served another answer.")] = "response",
                model: ModelOpt = None, threads: ThreadsOpt = None, fmt: FormatOpt = Format.text) -> None:
@@ -233,7 +235,8 @@ def replay_cmd(log: Annotated[str, typer.Argument(metavar="LOG", help="JSONL log
 @app.command("dupes")
 @handle_errors
 def dupes_cmd(log: Annotated[str, typer.Argument(metavar="LOG", help="JSONL log.")],
-              field: Annotated[str, typer.Option("--field", metavar="PATH", help="Prompt field (dotted).")] = "prompt",
+              field: Annotated[str, typer.Option("--prompt-field", "--field", metavar="FIELD",
+                                                 help="Prompt field (dotted). --field is the older name.")] = "prompt",
               normalize: Annotated[Normalize, typer.Option("--normalize", case_sensitive=False,
                                                            help="none (bytes as they are), whitespace (runs of "
                                                                 "whitespace as one space, trimmed) or case (that and "

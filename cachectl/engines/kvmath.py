@@ -554,6 +554,14 @@ def resolve_model(spec: str) -> tuple[dict, str, dict | None]:
 
     close = difflib.get_close_matches(key, list(models), n=3, cutoff=0.5)
     hint = f"close catalog names: {', '.join(close)}; " if close else f"catalog: {', '.join(models)}; "
+    from .pricing import PriceTable, UnknownModelError
+
+    try:
+        PriceTable.load().lookup(spec)
+        hint = (f"{spec!r} is a provider model of the price table (prompt-cost and lint take it as --model), while "
+                f"this needs a model architecture; {hint}")
+    except UnknownModelError:
+        pass
     raise UsageError(f"model {spec!r} is not a local path, a catalog name or a Hugging Face id in the local cache "
                      f"({hint}cachectl never downloads: pass a model directory, its config.json or a .gguf)")
 
@@ -679,7 +687,7 @@ def inspect_config(config: dict, *, model: str, source: str, dtype: str = "bf16"
     rows = []
     for tokens in contexts:
         if not 1 <= tokens <= MAX_CONTEXT:
-            raise UsageError(f"--context values must be between 1 and {MAX_CONTEXT:,} tokens, got {str(tokens)[:30]}")
+            raise UsageError(f"`contexts` values must be between 1 and {MAX_CONTEXT:,} tokens, got {str(tokens)[:30]}")
         one = kv_bytes(groups, tokens)
         fit = int(budget // one) if budget is not None and one else None
         decode = None

@@ -247,6 +247,11 @@ class PriceTable:
             return self.models[max(candidates, key=len)]
         close = difflib.get_close_matches(bare, list(self.models), n=4, cutoff=0.5)
         hint = f"; close names: {', '.join(close)}" if close else ""
+        from .kvmath import catalog
+
+        if name.lower() in catalog():
+            hint += (f"; {name!r} is a model architecture of kv-inspect's catalog, while this option names a "
+                     "provider model to price")
         raise UnknownModelError(f"unknown model {name!r}{hint} (see the price table with `list_models`, or add "
                                 "the model with `prices`)")
 
