@@ -173,11 +173,19 @@ def command(
 
     def read(label: str, session_fields: tuple = ()):
         """The trace's requests, streamed (one read)."""
-        records = prefix.trace_records(trace)
+        from ..inputs import parquet
+
+        columnar = parquet.is_parquet(trace)
+        if columnar:  # the same rows as JSONL lines would give, read a batch at a time
+            records = parquet.parquet_records(trace, parquet.trace_columns(salt_field, tenant_field, *session_fields))
+        else:
+            records = prefix.trace_records(trace)
         requests = prefix.iter_trace(records, source=name, tokenizer=tok, salt_field=salt_field,
                                      tenant_field=tenant_field, hash_block_size=hash_block_size, no_salt=no_salt,
                                      as_kind=as_kind.value if as_kind else None,
                                      add_generation_prompt=not no_generation_prompt, session_fields=session_fields)
+        if columnar:
+            requests = parquet.located_rows(requests, name)
         with Progress(label) as progress:
             for r in requests:
                 progress.advance()
