@@ -230,7 +230,7 @@ def test_cli_router_all_json_and_table(cli, write):
     (["--replicas", "2", "--curve"], "drop --sweep-*"),
     (["--cpu-offload-gib", "1"], "--cpu-offload-gib needs --model"),
     (["--replicas", "2", "--gpu", "H100"], "--gpu needs --model"),
-    (["--replicas", "2", "--cpu-offload-blocks", "4", "--concurrency", "2"], "requests one at a time"),
+    (["--replicas", "2", "--cpu-offload-blocks", "4", "--policy", "radix"], "sits below vLLM's block pool"),
     (["--gpu", "H100"], "add --replicas"),
     (["--replicas", "2", "--cache-threshold", "1.5"], "--cache-threshold must be between 0 and 1"),
     (["--replicas", "2", "--cpu-offload-gib", "-1", "--model", "llama-3.1-8b"], "--cpu-offload-gib must be positive"),
