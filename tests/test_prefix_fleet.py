@@ -286,11 +286,16 @@ def test_cli_worth_and_offload_json(cli, write, tmp_path):
     assert gpu_only["worth"]["attention_flops"] == 2 * 2 * 4 * 16 * gpu_only["hit_square_sum"]
 
 
-def test_jobs_give_the_same_numbers():
+@pytest.mark.parametrize("routers, extra", [
+    (["round-robin", "cache-aware"], {}),                           # a task per router
+    (["cache-aware"], {"cpu_offload_blocks": 100, "concurrency": 2}),  # a task per replica
+    (["prefix-hash", "random", "least-loaded"], {"policy": "radix", "warmup": 20}),
+])
+def test_jobs_give_the_same_numbers(routers, extra):
     reqs = rag()
-    one = simulate_fleet(reqs, replicas=3, routers=["round-robin", "cache-aware"], capacity_blocks=200)
-    two = simulate_fleet(reqs, replicas=3, routers=["round-robin", "cache-aware"], capacity_blocks=200, jobs=2)
-    assert one == two
+    one = simulate_fleet(reqs, replicas=3, routers=routers, capacity_blocks=200, **extra)
+    two = simulate_fleet(reqs, replicas=3, routers=routers, capacity_blocks=200, jobs=2, **extra)
+    assert one == two and one.results[0].hit_tokens > 0
 
 
 def test_cli_session_field_named_and_default_order(cli, write):

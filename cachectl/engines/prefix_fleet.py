@@ -213,8 +213,10 @@ def stateless_router(router: str, *, replicas: int, block_size: int = 16, seed: 
 def route(requests: Sequence[TraceRequest], *, replicas: int, router: str, block_size: int = 16,
           hash_fn: str = "builtin", concurrency: int = 1, decode_s_per_token: float = 0.02, seed: int = 0,
           prefix_blocks: int = 4, params: CacheAwareParams = CacheAwareParams(),
-          source: str = "", session_fields: Sequence[str] = SESSION_FIELDS) -> tuple[list[int], dict]:
-    """The replica of each request, and counts of how the router decided (cache-aware)."""
+          source: str = "", session_fields: Sequence[str] = SESSION_FIELDS,
+          keys: Sequence[Sequence] | None = None) -> tuple[list[int], dict]:
+    """The replica of each request, and counts of how the router decided (cache-aware). ``keys``: each
+    request's block keys, when they are already computed (at ``block_size``)."""
     if router not in ROUTERS:
         raise UsageError(f"unknown router {router!r}; choose one of {', '.join(ROUTERS)} (or all)")
     if replicas < 1:
@@ -231,7 +233,7 @@ def route(requests: Sequence[TraceRequest], *, replicas: int, router: str, block
     trees: list[OrderedDict] = [OrderedDict() for _ in range(replicas)]
     max_keys = max(0, params.max_tree_tokens // block_size)
     next_evict = params.eviction_interval_s
-    for req in requests:
+    for i, req in enumerate(requests):
         t = req.timestamp if req.timestamp is not None else clock
         clock = max(clock, t)
         load = loads.at(clock)
@@ -245,7 +247,7 @@ def route(requests: Sequence[TraceRequest], *, replicas: int, router: str, block
                             tree.popitem(last=False)
                     next_evict += params.eviction_interval_s
             bs = req.hash_block_size if req.hash_ids is not None else block_size
-            keys = request_keys(req, bs, hash_fn)
+            req_keys = keys[i] if keys is not None and bs == block_size else request_keys(req, bs, hash_fn)
             hi, lo = max(load), min(load)
             if hi - lo > params.balance_abs_threshold and hi > lo * params.balance_rel_threshold:
                 r = load.index(lo)
@@ -254,7 +256,7 @@ def route(requests: Sequence[TraceRequest], *, replicas: int, router: str, block
                 matched = []
                 for tree in trees:
                     m = 0
-                    for k in keys:
+                    for k in req_keys:
                         if k not in tree:
                             break
                         m += 1
@@ -269,7 +271,7 @@ def route(requests: Sequence[TraceRequest], *, replicas: int, router: str, block
                     r = sizes.index(min(sizes))
                     decisions["smallest_tree"] += 1
             tree = trees[r]
-            for k in reversed(keys):      # the deepest first, so that LRU pruning takes leaves first
+            for k in reversed(req_keys):  # the deepest first, so that LRU pruning takes leaves first
                 tree[k] = None
                 tree.move_to_end(k)
         loads.add(r, clock, req.output_tokens * decode_s_per_token)
@@ -394,17 +396,47 @@ def _replay_other(requests: Sequence[TraceRequest], kw: dict) -> dict:
     return t
 
 
-#: what forked workers inherit: the trace, its keys (vllm) and the tasks; only an index crosses the pipe
+#: what forked workers inherit: the trace, its keys (vllm) and the tasks; only an index or a router name goes to
+#: a worker, and a few counters come back
 _SHARED: dict = {}
 
 
 def _replay_task(i: int) -> dict:
-    requests, keys, tasks = _SHARED["requests"], _SHARED["keys"], _SHARED["tasks"]
-    positions, kw = tasks[i]
+    requests, keys, kw = _SHARED["requests"], _SHARED["keys"], _SHARED["kw"]
+    positions = _SHARED["tasks"][i]
     if keys is not None:
         return _replay_vllm(((p, requests[p], keys[p]) for p in positions), kw)
     share = [requests[p] for p in positions]
     return _replay_other(share, {**kw, "warmup": sum(1 for p in positions if p < kw["warmup"])})
+
+
+def _route_and_replay(router: str) -> tuple[dict, list[dict]]:
+    requests, keys, kw = _SHARED["requests"], _SHARED["keys"], _SHARED["kw"]
+    assign, decisions = route(requests, router=router, keys=keys, **_SHARED["route_kw"])
+    shares: list[list[int]] = [[] for _ in range(_SHARED["route_kw"]["replicas"])]
+    for i, r in enumerate(assign):
+        shares[r].append(i)
+    if keys is not None:
+        return decisions, [_replay_vllm(((p, requests[p], keys[p]) for p in share), kw) for share in shares]
+    return decisions, [_replay_other([requests[p] for p in share],
+                                     {**kw, "warmup": sum(1 for p in share if p < kw["warmup"])}) for share in shares]
+
+
+def _in_processes(fn: Callable, items: list, jobs: int) -> list:
+    """``fn`` over ``items`` in ``jobs`` forked processes, which inherit :data:`_SHARED` (nothing big is
+    pickled); the collector is frozen first, so that the children do not touch (and so copy) the parent's
+    pages."""
+    import gc
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    gc.freeze()
+    try:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(items)),
+                                 mp_context=multiprocessing.get_context("fork")) as ex:
+            return list(ex.map(fn, items))
+    finally:
+        gc.unfreeze()
 
 
 def replay_partition(path: str, kw: dict) -> dict:
@@ -519,39 +551,31 @@ def simulate_fleet(requests: Sequence[TraceRequest], *, replicas: int, routers: 
     kw = dict(policy=policy, block_size=block_size, capacity_blocks=capacity_blocks, hash_fn=hash_fn,
               concurrency=concurrency, decode_s_per_token=decode_s_per_token, source=source,
               cpu_blocks=cpu_offload_blocks, warmup=warmup)
-    plans = []
-    tasks = []
-    for router in routers:
-        assign, decisions = route(requests, replicas=replicas, router=router, block_size=block_size, hash_fn=hash_fn,
-                                  concurrency=concurrency, decode_s_per_token=decode_s_per_token, seed=seed,
-                                  prefix_blocks=prefix_blocks, params=params, source=source,
-                                  session_fields=session_fields)
-        shares: list[list[int]] = [[] for _ in range(replicas)]
-        for i, r in enumerate(assign):
-            shares[r].append(i)
-        plans.append((router, decisions))
-        tasks.extend((share, kw) for share in shares)
+    route_kw = dict(replicas=replicas, block_size=block_size, hash_fn=hash_fn, concurrency=concurrency,
+                    decode_s_per_token=decode_s_per_token, seed=seed, prefix_blocks=prefix_blocks, params=params,
+                    source=source, session_fields=session_fields)
     keys = [request_keys(r, block_size, hash_fn) for r in requests] if policy == "vllm" else None
-    _SHARED.update(requests=requests, keys=keys, tasks=tasks)
+    _SHARED.update(requests=requests, keys=keys, kw=kw, route_kw=route_kw)
     try:
-        if jobs > 1 and len(tasks) > 1:
-            import gc
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
-            gc.freeze()    # the children inherit the trace: keep the collector from touching (copying) its pages
-            try:
-                with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as ex:
-                    outs = list(ex.map(_replay_task, range(len(tasks))))
-            finally:
-                gc.unfreeze()
-        else:
-            outs = list(map(_replay_task, range(len(tasks))))
+        if jobs > 1 and len(routers) >= jobs:     # a task per router: its routing and its replicas' replays
+            planned = _in_processes(_route_and_replay, list(routers), jobs)
+        else:                                     # routing here, a task per (router, replica)
+            plans = [route(requests, router=router, keys=keys, **route_kw) for router in routers]
+            tasks = []
+            for assign, _ in plans:
+                shares: list[list[int]] = [[] for _ in range(replicas)]
+                for i, r in enumerate(assign):
+                    shares[r].append(i)
+                tasks.extend(shares)
+            _SHARED["tasks"] = tasks
+            outs = (_in_processes(_replay_task, list(range(len(tasks))), jobs) if jobs > 1 and len(tasks) > 1
+                    else list(map(_replay_task, range(len(tasks)))))
+            planned = [(d, outs[k * replicas:(k + 1) * replicas]) for k, (_, d) in enumerate(plans)]
     finally:
         _SHARED.clear()
-    results = [_result(router, decisions, outs[k * replicas:(k + 1) * replicas], block_size=block_size,
-                       cpu_offload_blocks=cpu_offload_blocks, bytes_per_token=bytes_per_token, link_gbps=link_gbps)
-               for k, (router, decisions) in enumerate(plans)]
+    results = [_result(router, decisions, per, block_size=block_size, cpu_offload_blocks=cpu_offload_blocks,
+                       bytes_per_token=bytes_per_token, link_gbps=link_gbps)
+               for router, (decisions, per) in zip(routers, planned)]
     notes = list(notes)
     if any(r in ("least-loaded", "cache-aware") for r in routers) and all(q.timestamp is None for q in requests):
         notes.append("the trace has no timestamps: every request arrives at time 0, so loads only grow "
@@ -590,7 +614,9 @@ def simulate_partitions(paths: Sequence[str], manifest: dict, *, policy: str = "
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
+        # forked: the parent holds nothing big (each worker reads its own partition) and runs no threads
+        with ProcessPoolExecutor(max_workers=min(jobs, len(paths)),
+                                 mp_context=multiprocessing.get_context("fork")) as ex:
             outs = list(ex.map(replay_partition, paths, repeat(kw)))
     else:
         outs = [replay_partition(p, kw) for p in paths]
