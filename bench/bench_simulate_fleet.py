@@ -3,15 +3,16 @@
 Generates the chat-like trace of `bench_simulate_prefix.py` (default 2,400 requests, 3.1M tokens), then times,
 interleaved, process start included, median of --runs, checking that each pair prints the same numbers:
 
-1. `--replicas 4 --router all` on the JSONL trace, --jobs 1 vs 2. The trace is parsed and keyed once in the
-   parent (sequential); with --jobs 2 each forked worker routes and replays whole routers.
-2. The same trace routed once by session into 4 Parquet partitions (`--partition-dir`, with pyarrow), then
-   replayed with --jobs 1 vs 2: each worker reads, keys and replays its own partitions, so parsing is
+1. `--replicas 4 --router all` on the JSONL trace (5 routers: the trace has no sessions), --jobs 1 vs
+   --jobs J. The trace is parsed and keyed once in the parent (sequential); with J <= 5 each forked worker
+   routes and replays whole routers.
+2. The same trace routed once by prefix-hash into 4 Parquet partitions (`--partition-dir`, with pyarrow),
+   then replayed with --jobs 1 vs J: each worker reads, keys and replays its own partitions, so parsing is
    spread too.
-3. With `--ray` (ray installed): the partitions as Ray tasks on a local Ray with 2 CPUs (Ray's start-up
-   included), against the --jobs 1 replay.
+3. With ray installed: the partitions as Ray tasks on a local Ray with J CPUs (Ray's start-up included),
+   against the --jobs 1 replay.
 
-    python bench/bench_simulate_fleet.py [--requests 2400] [--runs 5] [--policy vllm|radix]
+    python bench/bench_simulate_fleet.py [--requests 2400] [--runs 5] [--jobs 2] [--policy vllm|radix]
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def main() -> None:
     ap.add_argument("--capacity-blocks", type=int, default=5000)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--policy", default="vllm", help="vllm (replays in C, little to spread) or radix")
+    ap.add_argument("--jobs", type=int, default=2, help="the --jobs timed against --jobs 1")
     ap.add_argument("--no-ray", action="store_true", help="skip the Ray pair even if ray is installed")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -62,24 +64,25 @@ def main() -> None:
         print(f"{args.requests} requests, policy {args.policy}, {args.runs} runs, cpus {os.cpu_count()}, "
               f"load average {os.getloadavg()[0]:.1f} before the runs")
         _pair("JSONL, 4 replicas x 6 routers", cli + [str(trace), "--replicas", "4", "--router", "all"] + replay,
-              args.runs, ["--jobs", "2"])
+              args.runs, ["--jobs", str(args.jobs)])
         try:
             import pyarrow  # noqa: F401
         except ImportError:
             print("partitions: skipped (pyarrow is not installed)")
             return
         parts = Path(tmp) / "parts"
-        subprocess.run(cli + [str(trace), "--replicas", "4", "--router", "session", "--partition-dir", str(parts)],
+        subprocess.run(cli + [str(trace), "--replicas", "4", "--router", "prefix-hash", "--partition-dir", str(parts)],
                        check=True, capture_output=True, cwd=ROOT, env=ENV)
-        _pair("Parquet partitions, 4 replicas (session)", cli + [str(parts)] + replay, args.runs, ["--jobs", "2"])
+        _pair("Parquet partitions, 4 replicas (prefix-hash)", cli + [str(parts)] + replay, args.runs,
+              ["--jobs", str(args.jobs)])
         try:
             import ray  # noqa: F401
         except ImportError:
             print("ray: skipped (ray is not installed)")
             return
         if not args.no_ray:
-            _pair("Parquet partitions on a local Ray (2 CPUs, start-up included)", cli + [str(parts)] + replay,
-                  max(1, args.runs // 2), ["--ray", "--jobs", "2"])
+            _pair(f"Parquet partitions on a local Ray ({args.jobs} CPUs, start-up included)",
+                  cli + [str(parts)] + replay, max(1, args.runs // 2), ["--ray", "--jobs", str(args.jobs)])
         print(f"load average {os.getloadavg()[0]:.1f} after the runs (other work on the machine shares the cores)")
 
 

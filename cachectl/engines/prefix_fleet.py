@@ -2,7 +2,7 @@
 
 Every router here decides from what a router sees (the request, its arrival, the requests it sent where),
 never from the replicas' true cache contents, so a trace is routed once, up front, and each replica then
-replays its share through the exact single-instance engine (:func:`cachectl.engines.prefix.simulate`).
+replays its share through the exact pools of the single-instance engine (:mod:`cachectl.engines.prefix`).
 With one replica every router sends everything to replica 0: today's numbers, exactly.
 
 Routers:
@@ -27,7 +27,8 @@ grow and least-loaded degenerates to round-robin.
 Offload tier (``cpu_offload_blocks``): below each replica's GPU pool, an LRU of block keys filled by the keys
 the GPU pool evicts; on admission the GPU prefix is looked up first, then the lookup continues in the CPU
 tier from the first GPU miss (a CPU hit is read back: the GPU pool then holds those blocks exactly as if
-they had been recomputed, so GPU hits are unchanged by the tier). Requests one at a time only.
+they had been recomputed, so GPU hits are unchanged by the tier). With requests in flight the GPU pool is
+vLLM's ref-counted pool and the tier watches it the same way.
 """
 
 from __future__ import annotations
@@ -551,9 +552,10 @@ def simulate_fleet(requests: Sequence[TraceRequest], *, replicas: int, routers: 
     kw = dict(policy=policy, block_size=block_size, capacity_blocks=capacity_blocks, hash_fn=hash_fn,
               concurrency=concurrency, decode_s_per_token=decode_s_per_token, source=source,
               cpu_blocks=cpu_offload_blocks, warmup=warmup)
-    route_kw = dict(replicas=replicas, block_size=block_size, hash_fn=hash_fn, concurrency=concurrency,
-                    decode_s_per_token=decode_s_per_token, seed=seed, prefix_blocks=prefix_blocks, params=params,
-                    source=source, session_fields=session_fields)
+    route_kw: dict[str, Any] = dict(replicas=replicas, block_size=block_size, hash_fn=hash_fn,
+                                    concurrency=concurrency, decode_s_per_token=decode_s_per_token, seed=seed,
+                                    prefix_blocks=prefix_blocks, params=params, source=source,
+                                    session_fields=session_fields)
     keys = [request_keys(r, block_size, hash_fn) for r in requests] if policy == "vllm" else None
     _SHARED.update(requests=requests, keys=keys, kw=kw, route_kw=route_kw)
     try:
