@@ -63,7 +63,7 @@ def main() -> None:
         replay = ["--capacity-blocks", str(args.capacity_blocks), "--policy", args.policy, "--format", "json"]
         print(f"{args.requests} requests, policy {args.policy}, {args.runs} runs, cpus {os.cpu_count()}, "
               f"load average {os.getloadavg()[0]:.1f} before the runs")
-        _pair("JSONL, 4 replicas x 6 routers", cli + [str(trace), "--replicas", "4", "--router", "all"] + replay,
+        _pair("JSONL, 4 replicas, --router all (5 routers)", cli + [str(trace), "--replicas", "4", "--router", "all"] + replay,
               args.runs, ["--jobs", str(args.jobs)])
         try:
             import pyarrow  # noqa: F401

@@ -474,14 +474,14 @@ def test_partition_dir_must_be_new_or_empty_and_ray_needs_partitions(cli, tmp_pa
 
 
 def test_partitions_replayed_as_ray_tasks_in_a_local_ray(cli, tmp_path):
-    """Ray's own API (ray.remote, ray.get) on a local one-CPU Ray: the numbers of one process."""
+    """Ray's own API (ray.remote, ray.get) on a local two-CPU Ray: the numbers of one process."""
     pytest.importorskip("pyarrow")
     pytest.importorskip("ray")
     trace = FIXTURES / "traces" / "fleet.jsonl"
     parts, _ = _partition(cli, tmp_path, trace, "--replicas", "4", "--router", "session")
     args = ["--capacity-blocks", "100", "--cpu-offload-blocks", "300", "--concurrency", "2", "-f", "json"]
     one = json.loads(cli("simulate-prefix", trace, "--replicas", "4", "--router", "session", *args).stdout)
-    r = cli("simulate-prefix", parts, *args, "--ray", "--jobs", "1", env={"RAY_ADDRESS": ""})
+    r = cli("simulate-prefix", parts, *args, "--ray", "--jobs", "2", env={"RAY_ADDRESS": ""})
     assert r.exit_code == 0, r.stderr
     ray_run = json.loads(r.stdout)
     assert ray_run["results"] == one["results"] and "as Ray tasks" in ray_run["notes"][0]

@@ -635,7 +635,8 @@ def simulate_partitions(paths: Sequence[str], manifest: dict, *, policy: str = "
 
 def _on_ray(paths: Sequence[str], kw: dict, address: str | None, jobs: int) -> list[dict]:
     """One Ray task per partition (``ray.remote`` / ``ray.get``); Ray schedules them. Without an address (and
-    without ``RAY_ADDRESS``) a local Ray instance is started for the run, with ``jobs`` CPUs."""
+    without ``RAY_ADDRESS``) a local Ray instance is started for the run, with ``jobs`` CPUs when ``jobs`` > 1,
+    else all of them."""
     import logging
     import os
 
@@ -652,7 +653,7 @@ def _on_ray(paths: Sequence[str], kw: dict, address: str | None, jobs: int) -> l
         if address:
             init["address"] = address
         else:
-            init.update(num_cpus=jobs, include_dashboard=False)
+            init.update(num_cpus=jobs if jobs > 1 else None, include_dashboard=False)
         ray.init(**init)
         started = True
     try:
