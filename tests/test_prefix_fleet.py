@@ -146,6 +146,24 @@ def test_cache_aware_prunes_trees_by_trace_time():
     assert route(reqs, replicas=2, router="cache-aware", block_size=16, params=never)[0] == [0, 1, 1]
 
 
+def test_cache_aware_pruning_at_epoch_timestamps_is_one_step():
+    """Unix-epoch timestamps (1.7e9 s) once meant 57 million due prunings, one by one, before the first
+    request; the prunings due between two requests are now one (the same trees) and the grid is kept."""
+    import time
+
+    a = list(range(80))
+    t0 = 1_700_000_000.0
+    reqs = [req(0, list(range(500, 516)), ts=t0), req(1, a, ts=t0 + 1), req(2, a[:64] + [2] * 16, ts=t0 + 100)]
+    pruned = CacheAwareParams(eviction_interval_s=30, max_tree_tokens=16)
+    start = time.perf_counter()
+    assert route(reqs, replicas=2, router="cache-aware", block_size=16, params=pruned)[0] == [0, 1, 0]
+    assert time.perf_counter() - start < 1.0
+    # t0 + 1 and t0 + 29 fall between the same two grid points (multiples of 30 s): no pruning between them
+    same = [req(0, list(range(500, 516)), ts=30 * 10 ** 7 + 1), req(1, a, ts=30 * 10 ** 7 + 2),
+            req(2, a[:64] + [2] * 16, ts=30 * 10 ** 7 + 29)]
+    assert route(same, replicas=2, router="cache-aware", block_size=16, params=pruned)[0] == [0, 1, 1]
+
+
 # ------------------------------------------------------------------------------------------ the CPU tier
 
 

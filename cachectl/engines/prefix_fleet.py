@@ -242,11 +242,14 @@ def route(requests: Sequence[TraceRequest], *, replicas: int, router: str, block
             r = load.index(min(load))
         else:
             if params.eviction_interval_s > 0:
-                while clock >= next_evict:
+                if clock >= next_evict:   # prunings due since the last request: one does what they all would
                     for tree in trees:
                         while len(tree) > max_keys:
                             tree.popitem(last=False)
-                    next_evict += params.eviction_interval_s
+                    missed = (clock - next_evict) // params.eviction_interval_s
+                    next_evict += (missed + 1) * params.eviction_interval_s
+                    if next_evict <= clock:   # float rounding at large times
+                        next_evict = clock + params.eviction_interval_s
             bs = req.hash_block_size if req.hash_ids is not None else block_size
             req_keys = keys[i] if keys is not None and bs == block_size else request_keys(req, bs, hash_fn)
             hi, lo = max(load), min(load)
