@@ -146,6 +146,24 @@ def test_cache_aware_prunes_trees_by_trace_time():
     assert route(reqs, replicas=2, router="cache-aware", block_size=16, params=never)[0] == [0, 1, 1]
 
 
+def test_cache_aware_pruning_at_epoch_timestamps_is_one_step():
+    """Unix-epoch timestamps (1.7e9 s) once meant 57 million due prunings, one by one, before the first
+    request; the prunings due between two requests are now one (the same trees) and the grid is kept."""
+    import time
+
+    a = list(range(80))
+    t0 = 1_700_000_000.0
+    reqs = [req(0, list(range(500, 516)), ts=t0), req(1, a, ts=t0 + 1), req(2, a[:64] + [2] * 16, ts=t0 + 100)]
+    pruned = CacheAwareParams(eviction_interval_s=30, max_tree_tokens=16)
+    start = time.perf_counter()
+    assert route(reqs, replicas=2, router="cache-aware", block_size=16, params=pruned)[0] == [0, 1, 0]
+    assert time.perf_counter() - start < 1.0
+    # t0 + 1 and t0 + 29 fall between the same two grid points (multiples of 30 s): no pruning between them
+    same = [req(0, list(range(500, 516)), ts=30 * 10 ** 7 + 1), req(1, a, ts=30 * 10 ** 7 + 2),
+            req(2, a[:64] + [2] * 16, ts=30 * 10 ** 7 + 29)]
+    assert route(same, replicas=2, router="cache-aware", block_size=16, params=pruned)[0] == [0, 1, 1]
+
+
 # ------------------------------------------------------------------------------------------ the CPU tier
 
 
@@ -230,7 +248,7 @@ def test_cli_router_all_json_and_table(cli, write):
     (["--replicas", "2", "--curve"], "drop --sweep-*"),
     (["--cpu-offload-gib", "1"], "--cpu-offload-gib needs --model"),
     (["--replicas", "2", "--gpu", "H100"], "--gpu needs --model"),
-    (["--replicas", "2", "--cpu-offload-blocks", "4", "--concurrency", "2"], "requests one at a time"),
+    (["--replicas", "2", "--cpu-offload-blocks", "4", "--policy", "radix"], "sits below vLLM's block pool"),
     (["--gpu", "H100"], "add --replicas"),
     (["--replicas", "2", "--cache-threshold", "1.5"], "--cache-threshold must be between 0 and 1"),
     (["--replicas", "2", "--cpu-offload-gib", "-1", "--model", "llama-3.1-8b"], "--cpu-offload-gib must be positive"),
@@ -286,11 +304,16 @@ def test_cli_worth_and_offload_json(cli, write, tmp_path):
     assert gpu_only["worth"]["attention_flops"] == 2 * 2 * 4 * 16 * gpu_only["hit_square_sum"]
 
 
-def test_jobs_give_the_same_numbers():
+@pytest.mark.parametrize("routers, extra", [
+    (["round-robin", "cache-aware"], {}),                           # a task per router
+    (["cache-aware"], {"cpu_offload_blocks": 100, "concurrency": 2}),  # a task per replica
+    (["prefix-hash", "random", "least-loaded"], {"policy": "radix", "warmup": 20}),
+])
+def test_jobs_give_the_same_numbers(routers, extra):
     reqs = rag()
-    one = simulate_fleet(reqs, replicas=3, routers=["round-robin", "cache-aware"], capacity_blocks=200)
-    two = simulate_fleet(reqs, replicas=3, routers=["round-robin", "cache-aware"], capacity_blocks=200, jobs=2)
-    assert one == two
+    one = simulate_fleet(reqs, replicas=3, routers=routers, capacity_blocks=200, **extra)
+    two = simulate_fleet(reqs, replicas=3, routers=routers, capacity_blocks=200, jobs=2, **extra)
+    assert one == two and one.results[0].hit_tokens > 0
 
 
 def test_cli_session_field_named_and_default_order(cli, write):
@@ -317,3 +340,166 @@ def test_one_replica_reproduces_the_other_policies(policy):
     for r in simulate_fleet(reqs, replicas=1, routers=["round-robin", "cache-aware"], policy=policy,
                             capacity_blocks=cap).results:
         assert (r.requests, r.query_tokens, r.hit_tokens) == (one.requests, one.query_tokens, one.hit_tokens)
+
+
+# ------------------------------------------------------------------ the CPU tier with requests in flight
+
+
+def test_cpu_tier_with_concurrency_keeps_the_gpu_hits_of_the_concurrent_server():
+    reqs = rag()
+    for conc in (2, 5):
+        one = simulate(reqs, capacity_blocks=150, concurrency=conc, decode_s_per_token=0.05)
+        r = simulate_fleet(reqs, replicas=1, routers=["round-robin"], capacity_blocks=150, concurrency=conc,
+                           decode_s_per_token=0.05, cpu_offload_blocks=400).results[0]
+        assert r.gpu_hit_tokens == one.hit_tokens and r.replicas[0].evicted_blocks == one.evicted_blocks
+        assert r.cpu_hit_tokens > 0
+
+
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=40), min_size=1, max_size=25),
+       st.sampled_from([2, 4]), st.integers(0, 6), st.integers(1, 12), st.integers(2, 4))
+@settings(max_examples=100, deadline=None)
+def test_cpu_tier_with_concurrency_but_nothing_in_flight_equals_the_naive_two_tier_reference(trace, bs, extra, cpu,
+                                                                                              conc):
+    # requests without output finish as they arrive: the ref-counted pool then replays them one at a time
+    trace = [t if i == 0 or i % 2 else trace[i // 2] + t for i, t in enumerate(trace)]
+    gpu = max(-(-len(t) // bs) for t in trace) + extra
+    naive = NaiveTiered(gpu, cpu, bs)
+    expected = [naive.run(t) for t in trace]
+    reqs = [req(i, t, out=0) for i, t in enumerate(trace)]
+    r = simulate_fleet(reqs, replicas=1, routers=["round-robin"], block_size=bs, capacity_blocks=gpu,
+                       concurrency=conc, cpu_offload_blocks=cpu).results[0]
+    assert (r.gpu_hit_tokens, r.cpu_hit_tokens) == (sum(g for g, _ in expected), sum(c for _, c in expected))
+
+
+def test_cpu_tier_with_requests_in_flight_hand_checked():
+    # GPU 8 blocks of 4, CPU 8. A (4 blocks, arrives at 0, decodes for 2 s) and B (4 blocks, arrives at 0.1,
+    # done at 0.12), then C (4 new blocks) at 10 s and A again at 11 s.
+    # One at a time: A is freed first, so C evicts A's blocks to the CPU tier and A again reads 12 tokens back
+    # from it (the L - 1 cap leaves the last block), evicting B's blocks in turn.
+    # Two in flight: B finishes before A and is freed first, so C evicts B's blocks instead: A again hits
+    # 12 tokens on the GPU and the CPU tier (B's blocks) is not read.
+    a, b, c = list(range(16)), list(range(100, 116)), list(range(200, 216))
+    reqs = [req(0, a, ts=0.0, out=100), req(1, b, ts=0.1, out=1), req(2, c, ts=10.0), req(3, a, ts=11.0)]
+    kw = dict(replicas=1, routers=["round-robin"], block_size=4, capacity_blocks=8, decode_s_per_token=0.02,
+              cpu_offload_blocks=8)
+    seq = simulate_fleet(reqs, concurrency=1, **kw).results[0]
+    assert (seq.gpu_hit_tokens, seq.cpu_hit_tokens, seq.replicas[0].offloaded_blocks) == (0, 12, 8)
+    par = simulate_fleet(reqs, concurrency=2, **kw).results[0]
+    assert (par.gpu_hit_tokens, par.cpu_hit_tokens) == (12, 0)
+    assert par.gpu_hit_tokens == simulate(reqs, block_size=4, capacity_blocks=8, concurrency=2).hit_tokens
+
+
+# ----------------------------------------------------------------------------------------- per tenant
+
+
+def test_per_tenant_rows_add_up_and_equal_the_single_server_table():
+    reqs = rag()
+    one = simulate(reqs, capacity_blocks=300)
+    fleet = simulate_fleet(reqs, replicas=1, routers=["round-robin"], capacity_blocks=300).results[0]
+    assert {(t.tenant, t.requests, t.query_tokens, t.hit_tokens) for t in fleet.per_tenant} == \
+        {(t.tenant, t.requests, t.query_tokens, t.hit_tokens) for t in one.per_tenant}
+    assert fleet.cross_tenant_shared_blocks == one.cross_tenant_shared_blocks
+    for r in simulate_fleet(reqs, replicas=3, routers=["round-robin", "random", "prefix-hash", "cache-aware"],
+                            capacity_blocks=100,
+                            cpu_offload_blocks=50).results:
+        assert len(r.per_tenant) == len(one.per_tenant) > 1
+        assert sum(t.hit_tokens for t in r.per_tenant) == r.hit_tokens
+        assert sum(t.requests for t in r.per_tenant) == r.requests
+
+
+def test_cli_fleet_tenant_table(cli):
+    r = cli("simulate-prefix", RAG, "--capacity-blocks", "100", "--replicas", "2", "--router", "all")
+    assert r.exit_code == 0, r.stderr
+    assert "round-robin hit rate" in r.stdout and "cross-tenant shared blocks: round-robin 0" in r.stdout
+    plain = cli("simulate-prefix", FIXTURES / "traces" / "mooncake_conv.jsonl", "--block-size", "512",
+                "--capacity-blocks", "100", "--replicas", "2")
+    assert plain.exit_code == 0 and "tenant" not in plain.stdout
+
+
+# ------------------------------------------------------------------------------------------ partitions
+
+
+
+def _partition(cli, tmp_path, trace, *args, name="parts"):
+    out = tmp_path / name
+    r = cli("simulate-prefix", trace, *args, "--partition-dir", out, "-f", "json")
+    assert r.exit_code == 0, r.stderr
+    return out, json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("router, routing, replay", [
+    ("round-robin", [], ["--warmup", "0.3"]),
+    ("random", ["--seed", "7"], ["--concurrency", "3", "--cpu-offload-blocks", "100"]),
+    ("session", [], ["--cpu-offload-blocks", "300", "--jobs", "2"]),
+    ("prefix-hash", ["--prefix-blocks", "2"], ["--policy", "radix", "--capacity-blocks", "300"]),
+])
+def test_partitions_replay_to_the_numbers_of_one_process(cli, tmp_path, router, routing, replay):
+    pytest.importorskip("pyarrow")
+    trace = FIXTURES / "traces" / "fleet.jsonl"
+    route_args = ["--replicas", "4", "--router", router, *routing]
+    replay_args = replay
+    parts, written = _partition(cli, tmp_path, trace, *route_args)
+    assert written["router"] == router and sum(p["requests"] for p in written["partitions"]) == 250
+    one = cli("simulate-prefix", trace, "--capacity-blocks", "100", *route_args, *replay_args, "-f", "json")
+    many = cli("simulate-prefix", parts, "--capacity-blocks", "100", *replay_args, "-f", "json")
+    assert one.exit_code == 0 and many.exit_code == 0, one.stderr + many.stderr
+    a, b = json.loads(one.stdout), json.loads(many.stdout)
+    assert a["results"] == b["results"] and a["results"][0]["hit_tokens"] > 0
+    assert a["warmup_requests"] == b["warmup_requests"]
+
+
+def test_partitions_of_a_parquet_mooncake_trace(cli, tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    src = FIXTURES / "traces" / "mooncake_conv.jsonl"
+    rows = [json.loads(x) for x in open(src, encoding="utf-8")]
+    pq.write_table(pa.Table.from_pylist(rows), str(tmp_path / "mc.parquet"))
+    parts, _ = _partition(cli, tmp_path, tmp_path / "mc.parquet", "--replicas", "3", "--router", "prefix-hash",
+                          "--block-size", "512")
+    args = ["--block-size", "512", "--capacity-blocks", "60", "--concurrency", "2", "-f", "json"]
+    one = json.loads(cli("simulate-prefix", src, "--replicas", "3", "--router", "prefix-hash", *args).stdout)
+    many = json.loads(cli("simulate-prefix", parts, *args).stdout)
+    assert one["results"] == many["results"]
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--replicas", "2", "--router", "cache-aware"], "cache-aware decides from the state its earlier choices left"),
+    (["--replicas", "2", "--router", "least-loaded"], "stays single-process"),
+    (["--router", "session"], "give --replicas N and --router"),
+    (["--replicas", "2", "--router", "round-robin", "--curve"], "--partition-dir writes partitions and replays nothing"),
+])
+def test_partition_dir_refuses(cli, tmp_path, args, expect):
+    pytest.importorskip("pyarrow")
+    r = cli("simulate-prefix", RAG, *args, "--partition-dir", tmp_path / "p")
+    assert r.exit_code == 2 and expect in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_partition_dir_must_be_new_or_empty_and_ray_needs_partitions(cli, tmp_path):
+    pytest.importorskip("pyarrow")
+    parts, _ = _partition(cli, tmp_path, RAG, "--replicas", "2", "--router", "round-robin")
+    again = cli("simulate-prefix", RAG, "--replicas", "2", "--router", "round-robin", "--partition-dir", parts)
+    assert again.exit_code == 2 and "is not empty" in again.stderr
+    r = cli("simulate-prefix", RAG, "--capacity-blocks", "100", "--ray")
+    assert r.exit_code == 2 and "--ray replays trace partitions" in r.stderr
+    r = cli("simulate-prefix", parts, "--capacity-blocks", "100", "--router", "session")
+    assert r.exit_code == 2 and "drop --router and --replicas" in r.stderr
+    r = cli("simulate-prefix", parts, "--capacity-blocks", "100", "--tenant-field", "x")
+    assert r.exit_code == 2 and "apply when it is written" in r.stderr
+    (parts / "replica-00001.parquet").unlink()
+    r = cli("simulate-prefix", parts, "--capacity-blocks", "100")
+    assert r.exit_code == 2 and "partition file replica-00001.parquet is missing" in r.stderr, r.stderr
+
+
+def test_partitions_replayed_as_ray_tasks_in_a_local_ray(cli, tmp_path):
+    """Ray's own API (ray.remote, ray.get) on a local two-CPU Ray: the numbers of one process."""
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("ray")
+    trace = FIXTURES / "traces" / "fleet.jsonl"
+    parts, _ = _partition(cli, tmp_path, trace, "--replicas", "4", "--router", "session")
+    args = ["--capacity-blocks", "100", "--cpu-offload-blocks", "300", "--concurrency", "2", "-f", "json"]
+    one = json.loads(cli("simulate-prefix", trace, "--replicas", "4", "--router", "session", *args).stdout)
+    r = cli("simulate-prefix", parts, *args, "--ray", "--jobs", "2", env={"RAY_ADDRESS": ""})
+    assert r.exit_code == 0, r.stderr
+    ray_run = json.loads(r.stdout)
+    assert ray_run["results"] == one["results"] and "as Ray tasks" in ray_run["notes"][0]

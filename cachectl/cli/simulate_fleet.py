@@ -17,17 +17,59 @@ def links() -> dict:
     return json.loads(resources.files("cachectl.data").joinpath("links.json").read_text(encoding="utf-8"))
 
 
+def write_partitions(*, read, name: str, directory: str, replicas: Optional[int], router: Optional[str],
+                     block_size: int, hash_block_size: int, seed: int, prefix_blocks: int, session_fields: tuple,
+                     fmt: Format) -> None:
+    """Route the trace once, as it streams, and write one Parquet partition per replica (and a manifest)."""
+    from ..engines.prefix_fleet import RING_VNODES, STATELESS_ROUTERS, stateless_router
+    from ..inputs.parquet import PartitionWriter
+
+    if router is None or replicas is None:
+        raise UsageError("--partition-dir routes the trace up front: give --replicas N and --router "
+                         f"{'|'.join(STATELESS_ROUTERS)}")
+    if router not in STATELESS_ROUTERS:
+        raise UsageError(f"--partition-dir routes up front, which only {', '.join(STATELESS_ROUTERS)} can: "
+                         f"{router} decides from the state its earlier choices left (loads, trees), so it "
+                         "stays single-process (run it without --partition-dir)")
+    pick = stateless_router(router, replicas=replicas, block_size=block_size, seed=seed, prefix_blocks=prefix_blocks,
+                            source=name, session_fields=session_fields)
+    writer = PartitionWriter(directory, replicas)
+    n = 0
+    for req in read:
+        writer.add(pick(req), req)
+        n += 1
+    doc = writer.close({"source": name, "router": router, "replicas": replicas, "requests": n,
+                        "block_size": block_size, "hash_block_size": hash_block_size,
+                        "router_params": {"seed": seed, "prefix_blocks": prefix_blocks, "ring_vnodes": RING_VNODES,
+                                          "session_fields": list(session_fields)}})
+    if fmt is Format.json:
+        emit_json({"schema_version": 1, "mode": "partition", "directory": directory, **doc})
+        return
+    stdout.print(f"{n:,} requests of {name} routed by {router} over {replicas} replicas into {directory}:",
+                 soft_wrap=True, markup=False)
+    for p in doc["partitions"]:
+        stdout.print(f"  {p['file']}  {p['requests']:,} requests  {p['prompt_tokens']:,} prompt tokens",
+                     soft_wrap=True, markup=False)
+    stdout.print(f"replay: cachectl simulate-prefix {directory} --capacity-blocks N [--jobs N] [--ray]",
+                 soft_wrap=True, markup=False)
+
+
 def run_fleet(*, read, name: str, replicas: Optional[int], router: Optional[str], block_size: int,
               capacity_blocks: Optional[int], policy: str, hash_fn: str, concurrency: int, decode_s: float,
               warm, seed: int, prefix_blocks: int, params, cpu_offload_gib: Optional[float],
               cpu_offload_blocks: Optional[int], bytes_per_token: Optional[float], link: str, jobs: int,
-              value: Optional[dict], plot: Optional[str], fmt: Format, session_fields: tuple = ()) -> None:
+              value: Optional[dict], plot: Optional[str], fmt: Format, session_fields: tuple = (),
+              partitions: Optional[tuple[list[str], dict]] = None, ray: bool = False,
+              ray_address: Optional[str] = None) -> None:
     from ..engines import prefix_curve
-    from ..engines.prefix_fleet import ROUTERS, SESSION_FIELDS, simulate_fleet
+    from ..engines.prefix_fleet import ROUTERS, SESSION_FIELDS, simulate_fleet, simulate_partitions
 
     routers = list(ROUTERS) if router == "all" else [router or "round-robin"]
     if routers[0] not in ROUTERS:
         raise UsageError(f"--router must be one of {', '.join(ROUTERS)} or all, got {router!r}")
+    if partitions is not None and (router is not None or replicas is not None):
+        raise UsageError("a partition directory was routed when it was written (its manifest says how): drop "
+                         "--router and --replicas")
     if jobs < 1:
         raise UsageError("--jobs must be at least 1")
     if cpu_offload_gib is not None and cpu_offload_blocks is not None:
@@ -50,6 +92,16 @@ def run_fleet(*, read, name: str, replicas: Optional[int], router: Optional[str]
     if link not in table:
         raise UsageError(f"--link must be one of {', '.join(table)}, got {link!r}")
     link_gbps = table[link]["gbps"]
+    if partitions is not None:
+        paths, manifest = partitions
+        report = simulate_partitions(paths, manifest, policy=policy, block_size=block_size,
+                                     capacity_blocks=capacity_blocks, hash_fn=hash_fn, concurrency=concurrency,
+                                     decode_s_per_token=decode_s, cpu_offload_blocks=cpu_offload_blocks,
+                                     bytes_per_token=bytes_per_token, link_gbps=link_gbps,
+                                     warmup=prefix_curve.resolve_warmup(warm, manifest["requests"]), jobs=jobs,
+                                     ray=ray, ray_address=ray_address, source=name)
+        _finish(report, link, link_gbps, value, plot, fmt, table)
+        return
     requests = list(read)
     skip = prefix_curve.resolve_warmup(warm, len(requests))
     notes = []
@@ -63,6 +115,11 @@ def run_fleet(*, read, name: str, replicas: Optional[int], router: Optional[str]
                             cpu_offload_blocks=cpu_offload_blocks, bytes_per_token=bytes_per_token,
                             link_gbps=link_gbps, warmup=skip, jobs=jobs, source=name, notes=notes,
                             session_fields=session_fields or SESSION_FIELDS)
+    _finish(report, link, link_gbps, value, plot, fmt, table)
+
+
+def _finish(report, link: str, link_gbps: float, value: Optional[dict], plot: Optional[str], fmt: Format,
+            table: dict) -> None:
     worth = None
     if value is not None:
         from ..engines.prefix_value import hits_worth
@@ -114,6 +171,7 @@ def _render(report, link: str, link_gbps: float, worth: Optional[dict]) -> None:
                     "" if w["usd"] is None else f"{w['usd']:,.4f}"]
         t.add_row(*row)
     stdout.print(t)
+    _render_tenants(report)
     for r in report.results:
         if r.decisions:
             d = r.decisions
@@ -130,6 +188,24 @@ def _render(report, link: str, link_gbps: float, worth: Optional[dict]) -> None:
                      f"{w['utilization']:.0%} utilization", soft_wrap=True, markup=False)
     for note in report.notes:
         stdout.print(f"note: {note}", soft_wrap=True, markup=False)
+
+
+def _render_tenants(report) -> None:
+    """One row per tenant, the hit rate under each router side by side (tenants: --tenant-field, else salts)."""
+    from rich.table import Table
+
+    results = [r for r in report.results if r.per_tenant]
+    if not results:
+        return
+    t = Table(header_style="bold", box=None, pad_edge=False)
+    for c in ["tenant", "requests", "prompt tokens", *(f"{r.router} hit rate" for r in results)]:
+        t.add_column(c, justify="left" if c == "tenant" else "right")
+    rates = [{s.tenant: s.hit_rate for s in r.per_tenant} for r in results]
+    for s in results[0].per_tenant:
+        t.add_row(str(s.tenant), f"{s.requests:,}", f"{s.query_tokens:,}", *(_pct(m.get(s.tenant)) for m in rates))
+    stdout.print(t)
+    stdout.print("cross-tenant shared blocks: " + ", ".join(f"{r.router} {r.cross_tenant_shared_blocks:,}"
+                                                            for r in results), soft_wrap=True, markup=False)
 
 
 def _gb(n: float) -> str:

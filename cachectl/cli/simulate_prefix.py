@@ -135,6 +135,15 @@ def command(
     utilization: Annotated[float, typer.Option("--utilization", help="With --gpu: share of peak FLOPs prefill "
                                                                       "reaches.")] = 0.4,
     jobs: Annotated[int, typer.Option("--jobs", min=1, help="Fleet: replicas replayed in this many processes.")] = 1,
+    partition_dir: Annotated[Optional[str], typer.Option("--partition-dir", metavar="DIR",
+                                                         help="Route the trace once (--replicas N, --router "
+                                                              "round-robin|random|session|prefix-hash) and write one "
+                                                              "Parquet partition per replica to DIR; replay them with "
+                                                              "TRACE = DIR.")] = None,
+    ray: Annotated[bool, typer.Option("--ray", help="Replay a partition directory on Ray, one task per partition "
+                                                    "(a local Ray unless --ray-address or RAY_ADDRESS).")] = False,
+    ray_address: Annotated[Optional[str], typer.Option("--ray-address", metavar="ADDRESS",
+                                                       help="With --ray: the cluster to connect to.")] = None,
     fmt: FormatOpt = Format.text,
 ) -> None:
     from ..engines import prefix
@@ -173,11 +182,19 @@ def command(
 
     def read(label: str, session_fields: tuple = ()):
         """The trace's requests, streamed (one read)."""
-        records = prefix.trace_records(trace)
+        from ..inputs import parquet
+
+        columnar = parquet.is_parquet(trace)
+        if columnar:  # the same rows as JSONL lines would give, read a batch at a time
+            records = parquet.parquet_records(trace, parquet.trace_columns(salt_field, tenant_field, *session_fields))
+        else:
+            records = prefix.trace_records(trace)
         requests = prefix.iter_trace(records, source=name, tokenizer=tok, salt_field=salt_field,
                                      tenant_field=tenant_field, hash_block_size=hash_block_size, no_salt=no_salt,
                                      as_kind=as_kind.value if as_kind else None,
                                      add_generation_prompt=not no_generation_prompt, session_fields=session_fields)
+        if columnar:
+            requests = parquet.located_rows(requests, name)
         with Progress(label) as progress:
             for r in requests:
                 progress.advance()
@@ -189,7 +206,35 @@ def command(
                                chunk_size=chunk_size, recompute_ratio=recompute_ratio, per_request=keep_rows,
                                source=name, warmup=skip)
 
-    if replicas is not None or router is not None or cpu_offload_gib is not None or cpu_offload_blocks is not None:
+    from ..inputs import parquet as parquet_io
+
+    partitions = None
+    if parquet_io.is_partition_dir(trace):
+        if partition_dir is not None:
+            raise UsageError(f"{name} holds partitions already: --partition-dir takes a trace")
+        if tokenizer or salt_field or tenant_field or session_field or no_salt or as_kind:
+            raise UsageError("a partition directory holds requests as they were read: --tokenizer, --as and the "
+                             "--*-field and --no-salt options apply when it is written")
+        manifest = parquet_io.read_manifest(trace)
+        partitions = (list(parquet_io.partition_paths(trace, manifest)), manifest)
+    elif ray or ray_address:
+        raise UsageError("--ray replays trace partitions: write them first with --partition-dir DIR (and --replicas, "
+                         "--router), then give DIR as the trace")
+    if partition_dir is not None:
+        if sweep_block_size or sweep_capacity or curve or optimal or per_request or plot:
+            raise UsageError("--partition-dir writes partitions and replays nothing: drop --sweep-*, --curve, "
+                             "--optimal, --per-request and --plot")
+        from ..engines.prefix_fleet import SESSION_FIELDS
+        from .simulate_fleet import write_partitions
+
+        fields = (session_field,) if session_field else SESSION_FIELDS
+        write_partitions(read=read("routing", fields if router == "session" else ()), name=name,
+                         directory=partition_dir, replicas=replicas, router=router, block_size=block_size,
+                         hash_block_size=hash_block_size, seed=seed, prefix_blocks=prefix_blocks,
+                         session_fields=fields, fmt=fmt)
+        raise typer.Exit(EXIT_OK)
+    if (partitions is not None or replicas is not None or router is not None or cpu_offload_gib is not None
+            or cpu_offload_blocks is not None):
         if sweep_block_size or sweep_capacity or curve or optimal or per_request:
             raise UsageError("--replicas/--router/--cpu-offload-* replay one capacity: drop --sweep-*, --curve, "
                              "--optimal and --per-request")
@@ -213,7 +258,7 @@ def command(
                   decode_s=decode_ms / 1000.0, warm=warm, seed=seed, prefix_blocks=prefix_blocks, params=params,
                   cpu_offload_gib=cpu_offload_gib, cpu_offload_blocks=cpu_offload_blocks,
                   bytes_per_token=fleet_bpt, link=link, jobs=jobs, value=value, plot=plot, fmt=fmt,
-                  session_fields=fields)
+                  session_fields=fields, partitions=partitions, ray=ray, ray_address=ray_address)
         _generation_note(tok)
         raise typer.Exit(EXIT_OK)
     if gpu is not None or gpu_hour_usd is not None:

@@ -136,6 +136,7 @@ class VllmBlockPool:
         self.in_use = 0
         self.peak_in_use = 0
         self.cross_tenant_hits = 0
+        self.victims: list | None = None    # when a list: keys no block holds any more are appended (offload)
 
     # -- free queue
     def _remove(self, b: int) -> None:
@@ -208,6 +209,8 @@ class VllmBlockPool:
                 del owners[b]
                 if not owners:
                     del self.cached[k]
+                    if self.victims is not None:
+                        self.victims.append(k)
                 key[b] = None
                 self.evicted += 1
             ref[b] = 1

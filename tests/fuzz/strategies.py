@@ -293,3 +293,32 @@ def strings(max_size: int = 40) -> st.SearchStrategy:
 
 
 Strategy = Callable[..., st.SearchStrategy]
+
+
+@st.composite
+def parquet_document(draw, seeds: list) -> bytes:
+    """A Parquet file of rows drawn (and mutated) from ``seeds``, as pyarrow infers their columns, then kept,
+    truncated, flipped or extended at the byte level."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = []
+    for _ in range(draw(st.integers(1, 6))):
+        seed = draw(st.sampled_from(seeds))
+        rows.append(draw(mutated_value(seed)) if draw(st.integers(0, 2)) == 0 else seed)
+    try:
+        table = pa.Table.from_pylist([r if isinstance(r, dict) else {"tokens": r} for r in rows])
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        table = pa.Table.from_pylist([s for s in seeds if isinstance(s, dict)])   # rows pyarrow cannot type
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=draw(st.integers(1, 4)))
+    data = bytearray(sink.getvalue().to_pybytes())
+    action = draw(st.sampled_from(["keep", "keep", "keep", "truncate", "flip", "append"]))
+    pos = draw(st.integers(0, max(0, len(data) - 1)))
+    if action == "truncate":
+        del data[pos:]
+    elif action == "flip" and data:
+        data[pos] ^= draw(st.integers(1, 255))
+    elif action == "append":
+        data += draw(st.binary(max_size=64))
+    return bytes(data)

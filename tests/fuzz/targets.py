@@ -3,6 +3,7 @@ line that reads it."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import tempfile
 from collections.abc import Callable, Sequence
@@ -234,6 +235,14 @@ TARGETS: list[Target] = [
            lambda p: ["simulate-prefix", str(DATA / "trace_small.jsonl"), "--capacity-gib", "0.001",
                       "--model", p, "--format", "json"],
            names=("{path}", str(DATA / "trace_small.jsonl"))),  # a capacity too small for the trace names it
+    *([] if importlib.util.find_spec("pyarrow") is None else [
+        Target("simulate-prefix.parquet", "trace.parquet", lambda z: S.parquet_document(trace_seeds()),
+               lambda p: ["simulate-prefix", p, "--capacity-blocks", "8", "--block-size", "4", "--concurrency", "2",
+                          "--format", "json"]),
+        Target("simulate-prefix.parquet-mooncake", "trace.parquet", lambda z: S.parquet_document(mooncake_seeds()),
+               lambda p: ["simulate-prefix", p, "--capacity-blocks", "16", "--block-size", "16", "--hash-block-size",
+                          "16", "--replicas", "2", "--router", "all", "--cpu-offload-blocks", "4", "--format", "json"]),
+    ]),
     Target("prompt-cost.requests", "requests.jsonl", _jl(request_seeds),
            lambda p: ["prompt-cost", p, "-t", TOK, "--format", "json"]),
     Target("prompt-cost.usage", "responses.jsonl", _jl(usage_seeds),
