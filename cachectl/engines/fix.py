@@ -177,6 +177,9 @@ class CauseGain:
     name: str
     fixes: int
     reused_tokens: int          # pair-reuse tokens gained by this code, applied after the codes before it
+    #: provider cache read tokens and dollars this code gains (same order); None when not simulated
+    provider_read_tokens: int | None = None
+    provider_saved_usd: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -1131,6 +1134,7 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     applied_codes = [c for c in codes if any(f.code == c and f.applied for f in rw.fixes)]
     if options.per_cause and tokenizer is not None and applied_codes:
         prev_reused = before.pair_reused_tokens or 0
+        prev_provider = before.provider
         done: list[str] = []
         order = [c for c in ("FX004", "FX002", "FX003", "FX005", "FX001", "FX006") if c in applied_codes]
         for c in order:
@@ -1140,12 +1144,15 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
             else:
                 step = _Rewriter(lines, grouping, done, options.unsafe, tokenizer, table, options.model).run()
                 step_lines = [_reparse(ln, v) for ln, v in zip(lines, step)]
-                m = measure(step_lines, grouping, tokenizer=tokenizer, table=None, options=options, source=source,
+                m = measure(step_lines, grouping, tokenizer=tokenizer, table=table, options=options, source=source,
                             causes=False)[0]
             reused = m.pair_reused_tokens or 0
+            p0, p1 = prev_provider, m.provider
             per_cause.append(CauseGain(c, FIXES[c][0], sum(1 for f in rw.fixes if f.code == c and f.applied),
-                                       reused - prev_reused))
-            prev_reused = reused
+                                       reused - prev_reused,
+                                       None if p0 is None or p1 is None else p1.cache_read_tokens - p0.cache_read_tokens,
+                                       None if p0 is None or p1 is None else round(p0.cost_usd - p1.cost_usd, 10)))
+            prev_reused, prev_provider = reused, p1
     return FixReport(source=source, requests=len(lines), grouping=grouping, fixes=tuple(rw.fixes), before=before,
                      after=after, per_cause=tuple(per_cause), notes=tuple(notes), output=tuple(values))
 
