@@ -7,8 +7,22 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from ..errors import UsageError
-from .common import (EXIT_FINDING, EXIT_OK, BlockSizeOpt, CapacityBlocksOpt, CapacityGibOpt, Dtype, Format,
-                     FormatOpt, KvCapacity, KvDtypeOpt, TokenizerOpt, emit_json, handle_errors, stdout)
+from .common import (
+    EXIT_FINDING,
+    EXIT_OK,
+    BlockSizeOpt,
+    CapacityBlocksOpt,
+    CapacityGibOpt,
+    Dtype,
+    Format,
+    FormatOpt,
+    KvCapacity,
+    KvDtypeOpt,
+    TokenizerOpt,
+    emit_json,
+    handle_errors,
+    stdout,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engines.fix import FixReport, Measure
@@ -168,7 +182,7 @@ def _money(x: float) -> str:
     return f"${x:,.4f}" if abs(x) < 100 else f"${x:,.2f}"
 
 
-def _render(r: "FixReport", out: Optional[str], changed: int) -> None:
+def _render(r: FixReport, out: Optional[str], changed: int) -> None:
     from rich.table import Table
 
     g = r.grouping
@@ -209,7 +223,7 @@ def _render(r: "FixReport", out: Optional[str], changed: int) -> None:
         stdout.print(f"note: {note}", soft_wrap=True, markup=False)
 
 
-def _render_measures(before: "Measure | None", after: "Measure | None") -> None:
+def _render_measures(before: Measure | None, after: Measure | None) -> None:
     from rich.table import Table
 
     if before is None or after is None:
@@ -232,7 +246,7 @@ def _render_measures(before: "Measure | None", after: "Measure | None") -> None:
         rows.append(("provider cost (uncached)", f"{_money(p.cost_usd)} ({_money(p.uncached_cost_usd)})",
                      f"{_money(q.cost_usd)} ({_money(q.uncached_cost_usd)})"))
     if before.causes or after.causes:
-        def causes(m: "Measure") -> str:
+        def causes(m: Measure) -> str:
             return ", ".join(f"{k} x{n}" for k, n in m.causes.items()) or "none"
 
         rows.append(("diff-tokens causes between consecutive requests", causes(before), causes(after)))
