@@ -445,8 +445,8 @@ class _Rewriter:
                 ids = tok.backend.encode(p.text, add_special_tokens=True).ids
                 if len(ids) > 1 and ids[0] == ids[1] == bos_id:
                     path = p.field_paths[0] if p.field_paths else "prompt"
-                    if self.record("FX004", False, ln, path, f"the prompt text starts with {bos!r} and encoding adds "
-                                   "BOS again: the text's copy is removed", p.text[:len(bos) + 20],
+                    if self.record("FX004", False, ln, path, f"the text starts with {bos!r} and encoding adds BOS "
+                                   "again: the text's copy removed", p.text[:len(bos) + 20],
                                    p.text[len(bos):len(bos) + 20]):
                         _set(self.values[i], path, p.text[len(bos):])
             elif p.kind == "ids" and p.ids is not None and len(p.ids) > 1 and p.ids[0] == p.ids[1] == bos_id:
@@ -485,8 +485,8 @@ class _Rewriter:
                 canon = json.dumps(t, sort_keys=True)
                 if canon in unstable and json.dumps(t) != canon:
                     if self.record("FX002", True, ln, _bp(self.values[i]) + f"tools[{j}]",
-                                   f"tool {_tool_name(t)!r} is sent with its keys in another order in other requests:"
-                                   " serialized with sorted keys", json.dumps(t)[:60], canon[:60]):
+                                   f"tool {_tool_name(t)!r} is sent with its keys in another order elsewhere: keys "
+                                   "sorted", json.dumps(t)[:60], canon[:60]):
                         tools[j] = json.loads(canon)
 
     def tool_order(self) -> None:
@@ -513,8 +513,7 @@ class _Rewriter:
             if want == list(range(len(tools))):
                 continue
             if self.record("FX003", False, ln, _bp(self.values[i]) + "tools",
-                           "the same tools are listed in another order in other requests: put in the order first "
-                           "seen in the log", [_tool_name(t) for t in tools], [_tool_name(tools[j]) for j in want]):
+                           "the same tools are listed in another order elsewhere: put in the order first seen", [_tool_name(t) for t in tools], [_tool_name(tools[j]) for j in want]):
                 body["tools"] = [tools[j] for j in want]
 
     # ------------------------------------------------------------------------------ FX005 reasoning
@@ -570,12 +569,12 @@ class _Rewriter:
                 trial = _with_messages(self.values[i], new_msgs)
                 after_render = self._render_value(i, trial)
                 safe = before_render is not None and before_render == after_render
-                how = ("the chat template's render is unchanged" if safe else
+                how = ("the render is unchanged" if safe else
                        "the model no longer sees it" if before_render is not None else "not proven without a tokenizer")
                 for m in changed:
                     path = _bp(self.values[i]) + f"messages[{m}]"
-                    if self.record("FX005", safe, ln, path, f"the reasoning of assistant message {m} is present in "
-                                   f"some requests of this conversation and absent in others: dropped here ({how})",
+                    if self.record("FX005", safe, ln, path, f"assistant message {m}'s reasoning is sent in some "
+                                   f"requests of the conversation and not in others: dropped ({how})",
                                    _reasoning_of(msgs[m])[:40], ""):
                         self.values[i] = trial
 
@@ -676,8 +675,8 @@ class _Rewriter:
                     _set(_body_of(new_value)[0], slot, new)
                 for slot, _old, _new in edits:
                     self.record("FX001", False, ln, _bp(value) + slot,
-                                f"{', '.join(repr(x) for x in dict.fromkeys(moved))} changes from request to request "
-                                f"inside the cached prefix: moved to {where}", note, where)
+                                f"{', '.join(repr(x) for x in dict.fromkeys(moved))} changes per request inside the "
+                                f"cached prefix: moved to {where}", note, where)
                 if self.allowed(False):
                     self.values[i] = new_value
                     if carried is not None:
@@ -750,9 +749,9 @@ class _Rewriter:
                 msg_carry = None
                 if t not in have:
                     msg_carry = _add_marker(new_body, req.positions[t], ttl, price)
-                desc = f"breakpoint on position {t} ({req.positions[t].path}), the last one the next request repeats"
+                desc = f"breakpoint on {req.positions[t].path}, the last position the next request repeats"
                 if unread:
-                    desc += f"; removed {len(unread)} marker(s) on positions the next request changes"
+                    desc += f"; {len(unread)} marker(s) on positions the next request changes removed"
                 if self.record("FX006", True, ln, _bp(self.values[i]) + (req.positions[t].last_path or req.positions[t].path),
                                desc + f" ({cum[t]:,} tokens, minimum {price.min_cacheable_tokens:,})",
                                [req.positions[j].path for j in have], [req.positions[j].path for j in new]):
@@ -1153,7 +1152,8 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
                                        None if p0 is None or p1 is None else p1.cache_read_tokens - p0.cache_read_tokens,
                                        None if p0 is None or p1 is None else round(p0.cost_usd - p1.cost_usd, 10)))
             prev_reused, prev_provider = reused, p1
-    return FixReport(source=source, requests=len(lines), grouping=grouping, fixes=tuple(rw.fixes), before=before,
+    fixes = tuple(sorted(rw.fixes, key=lambda f: (f.line, CODES.index(f.code))))
+    return FixReport(source=source, requests=len(lines), grouping=grouping, fixes=fixes, before=before,
                      after=after, per_cause=tuple(per_cause), notes=tuple(notes), output=tuple(values))
 
 
