@@ -392,7 +392,7 @@ class _Rewriter:
     """Applies the enabled fix codes to the whole log (a fresh deep copy), recording each fix."""
 
     def __init__(self, lines: Sequence[LogLine], grouping: Grouping, codes: Sequence[str], unsafe: bool,
-                 tokenizer: Any, table: Any, model: str | None):
+                 tokenizer: Any, table: Any, model: str | None, counter: Any = None):
         self.lines = list(lines)
         self.grouping = grouping
         self.codes = set(codes)
@@ -403,6 +403,7 @@ class _Rewriter:
         self.fixes: list[Fix] = []
         self.notes: list[str] = []
         self.values = [copy.deepcopy(ln.value) for ln in lines]
+        self.counter = counter
 
     def allowed(self, safe: bool) -> bool:
         return safe or self.unsafe
@@ -689,7 +690,7 @@ class _Rewriter:
     def breakpoints(self) -> None:
         from .promptcache import tokenizer_counter
 
-        counter = tokenizer_counter(self.tok) if self.tok is not None else None
+        counter = self.counter or (tokenizer_counter(self.tok) if self.tok is not None else None)
         noted = False
         for members in self.members():
             reqs = [self.current(i) for i in members]
@@ -1046,12 +1047,27 @@ def _add_marker(body: dict, p: Any, ttl: str, price: Any) -> tuple[int, str, Any
 # ------------------------------------------------------------------------------------------------ measure
 
 
-def _tokenize(lines: Sequence[LogLine], tokenizer: Any, add_generation_prompt: bool) -> list[Any]:
-    return tokenizer.tokenize_many([ln.prompt for ln in lines], add_generation_prompt=add_generation_prompt)
+def _prompt_key(p: PromptInput) -> str:
+    return json.dumps([p.kind, p.text, p.messages, p.tools, p.ids], ensure_ascii=False, default=str)
+
+
+def _tokenize(lines: Sequence[LogLine], tokenizer: Any, add_generation_prompt: bool,
+              memo: dict | None = None) -> list[Any]:
+    """Tokenized prompts; with ``memo``, a prompt tokenized before (the same content, key order included) is
+    not tokenized again (the before/after and per-fix measures share most lines)."""
+    if memo is None:
+        return tokenizer.tokenize_many([ln.prompt for ln in lines], add_generation_prompt=add_generation_prompt)
+    keys = [_prompt_key(ln.prompt) for ln in lines]
+    todo = {k: ln.prompt for k, ln in zip(keys, lines) if k not in memo}
+    if todo:
+        for k, t in zip(todo, tokenizer.tokenize_many(list(todo.values()), add_generation_prompt=add_generation_prompt)):
+            memo[k] = t
+    return [memo[k] for k in keys]
 
 
 def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = None, table: Any = None,
-            options: FixOptions = FixOptions(), source: str = "", causes: bool = True) -> tuple[Measure, list[str]]:
+            options: FixOptions = FixOptions(), source: str = "", causes: bool = True,
+            memo: dict | None = None, counter: Any = None) -> tuple[Measure, list[str]]:
     """A log measured by the existing engines: the vLLM replay (:func:`cachectl.engines.prefix.simulate`), the
     provider cache (:func:`cachectl.engines.promptcache.simulate_requests`), and the token prefix each request
     shares with the previous one of its conversation (with the diff-tokens cause where they diverge)."""
@@ -1062,7 +1078,7 @@ def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = No
     pair_reused = pair_tokens = None
     cause_count: dict[str, int] = {}
     if tokenizer is not None:
-        toks = _tokenize(lines, tokenizer, options.add_generation_prompt)
+        toks = _tokenize(lines, tokenizer, options.add_generation_prompt, memo)
         trace = [prefix.TraceRequest(index=k, line=ln.line, prompt_tokens=len(t.ids), tokens=list(t.ids),
                                      timestamp=ln.timestamp) for k, (ln, t) in enumerate(zip(lines, toks))]
         policy = "vllm" if options.capacity_blocks is not None else "infinite"
@@ -1088,7 +1104,8 @@ def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = No
     reqs = [ln.request for ln in lines if ln.request is not None]
     skipped = len(lines) - len(reqs)
     if reqs and table is not None:
-        counter = promptcache.tokenizer_counter(tokenizer) if tokenizer is not None else None
+        if counter is None and tokenizer is not None:
+            counter = promptcache.tokenizer_counter(tokenizer)
         try:
             rep = promptcache.simulate_requests(reqs, table=table, source=source, text_counter=counter,
                                                 every=None, token_source="tokenizer")
@@ -1117,15 +1134,23 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     if options.model is not None:
         lines = [_with_model(ln, options.model) for ln in lines]
     grouping = group_sessions(lines, key=options.key, window_s=options.window_s, tokenizer=tokenizer)
-    rw = _Rewriter(lines, grouping, codes, options.unsafe, tokenizer, table, options.model)
+    counter = None
+    if tokenizer is not None:  # one counter (and its cache of position token IDs) for every measure
+        from .promptcache import tokenizer_counter
+
+        counter = tokenizer_counter(tokenizer)
+    rw = _Rewriter(lines, grouping, codes, options.unsafe, tokenizer, table, options.model, counter)
     values = rw.run()
     # (dict equality ignores key order, which FX002 changes: every line is parsed again)
     fixed = [_reparse(ln, v) for ln, v in zip(lines, values)]
     if options.model is not None:
         fixed = [_with_model(ln, options.model) for ln in fixed]
     notes = list(rw.notes)
-    before, n1 = measure(lines, grouping, tokenizer=tokenizer, table=table, options=options, source=source)
-    after, n2 = measure(fixed, grouping, tokenizer=tokenizer, table=table, options=options, source=source)
+    memo: dict = {}
+    before, n1 = measure(lines, grouping, tokenizer=tokenizer, table=table, options=options, source=source, memo=memo,
+                         counter=counter)
+    after, n2 = measure(fixed, grouping, tokenizer=tokenizer, table=table, options=options, source=source, memo=memo,
+                         counter=counter)
     notes += list(dict.fromkeys(n1 + n2))
     if tokenizer is None:
         notes.append("no tokenizer: the vLLM hit rate and the tokens reused per cause need --tokenizer")
@@ -1141,10 +1166,11 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
             if len(done) == len(order):
                 m = after
             else:
-                step = _Rewriter(lines, grouping, done, options.unsafe, tokenizer, table, options.model).run()
+                step = _Rewriter(lines, grouping, done, options.unsafe, tokenizer, table, options.model,
+                                 counter).run()
                 step_lines = [_reparse(ln, v) for ln, v in zip(lines, step)]
                 m = measure(step_lines, grouping, tokenizer=tokenizer, table=table, options=options, source=source,
-                            causes=False)[0]
+                            causes=False, memo=memo, counter=counter)[0]
             reused = m.pair_reused_tokens or 0
             p0, p1 = prev_provider, m.provider
             per_cause.append(CauseGain(c, FIXES[c][0], sum(1 for f in rw.fixes if f.code == c and f.applied),
