@@ -269,3 +269,33 @@ def test_a_tool_loop_gets_a_trailing_system_message_on_openai(tok, table):
     assert msgs[1]["content"] == "find it\n\nClock: 09:00:00"   # the first request's turn, carried
     assert "FX001" in {f.code for f in report.fixes}
     assert any("trailing system message" in f.message for f in report.fixes)
+
+
+def test_an_anthropic_breakpoint_the_next_request_cannot_read_moves_to_the_last_stable_position(tok, table):
+    from .test_request_model import long_text
+
+    system = [{"type": "text", "text": long_text(3, 6000)}]
+    cc = {"type": "ephemeral"}
+
+    def body(messages):
+        return {"model": "claude-sonnet-4-5", "max_tokens": 100, "system": system, "messages": messages}
+
+    # the client adds a per-request context block to the newest turn only, and marks that block
+    r1 = body([{"role": "user", "content": [{"type": "text", "text": "first question"},
+                                            {"type": "text", "text": "context one", "cache_control": cc}]}])
+    r2 = body([{"role": "user", "content": [{"type": "text", "text": "first question"}]},
+               {"role": "assistant", "content": "an answer"},
+               {"role": "user", "content": [{"type": "text", "text": "second question"},
+                                            {"type": "text", "text": "context two", "cache_control": cc}]}])
+    rows = [{"timestamp": 0, "body": r1}, {"timestamp": 30, "body": r2}]
+    lines = fix.log_lines(enumerate(rows, start=1), source="cc.jsonl")
+    report = fix.fix_log(lines, fix.FixOptions(), tokenizer=tok, table=table)
+    first = [f for f in report.fixes if f.line == 1]
+    assert [(f.code, f.safe, f.applied) for f in first] == [("FX006", True, True)]
+    blocks = report.output[0]["body"]["messages"][0]["content"]
+    assert "cache_control" in blocks[0] and "cache_control" not in blocks[1]
+    # the write now lands where the second request reads it
+    before = report.before.provider
+    after = report.after.provider
+    assert before.cache_read_tokens == 0 and after.cache_read_tokens > 1024
+    assert after.cost_usd < before.cost_usd

@@ -219,8 +219,10 @@ def _render(r: FixReport, out: Optional[str], changed: int) -> None:
     stdout.print(line, soft_wrap=True, markup=False)
     if out is not None:
         stdout.print(f"wrote {out} ({changed} of {r.requests} lines rewritten)", soft_wrap=True, markup=False)
+    from .common import flags_for_params
+
     for note in r.notes:
-        stdout.print(f"note: {note}", soft_wrap=True, markup=False)
+        stdout.print(f"note: {flags_for_params(note)}", soft_wrap=True, markup=False)
 
 
 def _render_measures(before: Measure | None, after: Measure | None) -> None:

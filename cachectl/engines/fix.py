@@ -271,37 +271,55 @@ def _mask(text: str) -> str:
     return "".join(out)
 
 
-def _elements(ln: LogLine, bos: str | None = None) -> tuple[str, ...] | str | tuple[int, ...]:
-    """What grouping compares: for requests, the positions (tools as one set with sorted keys, volatile values
-    masked, reasoning dropped); for raw text, the masked text; for token IDs, the IDs."""
+def _elements(ln: LogLine, bos: str | None = None) -> tuple[Any, int]:
+    """What grouping compares, and where the last turn starts in it: for requests, the positions (tools as one
+    set with sorted keys, volatile values masked, reasoning dropped); for raw text, the masked text; for token
+    IDs, the IDs (these two must be extended whole)."""
     if ln.request is not None:
         req = ln.request
         tools = sorted(json.dumps(json.loads(p.content), sort_keys=True) for p in req.positions
                        if p.segment == "tools")
         out = [compact(tools)] if tools else []
+        last_turn, last_msg = len(out), None
         for p in req.positions:
             if p.segment == "tools":
                 continue
             if p.kind in ("thinking", "redacted_thinking"):
                 continue
+            m = _MSG_INDEX.match(p.path)
+            if m is not None and m.group(1) != last_msg:
+                last_msg, last_turn = m.group(1), len(out)
             out.append(f"{p.segment}:{p.role}:" + _mask(_THINK.sub("", p.text)))
-        return tuple(out)
+        return tuple(out), last_turn
     if ln.prompt.ids is not None:
-        return tuple(ln.prompt.ids)
+        return tuple(ln.prompt.ids), len(ln.prompt.ids)
     text = ln.prompt.text or ""
     if bos and text.startswith(bos):  # a doubled BOS must not split a conversation
         text = text[len(bos):]
-    return _mask(text)
+    text = _mask(text)
+    return text, len(text)
 
 
-def _extends(prev: Any, cur: Any) -> int:
-    """How much of ``prev`` ``cur`` repeats as its prefix when ``cur`` extends (or repeats) all of ``prev``;
-    -1 when it does not."""
-    if type(prev) is not type(cur) or len(prev) > len(cur):
+_MSG_INDEX = re.compile(r"(?:messages|input)\[(\d+)\]")
+
+
+def _extends(prev: Any, last_turn: int, cur: Any) -> int:
+    """How much of ``prev`` ``cur`` repeats as its prefix when ``cur`` continues ``prev``'s conversation: all of
+    ``prev``, or (a client that sends the newest turn with extra blocks and the history without them) all
+    before ``prev``'s last turn and at least the first position of that turn; -1 when it does not."""
+    if type(prev) is not type(cur):
         return -1
-    if cur[:len(prev)] != prev:
-        return -1
-    return len(prev)
+    if len(prev) <= len(cur) and cur[:len(prev)] == prev:
+        return len(prev)
+    if isinstance(prev, tuple) and prev and isinstance(prev[0], str):
+        n = 0
+        for x, y in zip(prev, cur):
+            if x != y:
+                break
+            n += 1
+        if n > last_turn:
+            return n
+    return -1
 
 
 def group_sessions(lines: Sequence[LogLine], *, key: str | None = None, window_s: float | None = 1800.0,
@@ -310,8 +328,9 @@ def group_sessions(lines: Sequence[LogLine], *, key: str | None = None, window_s
 
     Automatic: a request joins the open conversation whose last request it extends, i.e. shares its whole
     prefix (compared position by position, with volatile values masked, tool definitions as one set with
-    sorted keys, and reasoning left out, so that the very causes ``fix`` repairs do not split a conversation);
-    the longest such prefix wins, the most recent on a tie. A conversation is open while its last request is at
+    sorted keys, and reasoning left out, so that the very causes ``fix`` repairs do not split a conversation),
+    or all of it but the extra blocks of its last turn (a client that drops per-request context from the
+    history); the longest such prefix wins, the most recent on a tie. A conversation is open while its last request is at
     most ``window_s`` seconds older (lines without a timestamp ignore the window). With ``tokenizer``, a raw-text
     prompt's leading BOS text is left out of the comparison.
     """
@@ -321,24 +340,24 @@ def group_sessions(lines: Sequence[LogLine], *, key: str | None = None, window_s
         for ln in lines:
             ids.append(seen.setdefault(ln.key, len(seen)))
         return Grouping(tuple(ids), len(seen), f"key {key}")
-    last: list[tuple[Any, float | None, int]] = []  # per group: elements, time, line index
+    last: list[tuple[Any, int, float | None, int]] = []  # per group: elements, last turn, time, line index
     bos = getattr(tokenizer, "bos_token", None)
     for i, ln in enumerate(lines):
-        el = _elements(ln, bos)
+        el, turn = _elements(ln, bos)
         best, best_len, best_at = -1, -1, -1
-        for g, (pel, pts, at) in enumerate(last):
+        for g, (pel, pturn, pts, at) in enumerate(last):
             if window_s is not None and pts is not None and ln.timestamp is not None and ln.timestamp - pts > window_s:
                 continue
-            n = _extends(pel, el)
-            if n < 0 or (n == 0 and len(el) > 0 and len(pel) == 0):
+            n = _extends(pel, pturn, el)
+            if n <= 0:
                 continue
             if n > best_len or (n == best_len and at > best_at):
                 best, best_len, best_at = g, n, at
-        if best < 0 or best_len == 0:
+        if best < 0:
             best = len(last)
-            last.append((el, ln.timestamp, i))
+            last.append((el, turn, ln.timestamp, i))
         else:
-            last[best] = (el, ln.timestamp, i)
+            last[best] = (el, turn, ln.timestamp, i)
         ids.append(best)
     return Grouping(tuple(ids), len(last), "automatic", window_s)
 
