@@ -1122,7 +1122,9 @@ def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = No
     provider = None
     reqs = [ln.request for ln in lines if ln.request is not None]
     skipped = len(lines) - len(reqs)
-    if reqs and table is not None:
+    if reqs and table is not None and tokenizer is None and any(p.tokens is None for r in reqs for p in r.positions):
+        notes.append("the provider cache simulation needs token counts: pass `tokenizer`")
+    elif reqs and table is not None:
         if counter is None and tokenizer is not None:
             counter = promptcache.tokenizer_counter(tokenizer)
         try:
