@@ -6,13 +6,14 @@ Library entry (what ``cachectl fix`` and ``cachectl report`` call)::
     report = fix_log(lines, FixOptions(unsafe=False), tokenizer=tok, table=PriceTable.load())
     report.fixes      # tuple[Fix, ...]: one per rewrite found (applied or not), each with code, name, safety
     report.before     # Measure: vLLM prefix hit rate, provider cache reads/writes and dollars, pair reuse
-    report.after      # Measure of the rewritten log (None when nothing could be measured)
+    report.after      # Measure of the rewritten log (its parts are None where they could not be measured)
     report.output     # tuple of the rewritten JSON values, one per input line, in the input's own shape
     report.grouping   # Grouping: which conversation each line belongs to, and how that was decided
     report.per_cause  # tuple[CauseGain, ...]: tokens reused per fix code (fixes applied one code at a time)
 
 ``fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tokenizer: TokenizerHandle | None =
-None, table: PriceTable | None = None) -> FixReport``. ``group_sessions(lines, *, key=None, window_s=1800.0,
+None, table: PriceTable | None = None, source: str = "") -> FixReport``; ``FixReport.to_dict()`` is the JSON of
+``cachectl fix --format json`` (without ``output``). ``group_sessions(lines, *, key=None, window_s=1800.0,
 tokenizer=None) -> Grouping`` is the automatic conversation grouping on its own.
 
 Fix codes (stable; ``FixOptions.unsafe`` turns on the unsafe ones, as ruff's ``--unsafe-fixes``):
