@@ -440,7 +440,7 @@ class CachectlGroup(TyperGroup):
         except _click_exceptions.ClickException as exc:
             stderr.print(f"cachectl: error: {exc.format_message()}", markup=False, highlight=False, soft_wrap=True)
             sys.exit(EXIT_ERROR)
-        except (_click_exceptions.Abort, KeyboardInterrupt):
+        except (typer.Abort, KeyboardInterrupt):  # typer.Abort: click's Abort in older typers, its own in 0.29
             sys.exit(130)
         except BrokenPipeError:
             _reader_gone()
