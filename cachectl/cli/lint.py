@@ -92,8 +92,8 @@ def command(
                 typer.echo(patch, nl=False)
             typer.echo(f"{fixes.fixed} fixable finding(s) in {len(fixes.files)} file(s)"
                        + (" (not written: --diff)" if fixes.fixed else ""), err=True)
-            for e in fixes.errors:
-                typer.echo(f"cachectl: error: {e}", err=True)
+            for message in fixes.errors:
+                typer.echo(f"cachectl: error: {message}", err=True)
             raise typer.Exit(EXIT_ERROR if fixes.errors else EXIT_FINDING if fixes.fixed else EXIT_OK)
         lint_fix.write_fixes(fixes)
         # the diff goes where it cannot corrupt machine output: stdout for text, stderr for the others

@@ -210,7 +210,7 @@ def _fix_tokenizer_config(path: str, text: str, config: LintConfig) -> tuple[str
     if m is None:  # pragma: no cover - the key was parsed from this text
         return text, []
     start = m.end() - 1
-    value, end = json.decoder.scanstring(text, start + 1)
+    value, end = json.decoder.scanstring(text, start + 1)  # type: ignore[attr-defined]
     if value != template:  # a duplicate key or an escaped key name: leave the file alone
         raise InputError("could not locate the chat_template string to fix it in place", source=path,
                          field="chat_template")
