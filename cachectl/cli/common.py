@@ -117,6 +117,49 @@ TemplateVarOpt = Annotated[Optional[list[str]], typer.Option(
     "--template-var", metavar="KEY=VALUE",
     help="Extra chat-template variable (repeatable); VALUE is parsed as JSON when it can be, e.g. date_string=...")]
 
+# The vLLM cache size, as simulate-prefix takes it (also used by fix): blocks, or GiB of KV memory for a model.
+CapacityBlocksOpt = Annotated[Optional[int], typer.Option("--capacity-blocks", min=1, metavar="N",
+                                                          help="Usable KV blocks (vLLM adds one null block).")]
+CapacityGibOpt = Annotated[Optional[float], typer.Option("--capacity-gib", metavar="GIB",
+                                                         help="KV memory in GiB (needs --model).")]
+KvDtypeOpt = Annotated[Dtype, typer.Option("--dtype", case_sensitive=False, help="KV dtype for --capacity-gib.")]
+
+
+class KvCapacity:
+    """``--capacity-blocks`` or ``--capacity-gib`` with a model: the capacity in blocks for any block size."""
+
+    def __init__(self, capacity_blocks: Optional[int], capacity_gib: Optional[float], model: Optional[str],
+                 dtype: str, block_size: int, model_flag: str = "--model"):
+        if capacity_gib is not None and capacity_blocks is not None:
+            raise UsageError("give --capacity-blocks or --capacity-gib, not both")
+        self.capacity_blocks, self.capacity_gib, self.block_size = capacity_blocks, capacity_gib, block_size
+        self.bytes_per_token: Optional[float] = None
+        self.source: Optional[str] = None
+        if capacity_gib is not None:
+            if model is None:
+                raise UsageError(f"--capacity-gib needs {model_flag} (a catalog name, HF id, model directory or "
+                                 "config.json)")
+            from ..engines.kvmath import kv_shape, resolve_model
+
+            config, self.source, _ = resolve_model(model)
+            self.bytes_per_token = kv_shape(config, dtype, self.source).bytes_per_token
+            if self.bytes_per_token <= 0:
+                raise UsageError(f"{self.source}: the model keeps no KV cache per token (no attention layers), so "
+                                 "--capacity-gib gives no block count; pass --capacity-blocks")
+
+    def blocks(self, bs: int) -> Optional[int]:
+        if self.bytes_per_token is not None and self.capacity_gib is not None:
+            from ..engines.kvmath import blocks_for_memory
+
+            blocks = blocks_for_memory(self.capacity_gib, self.bytes_per_token, bs)
+            if blocks < 1:
+                raise UsageError(f"--capacity-gib {self.capacity_gib:g} holds no block of {bs} tokens of the model "
+                                 f"in {self.source} ({self.bytes_per_token * bs:,.0f} bytes a block)")
+            return blocks
+        if self.capacity_blocks is not None and bs != self.block_size:  # same memory, other block size
+            return max(1, self.capacity_blocks * self.block_size // bs)
+        return self.capacity_blocks
+
 
 def parse_template_vars(items: Optional[list[str]]) -> dict:
     out: dict = {}

@@ -11,10 +11,14 @@ from .common import (
     EXIT_OK,
     AsOpt,
     BlockSizeOpt,
+    CapacityBlocksOpt,
+    CapacityGibOpt,
     Dtype,
     Format,
     FormatOpt,
     HashFn,
+    KvCapacity,
+    KvDtypeOpt,
     Policy,
     Progress,
     TokenizerOpt,
@@ -52,13 +56,11 @@ def _ints(text: Optional[str], name: str, most: int) -> list[int]:
 def command(
     trace: Annotated[str, typer.Argument(metavar="TRACE", help="JSONL trace (- for stdin).", show_default=False)],
     block_size: BlockSizeOpt = 16,
-    capacity_blocks: Annotated[Optional[int], typer.Option("--capacity-blocks", min=1, metavar="N",
-                                                           help="Usable KV blocks (vLLM adds one null block).")] = None,
-    capacity_gib: Annotated[Optional[float], typer.Option("--capacity-gib", metavar="GIB", help="KV memory in GiB (needs --model).")] = None,
+    capacity_blocks: CapacityBlocksOpt = None,
+    capacity_gib: CapacityGibOpt = None,
     model: Annotated[Optional[str], typer.Option("--model", metavar="MODEL", help="For --capacity-gib: a catalog name, cached HF id, "
                                                                  "model directory, config.json or .gguf (as kv-inspect).")] = None,
-    dtype: Annotated[Dtype, typer.Option("--dtype", case_sensitive=False,
-                                         help="KV dtype for --capacity-gib.")] = Dtype.bf16,
+    dtype: KvDtypeOpt = Dtype.bf16,
     policy: Annotated[Policy, typer.Option("--policy", case_sensitive=False,
                                            help="vllm, radix (SGLang), chunk (LMCache/CacheBlend), infinite (no "
                                                 "eviction: the ceiling).")] = Policy.vllm,
@@ -140,36 +142,13 @@ def command(
     from ..engines import prefix
 
     policy_name, hash_name = policy.value, hash_fn.value
-    if capacity_gib is not None and capacity_blocks is not None:
-        raise UsageError("give --capacity-blocks or --capacity-gib, not both")
-    bytes_per_token = None
-    source = None
-    if capacity_gib is not None:
-        if model is None:
-            raise UsageError("--capacity-gib needs --model (a catalog name, HF id, model directory or config.json)")
-        from ..engines.kvmath import kv_shape, resolve_model
-
-        config, source, _ = resolve_model(model)
-        bytes_per_token = kv_shape(config, dtype.value, source).bytes_per_token
-        if bytes_per_token <= 0:
-            raise UsageError(f"{source}: the model keeps no KV cache per token (no attention layers), so "
-                             "--capacity-gib gives no block count; pass --capacity-blocks")
+    kv_capacity = KvCapacity(capacity_blocks, capacity_gib, model, dtype.value, block_size)
+    bytes_per_token = kv_capacity.bytes_per_token
     warm = _warmup(warmup)
     tok = _ChatAware(tokenizer, not no_generation_prompt) if tokenizer is not None else None
     name = "<stdin>" if trace == "-" else trace
 
-    def capacity_for(bs: int) -> Optional[int]:
-        if bytes_per_token is not None and capacity_gib is not None:
-            from ..engines.kvmath import blocks_for_memory
-
-            blocks = blocks_for_memory(capacity_gib, bytes_per_token, bs)
-            if blocks < 1:
-                raise UsageError(f"--capacity-gib {capacity_gib:g} holds no block of {bs} tokens of the model in "
-                                 f"{source} ({bytes_per_token * bs:,.0f} bytes a block)")
-            return blocks
-        if capacity_blocks is not None and bs != block_size:  # same memory, other block size
-            return max(1, capacity_blocks * block_size // bs)
-        return capacity_blocks
+    capacity_for = kv_capacity.blocks
 
     def read(label: str, session_fields: tuple = ()):
         """The trace's requests, streamed (one read)."""

@@ -1,0 +1,260 @@
+"""``cachectl fix``: rewrite a logged workload so that its cacheable prefix is stable, with the before/after."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from ..errors import UsageError
+from .common import (
+    EXIT_FINDING,
+    EXIT_OK,
+    BlockSizeOpt,
+    CapacityBlocksOpt,
+    CapacityGibOpt,
+    Dtype,
+    Format,
+    FormatOpt,
+    KvCapacity,
+    KvDtypeOpt,
+    TokenizerOpt,
+    emit_json,
+    handle_errors,
+    stdout,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..engines.fix import FixReport, Measure
+
+HELP = """Rewrite logged requests so that their cacheable prefix is stable, and measure what that is worth.
+
+LOG is JSONL: OpenAI Chat/Responses or Anthropic bodies, {timestamp, body, usage} wrappers, chat message
+lists, raw-text prompts ({"prompt": ...}) or token IDs. One named fix per cause (FX001 volatile value moved to
+the end, FX002 tool keys sorted, FX003 tool order, FX004 doubled BOS, FX005 reasoning kept out consistently,
+FX006 Anthropic breakpoints), each labelled safe (the model sees the same content) or unsafe (content moves):
+only safe fixes are applied unless --unsafe-fixes. --out writes the fixed log (each line keeps its shape and
+every field); --diff shows the changes without writing. The log is measured before and after by the vLLM
+replay (--tokenizer; --capacity-blocks or --capacity-gib with --model, else no eviction) and the provider
+cache simulation (--model prices lines that name no model).
+
+Conversations: --key FIELD, else requests are grouped automatically (a request joins the conversation whose
+last request it extends, within --window). Exit code 0 when nothing needs fixing, 1 when fixes were found,
+2 on bad input.
+"""
+
+
+@handle_errors
+def command(
+    log: Annotated[str, typer.Argument(metavar="LOG.jsonl", help="Logged requests (- for stdin).", show_default=False)],
+    out: Annotated[Optional[str], typer.Option("--out", "-o", metavar="FIXED.jsonl",
+                                               help="Write the fixed log here.")] = None,
+    diff: Annotated[bool, typer.Option("--diff", help="Show the changes as a diff; write nothing.")] = False,
+    unsafe_fixes: Annotated[bool, typer.Option("--unsafe-fixes", help="Also apply the fixes that move content "
+                                                                     "the model sees.")] = False,
+    select: Annotated[Optional[str], typer.Option("--select", metavar="CODES",
+                                                  help="Only these fixes (comma-separated, e.g. FX001,FX002).")] = None,
+    key: Annotated[Optional[str], typer.Option(
+        "--key", metavar="FIELD", help="Conversation key field (dotted path, e.g. metadata.session); default: "
+                                       "conversations are found automatically.")] = None,
+    window: Annotated[str, typer.Option("--window", metavar="DURATION",
+                                        help="Automatic grouping: a conversation stays open this long after its "
+                                             "last request (30s, 30m, 2h).")] = "30m",
+    tokenizer: TokenizerOpt = None,
+    block_size: BlockSizeOpt = 16,
+    capacity_blocks: CapacityBlocksOpt = None,
+    capacity_gib: CapacityGibOpt = None,
+    dtype: KvDtypeOpt = Dtype.bf16,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", metavar="MODEL",
+                                                 help="Provider model for lines that name none (prices, minimum "
+                                                      "cacheable length); with --capacity-gib and no --kv-model, "
+                                                      "also the model whose KV size is used.")] = None,
+    kv_model: Annotated[Optional[str], typer.Option("--kv-model", metavar="MODEL",
+                                                    help="For --capacity-gib: the served model (catalog name, "
+                                                         "cached HF id, model directory, config.json or .gguf).")] = None,
+    prices: Annotated[Optional[str], typer.Option(
+        "--prices", metavar="FILE", help="Prices that override or extend the shipped table.")] = None,
+    no_generation_prompt: Annotated[bool, typer.Option(
+        "--no-generation-prompt", help="Tokenize chat requests without the assistant header (completion-style "
+                                       "logs).")] = False,
+    fmt: FormatOpt = Format.text,
+) -> None:
+    from ..engines import fix
+    from ..engines.pricing import PriceTable
+    from ..engines.promptcache import parse_duration
+    from ..inputs import display_name, iter_raw_lines, parse_jsonl_line, read_json_file
+
+    if diff and out:
+        raise UsageError("--diff shows the changes without writing: drop --out (or --diff)")
+    codes = None
+    if select:
+        codes = tuple(c.strip().upper() for c in select.split(",") if c.strip())
+        bad = [c for c in codes if c not in fix.FIXES]
+        if bad:
+            raise UsageError(f"--select: unknown fix code(s) {', '.join(bad)} (known: {', '.join(fix.CODES)})")
+    try:
+        window_s = parse_duration(window)
+    except UsageError as exc:
+        raise UsageError(f"--window: {exc}") from None
+    capacity = KvCapacity(capacity_blocks, capacity_gib, kv_model or model, dtype.value, block_size,
+                          model_flag="--kv-model (or --model)")
+    table = PriceTable.load(read_json_file(prices) if prices else None)
+    tok = None
+    if tokenizer is not None:
+        from ..tokenization import load_tokenizer
+
+        tok = load_tokenizer(tokenizer)
+    source = display_name(log)
+    raw: list[bytes] = []
+    records: list[tuple[int, Any]] = []
+    for lineno, line, src in iter_raw_lines(log):
+        records.append((lineno, parse_jsonl_line(line, src, lineno)))
+        raw.append(line)
+    lines = fix.log_lines(records, source=source, key=key)
+    options = fix.FixOptions(unsafe=unsafe_fixes, key=key, window_s=window_s, select=codes, block_size=block_size,
+                             capacity_blocks=capacity.blocks(block_size), model=model,
+                             add_generation_prompt=not no_generation_prompt)
+    report = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source)
+    changed = [i for i, (ln, v) in enumerate(zip(lines, report.output)) if _dumps(v) != _dumps(ln.value)]
+    if out is not None:
+        _write(out, raw, report.output, changed)
+    if fmt is Format.json:
+        emit_json({**report.to_dict(), "out": out, "changed_lines": [lines[i].line for i in changed]})
+    else:
+        if diff:
+            _render_diff(source, lines, report.output, changed)
+        _render(report, out, len(changed))
+    raise typer.Exit(EXIT_FINDING if report.fixes else EXIT_OK)
+
+
+command.__doc__ = HELP
+
+
+def _dumps(value: Any) -> str:
+    import json
+
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _write(path: str, raw: list[bytes], values: tuple, changed: list[int]) -> None:
+    """Unchanged lines are copied byte for byte; a rewritten line keeps the input's separators style."""
+    import json
+
+    todo = set(changed)
+    try:
+        with open(path, "wb") as fh:
+            for i, line in enumerate(raw):
+                if i not in todo:
+                    fh.write(line if line.endswith(b"\n") else line + b"\n")
+                    continue
+                spaced = b'": ' in line or b'", "' in line
+                text = json.dumps(values[i], ensure_ascii=False,
+                                  separators=(", ", ": ") if spaced else (",", ":"))
+                fh.write(text.encode("utf-8") + b"\n")
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _render_diff(source: str, lines: list, values: tuple, changed: list[int]) -> None:
+    import difflib
+    import json
+
+    def rows(value: Any) -> list[str]:
+        # a string's own newlines start new diff rows, so that a moved line shows as one
+        return json.dumps(value, ensure_ascii=False, indent=2).replace("\\n", "\\n\n").splitlines()
+
+    for i in changed:
+        a, b = rows(lines[i].value), rows(values[i])
+        for row in difflib.unified_diff(a, b, f"{source}:{lines[i].line}", f"{source}:{lines[i].line} (fixed)",
+                                        n=1, lineterm=""):
+            style = "green" if row.startswith("+") else "red" if row.startswith("-") else \
+                "cyan" if row.startswith("@@") else ""
+            if len(row) > 220:
+                row = row[:217] + "..."
+            stdout.print(row, style=style or None, markup=False, soft_wrap=True)
+
+
+def _pct(x: Optional[float]) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def _money(x: float) -> str:
+    return f"${x:,.4f}" if abs(x) < 100 else f"${x:,.2f}"
+
+
+def _render(r: FixReport, out: Optional[str], changed: int) -> None:
+    from rich.table import Table
+
+    g = r.grouping
+    how = f"by {g.how}" if g.how != "automatic" else \
+        f"found automatically (a request joins the conversation it extends, within {g.window_s:g} s)"
+    stdout.print(f"{r.source}: {r.requests} requests, {g.count} conversation{'s' if g.count != 1 else ''} {how}",
+                 soft_wrap=True, markup=False)
+    if r.fixes:
+        t = Table(header_style="bold", box=None, pad_edge=False)
+        for col in ("line", "fix", "safety", "applied", "where", "what"):
+            t.add_column(col, justify="right" if col == "line" else "left", overflow="fold")
+        for f in r.fixes:
+            t.add_row(str(f.line), f"{f.code} {f.name}", "safe" if f.safe else "unsafe", "yes" if f.applied else "no",
+                      f.path, f.message)
+        stdout.print(t)
+    else:
+        stdout.print("nothing to fix", markup=False)
+    _render_measures(r.before, r.after)
+    if r.per_cause:
+        t = Table(title="tokens reused per fix (each applied after the ones above it)", header_style="bold",
+                  box=None, pad_edge=False)
+        for col in ("fix", "applied", "tokens reused", "provider cache reads", "provider saves"):
+            t.add_column(col, justify="left" if col == "fix" else "right")
+        for c in r.per_cause:
+            t.add_row(f"{c.code} {c.name}", str(c.fixes), f"{c.reused_tokens:+,}",
+                      "" if c.provider_read_tokens is None else f"{c.provider_read_tokens:+,}",
+                      "" if c.provider_saved_usd is None else _money(c.provider_saved_usd))
+        stdout.print(t)
+    safe = sum(1 for f in r.fixes if f.applied and f.safe)
+    unsafe = sum(1 for f in r.fixes if f.applied and not f.safe)
+    line = f"{len(r.fixes)} fix{'es' if len(r.fixes) != 1 else ''} found: {safe} safe and {unsafe} unsafe applied"
+    if r.unsafe_skipped:
+        line += f"; {r.unsafe_skipped} unsafe not applied (--unsafe-fixes)"
+    stdout.print(line, soft_wrap=True, markup=False)
+    if out is not None:
+        stdout.print(f"wrote {out} ({changed} of {r.requests} lines rewritten)", soft_wrap=True, markup=False)
+    for note in r.notes:
+        stdout.print(f"note: {note}", soft_wrap=True, markup=False)
+
+
+def _render_measures(before: Measure | None, after: Measure | None) -> None:
+    from rich.table import Table
+
+    if before is None or after is None:
+        return
+    rows: list[tuple[str, str, str]] = []
+    if before.vllm is not None and after.vllm is not None:
+        v = before.vllm
+        cap = "no eviction" if v.capacity_blocks is None else f"{v.capacity_blocks:,} blocks"
+        rows.append((f"vLLM prefix hit rate (block size {v.block_size}, {cap})", _pct(v.hit_rate),
+                     _pct(after.vllm.hit_rate)))
+        rows.append(("vLLM prefill tokens saved", f"{v.hit_tokens:,.0f}", f"{after.vllm.hit_tokens:,.0f}"))
+    if before.pair_reused_tokens is not None and after.pair_reused_tokens is not None:
+        rows.append(("tokens shared with the previous request of the conversation", f"{before.pair_reused_tokens:,}",
+                     f"{after.pair_reused_tokens:,}"))
+    if before.provider is not None and after.provider is not None:
+        p, q = before.provider, after.provider
+        rows.append((f"provider cache read tokens ({p.requests} requests)", f"{p.cache_read_tokens:,}",
+                     f"{q.cache_read_tokens:,}"))
+        rows.append(("provider cache write tokens", f"{p.cache_write_tokens:,}", f"{q.cache_write_tokens:,}"))
+        rows.append(("provider cost (uncached)", f"{_money(p.cost_usd)} ({_money(p.uncached_cost_usd)})",
+                     f"{_money(q.cost_usd)} ({_money(q.uncached_cost_usd)})"))
+    if before.causes or after.causes:
+        def causes(m: Measure) -> str:
+            return ", ".join(f"{k} x{n}" for k, n in m.causes.items()) or "none"
+
+        rows.append(("diff-tokens causes between consecutive requests", causes(before), causes(after)))
+    if not rows:
+        return
+    t = Table(header_style="bold", box=None, pad_edge=False)
+    for col in ("", "before", "after"):
+        t.add_column(col, justify="left" if not col else "right", overflow="fold")
+    for row in rows:
+        t.add_row(*row)
+    stdout.print(t)

@@ -1,0 +1,271 @@
+"""``cachectl fix``: the rewrites remove what diff-tokens finds, safe fixes leave the model's content alone, the
+rewritten log still parses and keeps every field, and the before/after numbers are the engines' own.
+
+The fixture (fixtures/prompts/fix_log.jsonl, built by fixtures/make_fix_log.py) has one conversation per cause;
+token IDs come from the project's tokenizer (fixtures/tok). The vLLM numbers are checked against the naive
+reference replay of tests/reference_prefix.py, not against the engine.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cachectl.engines import fix, tokendiff
+from cachectl.engines.pricing import PriceTable
+from cachectl.inputs import LogRecord, iter_jsonl, parse_request, prompt_from_value
+
+from .conftest import PROMPTS, TOK_DIR
+from .reference_prefix import NaiveVllm
+
+LOG = PROMPTS / "fix_log.jsonl"
+
+
+@pytest.fixture(scope="module")
+def table():
+    return PriceTable.load()
+
+
+def lines_of(path=LOG, key="session"):
+    return fix.log_lines(iter_jsonl(str(path)), source=str(path), key=key)
+
+
+def reparsed(lines, values):
+    return [fix.log_lines([(ln.line, v)], source="fixed", key="session")[0] for ln, v in zip(lines, values)]
+
+
+def pairs(lines, tok):
+    recs = [LogRecord(line=ln.line, key=ln.key, prompt=ln.prompt) for ln in lines]
+    return [p for p in tokendiff.diff_log(recs, tok, add_generation_prompt=True)
+            if isinstance(p, tokendiff.PairResult)]
+
+
+@pytest.mark.parametrize("unsafe", [False, True])
+def test_fix_removes_every_diff_tokens_finding_it_labels_fixed(tok, table, unsafe):
+    lines = lines_of()
+    report = fix.fix_log(lines, fix.FixOptions(unsafe=unsafe, key="session"), tokenizer=tok, table=table)
+    before = {(p.line_a, p.line_b): p.diff for p in pairs(lines, tok)}
+    after = {(p.line_a, p.line_b): p.diff for p in pairs(reparsed(lines, report.output), tok)}
+    causes_before = {d.cause.id for d in before.values() if d.cause is not None}
+    # every cause in the fixture is one that a fix addresses
+    assert causes_before == {"date_time", "tool_schema_key_order", "tool_order", "doubled_bos", "think_stripped"}
+    for pair, d in before.items():
+        a = after[pair]
+        # the pair is labelled fixed for a code when that code rewrote one of its lines and left nothing undone there
+        on_pair = [f for f in report.fixes if f.line in pair]
+        codes = {f.code for f in on_pair if all(g.applied for g in on_pair if g.code == f.code)}
+        fixed_causes = {c for code in codes for c in fix.CAUSES[code]}
+        if d.cause is not None and d.cause.id in fixed_causes:
+            assert a.common_prefix_tokens >= d.common_prefix_tokens, pair
+            assert a.cause is None or a.cause.id not in fixed_causes, (pair, a.cause)
+            assert a.kind in ("a_prefix_of_b", "identical"), (pair, a.kind)
+    if unsafe:
+        assert all(f.applied for f in report.fixes)
+        assert all(d.kind == "a_prefix_of_b" for d in after.values())
+    else:
+        # only the safe ones: the causes only unsafe fixes address are still there
+        assert {f.code for f in report.fixes if not f.applied} == {"FX001", "FX003", "FX004", "FX005"}
+        left = {d.cause.id for d in after.values() if d.cause is not None}
+        assert left == {"date_time", "tool_order", "doubled_bos", "think_stripped"}
+
+
+def test_every_fix_code_is_found_on_the_fixture_with_its_label(tok, table):
+    report = fix.fix_log(lines_of(), fix.FixOptions(key="session"), tokenizer=tok, table=table)
+    found = {(f.code, f.safe) for f in report.fixes}
+    assert {c for c, _ in found} == set(fix.CODES)
+    assert ("FX002", True) in found and ("FX006", True) in found
+    assert ("FX001", False) in found and ("FX003", False) in found and ("FX004", False) in found
+    # reasoning: safe where the template already drops it, unsafe where the model saw it (the tool loop)
+    assert ("FX005", True) in found and ("FX005", False) in found
+
+
+def test_rewritten_requests_still_parse_and_keep_their_shape_and_fields(tok, table, tmp_path):
+    log = tmp_path / "log.jsonl"
+    rows = [json.loads(x) for x in LOG.read_text(encoding="utf-8").splitlines()]
+    for r in rows:  # fields cachectl does not know must survive
+        r["x_trace"] = {"span": [1, 2, 3]}
+        if "body" in r:
+            r["body"]["temperature"] = 0.2
+            r["body"]["metadata"] = {"user": "u-1"}
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    lines = lines_of(log)
+    report = fix.fix_log(lines, fix.FixOptions(unsafe=True, key="session"), tokenizer=tok, table=table)
+    assert report.applied > 0
+    for ln, value in zip(lines, report.output):
+        assert list(value) == list(ln.value)                       # same top-level fields, same order
+        assert value["x_trace"] == {"span": [1, 2, 3]}
+        p = prompt_from_value(value, source="fixed", line=ln.line)
+        if "body" in value:
+            assert list(value["body"]) == list(ln.value["body"])
+            assert value["body"]["metadata"] == {"user": "u-1"} and value["body"]["temperature"] == 0.2
+            req = parse_request(value, source="fixed", line=ln.line)
+            assert req.provider == ln.request.provider and req.model == ln.request.model
+            assert p.request is not None
+        else:
+            assert p.kind == ln.prompt.kind
+
+
+def _view(ln):
+    """What the provider caches, modulo key order: each position's segment, role and parsed content, with a
+    one-block list read as its block (a string message becomes one text block when it gets a breakpoint)."""
+    out = []
+    for p in ln.request.positions:
+        v = json.loads(p.content)
+        if isinstance(v, list) and len(v) == 1:
+            v = v[0]
+        out.append((p.segment, p.role, v))
+    return out
+
+
+def _render(tok, ln):
+    """The chat template's render with each tool's keys sorted (so that key order alone is not a change)."""
+    from dataclasses import replace
+
+    p = ln.prompt
+    tools = tuple(json.loads(json.dumps(t, sort_keys=True)) for t in p.tools) if p.tools else p.tools
+    return tok.render_chat(replace(p, tools=tools), add_generation_prompt=True)
+
+
+def test_safe_fixes_do_not_change_what_the_model_sees_and_unsafe_ones_do(tok, table):
+    lines = lines_of()
+    report = fix.fix_log(lines, fix.FixOptions(unsafe=True, key="session"), tokenizer=tok, table=table)
+    after = reparsed(lines, report.output)
+    by_line: dict[int, set] = {}
+    for f in report.fixes:
+        by_line.setdefault(f.line, set()).add((f.code, f.safe))
+    checked_safe = checked_unsafe = 0
+    for ln, new in zip(lines, after):
+        labels = by_line.get(ln.line)
+        if not labels:
+            assert new.value == ln.value
+            continue
+        same_render = (_render(tok, ln) == _render(tok, new)) if ln.prompt.is_chat else \
+            (ln.prompt.text == new.prompt.text)
+        if all(safe for _, safe in labels):
+            checked_safe += 1
+            assert same_render, (ln.line, labels)
+            if not any(code == "FX005" for code, _ in labels):  # reasoning drops are proven on the render only
+                assert _view(ln) == _view(new), (ln.line, labels)
+        else:
+            checked_unsafe += 1
+            assert not same_render, (ln.line, labels)
+    assert checked_safe >= 5 and checked_unsafe >= 4
+
+
+def test_before_after_hit_rate_and_dollars_are_measured(tok, table, cli, tmp_path):
+    out = tmp_path / "fixed.jsonl"
+    r = cli("fix", LOG, "--tokenizer", TOK_DIR, "--unsafe-fixes", "--capacity-blocks", "4096", "--out", out,
+            "--format", "json")
+    assert r.exit_code == 1, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema_version"] == 1 and doc["grouping"]["count"] == 6 and doc["grouping"]["how"] == "automatic"
+
+    def naive_hits(path):
+        values = [v for _, v in iter_jsonl(str(path))]
+        prompts = [prompt_from_value(v, source="x", line=i) for i, v in enumerate(values)]
+        ref = NaiveVllm(4096, 16)
+        toks = tok.tokenize_many(prompts, add_generation_prompt=True)
+        return sum(ref.run(list(t.ids)) for t in toks), sum(len(t.ids) for t in toks)
+
+    for side, path in (("before", LOG), ("after", out)):
+        hits, total = naive_hits(path)
+        v = doc[side]["vllm"]
+        assert (v["policy"], v["capacity_blocks"], v["hit_tokens"], v["query_tokens"]) == ("vllm", 4096, hits, total)
+    assert doc["after"]["vllm"]["hit_rate"] > doc["before"]["vllm"]["hit_rate"] + 0.1
+    pb, pa = doc["before"]["provider"], doc["after"]["provider"]
+    assert pa["cost_usd"] < pb["cost_usd"] and pa["cache_read_tokens"] > pb["cache_read_tokens"]
+    assert pb["requests"] == 15 and pb["skipped"] == 3      # the raw-text lines have no provider body
+    gains = {c["code"]: c for c in doc["per_cause"]}
+    assert gains["FX001"]["reused_tokens"] > 0 and gains["FX004"]["reused_tokens"] > 0
+    assert sum(c["reused_tokens"] for c in doc["per_cause"]) == \
+        doc["after"]["pair_reused_tokens"] - doc["before"]["pair_reused_tokens"]
+
+    text = cli("fix", LOG, "--tokenizer", TOK_DIR, "--unsafe-fixes", "--capacity-blocks", "4096")
+    assert text.exit_code == 1
+    for label in ("vLLM prefix hit rate", "provider cost", "tokens reused per fix", "FX001 volatile_to_end"):
+        assert label in text.stdout
+
+
+def test_out_copies_unchanged_lines_byte_for_byte_and_diff_writes_nothing(cli, tmp_path):
+    out = tmp_path / "fixed.jsonl"
+    r = cli("fix", LOG, "--tokenizer", TOK_DIR, "--out", out)
+    assert r.exit_code == 1, r.stderr
+    src = LOG.read_bytes().splitlines()
+    got = out.read_bytes().splitlines()
+    assert len(src) == len(got)
+    changed = [i for i, (a, b) in enumerate(zip(src, got)) if a != b]
+    assert changed and len(changed) < len(src)
+    assert b'"session": "bos"' in src[3] and src[3] == got[3]       # a line without a safe fix: untouched
+
+    d = tmp_path / "d.jsonl"
+    r = cli("fix", LOG, "--tokenizer", TOK_DIR, "--diff", "--select", "FX001", "--unsafe-fixes")
+    assert r.exit_code == 1
+    assert "-Current time: 2026-11-30T10:00:00Z" in r.stdout and not d.exists()
+    bad = cli("fix", LOG, "--diff", "--out", d)
+    assert bad.exit_code == 2 and "--diff" in bad.stderr and not d.exists()
+
+
+def test_a_clean_log_needs_no_fix(cli, tmp_path, tok):
+    fixed = tmp_path / "fixed.jsonl"
+    assert cli("fix", LOG, "--tokenizer", TOK_DIR, "--unsafe-fixes", "--out", fixed).exit_code == 1
+    again = cli("fix", fixed, "--tokenizer", TOK_DIR, "--unsafe-fixes")
+    assert again.exit_code == 0, again.stdout
+    assert "nothing to fix" in again.stdout
+
+
+def test_bad_input_is_one_line_exit_2(cli, tmp_path):
+    log = tmp_path / "bad.jsonl"
+    log.write_text('{"body": {"messages": [{"role": "user", "content": "hi"}]}}\n{"body": {"messages": 3}}\n')
+    r = cli("fix", log)
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "bad.jsonl" in r.stderr and ":2" in r.stderr
+    r = cli("fix", LOG, "--key", "nope")
+    assert r.exit_code == 2 and "missing conversation key" in r.stderr
+    r = cli("fix", LOG, "--select", "FX999")
+    assert r.exit_code == 2 and "FX999" in r.stderr
+
+
+def test_grouping_without_a_key_finds_the_conversations(tok):
+    keyed = lines_of()
+    auto = lines_of(key=None)
+    g = fix.group_sessions(auto, tokenizer=tok)
+    k = fix.group_sessions(keyed, key="session")
+    assert g.count == k.count == 6 and g.groups == k.groups
+    # the conversations are 30 s apart: a 10 s window closes each one after every request
+    short = fix.group_sessions(auto, tokenizer=tok, window_s=10)
+    assert short.count == len(auto)
+
+
+def test_chat_lists_get_the_value_at_the_end_of_the_last_user_turn(tok, table):
+    system = "You are a cache assistant.\nToday is 2026-11-30 10:00 UTC.\nAnswer briefly."
+    later = system.replace("10:00", "10:05")
+    rows = [[{"role": "system", "content": system}, {"role": "user", "content": "one"}],
+            [{"role": "system", "content": later}, {"role": "user", "content": "one"},
+             {"role": "assistant", "content": "ok"}, {"role": "user", "content": "two"}]]
+    lines = fix.log_lines(enumerate(rows, start=1), source="chat.jsonl")
+    report = fix.fix_log(lines, fix.FixOptions(unsafe=True), tokenizer=tok, table=table)
+    assert [f.code for f in report.fixes] == ["FX001", "FX001"]
+    first, second = report.output
+    assert first[0]["content"] == second[0]["content"] == "You are a cache assistant.\nAnswer briefly."
+    assert first[-1]["content"] == "one\n\nToday is 2026-11-30 10:00 UTC."
+    assert second[1] == first[1]                      # the history carries the turn as it was sent
+    assert second[-1]["content"] == "two\n\nToday is 2026-11-30 10:05 UTC."
+
+
+def test_a_tool_loop_gets_a_trailing_system_message_on_openai(tok, table):
+    def body(t, extra):
+        return {"model": "gpt-4.1", "messages": [{"role": "system", "content": f"Clock: {t}\nBe brief."},
+                                                 {"role": "user", "content": "find it"}, *extra]}
+
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    res = {"role": "tool", "tool_call_id": "call_1", "content": "found"}
+    rows = [{"timestamp": 0, "body": body("09:00:00", [])},
+            {"timestamp": 5, "body": body("09:00:05", [call, res])}]
+    lines = fix.log_lines(enumerate(rows, start=1), source="loop.jsonl")
+    report = fix.fix_log(lines, fix.FixOptions(unsafe=True), tokenizer=tok, table=table)
+    msgs = report.output[1]["body"]["messages"]
+    assert msgs[-1] == {"role": "system", "content": "Clock: 09:00:05"}
+    assert msgs[1]["content"] == "find it\n\nClock: 09:00:00"   # the first request's turn, carried
+    assert "FX001" in {f.code for f in report.fixes}
+    assert any("trailing system message" in f.message for f in report.fixes)
