@@ -89,6 +89,42 @@ def test_worst_pair_shows_the_tokens_around_the_divergence(built):
     assert w.window_a[:shared] == w.window_b[:shared] and w.window_a[shared] != w.window_b[shared]
 
 
+def test_before_after_is_fix_engines_own_and_adds_up(tok):
+    from dataclasses import replace
+
+    from cachectl.engines import fix
+    from cachectl.inputs import iter_jsonl
+
+    lines = fix.log_lines(iter_jsonl(str(LOG)), source=str(LOG), key="session")
+    opts = fix.FixOptions(key="session")
+    safe = fix.fix_log(lines, opts, tokenizer=tok, table=PriceTable.load(), source=str(LOG))
+    full = fix.fix_log(lines, replace(opts, unsafe=True), tokenizer=tok, table=PriceTable.load(), source=str(LOG))
+    ba = report.before_after(safe, full)
+    before, after_safe, after_all = ba.columns
+    assert before.vllm_hit_rate == safe.before.vllm.hit_rate and after_all.vllm_hit_rate == full.after.vllm.hit_rate
+    assert before.provider_cost_usd == safe.before.provider.cost_usd
+    assert after_safe.provider_cost_usd == safe.after.provider.cost_usd
+    # the fixture's causes are all fixable: none is left after all fixes; only the safe one (FX002) without them
+    assert sum(before.causes.values()) == 14 and after_all.causes == {}
+    assert set(after_safe.causes) == {"date_time", "volatile_id", "tool_order"}
+    assert after_all.vllm_hit_rate > after_safe.vllm_hit_rate > before.vllm_hit_rate
+    assert after_all.provider_cost_usd < after_safe.provider_cost_usd < before.provider_cost_usd
+    # per-code gains, applied one after another, add up to the all-fixes column
+    assert before.pair_reused_tokens + sum(g.reused_tokens for g in ba.gains) == after_all.pair_reused_tokens
+    assert {g.code: g.safe for g in ba.gains} == {"FX001": False, "FX002": True, "FX003": False}
+    # the diff-tokens view of the same log agrees with fix's measure on the vLLM ceiling
+    built = _build(tok)
+    assert built.curve.ceiling_hit_rate == pytest.approx(before.vllm_hit_rate)
+
+
+def test_without_a_key_conversations_are_found_automatically(cli):
+    by_key = json.loads(cli("report", str(LOG), "--key", "session", "-t", str(TOK_DIR), "-f", "json").stdout)
+    auto = json.loads(cli("report", str(LOG), "-t", str(TOK_DIR), "-f", "json").stdout)
+    assert auto["fixes"]["grouping"] == "automatic" and auto["conversations"] == by_key["conversations"] == 6
+    assert auto["causes"] == by_key["causes"] and auto["fixes"]["columns"] == by_key["fixes"]["columns"]
+    assert "6 conversations (found automatically)" in cli("report", str(LOG), "-t", str(TOK_DIR)).stdout
+
+
 def _hostile_log(tmp_path):
     evil = '<script>alert("x")</script><img src=x onerror=alert(1)>'
     rows = []
@@ -143,7 +179,7 @@ def test_page_in_headless_chromium(cli, tmp_path):
     assert v.requests == [page.resolve().as_uri()]  # the page itself, nothing else
     assert v.title == f"cachectl report: {LOG}"
     for heading in ("Tokens lost, per cause", "Worst conversations", "Provider prompt cache",
-                    "vLLM prefix cache: hit rate against capacity"):
+                    "vLLM prefix cache: hit rate against capacity", "Before and after cachectl fix"):
         assert heading in v.text
     from PIL import Image
 

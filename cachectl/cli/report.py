@@ -26,7 +26,9 @@ from .common import (
 HELP = """One report over a JSONL request log: the tokens a prefix cache could have reused and did not, per
 cause (diff-tokens --log), the worst conversations with their token diff side by side, the provider cache's
 cost and misses (prompt-cost, with the model's prices) and the vLLM prefix hit rate against capacity
-(simulate-prefix --curve).
+(simulate-prefix --curve), and what `cachectl fix` would gain: the log measured before, after the safe fixes
+and after all fixes (unsafe ones too). Without --key, requests are grouped into conversations automatically
+(a request joins the conversation whose last request it extends, within --window seconds), as fix does.
 
 --html FILE writes one self-contained page (inline CSS and SVG, no script, no network). The text summary goes
 to stdout (--format json: the report's data). Exit codes: 0 when every request extends the previous one of
@@ -56,7 +58,10 @@ def command(
     tokenizer: TokenizerOpt = None,
     key: Annotated[Optional[str], typer.Option(
         "--key", metavar="FIELD", help="Conversation key field (dotted path, e.g. metadata.session); "
-                                       "default: each line is compared with the previous line.")] = None,
+                                       "default: conversations found automatically.")] = None,
+    window: Annotated[float, typer.Option(
+        "--window", metavar="SECONDS", min=0, help="Without --key: a conversation stays open this long after "
+                                                   "its last request.")] = 1800.0,
     model: Annotated[Optional[str], typer.Option(
         "--model", "-m", metavar="MODEL", help="Price table model for requests that name none (and whose prices "
                                                "turn lost tokens into dollars).")] = None,
@@ -66,10 +71,12 @@ def command(
     top: Annotated[int, typer.Option("--top", min=1, help="Worst conversations shown.")] = 5,
     fmt: FormatOpt = Format.text,
 ) -> None:
-    from ..engines import promptcache, report
+    from dataclasses import replace
+
+    from ..engines import fix, promptcache, report
     from ..engines.prefix import iter_trace
     from ..engines.pricing import PriceTable
-    from ..inputs import display_name, iter_log, read_requests
+    from ..inputs import LogRecord, display_name, iter_jsonl, read_requests
     from ..tokenization import load_tokenizer
 
     if log == "-":
@@ -80,8 +87,16 @@ def command(
     tok = load_tokenizer(tokenizer)
     table = PriceTable.load()
     source = display_name(log)
+    # fix's reader and grouping: conversations by --key, else found automatically
+    lines = fix.log_lines(iter_jsonl(log), source=source, key=key)
+    options = fix.FixOptions(key=key, window_s=window, block_size=block_size, model=model)
+    safe = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source)
+    full = fix.fix_log(lines, replace(options, unsafe=True), tokenizer=tok, table=table, source=source)
+    groups = safe.grouping.groups
+    records = [LogRecord(line=ln.line, key=ln.key if key is not None else f"auto-{g + 1}", prompt=ln.prompt)
+               for ln, g in zip(lines, groups)]
     result = report.build_report(
-        source=source, log=iter_log(log, key), tokenizer=tok, tokenizer_name=tokenizer,
+        source=source, log=records, tokenizer=tok, tokenizer_name=tokenizer, fixes=report.before_after(safe, full),
         requests=read_requests(log, default_model=model), table=table,
         trace=iter_trace(_trace_records(log), source=source, tokenizer=tok), block_size=block_size, top=top,
         price_model=model, text_counter=promptcache.tokenizer_counter(tok))
@@ -110,7 +125,8 @@ def _render_text(r, html: str | None) -> None:
     from rich.table import Table
 
     ratio = f"{r.reuse_ratio:.1%}" if r.reuse_ratio is not None else "n/a"
-    stdout.print(f"{r.source}: {r.requests} requests, {r.conversations} conversations, {r.pairs} pairs "
+    how = "" if r.fixes is None else (" (by key)" if r.fixes.grouping.startswith("key") else " (found automatically)")
+    stdout.print(f"{r.source}: {r.requests} requests, {r.conversations} conversations{how}, {r.pairs} pairs "
                  f"(tokens from {r.tokenizer})", soft_wrap=True, markup=False)
     stdout.print(f"prefix reuse: {r.reused_tokens:,} of {r.reusable_tokens:,} reusable tokens ({ratio}); "
                  f"{r.tokens_lost:,} lost" + (f", {_usd(r.usd_lost)} at {r.price_model} prices" if r.usd_lost
@@ -136,5 +152,14 @@ def _render_text(r, html: str | None) -> None:
         stdout.print(f"vLLM prefix cache (blocks of {cv.block_size}): {ceil} hit rate with no eviction "
                      f"({cv.ceiling_capacity_tokens:,} tokens); {len(cv.points)} capacities on the curve",
                      soft_wrap=True, markup=False)
+    if r.fixes is not None:
+        before, safe, full = r.fixes.columns
+
+        def rate(x: Any) -> str:
+            return "n/a" if x is None else f"{x:.1%}"
+
+        stdout.print(f"cachectl fix: vLLM hit rate {rate(before.vllm_hit_rate)} -> {rate(safe.vllm_hit_rate)} (safe "
+                     f"fixes) -> {rate(full.vllm_hit_rate)} (all fixes); provider {_usd(before.provider_cost_usd)} -> "
+                     f"{_usd(safe.provider_cost_usd)} -> {_usd(full.provider_cost_usd)}", soft_wrap=True, markup=False)
     if html is not None:
         stdout.print(f"wrote {html}", soft_wrap=True, markup=False)

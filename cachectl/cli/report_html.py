@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from html import escape
 
-from ..engines.report import CurveSection, LogReport, PairView, cause_label
+from ..engines.report import BeforeAfter, CurveSection, LogReport, PairView, cause_label
 
 CSS = """
 :root { --ink:#1d2330; --muted:#5d6677; --line:#e3e6ec; --bg:#f6f7f9; --card:#fff; --accent:#2f6fde;
@@ -38,6 +38,13 @@ code, .tok { font-family:ui-monospace, "SFMono-Regular", Menlo, Consolas, monosp
 .conv { background:var(--card); border:1px solid var(--line); border-radius:10px; padding:14px 16px;
         margin:0 0 14px; }
 .conv .meta { color:var(--muted); font-size:13px; margin:2px 0 10px; }
+.pill.safe { background:var(--goodbg); color:var(--good); }
+.pill.unsafe { background:#fff4e0; color:#9a5b00; }
+.mini { display:inline-block; width:90px; height:8px; background:var(--same); border-radius:4px; margin-left:8px;
+        vertical-align:middle; overflow:hidden; }
+.mini > span { display:block; height:100%; background:var(--accent); }
+td.best { font-weight:650; color:var(--good); }
+.ex code { background:var(--same); padding:1px 4px; border-radius:3px; word-break:break-all; }
 .pill { display:inline-block; background:var(--badbg); color:var(--bad); border-radius:999px; padding:1px 9px;
         font-size:12px; margin-right:4px; }
 .sides { display:grid; grid-template-columns:1fr 1fr; gap:12px; }
@@ -92,9 +99,9 @@ def _pair_html(p: PairView) -> str:
     why = escape(p.cause_message) if p.cause_message else "no rule explains this divergence"
     return f"""<div class="sides">
   <div class="side"><div class="hd">previous request: {head_a}</div>
-    <div class="toks">&hellip;{_tokens_html(p.window_a, p.start_a, first, "a")}</div></div>
+    <div class="toks">{"&hellip;" if p.start_a else ""}{_tokens_html(p.window_a, p.start_a, first, "a")}</div></div>
   <div class="side"><div class="hd">next request: {head_b}</div>
-    <div class="toks">&hellip;{_tokens_html(p.window_b, p.start_b, first, "b")}</div></div>
+    <div class="toks">{"&hellip;" if p.start_b else ""}{_tokens_html(p.window_b, p.start_b, first, "b")}</div></div>
 </div>
 <div class="why"><b>First difference at token {_n(first or 0)}</b> ({_n(p.common_prefix_tokens)} tokens shared,
 {_n(p.tokens_lost)} of the previous request's tokens not reused): {why}</div>"""
@@ -265,10 +272,66 @@ def render(r: LogReport, version: str) -> str:
         for n in cv.notes:
             out.append(f'<p class="note">{escape(n)}</p>')
 
+    if r.fixes is not None:
+        out.append(_fixes_html(r.fixes))
+
     if r.notes:
         out.append("<h2>Notes</h2>")
         for n in r.notes:
             out.append(f'<p class="note">{escape(n)}</p>')
     out.append(f"<footer>cachectl {escape(version)} &middot; one self-contained page: no script, no network."
                "</footer></main></body></html>\n")
+    return "\n".join(out)
+
+
+def _fixes_html(fx: BeforeAfter) -> str:
+    cols = fx.columns
+    how = "by the key field" if fx.grouping.startswith("key") else "found automatically"
+    out = ["<h2>Before and after <code>cachectl fix</code></h2>",
+           f'<p class="note">The log rewritten by <code>cachectl fix</code> and measured again by the same engines '
+           f"({fx.conversations} conversations, {how}). Safe fixes leave what the model reads unchanged; unsafe ones "
+           "move content (<code>--unsafe-fixes</code>).</p>",
+           "<table><tr><th></th>" + "".join(f'<th class="n">{escape(c.label)}</th>' for c in cols) + "</tr>"]
+
+    def rate_row(name: str, values: list[float | None]) -> str:
+        best = max((v for v in values if v is not None), default=None)
+        cells = []
+        for v in values:
+            bar = "" if v is None else f'<span class="mini"><span style="width:{100 * v:.1f}%"></span></span>'
+            cls = "n best" if v is not None and v == best and len(set(values)) > 1 else "n"
+            cells.append(f'<td class="{cls}">{_pct(v)}{bar}</td>')
+        return f"<tr><td>{name}</td>{''.join(cells)}</tr>"
+
+    out.append(rate_row("vLLM prefix hit rate (no eviction)", [c.vllm_hit_rate for c in cols]))
+    out.append(rate_row("provider cache hit rate", [c.provider_hit_rate for c in cols]))
+    out.append(rate_row("tokens shared with the previous request of the conversation",
+                        [None if not c.pair_tokens else (c.pair_reused_tokens or 0) / c.pair_tokens for c in cols]))
+    costs = [c.provider_cost_usd for c in cols]
+    low = min((v for v in costs if v is not None), default=None)
+    out.append("<tr><td>provider cost</td>" + "".join(
+        f'<td class="{"n best" if v is not None and v == low and len(set(costs)) > 1 else "n"}">{_usd(v)}</td>'
+        for v in costs) + "</tr>")
+    out.append("<tr><td>fixes applied</td>" + "".join(f'<td class="n">{_n(c.fixes_applied)}</td>' for c in cols)
+               + "</tr>")
+    out.append("<tr><td>pairs still diverging</td>" + "".join(
+        f'<td class="n">{_n(sum(c.causes.values()))}</td>' for c in cols) + "</tr></table>")
+    if fx.gains:
+        out.append('<p></p><table><tr><th>fix</th><th></th><th class="n">rewrites</th>'
+                   '<th class="n">tokens reused gained</th><th class="n">provider dollars saved</th></tr>')
+        for g in fx.gains:
+            pill = '<span class="pill safe">safe</span>' if g.safe else '<span class="pill unsafe">unsafe</span>'
+            out.append(f"<tr><td><code>{escape(g.code)}</code> {escape(g.name.replace('_', ' '))}</td><td>{pill}</td>"
+                       f'<td class="n">{_n(g.fixes)}</td><td class="n">{_n(g.reused_tokens)}</td>'
+                       f'<td class="n">{_usd(g.provider_saved_usd)}</td></tr>')
+        out.append("</table>")
+        out.append('<p class="note">Each code applied after the ones above it, so the gains add up to the '
+                   "all-fixes column.</p>")
+    for e in fx.examples:
+        change = ""
+        if e.before is not None or e.after is not None:
+            change = (f"<br><code>{escape(e.before or '')}</code> &rarr; <code>{escape(e.after or '')}</code>")
+        out.append(f'<p class="note ex"><b>{escape(e.code)}</b> line {e.line}, <code>{escape(e.path)}</code>: '
+                   f"{escape(e.message)}{change}</p>")
+    for n in fx.notes:
+        out.append(f'<p class="note">{escape(n)}</p>')
     return "\n".join(out)

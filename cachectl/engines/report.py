@@ -7,7 +7,9 @@
   cache hit rate, and why requests missed; the tokens lost per cause priced at the difference between the
   model's input and cache-read prices;
 - the vLLM prefix-cache replay (simulate-prefix): the hit rate with no eviction and the whole
-  hit-rate-vs-capacity curve (prefix_curve).
+  hit-rate-vs-capacity curve (prefix_curve);
+- what ``cachectl fix`` would change (:mod:`cachectl.engines.fix`): the log measured before, after the safe
+  fixes, and after all fixes (the unsafe ones too), and the tokens and dollars each fix code gains.
 
 Everything here is computed by those engines; this module only groups their results. It returns a frozen
 :class:`LogReport`; the CLI renders it (text, JSON, or one HTML page).
@@ -24,6 +26,7 @@ from ..errors import CachectlError
 
 if TYPE_CHECKING:
     from ..inputs import LogRecord, Request
+    from .fix import FixReport
     from .prefix import TraceRequest
     from .pricing import PriceTable
     from .tokendiff import PairResult
@@ -131,6 +134,84 @@ class CurveSection:
     notes: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class FixColumn:
+    """One version of the log, measured by fix's measure (the same engines as above)."""
+
+    label: str                          # before | safe fixes | all fixes
+    fixes_applied: int
+    vllm_hit_rate: float | None         # no eviction, blocks of the report's size
+    provider_cost_usd: float | None
+    provider_uncached_usd: float | None
+    provider_hit_rate: float | None
+    pair_reused_tokens: int | None      # tokens each request shares with the previous one of its conversation
+    pair_tokens: int | None
+    causes: dict                        # diff-tokens causes of the pairs that still diverge
+
+
+@dataclass(frozen=True)
+class FixGain:
+    code: str
+    name: str
+    safe: bool
+    fixes: int
+    reused_tokens: int                  # pair-reuse tokens this code gains (codes applied one after another)
+    provider_saved_usd: float | None
+
+
+@dataclass(frozen=True)
+class FixExample:
+    code: str
+    name: str
+    safe: bool
+    line: int
+    path: str
+    message: str
+    before: str | None
+    after: str | None
+
+
+@dataclass(frozen=True)
+class BeforeAfter:
+    grouping: str                       # "key FIELD" | "automatic"
+    conversations: int
+    columns: tuple[FixColumn, ...]
+    gains: tuple[FixGain, ...]
+    examples: tuple[FixExample, ...]    # the first fix of each code
+    notes: tuple[str, ...] = ()
+
+
+def before_after(safe: FixReport, full: FixReport) -> BeforeAfter:
+    """The fix engine's two runs (safe fixes only; unsafe ones too) as the report's before/after section."""
+    from .fix import FIXES
+
+    def column(label: str, m, applied: int) -> FixColumn:
+        p = m.provider if m is not None else None
+        v = m.vllm if m is not None else None
+        return FixColumn(label=label, fixes_applied=applied, vllm_hit_rate=v.hit_rate if v else None,
+                         provider_cost_usd=p.cost_usd if p else None,
+                         provider_uncached_usd=p.uncached_cost_usd if p else None,
+                         provider_hit_rate=p.hit_rate if p else None,
+                         pair_reused_tokens=m.pair_reused_tokens if m is not None else None,
+                         pair_tokens=m.pair_tokens if m is not None else None,
+                         causes=dict(m.causes) if m is not None else {})
+
+    cols = (column("before", safe.before, 0), column("safe fixes", safe.after, safe.applied),
+            column("all fixes", full.after, full.applied))
+    gains = tuple(FixGain(code=g.code, name=g.name, safe=FIXES[g.code][1], fixes=g.fixes,
+                          reused_tokens=g.reused_tokens, provider_saved_usd=g.provider_saved_usd)
+                  for g in full.per_cause)
+    examples = []
+    seen = set()
+    for f in full.fixes:
+        if f.applied and f.code not in seen:
+            seen.add(f.code)
+            examples.append(FixExample(code=f.code, name=f.name, safe=f.safe, line=f.line, path=f.path,
+                                       message=f.message, before=f.before, after=f.after))
+    return BeforeAfter(grouping=safe.grouping.how, conversations=safe.grouping.count, columns=cols, gains=gains,
+                       examples=tuple(examples), notes=tuple(dict.fromkeys(safe.notes + full.notes)))
+
+
 @dataclass(frozen=True, kw_only=True)
 class LogReport:
     schema_version: int = SCHEMA_VERSION
@@ -149,6 +230,7 @@ class LogReport:
     worst: tuple[ConversationLoss, ...]
     cost: CostSection | None
     curve: CurveSection | None
+    fixes: BeforeAfter | None = None
     tokenizer: str
     notes: tuple[str, ...] = field(default=())
 
@@ -177,7 +259,7 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
                  requests: Iterable[Request] | None = None, table: PriceTable | None = None,
                  trace: Iterable[TraceRequest] | None = None, block_size: int = 16, top: int = 5,
                  context: int = 24, curve_points: int = 16, price_model: str | None = None,
-                 text_counter: Any = None) -> LogReport:
+                 text_counter: Any = None, fixes: BeforeAfter | None = None) -> LogReport:
     """Run diff-tokens' log mode over ``log``, prompt-cost's simulation over ``requests`` (with ``table``) and
     simulate-prefix's capacity curve over ``trace``, and keep what the report shows.
 
@@ -234,15 +316,12 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
     if rate is not None:
         notes.append(f"dollars lost: tokens not reused, at {price_model}'s input price less its cache-read price, "
                      f"counted with {tokenizer_name}: an estimate of what a provider cache could have read")
-    if summary.conversations == 1 and summary.requests > 1:
-        notes.append("one conversation: every request was compared with the one before it (give the "
-                     "conversation key field to compare requests within each conversation)")
     return LogReport(source=source, requests=summary.requests, conversations=summary.conversations,
                      pairs=summary.pairs, block_size=block_size, reusable_tokens=summary.reusable_tokens,
                      reused_tokens=summary.reused_tokens, tokens_lost=lost_total, reuse_ratio=summary.reuse_ratio,
                      usd_lost=None if rate is None else sum(c.tokens_lost for c in causes) * rate,
                      price_model=price_model if rate is not None else None, causes=causes, worst=worst, cost=cost,
-                     curve=curve, tokenizer=tokenizer_name, notes=tuple(notes))
+                     curve=curve, fixes=fixes, tokenizer=tokenizer_name, notes=tuple(notes))
 
 
 def _cost_section(requests: Iterable[Request], table: PriceTable, source: str, text_counter: Any,
