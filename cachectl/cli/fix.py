@@ -236,7 +236,7 @@ def _render_measures(before: Measure | None, after: Measure | None) -> None:
                      _pct(after.vllm.hit_rate)))
         rows.append(("vLLM prefill tokens saved", f"{v.hit_tokens:,.0f}", f"{after.vllm.hit_tokens:,.0f}"))
     if before.pair_reused_tokens is not None and after.pair_reused_tokens is not None:
-        rows.append(("tokens shared with the previous request of the conversation", f"{before.pair_reused_tokens:,}",
+        rows.append(("tokens shared with the conversation's previous request", f"{before.pair_reused_tokens:,}",
                      f"{after.pair_reused_tokens:,}"))
     if before.provider is not None and after.provider is not None:
         p, q = before.provider, after.provider
@@ -245,16 +245,16 @@ def _render_measures(before: Measure | None, after: Measure | None) -> None:
         rows.append(("provider cache write tokens", f"{p.cache_write_tokens:,}", f"{q.cache_write_tokens:,}"))
         rows.append(("provider cost (uncached)", f"{_money(p.cost_usd)} ({_money(p.uncached_cost_usd)})",
                      f"{_money(q.cost_usd)} ({_money(q.uncached_cost_usd)})"))
+    if rows:
+        t = Table(header_style="bold", box=None, pad_edge=False)
+        for col in ("", "before", "after"):
+            t.add_column(col, justify="left" if not col else "right", overflow="fold")
+        for row in rows:
+            t.add_row(*row)
+        stdout.print(t)
     if before.causes or after.causes:
         def causes(m: Measure) -> str:
             return ", ".join(f"{k} x{n}" for k, n in m.causes.items()) or "none"
 
-        rows.append(("diff-tokens causes between consecutive requests", causes(before), causes(after)))
-    if not rows:
-        return
-    t = Table(header_style="bold", box=None, pad_edge=False)
-    for col in ("", "before", "after"):
-        t.add_column(col, justify="left" if not col else "right", overflow="fold")
-    for row in rows:
-        t.add_row(*row)
-    stdout.print(t)
+        stdout.print(f"diff-tokens causes between consecutive requests: before {causes(before)}; after "
+                     f"{causes(after)}", soft_wrap=True, markup=False)

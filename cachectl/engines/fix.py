@@ -392,7 +392,7 @@ class _Rewriter:
     """Applies the enabled fix codes to the whole log (a fresh deep copy), recording each fix."""
 
     def __init__(self, lines: Sequence[LogLine], grouping: Grouping, codes: Sequence[str], unsafe: bool,
-                 tokenizer: Any, table: Any, model: str | None):
+                 tokenizer: Any, table: Any, model: str | None, counter: Any = None):
         self.lines = list(lines)
         self.grouping = grouping
         self.codes = set(codes)
@@ -403,6 +403,7 @@ class _Rewriter:
         self.fixes: list[Fix] = []
         self.notes: list[str] = []
         self.values = [copy.deepcopy(ln.value) for ln in lines]
+        self.counter = counter
 
     def allowed(self, safe: bool) -> bool:
         return safe or self.unsafe
@@ -445,8 +446,8 @@ class _Rewriter:
                 ids = tok.backend.encode(p.text, add_special_tokens=True).ids
                 if len(ids) > 1 and ids[0] == ids[1] == bos_id:
                     path = p.field_paths[0] if p.field_paths else "prompt"
-                    if self.record("FX004", False, ln, path, f"the prompt text starts with {bos!r} and encoding adds "
-                                   "BOS again: the text's copy is removed", p.text[:len(bos) + 20],
+                    if self.record("FX004", False, ln, path, f"the text starts with {bos!r} and encoding adds BOS "
+                                   "again: the text's copy removed", p.text[:len(bos) + 20],
                                    p.text[len(bos):len(bos) + 20]):
                         _set(self.values[i], path, p.text[len(bos):])
             elif p.kind == "ids" and p.ids is not None and len(p.ids) > 1 and p.ids[0] == p.ids[1] == bos_id:
@@ -485,8 +486,8 @@ class _Rewriter:
                 canon = json.dumps(t, sort_keys=True)
                 if canon in unstable and json.dumps(t) != canon:
                     if self.record("FX002", True, ln, _bp(self.values[i]) + f"tools[{j}]",
-                                   f"tool {_tool_name(t)!r} is sent with its keys in another order in other requests:"
-                                   " serialized with sorted keys", json.dumps(t)[:60], canon[:60]):
+                                   f"tool {_tool_name(t)!r} is sent with its keys in another order elsewhere: keys "
+                                   "sorted", json.dumps(t)[:60], canon[:60]):
                         tools[j] = json.loads(canon)
 
     def tool_order(self) -> None:
@@ -513,8 +514,7 @@ class _Rewriter:
             if want == list(range(len(tools))):
                 continue
             if self.record("FX003", False, ln, _bp(self.values[i]) + "tools",
-                           "the same tools are listed in another order in other requests: put in the order first "
-                           "seen in the log", [_tool_name(t) for t in tools], [_tool_name(tools[j]) for j in want]):
+                           "the same tools are listed in another order elsewhere: put in the order first seen", [_tool_name(t) for t in tools], [_tool_name(tools[j]) for j in want]):
                 body["tools"] = [tools[j] for j in want]
 
     # ------------------------------------------------------------------------------ FX005 reasoning
@@ -570,12 +570,12 @@ class _Rewriter:
                 trial = _with_messages(self.values[i], new_msgs)
                 after_render = self._render_value(i, trial)
                 safe = before_render is not None and before_render == after_render
-                how = ("the chat template's render is unchanged" if safe else
+                how = ("the render is unchanged" if safe else
                        "the model no longer sees it" if before_render is not None else "not proven without a tokenizer")
                 for m in changed:
                     path = _bp(self.values[i]) + f"messages[{m}]"
-                    if self.record("FX005", safe, ln, path, f"the reasoning of assistant message {m} is present in "
-                                   f"some requests of this conversation and absent in others: dropped here ({how})",
+                    if self.record("FX005", safe, ln, path, f"assistant message {m}'s reasoning is sent in some "
+                                   f"requests of the conversation and not in others: dropped ({how})",
                                    _reasoning_of(msgs[m])[:40], ""):
                         self.values[i] = trial
 
@@ -676,8 +676,8 @@ class _Rewriter:
                     _set(_body_of(new_value)[0], slot, new)
                 for slot, _old, _new in edits:
                     self.record("FX001", False, ln, _bp(value) + slot,
-                                f"{', '.join(repr(x) for x in dict.fromkeys(moved))} changes from request to request "
-                                f"inside the cached prefix: moved to {where}", note, where)
+                                f"{', '.join(repr(x) for x in dict.fromkeys(moved))} changes per request inside the "
+                                f"cached prefix: moved to {where}", note, where)
                 if self.allowed(False):
                     self.values[i] = new_value
                     if carried is not None:
@@ -690,7 +690,7 @@ class _Rewriter:
     def breakpoints(self) -> None:
         from .promptcache import tokenizer_counter
 
-        counter = tokenizer_counter(self.tok) if self.tok is not None else None
+        counter = self.counter or (tokenizer_counter(self.tok) if self.tok is not None else None)
         noted = False
         for members in self.members():
             reqs = [self.current(i) for i in members]
@@ -750,9 +750,9 @@ class _Rewriter:
                 msg_carry = None
                 if t not in have:
                     msg_carry = _add_marker(new_body, req.positions[t], ttl, price)
-                desc = f"breakpoint on position {t} ({req.positions[t].path}), the last one the next request repeats"
+                desc = f"breakpoint on {req.positions[t].path}, the last position the next request repeats"
                 if unread:
-                    desc += f"; removed {len(unread)} marker(s) on positions the next request changes"
+                    desc += f"; {len(unread)} marker(s) on positions the next request changes removed"
                 if self.record("FX006", True, ln, _bp(self.values[i]) + (req.positions[t].last_path or req.positions[t].path),
                                desc + f" ({cum[t]:,} tokens, minimum {price.min_cacheable_tokens:,})",
                                [req.positions[j].path for j in have], [req.positions[j].path for j in new]):
@@ -1047,12 +1047,27 @@ def _add_marker(body: dict, p: Any, ttl: str, price: Any) -> tuple[int, str, Any
 # ------------------------------------------------------------------------------------------------ measure
 
 
-def _tokenize(lines: Sequence[LogLine], tokenizer: Any, add_generation_prompt: bool) -> list[Any]:
-    return tokenizer.tokenize_many([ln.prompt for ln in lines], add_generation_prompt=add_generation_prompt)
+def _prompt_key(p: PromptInput) -> str:
+    return json.dumps([p.kind, p.text, p.messages, p.tools, p.ids], ensure_ascii=False, default=str)
+
+
+def _tokenize(lines: Sequence[LogLine], tokenizer: Any, add_generation_prompt: bool,
+              memo: dict | None = None) -> list[Any]:
+    """Tokenized prompts; with ``memo``, a prompt tokenized before (the same content, key order included) is
+    not tokenized again (the before/after and per-fix measures share most lines)."""
+    if memo is None:
+        return tokenizer.tokenize_many([ln.prompt for ln in lines], add_generation_prompt=add_generation_prompt)
+    keys = [_prompt_key(ln.prompt) for ln in lines]
+    todo = {k: ln.prompt for k, ln in zip(keys, lines) if k not in memo}
+    if todo:
+        for k, t in zip(todo, tokenizer.tokenize_many(list(todo.values()), add_generation_prompt=add_generation_prompt)):
+            memo[k] = t
+    return [memo[k] for k in keys]
 
 
 def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = None, table: Any = None,
-            options: FixOptions = FixOptions(), source: str = "", causes: bool = True) -> tuple[Measure, list[str]]:
+            options: FixOptions = FixOptions(), source: str = "", causes: bool = True,
+            memo: dict | None = None, counter: Any = None) -> tuple[Measure, list[str]]:
     """A log measured by the existing engines: the vLLM replay (:func:`cachectl.engines.prefix.simulate`), the
     provider cache (:func:`cachectl.engines.promptcache.simulate_requests`), and the token prefix each request
     shares with the previous one of its conversation (with the diff-tokens cause where they diverge)."""
@@ -1063,7 +1078,7 @@ def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = No
     pair_reused = pair_tokens = None
     cause_count: dict[str, int] = {}
     if tokenizer is not None:
-        toks = _tokenize(lines, tokenizer, options.add_generation_prompt)
+        toks = _tokenize(lines, tokenizer, options.add_generation_prompt, memo)
         trace = [prefix.TraceRequest(index=k, line=ln.line, prompt_tokens=len(t.ids), tokens=list(t.ids),
                                      timestamp=ln.timestamp) for k, (ln, t) in enumerate(zip(lines, toks))]
         policy = "vllm" if options.capacity_blocks is not None else "infinite"
@@ -1089,7 +1104,8 @@ def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = No
     reqs = [ln.request for ln in lines if ln.request is not None]
     skipped = len(lines) - len(reqs)
     if reqs and table is not None:
-        counter = promptcache.tokenizer_counter(tokenizer) if tokenizer is not None else None
+        if counter is None and tokenizer is not None:
+            counter = promptcache.tokenizer_counter(tokenizer)
         try:
             rep = promptcache.simulate_requests(reqs, table=table, source=source, text_counter=counter,
                                                 every=None, token_source="tokenizer")
@@ -1118,15 +1134,23 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     if options.model is not None:
         lines = [_with_model(ln, options.model) for ln in lines]
     grouping = group_sessions(lines, key=options.key, window_s=options.window_s, tokenizer=tokenizer)
-    rw = _Rewriter(lines, grouping, codes, options.unsafe, tokenizer, table, options.model)
+    counter = None
+    if tokenizer is not None:  # one counter (and its cache of position token IDs) for every measure
+        from .promptcache import tokenizer_counter
+
+        counter = tokenizer_counter(tokenizer)
+    rw = _Rewriter(lines, grouping, codes, options.unsafe, tokenizer, table, options.model, counter)
     values = rw.run()
     # (dict equality ignores key order, which FX002 changes: every line is parsed again)
     fixed = [_reparse(ln, v) for ln, v in zip(lines, values)]
     if options.model is not None:
         fixed = [_with_model(ln, options.model) for ln in fixed]
     notes = list(rw.notes)
-    before, n1 = measure(lines, grouping, tokenizer=tokenizer, table=table, options=options, source=source)
-    after, n2 = measure(fixed, grouping, tokenizer=tokenizer, table=table, options=options, source=source)
+    memo: dict = {}
+    before, n1 = measure(lines, grouping, tokenizer=tokenizer, table=table, options=options, source=source, memo=memo,
+                         counter=counter)
+    after, n2 = measure(fixed, grouping, tokenizer=tokenizer, table=table, options=options, source=source, memo=memo,
+                         counter=counter)
     notes += list(dict.fromkeys(n1 + n2))
     if tokenizer is None:
         notes.append("no tokenizer: the vLLM hit rate and the tokens reused per cause need --tokenizer")
@@ -1142,10 +1166,11 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
             if len(done) == len(order):
                 m = after
             else:
-                step = _Rewriter(lines, grouping, done, options.unsafe, tokenizer, table, options.model).run()
+                step = _Rewriter(lines, grouping, done, options.unsafe, tokenizer, table, options.model,
+                                 counter).run()
                 step_lines = [_reparse(ln, v) for ln, v in zip(lines, step)]
                 m = measure(step_lines, grouping, tokenizer=tokenizer, table=table, options=options, source=source,
-                            causes=False)[0]
+                            causes=False, memo=memo, counter=counter)[0]
             reused = m.pair_reused_tokens or 0
             p0, p1 = prev_provider, m.provider
             per_cause.append(CauseGain(c, FIXES[c][0], sum(1 for f in rw.fixes if f.code == c and f.applied),
@@ -1153,7 +1178,8 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
                                        None if p0 is None or p1 is None else p1.cache_read_tokens - p0.cache_read_tokens,
                                        None if p0 is None or p1 is None else round(p0.cost_usd - p1.cost_usd, 10)))
             prev_reused, prev_provider = reused, p1
-    return FixReport(source=source, requests=len(lines), grouping=grouping, fixes=tuple(rw.fixes), before=before,
+    fixes = tuple(sorted(rw.fixes, key=lambda f: (f.line, CODES.index(f.code))))
+    return FixReport(source=source, requests=len(lines), grouping=grouping, fixes=fixes, before=before,
                      after=after, per_cause=tuple(per_cause), notes=tuple(notes), output=tuple(values))
 
 

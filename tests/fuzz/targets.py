@@ -76,6 +76,11 @@ def log_seeds() -> list:
     return _jsonl(PROMPTS / "demo_log.jsonl") + [{"session": "s9", "body": c} for c in chat_seeds()[:4]]
 
 
+@lru_cache(None)
+def fix_seeds() -> list:
+    return _jsonl(PROMPTS / "fix_log.jsonl") + log_seeds()[:6] + [c for c in chat_seeds() if isinstance(c, list)]
+
+
 def trace_seeds() -> list:
     return [{"tokens": list(range(1, 40)), "salt": "acme", "timestamp": 1.5, "output_tokens": 3},
             {"tokens": list(range(1, 30)) + [7, 7], "cache_salt": "globex", "output_tokens": 0},
@@ -214,6 +219,8 @@ TARGETS: list[Target] = [
            lambda p: ["diff-tokens", p, str(PROMPTS / "system_time_b.txt"), "-t", TOK, "--format", "json"]),
     Target("diff-tokens.log", "log.jsonl", _jl(log_seeds),
            lambda p: ["diff-tokens", "--log", p, "--key", "session", "-t", TOK, "--format", "json"]),
+    Target("fix.log", "log.jsonl", _jl(fix_seeds),
+           lambda p: ["fix", p, "-t", TOK, "--unsafe-fixes", "--model", "claude-sonnet-4-5", "--format", "json"]),
     Target("diff-tokens.stability", "conv.json", _j(chat_seeds),
            lambda p: ["diff-tokens", "--stability", p, "-t", TOK, "--format", "json"]),
     Target("simulate-prefix.tokens", "trace.jsonl", _jl(trace_seeds),
