@@ -90,10 +90,11 @@ def command(
         if diff:  # ruff --diff: the diff on stdout, nothing written, exit 1 when there is something to fix
             if patch:
                 typer.echo(patch, nl=False)
-            typer.echo(f"{fixes.fixed} fixable finding(s) in {len(fixes.files)} file(s)"
-                       + (" (not written: --diff)" if fixes.fixed else ""), err=True)
-            for message in fixes.errors:
-                typer.echo(f"cachectl: error: {message}", err=True)
+            for message in fixes.errors:  # one line each: the files that could not be read or parsed
+                typer.echo(f"cachectl: error: {' '.join(message.split())}", err=True)
+            if not fixes.errors:
+                typer.echo(f"{fixes.fixed} fixable finding(s) in {len(fixes.files)} file(s)"
+                           + (" (not written: --diff)" if fixes.fixed else ""), err=True)
             raise typer.Exit(EXIT_ERROR if fixes.errors else EXIT_FINDING if fixes.fixed else EXIT_OK)
         lint_fix.write_fixes(fixes)
         # the diff goes where it cannot corrupt machine output: stdout for text, stderr for the others

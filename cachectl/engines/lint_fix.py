@@ -69,7 +69,7 @@ class FileFix:
 @dataclass(frozen=True)
 class FixResult:
     files: tuple[FileFix, ...]     # files with at least one edit
-    errors: tuple[str, ...] = ()   # files that could not be fixed (left as they were), one line each
+    errors: tuple[str, ...] = ()   # paths missing, files that could not be read or parsed (left as they were)
 
     @property
     def fixed(self) -> int:
@@ -234,8 +234,9 @@ def fix_paths(paths: Sequence[str], config: LintConfig) -> FixResult:
             continue  # stdin cannot be fixed in place
         try:
             files = _candidates(raw)
-        except CachectlError:
-            continue  # lint reports the missing path
+        except CachectlError as exc:
+            errors.append(str(exc))
+            continue
         for f in files:
             if not (f.name.endswith(TEMPLATE_SUFFIXES) or f.name == "tokenizer_config.json"):
                 continue

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CachectlError
+from ..errors import CachectlError, InputError
 
 if TYPE_CHECKING:
     from ..inputs import LogRecord, Request
@@ -271,7 +271,12 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
     if top < 1:
         raise CachectlError("`top` must be at least 1")
     notes: list[str] = []
-    cost = _cost_section(requests, table, source, text_counter, tokenizer_name) if requests is not None and table is not None else None
+    cost = None
+    if requests is not None and table is not None:
+        try:
+            cost = _cost_section(requests, table, source, text_counter, tokenizer_name)
+        except InputError as exc:  # no model, no timestamps, out of order: the rest of the report still stands
+            notes.append(f"provider cache not simulated: {exc}")
     rate = None
     if table is not None and cost is not None:
         name = price_model or (cost.models[0] if cost.models else None)
