@@ -159,6 +159,12 @@ def test_cli_text_json_and_errors(cli, tmp_path):
     assert r.exit_code == 2 and "agent_log.jsonl:1: field 'nope': missing conversation key" in r.stderr
     assert cli("report", "-", "-t", str(TOK_DIR)).exit_code == 2
     assert "needs --tokenizer" in cli("report", str(LOG)).stderr
+    bare = tmp_path / "bare.jsonl"  # chat lists: no model, no timestamps; the provider cache cannot be priced
+    bare.write_text("".join(json.dumps(json.loads(row)["body"]["messages"]) + "\n"
+                            for row in LOG.read_text(encoding="utf-8").splitlines()[:6]), encoding="utf-8")
+    data = json.loads(cli("report", str(bare), "-t", str(TOK_DIR), "-f", "json").stdout)
+    assert data["cost"] is None and data["usd_lost"] is None and data["requests"] == 6
+    assert any(n.startswith("provider cache not simulated: ") for n in data["notes"])
     clean = tmp_path / "clean.jsonl"
     clean.write_text("".join(row for row in LOG.read_text(encoding="utf-8").splitlines(keepends=True)
                              if '"s1-clean"' in row), encoding="utf-8")

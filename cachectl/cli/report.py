@@ -37,12 +37,15 @@ its conversation, 1 when prefix tokens were lost, 2 on bad input.
 
 
 def _trace_records(path: str) -> Iterator[tuple]:
-    """simulate-prefix's trace records, with ISO 8601 timestamps read as seconds (gateway logs write them)."""
+    """simulate-prefix's trace records, with ISO 8601 timestamps read as seconds (gateway logs write them) and bare
+    chat lists as ``{"messages": [...]}`` (diff-tokens' logs are often those)."""
     from ..engines.prefix import trace_records
     from ..inputs import display_name
     from ..inputs.request import parse_timestamp
 
     for line, value, *rest in trace_records(path):
+        if isinstance(value, list):  # a bare chat list: the trace reader wants an object
+            value = {"messages": value}
         if isinstance(value, dict) and isinstance(value.get("timestamp"), str):
             try:
                 value = {**value, "timestamp": parse_timestamp(value["timestamp"])}
@@ -161,5 +164,8 @@ def _render_text(r, html: str | None) -> None:
         stdout.print(f"cachectl fix: vLLM hit rate {rate(before.vllm_hit_rate)} -> {rate(safe.vllm_hit_rate)} (safe "
                      f"fixes) -> {rate(full.vllm_hit_rate)} (all fixes); provider {_usd(before.provider_cost_usd)} -> "
                      f"{_usd(safe.provider_cost_usd)} -> {_usd(full.provider_cost_usd)}", soft_wrap=True, markup=False)
+    for note in r.notes:
+        if not note.startswith("dollars lost:"):  # that one explains the page's estimate; the rest matter here
+            stdout.print(f"note: {note}", soft_wrap=True, markup=False)
     if html is not None:
         stdout.print(f"wrote {html}", soft_wrap=True, markup=False)
