@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from .. import __version__
-from . import diff_tokens, fix, kv_inspect, lint, prompt_cost, semantic_probe, simulate_prefix
+from . import diff_tokens, fix, kv_inspect, lint, prompt_cost, report, semantic_probe, simulate_prefix
 from .common import CachectlGroup
 
 HELP = """Diagnose the caches around LLMs: token diffs, prefix-cache replay, prompt-cache cost, semantic-cache
@@ -49,6 +49,7 @@ app.command("prompt-cost")(prompt_cost.command)
 app.command("kv-inspect")(kv_inspect.command)
 app.command("lint")(lint.command)
 app.command("fix")(fix.command)
+app.command("report")(report.command)
 app.add_typer(semantic_probe.app, name="semantic-probe")
 
 

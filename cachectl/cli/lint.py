@@ -28,6 +28,9 @@ others are checked all the same. Exit codes: the worst outcome, 0 clean, 1 findi
 not be checked or a PATH holds no lintable file (--exit-zero: 0 with findings, still 2 on errors).
 Ignore a rule on a line with a Jinja comment {# cachectl: ignore[CC001] #} on it or the line before;
 configure in [tool.cachectl.lint] of pyproject.toml (select, ignore, per-file-ignores, model, tail-tokens).
+--fix applies the safe template fixes in place (CC006: tojson(sort_keys=true) on tool schemas) and prints
+their unified diff, then reports what remains (exit 1 when findings remain); --diff prints the diff
+without writing (exit 1 when there is something to fix), as ruff does.
 """
 
 
@@ -53,6 +56,10 @@ def command(
     exit_zero: Annotated[bool, typer.Option("--exit-zero", help="Exit 0 even with findings (report only).")] = False,
     config: Annotated[str | None, typer.Option("--config", metavar="pyproject.toml",
                                                   help="Read [tool.cachectl.lint] from this file.")] = None,
+    fix: Annotated[bool, typer.Option("--fix", help="Apply the safe template fixes in place and print their diff; "
+                                                    "then report the findings that remain.")] = False,
+    diff: Annotated[bool, typer.Option("--diff", help="Print the diff of the safe fixes without writing them "
+                                                      "(exit 1 when there is something to fix).")] = False,
 ) -> None:
     from ..engines import lint, lint_output
 
@@ -75,6 +82,26 @@ def command(
         tok = load_tokenizer(tokenizer)
     if not paths:
         raise UsageError("lint needs at least one PATH")
+    if fix or diff:
+        from ..engines import lint_fix
+
+        fixes = lint_fix.fix_paths(paths, cfg)
+        patch = "".join(f.diff() for f in fixes.files)
+        if diff:  # ruff --diff: the diff on stdout, nothing written, exit 1 when there is something to fix
+            if patch:
+                typer.echo(patch, nl=False)
+            for message in fixes.errors:  # one line each: the files that could not be read or parsed
+                typer.echo(f"cachectl: error: {' '.join(message.split())}", err=True)
+            if not fixes.errors:
+                typer.echo(f"{fixes.fixed} fixable finding(s) in {len(fixes.files)} file(s)"
+                           + (" (not written: --diff)" if fixes.fixed else ""), err=True)
+            raise typer.Exit(EXIT_ERROR if fixes.errors else EXIT_FINDING if fixes.fixed else EXIT_OK)
+        lint_fix.write_fixes(fixes)
+        # the diff goes where it cannot corrupt machine output: stdout for text, stderr for the others
+        if patch:
+            typer.echo(patch, nl=False, err=fmt is not LintFormat.text)
+        if fixes.fixed:
+            typer.echo(f"fixed {fixes.fixed} finding(s) in {len(fixes.files)} file(s)", err=fmt is not LintFormat.text)
     report = lint.lint_paths(paths, cfg, tokenizer=tok, min_tokens=min_tokens)
     if fmt is LintFormat.json:
         typer.echo(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))

@@ -1,0 +1,261 @@
+"""Safe fixes for lint's template findings (``cachectl lint --fix`` / ``--diff``).
+
+One rule has a mechanical fix in a template: CC006 (tool schemas serialized with ``tojson`` without
+``sort_keys``) becomes ``tojson(sort_keys=true)``, transformers' own ``tojson`` keyword. It is safe in the
+rule table's sense: the model reads the same tool schemas, in one canonical key order, and a render without
+tools is unchanged (the filter is never reached). The other template rules have no mechanical fix that keeps
+the prompt text (CC001, CC003 and CC007 move or pin content: a person decides), and the body rules
+(CC002, CC004, CC005, CC008, CC009) concern request bodies, which ``cachectl fix`` rewrites.
+
+Each edit is checked, not assumed: a candidate ``tojson`` on a flagged line is rewritten alone, the template
+is parsed again, and the edit is kept only when it removes a CC006 finding on that line (so a ``tojson``
+inside a string literal or a comment, or one on a tool call's arguments, is never touched). The fixed
+template must compile in transformers' chat-template environment.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import CachectlError, InputError
+from .lint import TEMPLATE_SUFFIXES, Finding, LintConfig, _candidates, _filter, _tool_schema_findings, sandbox
+
+#: rules whose findings have a mechanical template fix
+FIXABLE = frozenset({"CC006"})
+
+_TOJSON = re.compile(r"\|\s*tojson\b")
+_SORT_FALSE = re.compile(r"\bsort_keys\s*=\s*(false|False|none|None|0)\b")
+
+
+@dataclass(frozen=True)
+class Edit:
+    rule: str
+    line: int
+    column: int
+    before: str    # the source line before the edit
+    after: str     # and after
+
+
+@dataclass(frozen=True)
+class FileFix:
+    """The safe fixes of one file: its text before and after, and the edits (empty: nothing to fix)."""
+
+    path: str
+    original: str
+    fixed: str
+    edits: tuple[Edit, ...]
+    bom: bool = False  # the file starts with a UTF-8 BOM (kept when written)
+
+    @property
+    def changed(self) -> bool:
+        return self.fixed != self.original
+
+    def diff(self) -> str:
+        """A unified diff of the file, its path on both sides (as ruff --diff prints it; ``patch -p0`` applies it)."""
+        return "".join(difflib.unified_diff(self.original.splitlines(keepends=True),
+                                            self.fixed.splitlines(keepends=True),
+                                            fromfile=self.path, tofile=self.path))
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "fixes": [{"rule": e.rule, "line": e.line, "column": e.column}
+                                             for e in self.edits], "diff": self.diff()}
+
+
+@dataclass(frozen=True)
+class FixResult:
+    files: tuple[FileFix, ...]     # files with at least one edit
+    errors: tuple[str, ...] = ()   # paths missing, files that could not be read or parsed (left as they were)
+
+    @property
+    def fixed(self) -> int:
+        return sum(len(f.edits) for f in self.files)
+
+
+def _closing_paren(text: str, start: int) -> int | None:
+    """Index of the ``)`` that closes the ``(`` at ``start``, skipping string literals."""
+    depth = 0
+    quote = None
+    i = start
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote:
+                quote = None
+        elif c in "'\"":
+            quote = c
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return None
+
+
+def _with_sort_keys(source: str, match: re.Match) -> str | None:
+    """``source`` with the ``tojson`` filter at ``match`` given ``sort_keys=true`` (None: not rewritable)."""
+    end = match.end()
+    j = end
+    while j < len(source) and source[j] in " \t":
+        j += 1
+    if j >= len(source) or source[j] != "(":
+        return source[:end] + "(sort_keys=true)" + source[end:]
+    close = _closing_paren(source, j)
+    if close is None:
+        return None
+    args = source[j + 1:close]
+    if _SORT_FALSE.search(args):
+        args = _SORT_FALSE.sub("sort_keys=true", args, count=1)
+    elif "sort_keys" in args:
+        return None  # sort_keys given some other way (a variable): a person decides
+    elif args.strip():
+        args = args.rstrip() + ", sort_keys=true"
+    else:
+        args = "sort_keys=true"
+    return source[:j + 1] + args + source[close:]
+
+
+def _cc006_lines(env, source: str, path: str, config: LintConfig) -> list[Finding]:
+    from jinja2.exceptions import TemplateSyntaxError
+
+    try:
+        ast = env.parse(source, name=path)
+    except TemplateSyntaxError as exc:
+        raise InputError(f"invalid Jinja: {exc.message}", source=path, line=exc.lineno) from None
+    except RecursionError:
+        raise InputError("Jinja template nested too deeply to parse", source=path) from None
+    lines = source.splitlines()
+    found: list[Finding] = []
+
+    def add(rule: str, line: int, column: int, message: str) -> None:
+        found.append(Finding(rule, "warning", path, line, column, message))
+
+    _tool_schema_findings(ast, lines, add)
+    return _filter(found, source, config)
+
+
+def _count_on(findings: list[Finding], line: int) -> int:
+    return sum(f.line == line for f in findings)
+
+
+def fix_template(path: str, source: str, config: LintConfig) -> tuple[str, list[Edit]]:
+    """The template with every fixable finding fixed, and the edits made.
+
+    Raises InputError when the template does not parse (nothing is fixed then).
+    """
+    if "CC006" not in FIXABLE or not config.enabled("CC006", path):
+        return source, []
+    env = sandbox()
+    findings = _cc006_lines(env, source, path, config)
+    edits: list[Edit] = []
+    text = source
+    for line in sorted({f.line for f in findings}):
+        progress = True
+        while progress and _count_on(findings, line):
+            progress = False
+            starts = _line_starts(text)
+            lo, hi = starts[line - 1], starts[line] if line < len(starts) else len(text)
+            for m in _TOJSON.finditer(text, lo, hi):
+                candidate = _with_sort_keys(text, m)
+                if candidate is None or candidate.count("\n") != text.count("\n"):
+                    continue
+                try:
+                    after = _cc006_lines(env, candidate, path, config)
+                except InputError:
+                    continue
+                if _count_on(after, line) < _count_on(findings, line):
+                    old, new = text.splitlines()[line - 1], candidate.splitlines()[line - 1]
+                    edits.append(Edit("CC006", line, m.start() - lo + 1 + (m.group(0).find("tojson")), old, new))
+                    text, findings, progress = candidate, after, True
+                    break
+    if edits:
+        from jinja2.exceptions import TemplateSyntaxError
+
+        try:
+            env.from_string(text)
+        except TemplateSyntaxError as exc:  # pragma: no cover - every kept edit parsed already
+            raise InputError(f"the fixed template does not compile: {exc.message}", source=path,
+                             line=exc.lineno) from None
+    return text, edits
+
+
+def _line_starts(text: str) -> list[int]:
+    starts = [0]
+    for m in re.finditer("\n", text):
+        starts.append(m.end())
+    return starts
+
+
+def _fix_tokenizer_config(path: str, text: str, config: LintConfig) -> tuple[str, list[Edit]]:
+    """A tokenizer_config.json's string ``chat_template``, fixed where its JSON string literal stands (the rest of
+    the file is left byte for byte)."""
+    from ..inputs import parse_json_document
+
+    doc = parse_json_document(text, path)
+    if not isinstance(doc, dict) or not isinstance(doc.get("chat_template"), str):
+        return text, []
+    template = doc["chat_template"]
+    fixed, edits = fix_template(path, template, config)
+    if not edits:
+        return text, []
+    m = re.search(r'"chat_template"\s*:\s*"', text)
+    if m is None:  # pragma: no cover - the key was parsed from this text
+        return text, []
+    start = m.end() - 1
+    value, end = json.decoder.scanstring(text, start + 1)  # type: ignore[attr-defined]
+    if value != template:  # a duplicate key or an escaped key name: leave the file alone
+        raise InputError("could not locate the chat_template string to fix it in place", source=path,
+                         field="chat_template")
+    ascii_only = text[start:end].isascii()
+    return text[:start] + json.dumps(fixed, ensure_ascii=ascii_only) + text[end:], edits
+
+
+def fix_paths(paths: Sequence[str], config: LintConfig) -> FixResult:
+    """The safe fixes of every template under ``paths`` (Jinja files and tokenizer_config.json chat templates).
+
+    Nothing is written: the caller writes :attr:`FileFix.fixed` (``--fix``) or shows :meth:`FileFix.diff`
+    (``--diff``). A file that cannot be read or parsed is listed in ``errors`` and left alone; lint reports
+    it the same way.
+    """
+    from ..inputs import decode_text, read_bytes
+
+    out: list[FileFix] = []
+    errors: list[str] = []
+    for raw in paths:
+        if raw == "-":
+            continue  # stdin cannot be fixed in place
+        try:
+            files = _candidates(raw)
+        except CachectlError as exc:
+            errors.append(str(exc))
+            continue
+        for f in files:
+            if not (f.name.endswith(TEMPLATE_SUFFIXES) or f.name == "tokenizer_config.json"):
+                continue
+            try:
+                data, source = read_bytes(str(f))
+                text = decode_text(data, source)
+                if f.name.endswith(TEMPLATE_SUFFIXES):
+                    fixed, edits = fix_template(str(f), text, config)
+                else:
+                    fixed, edits = _fix_tokenizer_config(str(f), text, config)
+            except CachectlError as exc:
+                errors.append(str(exc))
+                continue
+            if edits:
+                out.append(FileFix(str(f), text, fixed, tuple(edits), bom=data.startswith(b"\xef\xbb\xbf")))
+    return FixResult(files=tuple(out), errors=tuple(errors))
+
+
+def write_fixes(result: FixResult) -> None:
+    """Write each fixed file in place (its bytes as read: UTF-8, the same line endings)."""
+    for f in result.files:
+        Path(f.path).write_bytes((b"\xef\xbb\xbf" if f.bom else b"") + f.fixed.encode("utf-8"))

@@ -1,0 +1,360 @@
+"""One report over a request log, joining the engines a person would otherwise run one by one.
+
+- the token diff of each request against the previous one of its conversation (diff-tokens' log mode):
+  tokens a prefix cache could have reused and did not, per cause, and the worst conversations with the
+  tokens around their first divergence;
+- the provider-cache simulation with the price table (prompt-cost): dollars paid, dollars without caching,
+  cache hit rate, and why requests missed; the tokens lost per cause priced at the difference between the
+  model's input and cache-read prices;
+- the vLLM prefix-cache replay (simulate-prefix): the hit rate with no eviction and the whole
+  hit-rate-vs-capacity curve (prefix_curve);
+- what ``cachectl fix`` would change (:mod:`cachectl.engines.fix`): the log measured before, after the safe
+  fixes, and after all fixes (the unsafe ones too), and the tokens and dollars each fix code gains.
+
+Everything here is computed by those engines; this module only groups their results. It returns a frozen
+:class:`LogReport`; the CLI renders it (text, JSON, or one HTML page).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import CachectlError, InputError
+
+if TYPE_CHECKING:
+    from ..inputs import LogRecord, Request
+    from .fix import FixReport
+    from .prefix import TraceRequest
+    from .pricing import PriceTable
+    from .tokendiff import PairResult
+
+SCHEMA_VERSION = 1
+
+#: a one-line name for each cause id of the token diff (tokendiff.explain)
+CAUSE_LABELS = {
+    "date_time": "a date or time in the prompt",
+    "volatile_id": "a per-request id in the prompt",
+    "counter": "a counter in the prompt",
+    "tool_schema_key_order": "tool schema keys in another order",
+    "tool_order": "tools listed in another order",
+    "tools_changed": "the tool list changed",
+    "json_key_order": "JSON keys in another order",
+    "think_stripped": "reasoning stripped from earlier turns",
+    "doubled_bos": "a doubled BOS token",
+    "bos_mismatch": "BOS present in one and not the other",
+    "default_system_prompt": "the template's default system prompt",
+    "system_prompt_changed": "the system prompt changed",
+    "history_edited": "earlier turns edited",
+    "message_relocated": "a message moved",
+    "last_turn_closed_differently": "the last turn closed differently",
+    "unicode_normalization": "Unicode normalized differently",
+    "whitespace": "whitespace changed",
+    "token_boundary": "a token boundary moved",
+    None: "no cause identified",
+}
+
+
+def cause_label(cause: str | None) -> str:
+    return CAUSE_LABELS.get(cause, (cause or "").replace("_", " "))
+
+
+@dataclass(frozen=True)
+class CauseLoss:
+    cause: str | None          # the token diff's cause id; None: a divergence no rule explains
+    label: str
+    pairs: int
+    tokens_lost: int           # tokens of the predecessor that the successor did not share as a prefix
+    usd_lost: float | None     # those tokens at (input - cache read) prices; None without a price table
+
+
+@dataclass(frozen=True)
+class PairView:
+    """One request beside the previous one of its conversation, around the first token that differs."""
+
+    key: Any
+    line_a: int
+    line_b: int
+    tokens_a: int
+    tokens_b: int
+    common_prefix_tokens: int
+    first_diff_index: int | None
+    cause: str | None
+    cause_message: str | None
+    tokens_lost: int
+    where_a: str | None        # the field the first differing token belongs to (message, tools ...)
+    where_b: str | None
+    start_a: int               # index of the first token shown
+    start_b: int
+    window_a: tuple[str, ...]  # decoded tokens from start_a
+    window_b: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ConversationLoss:
+    key: Any
+    requests: int
+    tokens_lost: int
+    usd_lost: float | None
+    causes: tuple[str, ...]    # cause ids, in order of first appearance
+    worst: PairView | None     # the pair that lost most
+
+
+@dataclass(frozen=True)
+class MissTally:
+    code: str                  # prompt-cost's miss reason code
+    requests: int
+    uncached_input_tokens: int
+
+
+@dataclass(frozen=True)
+class CostSection:
+    models: tuple[str, ...]
+    token_source: str
+    total_usd: float
+    uncached_usd: float
+    savings_usd: float
+    hit_rate: float | None
+    misses: tuple[MissTally, ...]
+    findings: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CurveSection:
+    block_size: int
+    requests: int
+    query_tokens: int
+    ceiling_hit_rate: float | None      # no eviction
+    ceiling_capacity_tokens: int
+    min_capacity_tokens: int
+    points: tuple[tuple[int, float], ...]   # (capacity in tokens, hit rate), the capacities that fit
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FixColumn:
+    """One version of the log, measured by fix's measure (the same engines as above)."""
+
+    label: str                          # before | safe fixes | all fixes
+    fixes_applied: int
+    vllm_hit_rate: float | None         # no eviction, blocks of the report's size
+    provider_cost_usd: float | None
+    provider_uncached_usd: float | None
+    provider_hit_rate: float | None
+    pair_reused_tokens: int | None      # tokens each request shares with the previous one of its conversation
+    pair_tokens: int | None
+    causes: dict                        # diff-tokens causes of the pairs that still diverge
+
+
+@dataclass(frozen=True)
+class FixGain:
+    code: str
+    name: str
+    safe: bool
+    fixes: int
+    reused_tokens: int                  # pair-reuse tokens this code gains (codes applied one after another)
+    provider_saved_usd: float | None
+
+
+@dataclass(frozen=True)
+class FixExample:
+    code: str
+    name: str
+    safe: bool
+    line: int
+    path: str
+    message: str
+    before: str | None
+    after: str | None
+
+
+@dataclass(frozen=True)
+class BeforeAfter:
+    grouping: str                       # "key FIELD" | "automatic"
+    conversations: int
+    columns: tuple[FixColumn, ...]
+    gains: tuple[FixGain, ...]
+    examples: tuple[FixExample, ...]    # the first fix of each code
+    notes: tuple[str, ...] = ()
+
+
+def before_after(safe: FixReport, full: FixReport) -> BeforeAfter:
+    """The fix engine's two runs (safe fixes only; unsafe ones too) as the report's before/after section."""
+    from .fix import FIXES
+
+    def column(label: str, m, applied: int) -> FixColumn:
+        p = m.provider if m is not None else None
+        v = m.vllm if m is not None else None
+        return FixColumn(label=label, fixes_applied=applied, vllm_hit_rate=v.hit_rate if v else None,
+                         provider_cost_usd=p.cost_usd if p else None,
+                         provider_uncached_usd=p.uncached_cost_usd if p else None,
+                         provider_hit_rate=p.hit_rate if p else None,
+                         pair_reused_tokens=m.pair_reused_tokens if m is not None else None,
+                         pair_tokens=m.pair_tokens if m is not None else None,
+                         causes=dict(m.causes) if m is not None else {})
+
+    cols = (column("before", safe.before, 0), column("safe fixes", safe.after, safe.applied),
+            column("all fixes", full.after, full.applied))
+    gains = tuple(FixGain(code=g.code, name=g.name, safe=FIXES[g.code][1], fixes=g.fixes,
+                          reused_tokens=g.reused_tokens, provider_saved_usd=g.provider_saved_usd)
+                  for g in full.per_cause)
+    examples = []
+    seen = set()
+    for f in full.fixes:
+        if f.applied and f.code not in seen:
+            seen.add(f.code)
+            examples.append(FixExample(code=f.code, name=f.name, safe=f.safe, line=f.line, path=f.path,
+                                       message=f.message, before=f.before, after=f.after))
+    return BeforeAfter(grouping=safe.grouping.how, conversations=safe.grouping.count, columns=cols, gains=gains,
+                       examples=tuple(examples), notes=tuple(dict.fromkeys(safe.notes + full.notes)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogReport:
+    schema_version: int = SCHEMA_VERSION
+    source: str
+    requests: int
+    conversations: int
+    pairs: int
+    block_size: int
+    reusable_tokens: int
+    reused_tokens: int
+    tokens_lost: int
+    reuse_ratio: float | None
+    usd_lost: float | None
+    price_model: str | None             # whose prices turned lost tokens into dollars
+    causes: tuple[CauseLoss, ...]
+    worst: tuple[ConversationLoss, ...]
+    cost: CostSection | None
+    curve: CurveSection | None
+    fixes: BeforeAfter | None = None
+    tokenizer: str
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _lost(d) -> int:
+    return max(0, min(d.tokens_a, d.tokens_b) - d.common_prefix_tokens)
+
+
+def _where(side) -> str | None:
+    return side.location.describe() if side.location is not None else None
+
+
+def _view(p: PairResult) -> PairView:
+    d = p.diff
+    return PairView(key=p.key, line_a=p.line_a, line_b=p.line_b, tokens_a=d.tokens_a, tokens_b=d.tokens_b,
+                    common_prefix_tokens=d.common_prefix_tokens, first_diff_index=d.first_diff_index,
+                    cause=d.cause.id if d.cause else None, cause_message=d.cause.message if d.cause else None,
+                    tokens_lost=_lost(d), where_a=_where(d.a), where_b=_where(d.b), start_a=d.a.window_start,
+                    start_b=d.b.window_start, window_a=tuple(d.a.window_tokens), window_b=tuple(d.b.window_tokens))
+
+
+def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, tokenizer_name: str,
+                 requests: Iterable[Request] | None = None, table: PriceTable | None = None,
+                 trace: Iterable[TraceRequest] | None = None, block_size: int = 16, top: int = 5,
+                 context: int = 24, curve_points: int = 16, price_model: str | None = None,
+                 text_counter: Any = None, fixes: BeforeAfter | None = None) -> LogReport:
+    """Run diff-tokens' log mode over ``log``, prompt-cost's simulation over ``requests`` (with ``table``) and
+    simulate-prefix's capacity curve over ``trace``, and keep what the report shows.
+
+    ``price_model`` names the model whose prices turn lost tokens into dollars (default: the model of the
+    first request priced). Memory: one pair view per conversation (its worst) and the per-cause tallies.
+    """
+    from .tokendiff import MISMATCH, LogSummary, diff_log
+
+    if top < 1:
+        raise CachectlError("`top` must be at least 1")
+    notes: list[str] = []
+    cost = None
+    if requests is not None and table is not None:
+        try:
+            cost = _cost_section(requests, table, source, text_counter, tokenizer_name)
+        except InputError as exc:  # no model, no timestamps, out of order: the rest of the report still stands
+            notes.append(f"provider cache not simulated: {exc}")
+    rate = None
+    if table is not None and cost is not None:
+        name = price_model or (cost.models[0] if cost.models else None)
+        if name is not None:
+            price = table.lookup(name)
+            price_model = price.model
+            if price.cache_read is not None:
+                rate = (price.input - price.cache_read) / 1e6
+    by_cause: dict[str | None, list[int]] = {}
+    convs: dict[Any, dict] = {}
+    summary: LogSummary | None = None
+    for item in diff_log(log, tokenizer, block_size=block_size, context=context):
+        if isinstance(item, LogSummary):
+            summary = item
+            continue
+        d = item.diff
+        conv = convs.setdefault(item.key, {"requests": 1, "lost": 0, "causes": [], "worst": None, "worst_lost": -1})
+        conv["requests"] += 1
+        if d.kind != MISMATCH:
+            continue
+        lost = _lost(d)
+        cid = d.cause.id if d.cause else None
+        tally = by_cause.setdefault(cid, [0, 0])
+        tally[0] += 1
+        tally[1] += lost
+        conv["lost"] += lost
+        if cid not in conv["causes"]:
+            conv["causes"].append(cid)
+        if lost > conv["worst_lost"]:
+            conv["worst"], conv["worst_lost"] = _view(item), lost
+    assert summary is not None
+    causes = tuple(sorted((CauseLoss(cause=c, label=cause_label(c), pairs=n, tokens_lost=t,
+                                     usd_lost=None if rate is None else t * rate)
+                           for c, (n, t) in by_cause.items()), key=lambda c: (-c.tokens_lost, str(c.cause))))
+    worst_keys = heapq.nlargest(top, (k for k in convs if convs[k]["lost"] > 0), key=lambda k: convs[k]["lost"])
+    worst = tuple(ConversationLoss(key=k, requests=convs[k]["requests"], tokens_lost=convs[k]["lost"],
+                                   usd_lost=None if rate is None else convs[k]["lost"] * rate,
+                                   causes=tuple(c or "unexplained" for c in convs[k]["causes"]),
+                                   worst=convs[k]["worst"]) for k in worst_keys)
+    lost_total = summary.reusable_tokens - summary.reused_tokens
+    curve = _curve_section(trace, block_size, curve_points, source) if trace is not None else None
+    if rate is not None:
+        notes.append(f"dollars lost: tokens not reused, at {price_model}'s input price less its cache-read price, "
+                     f"counted with {tokenizer_name}: an estimate of what a provider cache could have read")
+    return LogReport(source=source, requests=summary.requests, conversations=summary.conversations,
+                     pairs=summary.pairs, block_size=block_size, reusable_tokens=summary.reusable_tokens,
+                     reused_tokens=summary.reused_tokens, tokens_lost=lost_total, reuse_ratio=summary.reuse_ratio,
+                     usd_lost=None if rate is None else sum(c.tokens_lost for c in causes) * rate,
+                     price_model=price_model if rate is not None else None, causes=causes, worst=worst, cost=cost,
+                     curve=curve, fixes=fixes, tokenizer=tokenizer_name, notes=tuple(notes))
+
+
+def _cost_section(requests: Iterable[Request], table: PriceTable, source: str, text_counter: Any,
+                  tokenizer_name: str) -> CostSection:
+    from .promptcache import simulate_requests
+
+    r = simulate_requests(requests, table=table, source=source, text_counter=text_counter,
+                          token_source=f"tokenizer {tokenizer_name}" if text_counter is not None else "layout")
+    tallies: dict[str, list[int]] = {}
+    for q in r.requests:
+        if q.miss is None:
+            continue
+        t = tallies.setdefault(q.miss.code, [0, 0])
+        t[0] += 1
+        t[1] += q.input_tokens
+    misses = tuple(MissTally(code=c, requests=n, uncached_input_tokens=tok)
+                   for c, (n, tok) in sorted(tallies.items(), key=lambda kv: -kv[1][0]))
+    return CostSection(models=r.models, token_source=r.token_source, total_usd=r.total_cost_usd,
+                       uncached_usd=r.uncached_cost_usd, savings_usd=r.savings_usd, hit_rate=r.hit_rate,
+                       misses=misses, findings=tuple(f.message for f in r.findings), notes=r.notes)
+
+
+def _curve_section(trace: Iterable[TraceRequest], block_size: int, points: int, source: str) -> CurveSection:
+    from .prefix_curve import capacity_curve, key_trace
+
+    kt = key_trace(trace, [block_size], source=source)[block_size]
+    c = capacity_curve(kt, points=points, source=source)
+    pts = tuple((p.capacity_tokens, p.hit_rate) for p in c.points if p.fits and p.hit_rate is not None)
+    return CurveSection(block_size=block_size, requests=c.counted_requests, query_tokens=c.query_tokens,
+                        ceiling_hit_rate=c.ceiling_hit_rate, ceiling_capacity_tokens=c.ceiling_capacity_blocks * block_size,
+                        min_capacity_tokens=c.min_capacity_blocks * block_size, points=pts, notes=c.notes)

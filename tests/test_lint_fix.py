@@ -1,0 +1,167 @@
+"""``cachectl lint --fix`` / ``--diff``: the safe template fix (CC006, tojson(sort_keys=true) on tool schemas),
+checked on the real chat templates of fixtures/chat_templates rendered through transformers' environment."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from cachectl.engines import lint, lint_fix
+from cachectl.tokenization import render_chat_template, template_environment
+
+from .conftest import FIXTURES
+
+CORPUS = FIXTURES / "chat_templates"
+CONV = [{"role": "system", "content": "You are a concise assistant for a weather service."},
+        {"role": "user", "content": "What is the weather in Paris today?"},
+        {"role": "assistant", "content": "It is sunny in Paris."},
+        {"role": "user", "content": "And in Berlin?"}]
+NO_SYSTEM = CONV[1:]
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
+                                         "parameters": {"type": "object",
+                                                        "properties": {"city": {"type": "string"},
+                                                                       "unit": {"type": "string"}},
+                                                        "required": ["city"]}}}
+
+
+def _reordered(obj):
+    """The same JSON value with every object's keys in reverse order (what another client may send)."""
+    if isinstance(obj, dict):
+        return {k: _reordered(obj[k]) for k in reversed(list(obj))}
+    if isinstance(obj, list):
+        return [_reordered(x) for x in obj]
+    return obj
+
+
+def _deep_sorted(obj):
+    if isinstance(obj, dict):
+        return {k: _deep_sorted(obj[k]) for k in sorted(obj)}
+    if isinstance(obj, list):
+        return [_deep_sorted(x) for x in obj]
+    return obj
+
+
+def _render(source: str, messages, tools=None) -> str:
+    return render_chat_template(template_environment().from_string(source), messages, tools=tools,
+                                add_generation_prompt=True, special_tokens={"bos_token": "<s>", "eos_token": "</s>"})
+
+
+def _render_any(source: str, tools=None) -> str | None:
+    for msgs in (CONV, NO_SYSTEM):
+        try:
+            return _render(source, msgs, tools)
+        except Exception:
+            continue
+    return None
+
+
+FIXABLE = sorted(p.name for p in CORPUS.glob("*.jinja")
+                 if lint_fix.fix_template(str(p), p.read_text(encoding="utf-8"), lint.LintConfig())[1])
+
+
+def test_the_corpus_has_templates_to_fix():
+    # Qwen3, Llama 3.1, Hermes 3, ... serialize tool schemas with a bare tojson (CC006)
+    assert len(FIXABLE) >= 10 and "Qwen-Qwen3-0.6B.jinja" in FIXABLE
+
+
+@pytest.mark.parametrize("name", FIXABLE)
+def test_fixed_real_template_renders_the_same_without_tools_and_sorted_with_them(name):
+    path = CORPUS / name
+    source = path.read_text(encoding="utf-8")
+    fixed, edits = lint_fix.fix_template(str(path), source, lint.LintConfig())
+    assert edits and fixed != source
+    assert all("sort_keys=true" in e.after and "sort_keys=true" not in e.before for e in edits)
+    # the fixed template has no CC006 left (lint itself, static and rendered) and still renders everywhere
+    found = lint.lint_template(str(path), fixed, lint.LintConfig())
+    assert not [f for f in found if f.rule == "CC006"]
+    # without tools: byte-identical renders (Hermes' tool_use template raises without tools, fixed or not)
+    before, after = _render_any(source), _render_any(fixed)
+    assert before == after
+    assert before is not None or name.startswith("NousResearch-Hermes-3")
+    # with tools: the fixed template, given the caller's key order, renders what the original renders given
+    # schemas in sorted key order (tojson(sort_keys=true) is that, and nothing else)
+    with_tools = _render_any(fixed, [TOOL])
+    if name == "llama-cpp-deepseek-r1.jinja":  # wants tools without a "function" wrapper, fixed or not
+        assert with_tools is None and _render_any(source, [TOOL]) is None
+        return
+    assert with_tools is not None
+    if name == "mistralai-Mistral-Nemo-Instruct-2407.jinja":
+        # it walks each tool's top-level keys itself, and tojson prints the values: those come out sorted
+        params = TOOL["function"]["parameters"]
+        assert json.dumps(params, sort_keys=True) in with_tools and json.dumps(params) not in with_tools
+    else:
+        assert with_tools == _render_any(source, [_deep_sorted(TOOL)])
+        if json.dumps(TOOL, sort_keys=True) in with_tools or json.dumps(TOOL, sort_keys=True, indent=4) in with_tools:
+            assert _render_any(fixed, [_reordered(TOOL)]) == with_tools  # the whole schema is order-free now
+
+
+def test_only_flagged_filters_are_touched():
+    src = ("{# tools | tojson in a comment #}{{ 'tools | tojson' }}\n"
+           "{% for tool in tools %}{{ tool | tojson(indent=2) }}{% endfor %}\n"
+           "{% for m in messages %}{% for c in m.tool_calls %}{{ c.arguments | tojson }}{% endfor %}{% endfor %}\n"
+           "{{ tools | tojson(sort_keys=false) | safe }}\n")
+    fixed, edits = lint_fix.fix_template("t.j2", src, lint.LintConfig())
+    assert fixed.splitlines() == [
+        "{# tools | tojson in a comment #}{{ 'tools | tojson' }}",
+        "{% for tool in tools %}{{ tool | tojson(indent=2, sort_keys=true) }}{% endfor %}",
+        "{% for m in messages %}{% for c in m.tool_calls %}{{ c.arguments | tojson }}{% endfor %}{% endfor %}",
+        "{{ tools | tojson(sort_keys=true) | safe }}"]
+    assert [(e.rule, e.line) for e in edits] == [("CC006", 2), ("CC006", 4)]
+
+
+def test_ignored_and_deselected_findings_are_not_fixed():
+    src = "{# cachectl: ignore[CC006] #}\n{{ tools | tojson }}\n"
+    assert lint_fix.fix_template("t.j2", src, lint.LintConfig())[1] == []
+    src = "{{ tools | tojson }}\n"
+    assert lint_fix.fix_template("t.j2", src, lint.LintConfig(select=frozenset({"CC001"})))[1] == []
+
+
+def test_cli_fix_writes_prints_the_diff_and_keeps_the_exit_contract(cli, tmp_path):
+    qwen = tmp_path / "qwen.jinja"
+    shutil.copy(CORPUS / "Qwen-Qwen3-0.6B.jinja", qwen)
+    tools = tmp_path / "tools.j2"
+    shutil.copy(FIXTURES / "lint" / "bad" / "tools_tojson.j2", tools)
+    before = qwen.read_text(encoding="utf-8")
+    r = cli("lint", str(tools), str(qwen), "--diff")
+    assert r.exit_code == 1, r.stderr
+    assert f"--- {tools}" in r.stdout and "+{% for tool in tools %}{{ tool | tojson(sort_keys=true) }}" in r.stdout
+    assert qwen.read_text(encoding="utf-8") == before  # --diff writes nothing
+    r = cli("lint", str(tools), str(qwen), "--fix")
+    assert "-        {{- tool | tojson }}" in r.stdout and "fixed 2 finding(s) in 2 file(s)" in r.stdout
+    # Qwen3's template also rewrites history (CC007, an unsafe fix): a finding remains, so exit 1
+    assert "CC007" in r.stdout and "CC006" not in r.stdout.split("fixed 2")[1]
+    assert r.exit_code == 1
+    assert "tojson(sort_keys=true)" in qwen.read_text(encoding="utf-8")
+    r = cli("lint", str(tools), "--fix")  # nothing left to fix, and clean
+    assert r.exit_code == 0 and r.stdout.strip().endswith("clean")
+    assert cli("lint", str(tools), "--diff").exit_code == 0
+
+
+def test_cli_fix_json_output_stays_json(cli, tmp_path):
+    tools = tmp_path / "tools.j2"
+    shutil.copy(FIXTURES / "lint" / "bad" / "tools_tojson.j2", tools)
+    r = cli("lint", str(tools), "--fix", "-f", "json")
+    assert json.loads(r.stdout)["findings"] == [] and r.exit_code == 0
+    assert "tojson(sort_keys=true)" in r.stderr
+
+
+def test_tokenizer_config_chat_template_is_fixed_in_its_json_string(cli, tmp_path):
+    template = (CORPUS / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text(encoding="utf-8")
+    cfg = tmp_path / "tokenizer_config.json"
+    cfg.write_text(json.dumps({"model_max_length": 32768, "chat_template": template, "eos_token": "<|im_end|>"},
+                              indent=2), encoding="utf-8")
+    r = cli("lint", str(cfg), "--fix")
+    assert "fixed 1 finding(s)" in r.stdout
+    doc = json.loads(cfg.read_text(encoding="utf-8"))
+    assert doc["chat_template"] == template.replace("tool | tojson }}", "tool | tojson(sort_keys=true) }}")
+    assert doc["model_max_length"] == 32768 and list(doc) == ["model_max_length", "chat_template", "eos_token"]
+
+
+def test_bom_and_crlf_survive_a_fix(tmp_path):
+    p = tmp_path / "t.j2"
+    p.write_bytes(b"\xef\xbb\xbfTools:\r\n{{ tools | tojson }}\r\nEnd\r\n")
+    result = lint_fix.fix_paths([str(p)], lint.LintConfig())
+    lint_fix.write_fixes(result)
+    assert p.read_bytes() == b"\xef\xbb\xbfTools:\r\n{{ tools | tojson(sort_keys=true) }}\r\nEnd\r\n"

@@ -1,0 +1,199 @@
+"""``cachectl report``: the engine's numbers against the engines it joins, the HTML page's safety (escaped,
+self-contained), and the page opened in a real headless Chromium (no console errors, no network, a
+screenshot)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from cachectl.engines import promptcache, report
+from cachectl.engines.prefix import iter_trace, simulate
+from cachectl.engines.pricing import PriceTable
+from cachectl.engines.tokendiff import LogSummary, diff_log
+from cachectl.inputs import iter_log, read_requests
+
+from .browser import CHROMEDRIVER, CHROMIUM, visit
+from .conftest import PROMPTS, TOK_DIR
+
+LOG = PROMPTS / "agent_log.jsonl"
+
+
+def _build(tok, path=LOG, key="session", **kw):
+    from cachectl.cli.report import _trace_records
+
+    src = str(path)
+    return report.build_report(source=src, log=iter_log(src, key), tokenizer=tok, tokenizer_name="fixtures/tok",
+                               requests=read_requests(src), table=PriceTable.load(),
+                               trace=iter_trace(_trace_records(src), source=src, tokenizer=tok),
+                               text_counter=promptcache.tokenizer_counter(tok), **kw)
+
+
+@pytest.fixture(scope="module")
+def built(tok):
+    return _build(tok)
+
+
+def test_totals_are_diff_tokens_log_totals(built, tok):
+    summary = [x for x in diff_log(iter_log(str(LOG), "session"), tok) if isinstance(x, LogSummary)][0]
+    assert (built.requests, built.conversations, built.pairs) == (summary.requests, summary.conversations,
+                                                                   summary.pairs) == (27, 6, 21)
+    assert built.tokens_lost == summary.reusable_tokens - summary.reused_tokens > 0
+    # every lost token belongs to one mismatching pair, hence to one cause
+    assert sum(c.tokens_lost for c in built.causes) == built.tokens_lost
+    assert {c.cause: c.pairs for c in built.causes} == {x["cause"]: x["pairs"] for x in summary.top_causes}
+    # the fixture's four ways of breaking a prefix, each found; the clean conversations lose nothing
+    assert {c.cause for c in built.causes} == {"date_time", "volatile_id", "tool_schema_key_order", "tool_order"}
+    assert [w.key for w in built.worst][0] == "s2-clock"
+    assert not {"s1-clean", "s6-clean"} & {w.key for w in built.worst}
+
+
+def test_dollars_are_lost_tokens_at_input_less_cache_read_prices(built):
+    price = PriceTable.load().lookup("gpt-4.1")
+    rate = (price.input - price.cache_read) / 1e6
+    assert built.price_model == "gpt-4.1"
+    for c in built.causes:
+        assert c.usd_lost == pytest.approx(c.tokens_lost * rate)
+    assert built.usd_lost == pytest.approx(built.tokens_lost * rate)
+
+
+def test_cost_and_curve_are_the_engines_own(built, tok):
+    from cachectl.cli.report import _trace_records
+
+    r = promptcache.simulate_requests(read_requests(str(LOG)), table=PriceTable.load(), source=str(LOG),
+                                      text_counter=promptcache.tokenizer_counter(tok))
+    assert built.cost is not None
+    assert (built.cost.total_usd, built.cost.uncached_usd, built.cost.hit_rate) == (r.total_cost_usd,
+                                                                                   r.uncached_cost_usd, r.hit_rate)
+    assert sum(m.requests for m in built.cost.misses) == sum(q.miss is not None for q in r.requests)
+    ceiling = simulate(iter_trace(_trace_records(str(LOG)), source=str(LOG), tokenizer=tok), policy="infinite")
+    assert built.curve is not None and built.curve.ceiling_hit_rate == pytest.approx(ceiling.hit_rate)
+    # a vLLM pool at capacity c: the curve's points are replays (checked at the smallest one)
+    cap_tokens, rate = built.curve.points[0]
+    at = simulate(iter_trace(_trace_records(str(LOG)), source=str(LOG), tokenizer=tok), policy="vllm",
+                  capacity_blocks=cap_tokens // 16)
+    assert rate == pytest.approx(at.hit_rate)
+    rates = [p[1] for p in built.curve.points]
+    assert rates[-1] == pytest.approx(built.curve.ceiling_hit_rate) and rates[0] < rates[-1]
+
+
+def test_worst_pair_shows_the_tokens_around_the_divergence(built):
+    w = built.worst[0].worst
+    assert w is not None and w.cause == "date_time"
+    first = w.first_diff_index
+    assert w.start_a <= first < w.start_a + len(w.window_a)
+    # the tokens before the first difference are the same on both sides; the first differing ones are not
+    shared = first - w.start_a
+    assert w.window_a[:shared] == w.window_b[:shared] and w.window_a[shared] != w.window_b[shared]
+
+
+def test_before_after_is_fix_engines_own_and_adds_up(tok):
+    from dataclasses import replace
+
+    from cachectl.engines import fix
+    from cachectl.inputs import iter_jsonl
+
+    lines = fix.log_lines(iter_jsonl(str(LOG)), source=str(LOG), key="session")
+    opts = fix.FixOptions(key="session")
+    safe = fix.fix_log(lines, opts, tokenizer=tok, table=PriceTable.load(), source=str(LOG))
+    full = fix.fix_log(lines, replace(opts, unsafe=True), tokenizer=tok, table=PriceTable.load(), source=str(LOG))
+    ba = report.before_after(safe, full)
+    before, after_safe, after_all = ba.columns
+    assert before.vllm_hit_rate == safe.before.vllm.hit_rate and after_all.vllm_hit_rate == full.after.vllm.hit_rate
+    assert before.provider_cost_usd == safe.before.provider.cost_usd
+    assert after_safe.provider_cost_usd == safe.after.provider.cost_usd
+    # the fixture's causes are all fixable: none is left after all fixes; only the safe one (FX002) without them
+    assert sum(before.causes.values()) == 14 and after_all.causes == {}
+    assert set(after_safe.causes) == {"date_time", "volatile_id", "tool_order"}
+    assert after_all.vllm_hit_rate > after_safe.vllm_hit_rate > before.vllm_hit_rate
+    assert after_all.provider_cost_usd < after_safe.provider_cost_usd < before.provider_cost_usd
+    # per-code gains, applied one after another, add up to the all-fixes column
+    assert before.pair_reused_tokens + sum(g.reused_tokens for g in ba.gains) == after_all.pair_reused_tokens
+    assert {g.code: g.safe for g in ba.gains} == {"FX001": False, "FX002": True, "FX003": False}
+    # the diff-tokens view of the same log agrees with fix's measure on the vLLM ceiling
+    built = _build(tok)
+    assert built.curve.ceiling_hit_rate == pytest.approx(before.vllm_hit_rate)
+
+
+def test_without_a_key_conversations_are_found_automatically(cli):
+    by_key = json.loads(cli("report", str(LOG), "--key", "session", "-t", str(TOK_DIR), "-f", "json").stdout)
+    auto = json.loads(cli("report", str(LOG), "-t", str(TOK_DIR), "-f", "json").stdout)
+    assert auto["fixes"]["grouping"] == "automatic" and auto["conversations"] == by_key["conversations"] == 6
+    assert auto["causes"] == by_key["causes"] and auto["fixes"]["columns"] == by_key["fixes"]["columns"]
+    assert "6 conversations (found automatically)" in cli("report", str(LOG), "-t", str(TOK_DIR)).stdout
+
+
+def _hostile_log(tmp_path):
+    evil = '<script>alert("x")</script><img src=x onerror=alert(1)>'
+    rows = []
+    for i in range(3):
+        rows.append({"timestamp": 1000 + 10 * i, "session": evil, "body": {"model": "gpt-4.1", "messages": [
+            {"role": "system", "content": f"Now: 2026-11-30T10:0{i}:00Z {evil} " + "Stable instructions. " * 60},
+            {"role": "user", "content": f"</div>{evil} question {i}"}]}})
+    p = tmp_path / "evil.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return p
+
+
+def test_html_escapes_everything_from_the_log_and_needs_nothing_from_outside(cli, tmp_path):
+    log = _hostile_log(tmp_path)
+    page = tmp_path / "r.html"
+    r = cli("report", str(log), "--key", "session", "-t", str(TOK_DIR), "--html", str(page))
+    assert r.exit_code == 1, r.stderr  # prefix tokens were lost
+    html = page.read_text(encoding="utf-8")
+    assert "<script" not in html.lower() and "<img" not in html.lower()
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in html  # the key, shown as text
+    # self-contained: no script, stylesheet, image or font fetched; the one URL is SVG's namespace name
+    assert re.findall(r"https?://[^\s\"']+", html) == ["http://www.w3.org/2000/svg"] * html.count("<svg")
+    assert not re.search(r"<link\b|<[a-z]+[^>]*\s(src|href)=|url\(|@import", html)
+
+
+def test_cli_text_json_and_errors(cli, tmp_path):
+    r = cli("report", str(LOG), "--key", "session", "-t", str(TOK_DIR))
+    assert r.exit_code == 1 and "date_time" in r.stdout and "vLLM prefix cache" in r.stdout
+    data = json.loads(cli("report", str(LOG), "--key", "session", "-t", str(TOK_DIR), "-f", "json").stdout)
+    assert data["schema_version"] == 1 and data["tokens_lost"] == sum(c["tokens_lost"] for c in data["causes"])
+    r = cli("report", str(LOG), "--key", "nope", "-t", str(TOK_DIR))
+    assert r.exit_code == 2 and "agent_log.jsonl:1: field 'nope': missing conversation key" in r.stderr
+    assert cli("report", "-", "-t", str(TOK_DIR)).exit_code == 2
+    assert "needs --tokenizer" in cli("report", str(LOG)).stderr
+    bare = tmp_path / "bare.jsonl"  # chat lists: no model, no timestamps; the provider cache cannot be priced
+    bare.write_text("".join(json.dumps(json.loads(row)["body"]["messages"]) + "\n"
+                            for row in LOG.read_text(encoding="utf-8").splitlines()[:6]), encoding="utf-8")
+    data = json.loads(cli("report", str(bare), "-t", str(TOK_DIR), "-f", "json").stdout)
+    assert data["cost"] is None and data["usd_lost"] is None and data["requests"] == 6
+    assert any(n.startswith("provider cache not simulated: ") for n in data["notes"])
+    clean = tmp_path / "clean.jsonl"
+    clean.write_text("".join(row for row in LOG.read_text(encoding="utf-8").splitlines(keepends=True)
+                             if '"s1-clean"' in row), encoding="utf-8")
+    r = cli("report", str(clean), "--key", "session", "-t", str(TOK_DIR), "--html", str(tmp_path / "c.html"))
+    assert r.exit_code == 0, r.stderr
+    assert "every pair was append-only" in (tmp_path / "c.html").read_text(encoding="utf-8")
+
+
+@pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,
+                    reason="chromium and chromedriver are not installed (.ci/run installs them)")
+def test_page_in_headless_chromium(cli, tmp_path):
+    page = tmp_path / "report.html"
+    r = cli("report", str(LOG), "--key", "session", "-t", str(TOK_DIR), "--html", str(page))
+    assert r.exit_code == 1, r.stderr
+    shot = tmp_path / "report.png"
+    v = visit(page, shot)
+    assert [e for e in v.console if e.get("level") in ("SEVERE", "WARNING")] == []
+    assert v.requests == [page.resolve().as_uri()]  # the page itself, nothing else
+    assert v.title == f"cachectl report: {LOG}"
+    for heading in ("Tokens lost, per cause", "Worst conversations", "Provider prompt cache",
+                    "vLLM prefix cache: hit rate against capacity", "Before and after cachectl fix"):
+        assert heading in v.text
+    from PIL import Image
+
+    with Image.open(shot) as im:
+        assert im.size[0] == 1200 and im.size[1] > 2000
+        colors = im.convert("RGB").getcolors(maxcolors=1 << 20)
+        assert colors is not None and len(colors) > 50  # a rendered page, not a blank one
+    # a page that does log an error is caught (the check can fail)
+    bad = tmp_path / "bad.html"
+    bad.write_text("<!doctype html><title>x</title><script>undefinedFunction()</script>", encoding="utf-8")
+    assert [e for e in visit(bad).console if e.get("level") == "SEVERE"]
