@@ -11,10 +11,10 @@ from . import diff_tokens, fix, kv_inspect, lint, prompt_cost, report, semantic_
 from .common import CachectlGroup
 
 HELP = """Diagnose the caches around LLMs: token diffs, prefix-cache replay, prompt-cache cost, semantic-cache
-probes, KV-cache math and template lint. Data goes to stdout, progress and errors to stderr.
+probes, KV-cache math, template lint, and the repair of a request log (fix, report). Data goes to stdout, progress and errors to stderr.
 
 Exit codes: 0 success (identical, clean); 1 a finding (prompts differ, lint findings, a template rewrites
-history, wrong semantic-cache hits); 2 usage or input error (one line on stderr; CACHECTL_DEBUG=1 adds the
+history, wrong semantic-cache hits, fixes found, prefix tokens lost); 2 usage or input error (one line on stderr; CACHECTL_DEBUG=1 adds the
 traceback and keeps the code).
 """
 
