@@ -55,7 +55,7 @@ def command(
     select: Annotated[Optional[str], typer.Option("--select", metavar="CODES",
                                                   help="Only these fixes (comma-separated, e.g. FX001,FX002).")] = None,
     key: Annotated[Optional[str], typer.Option(
-        "--key", metavar="FIELD", help="Conversation key field (dotted path, e.g. metadata.session); default: "
+        "--key", "--session-field", metavar="FIELD", help="Conversation key field (dotted path, e.g. metadata.session); default: "
                                        "conversations are found automatically.")] = None,
     window: Annotated[str, typer.Option("--window", metavar="DURATION",
                                         help="Automatic grouping: a conversation stays open this long after its "

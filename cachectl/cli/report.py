@@ -60,7 +60,7 @@ def command(
                                        show_default=False)],
     tokenizer: TokenizerOpt = None,
     key: Annotated[Optional[str], typer.Option(
-        "--key", metavar="FIELD", help="Conversation key field (dotted path, e.g. metadata.session); "
+        "--key", "--session-field", metavar="FIELD", help="Conversation key field (dotted path, e.g. metadata.session); "
                                        "default: conversations found automatically.")] = None,
     window: Annotated[float, typer.Option(
         "--window", metavar="SECONDS", min=0, help="Without --key: a conversation stays open this long after "

@@ -88,7 +88,7 @@ def pairs_cmd(file: Annotated[str, typer.Argument(metavar="PAIRS", help="TSV, CS
 @handle_errors
 def probe_cmd(prompts: Annotated[Optional[list[str]], typer.Argument(metavar="PROMPT", help="Prompts to probe (default: the shipped "
                                                                           "probe set).", show_default=False)] = None,
-              file: Annotated[Optional[str], typer.Option("--file", metavar="F", help="One prompt per line.")] = None,
+              file: Annotated[Optional[str], typer.Option("--file", metavar="FILE", help="One prompt per line.")] = None,
               threshold: ThresholdOpt = 0.9, model: ModelOpt = None, threads: ThreadsOpt = None,
               fmt: FormatOpt = Format.text) -> None:
     """The adversarial suite: variants that must not share an answer (negation, numbers, units, entities,

@@ -64,10 +64,10 @@ def command(
     policy: Annotated[Policy, typer.Option("--policy", case_sensitive=False,
                                            help="vllm, radix (SGLang), chunk (LMCache/CacheBlend), infinite (no "
                                                 "eviction: the ceiling).")] = Policy.vllm,
-    salt_field: Annotated[Optional[str], typer.Option("--salt-field", metavar="F",
+    salt_field: Annotated[Optional[str], typer.Option("--salt-field", metavar="FIELD",
                                                       help="Field holding the per-tenant cache salt (default: salt "
                                                            "or cache_salt).")] = None,
-    tenant_field: Annotated[Optional[str], typer.Option("--tenant-field", metavar="F",
+    tenant_field: Annotated[Optional[str], typer.Option("--tenant-field", metavar="FIELD",
                                                         help="Field naming the tenant without salting, to measure "
                                                              "cross-tenant sharing.")] = None,
     no_salt: Annotated[bool, typer.Option("--no-salt", help="Ignore cache salts: what sharing would happen "
@@ -111,7 +111,7 @@ def command(
     router: Annotated[Optional[str], typer.Option("--router", metavar="R",
                                                   help="round-robin, random, session, prefix-hash, least-loaded, "
                                                        "cache-aware (SGLang's rule), or all (side by side).")] = None,
-    session_field: Annotated[Optional[str], typer.Option("--session-field", metavar="F",
+    session_field: Annotated[Optional[str], typer.Option("--session-field", metavar="FIELD",
                                                          help="session router: the field to hash (default: the first "
                                                               "of conversation, session_id, chat_id present).")] = None,
     prefix_blocks: Annotated[int, typer.Option("--prefix-blocks", min=1, help="prefix-hash router: full blocks "
