@@ -81,11 +81,13 @@ def _open(path: str):
     if os.path.isdir(path):
         raise InputError("is a directory, expected a Parquet file", source=path)
     try:
-        return pa, pq.ParquetFile(path)
+        pf = pq.ParquetFile(path)
+        pf.schema_arrow  # noqa: B018 - decoded here, so a damaged footer is reported as one
     except FileNotFoundError:
         raise InputError("no such file", source=path) from None
-    except (pa.ArrowException, OSError) as exc:
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:  # a damaged footer: names not UTF-8, ...
         raise InputError(f"not a readable Parquet file ({_first_line(exc)})", source=path) from None
+    return pa, pf
 
 
 def _first_line(exc: BaseException) -> str:
@@ -137,7 +139,7 @@ def parquet_records(path: str, columns: Iterable[str] | None = None,
             for values in zip(*cols):
                 row += 1
                 yield row, {n: v for n, v in zip(names, values) if v is not None}, False
-    except (pa.ArrowException, OSError) as exc:
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
         raise InputError(f"unreadable Parquet data after row {row} ({_first_line(exc)})", source=path) from None
 
 

@@ -306,12 +306,18 @@ def parquet_document(draw, seeds: list) -> bytes:
     for _ in range(draw(st.integers(1, 6))):
         seed = draw(st.sampled_from(seeds))
         rows.append(draw(mutated_value(seed)) if draw(st.integers(0, 2)) == 0 else seed)
+    group = draw(st.integers(1, 4))
+
+    def write(table) -> Any:
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, row_group_size=group)
+        return sink
+
     try:
-        table = pa.Table.from_pylist([r if isinstance(r, dict) else {"tokens": r} for r in rows])
+        sink = write(pa.Table.from_pylist([r if isinstance(r, dict) else {"tokens": r} for r in rows]))
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
-        table = pa.Table.from_pylist([s for s in seeds if isinstance(s, dict)])   # rows pyarrow cannot type
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, row_group_size=draw(st.integers(1, 4)))
+        # rows pyarrow cannot type, or Parquet cannot hold (a struct with no fields: a value mutated to {})
+        sink = write(pa.Table.from_pylist([s for s in seeds if isinstance(s, dict)]))
     data = bytearray(sink.getvalue().to_pybytes())
     action = draw(st.sampled_from(["keep", "keep", "keep", "truncate", "flip", "append"]))
     pos = draw(st.integers(0, max(0, len(data) - 1)))
