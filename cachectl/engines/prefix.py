@@ -920,6 +920,14 @@ def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
             if -(-length // hash_block_size) != len(ids):
                 raise InputError(f"{len(ids)} hash_ids do not cover input_length {length} in blocks of "
                                  f"{hash_block_size} (--hash-block-size)", field="hash_ids", **where)
+            if len(set(ids)) != len(ids):
+                first: dict = {}
+                for i, h in enumerate(ids):
+                    if h in first:
+                        raise InputError(f"hash id {h} repeats hash_ids[{first[h]}]: a Mooncake hash id names a "
+                                         "block with its whole prefix, so one request cannot hold it twice",
+                                         field=f"hash_ids[{i}]", **where)
+                    first[h] = i
             if ts is not None and meta["timestamp"] is not None and ts > 1e11:
                 meta["timestamp"] = ts / 1000.0  # Mooncake timestamps are milliseconds
             yield TraceRequest(index=index, line=line, prompt_tokens=length, hash_ids=ids,
