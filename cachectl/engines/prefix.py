@@ -812,13 +812,30 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
 def trace_records(path: str) -> Iterator[tuple[int, Any, bool]]:
     """``(line, value, has_bool_literal)`` for each line of a JSONL trace, parsed with orjson.
 
-    The flag (a ``true``/``false`` anywhere on the line) lets token lists be checked at C speed: a bool
+    The flag (a ``true``/``false`` that may be on the line) lets token lists be checked at C speed: a bool
     would otherwise pass as 0 or 1.
     """
     from ..inputs import iter_raw_lines, parse_jsonl_line
 
     for lineno, raw, source in iter_raw_lines(path):
-        yield lineno, parse_jsonl_line(raw, source, lineno), b"true" in raw or b"false" in raw
+        yield lineno, parse_jsonl_line(raw, source, lineno), _may_hold_bool(raw)
+
+
+def _may_hold_bool(raw: bytes) -> bool:
+    """Whether ``true`` or ``false`` may be on the line: both end in ``e``, a letter a token list never holds,
+    so only the few ``e`` of the line (in its keys) are looked at, each found with one ``memchr``. Never a
+    false "no"; past 16 of them, one scan for the two words."""
+    find = raw.find
+    i = find(b"e")
+    seen = 0
+    while i >= 0:
+        if raw[i - 3:i] == b"tru" or raw[i - 4:i] == b"fals":
+            return True
+        seen += 1
+        if seen == 16:
+            return b"true" in raw or b"false" in raw
+        i = find(b"e", i + 1)
+    return False
 
 
 def _token_list(value: Any, name: str, where: dict, maybe_bool: bool = True) -> list:
