@@ -31,9 +31,12 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, chain, count, repeat
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError, UsageError
+
+if TYPE_CHECKING:
+    from .prefix_lru import LruKeyPool
 
 SCHEMA_VERSION = 1
 POLICIES = ("vllm", "radix", "chunk", "infinite")
@@ -101,7 +104,14 @@ def request_keys(req: TraceRequest, block_size: int, hash_fn: str = "builtin") -
         if req.salt is not None and ids:  # a salt changes the first key and so, chained, every key
             return [hash((("salt", req.salt), ids[0]))] + [hash((("salt", req.salt), i)) for i in ids[1:]]
         return ids
-    return block_keys(req.tokens, block_size, req.salt, hash_fn)
+    return block_keys(_tokens(req), block_size, req.salt, hash_fn)
+
+
+def _tokens(req: TraceRequest) -> Sequence[int]:
+    """The token IDs of a request that is not pre-hashed (every request but Mooncake ``hash_ids`` has them)."""
+    if req.tokens is None:
+        raise UsageError(f"line {req.line}: the request carries hash_ids, not token IDs")
+    return req.tokens
 
 
 # ---------------------------------------------------------------------------------------------- vLLM
@@ -336,7 +346,7 @@ class SequentialVllmPool:
 
     def _compact(self) -> None:
         stamp = self.stamp
-        kept = deque()
+        kept: deque = deque()
         entries = 0
         for sid, blocks in self.segments:
             live = [b for b in blocks if stamp.get(b) == sid]
@@ -506,7 +516,7 @@ class RadixCache:
     def _evict(self) -> None:
         if self.capacity is None or self.size <= self.capacity:
             return
-        leaves = []
+        leaves: list[tuple[int, int, _Node]] = []
         stack = [self.root]
         while stack:
             nd = stack.pop()
@@ -518,6 +528,7 @@ class RadixCache:
         while self.size > self.capacity and leaves:
             _, _, nd = heapq.heappop(leaves)
             parent = nd.parent
+            assert parent is not None              # the root is locked, never a leaf to evict
             del parent.children[nd.key[0]]
             self.size -= len(nd.key)
             self.evicted_tokens += len(nd.key)
@@ -668,17 +679,21 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
     rows: list[RequestHit] = []
     total = _Tally()
     notes: list[str] = []
-    seq_pool = None
-    if policy == "vllm" and concurrency == 1:
-        from .prefix_lru import LruKeyPool
+    seq_pool: LruKeyPool | None = None
+    pool: VllmBlockPool | None = None
+    if policy == "vllm" and capacity_blocks is not None:
+        if concurrency == 1:
+            from .prefix_lru import LruKeyPool
 
-        seq_pool = LruKeyPool(capacity_blocks, block_size)
-    pool = VllmBlockPool(capacity_blocks, block_size) if policy == "vllm" and concurrency > 1 else None
+            seq_pool = LruKeyPool(capacity_blocks, block_size)
+        else:
+            pool = VllmBlockPool(capacity_blocks, block_size)
     inf = InfiniteCache(block_size) if policy == "infinite" else None
     cap_tokens = capacity_blocks * block_size if capacity_blocks is not None else None
     radix = RadixCache(cap_tokens) if policy == "radix" else None
     chunk = ChunkCache(cap_tokens, chunk_size, recompute_ratio) if policy == "chunk" else None
     running: list = []  # (end_time, seq, handle) of requests in flight
+    handle: Any
     clock = 0.0
     seq = 0
     seen = 0
@@ -704,6 +719,7 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
             clock = max(clock, end) if concurrency == 1 else clock
             finish(handle)
         tenant = req.tenant
+        hit: float
         if seq_pool is not None:
             try:
                 hit = seq_pool.run(request_keys(req, block_size, hash_fn), req.prompt_tokens, tenant)
@@ -739,14 +755,15 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
                 clock = max(clock, end)
                 finish(h)
             if req.salt is None:
-                hit, handle = radix.run(req.tokens, tenant)
+                hit, handle = radix.run(_tokens(req), tenant)
             else:  # a salt isolates tenants: a pseudo-token of its own at the root of each tenant's tree
-                hit, handle = radix.run([("salt", req.salt), *req.tokens], tenant, offset=1)
+                hit, handle = radix.run([("salt", req.salt), *_tokens(req)], tenant, offset=1)
             if radix.capacity is not None and radix.size > radix.capacity and not running:
                 raise CapacityError(f"{source}:{req.line}: a request of {req.prompt_tokens} tokens does not fit "
                                     f"in {radix.capacity} tokens of capacity")
         else:
-            hit = chunk.run(req.tokens, req.segments, req.salt, tenant)
+            assert chunk is not None
+            hit = chunk.run(_tokens(req), req.segments, req.salt, tenant)
             handle = None
         if handle is not None:
             seq += 1
@@ -775,8 +792,8 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
         for v in tenants.values():
             v.hits = int(v.hits)
 
-    if pool is not None or seq_pool is not None:
-        p = pool or seq_pool
+    p = pool or seq_pool
+    if p is not None:
         evicted_blocks, evicted_tokens = p.evicted, p.evicted * block_size
         peak, cross = p.peak_in_use, p.cross_tenant_hits
     elif inf is not None:
@@ -784,6 +801,7 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
         peak, cross = inf.peak_in_use, inf.cross_tenant_hits
     else:
         c = radix or chunk
+        assert c is not None
         evicted_tokens = c.evicted_tokens
         evicted_blocks = -(-evicted_tokens // block_size)
         peak = -(-c.peak // block_size)
@@ -815,13 +833,30 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
 def trace_records(path: str) -> Iterator[tuple[int, Any, bool]]:
     """``(line, value, has_bool_literal)`` for each line of a JSONL trace, parsed with orjson.
 
-    The flag (a ``true``/``false`` anywhere on the line) lets token lists be checked at C speed: a bool
+    The flag (a ``true``/``false`` that may be on the line) lets token lists be checked at C speed: a bool
     would otherwise pass as 0 or 1.
     """
     from ..inputs import iter_raw_lines, parse_jsonl_line
 
     for lineno, raw, source in iter_raw_lines(path):
-        yield lineno, parse_jsonl_line(raw, source, lineno), b"true" in raw or b"false" in raw
+        yield lineno, parse_jsonl_line(raw, source, lineno), _may_hold_bool(raw)
+
+
+def _may_hold_bool(raw: bytes) -> bool:
+    """Whether ``true`` or ``false`` may be on the line: both end in ``e``, a letter a token list never holds,
+    so only the few ``e`` of the line (in its keys) are looked at, each found with one ``memchr``. Never a
+    false "no"; past 16 of them, one scan for the two words."""
+    find = raw.find
+    i = find(b"e")
+    seen = 0
+    while i >= 0:
+        if raw[i - 3:i] == b"tru" or raw[i - 4:i] == b"fals":
+            return True
+        seen += 1
+        if seen == 16:
+            return b"true" in raw or b"false" in raw
+        i = find(b"e", i + 1)
+    return False
 
 
 def _token_list(value: Any, name: str, where: dict, maybe_bool: bool = True) -> list:
@@ -905,7 +940,7 @@ def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
         if isinstance(out, bool) or not isinstance(out, int) or not 0 <= out <= MAX_OUTPUT_TOKENS:
             raise InputError(f"expected a non-negative integer up to {MAX_OUTPUT_TOKENS:,}, got {out!r:.60}",
                              field=out_key, **where)
-        meta = {"tenant": tenant, "timestamp": None if ts is None else float(ts), "output_tokens": out,
+        meta: dict[str, Any] = {"tenant": tenant, "timestamp": None if ts is None else float(ts), "output_tokens": out,
                 "unsalted": unsalted, "no_tenant": no_tenant}
         if session_fields:
             session = next((v for v in map(lambda f: _get(value, f), session_fields) if v is not None), None)

@@ -21,9 +21,12 @@ import bisect
 import heapq
 import math
 from array import array
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from operator import sub
+from typing import cast
 
 from ..errors import UsageError
 from .prefix import SCHEMA_VERSION, SequentialVllmPool, TraceRequest, request_keys, simulate
@@ -52,10 +55,9 @@ def key_trace(requests: Iterable[TraceRequest], block_sizes: Sequence[int], *, h
     """Read the requests once and key them at every block size in ``block_sizes``."""
     if not block_sizes or any(bs < 1 for bs in block_sizes):
         raise UsageError("`block_size` must be at least 1")
-    stores: dict[int, list] = {bs: [] for bs in block_sizes}
-    largest = {bs: (0, None) for bs in block_sizes}
-    # an unbounded pool, per block size: keys seen, a partial block waiting at the front, slots taken
-    unbounded = {bs: [set(), 0, 0] for bs in block_sizes}
+    stores: dict[int, list[TraceRequest]] = {bs: [] for bs in block_sizes}
+    largest: dict[int, tuple[int, int | None]] = {bs: (0, None) for bs in block_sizes}
+    unbounded = {bs: _Unbounded() for bs in block_sizes}
     query = 0
     for req in requests:
         query += req.prompt_tokens
@@ -63,7 +65,7 @@ def key_trace(requests: Iterable[TraceRequest], block_sizes: Sequence[int], *, h
             if req.hash_ids is not None and req.hash_block_size != bs:
                 raise UsageError(f"{source}: hash_ids cover {req.hash_block_size}-token blocks; run with "
                                  f"`block_size` {req.hash_block_size} (they cannot be split)")
-            keys = request_keys(req, bs, hash_fn)
+            keys: Sequence = request_keys(req, bs, hash_fn)
             try:  # 8 bytes a key where they are 64-bit integers (the builtin hash, Mooncake ids)
                 keys = array("q", keys)
             except (TypeError, OverflowError):
@@ -76,19 +78,39 @@ def key_trace(requests: Iterable[TraceRequest], block_sizes: Sequence[int], *, h
                 largest[bs] = (need, req.line)
             state = unbounded[bs]
             limit = min(len(keys), (req.prompt_tokens - 1) // bs)
-            present = list(map(state[0].__contains__, keys[:limit]))
+            present = list(map(state.seen.__contains__, keys[:limit]))
             hits = present.index(False) if False in present else limit
-            taken = min(state[1], need - hits)
-            state[2] += need - hits - taken
-            state[1] += (1 if req.prompt_tokens % bs else 0) - taken
-            state[0].update(keys)
+            taken = min(state.waiting, need - hits)
+            state.taken += need - hits - taken
+            state.waiting += (1 if req.prompt_tokens % bs else 0) - taken
+            state.seen.update(keys)
     if not query and not any(stores.values()):
         from ..errors import InputError
 
         raise InputError("the trace has no requests", source=source)
     return {bs: KeyedTrace(block_size=bs, requests=tuple(stores[bs]), min_capacity_blocks=largest[bs][0],
                            min_capacity_line=largest[bs][1], query_tokens=query,
-                           unbounded_blocks=max(unbounded[bs][2], largest[bs][0])) for bs in block_sizes}
+                           unbounded_blocks=max(unbounded[bs].taken, largest[bs][0])) for bs in block_sizes}
+
+
+class _Unbounded:
+    """A pool of unbounded size, as far as the ceiling needs it: the keys seen, a partial block waiting at the
+    front of the free queue (0 or 1), and the block slots taken."""
+
+    __slots__ = ("seen", "waiting", "taken")
+
+    def __init__(self) -> None:
+        self.seen: set = set()
+        self.waiting = 0
+        self.taken = 0
+
+
+def _keys(req: TraceRequest) -> Sequence:
+    """The block keys of a request of a :class:`KeyedTrace` (its ``hash_ids``)."""
+    keys = req.hash_ids
+    if keys is None:  # a KeyedTrace holds pre-keyed requests only  # pragma: no cover
+        raise TypeError("not a keyed request")
+    return keys
 
 
 def resolve_warmup(warmup: float | int | None, n_requests: int) -> int:
@@ -113,7 +135,7 @@ def no_eviction_capacity(kt: KeyedTrace) -> int:
     total = sum(-(-r.prompt_tokens // kt.block_size) for r in kt.requests)
     pool = SequentialVllmPool(max(1, total), kt.block_size)
     for r in kt.requests:
-        pool.run(r.hash_ids, r.prompt_tokens)
+        pool.run(_keys(r), r.prompt_tokens)
     return max(pool.fresh, kt.min_capacity_blocks)
 
 
@@ -135,7 +157,8 @@ def optimal_hits(kt: KeyedTrace, capacity_blocks: int, *, warmup: int = 0) -> in
     A request's hits are its leading cached keys up to ``min(full blocks, (L - 1) // block_size)``; while it
     runs it holds ``ceil(L / block_size)`` blocks, its hits pinned; to make room, the unpinned cached block
     whose next use (the next request that can hit it) is farthest goes first, the deeper block of a prefix
-    first on a tie. Its full blocks stay cached afterwards (one copy per key).
+    first on a tie. Its full blocks stay cached afterwards (one copy per key), so the cached blocks it computes
+    again (past its hits: the ``L - 1`` cap, or a miss before them) go first: dropping them costs nothing.
     """
     bs = kt.block_size
     reqs = kt.requests
@@ -143,26 +166,37 @@ def optimal_hits(kt: KeyedTrace, capacity_blocks: int, *, warmup: int = 0) -> in
         raise UsageError(f"capacity {capacity_blocks} is below the {kt.min_capacity_blocks} blocks the largest "
                          "request needs")
     inf = len(reqs)
-    # next_use[r][p]: the next request after r that can hit the key r has at position p
+    # next_use[r][p]: the next request after r that can hit the key r has at position p; none (inf) when the
+    # next request holding the key cannot hit it (past its L - 1 cap): it computes the block again anyway
     nxt_of: dict = {}
-    next_use: list[list[int]] = [None] * len(reqs)  # type: ignore[list-item]
+    next_use: list[list[int]] = [[] for _ in reqs]
     for r in range(len(reqs) - 1, -1, -1):
-        keys = reqs[r].hash_ids
+        keys = _keys(reqs[r])
         limit = min(len(keys), (reqs[r].prompt_tokens - 1) // bs)
         next_use[r] = [nxt_of.get(k, inf) for k in keys]
+        for k in keys[limit:]:
+            nxt_of[k] = inf
         for k in keys[:limit]:
             nxt_of[k] = r
     cached: dict = {}       # key -> (next use, position): its eviction priority
     heap: list = []         # (-next use, -position, key); stale entries skipped
     hit_tokens = 0
     for r, req in enumerate(reqs):
-        keys = req.hash_ids
+        keys = _keys(req)
         limit = min(len(keys), (req.prompt_tokens - 1) // bs)
         nh = 0
         while nh < limit and keys[nh] in cached:
             nh += 1
         pinned = set(keys[:nh])
         need = -(-req.prompt_tokens // bs) - nh
+        short = need - (capacity_blocks - len(cached))
+        if short > 0:  # cached keys this request computes again cost nothing to drop: they come back at once
+            for k in keys[nh:]:
+                if short <= 0:
+                    break
+                if k in cached and k not in pinned:
+                    del cached[k]                           # its heap entry is stale from now on
+                    short -= 1
         deferred = []
         while capacity_blocks - len(cached) < need:
             nu, neg_p, k = heapq.heappop(heap)
@@ -193,19 +227,43 @@ def optimal_hits(kt: KeyedTrace, capacity_blocks: int, *, warmup: int = 0) -> in
 _CHUNK = 12          # dead slots are counted per chunk of 2**12 slots
 
 
+class _Thresholds:
+    """How many blocks have a threshold at most C, for any C: a count per distinct threshold (at most the
+    deepest stack depth of the trace, however long the trace), not one entry per block."""
+
+    __slots__ = ("counts", "values", "upto")
+
+    def __init__(self) -> None:
+        self.counts: Counter[int] = Counter()
+        self.values: list[int] = []
+        self.upto: list[int] = []
+
+    def add(self, thresholds: list[int]) -> None:
+        self.counts.update(thresholds)
+
+    def seal(self) -> None:
+        self.values = sorted(self.counts)
+        self.upto = list(accumulate(self.counts[v] for v in self.values))
+        self.counts = Counter()
+
+    def at_most(self, capacity: int) -> int:
+        i = bisect.bisect_right(self.values, capacity)
+        return self.upto[i - 1] if i else 0
+
+
 @dataclass
 class _Stack:
     """What one pass of the LRU stack leaves: hits at the capacities it tracked."""
 
-    counted: list        # sorted thresholds of the counted requests: a block hits at capacity C iff threshold <= C
-    every: list          # the same for all requests (warm-up included), for the eviction count
-    corrections: dict    # capacity -> [counted, every] hit blocks to add where duplicate blocks shifted depths
-    total_blocks: int    # sum of ceil(L / block_size)
-    prepended_pops: int  # partial tail blocks taken back by the next request
-    unbounded_hits: int  # hit blocks of the counted requests with no eviction (the ceiling)
+    counted: _Thresholds  # thresholds of the counted requests: a block hits at capacity C iff threshold <= C
+    every: _Thresholds    # the same for all requests (warm-up included), for the eviction count
+    corrections: dict     # capacity -> [counted, every] hit blocks to add where duplicate blocks shifted depths
+    total_blocks: int     # sum of ceil(L / block_size)
+    prepended_pops: int   # partial tail blocks taken back by the next request
+    unbounded_hits: int   # hit blocks of the counted requests with no eviction (the ceiling)
 
     def hit_blocks(self, capacity: int, counted: bool = True) -> int:
-        base = bisect.bisect_right(self.counted if counted else self.every, capacity)
+        base = (self.counted if counted else self.every).at_most(capacity)
         return base + self.corrections.get(capacity, (0, 0))[0 if counted else 1]
 
 
@@ -261,8 +319,8 @@ def _stack_pass(kt: KeyedTrace, skip: int, capacities: Sequence[int] = ()) -> _S
     per_chunk: list[int] = []         # dead slots per chunk
     dead_total = 0
     slots = 0
-    counted: list[int] = []
-    every: list[int] = []
+    every = _Thresholds()
+    counted = every if skip == 0 else _Thresholds()
     corrections: dict = {}
     total_blocks = pops = unbounded_hits = 0
     u_prev = 0
@@ -272,7 +330,7 @@ def _stack_pass(kt: KeyedTrace, skip: int, capacities: Sequence[int] = ()) -> _S
         return sum(per_chunk[:c]) + dead.count(1, c << _CHUNK, t + 1)
 
     for r, req in enumerate(kt.requests):
-        keys = req.hash_ids
+        keys = _keys(req)
         n = len(keys)
         length = req.prompt_tokens
         total = -(-length // bs)
@@ -285,15 +343,16 @@ def _stack_pass(kt: KeyedTrace, skip: int, capacities: Sequence[int] = ()) -> _S
             h = n
         if (h < n and prev.count(None) != n - h) or len(set(keys)) != n:
             return None                                    # not prefix-chained
+        got = cast("list[int]", prev[:h])                  # the slots of the keys seen before: a prefix
         m = min(h, limit + 1)                              # depths needed: the hits, and the capped block
         thresholds: list[int] = []
         capped = None                                      # the capped block's threshold, when it is cached
         if m:
-            seen = prev[:m]
+            seen = got[:m]
             t = seen[0]
             d = slots - t - (dead_total - dead_upto(t))    # newest first: depth 1 is the latest touch
             # runs of consecutive slots (blocks last touched together, in order) deepen by one per block
-            steps = list(map(sub, seen, prev[1:m]))
+            steps = list(map(sub, seen, got[1:m]))
             if min(steps, default=1) < 1:
                 return None                                # a later block touched before an earlier one
             start = 0
@@ -310,9 +369,9 @@ def _stack_pass(kt: KeyedTrace, skip: int, capacities: Sequence[int] = ()) -> _S
             thresholds.extend(range(d + u_prev, d + u_prev + m - start))
             if m > limit:                                  # the L - 1 cap recomputes this cached block
                 capped = thresholds.pop()
-        every.extend(thresholds)
-        if r >= skip:
-            counted.extend(thresholds)
+        every.add(thresholds)
+        if r >= skip and counted is not every:
+            counted.add(thresholds)
         # capacities holding stale copies, and those where this request makes one
         touched = list(dups)
         if capped is not None:
@@ -329,12 +388,12 @@ def _stack_pass(kt: KeyedTrace, skip: int, capacities: Sequence[int] = ()) -> _S
                 lo, hi = 0, len(thresholds)                # first block deeper than cap, stale copies counted
                 while lo < hi:
                     mid = (lo + hi) // 2
-                    if thresholds[mid] + dup.newer(prev[mid]) <= cap:
+                    if thresholds[mid] + dup.newer(got[mid]) <= cap:
                         lo = mid + 1
                     else:
                         hi = mid
                 hits = lo
-                makes = capped is not None and capped + dup.newer(prev[limit]) <= cap
+                makes = capped is not None and capped + dup.newer(got[limit]) <= cap
                 dup.every += hits - base
                 if r >= skip:
                     dup.counted += hits - base
@@ -344,14 +403,14 @@ def _stack_pass(kt: KeyedTrace, skip: int, capacities: Sequence[int] = ()) -> _S
                     for k in dup.entries.keys() & set(keys[:hits]):
                         p = pos[k]
                         blocks = dup.entries[k]
-                        newest = prev[p]
+                        newest = got[p]
                         if blocks[0] != newest:            # the hit uses the oldest copy, a stale one
                             dup.drop(blocks[0])
                             dup.add(newest, k)
                         blocks[0] = slots + n - 1 - p
             if makes:
                 k = keys[limit]
-                old = prev[limit]
+                old = got[limit]
                 dup.entries.setdefault(k, [old]).append(slots + n - 1 - limit)
                 dup.add(old, k)
         hits_unbounded = min(h, limit)
@@ -361,13 +420,13 @@ def _stack_pass(kt: KeyedTrace, skip: int, capacities: Sequence[int] = ()) -> _S
         u_prev = 1 if length % bs else 0
         # the base stack: earlier touches of these keys die, the request's blocks are the newest slots
         if h:
-            lo, hi = prev[h - 1], prev[0]
+            lo, hi = got[h - 1], got[0]
             if hi - lo + 1 == h:                           # one run of slots (the usual case): in bulk
                 dead[lo:hi + 1] = b"\x01" * h
                 for c in range(lo >> _CHUNK, (hi >> _CHUNK) + 1):
                     per_chunk[c] += min(hi, ((c + 1) << _CHUNK) - 1) - max(lo, c << _CHUNK) + 1
             else:
-                for t in prev[:h]:
+                for t in got[:h]:
                     dead[t] = 1
                     per_chunk[t >> _CHUNK] += 1
         dead_total += h
@@ -398,8 +457,9 @@ def _stack_pass(kt: KeyedTrace, skip: int, capacities: Sequence[int] = ()) -> _S
     for cap, dup in dups.items():
         corrections[cap] = [corrections.get(cap, [0, 0])[0] + dup.counted,
                             corrections.get(cap, [0, 0])[1] + dup.every]
-    counted.sort()
-    every.sort()
+    every.seal()
+    if counted is not every:
+        counted.seal()
     return _Stack(counted=counted, every=every, corrections=corrections, total_blocks=total_blocks,
                   prepended_pops=pops, unbounded_hits=unbounded_hits)
 

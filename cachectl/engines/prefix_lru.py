@@ -5,8 +5,10 @@ Between two requests (one at a time) the pool's hashed blocks are, newest first,
 again. After request r exactly the newest ``C - u_r`` of them stay (``u_r = 1`` when r left a partial block
 at the front of the free queue, which the next request takes back before anything is evicted; never-used
 blocks go before any eviction). So while every key has one block, the pool is an ordered dict of keys: a
-request moves its keys to the newest end (position 0 last) and the oldest go. ``tests/test_prefix.py``
-checks it against the naive reference.
+request moves its keys to the newest end (position 0 last) and the oldest go. A plain ``dict`` keeps that
+order (insertion order; a key popped and set again goes to the end) at a lower cost per key than an
+``OrderedDict``; the oldest are taken in one ``islice`` per request. ``tests/test_prefix.py`` checks it
+against the naive reference.
 
 Only the ``L - 1`` cap breaks the one-block-per-key picture: a request whose cached last full block is
 recomputed (vLLM then keeps both blocks, and hits keep using the older). At that moment the state is handed
@@ -15,9 +17,9 @@ to :class:`~cachectl.engines.prefix.SequentialVllmPool`, which models duplicates
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Sequence
-from itertools import repeat
+from itertools import islice, repeat
 from typing import Any
 
 from ..errors import UsageError
@@ -35,13 +37,13 @@ class LruKeyPool:
             raise UsageError("capacity must be at least one block")
         self.block_size = block_size
         self.capacity = capacity_blocks
-        self.lru: OrderedDict = OrderedDict()   # key -> tenant that computed its block; oldest first
+        self.lru: dict = {}                     # key -> tenant that computed its block; oldest first
         self.used = 0                           # blocks ever taken from the never-used ones
         self.prepended = 0                      # a freed partial block at the front of the free queue (0 or 1)
         self._evicted = 0
         self._peak = 0
         self._cross = 0
-        self.exact: Any = None                  # the block-level pool, once a block is duplicated
+        self.exact: SequentialVllmPool | None = None  # the block-level pool, once a block is duplicated
         self.victims: list | None = None        # when a list: the keys evicted are appended to it (offload tier)
 
     @property
@@ -88,12 +90,11 @@ class LruKeyPool:
         deque(map(lru.pop, keys[:nh]), 0)
         owners.reverse()
         lru.update(zip(keys[::-1], [*repeat(tenant, n - nh), *owners]))
-        popitem = lru.popitem
-        if self.victims is None:
-            for _ in repeat(None, evict):
-                popitem(False)
-        else:
-            self.victims.extend(popitem(False)[0] for _ in repeat(None, evict))
+        if evict:
+            victims = list(islice(lru, evict))     # the oldest, in one pass over the front of the dict
+            deque(map(lru.__delitem__, victims), 0)
+            if self.victims is not None:
+                self.victims.extend(victims)
         self._evicted += evict
         return nh * bs
 
@@ -117,4 +118,4 @@ class LruKeyPool:
         pool.evicted, pool.peak_in_use, pool.cross_tenant_hits = self._evicted, self._peak, self._cross
         pool.victims = self.victims
         self.exact = pool
-        self.lru = OrderedDict()
+        self.lru = {}

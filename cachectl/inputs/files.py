@@ -20,6 +20,8 @@ from ..errors import InputError
 
 _BINARY_SNIFF = 8192
 _GZIP_MAGIC = b"\x1f\x8b"
+#: read buffer of files: lines of long token traces span many of the default 8 KiB buffers
+_BUFFER = 1 << 20
 #: deepest nesting accepted in a JSON value (orjson's own limit is 1024; json's recursion breaks earlier)
 MAX_DEPTH = 512
 
@@ -32,7 +34,7 @@ def _open_raw(path: str) -> tuple[IO[bytes], str]:
     if path == "-":
         return sys.stdin.buffer, "<stdin>"
     try:
-        return open(path, "rb"), path
+        return open(path, "rb", buffering=_BUFFER), path
     except FileNotFoundError:
         raise InputError("no such file", source=path) from None
     except IsADirectoryError:
