@@ -222,6 +222,8 @@ class TokenizerHandle:
                 add_generation_prompt=add_generation_prompt, tokenize=False, **(template_vars or {}))
         except Exception as exc:  # jinja2 TemplateError, TypeError from a filter, ...
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if len(msg) > 300:  # e.g. an undefined name thousands of characters long
+                msg = msg[:300] + "..."
             from jinja2 import TemplateSyntaxError
 
             if isinstance(exc, TemplateSyntaxError) and self.template_source:  # the template's fault, not the prompt's
