@@ -94,7 +94,7 @@ def command(
     lines = fix.log_lines(iter_jsonl(log), source=source, key=key)
     options = fix.FixOptions(key=key, window_s=window, block_size=block_size, model=model)
     safe = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source)
-    full = fix.fix_log(lines, replace(options, unsafe=True), tokenizer=tok, table=table, source=source)
+    full = fix.fix_log(lines, replace(options, unsafe=True), tokenizer=tok, table=table, source=source, reuse=safe)
     groups = safe.grouping.groups
     records = [LogRecord(line=ln.line, key=ln.key if key is not None else f"auto-{g + 1}", prompt=ln.prompt)
                for ln, g in zip(lines, groups)]

@@ -1145,8 +1145,12 @@ def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = No
 
 
 def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tokenizer: Any = None,
-            table: Any = None, source: str = "") -> FixReport:
-    """Find and apply the fixes on a log, and measure the log before and after (see the module docstring)."""
+            table: Any = None, source: str = "", reuse: "FixReport | None" = None) -> FixReport:
+    """Find and apply the fixes on a log, and measure the log before and after (see the module docstring).
+
+    ``reuse``: an earlier report on the same lines, tokenizer, table and options except ``unsafe`` and
+    ``select``: its conversations and its measure of the log before the fixes are taken as they are (``cachectl
+    report`` runs the safe and the full fix on one log)."""
     if not lines:
         raise InputError("no requests", source=source)
     codes = tuple(options.select) if options.select else CODES
@@ -1155,7 +1159,8 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
         raise UsageError(f"unknown fix code(s) {', '.join(unknown)}; known: {', '.join(CODES)}")
     if options.model is not None:
         lines = [_with_model(ln, options.model) for ln in lines]
-    grouping = group_sessions(lines, key=options.key, window_s=options.window_s, tokenizer=tokenizer)
+    grouping = (reuse.grouping if reuse is not None
+                else group_sessions(lines, key=options.key, window_s=options.window_s, tokenizer=tokenizer))
     counter = None
     if tokenizer is not None:  # one counter (and its cache of position token IDs) for every measure
         from .promptcache import tokenizer_counter
@@ -1169,8 +1174,11 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
         fixed = [_with_model(ln, options.model) for ln in fixed]
     notes = list(rw.notes)
     memo: dict = {}
-    before, n1 = measure(lines, grouping, tokenizer=tokenizer, table=table, options=options, source=source, memo=memo,
-                         counter=counter)
+    if reuse is not None:
+        before, n1 = reuse.before, []
+    else:
+        before, n1 = measure(lines, grouping, tokenizer=tokenizer, table=table, options=options, source=source,
+                             memo=memo, counter=counter)
     after, n2 = measure(fixed, grouping, tokenizer=tokenizer, table=table, options=options, source=source, memo=memo,
                          counter=counter)
     notes += list(dict.fromkeys(n1 + n2))
