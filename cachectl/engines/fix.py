@@ -1145,7 +1145,7 @@ def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = No
 
 
 def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tokenizer: Any = None,
-            table: Any = None, source: str = "", reuse: "FixReport | None" = None) -> FixReport:
+            table: Any = None, source: str = "", reuse: FixReport | None = None) -> FixReport:
     """Find and apply the fixes on a log, and measure the log before and after (see the module docstring).
 
     ``reuse``: an earlier report on the same lines, tokenizer, table and options except ``unsafe`` and
@@ -1174,8 +1174,9 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
         fixed = [_with_model(ln, options.model) for ln in fixed]
     notes = list(rw.notes)
     memo: dict = {}
-    if reuse is not None:
-        before, n1 = reuse.before, []
+    n1: list[str] = []
+    if reuse is not None and reuse.before is not None:
+        before = reuse.before
     else:
         before, n1 = measure(lines, grouping, tokenizer=tokenizer, table=table, options=options, source=source,
                              memo=memo, counter=counter)
