@@ -16,7 +16,7 @@ from cachectl.engines import fix, tokendiff
 from cachectl.engines.pricing import PriceTable
 from cachectl.inputs import LogRecord, iter_jsonl, parse_request, prompt_from_value
 
-from .conftest import PROMPTS, TOK_DIR
+from .conftest import PROMPTS, ROOT, TOK_DIR
 from .reference_prefix import NaiveVllm
 
 LOG = PROMPTS / "fix_log.jsonl"
@@ -299,3 +299,32 @@ def test_an_anthropic_breakpoint_the_next_request_cannot_read_moves_to_the_last_
     after = report.after.provider
     assert before.cache_read_tokens == 0 and after.cache_read_tokens > 1024
     assert after.cost_usd < before.cost_usd
+
+
+def test_fix_and_report_never_overwrite_their_input(cli, tmp_path):
+    log = tmp_path / "log.jsonl"
+    log.write_bytes(LOG.read_bytes())
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(log)
+    for args in (["fix", str(log), "--out", str(log)], ["fix", str(log), "--out", str(link)],
+                 ["report", str(log), "-t", TOK_DIR, "--html", str(log)]):
+        r = cli(*args)
+        assert r.exit_code == 2 and "never overwrites its input" in r.stderr, (args, r.stderr)
+    r = cli("fix", str(log), "--out", "-")
+    assert r.exit_code == 2 and "--out -" in r.stderr
+    assert log.read_bytes() == LOG.read_bytes()
+
+
+def test_fix_and_report_share_window_chat_template_and_model_checks(cli):
+    # --window takes a duration in both commands (a bare number is seconds)
+    a = cli("report", str(LOG), "-t", TOK_DIR, "--window", "30m", "-f", "json")
+    b = cli("report", str(LOG), "-t", TOK_DIR, "--window", "1800", "-f", "json")
+    assert a.exit_code in (0, 1) and a.stdout == b.stdout
+    r = cli("fix", str(LOG), "--window", "soon")
+    assert r.exit_code == 2 and "--window" in r.stderr
+    # an unknown price model is refused before any work, pointing at the command that lists prices
+    for args in (["fix", str(LOG), "--model", "nosuch-model"], ["report", str(LOG), "-t", TOK_DIR, "-m", "nosuch"]):
+        r = cli(*args)
+        assert r.exit_code == 2 and "prompt-cost --list-models" in r.stderr, r.stderr
+    r = cli("fix", str(LOG), "--chat-template", str(ROOT / "fixtures" / "chat_templates" / "Apertus-8B-Instruct.jinja"))
+    assert r.exit_code == 2 and "--chat-template needs --tokenizer" in r.stderr

@@ -110,6 +110,20 @@ TokenizerOpt = Annotated[Optional[str], typer.Option(
     help="Model directory, tokenizer.json, or a Hugging Face id already in the local cache (never downloaded).")]
 ChatTemplateOpt = Annotated[Optional[str], typer.Option(
     "--chat-template", metavar="FILE", help="Jinja chat template to use instead of the tokenizer's own.")]
+WindowOpt = Annotated[str, typer.Option(
+    "--window", metavar="DURATION", help="Without --key: a conversation stays open this long after its last request "
+                                         "(30s, 30m, 2h; a bare number is seconds).")]
+
+
+def parse_window(text: str) -> float:
+    from ..engines.promptcache import parse_duration
+
+    try:
+        return parse_duration(text)
+    except UsageError as exc:
+        raise UsageError(f"--window: {exc}") from None
+
+
 BlockSizeOpt = Annotated[int, typer.Option("--block-size", min=1, metavar="N", help="KV-cache block size in tokens (vLLM: 16).")]
 AsOpt = Annotated[Optional[InputKind], typer.Option("--as", help="Force the input kind instead of detecting it.",
                                                     case_sensitive=False)]
@@ -226,6 +240,32 @@ def _write_bytes(data: bytes) -> None:
         sys.stdout.flush()
     except BrokenPipeError:
         _reader_gone()
+
+
+def check_price_model(table: Any, model: str | None) -> None:
+    """Refuse an unknown --model before any work, pointing at the one command that lists the price table."""
+    from ..engines.pricing import UnknownModelError
+
+    if model is None:
+        return
+    try:
+        table.lookup(model)
+    except UnknownModelError as exc:
+        hint = str(exc).split(" (see the price table")[0]
+        raise UsageError(f"--model: {hint} (the price table: cachectl prompt-cost --list-models)") from None
+
+
+def check_output(path: str, flag: str, *inputs: str) -> None:
+    """Refuse an output file that is ``-`` or one of the inputs (a link to it included): cachectl never
+    overwrites what it reads."""
+    if path == "-":
+        raise UsageError(f"{flag} -: give a file name (stdout carries the report)")
+    for source in inputs:
+        if source == "-" or not os.path.exists(source) or not os.path.exists(path):
+            continue
+        if os.path.samefile(path, source):
+            raise UsageError(f"{flag} {path} is the input {source}: write to another file (cachectl never overwrites "
+                             "its input)")
 
 
 def emit_json(obj: Any) -> None:

@@ -13,14 +13,19 @@ from .common import (
     BlockSizeOpt,
     CapacityBlocksOpt,
     CapacityGibOpt,
+    ChatTemplateOpt,
     Dtype,
     Format,
     FormatOpt,
     KvCapacity,
     KvDtypeOpt,
     TokenizerOpt,
+    WindowOpt,
+    check_output,
+    check_price_model,
     emit_json,
     handle_errors,
+    parse_window,
     stdout,
 )
 
@@ -57,10 +62,9 @@ def command(
     key: Annotated[Optional[str], typer.Option(
         "--key", "--session-field", metavar="FIELD", help="Conversation key field (dotted path, e.g. metadata.session); default: "
                                        "conversations are found automatically.")] = None,
-    window: Annotated[str, typer.Option("--window", metavar="DURATION",
-                                        help="Automatic grouping: a conversation stays open this long after its "
-                                             "last request (30s, 30m, 2h).")] = "30m",
+    window: WindowOpt = "30m",
     tokenizer: TokenizerOpt = None,
+    chat_template: ChatTemplateOpt = None,
     block_size: BlockSizeOpt = 16,
     capacity_blocks: CapacityBlocksOpt = None,
     capacity_gib: CapacityGibOpt = None,
@@ -81,29 +85,31 @@ def command(
 ) -> None:
     from ..engines import fix
     from ..engines.pricing import PriceTable
-    from ..engines.promptcache import parse_duration
     from ..inputs import display_name, iter_raw_lines, parse_jsonl_line, read_json_file
 
     if diff and out:
         raise UsageError("--diff shows the changes without writing: drop --out (or --diff)")
+    if out is not None:
+        check_output(out, "--out", log)
     codes = None
     if select:
         codes = tuple(c.strip().upper() for c in select.split(",") if c.strip())
         bad = [c for c in codes if c not in fix.FIXES]
         if bad:
             raise UsageError(f"--select: unknown fix code(s) {', '.join(bad)} (known: {', '.join(fix.CODES)})")
-    try:
-        window_s = parse_duration(window)
-    except UsageError as exc:
-        raise UsageError(f"--window: {exc}") from None
+    window_s = parse_window(window)
     capacity = KvCapacity(capacity_blocks, capacity_gib, kv_model or model, dtype.value, block_size,
                           model_flag="--kv-model (or --model)")
     table = PriceTable.load(read_json_file(prices) if prices else None)
+    if kv_model is not None or capacity_gib is None:  # else --model may name the architecture for --capacity-gib
+        check_price_model(table, model)
     tok = None
     if tokenizer is not None:
         from ..tokenization import load_tokenizer
 
-        tok = load_tokenizer(tokenizer)
+        tok = load_tokenizer(tokenizer, chat_template_file=chat_template)
+    elif chat_template:
+        raise UsageError("--chat-template needs --tokenizer")
     source = display_name(log)
     raw: list[bytes] = []
     records: list[tuple[int, Any]] = []

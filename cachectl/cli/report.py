@@ -15,11 +15,15 @@ from .common import (
     EXIT_FINDING,
     EXIT_OK,
     BlockSizeOpt,
+    ChatTemplateOpt,
     Format,
     FormatOpt,
-    TokenizerOpt,
+    WindowOpt,
+    check_output,
+    check_price_model,
     emit_json,
     handle_errors,
+    parse_window,
     stdout,
 )
 
@@ -28,7 +32,7 @@ cause (diff-tokens --log), the worst conversations with their token diff side by
 cost and misses (prompt-cost, with the model's prices) and the vLLM prefix hit rate against capacity
 (simulate-prefix --curve), and what `cachectl fix` would gain: the log measured before, after the safe fixes
 and after all fixes (unsafe ones too). Without --key, requests are grouped into conversations automatically
-(a request joins the conversation whose last request it extends, within --window seconds), as fix does.
+(a request joins the conversation whose last request it extends, within --window), as fix does.
 
 --html FILE writes one self-contained page (inline CSS and SVG, no script, no network). The text summary goes
 to stdout (--format json: the report's data). Exit codes: 0 when every request extends the previous one of
@@ -58,13 +62,14 @@ def _trace_records(path: str) -> Iterator[tuple]:
 def command(
     log: Annotated[str, typer.Argument(metavar="LOG.jsonl", help="Logged requests, one JSON object per line.",
                                        show_default=False)],
-    tokenizer: TokenizerOpt = None,
+    tokenizer: Annotated[Optional[str], typer.Option(
+        "--tokenizer", "-t", metavar="T", help="Required: model directory, tokenizer.json, or a Hugging Face id "
+                                               "already in the local cache (never downloaded).")] = None,
     key: Annotated[Optional[str], typer.Option(
         "--key", "--session-field", metavar="FIELD", help="Conversation key field (dotted path, e.g. metadata.session); "
                                        "default: conversations found automatically.")] = None,
-    window: Annotated[float, typer.Option(
-        "--window", metavar="SECONDS", min=0, help="Without --key: a conversation stays open this long after "
-                                                   "its last request.")] = 1800.0,
+    window: WindowOpt = "30m",
+    chat_template: ChatTemplateOpt = None,
     model: Annotated[Optional[str], typer.Option(
         "--model", "-m", metavar="MODEL", help="Price table model for requests that name none (and whose prices "
                                                "turn lost tokens into dollars).")] = None,
@@ -82,17 +87,20 @@ def command(
     from ..inputs import LogRecord, display_name, iter_jsonl, read_requests
     from ..tokenization import load_tokenizer
 
+    if html is not None:
+        check_output(html, "--html", log)
     if log == "-":
         raise UsageError("report reads the log three times (token diff, provider cache, prefix replay): give a file, "
                          "not stdin")
     if not tokenizer:
         raise UsageError("report needs --tokenizer (requests become tokens through its chat template)")
-    tok = load_tokenizer(tokenizer)
+    tok = load_tokenizer(tokenizer, chat_template_file=chat_template)
     table = PriceTable.load()
+    check_price_model(table, model)
     source = display_name(log)
     # fix's reader and grouping: conversations by --key, else found automatically
     lines = fix.log_lines(iter_jsonl(log), source=source, key=key)
-    options = fix.FixOptions(key=key, window_s=window, block_size=block_size, model=model)
+    options = fix.FixOptions(key=key, window_s=parse_window(window), block_size=block_size, model=model)
     safe = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source)
     full = fix.fix_log(lines, replace(options, unsafe=True), tokenizer=tok, table=table, source=source, reuse=safe)
     groups = safe.grouping.groups
