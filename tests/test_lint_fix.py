@@ -165,3 +165,15 @@ def test_bom_and_crlf_survive_a_fix(tmp_path):
     result = lint_fix.fix_paths([str(p)], lint.LintConfig())
     lint_fix.write_fixes(result)
     assert p.read_bytes() == b"\xef\xbb\xbfTools:\r\n{{ tools | tojson(sort_keys=true) }}\r\nEnd\r\n"
+
+
+def test_diff_with_json_gives_each_file_its_fixes_and_diff_and_other_formats_are_refused(cli):
+    bad = str(FIXTURES / "lint" / "bad" / "tools_tojson.j2")
+    r = cli("lint", bad, "--diff", "-f", "json")
+    assert r.exit_code == 1, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["errors"] == [] and [f["path"] for f in doc["files"]] == [bad]
+    assert doc["files"][0]["fixes"][0]["rule"] == "CC006" and "tojson(sort_keys=true)" in doc["files"][0]["diff"]
+    assert doc["files"][0]["diff"] == cli("lint", bad, "--diff").stdout
+    r = cli("lint", bad, "--diff", "-f", "sarif")
+    assert r.exit_code == 2 and "--diff prints a unified diff" in r.stderr

@@ -54,7 +54,9 @@ def command(
     log: Annotated[str, typer.Argument(metavar="LOG.jsonl", help="Logged requests (- for stdin).", show_default=False)],
     out: Annotated[Optional[str], typer.Option("--out", "-o", metavar="FIXED.jsonl",
                                                help="Write the fixed log here.")] = None,
-    diff: Annotated[bool, typer.Option("--diff", help="Show the changes as a diff; write nothing.")] = False,
+    diff: Annotated[bool, typer.Option("--diff", help="Show each changed request, pretty-printed, as a diff before "
+                                                      "the summary; write nothing (a review aid, not a patch: "
+                                                      "--out writes the log).")] = False,
     unsafe_fixes: Annotated[bool, typer.Option("--unsafe-fixes", help="Also apply the fixes that move content "
                                                                      "the model sees.")] = False,
     select: Annotated[Optional[str], typer.Option("--select", metavar="CODES",
@@ -185,7 +187,8 @@ def _pct(x: Optional[float]) -> str:
 
 
 def _money(x: float) -> str:
-    return f"${x:,.4f}" if abs(x) < 100 else f"${x:,.2f}"
+    sign = "-" if x < 0 else ""
+    return f"{sign}${abs(x):,.4f}" if abs(x) < 100 else f"{sign}${abs(x):,.2f}"
 
 
 def _render(r: FixReport, out: Optional[str], changed: int) -> None:

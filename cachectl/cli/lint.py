@@ -88,7 +88,12 @@ def command(
         fixes = lint_fix.fix_paths(paths, cfg)
         patch = "".join(f.diff() for f in fixes.files)
         if diff:  # ruff --diff: the diff on stdout, nothing written, exit 1 when there is something to fix
-            if patch:
+            if fmt is LintFormat.json:  # per file: its fixes and its diff
+                typer.echo(json.dumps({"files": [f.to_dict() for f in fixes.files], "errors": list(fixes.errors)},
+                                      indent=2, ensure_ascii=False))
+            elif fmt is not LintFormat.text:
+                raise UsageError(f"--diff prints a unified diff (or JSON with --format json), not {fmt.value}")
+            elif patch:
                 typer.echo(patch, nl=False)
             for message in fixes.errors:  # one line each: the files that could not be read or parsed
                 typer.echo(f"cachectl: error: {' '.join(message.split())}", err=True)
