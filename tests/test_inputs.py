@@ -137,3 +137,11 @@ def test_log_bad_utf8_line(write):
 def test_empty_log(write):
     with pytest.raises(InputError, match="file is empty"):
         list(iter_log(str(write("e.jsonl", "\n\n"))))
+
+
+def test_a_parquet_file_where_jsonl_is_expected_is_named_as_parquet(cli):
+    from .conftest import FIXTURES
+
+    part = str(FIXTURES / "partitions" / "fleet-session" / "replica-00000.parquet")
+    r = cli("fix", part)
+    assert r.exit_code == 2 and "a Parquet file, expected JSONL" in r.stderr and part in r.stderr

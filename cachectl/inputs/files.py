@@ -172,6 +172,9 @@ def parse_json_document(text: str, source: str) -> Any:
 def parse_jsonl_line(raw: bytes, source: str, lineno: int) -> Any:
     """Parse one JSONL line with orjson; errors name the file and line."""
     if b"\x00" in raw:
+        if lineno == 1 and raw.startswith(b"PAR1"):
+            raise InputError("a Parquet file, expected JSONL (of the commands, simulate-prefix reads Parquet traces)",
+                             source=source, line=lineno)
         raise InputError("looks like binary data (NUL bytes), expected JSON", source=source, line=lineno)
     try:
         return orjson.loads(raw)
