@@ -105,3 +105,12 @@ def test_memory_is_read_a_batch_at_a_time(tmp_path):
     frame = it.gi_frame
     assert frame is not None and len(frame.f_locals["cols"][0]) == parquet.BATCH_ROWS
     assert sum(1 for _ in it) == n - 10
+
+
+def test_a_missing_session_field_is_named_by_row_and_column(cli, tmp_path):
+    src = to_parquet(TRACES / "fleet.jsonl", tmp_path / "fleet.parquet")
+    route = ["--replicas", "2", "--router", "session", "--session-field", "nosuch"]
+    for extra in (["--capacity-blocks", "100"], ["--partition-dir", str(tmp_path / "parts")]):
+        r = cli("simulate-prefix", src, *route, *extra)
+        assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert "fleet.parquet: row 1: column 'nosuch': missing: the session router needs it" in r.stderr

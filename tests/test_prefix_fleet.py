@@ -503,3 +503,94 @@ def test_partitions_replayed_as_ray_tasks_in_a_local_ray(cli, tmp_path):
     assert r.exit_code == 0, r.stderr
     ray_run = json.loads(r.stdout)
     assert ray_run["results"] == one["results"] and "as Ray tasks" in ray_run["notes"][0]
+
+
+@pytest.mark.parametrize("args, named, why", [
+    (["--prefix-blocks", "8"], "--prefix-blocks", "routing was done when the partitions were written"),
+    (["--seed", "5"], "--seed", "routing options change nothing on replay"),
+    (["--seed", "0"], "--seed", "routing options change nothing on replay"),     # the default, given: still refused
+    (["--cache-threshold", "0.3", "--router-max-tree-tokens", "5"], "--cache-threshold, --router-max-tree-tokens",
+     "drop them"),
+    (["--balance-abs-threshold", "3"], "--balance-abs-threshold", "drop it"),
+    (["--hash-block-size", "16"], "--hash-block-size", "holds requests as they were read"),
+    (["--ray-address", "127.0.0.1:1"], "--ray-address names the cluster for --ray: add --ray", ""),
+])
+def test_replay_refuses_options_that_routing_or_reading_used(cli, tmp_path, args, named, why):
+    pytest.importorskip("pyarrow")
+    parts, _ = _partition(cli, tmp_path, RAG, "--replicas", "2", "--router", "prefix-hash")
+    r = cli("simulate-prefix", parts, "--capacity-blocks", "100", *args)
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert named in r.stderr and why in r.stderr, r.stderr
+    if why:
+        assert f"{parts}/manifest.json" in r.stderr
+
+
+def test_replay_at_another_block_size_says_what_routing_used(cli, tmp_path):
+    pytest.importorskip("pyarrow")
+    trace = FIXTURES / "traces" / "fleet.jsonl"
+    ph, _ = _partition(cli, tmp_path, trace, "--replicas", "3", "--router", "prefix-hash", name="ph")
+    rr, _ = _partition(cli, tmp_path, trace, "--replicas", "3", "--router", "round-robin", name="rr")
+    args = ["--capacity-blocks", "100", "--block-size", "32"]
+    same = json.loads(cli("simulate-prefix", ph, "--capacity-blocks", "100", "-f", "json").stdout)
+    assert not any("block size" in n for n in same["notes"])
+    r = cli("simulate-prefix", ph, *args, "-f", "json")
+    assert r.exit_code == 0, r.stderr
+    note = [n for n in json.loads(r.stdout)["notes"] if "block size" in n]
+    assert len(note) == 1 and "prefix-hash routed by the first 4 blocks of 16 tokens" in note[0]
+    assert "replayed at block size 32: not what routing the trace in one process" in note[0]
+    text = cli("simulate-prefix", ph, *args).stdout
+    assert "note: prefix-hash routed by the first 4 blocks of 16 tokens" in text
+    # round-robin does not look at block sizes: the replay at 32 is routing at 32 in one process, and says so
+    one = json.loads(cli("simulate-prefix", trace, "--replicas", "3", "--router", "round-robin", *args,
+                         "-f", "json").stdout)
+    many = json.loads(cli("simulate-prefix", rr, *args, "-f", "json").stdout)
+    assert one["results"] == many["results"]
+    assert any("written at block size 16; round-robin routing does not depend on it" in n for n in many["notes"])
+
+
+def test_a_replaced_partition_file_is_refused_by_its_row_count(cli, tmp_path):
+    pytest.importorskip("pyarrow")
+    import shutil
+
+    parts, written = _partition(cli, tmp_path, FIXTURES / "traces" / "fleet.jsonl", "--replicas", "3",
+                                "--router", "prefix-hash")
+    counts = [p["requests"] for p in written["partitions"]]
+    assert counts[0] != counts[1]
+    shutil.copy(parts / "replica-00000.parquet", parts / "replica-00001.parquet")
+    r = cli("simulate-prefix", parts, "--capacity-blocks", "100")
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"replica-00001.parquet: {counts[0]} rows, but manifest.json says {counts[1]} requests" in r.stderr
+
+
+def test_a_folder_without_a_manifest_is_not_a_partition_directory(cli, tmp_path):
+    pytest.importorskip("pyarrow")
+    parts, _ = _partition(cli, tmp_path, RAG, "--replicas", "2", "--router", "round-robin")
+    (parts / "manifest.json").unlink()
+    for folder in (parts, tmp_path):          # a folder of .parquet files, a parent folder
+        r = cli("simulate-prefix", folder, "--capacity-blocks", "100")
+        assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert "no manifest.json: not a partition directory (write one with --partition-dir)" in r.stderr
+
+
+def test_an_unreachable_ray_address_is_one_line_soon(cli, tmp_path):
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("ray")
+    import socket
+    import time
+
+    parts, _ = _partition(cli, tmp_path, RAG, "--replicas", "2", "--router", "round-robin")
+    with socket.socket() as s:             # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    r = cli("simulate-prefix", parts, "--capacity-blocks", "100", "--ray", "--ray-address", f"127.0.0.1:{port}")
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"--ray-address 127.0.0.1:{port}: cannot reach the Ray cluster" in r.stderr
+    assert time.monotonic() - t0 < 30
+    r = cli("simulate-prefix", parts, "--capacity-blocks", "100", "--ray", env={"RAY_ADDRESS": "nonsense"})
+    assert r.exit_code == 2 and "RAY_ADDRESS nonsense: expected HOST:PORT" in r.stderr, r.stderr
+
+
+def test_help_names_parquet_and_partition_directories(cli):
+    out = cli("simulate-prefix", "--help").stdout
+    assert "Parquet" in out and "partition directory written by --partition-dir" in " ".join(out.split())

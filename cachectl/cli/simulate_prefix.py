@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from typing import Annotated, Optional
 
 import typer
 
-from ..errors import UsageError
+from ..errors import InputError, UsageError
 from .common import (
     EXIT_OK,
     AsOpt,
@@ -33,7 +35,8 @@ HELP = """Replay a request trace through a server prefix cache and count hits th
 
 TRACE is JSONL: {"tokens": [...], "salt"?, "timestamp"?, "output_tokens"?}; text or chat requests
 ("prompt", "messages", OpenAI/Anthropic bodies) with --tokenizer; or Mooncake lines
-{"timestamp", "input_length", "output_length", "hash_ids"}. Requests replay one after another unless
+{"timestamp", "input_length", "output_length", "hash_ids"}; or a Parquet file with those fields as columns;
+or a partition directory written by --partition-dir (replayed as routed, see its manifest.json). Requests replay one after another unless
 --concurrency lets them overlap (they then pin their blocks until they finish). A fleet: --replicas N
 --router R (or all) routes the trace over N such servers; --cpu-offload-blocks adds a CPU tier to each;
 --model with --gpu prices the hits.
@@ -54,7 +57,8 @@ def _ints(text: Optional[str], name: str, most: int) -> list[int]:
 
 @handle_errors
 def command(
-    trace: Annotated[str, typer.Argument(metavar="TRACE", help="JSONL trace (- for stdin).", show_default=False)],
+    ctx: typer.Context,
+    trace: Annotated[str, typer.Argument(metavar="TRACE", help="JSONL trace (- for stdin), Parquet trace, or a partition directory written by --partition-dir.", show_default=False)],
     block_size: BlockSizeOpt = 16,
     capacity_blocks: CapacityBlocksOpt = None,
     capacity_gib: CapacityGibOpt = None,
@@ -188,12 +192,29 @@ def command(
     from ..inputs import parquet as parquet_io
 
     partitions = None
+    if trace != "-" and os.path.isdir(trace) and not parquet_io.is_partition_dir(trace):
+        raise InputError(f"no {parquet_io.MANIFEST}: not a partition directory (write one with --partition-dir)",
+                         source=name)
     if parquet_io.is_partition_dir(trace):
         if partition_dir is not None:
             raise UsageError(f"{name} holds partitions already: --partition-dir takes a trace")
         if tokenizer or salt_field or tenant_field or session_field or no_salt or as_kind:
             raise UsageError("a partition directory holds requests as they were read: --tokenizer, --as and the "
                              "--*-field and --no-salt options apply when it is written")
+        manifest_path = os.path.join(name, parquet_io.MANIFEST)
+        reading = _given(ctx, "hash_block_size", "no_generation_prompt")
+        if reading:
+            raise UsageError(f"{', '.join(reading)}: a partition directory holds requests as they were read "
+                             f"(see {manifest_path}): {'they apply' if len(reading) > 1 else 'it applies'} when "
+                             "it is written")
+        routing = _given(ctx, "prefix_blocks", "seed", "cache_threshold", "balance_abs", "balance_rel",
+                         "router_eviction_s", "router_tree_tokens")
+        if routing:
+            raise UsageError(f"{', '.join(routing)}: routing was done when the partitions were written (see "
+                             f"{manifest_path}): routing options change nothing on replay, drop "
+                             f"{'them' if len(routing) > 1 else 'it'}")
+        if ray_address is not None and not ray:
+            raise UsageError("--ray-address names the cluster for --ray: add --ray (or drop --ray-address)")
         manifest = parquet_io.read_manifest(trace)
         partitions = (list(parquet_io.partition_paths(trace, manifest)), manifest)
     elif ray or ray_address:
@@ -207,10 +228,11 @@ def command(
         from .simulate_fleet import write_partitions
 
         fields = (session_field,) if session_field else SESSION_FIELDS
-        write_partitions(read=read("routing", fields if router == "session" else ()), name=name,
-                         directory=partition_dir, replicas=replicas, router=router, block_size=block_size,
-                         hash_block_size=hash_block_size, seed=seed, prefix_blocks=prefix_blocks,
-                         session_fields=fields, fmt=fmt)
+        with _parquet_rows(trace, name):
+            write_partitions(read=read("routing", fields if router == "session" else ()), name=name,
+                             directory=partition_dir, replicas=replicas, router=router, block_size=block_size,
+                             hash_block_size=hash_block_size, seed=seed, prefix_blocks=prefix_blocks,
+                             session_fields=fields, fmt=fmt)
         raise typer.Exit(EXIT_OK)
     if (partitions is not None or replicas is not None or router is not None or cpu_offload_gib is not None
             or cpu_offload_blocks is not None):
@@ -232,12 +254,14 @@ def command(
         params = CacheAwareParams(cache_threshold=cache_threshold, balance_abs_threshold=balance_abs,
                                   balance_rel_threshold=balance_rel, eviction_interval_s=router_eviction_s,
                                   max_tree_tokens=router_tree_tokens)
-        run_fleet(read=read("reading", fields), name=name, replicas=replicas, router=router, block_size=block_size,
-                  capacity_blocks=gpu_capacity, policy=policy_name, hash_fn=hash_name, concurrency=concurrency,
-                  decode_s=decode_ms / 1000.0, warm=warm, seed=seed, prefix_blocks=prefix_blocks, params=params,
-                  cpu_offload_gib=cpu_offload_gib, cpu_offload_blocks=cpu_offload_blocks,
-                  bytes_per_token=fleet_bpt, link=link, jobs=jobs, value=value, plot=plot, fmt=fmt,
-                  session_fields=fields, partitions=partitions, ray=ray, ray_address=ray_address)
+        with _parquet_rows(trace, name):
+            run_fleet(read=read("reading", fields), name=name, replicas=replicas, router=router,
+                      block_size=block_size, capacity_blocks=gpu_capacity, policy=policy_name, hash_fn=hash_name,
+                      concurrency=concurrency, decode_s=decode_ms / 1000.0, warm=warm, seed=seed,
+                      prefix_blocks=prefix_blocks, params=params, cpu_offload_gib=cpu_offload_gib,
+                      cpu_offload_blocks=cpu_offload_blocks, bytes_per_token=fleet_bpt, link=link, jobs=jobs,
+                      value=value, plot=plot, fmt=fmt, session_fields=fields, partitions=partitions, ray=ray,
+                      ray_address=ray_address)
         _generation_note(tok)
         raise typer.Exit(EXIT_OK)
     if gpu is not None or gpu_hour_usd is not None:
@@ -326,6 +350,29 @@ def command(
             stdout.print(f"note: the first {skip} requests warmed the cache and are not counted", markup=False)
         _generation_note(tok)
     raise typer.Exit(EXIT_OK)
+
+
+def _given(ctx: typer.Context, *params: str) -> list[str]:
+    """The options among ``params`` (parameter names) that the command line or the environment set."""
+    def given(name: str) -> bool:
+        source = ctx.get_parameter_source(name)
+        return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
+
+    return [p.opts[0] for p in ctx.command.params if p.name in params and given(p.name)]
+
+
+@contextmanager
+def _parquet_rows(trace: str, name: str):
+    """An input error the router raises at ``name:N`` (a line, a field) worded as row N, column C when the
+    trace is Parquet, as the reader's own errors are."""
+    try:
+        yield
+    except InputError as exc:
+        from ..inputs import parquet
+
+        if trace == "-" or os.path.isdir(trace) or not parquet.is_parquet(trace):
+            raise
+        raise parquet.row_error(exc, name) from None
 
 
 class _Largest:

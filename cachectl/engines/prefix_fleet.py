@@ -629,6 +629,17 @@ def simulate_partitions(paths: Sequence[str], manifest: dict, *, policy: str = "
                      bytes_per_token=bytes_per_token, link_gbps=link_gbps)
     notes = [f"replayed {len(paths)} partitions routed by {router} up front"
              + (" as Ray tasks" if ray else f" in {min(jobs, len(paths))} processes" if jobs > 1 else "")]
+    routed_bs = manifest.get("block_size")
+    if routed_bs is not None and routed_bs != block_size:
+        if router == "prefix-hash":
+            notes.append(f"prefix-hash routed by the first {manifest['router_params'].get('prefix_blocks')} "
+                         f"blocks of {routed_bs} tokens (the partitions' block size), replayed at block size "
+                         f"{block_size}: not what routing the trace in one process at block size {block_size} "
+                         f"gives (write the partitions again with --block-size {block_size} for that)")
+        else:
+            notes.append(f"the partitions were written at block size {routed_bs}; {router} routing does not "
+                         f"depend on it, so this replay at block size {block_size} is routing the trace in one "
+                         "process at that block size")
     if warmup:
         notes.append(f"the first {warmup} requests warmed the caches and are not counted")
     return FleetReport(replicas=len(paths), policy=policy, block_size=block_size, capacity_blocks=capacity_blocks,
@@ -649,15 +660,20 @@ def _on_ray(paths: Sequence[str], kw: dict, address: str | None, jobs: int) -> l
         raise UsageError("--ray needs ray: pip install 'llm-cachectl[ray]'") from None
     from ..errors import CachectlError
 
+    origin = "--ray-address" if address else "RAY_ADDRESS"
     address = address or os.environ.get("RAY_ADDRESS") or None
     started = False
     if not ray.is_initialized():
         init: dict = dict(logging_level=logging.WARNING, log_to_driver=False)
         if address:
+            _reachable(address, origin)
             init["address"] = address
         else:
             init.update(num_cpus=jobs if jobs > 1 else None, include_dashboard=False)
-        ray.init(**init)
+        try:
+            ray.init(**init)
+        except ConnectionError as exc:
+            raise UsageError(f"{origin} {address}: cannot connect to a Ray cluster ({_one_line(exc)})") from None
         started = True
     try:
         task = ray.remote(replay_partition)
@@ -672,3 +688,33 @@ def _on_ray(paths: Sequence[str], kw: dict, address: str | None, jobs: int) -> l
     finally:
         if started:
             ray.shutdown()
+
+
+#: seconds to wait for a Ray cluster's address to answer before giving up (Ray itself retries for minutes)
+RAY_CONNECT_TIMEOUT_S = 5.0
+
+
+def _reachable(address: str, origin: str, timeout: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """Refuse, in one line, a Ray address (``HOST:PORT`` or ``ray://HOST:PORT``) that does not accept a TCP
+    connection within ``timeout`` seconds. ``auto`` and ``local`` are Ray's to resolve."""
+    import socket
+
+    if address in ("auto", "local"):
+        return
+    host, sep, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise UsageError(f"{origin} {address}: expected HOST:PORT or ray://HOST:PORT (the cluster's GCS or "
+                         "Ray client address), auto or local")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except TimeoutError:
+        raise UsageError(f"{origin} {address}: no answer within {timeout:g} s; is the Ray cluster up "
+                         "(ray start --head) and the address right?") from None
+    except OSError as exc:
+        raise UsageError(f"{origin} {address}: cannot reach the Ray cluster ({exc.strerror or exc}); is it up "
+                         "(ray start --head) and the address right?") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:200] if lines else type(exc).__name__

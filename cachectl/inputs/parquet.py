@@ -158,10 +158,15 @@ def located_rows(items: Iterable, source: str) -> Iterator:
     try:
         yield from items
     except InputError as exc:
-        if exc.source != source or exc.line is None:
-            raise
-        column = f"column '{exc.field}': " if exc.field else ""
-        raise InputError(f"{column}{exc.message}", source=f"{source}: row {exc.line}") from None
+        raise row_error(exc, source) from None
+
+
+def row_error(exc: InputError, source: str) -> InputError:
+    """``exc`` re-worded for a Parquet file when it is located at ``source:N``: row N, column C; else itself."""
+    if exc.source != source or exc.line is None:
+        return exc
+    column = f"column '{exc.field}': " if exc.field else ""
+    return InputError(f"{column}{exc.message}", source=f"{source}: row {exc.line}")
 
 
 # -------------------------------------------------------------------------------------------- partitions
@@ -276,6 +281,17 @@ def read_manifest(directory: str) -> dict:
                              field=f"partitions[{i}]")
         if not os.path.isfile(os.path.join(directory, f)):
             raise InputError(f"partition file {f} is missing", source=source, field=f"partitions[{i}].file")
+    for p in parts:  # the row counts, from each file's footer: a file replaced by another is refused
+        path = os.path.join(directory, p["file"])
+        _, pf = _open(path)
+        rows = pf.metadata.num_rows
+        if rows != p["requests"]:
+            raise InputError(f"{rows:,} rows, but {MANIFEST} says {p['requests']:,} requests: the file was "
+                             "replaced or changed since the partitions were written", source=path)
+    total = doc.get("requests")
+    if total != sum(p["requests"] for p in parts):
+        raise InputError(f"requests {total!r} is not the sum of the partitions' requests "
+                         f"({sum(p['requests'] for p in parts):,})", source=source, field="requests")
     return doc
 
 
