@@ -467,6 +467,7 @@ def test_partitions_of_a_parquet_mooncake_trace(cli, tmp_path):
     (["--replicas", "2", "--router", "cache-aware"], "cache-aware decides from the state its earlier choices left"),
     (["--replicas", "2", "--router", "least-loaded"], "stays single-process"),
     (["--router", "session"], "give --replicas N and --router"),
+    (["--replicas", "2", "--router", "all"], "--router all includes cache-aware and least-loaded"),
     (["--replicas", "2", "--router", "round-robin", "--curve"], "--partition-dir writes partitions and replays nothing"),
 ])
 def test_partition_dir_refuses(cli, tmp_path, args, expect):

@@ -27,6 +27,10 @@ def write_partitions(*, read, name: str, directory: str, replicas: Optional[int]
     if router is None or replicas is None:
         raise UsageError("--partition-dir routes the trace up front: give --replicas N and --router "
                          f"{'|'.join(STATELESS_ROUTERS)}")
+    if router == "all":
+        raise UsageError("--partition-dir routes up front with one router: --router all includes cache-aware and "
+                         f"least-loaded, which decide from the state their earlier choices left; choose one of "
+                         f"{'|'.join(STATELESS_ROUTERS)}")
     if router not in STATELESS_ROUTERS:
         raise UsageError(f"--partition-dir routes up front, which only {', '.join(STATELESS_ROUTERS)} can: "
                          f"{router} decides from the state its earlier choices left (loads, trees), so it "
