@@ -329,3 +329,17 @@ def test_tenant_field_absent_is_said(cli, write):
     assert "is absent on 1 of 3 requests" in r.stdout and "(so no tenant table)" not in r.stdout
     assert json.loads(cli("simulate-prefix", trace, "--policy", "infinite", "--tenant-field", "org", "-f",
                           "json").stdout)["requests_without_tenant"] == 1
+
+
+def test_chat_traces_can_be_rendered_with_another_chat_template(cli):
+    from .conftest import FIXTURES, TOK_DIR
+
+    log = str(FIXTURES / "prompts" / "demo_log.jsonl")
+    template = FIXTURES / "chat_templates" / "Apertus-8B-Instruct.jinja"
+    own = json.loads(cli("simulate-prefix", log, "-t", TOK_DIR, "--capacity-blocks", "1000", "-f", "json").stdout)
+    other = json.loads(cli("simulate-prefix", log, "-t", TOK_DIR, "--chat-template", str(template),
+                           "--capacity-blocks", "1000", "-f", "json").stdout)
+    # the same requests, rendered through another template's text: other token counts
+    assert other["requests"] == own["requests"] and other["query_tokens"] != own["query_tokens"]
+    r = cli("simulate-prefix", log, "--chat-template", str(template), "--capacity-blocks", "1000")
+    assert r.exit_code == 2 and "--chat-template needs --tokenizer" in r.stderr

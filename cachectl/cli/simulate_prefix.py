@@ -15,6 +15,7 @@ from .common import (
     BlockSizeOpt,
     CapacityBlocksOpt,
     CapacityGibOpt,
+    ChatTemplateOpt,
     Dtype,
     Format,
     FormatOpt,
@@ -77,6 +78,7 @@ def command(
     no_salt: Annotated[bool, typer.Option("--no-salt", help="Ignore cache salts: what sharing would happen "
                                                               "without them (with --tenant-field).")] = False,
     tokenizer: TokenizerOpt = None,
+    chat_template: ChatTemplateOpt = None,
     as_kind: AsOpt = None,
     hash_block_size: Annotated[int, typer.Option("--hash-block-size", min=1, metavar="N",
                                                  help="Tokens per hash_ids entry in Mooncake traces.")] = 512,
@@ -158,7 +160,9 @@ def command(
     kv_capacity = KvCapacity(capacity_blocks, capacity_gib, model, dtype.value, block_size)
     bytes_per_token = kv_capacity.bytes_per_token
     warm = _warmup(warmup)
-    tok = _ChatAware(tokenizer, not no_generation_prompt) if tokenizer is not None else None
+    if chat_template and tokenizer is None:
+        raise UsageError("--chat-template needs --tokenizer")
+    tok = _ChatAware(tokenizer, not no_generation_prompt, chat_template) if tokenizer is not None else None
     name = "<stdin>" if trace == "-" else trace
 
     capacity_for = kv_capacity.blocks
@@ -402,10 +406,10 @@ class _ChatAware:
     """The tokenizer, loaded once, that renders chat requests with or without the generation prompt and
     remembers which it did (``used``: None while no chat request was rendered)."""
 
-    def __init__(self, spec: str, add_generation_prompt: bool):
+    def __init__(self, spec: str, add_generation_prompt: bool, chat_template: Optional[str] = None):
         from ..tokenization import load_tokenizer
 
-        self._tok = load_tokenizer(spec)
+        self._tok = load_tokenizer(spec, chat_template_file=chat_template)
         self._gen = add_generation_prompt
         self.used: Optional[bool] = None
 
