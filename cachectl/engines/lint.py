@@ -379,6 +379,20 @@ def _is_chat_template(source: str) -> bool:
                                      or "message[\"role\"]" in source or "m.role" in source or "add_generation_prompt" in source)
 
 
+def parse_template(env: Any, source: str, path: str, *, compiled: bool = False) -> Any:
+    """The template's AST (and, with ``compiled``, the compiled template as well: ``(ast, template)``); invalid
+    Jinja or nesting too deep to parse is one located InputError."""
+    from jinja2.exceptions import TemplateSyntaxError
+
+    try:
+        ast = env.parse(source, name=path)
+        return (ast, env.from_string(source)) if compiled else ast
+    except TemplateSyntaxError as exc:
+        raise InputError(f"invalid Jinja: {exc.message}", source=path, line=exc.lineno) from None
+    except RecursionError:
+        raise InputError("Jinja template nested too deeply to parse", source=path) from None
+
+
 def lint_template(path: str, source: str, config: LintConfig, tokenizer: Any = None) -> list[Finding]:
     """Static and dynamic checks of one Jinja template (a prompt template or a chat template).
 
@@ -386,16 +400,9 @@ def lint_template(path: str, source: str, config: LintConfig, tokenizer: Any = N
     chat template that rejects every form of the sample conversation lint tries.
     """
     from jinja2 import meta
-    from jinja2.exceptions import TemplateSyntaxError
 
     env = sandbox()
-    try:
-        ast = env.parse(source, name=path)
-        template = env.from_string(source)
-    except TemplateSyntaxError as exc:
-        raise InputError(f"invalid Jinja: {exc.message}", source=path, line=exc.lineno) from None
-    except RecursionError:
-        raise InputError("Jinja template nested too deeply to parse", source=path) from None
+    ast, template = parse_template(env, source, path, compiled=True)
     lines = source.splitlines()
     findings: list[Finding] = []
 

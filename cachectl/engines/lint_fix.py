@@ -23,7 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CachectlError, InputError
-from .lint import TEMPLATE_SUFFIXES, Finding, LintConfig, _candidates, _filter, _tool_schema_findings, sandbox
+from .lint import (
+    TEMPLATE_SUFFIXES,
+    Finding,
+    LintConfig,
+    _candidates,
+    _filter,
+    _tool_schema_findings,
+    parse_template,
+    sandbox,
+)
 
 #: rules whose findings have a mechanical template fix
 FIXABLE = frozenset({"CC006"})
@@ -124,14 +133,7 @@ def _with_sort_keys(source: str, match: re.Match) -> str | None:
 
 
 def _cc006_lines(env, source: str, path: str, config: LintConfig) -> list[Finding]:
-    from jinja2.exceptions import TemplateSyntaxError
-
-    try:
-        ast = env.parse(source, name=path)
-    except TemplateSyntaxError as exc:
-        raise InputError(f"invalid Jinja: {exc.message}", source=path, line=exc.lineno) from None
-    except RecursionError:
-        raise InputError("Jinja template nested too deeply to parse", source=path) from None
+    ast = parse_template(env, source, path)
     lines = source.splitlines()
     found: list[Finding] = []
 
