@@ -6,6 +6,8 @@ times, interleaved, process start included, median of --runs:
   naive     bench/naive_seed_prefix.py: stdlib json, tuple hash, an OrderedDict LRU, no vLLM rules
   single    cachectl simulate-prefix TRACE --capacity-blocks N --format json
   curve     cachectl simulate-prefix TRACE --curve --format json   (32 capacities, minimum to ceiling)
+  1 proc    single with --read-jobs 1 (the trace read and keyed in the command's own process; by default a
+            file this size is read by one forked worker per CPU)
 and the peak RSS of `single` and `curve` on the trace and on its first half (memory against trace length).
 Targets (issue 13): single >= 1.3x faster than naive; curve <= 2.5x single; memory flat in trace length.
 With --mooncake N (default 12,000), the same for a Mooncake-style hash_ids trace of N requests
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -63,6 +66,9 @@ def main() -> None:
                                            str(args.capacity_blocks), "--format", "json"],
                 "cachectl --curve (32 points)": [py, "-m", "cachectl", "simulate-prefix", str(path), "--curve",
                                                  "--format", "json"],
+                "one capacity, --read-jobs 1": [py, "-m", "cachectl", "simulate-prefix", str(path),
+                                                "--capacity-blocks", str(args.capacity_blocks), "--format", "json",
+                                                "--read-jobs", "1"],
             }
 
         full = cmds(trace)
@@ -74,14 +80,17 @@ def main() -> None:
         rss = {name: (peak_rss(cmds(half)[name]), peak_rss(cmd)) for name, cmd in full.items()}
         size = trace.stat().st_size / 1e6
     med = {k: statistics.median(v) for k, v in times.items()}
-    naive, single, curve = (med[k] for k in full)
+    naive, single, curve, one_process = (med[k] for k in full)
     print(f"trace: {args.requests} requests, {tokens:,} prompt tokens, {size:.1f} MB; capacity "
           f"{args.capacity_blocks} blocks of 16; {args.runs} interleaved runs each, median, process start included")
     print(f"{'command':<32}{'seconds':>9}{'runs':>40}{'peak RSS half/full trace':>27}")
     for name, m in med.items():
         runs = " ".join(f"{t:.2f}" for t in times[name])
         print(f"{name:<32}{m:>9.3f}{runs:>40}{rss[name][0]:>17} / {rss[name][1]} MiB")
-    print(f"one capacity: naive / cachectl = {naive / single:.2f}x faster (target >= 1.3x)")
+    print(f"one capacity: naive / cachectl = {naive / single:.2f}x faster (target >= 1.3x); read in one "
+          f"process (--read-jobs 1): {naive / one_process:.2f}x; CPUs: {len(os.sched_getaffinity(0))}")
+    if outs["one capacity, --read-jobs 1"] != outs["cachectl, one capacity"]:
+        raise SystemExit("--read-jobs 1 and the default gave different answers")
     print(f"curve / one capacity = {curve / single:.2f}x (target <= 2.5x); curve points: "
           f"{len(json.loads(outs['cachectl --curve (32 points)'])['sweep'])}")
     print(f"hit rate at {args.capacity_blocks} blocks: naive (LRU, no vLLM rules) {float(outs['naive seed']):.4f}, "

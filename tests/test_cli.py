@@ -24,9 +24,9 @@ def test_version(cli):
 
 
 def test_every_command_has_help(cli):
-    from cachectl.cli import app
+    from cachectl.cli import COMMANDS
 
-    names = [c.name for c in app.registered_commands] + [g.name for g in app.registered_groups]
+    names = list(COMMANDS)
     assert {"diff-tokens", "simulate-prefix", "prompt-cost", "semantic-probe", "kv-inspect", "lint"} <= set(names)
     top = cli("--help")
     assert top.exit_code == 0
@@ -304,3 +304,22 @@ def test_a_tokenizer_path_typo_is_not_sent_to_the_hub(cli, tmp_path):
     assert r.exit_code == 2 and r.stderr.count("\n") == 1
     assert f"tokenizer path not found: {tmp_path}/tokk (did you mean {tmp_path}/tok?)" in r.stderr
     assert "hf download" not in r.stderr
+
+
+def test_running_one_command_builds_only_that_command(runner):
+    """Commands are imported and built when they run (typer makes a pydantic adapter per parameter), and
+    help still lists them all, in order."""
+    import typer
+
+    from cachectl.cli import COMMANDS, app
+
+    root = typer.main.get_command(app)
+    assert dict.keys(root.commands) == set() and list(root.commands) == list(COMMANDS)
+    ctx = root.context_class(root, info_name="cachectl")
+    cmd = root.get_command(ctx, "prompt-cost")
+    assert cmd.name == "prompt-cost" and "--format" in cmd.get_help(ctx)
+    assert set(dict.keys(root.commands)) == {"prompt-cost"}
+    assert root.get_command(ctx, "nope") is None
+    text = root.get_help(ctx)
+    assert all(name in text for name in COMMANDS) and set(dict.keys(root.commands)) == set(COMMANDS)
+    assert runner.invoke(app, ["nope"]).exit_code == 2

@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import functools
+import gc
 import importlib
 import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator
 from enum import Enum
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import orjson
 import typer
-from rich.console import Console
 from typer.core import TyperGroup
 
 from ..errors import CachectlError, UsageError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 # click's exceptions as typer raises them: the click package, or the copy newer typer versions carry
 _click_exceptions: Any = importlib.import_module(typer.BadParameter.__module__)
@@ -228,10 +231,39 @@ class _PipeSafeStdout:
         return getattr(sys.stdout, "encoding", None) or "utf-8"
 
 
-# Off a terminal (a pipe, a file, CI logs) tables get room instead of the 80 columns rich assumes.
-stdout = Console(file=_PipeSafeStdout(), highlight=False, soft_wrap=False,  # type: ignore[arg-type]
-                 width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
-stderr = Console(stderr=True, highlight=False)
+class LazyConsole:
+    """A rich Console made on first use: importing rich takes about 17 ms that a command writing JSON, or
+    nothing, does not need. Attribute access is passed to the console."""
+
+    def __init__(self, make: Callable[[], Console]) -> None:
+        self._make = make
+        self._console: Console | None = None
+
+    def real(self) -> Console:
+        if self._console is None:
+            self._console = self._make()
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real(), name)
+
+
+def _stdout_console() -> Console:
+    from rich.console import Console
+
+    # Off a terminal (a pipe, a file, CI logs) tables get room instead of the 80 columns rich assumes.
+    return Console(file=_PipeSafeStdout(), highlight=False, soft_wrap=False,  # type: ignore[arg-type]
+                   width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
+
+
+def _stderr_console() -> Console:
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+stdout: Any = LazyConsole(_stdout_console)
+stderr: Any = LazyConsole(_stderr_console)
 
 
 def _write_bytes(data: bytes) -> None:
@@ -283,12 +315,13 @@ class Progress:
 
     def __init__(self, description: str):
         self._progress = None
-        if stderr.is_terminal and not os.environ.get("CI"):
+        if (sys.stderr.isatty() or os.environ.get("FORCE_COLOR") or os.environ.get("FORCE_TERMINAL")) \
+                and stderr.is_terminal and not os.environ.get("CI"):
             from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as RichProgress
 
             self._progress = RichProgress(SpinnerColumn(), TextColumn(description), MofNCompleteColumn(),
-                                          BarColumn(), TimeElapsedColumn(), console=stderr, transient=True)
+                                          BarColumn(), TimeElapsedColumn(), console=stderr.real(), transient=True)
             self._task = self._progress.add_task(description, total=None)
 
     def __enter__(self) -> Progress:
@@ -386,6 +419,10 @@ def _offline_api_error(exc: BaseException) -> str | None:
     return None
 
 
+#: set by :func:`cachectl.cli.main`: this process is the ``cachectl`` command and ends with it
+process_entry = False
+
+
 def handle_errors(fn: Callable) -> Callable:
     """Turn the errors a user can cause into one line on stderr and exit code 2.
 
@@ -394,6 +431,12 @@ def handle_errors(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        if process_entry:
+            # What start-up made (modules, typer's and pydantic's objects) lives until the process ends: out
+            # of the collector's passes, which then cost what the command allocates, not what was imported.
+            # Only in the process ``cachectl`` started: an app invoked in a longer-lived process (tests, a
+            # notebook) keeps its collector as it was.
+            gc.freeze()
         try:
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort, SystemExit):
@@ -458,13 +501,87 @@ def tidy_help(command: Any) -> None:
         tidy_help(sub)
 
 
+class LazyCommands(dict):
+    """Command name -> click command, each one imported and built on first use, so that running a command
+    builds only it (typer turns every parameter of every command it builds into a pydantic adapter). Names
+    iterate in declaration order without building anything; values and items build them all (help does)."""
+
+    def __init__(self, loaders: dict[str, Callable[[], Any]]) -> None:
+        super().__init__()
+        self._loaders = dict(loaders)
+
+    def _load(self, name: Any) -> Any:
+        if not dict.__contains__(self, name) and name in self._loaders:
+            cmd = self._loaders[name]()
+            tidy_help(cmd)
+            dict.__setitem__(self, name, cmd)
+        return dict.get(self, name)
+
+    def __getitem__(self, name: Any) -> Any:
+        cmd = self._load(name)
+        if cmd is None:
+            raise KeyError(name)
+        return cmd
+
+    def get(self, name: Any, default: Any = None) -> Any:
+        cmd = self._load(name)
+        return default if cmd is None else cmd
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._loaders or dict.__contains__(self, name)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(dict.fromkeys([*self._loaders, *dict.keys(self)]))
+
+    def __len__(self) -> int:
+        return len(dict.fromkeys([*self._loaders, *dict.keys(self)]))
+
+    def keys(self) -> Any:
+        return list(self)
+
+    def values(self) -> Any:
+        return [self[n] for n in self]
+
+    def items(self) -> Any:
+        return [(n, self[n]) for n in self]
+
+
+def _no_options() -> None:
+    pass
+
+
+def lazy_command(name: str, module: str, attribute: str = "command") -> Callable[[], Any]:
+    """A loader for :class:`LazyCommands`: the click command of ``module.attribute``, a command function or a
+    Typer app of subcommands, built the way ``app.command(name)`` / ``app.add_typer`` would build it."""
+
+    def load() -> Any:
+        obj = getattr(importlib.import_module(module), attribute)
+        group = typer.Typer(rich_markup_mode=None, add_completion=False, pretty_exceptions_enable=False)
+        group.callback()(_no_options)  # a group of one, built as the root would build its member
+        if isinstance(obj, typer.Typer):
+            group.add_typer(obj, name=name)
+        else:
+            group.command(name)(obj)
+        built: Any = typer.main.get_command(group)
+        return built.commands[name]
+
+    return load
+
+
 class CachectlGroup(TyperGroup):
     """The root command: click's own error output (a boxed usage error, exit 1 on a closed pipe) replaced by
-    cachectl's one line on stderr and its exit codes."""
+    cachectl's one line on stderr and its exit codes. ``lazy_commands`` (a subclass sets it): name -> loader
+    of commands built on first use."""
+
+    lazy_commands: dict[str, Callable[[], Any]] = {}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         tidy_help(self)
+        if self.lazy_commands:
+            eager = dict(self.commands)
+            self.commands = LazyCommands(self.lazy_commands)
+            self.commands.update(eager)
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -143,6 +143,11 @@ def command(
     utilization: Annotated[float, typer.Option("--utilization", help="With --gpu: share of peak FLOPs prefill "
                                                                       "reaches.")] = 0.4,
     jobs: Annotated[int, typer.Option("--jobs", min=1, help="Fleet: replicas replayed in this many processes.")] = 1,
+    read_jobs: Annotated[Optional[int], typer.Option("--read-jobs", min=1, metavar="N",
+                                                     help="Processes that read and key a large token trace (a "
+                                                          "JSONL file of 8 MiB or more) for one replay or a curve; "
+                                                          "the results are the same. Default: one per CPU, up to "
+                                                          "8; 1 reads in this process.")] = None,
     partition_dir: Annotated[Optional[str], typer.Option("--partition-dir", metavar="DIR",
                                                          help="Route the trace once (--replicas N, --router "
                                                               "round-robin|random|session|prefix-hash) and write one "
@@ -167,25 +172,39 @@ def command(
 
     capacity_for = kv_capacity.blocks
 
-    def read(label: str, session_fields: tuple = ()):
-        """The trace's requests, streamed (one read)."""
+    def read(label: str, session_fields: tuple = (), keyed_at: Optional[int] = None):
+        """The trace's requests, streamed (one read). ``keyed_at``: the replay only needs block keys at this
+        block size, so a large token trace may be read and keyed by forked processes (the same requests)."""
         from ..inputs import parquet
 
+        trace_opts: dict[str, Any] = {"salt_field": salt_field, "tenant_field": tenant_field, "hash_block_size": hash_block_size,
+                      "no_salt": no_salt, "as_kind": as_kind.value if as_kind else None,
+                      "add_generation_prompt": not no_generation_prompt, "session_fields": session_fields}
         columnar = parquet.is_parquet(trace)
-        if columnar:  # the same rows as JSONL lines would give, read a batch at a time
-            records = parquet.parquet_records(trace, parquet.trace_columns(salt_field, tenant_field, *session_fields))
+        requests: Any
+        if keyed_at is not None and tok is None and not columnar and _parallel(trace, read_jobs):
+            from ..engines.prefix_read import KeyedTrace, default_jobs
+
+            requests = KeyedTrace(trace, source=name, block_size=keyed_at, hash_fn=hash_name,
+                                  jobs=read_jobs or default_jobs(), **trace_opts)
+            requests.start()  # fork before the progress bar's thread starts
         else:
-            records = prefix.trace_records(trace)
-        requests = prefix.iter_trace(records, source=name, tokenizer=tok, salt_field=salt_field,
-                                     tenant_field=tenant_field, hash_block_size=hash_block_size, no_salt=no_salt,
-                                     as_kind=as_kind.value if as_kind else None,
-                                     add_generation_prompt=not no_generation_prompt, session_fields=session_fields)
-        if columnar:
-            requests = parquet.located_rows(requests, name)
-        with Progress(label) as progress:
-            for r in requests:
-                progress.advance()
-                yield r
+            if columnar:  # the same rows as JSONL lines would give, read a batch at a time
+                records = parquet.parquet_records(trace, parquet.trace_columns(salt_field, tenant_field,
+                                                                               *session_fields))
+            else:
+                records = prefix.trace_records(trace)
+            requests = prefix.iter_trace(records, source=name, tokenizer=tok, **trace_opts)
+            if columnar:
+                requests = parquet.located_rows(requests, name)
+        try:
+            with Progress(label) as progress:
+                for r in requests:
+                    progress.advance()
+                    yield r
+        finally:
+            if hasattr(requests, "close"):
+                requests.close()
 
     def run(requests, bs: int, cap: Optional[int], keep_rows: bool, skip: int):
         return prefix.simulate(requests, policy=policy_name, block_size=bs, capacity_blocks=cap, hash_fn=hash_name,
@@ -280,7 +299,8 @@ def command(
         raise UsageError("--optimal draws the bound beside a curve: add --curve or --sweep-capacity")
     if len(sizes) == 1 and not caps and not curve:
         bs, cap = sizes[0], capacity_for(sizes[0])
-        largest = _Largest(read(f"{policy_name} bs={bs}"), bs)
+        largest = _Largest(read(f"{policy_name} bs={bs}", keyed_at=bs if policy_name in ("vllm", "infinite") else None),
+                           bs)
         try:
             if isinstance(warm, float) and warm < 1:  # a share: count the requests first (kept in memory once)
                 requests = list(largest)
@@ -309,7 +329,8 @@ def command(
     if policy_name == "vllm":
         from ..engines import prefix_curve
 
-        keyed = prefix_curve.key_trace(read("reading and keying"), sizes, hash_fn=hash_name, source=name)
+        keyed = prefix_curve.key_trace(read("reading and keying", keyed_at=sizes[0] if len(sizes) == 1 else None),
+                                       sizes, hash_fn=hash_name, source=name)
         curves = []
         for bs in sizes:
             points: list[int] | None = None
@@ -377,6 +398,12 @@ def _parquet_rows(trace: str, name: str):
         if trace == "-" or os.path.isdir(trace) or not parquet.is_parquet(trace):
             raise
         raise parquet.row_error(exc, name) from None
+
+
+def _parallel(trace: str, read_jobs: Optional[int]) -> bool:
+    from ..engines.prefix_read import can_read_in_parallel, default_jobs
+
+    return can_read_in_parallel(trace, read_jobs or default_jobs())
 
 
 class _Largest:

@@ -23,10 +23,8 @@ makes a collision vanishingly unlikely on real traces); ``hash_fn="sha256"`` use
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import operator
-import pickle
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -45,7 +43,8 @@ MAX_OUTPUT_TOKENS = 10 ** 9
 MAX_TIMESTAMP = 1e15
 MAX_BLOCK_SIZE = 1 << 20
 MAX_CAPACITY_BLOCKS = 1 << 48
-_NONE_SHA = hashlib.sha256(b"cachectl-none-hash").digest()
+#: the parent of a first block under --hash sha256: sha256(b"cachectl-none-hash")
+_NONE_SHA = bytes.fromhex("ce0b9c7844bb831fb74122604f087fc11c1af22461e9de893d240facf8aed996")
 
 
 # ------------------------------------------------------------------------------------------- requests
@@ -87,6 +86,9 @@ def block_keys(tokens: Sequence[int], block_size: int, salt: Any = None, hash_fn
             first = next(terms) ^ hash(("salt", salt))
             return list(accumulate(chain((first,), terms), operator.xor))
         return list(accumulate(terms, operator.xor))
+    import hashlib
+    import pickle
+
     keys = []
     parent = _NONE_SHA
     for i in range(len(tokens) // block_size):

@@ -1,0 +1,284 @@
+"""A large token trace read and keyed by several processes, handed on in file order.
+
+Parsing token IDs (orjson builds one Python int per token) and hashing blocks are most of a replay's time,
+and they do not depend on the cache: only the replay does, and it needs the requests in order. So a plain
+JSONL file is cut into chunks at line ends; forked workers read, parse, validate and key whole chunks with
+the code one process uses (:func:`~cachectl.inputs.parse_jsonl_line`,
+:func:`~cachectl.engines.prefix.iter_trace`, :func:`~cachectl.engines.prefix.request_keys`), and each sends
+its chunks back, one frame per chunk, through a pipe of its own. The parent yields the keyed requests chunk
+after chunk, in file order, so the replay sees what one process would have read, errors included: a
+worker that meets a bad line sends what it read before it and the error, which the parent raises when the
+replay reaches that line (a capacity error earlier in the file still comes first). A pipe holds one frame
+at a time, so memory stays flat in the trace length.
+
+Forked workers share the parent's hash secret, so a salted key (a hashed string) is the same in every
+process. Where ``fork`` is missing (Windows), on stdin, gzip and Parquet, the caller reads in one process.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import os
+import pickle
+import signal
+import stat
+import struct
+import sys
+from array import array
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from ..errors import CachectlError, InputError
+from ..inputs import parse_jsonl_line
+from .prefix import TraceRequest, _may_hold_bool, iter_trace, request_keys
+
+#: files smaller than this are read in one process (forking and pickling would cost more than they save)
+MIN_BYTES = 8 << 20
+#: bytes of trace per chunk (one frame of keys, about 1/60 of it, is in a pipe at a time)
+CHUNK_BYTES = 4 << 20
+#: bytes of the first chunk (the replay waits for it)
+FIRST_CHUNK_BYTES = 256 << 10
+MAX_JOBS = 8
+_HEADER = struct.Struct("<Q")
+_BOM = b"\xef\xbb\xbf"
+_new = object.__new__
+
+
+def default_jobs() -> int:
+    """Reading processes by default: the CPUs this process may run on, at most :data:`MAX_JOBS`."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, min(n, MAX_JOBS))
+
+
+def can_read_in_parallel(path: str, jobs: int, *, min_bytes: int | None = None) -> bool:
+    """Whether ``path`` is worth reading in ``jobs`` forked processes: a regular file of at least ``min_bytes``
+    that is neither gzip nor Parquet, ``jobs`` > 1, and ``os.fork`` available."""
+    if jobs < 2 or path == "-" or not hasattr(os, "fork") or sys.platform == "win32":
+        return False
+    try:
+        st = os.stat(path)
+        least = MIN_BYTES if min_bytes is None else min_bytes
+        if not (stat.S_ISREG(st.st_mode) and st.st_size >= max(1, least)):
+            return False
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError:
+        return False            # the one-process reader names the problem
+    return not (head[:2] == b"\x1f\x8b" or head == b"PAR1")
+
+
+def chunk_bounds(path: str, chunk_bytes: int = CHUNK_BYTES, first_bytes: int = FIRST_CHUNK_BYTES
+                 ) -> list[tuple[int, int | None]]:
+    """``(start, end)`` byte ranges that cut the file at line ends; the last one reads to the end of file.
+    The first chunks are small (``first_bytes``, doubling up to ``chunk_bytes``), so that the replay starts
+    soon after the workers do."""
+    bounds: list[tuple[int, int | None]] = []
+    start = 0
+    step = max(1, min(first_bytes, chunk_bytes))
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        while True:
+            fh.seek(start + step - 1)
+            step = min(2 * step, max(1, chunk_bytes))
+            fh.readline()                       # on to the end of the line that holds the cut
+            end = fh.tell()
+            if end >= size:
+                bounds.append((start, None))
+                return bounds
+            bounds.append((start, end))
+            start = end
+
+
+def _first_line(index: int) -> int:
+    """The line number a worker gives the first line of chunk ``index``: 1 for the file's first chunk, 2 for
+    the others (never 1, which the readers treat as the file's first line: a BOM, the Parquet magic). The
+    parent shifts every line number by the lines of the chunks before."""
+    return 1 if index == 0 else 2
+
+
+def _key_chunk(data: bytes, index: int, source: str, block_size: int, hash_fn: str,
+               trace_opts: dict[str, Any]) -> tuple[int, bool, list, tuple | None]:
+    """``(lines, any_non_blank, items, error)`` of one chunk; ``items`` hold each request's keys."""
+    state = {"seen": False}
+    first = _first_line(index)
+
+    def records() -> Iterator[tuple[int, Any, bool]]:
+        for lineno, raw in enumerate(io.BytesIO(data), start=first):
+            if lineno == 1 and raw.startswith(_BOM):
+                raw = raw[3:]
+            if not raw or raw.isspace():
+                continue
+            state["seen"] = True
+            yield lineno, parse_jsonl_line(raw, source, lineno), _may_hold_bool(raw)
+
+    items: list = []
+    error: tuple | None = None
+    try:
+        for req in iter_trace(records(), source=source, tokenizer=None, **trace_opts):
+            keys: Sequence = request_keys(req, block_size, hash_fn)
+            try:  # 8 bytes a key where they are 64-bit integers (the builtin hash, Mooncake ids)
+                keys = array("q", keys)
+            except (TypeError, OverflowError):
+                keys = list(keys)
+            items.append((req.line, req.prompt_tokens, keys,
+                          req.hash_block_size if req.hash_ids is not None else block_size, req.tenant,
+                          req.timestamp, req.output_tokens, req.unsalted, req.no_tenant, req.session))
+    except InputError as exc:
+        error = ("input", exc.message, exc.source, exc.line, exc.field)
+    except CachectlError as exc:
+        error = ("error", exc)
+    except Exception:   # a bug: carried to the parent, which stops with it
+        import traceback
+
+        error = ("crash", traceback.format_exc())
+    lines = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+    return lines, state["seen"], items, error
+
+
+def _serve(path: str, chunks: list[tuple[int, int, int | None]], out: int, source: str, block_size: int,
+           hash_fn: str, trace_opts: dict[str, Any]) -> None:
+    """A worker: key its chunks, in order, and write one frame per chunk; stop after an error."""
+    with open(path, "rb") as fh, open(out, "wb", buffering=0, closefd=True) as pipe:
+        for index, start, end in chunks:
+            fh.seek(start)
+            data = fh.read() if end is None else fh.read(end - start)
+            frame = _key_chunk(data, index, source, block_size, hash_fn, trace_opts)
+            payload = pickle.dumps(frame, protocol=pickle.HIGHEST_PROTOCOL)
+            pipe.write(_HEADER.pack(len(payload)))
+            view = memoryview(payload)
+            while view:
+                view = view[pipe.write(view) or 0:]
+            if frame[3] is not None:
+                return
+
+
+def _read_frame(pipe: Any) -> Any:
+    head = pipe.read(_HEADER.size)
+    if len(head) < _HEADER.size:
+        return None
+    (size,) = _HEADER.unpack(head)
+    payload = pipe.read(size)
+    if len(payload) < size:
+        return None
+    return pickle.loads(payload)
+
+
+class KeyedTrace:
+    """The requests of the JSONL trace ``path``, keyed at ``block_size`` by ``jobs`` forked workers, in file
+    order, as pre-keyed requests (``hash_ids`` = their block keys; a Mooncake request keeps its own block
+    size, so a replay at another one refuses it as it would have). ``trace_opts`` go to
+    :func:`~cachectl.engines.prefix.iter_trace` (salt, tenant and session fields, ``no_salt``, ...).
+
+    The workers are forked by :meth:`start` (call it before any thread starts, e.g. a progress bar's) or by
+    the first request asked for; :meth:`close` (also on leaving a ``with`` block) ends them, read or not.
+    """
+
+    def __init__(self, path: str, *, source: str, block_size: int, hash_fn: str = "builtin", jobs: int = 2,
+                 chunk_bytes: int = CHUNK_BYTES, first_bytes: int = FIRST_CHUNK_BYTES, **trace_opts: Any) -> None:
+        self.path, self.source, self.block_size, self.hash_fn = path, source, block_size, hash_fn
+        self.jobs, self.chunk_bytes, self.first_bytes, self.trace_opts = jobs, chunk_bytes, first_bytes, trace_opts
+        self.chunks: list[tuple[int, int | None]] = []
+        self._procs: list[tuple[int, Any]] = []
+        self._started = False
+
+    def __enter__(self) -> KeyedTrace:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        self.chunks = chunk_bounds(self.path, self.chunk_bytes, self.first_bytes)
+        workers = max(1, min(self.jobs, len(self.chunks)))
+        plan: list[list[tuple[int, int, int | None]]] = [[] for _ in range(workers)]
+        for i, (start, end) in enumerate(self.chunks):
+            plan[i % workers].append((i, start, end))
+        try:
+            for w in range(workers):
+                r, wfd = os.pipe()
+                pid = os.fork()
+                if pid == 0:  # pragma: no cover (a child: coverage is not collected there)
+                    code = 1
+                    try:
+                        # a worker makes no reference cycles: no collector passes over its (and the parent's
+                        # copy-on-write) objects
+                        gc.disable()
+                        os.close(r)
+                        for _, pipe in self._procs:
+                            pipe.close()
+                        _serve(self.path, plan[w], wfd, self.source, self.block_size, self.hash_fn,
+                               self.trace_opts)
+                        code = 0
+                    except BaseException:  # noqa: BLE001,S110 (a child never returns into the parent's code)
+                        pass
+                    finally:
+                        os._exit(code)
+                os.close(wfd)
+                self._procs.append((pid, open(r, "rb", buffering=1 << 20)))
+        except BaseException:
+            self.close()
+            raise
+
+    def __iter__(self) -> Iterator[TraceRequest]:
+        self.start()
+        try:
+            yield from self._collect()
+        finally:
+            self.close()
+
+    def _collect(self) -> Iterator[TraceRequest]:
+        procs, workers = self._procs, len(self._procs)
+        index = 0
+        line_base = 0                 # lines of the chunks before this one
+        seen = False
+        for i in range(len(self.chunks)):
+            pid, pipe = procs[i % workers]
+            frame = _read_frame(pipe)
+            if frame is None:
+                _, status = os.waitpid(pid, 0)
+                procs[i % workers] = (0, pipe)
+                raise CachectlError(f"{self.source}: a reading process stopped (wait status {status}); "
+                                    "rerun with --read-jobs 1")
+            lines, any_line, items, error = frame
+            shift = line_base + 1 - _first_line(i)
+            for (line, prompt_tokens, keys, hbs, tenant, timestamp, output_tokens, unsalted, no_tenant,
+                 session) in items:
+                # the frozen dataclass's __init__ sets each field through object.__setattr__ (4x the time of
+                # one dict update); the fields not given keep their class defaults, as __init__ would
+                req = _new(TraceRequest)
+                req.__dict__.update(index=index, line=line + shift, prompt_tokens=prompt_tokens, hash_ids=keys,
+                                    hash_block_size=hbs, tenant=tenant, timestamp=timestamp,
+                                    output_tokens=output_tokens, unsalted=unsalted, no_tenant=no_tenant,
+                                    session=session)
+                yield req
+                index += 1
+            if error is not None:
+                if error[0] == "input":
+                    _, message, src, line, field = error
+                    raise InputError(message, source=src, line=None if line is None else line + shift,
+                                     field=field)
+                if error[0] == "error":
+                    raise error[1]
+                raise RuntimeError(f"a reading process failed:\n{error[1]}")
+            seen = seen or any_line
+            line_base += lines
+        if not seen:
+            raise InputError("file is empty", source=self.source)
+
+    def close(self) -> None:
+        procs, self._procs = self._procs, []
+        for pid, pipe in procs:
+            pipe.close()
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                os.waitpid(pid, 0)
