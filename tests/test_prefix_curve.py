@@ -328,6 +328,42 @@ def test_cli_gzip_trace(cli, write):
     assert d["sweep"][0]["hit_tokens"] == 2 * 48
 
 
+def test_cli_zstd_trace_through_pyarrow(cli, write, tmp_path, monkeypatch):
+    """A zstd-compressed trace (file or stdin) reads as the plain one; a cut one is an error, not a short
+    count; without pyarrow, one line says what to install."""
+    import json
+    import random
+    import sys
+
+    pa = pytest.importorskip("pyarrow")
+    rng = random.Random(2)
+    text = "".join(json.dumps({"tokens": [rng.randrange(6) for _ in range(rng.randrange(1, 60))]}) + "\n"
+                   for _ in range(300))
+    plain = write("trace.jsonl", text)
+    packed = tmp_path / "trace.jsonl.zst"
+    with pa.CompressedOutputStream(str(packed), "zstd") as out:
+        out.write(text.encode())
+    assert packed.read_bytes()[:4] == b"\x28\xb5\x2f\xfd" and packed.stat().st_size < len(text) // 2
+    args = ["--capacity-blocks", "40", "--block-size", "4", "-f", "json"]
+    want = cli("simulate-prefix", plain, *args)
+    assert want.exit_code == 0 and json.loads(want.stdout)["hit_tokens"] > 0
+    assert cli("simulate-prefix", packed, *args).stdout == want.stdout
+    import subprocess
+
+    piped = subprocess.run([sys.executable, "-m", "cachectl", "simulate-prefix", "-", *args],
+                           input=packed.read_bytes(), capture_output=True, timeout=120)  # a real pipe (peek)
+    assert piped.returncode == 0 and piped.stdout.decode() == want.stdout
+    curve = ["--curve", "--curve-points", "4", "--block-size", "4", "-f", "json"]
+    assert cli("simulate-prefix", packed, *curve).stdout == cli("simulate-prefix", plain, *curve).stdout
+    cut = write("cut.jsonl.zst", packed.read_bytes()[:packed.stat().st_size // 2])
+    r = cli("simulate-prefix", cut, *args)
+    assert r.exit_code == 2 and r.stderr.strip() == f"cachectl: error: {cut}: corrupt zstd data (Truncated compressed stream)"
+    assert r.stdout == ""
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    r = cli("simulate-prefix", packed, *args)
+    assert r.exit_code == 2 and "needs pyarrow (pip install 'llm-cachectl[parquet]')" in r.stderr
+
+
 # ----------------------------------------------------------------------------------------- stack pass
 
 

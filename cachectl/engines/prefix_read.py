@@ -31,6 +31,7 @@ from typing import Any
 
 from ..errors import CachectlError, InputError
 from ..inputs import parse_jsonl_line
+from ..inputs.files import ZSTD_MAGIC
 from .prefix import TraceRequest, _may_hold_bool, iter_trace, request_keys
 
 #: files smaller than this are read in one process (forking and pickling would cost more than they save)
@@ -68,7 +69,7 @@ def can_read_in_parallel(path: str, jobs: int, *, min_bytes: int | None = None) 
             head = fh.read(4)
     except OSError:
         return False            # the one-process reader names the problem
-    return not (head[:2] == b"\x1f\x8b" or head == b"PAR1")
+    return not (head[:2] == b"\x1f\x8b" or head in (b"PAR1", ZSTD_MAGIC))
 
 
 def chunk_bounds(path: str, chunk_bytes: int = CHUNK_BYTES, first_bytes: int = FIRST_CHUNK_BYTES

@@ -8,6 +8,7 @@ same one-line messages.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import sys
 import zlib
@@ -20,6 +21,8 @@ from ..errors import InputError
 
 _BINARY_SNIFF = 8192
 _GZIP_MAGIC = b"\x1f\x8b"
+#: a zstd frame (RFC 8878)
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 #: read buffer of files: lines of long token traces span many of the default 8 KiB buffers
 _BUFFER = 1 << 20
 #: deepest nesting accepted in a JSON value (orjson's own limit is 1024; json's recursion breaks earlier)
@@ -46,15 +49,56 @@ def _open_raw(path: str) -> tuple[IO[bytes], str]:
 
 
 def open_binary(path: str) -> tuple[IO[bytes], str]:
-    """Open a file (``-`` for stdin) for reading bytes; gzip is recognized by its magic and undone."""
+    """Open a file (``-`` for stdin) for reading bytes; gzip and zstd are recognized by their magic and undone
+    (zstd by pyarrow, the parquet extra)."""
     fh, source = _open_raw(path)
     try:
-        head = fh.peek(2)[:2] if hasattr(fh, "peek") else b""
+        head = fh.peek(4)[:4] if hasattr(fh, "peek") else b""
     except OSError:
         head = b""
-    if head == _GZIP_MAGIC:
+    if head[:2] == _GZIP_MAGIC:
         return _GzipLines(gzip.GzipFile(fileobj=fh, mode="rb"), source), source  # type: ignore[return-value]
+    if head == ZSTD_MAGIC:
+        try:
+            return _zstd_reader(fh, source), source
+        except BaseException:
+            _close(fh)
+            raise
     return fh, source
+
+
+class _ArrowRaw(io.RawIOBase):
+    """A pyarrow input stream as a raw file, its read errors as located input errors."""
+
+    def __init__(self, stream: Any, fh: Any, source: str) -> None:
+        self._stream, self._fh, self._source = stream, fh, source
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        try:
+            data = self._stream.read(len(buffer))
+        except OSError as exc:
+            raise InputError(f"corrupt zstd data ({exc})", source=self._source) from None
+        buffer[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._stream.close()
+            _close(self._fh)
+        super().close()
+
+
+def _zstd_reader(fh: Any, source: str) -> IO[bytes]:
+    try:
+        import pyarrow as pa
+    except ImportError:
+        raise InputError("zstd-compressed: reading it needs pyarrow (pip install 'llm-cachectl[parquet]'), or "
+                         "decompress it first (zstd -d)", source=source) from None
+    stream = pa.CompressedInputStream(pa.PythonFile(fh, mode="r"), "zstd")
+    return io.BufferedReader(_ArrowRaw(stream, fh, source), buffer_size=_BUFFER)
 
 
 class _GzipLines:
