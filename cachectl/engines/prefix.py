@@ -861,11 +861,17 @@ def _may_hold_bool(raw: bytes) -> bool:
     return False
 
 
+_check_ids: Any = None
+
+
 def _token_list(value: Any, name: str, where: dict, maybe_bool: bool = True) -> list:
     """Token IDs through the one validator of token-ID lists (:func:`cachectl.inputs.prompt.check_ids`)."""
-    from ..inputs.prompt import check_ids
+    global _check_ids
+    if _check_ids is None:  # imported on first use (this module stays light), then kept: one call per request
+        from ..inputs.prompt import check_ids
 
-    check_ids(value, field=name, maybe_bool=maybe_bool, **where)
+        _check_ids = check_ids
+    _check_ids(value, field=name, maybe_bool=maybe_bool, **where)
     return value
 
 
@@ -971,7 +977,8 @@ def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
                                hash_block_size=hash_block_size, salt=salt, **meta)
             index += 1
             continue
-        key = next((k for k in ("tokens", "prompt_token_ids", "input_ids") if k in value), None)
+        key = ("tokens" if "tokens" in value else "prompt_token_ids" if "prompt_token_ids" in value
+               else "input_ids" if "input_ids" in value else None)
         if key is not None and as_kind in (None, "ids"):
             if pending:
                 yield from flush()
