@@ -86,7 +86,7 @@ def main() -> None:
     print(f"{'command':<32}{'seconds':>9}{'runs':>40}{'peak RSS half/full trace':>27}")
     for name, m in med.items():
         runs = " ".join(f"{t:.2f}" for t in times[name])
-        print(f"{name:<32}{m:>9.3f}{runs:>40}{rss[name][0]:>17} / {rss[name][1]} MiB")
+        print(f"{name:<32}{m:>9.3f}  {runs:>38}{rss[name][0]:>17} / {rss[name][1]} MiB")
     print(f"one capacity: naive / cachectl = {naive / single:.2f}x faster (target >= 1.3x); read in one "
           f"process (--read-jobs 1): {naive / one_process:.2f}x; CPUs: {len(os.sched_getaffinity(0))}")
     if outs["one capacity, --read-jobs 1"] != outs["cachectl, one capacity"]:
@@ -128,7 +128,7 @@ def mooncake(requests: int, runs: int) -> None:
           f"{curve['ceiling_capacity_blocks']:,}; {runs} interleaved runs, median")
     for name, m in med.items():
         runs_s = " ".join(f"{t:.2f}" for t in times[name])
-        print(f"{name:<32}{m:>9.3f}{runs_s:>40}{m / one:>8.2f}x one capacity")
+        print(f"{name:<32}{m:>9.3f}  {runs_s:>38}{m / one:>8.2f}x one capacity")
 
 
 if __name__ == "__main__":
