@@ -177,16 +177,22 @@ def command(
         block size, so a large token trace may be read and keyed by forked processes (the same requests)."""
         from ..inputs import parquet
 
-        trace_opts: dict[str, Any] = {"salt_field": salt_field, "tenant_field": tenant_field, "hash_block_size": hash_block_size,
-                      "no_salt": no_salt, "as_kind": as_kind.value if as_kind else None,
-                      "add_generation_prompt": not no_generation_prompt, "session_fields": session_fields}
+        trace_opts: dict[str, Any] = {
+            "salt_field": salt_field, "tenant_field": tenant_field, "hash_block_size": hash_block_size,
+            "no_salt": no_salt, "as_kind": as_kind.value if as_kind else None,
+            "add_generation_prompt": not no_generation_prompt, "session_fields": session_fields}
         columnar = parquet.is_parquet(trace)
         requests: Any
-        if keyed_at is not None and tok is None and not columnar and _parallel(trace, read_jobs):
-            from ..engines.prefix_read import KeyedTrace, default_jobs
+        jobs = 1
+        if keyed_at is not None and tok is None and not columnar:
+            from ..engines import prefix_read
 
-            requests = KeyedTrace(trace, source=name, block_size=keyed_at, hash_fn=hash_name,
-                                  jobs=read_jobs or default_jobs(), **trace_opts)
+            jobs = read_jobs or prefix_read.default_jobs()
+            if not prefix_read.can_read_in_parallel(trace, jobs):
+                jobs = 1
+        if jobs > 1 and keyed_at is not None:
+            requests = prefix_read.KeyedTrace(trace, source=name, block_size=keyed_at, hash_fn=hash_name, jobs=jobs,
+                                              **trace_opts)
             requests.start()  # fork before the progress bar's thread starts
         else:
             if columnar:  # the same rows as JSONL lines would give, read a batch at a time
@@ -398,12 +404,6 @@ def _parquet_rows(trace: str, name: str):
         if trace == "-" or os.path.isdir(trace) or not parquet.is_parquet(trace):
             raise
         raise parquet.row_error(exc, name) from None
-
-
-def _parallel(trace: str, read_jobs: Optional[int]) -> bool:
-    from ..engines.prefix_read import can_read_in_parallel, default_jobs
-
-    return can_read_in_parallel(trace, read_jobs or default_jobs())
 
 
 class _Largest:

@@ -104,19 +104,21 @@ def _first_line(index: int) -> int:
 def _key_chunk(data: bytes, index: int, source: str, block_size: int, hash_fn: str,
                trace_opts: dict[str, Any]) -> tuple[int, bool, list, tuple | None]:
     """``(lines, any_non_blank, items, error)`` of one chunk; ``items`` hold each request's keys."""
-    state = {"seen": False, "lines": 0}
+    seen = False
+    lines = 0
     first = _first_line(index)
 
     def records() -> Iterator[tuple[int, Any, bool]]:
+        nonlocal seen, lines
         lineno = first - 1
         for lineno, raw in enumerate(io.BytesIO(data), start=first):  # noqa: B007 (the last one is kept)
             if lineno == 1 and raw.startswith(_BOM):
                 raw = raw[3:]
             if not raw or raw.isspace():
                 continue
-            state["seen"] = True
+            seen = True
             yield lineno, parse_jsonl_line(raw, source, lineno), _may_hold_bool(raw)
-        state["lines"] = lineno - first + 1
+        lines = lineno - first + 1
 
     items: list = []
     error: tuple | None = None
@@ -138,7 +140,7 @@ def _key_chunk(data: bytes, index: int, source: str, block_size: int, hash_fn: s
         import traceback
 
         error = ("crash", traceback.format_exc())
-    return state["lines"], state["seen"], items, error
+    return lines, seen, items, error
 
 
 def _serve(path: str, chunks: list[tuple[int, int, int | None]], out: int, source: str, block_size: int,
