@@ -435,8 +435,9 @@ def handle_errors(fn: Callable) -> Callable:
             # What start-up made (modules, typer's and pydantic's objects) lives until the process ends: out
             # of the collector's passes, which then cost what the command allocates, not what was imported.
             # Only in the process ``cachectl`` started: an app invoked in a longer-lived process (tests, a
-            # notebook) keeps its collector as it was.
+            # notebook) keeps its collector as it was. main() turned the collector off for start-up.
             gc.freeze()
+            gc.enable()
         try:
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort, SystemExit):
