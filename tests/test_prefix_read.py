@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from cachectl.engines import prefix_read
 from cachectl.engines.prefix import CapacityError, iter_trace, simulate, trace_records
 from cachectl.engines.prefix_curve import capacity_curve, key_trace
-from cachectl.engines.prefix_read import KeyedTrace, can_read_in_parallel, chunk_bounds
+from cachectl.engines.prefix_read import KeyedTrace, can_read_in_parallel
 from cachectl.errors import CachectlError, InputError
+from cachectl.inputs.files import JsonlChunks
 
 OPTS = {"salt_field": None, "tenant_field": None, "hash_block_size": 4, "no_salt": False}
 
@@ -25,8 +26,8 @@ def sequential(path, **opts):
 
 
 def parallel(path, bs, jobs=3, chunk=64, hash_fn="builtin", **opts):
-    return KeyedTrace(str(path), source=str(path), block_size=bs, hash_fn=hash_fn, jobs=jobs, chunk_bytes=chunk,
-                      first_bytes=chunk // 4, **{**OPTS, **opts})
+    return KeyedTrace(JsonlChunks(str(path), chunk, chunk // 4), block_size=bs, hash_fn=hash_fn, jobs=jobs,
+                      **{**OPTS, **opts})
 
 
 def lines_of(trace, salts, blanks, bom, mooncake_every):
@@ -145,7 +146,7 @@ def test_chunks_cut_at_line_ends(tmp_path):
     path = tmp_path / "t.jsonl"
     data = b"".join(b'{"tokens": [%d]}\n' % i for i in range(1000)) + b'{"tokens": [7]}'
     path.write_bytes(data)
-    bounds = chunk_bounds(str(path), 700, 100)
+    bounds = JsonlChunks(str(path), 700, 100).bounds
     assert bounds[0][0] == 0 and bounds[-1][1] is None
     assert [b[1] for b in bounds[:-1]] == [b[0] for b in bounds[1:]]
     assert all(data[e - 1:e] == b"\n" for _, e in bounds[:-1] if e is not None)
@@ -169,9 +170,9 @@ def test_cli_reads_in_workers_with_the_same_output(cli, tmp_path, monkeypatch):
     calls = []
     real = prefix_read.KeyedTrace.__init__
 
-    def init(self, *a, **kw):
+    def init(self, chunks, **kw):
         calls.append(kw["jobs"])
-        real(self, *a, **kw)
+        real(self, chunks, **kw)
 
     monkeypatch.setattr(prefix_read.KeyedTrace, "__init__", init)
     args = ["simulate-prefix", path, "--capacity-blocks", "60", "--tenant-field", "tenant", "--format", "json"]

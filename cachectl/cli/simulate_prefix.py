@@ -191,7 +191,9 @@ def command(
             if not prefix_read.can_read_in_parallel(trace, jobs):
                 jobs = 1
         if jobs > 1 and keyed_at is not None:
-            requests = prefix_read.KeyedTrace(trace, source=name, block_size=keyed_at, hash_fn=hash_name, jobs=jobs,
+            from ..inputs.files import JsonlChunks
+
+            requests = prefix_read.KeyedTrace(JsonlChunks(trace), block_size=keyed_at, hash_fn=hash_name, jobs=jobs,
                                               **trace_opts)
             requests.start()  # fork before the progress bar's thread starts
         else:

@@ -11,18 +11,18 @@ worker that meets a bad line sends what it read before it and the error, which t
 replay reaches that line (a capacity error earlier in the file still comes first). A pipe holds one frame
 at a time, so memory stays flat in the trace length.
 
-Forked workers share the parent's hash secret, so a salted key (a hashed string) is the same in every
-process. Where ``fork`` is missing (Windows), on stdin, gzip and Parquet, the caller reads in one process.
+The chunks and their lines come from :class:`~cachectl.inputs.files.JsonlChunks`, with the line rules of
+every reader. Forked workers share the parent's hash secret, so a salted key (a hashed string) is the same
+in every process. Where ``fork`` is missing (Windows), on stdin, gzip, zstd and Parquet, the caller reads in
+one process.
 """
 
 from __future__ import annotations
 
 import gc
-import io
 import os
 import pickle
 import signal
-import stat
 import struct
 import sys
 from array import array
@@ -31,18 +31,13 @@ from typing import Any
 
 from ..errors import CachectlError, InputError
 from ..inputs import parse_jsonl_line
-from ..inputs.files import ZSTD_MAGIC
+from ..inputs.files import JsonlChunks, plain_size
 from .prefix import TraceRequest, _may_hold_bool, iter_trace, request_keys
 
 #: files smaller than this are read in one process (forking and pickling would cost more than they save)
 MIN_BYTES = 8 << 20
-#: bytes of trace per chunk (one frame of keys, about 1/60 of it, is in a pipe at a time)
-CHUNK_BYTES = 4 << 20
-#: bytes of the first chunk (the replay waits for it)
-FIRST_CHUNK_BYTES = 256 << 10
 MAX_JOBS = 8
 _HEADER = struct.Struct("<Q")
-_BOM = b"\xef\xbb\xbf"
 _new = object.__new__
 
 
@@ -56,74 +51,24 @@ def default_jobs() -> int:
 
 
 def can_read_in_parallel(path: str, jobs: int, *, min_bytes: int | None = None) -> bool:
-    """Whether ``path`` is worth reading in ``jobs`` forked processes: a regular file of at least ``min_bytes``
-    that is neither gzip nor Parquet, ``jobs`` > 1, and ``os.fork`` available."""
-    if jobs < 2 or path == "-" or not hasattr(os, "fork") or sys.platform == "win32":
+    """Whether ``path`` is worth reading in ``jobs`` forked processes: a plain file
+    (:func:`~cachectl.inputs.files.plain_size`) of at least ``min_bytes``, ``jobs`` > 1, and ``os.fork``."""
+    if jobs < 2 or not hasattr(os, "fork") or sys.platform == "win32":
         return False
-    try:
-        st = os.stat(path)
-        least = MIN_BYTES if min_bytes is None else min_bytes
-        if not (stat.S_ISREG(st.st_mode) and st.st_size >= max(1, least)):
-            return False
-        with open(path, "rb") as fh:
-            head = fh.read(4)
-    except OSError:
-        return False            # the one-process reader names the problem
-    return not (head[:2] == b"\x1f\x8b" or head in (b"PAR1", ZSTD_MAGIC))
+    size = plain_size(path)
+    return size is not None and size >= max(1, MIN_BYTES if min_bytes is None else min_bytes)
 
 
-def chunk_bounds(path: str, chunk_bytes: int = CHUNK_BYTES, first_bytes: int = FIRST_CHUNK_BYTES
-                 ) -> list[tuple[int, int | None]]:
-    """``(start, end)`` byte ranges that cut the file at line ends; the last one reads to the end of file.
-    The first chunks are small (``first_bytes``, doubling up to ``chunk_bytes``), so that the replay starts
-    soon after the workers do."""
-    bounds: list[tuple[int, int | None]] = []
-    start = 0
-    step = max(1, min(first_bytes, chunk_bytes))
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        while True:
-            fh.seek(start + step - 1)
-            step = min(2 * step, max(1, chunk_bytes))
-            fh.readline()                       # on to the end of the line that holds the cut
-            end = fh.tell()
-            if end >= size:
-                bounds.append((start, None))
-                return bounds
-            bounds.append((start, end))
-            start = end
-
-
-def _first_line(index: int) -> int:
-    """The line number a worker gives the first line of chunk ``index``: 1 for the file's first chunk, 2 for
-    the others (never 1, which the readers treat as the file's first line: a BOM, the Parquet magic). The
-    parent shifts every line number by the lines of the chunks before."""
-    return 1 if index == 0 else 2
-
-
-def _key_chunk(data: bytes, index: int, source: str, block_size: int, hash_fn: str,
+def _key_chunk(chunks: JsonlChunks, index: int, block_size: int, hash_fn: str,
                trace_opts: dict[str, Any]) -> tuple[int, bool, list, tuple | None]:
     """``(lines, any_non_blank, items, error)`` of one chunk; ``items`` hold each request's keys."""
-    seen = False
-    lines = 0
-    first = _first_line(index)
-
-    def records() -> Iterator[tuple[int, Any, bool]]:
-        nonlocal seen, lines
-        lineno = first - 1
-        for lineno, raw in enumerate(io.BytesIO(data), start=first):  # noqa: B007 (the last one is kept)
-            if lineno == 1 and raw.startswith(_BOM):
-                raw = raw[3:]
-            if not raw or raw.isspace():
-                continue
-            seen = True
-            yield lineno, parse_jsonl_line(raw, source, lineno), _may_hold_bool(raw)
-        lines = lineno - first + 1
-
+    source = chunks.source
+    lines = chunks.lines(index)
+    records = ((lineno, parse_jsonl_line(raw, source, lineno), _may_hold_bool(raw)) for lineno, raw in lines)
     items: list = []
     error: tuple | None = None
     try:
-        for req in iter_trace(records(), source=source, tokenizer=None, **trace_opts):
+        for req in iter_trace(records, source=source, tokenizer=None, **trace_opts):
             keys: Sequence = request_keys(req, block_size, hash_fn)
             try:  # 8 bytes a key where they are 64-bit integers (the builtin hash, Mooncake ids)
                 keys = array("q", keys)
@@ -140,17 +85,15 @@ def _key_chunk(data: bytes, index: int, source: str, block_size: int, hash_fn: s
         import traceback
 
         error = ("crash", traceback.format_exc())
-    return lines, seen, items, error
+    return lines.count, lines.seen, items, error
 
 
-def _serve(path: str, chunks: list[tuple[int, int, int | None]], out: int, source: str, block_size: int,
-           hash_fn: str, trace_opts: dict[str, Any]) -> None:
+def _serve(chunks: JsonlChunks, mine: list[int], out: int, block_size: int, hash_fn: str,
+           trace_opts: dict[str, Any]) -> None:
     """A worker: key its chunks, in order, and write one frame per chunk; stop after an error."""
-    with open(path, "rb") as fh, open(out, "wb", buffering=0, closefd=True) as pipe:
-        for index, start, end in chunks:
-            fh.seek(start)
-            data = fh.read() if end is None else fh.read(end - start)
-            frame = _key_chunk(data, index, source, block_size, hash_fn, trace_opts)
+    with open(out, "wb", buffering=0, closefd=True) as pipe:
+        for index in mine:
+            frame = _key_chunk(chunks, index, block_size, hash_fn, trace_opts)
             payload = pickle.dumps(frame, protocol=pickle.HIGHEST_PROTOCOL)
             pipe.write(_HEADER.pack(len(payload)))
             view = memoryview(payload)
@@ -172,20 +115,19 @@ def _read_frame(pipe: Any) -> Any:
 
 
 class KeyedTrace:
-    """The requests of the JSONL trace ``path``, keyed at ``block_size`` by ``jobs`` forked workers, in file
-    order, as pre-keyed requests (``hash_ids`` = their block keys; a Mooncake request keeps its own block
-    size, so a replay at another one refuses it as it would have). ``trace_opts`` go to
+    """The requests of a JSONL trace, cut into ``chunks``, keyed at ``block_size`` by ``jobs`` forked workers,
+    in file order, as pre-keyed requests (``hash_ids`` = their block keys; a Mooncake request keeps its own
+    block size, so a replay at another one refuses it as it would have). ``trace_opts`` go to
     :func:`~cachectl.engines.prefix.iter_trace` (salt, tenant and session fields, ``no_salt``, ...).
 
     The workers are forked by :meth:`start` (call it before any thread starts, e.g. a progress bar's) or by
     the first request asked for; :meth:`close` (also on leaving a ``with`` block) ends them, read or not.
     """
 
-    def __init__(self, path: str, *, source: str, block_size: int, hash_fn: str = "builtin", jobs: int = 2,
-                 chunk_bytes: int = CHUNK_BYTES, first_bytes: int = FIRST_CHUNK_BYTES, **trace_opts: Any) -> None:
-        self.path, self.source, self.block_size, self.hash_fn = path, source, block_size, hash_fn
-        self.jobs, self.chunk_bytes, self.first_bytes, self.trace_opts = jobs, chunk_bytes, first_bytes, trace_opts
-        self.chunks: list[tuple[int, int | None]] = []
+    def __init__(self, chunks: JsonlChunks, *, block_size: int, hash_fn: str = "builtin", jobs: int = 2,
+                 **trace_opts: Any) -> None:
+        self.chunks, self.source, self.block_size, self.hash_fn = chunks, chunks.source, block_size, hash_fn
+        self.jobs, self.trace_opts = jobs, trace_opts
         self._procs: list[tuple[int, Any]] = []
         self._started = False
 
@@ -199,11 +141,8 @@ class KeyedTrace:
         if self._started:
             return
         self._started = True
-        self.chunks = chunk_bounds(self.path, self.chunk_bytes, self.first_bytes)
         workers = max(1, min(self.jobs, len(self.chunks)))
-        plan: list[list[tuple[int, int, int | None]]] = [[] for _ in range(workers)]
-        for i, (start, end) in enumerate(self.chunks):
-            plan[i % workers].append((i, start, end))
+        plan = [list(range(w, len(self.chunks), workers)) for w in range(workers)]
         try:
             for w in range(workers):
                 r, wfd = os.pipe()
@@ -217,8 +156,7 @@ class KeyedTrace:
                         os.close(r)
                         for _, pipe in self._procs:
                             pipe.close()
-                        _serve(self.path, plan[w], wfd, self.source, self.block_size, self.hash_fn,
-                               self.trace_opts)
+                        _serve(self.chunks, plan[w], wfd, self.block_size, self.hash_fn, self.trace_opts)
                         code = 0
                     except BaseException:  # noqa: BLE001,S110 (a child never returns into the parent's code)
                         pass
@@ -251,7 +189,7 @@ class KeyedTrace:
                 raise CachectlError(f"{self.source}: a reading process stopped (wait status {status}); "
                                     "rerun with --read-jobs 1")
             lines, any_line, items, error = frame
-            shift = line_base + 1 - _first_line(i)
+            shift = line_base + 1 - self.chunks.first_line(i)
             for (line, prompt_tokens, keys, hbs, tenant, timestamp, output_tokens, unsalted, no_tenant,
                  session) in items:
                 # the frozen dataclass's __init__ sets each field through object.__setattr__ (4x the time of

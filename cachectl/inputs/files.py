@@ -10,9 +10,11 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
+import stat
 import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 import orjson
@@ -237,22 +239,101 @@ def parse_jsonl_line(raw: bytes, source: str, lineno: int) -> Any:
         raise InputError(f"invalid JSON: {msg} (column {exc.colno})", source=source, line=lineno) from None
 
 
-def iter_raw_lines(path: str) -> Iterator[tuple[int, bytes, str]]:
-    """Stream ``(line_number, raw_line, source)`` of non-blank lines; an empty file is an error."""
-    fh, source = open_binary(path)
-    seen = False
-    try:
-        for lineno, raw in enumerate(fh, start=1):
+class Lines:
+    """The numbered non-blank lines of a stream of lines, as every reader takes them: a UTF-8 BOM dropped
+    from the file's first line (line 1), blank lines skipped. ``first``: the number of the stream's first
+    line. As iteration goes, ``seen`` says whether a non-blank line was given and ``count`` how many lines
+    (blank ones too) were read."""
+
+    def __init__(self, lines: Iterable[bytes], first: int = 1) -> None:
+        self._lines, self.first = lines, first
+        self.seen = False
+        self.count = 0
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        lineno = self.first - 1
+        for lineno, raw in enumerate(self._lines, start=self.first):
             if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]
             if not raw or raw.isspace():  # no copy of the line, unlike strip()
                 continue
-            seen = True
+            self.seen = True
+            yield lineno, raw
+        self.count = lineno - self.first + 1
+
+
+def iter_raw_lines(path: str) -> Iterator[tuple[int, bytes, str]]:
+    """Stream ``(line_number, raw_line, source)`` of non-blank lines; an empty file is an error."""
+    fh, source = open_binary(path)
+    lines = Lines(fh)
+    try:
+        for lineno, raw in lines:
             yield lineno, raw, source
     finally:
         _close(fh)
-    if not seen:
+    if not lines.seen:
         raise InputError("file is empty", source=source)
+
+
+def plain_size(path: str) -> int | None:
+    """The size of ``path`` when its bytes are its lines as they stand: a regular file that is not gzip, zstd
+    or Parquet (and not stdin). None otherwise, or when it cannot be read (the readers then name the
+    problem)."""
+    if path == "-":
+        return None
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError:
+        return None
+    if head[:2] == _GZIP_MAGIC or head in (ZSTD_MAGIC, b"PAR1"):
+        return None
+    return st.st_size
+
+
+class JsonlChunks:
+    """A plain JSONL file (see :func:`plain_size`) cut at line ends into chunks that separate processes read
+    on their own. The first chunks are small (``first_bytes``, doubling up to ``chunk_bytes``), so that a
+    consumer in file order gets going soon. :meth:`lines` numbers a chunk's lines from :meth:`first_line`:
+    1 for the file's first chunk, 2 for the others (never 1, which the readers treat as the file's first
+    line: a BOM, the Parquet magic); whoever puts the chunks back in order adds the lines before."""
+
+    def __init__(self, path: str, chunk_bytes: int = 4 << 20, first_bytes: int = 256 << 10) -> None:
+        # 4 MiB of trace is about 600k tokens: one frame of keys (~300 kB) in a pipe at a time
+        self.path, self.source = path, display_name(path)
+        self.bounds: list[tuple[int, int | None]] = []
+        start = 0
+        step = max(1, min(first_bytes, chunk_bytes))
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            while True:
+                fh.seek(start + step - 1)
+                step = min(2 * step, max(1, chunk_bytes))
+                fh.readline()                       # on to the end of the line that holds the cut
+                end = fh.tell()
+                if end >= size:                     # the last chunk reads to the end of the file
+                    self.bounds.append((start, None))
+                    break
+                self.bounds.append((start, end))
+                start = end
+
+    def __len__(self) -> int:
+        return len(self.bounds)
+
+    @staticmethod
+    def first_line(index: int) -> int:
+        return 1 if index == 0 else 2
+
+    def lines(self, index: int) -> Lines:
+        """The non-blank lines of chunk ``index``, read now, numbered from :meth:`first_line`."""
+        start, end = self.bounds[index]
+        with open(self.path, "rb") as fh:
+            fh.seek(start)
+            data = fh.read() if end is None else fh.read(end - start)
+        return Lines(io.BytesIO(data), self.first_line(index))
 
 
 def iter_jsonl(path: str) -> Iterator[tuple[int, Any]]:
