@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from cachectl.errors import InputError
@@ -145,3 +147,40 @@ def test_a_parquet_file_where_jsonl_is_expected_is_named_as_parquet(cli):
     part = str(FIXTURES / "partitions" / "fleet-session" / "replica-00000.parquet")
     r = cli("fix", part)
     assert r.exit_code == 2 and "a Parquet file, expected JSONL" in r.stderr and part in r.stderr
+
+
+def test_a_slow_pipe_and_a_fifo_are_read_whole(tmp_path):
+    """gzip/zstd are told by their first bytes even when a pipe delivers them one write at a time, and a named
+    pipe (`<(zcat t.gz)`) is not read ahead by the Parquet check (its bytes are read once, by the reader)."""
+    import gzip
+    import os
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    root = PROMPTS.parent.parent
+    text = "".join(json.dumps({"tokens": list(range(i % 30 + 1))}) + "\n" for i in range(200))
+    args = ["simulate-prefix", "-", "--capacity-blocks", "40", "--block-size", "4", "-f", "json"]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    want = subprocess.run([sys.executable, "-m", "cachectl", *args], input=text.encode(), capture_output=True,
+                          env=env, timeout=120)
+    assert want.returncode == 0
+    data = gzip.compress(text.encode())
+    proc = subprocess.Popen([sys.executable, "-m", "cachectl", *args], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc.stdin.write(data[:1])
+    proc.stdin.flush()
+    time.sleep(1.0)  # the command has started and looked at what is there: one byte
+    out, err = proc.communicate(data[1:], timeout=120)
+    assert proc.returncode == 0, err
+    assert out == want.stdout
+    fifo = tmp_path / "trace.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text(text))
+    writer.start()
+    got = subprocess.run([sys.executable, "-m", "cachectl", *[str(fifo) if a == "-" else a for a in args]],
+                         capture_output=True, env=env, timeout=30)  # a pipe read twice never ends
+    writer.join(timeout=30)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout == want.stdout

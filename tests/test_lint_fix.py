@@ -177,3 +177,36 @@ def test_diff_with_json_gives_each_file_its_fixes_and_diff_and_other_formats_are
     assert doc["files"][0]["diff"] == cli("lint", bad, "--diff").stdout
     r = cli("lint", bad, "--diff", "-f", "sarif")
     assert r.exit_code == 2 and "--diff prints a unified diff" in r.stderr
+
+
+def test_compressed_templates_are_linted_and_never_rewritten(cli, tmp_path):
+    """A gzip or zstd template is linted as the template it holds; --fix and --diff refuse to write it back
+    (it would lose its compression) and say so, leaving it byte for byte."""
+    import gzip
+
+    data = (FIXTURES / "lint" / "bad" / "tools_tojson.j2").read_bytes()
+    plain = tmp_path / "tools.j2"
+    plain.write_bytes(data)
+    packed = {"gzip": tmp_path / "tools.j2.gz"}
+    packed["gzip"].write_bytes(gzip.compress(data))
+    try:
+        import pyarrow as pa
+    except ImportError:
+        pa = None
+    if pa is not None:
+        packed["zstd"] = tmp_path / "tools.j2.zst"
+        with pa.CompressedOutputStream(str(packed["zstd"]), "zstd") as out:
+            out.write(data)
+    want = json.loads(cli("lint", plain, "-f", "json").stdout)
+    for kind, path in packed.items():
+        before = path.read_bytes()
+        got = json.loads(cli("lint", path, "-f", "json").stdout)
+        assert [(f["rule"], f["line"]) for f in got["findings"]] == [(f["rule"], f["line"]) for f in want["findings"]]
+        assert any(f["rule"] == "CC006" for f in got["findings"])
+        message = f"cachectl: error: {path}: {kind}-compressed: fixes are written to plain files"
+        fixed = cli("lint", path, "--fix")
+        assert fixed.exit_code == 2 and message in fixed.stderr and "CC006" in fixed.stdout
+        diff = cli("lint", path, "--diff")
+        assert diff.exit_code == 2 and message in diff.stderr and diff.stdout == ""
+        assert path.read_bytes() == before
+    assert cli("lint", plain, "--fix").exit_code == 0 and b"sort_keys=true" in plain.read_bytes()

@@ -138,8 +138,55 @@ def test_a_worker_that_dies_is_named(tmp_path, monkeypatch):
     path = tmp_path / "t.jsonl"
     path.write_text("\n".join(json.dumps({"tokens": [i, 1, 2]}) for i in range(300)))
     monkeypatch.setattr(prefix_read, "_serve", lambda *a: os._exit(3))
-    with pytest.raises(CachectlError, match="a reading process stopped .*--read-jobs 1"):
+    with pytest.raises(CachectlError, match="a reading process stopped with exit code 3; rerun with --read-jobs 1"):
         list(parallel(path, 4, 2, 200))
+    monkeypatch.setattr(prefix_read, "_serve", lambda *a: os.kill(os.getpid(), 9))
+    with pytest.raises(CachectlError, match="a reading process was killed by signal 9"):
+        list(parallel(path, 4, 2, 200))
+
+
+def test_no_more_processes_means_one_process_and_the_same_answer(tmp_path, monkeypatch):
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps({"tokens": [i % 7, 1, 2, 3, 4, i % 3]}) for i in range(400)))
+    one = simulate(sequential(path), block_size=2, capacity_blocks=20)
+
+    def no_fork():
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    opened = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    monkeypatch.setattr(os, "fork", no_fork)
+    assert simulate(parallel(path, 2, 3, 200), block_size=2, capacity_blocks=20) == one
+    if opened is not None:
+        assert len(os.listdir("/proc/self/fd")) == opened  # no pipe left open
+
+
+def test_a_bug_in_a_worker_is_raised_as_itself(tmp_path, monkeypatch):
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps({"tokens": [i, 1, 2]}) for i in range(300)))
+
+    def broken(req, bs, hash_fn):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(prefix_read, "request_keys", broken)
+    with pytest.raises(ZeroDivisionError, match="a bug"):
+        list(parallel(path, 4, 2, 200))
+
+
+@pytest.mark.parametrize("depth", [3, 64, 65, 975])
+def test_a_nested_salt_is_taken_or_refused_the_same_way(tmp_path, depth):
+    lines = [json.dumps({"tokens": list(range(i % 9 + 1))}) for i in range(300)]
+    lines[250] = '{"tokens": [1, 2, 3, 4, 5], "salt": ' + '{"a": ' * depth + "1" + "}" * depth + "}"
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(lines))
+    if depth <= 64:
+        one = simulate(sequential(path), block_size=2, capacity_blocks=30)
+        assert simulate(parallel(path, 2, 2, 300), block_size=2, capacity_blocks=30) == one
+        return
+    with pytest.raises(InputError) as one:
+        simulate(sequential(path), block_size=2, capacity_blocks=30)
+    with pytest.raises(InputError) as many:
+        simulate(parallel(path, 2, 2, 300), block_size=2, capacity_blocks=30)
+    assert str(one.value) == str(many.value) == f"{path}:251: field 'salt': nested deeper than 64 levels"
 
 
 def test_chunks_cut_at_line_ends(tmp_path):

@@ -89,19 +89,22 @@ def command(
         patch = "".join(f.diff() for f in fixes.files)
         if diff:  # ruff --diff: the diff on stdout, nothing written, exit 1 when there is something to fix
             if fmt is LintFormat.json:  # per file: its fixes and its diff
-                typer.echo(json.dumps({"files": [f.to_dict() for f in fixes.files], "errors": list(fixes.errors)},
-                                      indent=2, ensure_ascii=False))
+                typer.echo(json.dumps({"files": [f.to_dict() for f in fixes.files],
+                                       "errors": [*fixes.errors, *fixes.skipped]}, indent=2, ensure_ascii=False))
             elif fmt is not LintFormat.text:
                 raise UsageError(f"--diff prints a unified diff (or JSON with --format json), not {fmt.value}")
             elif patch:
                 typer.echo(patch, nl=False)
-            for message in fixes.errors:  # one line each: the files that could not be read or parsed
+            failed = [*fixes.errors, *fixes.skipped]
+            for message in failed:  # one line each: the files that could not be read, parsed or fixed
                 typer.echo(f"cachectl: error: {' '.join(message.split())}", err=True)
-            if not fixes.errors:
+            if not failed:
                 typer.echo(f"{fixes.fixed} fixable finding(s) in {len(fixes.files)} file(s)"
                            + (" (not written: --diff)" if fixes.fixed else ""), err=True)
-            raise typer.Exit(EXIT_ERROR if fixes.errors else EXIT_FINDING if fixes.fixed else EXIT_OK)
+            raise typer.Exit(EXIT_ERROR if failed else EXIT_FINDING if fixes.fixed else EXIT_OK)
         lint_fix.write_fixes(fixes)
+        for message in fixes.skipped:  # lint reports the files it cannot read; these it reads, unfixed
+            typer.echo(f"cachectl: error: {' '.join(message.split())}", err=True)
         # the diff goes where it cannot corrupt machine output: stdout for text, stderr for the others
         if patch:
             typer.echo(patch, nl=False, err=fmt is not LintFormat.text)
@@ -121,7 +124,7 @@ def command(
         _render_text(report)
     for e in report.errors:  # one line each on stderr too, whatever the format
         typer.echo(f"cachectl: error: {e.describe()}", err=True)
-    code = report.exit_code
+    code = 2 if fix and fixes.skipped else report.exit_code
     raise typer.Exit(EXIT_ERROR if code == 2 else EXIT_FINDING if code == 1 and not exit_zero else EXIT_OK)
 
 

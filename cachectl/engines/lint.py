@@ -774,6 +774,13 @@ def lint_body(path: str, req: Request, config: LintConfig, min_tokens: int | Non
 # ---------------------------------------------------------------------------------------------- files
 
 TEMPLATE_SUFFIXES = (".j2", ".jinja", ".jinja2", ".prompt", ".tmpl")
+#: compressed files are read through (cachectl.inputs); their kind is in the name before these
+COMPRESSED_SUFFIXES = (".gz", ".zst")
+
+
+def kind_name(f: Path) -> Path:
+    """The name that says what a file holds: ``t.j2.gz`` is a template, ``b.json.zst`` a JSON body."""
+    return f.with_name(f.name[:-len(f.suffix)]) if f.suffix in COMPRESSED_SUFFIXES else f
 
 
 def discover(paths: Sequence[str]) -> list[Path]:
@@ -844,9 +851,10 @@ def _lint_file(f: Path, config: LintConfig, tokenizer: Any, min_tokens: int | No
 
     data, source = read_bytes(str(f))
     text = decode_text(data, source)
-    if f.name.endswith(TEMPLATE_SUFFIXES):
+    kind = kind_name(f)
+    if kind.name.endswith(TEMPLATE_SUFFIXES):
         return lint_template(source, text, config, tokenizer)
-    if f.suffix in (".yaml", ".yml"):
+    if kind.suffix in (".yaml", ".yml"):
         import yaml
 
         try:

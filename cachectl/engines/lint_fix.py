@@ -30,6 +30,7 @@ from .lint import (
     _candidates,
     _filter,
     _tool_schema_findings,
+    kind_name,
     parse_template,
     sandbox,
 )
@@ -79,6 +80,8 @@ class FileFix:
 class FixResult:
     files: tuple[FileFix, ...]     # files with at least one edit
     errors: tuple[str, ...] = ()   # paths missing, files that could not be read or parsed (left as they were)
+    #: files lint reads but a fix must not rewrite (compressed: written back they would be plain text)
+    skipped: tuple[str, ...] = ()
 
     @property
     def fixed(self) -> int:
@@ -228,9 +231,11 @@ def fix_paths(paths: Sequence[str], config: LintConfig) -> FixResult:
     it the same way.
     """
     from ..inputs import decode_text, read_bytes
+    from ..inputs.files import compression
 
     out: list[FileFix] = []
     errors: list[str] = []
+    skipped: list[str] = []
     for raw in paths:
         if raw == "-":
             continue  # stdin cannot be fixed in place
@@ -240,12 +245,18 @@ def fix_paths(paths: Sequence[str], config: LintConfig) -> FixResult:
             errors.append(str(exc))
             continue
         for f in files:
-            if not (f.name.endswith(TEMPLATE_SUFFIXES) or f.name == "tokenizer_config.json"):
+            kind = kind_name(f)
+            if not (kind.name.endswith(TEMPLATE_SUFFIXES) or kind.name == "tokenizer_config.json"):
+                continue
+            packed = compression(str(f))
+            if packed:  # written back, it would lose its compression
+                skipped.append(f"{f}: {packed}-compressed: fixes are written to plain files; decompress it, fix "
+                               "it, and compress it again")
                 continue
             try:
                 data, source = read_bytes(str(f))
                 text = decode_text(data, source)
-                if f.name.endswith(TEMPLATE_SUFFIXES):
+                if kind.name.endswith(TEMPLATE_SUFFIXES):
                     fixed, edits = fix_template(str(f), text, config)
                 else:
                     fixed, edits = _fix_tokenizer_config(str(f), text, config)
@@ -254,7 +265,7 @@ def fix_paths(paths: Sequence[str], config: LintConfig) -> FixResult:
                 continue
             if edits:
                 out.append(FileFix(str(f), text, fixed, tuple(edits), bom=data.startswith(b"\xef\xbb\xbf")))
-    return FixResult(files=tuple(out), errors=tuple(errors))
+    return FixResult(files=tuple(out), errors=tuple(errors), skipped=tuple(skipped))
 
 
 def write_fixes(result: FixResult) -> None:

@@ -884,6 +884,25 @@ def _int_list(value: Any, name: str, where: dict) -> list:
     return value
 
 
+#: deepest JSON object or list taken as a salt, tenant or session (its repr recurses once per level)
+MAX_KEY_DEPTH = 64
+
+
+def _nested_key(value: Any, name: str, where: dict) -> str:
+    """A salt, tenant or session that is a JSON object or list, as one hashable string (its repr). Nested
+    deeper than :data:`MAX_KEY_DEPTH` levels it is refused: repr would meet Python's recursion limit at a depth
+    that depends on the caller's stack."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > MAX_KEY_DEPTH:
+            raise InputError(f"nested deeper than {MAX_KEY_DEPTH} levels", field=name, **where)
+        for child in (v.values() if isinstance(v, dict) else v):
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
+    return repr(value)
+
+
 def _get(value: dict, dotted: str) -> Any:
     cur: Any = value
     for part in dotted.split("."):
@@ -935,9 +954,9 @@ def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
         if no_salt:
             salt = None
         if isinstance(salt, (dict, list)):
-            salt = repr(salt)
+            salt = _nested_key(salt, salt_field or "salt", where)
         if isinstance(tenant, (dict, list)):
-            tenant = repr(tenant)
+            tenant = _nested_key(tenant, tenant_field or "salt", where)
         ts = value.get("timestamp")
         if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float))
                                or not -MAX_TIMESTAMP < ts < MAX_TIMESTAMP):
@@ -952,7 +971,8 @@ def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
                 "unsalted": unsalted, "no_tenant": no_tenant}
         if session_fields:
             session = next((v for v in map(lambda f: _get(value, f), session_fields) if v is not None), None)
-            meta["session"] = repr(session) if isinstance(session, (dict, list)) else session
+            meta["session"] = (_nested_key(session, "session", where) if isinstance(session, (dict, list))
+                               else session)
         if "hash_ids" in value and as_kind is None:
             if pending:
                 yield from flush()

@@ -81,11 +81,18 @@ def _key_chunk(chunks: JsonlChunks, index: int, block_size: int, hash_fn: str,
         error = ("input", exc.message, exc.source, exc.line, exc.field)
     except CachectlError as exc:
         error = ("error", exc)
-    except Exception:   # a bug: carried to the parent, which stops with it
-        import traceback
-
-        error = ("crash", traceback.format_exc())
+    except Exception as exc:   # a bug: carried to the parent, which raises it as one process would have
+        error = ("crash", _portable(exc))
     return lines.count, lines.seen, items, error
+
+
+def _portable(exc: Exception) -> Exception:
+    """``exc`` if it survives pickling (to be raised again in the parent), else a RuntimeError that names it."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001 (any failure to pickle)
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
 def _serve(chunks: JsonlChunks, mine: list[int], out: int, block_size: int, hash_fn: str,
@@ -130,6 +137,7 @@ class KeyedTrace:
         self.jobs, self.trace_opts = jobs, trace_opts
         self._procs: list[tuple[int, Any]] = []
         self._started = False
+        self._inline = False
 
     def __enter__(self) -> KeyedTrace:
         return self
@@ -146,7 +154,12 @@ class KeyedTrace:
         try:
             for w in range(workers):
                 r, wfd = os.pipe()
-                pid = os.fork()
+                try:
+                    pid = os.fork()
+                except BaseException:
+                    os.close(r)
+                    os.close(wfd)
+                    raise
                 if pid == 0:  # pragma: no cover (a child: coverage is not collected there)
                     code = 1
                     try:
@@ -164,6 +177,9 @@ class KeyedTrace:
                         os._exit(code)
                 os.close(wfd)
                 self._procs.append((pid, open(r, "rb", buffering=1 << 20)))
+        except OSError:  # no more processes or file descriptors: the chunks are keyed here, one after another
+            self.close()
+            self._inline = True
         except BaseException:
             self.close()
             raise
@@ -181,13 +197,17 @@ class KeyedTrace:
         line_base = 0                 # lines of the chunks before this one
         seen = False
         for i in range(len(self.chunks)):
-            pid, pipe = procs[i % workers]
-            frame = _read_frame(pipe)
-            if frame is None:
-                _, status = os.waitpid(pid, 0)
-                procs[i % workers] = (0, pipe)
-                raise CachectlError(f"{self.source}: a reading process stopped (wait status {status}); "
-                                    "rerun with --read-jobs 1")
+            if self._inline:
+                frame = _key_chunk(self.chunks, i, self.block_size, self.hash_fn, self.trace_opts)
+            else:
+                pid, pipe = procs[i % workers]
+                frame = _read_frame(pipe)
+                if frame is None:
+                    _, status = os.waitpid(pid, 0)
+                    procs[i % workers] = (0, pipe)
+                    code = os.waitstatus_to_exitcode(status)
+                    how = f"was killed by signal {-code}" if code < 0 else f"stopped with exit code {code}"
+                    raise CachectlError(f"{self.source}: a reading process {how}; rerun with --read-jobs 1")
             lines, any_line, items, error = frame
             shift = line_base + 1 - self.chunks.first_line(i)
             for (line, prompt_tokens, keys, hbs, tenant, timestamp, output_tokens, unsalted, no_tenant,
@@ -206,9 +226,7 @@ class KeyedTrace:
                     _, message, src, line, field = error
                     raise InputError(message, source=src, line=None if line is None else line + shift,
                                      field=field)
-                if error[0] == "error":
-                    raise error[1]
-                raise RuntimeError(f"a reading process failed:\n{error[1]}")
+                raise error[1]
             seen = seen or any_line
             line_base += lines
         if not seen:

@@ -56,6 +56,9 @@ def open_binary(path: str) -> tuple[IO[bytes], str]:
     fh, source = _open_raw(path)
     try:
         head = fh.peek(4)[:4] if hasattr(fh, "peek") else b""
+        if hasattr(fh, "peek") and len(head) < 4:  # a pipe gave fewer bytes so far: wait for 4 (or the end)
+            head = fh.read(4)
+            fh = io.BufferedReader(_Prefixed(head, fh), buffer_size=_BUFFER)
     except OSError:
         head = b""
     if head[:2] == _GZIP_MAGIC:
@@ -67,6 +70,29 @@ def open_binary(path: str) -> tuple[IO[bytes], str]:
             _close(fh)
             raise
     return fh, source
+
+
+class _Prefixed(io.RawIOBase):
+    """The bytes ``head`` already read from ``rest``, then the rest of it: a stream read ahead of its use."""
+
+    def __init__(self, head: bytes, rest: Any) -> None:
+        self._head, self._rest = head, rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._head:
+            n = min(len(buffer), len(self._head))
+            buffer[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        return self._rest.readinto(buffer)
+
+    def close(self) -> None:
+        if not self.closed:
+            _close(self._rest)
+        super().close()
 
 
 class _ArrowRaw(io.RawIOBase):
@@ -273,6 +299,19 @@ def iter_raw_lines(path: str) -> Iterator[tuple[int, bytes, str]]:
         _close(fh)
     if not lines.seen:
         raise InputError("file is empty", source=source)
+
+
+def compression(path: str) -> str | None:
+    """"gzip" or "zstd" when the file ``path`` is compressed (by its magic bytes, as the readers tell), else
+    None (stdin and pipes are not looked at: they are read once, by their reader)."""
+    try:
+        if path == "-" or not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError:
+        return None
+    return "gzip" if head[:2] == _GZIP_MAGIC else "zstd" if head == ZSTD_MAGIC else None
 
 
 def plain_size(path: str) -> int | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -70,6 +71,8 @@ def is_parquet(path: str) -> bool:
     if path.lower().endswith(".parquet"):
         return True
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a pipe (`<(zcat t.jsonl.gz)`) is read once, by its reader
+            return False
         with open(path, "rb") as fh:
             return fh.read(4) == MAGIC
     except OSError:
