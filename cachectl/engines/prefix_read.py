@@ -63,11 +63,12 @@ def _key_chunk(chunks: JsonlChunks, index: int, block_size: int, hash_fn: str,
                trace_opts: dict[str, Any]) -> tuple[int, bool, list, tuple | None]:
     """``(lines, any_non_blank, items, error)`` of one chunk; ``items`` hold each request's keys."""
     source = chunks.source
-    lines = chunks.lines(index)
-    records = ((lineno, parse_jsonl_line(raw, source, lineno), _may_hold_bool(raw)) for lineno, raw in lines)
     items: list = []
     error: tuple | None = None
+    count, seen = 0, False
     try:
+        lines = chunks.lines(index)
+        records = ((lineno, parse_jsonl_line(raw, source, lineno), _may_hold_bool(raw)) for lineno, raw in lines)
         for req in iter_trace(records, source=source, tokenizer=None, **trace_opts):
             keys: Sequence = request_keys(req, block_size, hash_fn)
             try:  # 8 bytes a key where they are 64-bit integers (the builtin hash, Mooncake ids)
@@ -77,13 +78,14 @@ def _key_chunk(chunks: JsonlChunks, index: int, block_size: int, hash_fn: str,
             items.append((req.line, req.prompt_tokens, keys,
                           req.hash_block_size if req.hash_ids is not None else block_size, req.tenant,
                           req.timestamp, req.output_tokens, req.unsalted, req.no_tenant, req.session))
+        count, seen = lines.count, lines.seen
     except InputError as exc:
         error = ("input", exc.message, exc.source, exc.line, exc.field)
     except CachectlError as exc:
         error = ("error", exc)
     except Exception as exc:   # a bug: carried to the parent, which raises it as one process would have
         error = ("crash", _portable(exc))
-    return lines.count, lines.seen, items, error
+    return count, seen, items, error
 
 
 def _portable(exc: Exception) -> Exception:

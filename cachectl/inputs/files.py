@@ -369,9 +369,12 @@ class JsonlChunks:
     def lines(self, index: int) -> Lines:
         """The non-blank lines of chunk ``index``, read now, numbered from :meth:`first_line`."""
         start, end = self.bounds[index]
-        with open(self.path, "rb") as fh:
-            fh.seek(start)
-            data = fh.read() if end is None else fh.read(end - start)
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(start)
+                data = fh.read() if end is None else fh.read(end - start)
+        except OSError as exc:
+            raise InputError(f"cannot read: {exc.strerror or exc}", source=self.source) from None
         return Lines(io.BytesIO(data), self.first_line(index))
 
 
