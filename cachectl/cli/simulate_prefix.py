@@ -183,14 +183,10 @@ def command(
             "add_generation_prompt": not no_generation_prompt, "session_fields": session_fields}
         columnar = parquet.is_parquet(trace)
         requests: Any
-        jobs = 1
-        if keyed_at is not None and tok is None and not columnar:
-            from ..engines import prefix_read
+        from ..engines import prefix_read
 
-            jobs = read_jobs or prefix_read.default_jobs()
-            if not prefix_read.can_read_in_parallel(trace, jobs):
-                jobs = 1
-        if jobs > 1 and keyed_at is not None:
+        jobs = read_jobs or prefix_read.default_jobs()
+        if keyed_at is not None and tok is None and not columnar and prefix_read.can_read_in_parallel(trace, jobs):
             from ..inputs.files import JsonlChunks
 
             requests = prefix_read.KeyedTrace(JsonlChunks(trace), block_size=keyed_at, hash_fn=hash_name, jobs=jobs,

@@ -301,16 +301,25 @@ def iter_raw_lines(path: str) -> Iterator[tuple[int, bytes, str]]:
         raise InputError("file is empty", source=source)
 
 
-def compression(path: str) -> str | None:
-    """"gzip" or "zstd" when the file ``path`` is compressed (by its magic bytes, as the readers tell), else
-    None (stdin and pipes are not looked at: they are read once, by their reader)."""
+def _head_of_file(path: str) -> tuple[bytes, int] | None:
+    """The first 4 bytes and the size of the regular file ``path``; None for stdin, a pipe, or a file that
+    cannot be read (stdin and pipes are not looked at: they are read once, by their reader)."""
     try:
-        if path == "-" or not stat.S_ISREG(os.stat(path).st_mode):
+        if path == "-" or not stat.S_ISREG((st := os.stat(path)).st_mode):
             return None
         with open(path, "rb") as fh:
-            head = fh.read(4)
+            return fh.read(4), st.st_size
     except OSError:
         return None
+
+
+def compression(path: str) -> str | None:
+    """"gzip" or "zstd" when the file ``path`` is compressed (by its magic bytes, as the readers tell), else
+    None."""
+    return _compression_of((_head_of_file(path) or (b"", 0))[0])
+
+
+def _compression_of(head: bytes) -> str | None:
     return "gzip" if head[:2] == _GZIP_MAGIC else "zstd" if head == ZSTD_MAGIC else None
 
 
@@ -318,19 +327,10 @@ def plain_size(path: str) -> int | None:
     """The size of ``path`` when its bytes are its lines as they stand: a regular file that is not gzip, zstd
     or Parquet (and not stdin). None otherwise, or when it cannot be read (the readers then name the
     problem)."""
-    if path == "-":
+    found = _head_of_file(path)
+    if found is None or _compression_of(found[0]) or found[0] == b"PAR1":
         return None
-    try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):
-            return None
-        with open(path, "rb") as fh:
-            head = fh.read(4)
-    except OSError:
-        return None
-    if head[:2] == _GZIP_MAGIC or head in (ZSTD_MAGIC, b"PAR1"):
-        return None
-    return st.st_size
+    return found[1]
 
 
 class JsonlChunks:
