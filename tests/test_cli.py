@@ -225,6 +225,26 @@ def test_cli_import_does_not_load_heavy_libraries():
     assert out.stdout.strip() == ""
 
 
+def test_a_command_that_runs_imports_no_pydantic(tmp_path):
+    """The start-up pyproject.toml caps typer for: typer 0.29 converts options through pydantic (~70 ms); the
+    typer the package allows does not, and no command's own start-up imports pydantic either."""
+    from importlib.metadata import requires, version
+
+    cap = next(r for r in requires("llm-cachectl") or () if r.startswith("typer"))
+    assert "<0.29" in cap
+    assert tuple(int(x) for x in version("typer").split(".")[:2]) < (0, 29), "typer outside the declared range"
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"tokens": list(range(40))}) + "\n")
+    code = ("import sys, runpy; sys.argv = ['cachectl', *sys.argv[1:]]\n"
+            "try:\n    runpy.run_module('cachectl', run_name='__main__')\n"
+            "finally:\n    print('pydantic' in sys.modules, file=sys.stderr)")
+    for args in (["simulate-prefix", str(trace), "--capacity-blocks", "8", "--format", "json"],
+                 ["kv-inspect", "llama-3.1-8b", "--format", "json"]):
+        out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT)
+        assert out.returncode == 0, out.stderr
+        assert out.stderr.strip().splitlines()[-1] == "False", args
+
+
 def test_python_dash_m_entry_point():
     out = subprocess.run([sys.executable, "-m", "cachectl", "--help"], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0 and "diff-tokens" in out.stdout

@@ -145,6 +145,31 @@ def test_a_worker_that_dies_is_named(tmp_path, monkeypatch):
         list(parallel(path, 4, 2, 200))
 
 
+@pytest.fixture
+def sigchld_ignored():
+    """SIGCHLD ignored, as a parent may pass it on (``trap '' CHLD``): the system reaps every child at once,
+    and waitpid() finds none."""
+    import signal
+
+    old = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    yield
+    signal.signal(signal.SIGCHLD, old)
+
+
+def test_workers_reaped_by_the_system_give_the_same_answer(cli, tmp_path, monkeypatch, sigchld_ignored):
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps({"tokens": [i % 5] * (3 + i % 40)}) for i in range(300)) + "\n")
+    args = ["simulate-prefix", path, "--capacity-blocks", "20", "--block-size", "4", "--format", "json"]
+    one = cli(*args)
+    monkeypatch.setattr(prefix_read, "MIN_BYTES", 1)
+    many = cli(*args, "--read-jobs", "3")
+    assert one.exit_code == 0 and many.exit_code == 0, many.stderr
+    assert many.stdout == one.stdout
+    monkeypatch.setattr(prefix_read, "_serve", lambda *a: os._exit(3))
+    with pytest.raises(CachectlError, match="a reading process stopped; rerun with --read-jobs 1"):
+        list(parallel(path, 4, 2, 200))
+
+
 def test_no_more_processes_means_one_process_and_the_same_answer(tmp_path, monkeypatch):
     path = tmp_path / "t.jsonl"
     path.write_text("\n".join(json.dumps({"tokens": [i % 7, 1, 2, 3, 4, i % 3]}) for i in range(400)))

@@ -475,10 +475,11 @@ def _usage_line(exc: Any) -> str:
 
 
 # What an option's value is called in help when the option names no metavar (typer 0.29 would print the Python
-# type, `<int range>`, `<str>`; older typers, click's INTEGER).
+# type, `<int range>`, `<str>`; typer 0.27-0.28, the names of the click types it carries, the same; older
+# typers, click's INTEGER).
 _METAVARS: dict[Any, str] = {int: "N", float: "NUMBER", str: "TEXT",
                              "integer": "N", "integer range": "N", "float": "NUMBER", "float range": "NUMBER",
-                             "text": "TEXT"}
+                             "text": "TEXT", "int": "N", "int range": "N", "str": "TEXT"}
 
 
 def _metavar_for(param: Any) -> str | None:

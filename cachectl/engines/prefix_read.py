@@ -112,6 +112,16 @@ def _serve(chunks: JsonlChunks, mine: list[int], out: int, block_size: int, hash
                 return
 
 
+def _ended(pid: int) -> str:
+    """How worker ``pid``, which sent no more, ended (reaped here)."""
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:  # reaped by the system (SIGCHLD ignored, as a parent may pass it on): no status
+        return "stopped"
+    code = os.waitstatus_to_exitcode(status)
+    return f"was killed by signal {-code}" if code < 0 else f"stopped with exit code {code}"
+
+
 def _read_frame(pipe: Any) -> Any:
     head = pipe.read(_HEADER.size)
     if len(head) < _HEADER.size:
@@ -205,11 +215,8 @@ class KeyedTrace:
                 pid, pipe = procs[i % workers]
                 frame = _read_frame(pipe)
                 if frame is None:
-                    _, status = os.waitpid(pid, 0)
                     procs[i % workers] = (0, pipe)
-                    code = os.waitstatus_to_exitcode(status)
-                    how = f"was killed by signal {-code}" if code < 0 else f"stopped with exit code {code}"
-                    raise CachectlError(f"{self.source}: a reading process {how}; rerun with --read-jobs 1")
+                    raise CachectlError(f"{self.source}: a reading process {_ended(pid)}; rerun with --read-jobs 1")
             lines, any_line, items, error = frame
             shift = line_base + 1 - self.chunks.first_line(i)
             for (line, prompt_tokens, keys, hbs, tenant, timestamp, output_tokens, unsalted, no_tenant,
@@ -243,4 +250,7 @@ class KeyedTrace:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-                os.waitpid(pid, 0)
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:  # reaped by the system already: this process ignores SIGCHLD
+                    pass
