@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 
 import pytest
@@ -97,6 +98,17 @@ def test_a_value_outside_the_choices_is_one_line_listing_them(cli, args, bad):
     assert line.startswith("cachectl: error: Invalid value for") and repr(bad) in line and "Value error" not in line
 
 
+@pytest.mark.parametrize("args,word", [
+    (["simulate-prefix", "fixtures/traces/fleet.jsonl", "--capacity-blocks", "abc"], "valid integer"),
+    (["prompt-cost", "--calls", "x"], "valid integer"),
+    (["simulate-prefix", "fixtures/traces/fleet.jsonl", "--block-size", "1.5"], "valid integer"),
+])
+def test_a_value_of_the_wrong_type_is_named_in_words(cli, args, word):
+    r = cli(*args)
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and word in r.stderr
+    assert " int " not in r.stderr and "int range" not in r.stderr
+
+
 def test_an_option_typo_is_one_line(cli):
     r = cli("kv-inspect", "llama-3.1-8b", "--contxt", "4k")
     assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "╭" not in r.stderr
@@ -110,6 +122,17 @@ def test_help_names_values_not_python_types(cli, path, cmd):
     out = cli(*path, "--help").stdout
     for tag in ("<str>", "<int>", "<float>", "<int range>", "<float range>", "<list[str]>", "<path>"):
         assert tag not in out, f"{' '.join(path)}: {tag} in help"
+
+
+@pytest.mark.parametrize("path,cmd", COMMANDS, ids=[" ".join(p) or "cachectl" for p, _ in COMMANDS])
+def test_an_argument_of_several_values_says_so_in_the_usage(cli, path, cmd):
+    """`lint PATH...`: every typer version the package allows puts the dots after a variadic argument."""
+    usage = cli(*path, "--help").stdout.splitlines()[0]
+    for param in getattr(cmd, "params", ()):
+        if param.param_type_name == "argument":
+            name = param.metavar or param.name.upper()
+            dots = param.nargs != 1
+            assert re.search(re.escape(name) + r"[]}]?" + (r"\.\.\." if dots else r"(?!\S*\.\.\.)"), usage), usage
 
 
 @pytest.mark.parametrize("new,old", [

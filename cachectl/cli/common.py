@@ -469,6 +469,10 @@ def _usage_line(exc: Any) -> str:
     """A click usage error as one line: no box, no pydantic-style 'Value error,' prefix, the help command."""
     message = " ".join(exc.format_message().split())
     message = message.replace("Value error, ", "")
+    # the click types typer 0.27-0.28 carries name themselves in Python's words: "'x' is not a valid int range."
+    for kind, word in (("int", "integer"), ("float", "number")):
+        message = message.replace(f"is not a valid {kind} range.", f"is not a valid {word}.")
+        message = message.replace(f"is not a valid {kind}.", f"is not a valid {word}.")
     ctx = exc.ctx
     path = ctx.command_path if ctx is not None else "cachectl"
     return f"{message} (see '{path} --help')"
@@ -489,6 +493,14 @@ def _metavar_for(param: Any) -> str | None:
     return _METAVARS.get(getattr(getattr(param, "type", None), "name", None))  # click's types
 
 
+def _with_dots(make_metavar: Callable[..., str]) -> Callable[..., str]:
+    def make(*args: Any, **kwargs: Any) -> str:
+        text = make_metavar(*args, **kwargs)
+        return text if text.endswith("...") else text + "..."
+
+    return make
+
+
 def tidy_help(command: Any) -> None:
     """Help that names values, not Python types: typer 0.29 prints ``<str>`` beside every argument and the type
     beside any option without a metavar. Arguments keep their metavar alone; such options get N, NUMBER or
@@ -496,6 +508,9 @@ def tidy_help(command: Any) -> None:
     for param in getattr(command, "params", ()):
         if param.param_type_name == "argument":
             param.display_type_rich = lambda ctx: None
+            make = getattr(param, "make_metavar", None)  # typer 0.29 renders arguments another way, dots included
+            if param.nargs != 1 and make is not None:  # several values: `PATH...` (typer before 0.29 drops the
+                param.make_metavar = _with_dots(make)   # dots of a metavar)
         elif (param.param_type_name == "option" and param.metavar is None and not param.is_flag
               and not param.count):
             param.metavar = _metavar_for(param)
