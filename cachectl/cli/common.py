@@ -508,9 +508,11 @@ def tidy_help(command: Any) -> None:
     for param in getattr(command, "params", ()):
         if param.param_type_name == "argument":
             param.display_type_rich = lambda ctx: None
-            make = getattr(param, "make_metavar", None)  # typer 0.29 renders arguments another way, dots included
-            if param.nargs != 1 and make is not None:  # several values: `PATH...` (typer before 0.29 drops the
-                param.make_metavar = _with_dots(make)   # dots of a metavar)
+            # an argument of several values reads `PATH...`: typer before 0.29 drops the dots when the argument
+            # names a metavar; 0.29 renders arguments without make_metavar, dots included
+            make = getattr(param, "make_metavar", None)
+            if param.nargs != 1 and make is not None:
+                param.make_metavar = _with_dots(make)
         elif (param.param_type_name == "option" and param.metavar is None and not param.is_flag
               and not param.count):
             param.metavar = _metavar_for(param)
