@@ -203,6 +203,17 @@ def test_what_if_several_calls_need_every(cli):
     assert r.exit_code == 2 and "--every" in r.stderr
 
 
+@pytest.mark.parametrize("args,flag", [
+    (["--prefix-tokens", "99999999999999999999"], "--prefix-tokens"),
+    (["--prefix-tokens", "100", "--calls", "99999999999", "--every", "1s"], "--calls"),
+    (["--prefix-tokens", "10000000", "--calls", "101", "--every", "1s"], "--calls x (--prefix-tokens"),
+])
+def test_a_what_if_too_large_to_simulate_is_one_line(cli, args, flag):
+    """Sizes that once ran out of memory (the process killed, no message) are refused up front."""
+    r = cli("prompt-cost", "-m", "gpt-4.1", *args)
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and flag in r.stderr and r.stdout == ""
+
+
 def test_unknown_output_is_noted(cli, write):
     block = {"id": "sys", "tokens": 2000, "cache_control": {"type": "ephemeral"}}
     path = jsonl(write, "req.jsonl", [{"timestamp": 0, "model": "claude-sonnet-4-5", "blocks": [block]}])

@@ -294,6 +294,25 @@ def test_what_if_outliving_the_ttl_costs_more(table):
     assert r1h.break_even_reads == 2  # 1h premium 3/MTok, each read saves 2.70/MTok
 
 
+def test_what_if_refuses_what_it_cannot_lay_out_in_seconds(table):
+    from cachectl.engines import promptcache
+    from cachectl.errors import UsageError
+
+    base = {"table": table, "model": SONNET, "prefix_tokens": 1000, "suffix_tokens": 0, "output_tokens": 0,
+            "calls": 1, "every": 1.0}
+    big = promptcache.MAX_WHAT_IF_TOKENS
+    cases = [({"calls": 0}, "`calls`"), ({"calls": promptcache.MAX_WHAT_IF_CALLS + 1}, "`calls`"),
+             ({"prefix_tokens": 10**20}, "`prefix_tokens`"), ({"prefix_tokens": big, "suffix_tokens": 1}, "`suffix_tokens`"),
+             ({"output_tokens": big + 1}, "`output_tokens`"), ({"prefix_tokens": -1}, "`prefix_tokens`"),
+             ({"prefix_tokens": big, "calls": promptcache.MAX_WHAT_IF_TOTAL // big + 1}, "in all")]
+    for change, word in cases:
+        with pytest.raises(UsageError, match=word.replace("`", "\\`")):
+            what_if(**{**base, **change})
+    # the limits themselves are priced
+    r = what_if(**{**base, "prefix_tokens": big, "output_tokens": big})
+    assert r.totals["output_tokens"] == big and len(r.requests) == 1
+
+
 def test_parse_duration():
     assert parse_duration("2m") == 120 and parse_duration("1h") == 3600 and parse_duration("45") == 45
 

@@ -382,7 +382,8 @@ PARAM_FLAGS = {
     "capacity_blocks": "--capacity-blocks", "capacity_gib": "--capacity-gib", "policy": "--policy",
     "concurrency": "--concurrency", "recompute_ratio": "--recompute-ratio", "hash": "--hash",
     "select": "--select", "ignore": "--ignore", "as_kind": "--as", "warmup": "--warmup",
-    "contexts": "--context-lengths",
+    "contexts": "--context-lengths", "prefix_tokens": "--prefix-tokens", "suffix_tokens": "--suffix-tokens",
+    "output_tokens": "--output-tokens", "calls": "--calls",
 }
 
 
