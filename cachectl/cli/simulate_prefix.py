@@ -489,8 +489,11 @@ def _render(r, salt_field: Optional[str] = None, tenant_field: Optional[str] = N
     label = " (upper bound)" if r.upper_bound else ""
     stdout.print(f"[bold]{r.policy}[/], block size {r.block_size}, capacity {cap}: {r.requests:,} requests, "
                  f"{r.query_tokens:,} prompt tokens", soft_wrap=True)
+    # vllm counts what vLLM's KV-cache usage counts, blocks that running requests hold; cached blocks no request
+    # holds are free to it. The other policies count what they cache.
+    held = "held by running requests" if r.policy == "vllm" else "cached"
     stdout.print(f"hit rate {_pct(r.hit_rate)}{label}: {r.hit_tokens:,.0f} tokens of prefill saved; "
-                 f"{r.evicted_blocks:,} blocks evicted; peak {r.peak_blocks_in_use:,} blocks in use", soft_wrap=True)
+                 f"{r.evicted_blocks:,} blocks evicted; peak {r.peak_blocks_in_use:,} blocks {held}", soft_wrap=True)
     if len(r.per_tenant) > 1 or r.per_tenant[0].tenant is not None:
         t = Table(header_style="bold", box=None, pad_edge=False)
         for col in ("tenant", "requests", "prompt tokens", "hit tokens", "hit rate"):
