@@ -214,6 +214,18 @@ def test_a_what_if_too_large_to_simulate_is_one_line(cli, args, flag):
     assert r.exit_code == 2 and r.stderr.count("\n") == 1 and flag in r.stderr and r.stdout == ""
 
 
+def test_a_wrapped_response_takes_its_model_from_the_request_body(cli, write):
+    """`{timestamp, body, usage}` lines name the model in the body: --usage needs no --model for them."""
+    log = ROOT / "fixtures" / "prompts" / "anthropic_billed.jsonl"
+    alone = cli("prompt-cost", "--usage", log, "-f", "json")
+    assert alone.exit_code == 0, alone.stderr
+    assert alone.stdout == cli("prompt-cost", "--usage", log, "-m", "claude-sonnet-4-5", "-f", "json").stdout
+    assert json.loads(alone.stdout)["models"] == ["claude-sonnet-4-5"]
+    bad = jsonl(write, "bad.jsonl", [{"body": {"model": 7}, "usage": {"input_tokens": 1, "output_tokens": 1}}])
+    r = cli("prompt-cost", "--usage", bad)
+    assert r.exit_code == 2 and "field 'body.model'" in r.stderr
+
+
 def test_unknown_output_is_noted(cli, write):
     block = {"id": "sys", "tokens": 2000, "cache_control": {"type": "ephemeral"}}
     path = jsonl(write, "req.jsonl", [{"timestamp": 0, "model": "claude-sonnet-4-5", "blocks": [block]}])

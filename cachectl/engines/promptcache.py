@@ -174,11 +174,15 @@ def usage_from_record(value: Any, *, default_model: str | None, table: PriceTabl
             raise InputError("this is a request, not a response: `usage` audits logged responses; simulate "
                              "request logs with `requests`", **where)
         raise InputError("neither a response nor a usage object (no 'usage' field)", **where)
-    model_name = rec.get("model") or default_model
+    body = value.get("body")   # a {timestamp, body, usage} wrapper: the request body names the model
+    field, model_name = "model", rec.get("model")
+    if not model_name and isinstance(body, dict) and body.get("model"):
+        field, model_name = "body.model", body["model"]
+    model_name = model_name or default_model
     if not model_name:
         raise InputError("no model on this line; pass `default_model`", **where)
     if not isinstance(model_name, str):
-        raise InputError("expected a string", field="model", **where)
+        raise InputError("expected a string", field=field, **where)
     price = _lookup(table, model_name, source, line)
     logged = parse_usage(usage, source=source, line=line, path=path, model=price.model,
                          style_of=lambda m: price.usage_style)
