@@ -209,3 +209,10 @@ def test_unknown_model_points_at_the_price_table_not_a_flag_lint_lacks(cli):
     r = cli("lint", LINT / "good" / "body_good.json", "--model", "claude-sonet-4-5")
     assert r.exit_code == 2 and "close names: claude-sonnet-4-5" in r.stderr
     assert "--prices" not in r.stderr and "cachectl prompt-cost --list-models" in r.stderr
+
+
+def test_nothing_checked_is_not_called_clean(cli, tmp_path):
+    r = cli("lint", tmp_path / "nope")
+    assert r.exit_code == 2 and "clean" not in r.stdout and "0 file(s) checked: no findings" in r.stdout
+    good = cli("lint", "fixtures/lint/good")
+    assert good.exit_code == 0 and good.stdout.rstrip().endswith("checked: clean")

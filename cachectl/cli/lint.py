@@ -145,7 +145,9 @@ def _render_text(report) -> None:
                          soft_wrap=True)
             stdout.print(Text(f"      fix: {f.fix} ({f.safety} fix)", "dim"), soft_wrap=True)
     n = len(report.findings)
-    summary = f"{report.checked} file(s) checked: " + (f"{n} finding(s)" if n else "clean")
+    # "clean" only where every file could be checked
+    summary = f"{report.checked} file(s) checked: " + (f"{n} finding(s)" if n else "no findings" if report.errors
+                                                       else "clean")
     if report.errors:
         summary += f"; {len(report.errors)} error(s) on stderr: not everything could be checked"
     stdout.print(Text(summary, "bold red" if n or report.errors else "bold green"))
