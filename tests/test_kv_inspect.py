@@ -587,3 +587,14 @@ def test_total_parameters_of_moe_configs_for_the_memory_check():
     assert abs(kvmath.estimate_total_params(ds) / 671e9 - 1) < 0.02
     with pytest.raises(UsageError, match=r"46\.\d\dB parameters"):
         kvlive.check_random_weights_memory(mixtral, available=64 * GIB)
+
+
+def test_a_batch_that_does_not_fit_is_said_so(cli):
+    r = cli("kv-inspect", "llama-3.1-8b", "--gpu", "H100", "--batch", "8", "-f", "json")
+    d = json.loads(r.stdout)
+    fits = {c["tokens"]: c["batch_fits"] for c in d["contexts"]}
+    assert all(fits[c["tokens"]] == (c["max_sequences"] >= 8) for c in d["contexts"]) and False in fits.values()
+    assert any("a batch of 8 does not fit the KV budget at context 131,072" in n for n in d["notes"])
+    alone = json.loads(cli("kv-inspect", "llama-3.1-8b", "-f", "json").stdout)
+    assert all(c["batch_fits"] is None for c in alone["contexts"])
+    assert not any("does not fit the KV budget" in n for n in alone["notes"])

@@ -592,6 +592,7 @@ class ContextRow:
     batch_bytes: float             # --batch sequences
     max_sequences: int | None      # that fit in the KV budget
     decode_ms_per_token: float | None
+    batch_fits: bool | None = None  # whether the batch fits in the KV budget (None: no budget)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -695,7 +696,12 @@ def inspect_config(config: dict, *, model: str, source: str, dtype: str = "bf16"
         if bandwidth is not None and read_weights is not None:
             decode = (read_weights + one * batch) / bandwidth * 1000.0
         rows.append(ContextRow(tokens=tokens, bytes=one, batch_bytes=one * batch, max_sequences=fit,
-                               decode_ms_per_token=decode))
+                               decode_ms_per_token=decode, batch_fits=None if fit is None else fit >= batch))
+    tight = [r for r in rows if r.batch_fits is False]
+    if tight:
+        at = ", ".join(f"{r.tokens:,} ({r.max_sequences:,} fit)" for r in tight)
+        notes.append(f"a batch of {batch} does not fit the KV budget at {'context' if len(tight) == 1 else 'contexts'} "
+                     f"{at}" + (": its decode bound is for a batch that cannot run" if bandwidth is not None else ""))
     limit = _text_config(config).get("max_position_embeddings")
     if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
         beyond_max = [t for t in contexts if t > limit]
