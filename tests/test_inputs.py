@@ -184,3 +184,21 @@ def test_a_slow_pipe_and_a_fifo_are_read_whole(tmp_path):
     writer.join(timeout=30)
     assert got.returncode == 0, got.stderr
     assert got.stdout == want.stdout
+
+
+def test_jsonl_where_one_json_document_is_expected_is_named(cli, tmp_path):
+    from cachectl.errors import InputError
+    from cachectl.inputs.files import JSONL_NOT_JSON, parse_json_document
+
+    with pytest.raises(InputError) as info:
+        parse_json_document('{"a": 1}\n\n{"b": [2]}\n', "t.json")
+    assert info.value.message == JSONL_NOT_JSON and info.value.line == 3
+    for text in ('{"a": 1} x', '{"a": 1}\n{"b": 2'):          # not JSONL: the parser's own words
+        with pytest.raises(InputError, match="invalid JSON: Extra data"):
+            parse_json_document(text, "t.json")
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
+    r = cli("diff-tokens", log, log, "-t", "fixtures/tok")
+    assert r.exit_code == 2 and "JSONL" in r.stderr and "diff-tokens --log" in r.stderr and "--as text" not in r.stderr
+    r = cli("lint", log)
+    assert r.exit_code == 2 and f"log.jsonl:2: {JSONL_NOT_JSON}" in r.stderr

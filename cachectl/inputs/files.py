@@ -228,6 +228,10 @@ def _depth_exceeds(text: str, limit: int) -> bool:
     return False
 
 
+#: the error of a JSONL file read where one JSON document is expected
+JSONL_NOT_JSON = "one JSON document per line (JSONL) where a single JSON document is expected"
+
+
 def parse_json_document(text: str, source: str) -> Any:
     """Parse a JSON document; errors carry the line (and column) where the parser stopped."""
     if _depth_exceeds(text, MAX_DEPTH):
@@ -235,10 +239,23 @@ def parse_json_document(text: str, source: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
+        if exc.msg == "Extra data" and exc.colno == 1 and _is_jsonl(text):
+            raise InputError(JSONL_NOT_JSON, source=source, line=exc.lineno) from None
         raise InputError(f"invalid JSON: {exc.msg} (column {exc.colno})", source=source,
                          line=exc.lineno) from None
     except RecursionError:
         raise InputError("JSON nested too deeply", source=source) from None
+
+
+def _is_jsonl(text: str) -> bool:
+    """Whether every non-blank line of ``text`` is a JSON document of its own."""
+    try:
+        for line in text.splitlines():
+            if line.strip():
+                json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def parse_jsonl_line(raw: bytes, source: str, lineno: int) -> Any:

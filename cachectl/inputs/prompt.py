@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError
-from .files import display_name, iter_jsonl, parse_json_document, read_text
+from .files import JSONL_NOT_JSON, display_name, iter_jsonl, parse_json_document, read_text
 from .jsonpos import Locator
 from .request import Request, is_request_body, parse_request, unwrap
 
@@ -66,8 +66,9 @@ def read_prompt(path: str, as_kind: str | None = None) -> PromptInput:
         value = parse_json_document(text, source)
     except InputError as exc:
         if as_kind is None:
-            raise InputError(exc.message + "; pass --as text to treat the file as a raw prompt",
-                             source=source, line=exc.line) from None
+            hint = ("; a log of prompts is compared line by line with diff-tokens --log FILE"
+                    if exc.message == JSONL_NOT_JSON else "; pass --as text to treat the file as a raw prompt")
+            raise InputError(exc.message + hint, source=source, line=exc.line) from None
         raise
     return prompt_from_value(value, source=source, line=None, as_kind=as_kind, locator=Locator(text))
 
