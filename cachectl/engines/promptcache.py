@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import InputError, UsageError
 from ..inputs.request import Position, Request, layout_request
-from ..inputs.usage import LoggedUsage, find_usage, parse_usage
+from ..inputs.usage import LoggedUsage, find_usage, parse_usage, record_model
 from .pricing import ModelPrice, PriceTable, Usage, cost_usd, uncached_cost_usd
 
 SCHEMA_VERSION = 1
@@ -174,10 +174,7 @@ def usage_from_record(value: Any, *, default_model: str | None, table: PriceTabl
             raise InputError("this is a request, not a response: `usage` audits logged responses; simulate "
                              "request logs with `requests`", **where)
         raise InputError("neither a response nor a usage object (no 'usage' field)", **where)
-    body = value.get("body")   # a {timestamp, body, usage} wrapper: the request body names the model
-    field, model_name = "model", rec.get("model")
-    if not model_name and isinstance(body, dict) and body.get("model"):
-        field, model_name = "body.model", body["model"]
+    model_name, field = record_model(value, rec)
     model_name = model_name or default_model
     if not model_name:
         raise InputError("no model on this line; pass `default_model`", **where)

@@ -99,6 +99,16 @@ def find_usage(value: Any) -> tuple[dict | None, str, dict]:
     return (usage if isinstance(usage, dict) else None), prefix + "usage.", rec
 
 
+def record_model(value: Any, rec: dict) -> tuple[Any, str]:
+    """``(model, field)`` of a logged response line (``rec`` from :func:`find_usage`): its own model, else the
+    request body's in a ``{timestamp, body, usage}`` wrapper; ``(None, "model")`` when it names none."""
+    model = rec.get("model")
+    body = value.get("body") if isinstance(value, dict) else None
+    if not model and isinstance(body, dict) and body.get("model"):
+        return body["model"], "body.model"
+    return model, "model"
+
+
 def parse_usage(usage: dict, *, source: str, line: int | None, path: str = "usage.", model: str | None = None,
                 style_of: Callable[[str], str] | None = None) -> LoggedUsage:
     """Read one usage object. ``style_of(model)`` settles a bare ``input_tokens``/``output_tokens`` pair
