@@ -32,7 +32,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 
-    from cachectl.engines.kvlive import cache_keyword, inspect_model
+    from cachectl.engines.kv.live import cache_keyword, inspect_model
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -45,22 +45,23 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
     from cachectl.engines import lint
+    from cachectl.engines.lint import templates as lint_templates
 
     with tempfile.TemporaryDirectory() as tmp:
         make(Path(tmp), args.templates)
         renders = 0
-        original = lint._render
+        original = lint_templates._render
 
         def counting(*a, **k):
             nonlocal renders
             renders += 1
             return original(*a, **k)
 
-        lint._render = counting
+        lint_templates._render = counting
         t0 = time.perf_counter()
         report = lint.lint_paths([tmp], lint.LintConfig())
         engine = time.perf_counter() - t0
-        lint._render = original
+        lint_templates._render = original
         cmd = [sys.executable, "-m", "cachectl", "lint", tmp, "-f", "json", "--exit-zero"]
         subprocess.run(cmd, capture_output=True, check=True, cwd=ROOT, env=ENV)  # warm-up
         times = []

@@ -53,7 +53,8 @@ def main() -> int:
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
-    from cachectl.engines import kvmath, prefix_value
+    from cachectl.engines.kv import config as kvmath
+    from cachectl.engines.prefix import value as prefix_value
 
     result: dict = {"torch": torch.__version__}
     import transformers

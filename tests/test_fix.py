@@ -12,8 +12,9 @@ import json
 
 import pytest
 
-from cachectl.engines import fix, tokendiff
-from cachectl.engines.pricing import PriceTable
+from cachectl.engines import tokendiff
+from cachectl.engines.provider.prices import PriceTable
+from cachectl.engines.repair import fix
 from cachectl.inputs import LogRecord, iter_jsonl, parse_request, prompt_from_value
 
 from .conftest import PROMPTS, ROOT, TOK_DIR

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from cachectl.engines import kvmath
+from cachectl.engines.kv import config as kvmath
 from cachectl.errors import InputError, UsageError
 
 from .conftest import ROOT
@@ -190,7 +190,7 @@ def _tiny_config():
 
 
 def test_turns_crop_where_the_template_rewrites_history(tok):
-    from cachectl.engines import kvlive
+    from cachectl.engines.kv import live as kvlive
     from cachectl.inputs import read_prompt
 
     from .conftest import FIXTURES, PROMPTS
@@ -211,7 +211,7 @@ def test_turns_crop_where_the_template_rewrites_history(tok):
 
 
 def test_turns_stale_cache_gives_other_logits(tok):
-    from cachectl.engines import kvlive
+    from cachectl.engines.kv import live as kvlive
     from cachectl.inputs import prompt_from_value
 
     from .conftest import FIXTURES
@@ -229,7 +229,7 @@ def test_turns_stale_cache_gives_other_logits(tok):
 
 @pytest.mark.parametrize("kind", ["dynamic", "static"])
 def test_shared_prefix_copies_equal_fresh_prefill(tok, kind):
-    from cachectl.engines import kvlive
+    from cachectl.engines.kv import live as kvlive
 
     from .conftest import FIXTURES
 
@@ -322,7 +322,7 @@ def test_cache_reaches_a_model_that_takes_past_key_values_only():
     # transformers 5.0-5.23: forward(past_key_values=...); `cache=` would vanish into **kwargs
     import torch
 
-    from cachectl.engines import kvlive
+    from cachectl.engines.kv import live as kvlive
 
     inner = _tiny_model()
 
@@ -348,7 +348,7 @@ def test_agree_is_independent_of_the_cache_it_checks():
     # empty: 0 bytes measured must not "agree" with a prediction built from that same empty cache
     import torch
 
-    from cachectl.engines import kvlive
+    from cachectl.engines.kv import live as kvlive
 
     inner = _tiny_model()
 
@@ -450,7 +450,7 @@ def test_gemma4_config_json_per_kind_head_dims_match_a_real_transformers_cache()
     import torch
     import transformers
 
-    from cachectl.engines import kvlive
+    from cachectl.engines.kv import live as kvlive
 
     if "gemma4_text" not in transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES:
         pytest.skip(f"transformers {transformers.__version__} has no Gemma 4 (the main job runs this)")
@@ -519,7 +519,7 @@ def test_gpu_memory_is_what_the_driver_reports(cli):
 
 
 def test_random_weights_refused_with_the_number_and_the_limit(cli):
-    from cachectl.engines import kvlive
+    from cachectl.engines.kv import live as kvlive
 
     from .conftest import TOK_DIR
 
@@ -573,7 +573,7 @@ def test_run_header_is_in_the_dtype_the_run_measured(cli):
 
 
 def test_total_parameters_of_moe_configs_for_the_memory_check():
-    from cachectl.engines import kvlive
+    from cachectl.engines.kv import live as kvlive
 
     # Mixtral-8x7B's config.json: 46.7B parameters published
     mixtral = {"model_type": "mixtral", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,

@@ -61,7 +61,7 @@ def test_fixture_tokenizer_chat_template(cli):
 
 def test_good_template_is_really_stable():
     """The dynamic check's claim, checked directly: two renders share everything up to the volatile tail."""
-    from cachectl.engines.lint import _sample_values, sandbox
+    from cachectl.engines.lint.templates import _sample_values, sandbox
     from cachectl.engines.tokendiff import common_prefix_length
 
     from .conftest import PROMPTS  # noqa: F401

@@ -8,7 +8,8 @@ import shutil
 
 import pytest
 
-from cachectl.engines import lint, lint_fix
+from cachectl.engines import lint
+from cachectl.engines.lint import fix as lint_fix
 from cachectl.tokenization import render_chat_template, template_environment
 
 from .conftest import FIXTURES

@@ -8,7 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachectl.engines.prefix import CapacityError, TraceRequest, simulate
+from cachectl.engines.prefix.pools import CapacityError
+from cachectl.engines.prefix.replay import simulate
+from cachectl.engines.prefix.trace import TraceRequest
 
 from .reference_prefix import NaiveVllm
 
@@ -254,7 +256,8 @@ def test_cli_bad_input(cli, write, rows, args, expect):
 @settings(max_examples=200, deadline=None)
 def test_general_pool_equals_naive_reference(trace, bs, extra_capacity):
     """The ref-counted pool (used with --concurrency) replays sequential traffic like the reference."""
-    from cachectl.engines.prefix import VllmBlockPool, block_keys
+    from cachectl.engines.prefix.pools import VllmBlockPool
+    from cachectl.engines.prefix.trace import block_keys
 
     trace = [t if i == 0 or i % 3 else trace[i - 1] + t for i, t in enumerate(trace)]
     capacity = max(-(-len(t) // bs) for t in trace) + extra_capacity
@@ -285,8 +288,9 @@ def test_cli_no_salt_reveals_cross_tenant_sharing(cli):
 @settings(max_examples=300, deadline=None)
 def test_both_sequential_pools_equal_the_naive_reference(trace, bs, extra_capacity, salts, repeats):
     """The key-level LRU (hand-over to blocks on the first duplicate) and the block-level pool, alone."""
-    from cachectl.engines.prefix import SequentialVllmPool, block_keys
-    from cachectl.engines.prefix_lru import LruKeyPool
+    from cachectl.engines.prefix.lru import LruKeyPool
+    from cachectl.engines.prefix.pools import SequentialVllmPool
+    from cachectl.engines.prefix.trace import block_keys
 
     if repeats:   # whole repeats: block-aligned ones recompute a cached last block (duplicates, hand-over)
         trace = [t if i == 0 or i % 3 else list(trace[i // 2]) for i, t in enumerate(trace)]

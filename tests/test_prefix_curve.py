@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
-from cachectl.engines.prefix import TraceRequest, simulate
-from cachectl.engines.prefix_curve import (
+from cachectl.engines.prefix.curve import (
     capacity_curve,
     curve_capacities,
     key_trace,
@@ -17,6 +16,8 @@ from cachectl.engines.prefix_curve import (
     optimal_hits,
     resolve_warmup,
 )
+from cachectl.engines.prefix.replay import simulate
+from cachectl.engines.prefix.trace import TraceRequest
 from cachectl.errors import UsageError
 
 from .reference_prefix import NaiveVllm
@@ -306,7 +307,7 @@ def test_cli_generation_prompt_is_added_to_chat_requests(cli, write, tok):
 def test_cli_capacity_gib_with_a_catalog_model(cli, write):
     import json
 
-    from cachectl.engines.kvmath import blocks_for_memory, kv_shape, resolve_model
+    from cachectl.engines.kv.config import blocks_for_memory, kv_shape, resolve_model
 
     path = _trace(write, [{"tokens": list(range(32))}])
     r = cli("simulate-prefix", path, "--capacity-gib", "1", "--model", "llama-3.1-8b", "-f", "json")
@@ -403,7 +404,7 @@ def test_duplicate_blocks_are_followed_without_replay():
 
 
 def test_unchained_hash_ids_fall_back_to_replays():
-    from cachectl.engines.prefix_curve import _stack_pass
+    from cachectl.engines.prefix.curve import _stack_pass
 
     rs = [TraceRequest(index=i, line=i + 1, prompt_tokens=1536, hash_ids=ids, hash_block_size=512)
           for i, ids in enumerate([[1, 2, 3], [9, 2, 3], [1, 2, 3]])]

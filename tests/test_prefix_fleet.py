@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachectl.engines.prefix import TraceRequest, iter_trace, simulate, trace_records
-from cachectl.engines.prefix_fleet import ROUTERS, CacheAwareParams, HashRing, route, simulate_fleet
+from cachectl.engines.prefix.fleet import ROUTERS, CacheAwareParams, HashRing, route, simulate_fleet
+from cachectl.engines.prefix.replay import simulate
+from cachectl.engines.prefix.trace import TraceRequest, iter_trace, trace_records
 from cachectl.errors import InputError
 
 from .conftest import FIXTURES
@@ -268,7 +269,7 @@ TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "nu
 
 
 def test_hits_worth_by_hand():
-    from cachectl.engines.prefix_value import hits_worth
+    from cachectl.engines.prefix.value import hits_worth
 
     # 10 requests hitting 100 tokens each
     w = hits_worth(1000, hit_square_sum=10 * 100 ** 2, config=TINY, model_source="tiny", gpu="H100",

@@ -11,10 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachectl.engines import prefix_read
-from cachectl.engines.prefix import CapacityError, iter_trace, simulate, trace_records
-from cachectl.engines.prefix_curve import capacity_curve, key_trace
-from cachectl.engines.prefix_read import KeyedTrace, can_read_in_parallel
+from cachectl.engines.prefix import read as prefix_read
+from cachectl.engines.prefix.curve import capacity_curve, key_trace
+from cachectl.engines.prefix.pools import CapacityError
+from cachectl.engines.prefix.read import KeyedTrace, can_read_in_parallel
+from cachectl.engines.prefix.replay import simulate
+from cachectl.engines.prefix.trace import iter_trace, trace_records
 from cachectl.errors import CachectlError, InputError
 from cachectl.inputs.files import JsonlChunks
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from cachectl.engines.pricing import PriceTable, Usage, UnknownModelError, cost_usd
-from cachectl.engines.promptcache import audit_usage, parse_duration, simulate_requests, what_if
+from cachectl.engines.provider.prices import PriceTable, Usage, UnknownModelError, cost_usd
+from cachectl.engines.provider.cache import audit_usage, parse_duration, simulate_requests, what_if
 from cachectl.inputs import parse_request, read_json_file
 from cachectl.errors import InputError
 
@@ -295,7 +295,7 @@ def test_what_if_outliving_the_ttl_costs_more(table):
 
 
 def test_what_if_refuses_what_it_cannot_lay_out_in_seconds(table):
-    from cachectl.engines import promptcache
+    from cachectl.engines.provider import cache as promptcache
     from cachectl.errors import UsageError
 
     base = {"table": table, "model": SONNET, "prefix_tokens": 1000, "suffix_tokens": 0, "output_tokens": 0,

@@ -14,6 +14,7 @@ import unicodedata
 import pytest
 
 from cachectl.engines import lint
+from cachectl.engines.lint import templates as lint_templates
 from cachectl.engines.tokendiff import check_stability, diff_tokens
 from cachectl.inputs import prompt_from_value
 from cachectl.tokenization import load_tokenizer, render_chat_template
@@ -75,11 +76,11 @@ def frozen_clock(monkeypatch):
 @pytest.mark.parametrize("name", NAMES)
 def test_lint_renders_what_transformers_renders(tok, name, frozen_clock):
     source = (CORPUS / f"{name}.jinja").read_text(encoding="utf-8")
-    template = lint.sandbox().from_string(source)
+    template = lint_templates.sandbox().from_string(source)
     special = tok.hf.special_tokens_map
     # 1. lint's own sample conversation, in the form lint settled on, every prefix of it
-    what, msgs, tools, renders = lint.chat_sample(name, template, tok)
-    first = lint._first_turn(msgs)
+    what, msgs, tools, renders = lint_templates.chat_sample(name, template, tok)
+    first = lint_templates._first_turn(msgs)
     for j, text in enumerate(renders):
         k = first + j
         expected = tok.hf.apply_chat_template(msgs[:k], tools=tools, chat_template=source, tokenize=False,
@@ -123,11 +124,11 @@ def test_templates_that_needed_transformers_machinery(corpus_report):
                          ("google-gemma-2-2b-it", "raise_exception"),
                          ("NousResearch-Hermes-3-Llama-3.1-8B-tool_use", "for tool in tools")):
         assert needle in (CORPUS / f"{name}.jinja").read_text()
-    template = lint.sandbox().from_string((CORPUS / "google-gemma-2-2b-it.jinja").read_text())
-    what, msgs, _, _ = lint.chat_sample("gemma", template)
+    template = lint_templates.sandbox().from_string((CORPUS / "google-gemma-2-2b-it.jinja").read_text())
+    what, msgs, _, _ = lint_templates.chat_sample("gemma", template)
     assert all(m["role"] != "system" for m in msgs) and "system" in what
-    template = lint.sandbox().from_string((CORPUS / "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja").read_text())
-    what, _, tools, _ = lint.chat_sample("hermes", template)
+    template = lint_templates.sandbox().from_string((CORPUS / "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja").read_text())
+    what, _, tools, _ = lint_templates.chat_sample("hermes", template)
     assert tools and "tools" in what
 
 
@@ -380,8 +381,8 @@ def test_diff_tokens_cli_on_a_real_template(cli, write):
 def test_every_message_is_located_in_the_render(with_template, name):
     """Tokens map to messages through the rendered spans, wherever the template put each message."""
     t = with_template(name)
-    template = lint.sandbox().from_string((CORPUS / f"{name}.jinja").read_text(encoding="utf-8"))
-    _, msgs, tools, _ = lint.chat_sample(name, template, t)
+    template = lint_templates.sandbox().from_string((CORPUS / f"{name}.jinja").read_text(encoding="utf-8"))
+    _, msgs, tools, _ = lint_templates.chat_sample(name, template, t)
     tk = t.tokenize(_p(msgs, tools), add_generation_prompt=True)
     located = set()
     for s in tk.spans:

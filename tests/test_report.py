@@ -9,9 +9,11 @@ import re
 
 import pytest
 
-from cachectl.engines import promptcache, report
-from cachectl.engines.prefix import iter_trace, simulate
-from cachectl.engines.pricing import PriceTable
+from cachectl.engines.prefix.replay import simulate
+from cachectl.engines.prefix.trace import iter_trace
+from cachectl.engines.provider import cache as promptcache
+from cachectl.engines.provider.prices import PriceTable
+from cachectl.engines.repair import report
 from cachectl.engines.tokendiff import LogSummary, diff_log
 from cachectl.inputs import iter_log, read_requests
 
@@ -92,7 +94,7 @@ def test_worst_pair_shows_the_tokens_around_the_divergence(built):
 def test_before_after_is_fix_engines_own_and_adds_up(tok):
     from dataclasses import replace
 
-    from cachectl.engines import fix
+    from cachectl.engines.repair import fix
     from cachectl.inputs import iter_jsonl
 
     lines = fix.log_lines(iter_jsonl(str(LOG)), source=str(LOG), key="session")

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachectl.engines.pricing import PriceTable
-from cachectl.engines.promptcache import simulate_requests, tokenizer_counter
+from cachectl.engines.provider.cache import simulate_requests, tokenizer_counter
+from cachectl.engines.provider.prices import PriceTable
 from cachectl.errors import InputError
 from cachectl.inputs import Locator, parse_request, read_request_document, read_requests
 from cachectl.inputs.jsonpos import value_offsets

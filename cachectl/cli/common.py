@@ -119,7 +119,7 @@ WindowOpt = Annotated[str, typer.Option(
 
 
 def parse_window(text: str) -> float:
-    from ..engines.promptcache import parse_duration
+    from ..engines.provider.cache import parse_duration
 
     try:
         return parse_duration(text)
@@ -156,7 +156,7 @@ class KvCapacity:
             if model is None:
                 raise UsageError(f"--capacity-gib needs {model_flag} (a catalog name, HF id, model directory or "
                                  "config.json)")
-            from ..engines.kvmath import kv_shape, resolve_model
+            from ..engines.kv.config import kv_shape, resolve_model
 
             config, self.source, _ = resolve_model(model)
             self.bytes_per_token = kv_shape(config, dtype, self.source).bytes_per_token
@@ -166,7 +166,7 @@ class KvCapacity:
 
     def blocks(self, bs: int) -> Optional[int]:
         if self.bytes_per_token is not None and self.capacity_gib is not None:
-            from ..engines.kvmath import blocks_for_memory
+            from ..engines.kv.config import blocks_for_memory
 
             blocks = blocks_for_memory(self.capacity_gib, self.bytes_per_token, bs)
             if blocks < 1:
@@ -276,7 +276,7 @@ def _write_bytes(data: bytes) -> None:
 
 def check_price_model(table: Any, model: str | None) -> None:
     """Refuse an unknown --model before any work, pointing at the one command that lists the price table."""
-    from ..engines.pricing import UnknownModelError
+    from ..engines.provider.prices import UnknownModelError
 
     if model is None:
         return

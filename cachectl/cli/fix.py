@@ -30,7 +30,7 @@ from .common import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..engines.fix import FixReport, Measure
+    from ..engines.repair.fix import FixReport, Measure
 
 HELP = """Rewrite logged requests so that their cacheable prefix is stable, and measure what that is worth.
 
@@ -85,8 +85,8 @@ def command(
                                        "logs).")] = False,
     fmt: FormatOpt = Format.text,
 ) -> None:
-    from ..engines import fix
-    from ..engines.pricing import PriceTable
+    from ..engines.provider.prices import PriceTable
+    from ..engines.repair import fix
     from ..inputs import display_name, iter_raw_lines, parse_jsonl_line, read_json_file
 
     if diff and out:

@@ -99,7 +99,7 @@ def command(
     list_models: Annotated[bool, typer.Option("--list-models", help="Show the model catalog and the GPU table.")] = False,
     fmt: FormatOpt = Format.text,
 ) -> None:
-    from ..engines import kvmath
+    from ..engines.kv import config as kvmath
 
     if list_models:
         _render_catalog(kvmath, fmt)
@@ -121,13 +121,13 @@ def command(
     default = "fp32" if random_weights and live_modes else "bf16"
     report = static(dtype.value if dtype else default, dtype.value if dtype else default)
     if random_weights and live_modes:
-        from ..engines import kvlive
+        from ..engines.kv import live as kvlive
 
         kvlive.check_random_weights_memory(config, (entry or {}).get("params"))
     if run or quantized:
         import dataclasses
 
-        from ..engines import kvlive
+        from ..engines.kv import live as kvlive
 
         ids = _prompt_ids(model, tokenizer, prompt, messages)
         if run:
@@ -143,7 +143,7 @@ def command(
     if turns is not None or shared_prefix is not None:
         import dataclasses
 
-        from ..engines import kvlive
+        from ..engines.kv import live as kvlive
         from ..tokenization import load_tokenizer
 
         tok = load_tokenizer(_tokenizer_spec(model, tokenizer, "--turns and --shared-prefix"))

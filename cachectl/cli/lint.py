@@ -61,13 +61,14 @@ def command(
     diff: Annotated[bool, typer.Option("--diff", help="Print the diff of the safe fixes without writing them "
                                                       "(exit 1 when there is something to fix).")] = False,
 ) -> None:
-    from ..engines import lint, lint_output
+    from ..engines import lint
+    from ..engines.lint import output as lint_output
 
     cfg = lint.load_config(config, select=(select or "").split(",") if select else (),
                            ignore=(ignore or "").split(",") if ignore else (), model=model)
     min_tokens = None
     if cfg.model:
-        from ..engines.pricing import PriceTable, UnknownModelError
+        from ..engines.provider.prices import PriceTable, UnknownModelError
 
         try:
             min_tokens = PriceTable.load().lookup(cfg.model).min_cacheable_tokens
@@ -83,7 +84,7 @@ def command(
     if not paths:
         raise UsageError("lint needs at least one PATH")
     if fix or diff:
-        from ..engines import lint_fix
+        from ..engines.lint import fix as lint_fix
 
         fixes = lint_fix.fix_paths(paths, cfg)
         patch = "".join(f.diff() for f in fixes.files)

@@ -46,8 +46,8 @@ def command(
     ttl: Annotated[Ttl, typer.Option("--ttl", help="What-if: cache TTL of the prefix breakpoint.")] = Ttl.m5,
     fmt: FormatOpt = Format.text,
 ) -> None:
-    from ..engines import promptcache
-    from ..engines.pricing import PriceTable
+    from ..engines.provider import cache as promptcache
+    from ..engines.provider.prices import PriceTable
     from ..inputs import read_json_file
 
     table = PriceTable.load(read_json_file(prices) if prices else None)

@@ -43,7 +43,7 @@ its conversation, 1 when prefix tokens were lost, 2 on bad input.
 def _trace_records(path: str) -> Iterator[tuple]:
     """simulate-prefix's trace records, with ISO 8601 timestamps read as seconds (gateway logs write them) and bare
     chat lists as ``{"messages": [...]}`` (diff-tokens' logs are often those)."""
-    from ..engines.prefix import trace_records
+    from ..engines.prefix.trace import trace_records
     from ..inputs import display_name
     from ..inputs.request import parse_timestamp
 
@@ -81,9 +81,10 @@ def command(
 ) -> None:
     from dataclasses import replace
 
-    from ..engines import fix, promptcache, report
-    from ..engines.prefix import iter_trace
-    from ..engines.pricing import PriceTable
+    from ..engines.prefix.trace import iter_trace
+    from ..engines.provider import cache as promptcache
+    from ..engines.provider.prices import PriceTable
+    from ..engines.repair import fix, report
     from ..inputs import LogRecord, display_name, iter_jsonl, read_requests
     from ..tokenization import load_tokenizer
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from html import escape
 
-from ..engines.report import BeforeAfter, CurveSection, LogReport, PairView, cause_label
+from ..engines.repair.report import BeforeAfter, CurveSection, LogReport, PairView, cause_label
 
 CSS = """
 :root { --ink:#1d2330; --muted:#5d6677; --line:#e3e6ec; --bg:#f6f7f9; --card:#fff; --accent:#2f6fde;

@@ -21,7 +21,7 @@ def write_partitions(*, read, name: str, directory: str, replicas: Optional[int]
                      block_size: int, hash_block_size: int, seed: int, prefix_blocks: int, session_fields: tuple,
                      fmt: Format) -> None:
     """Route the trace once, as it streams, and write one Parquet partition per replica (and a manifest)."""
-    from ..engines.prefix_fleet import RING_VNODES, STATELESS_ROUTERS, stateless_router
+    from ..engines.prefix.fleet import RING_VNODES, STATELESS_ROUTERS, stateless_router
     from ..inputs.parquet import PartitionWriter
 
     if router is None or replicas is None:
@@ -65,8 +65,8 @@ def run_fleet(*, read, name: str, replicas: Optional[int], router: Optional[str]
               value: Optional[dict], plot: Optional[str], fmt: Format, session_fields: tuple = (),
               partitions: Optional[tuple[list[str], dict]] = None, ray: bool = False,
               ray_address: Optional[str] = None) -> None:
-    from ..engines import prefix_curve
-    from ..engines.prefix_fleet import ROUTERS, SESSION_FIELDS, simulate_fleet, simulate_partitions
+    from ..engines.prefix import curve as prefix_curve
+    from ..engines.prefix.fleet import ROUTERS, SESSION_FIELDS, simulate_fleet, simulate_partitions
 
     routers = list(ROUTERS) if router == "all" else [router or "round-robin"]
     if routers[0] not in ROUTERS:
@@ -87,7 +87,7 @@ def run_fleet(*, read, name: str, replicas: Optional[int], router: Optional[str]
             raise UsageError(f"--cpu-offload-gib must be positive, got {cpu_offload_gib}")
         if bytes_per_token is None:
             raise UsageError("--cpu-offload-gib needs --model (KV bytes per token)")
-        from ..engines.kvmath import blocks_for_memory
+        from ..engines.kv.config import blocks_for_memory
 
         cpu_offload_blocks = blocks_for_memory(cpu_offload_gib, bytes_per_token, block_size)
         if cpu_offload_blocks < 1:
@@ -126,7 +126,7 @@ def _finish(report, link: str, link_gbps: float, value: Optional[dict], plot: Op
             table: dict) -> None:
     worth = None
     if value is not None:
-        from ..engines.prefix_value import hits_worth
+        from ..engines.prefix.value import hits_worth
 
         worth = {r.router: dataclasses.asdict(hits_worth(r.hit_tokens, hit_square_sum=r.hit_square_sum, **value))
                  for r in report.results}

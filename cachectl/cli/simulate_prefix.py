@@ -159,7 +159,9 @@ def command(
                                                        help="With --ray: the cluster to connect to.")] = None,
     fmt: FormatOpt = Format.text,
 ) -> None:
-    from ..engines import prefix
+    from ..engines.prefix.pools import CapacityError
+    from ..engines.prefix.replay import MAX_BLOCK_SIZE, MAX_CAPACITY_BLOCKS, SCHEMA_VERSION, simulate
+    from ..engines.prefix.trace import iter_trace, trace_records
 
     policy_name, hash_name = policy.value, hash_fn.value
     kv_capacity = KvCapacity(capacity_blocks, capacity_gib, model, dtype.value, block_size)
@@ -183,7 +185,7 @@ def command(
             "add_generation_prompt": not no_generation_prompt, "session_fields": session_fields}
         columnar = parquet.is_parquet(trace)
         requests: Any
-        from ..engines import prefix_read
+        from ..engines.prefix import read as prefix_read
 
         jobs = read_jobs or prefix_read.default_jobs()
         if keyed_at is not None and tok is None and not columnar and prefix_read.can_read_in_parallel(trace, jobs):
@@ -197,8 +199,8 @@ def command(
                 records = parquet.parquet_records(trace, parquet.trace_columns(salt_field, tenant_field,
                                                                                *session_fields))
             else:
-                records = prefix.trace_records(trace)
-            requests = prefix.iter_trace(records, source=name, tokenizer=tok, **trace_opts)
+                records = trace_records(trace)
+            requests = iter_trace(records, source=name, tokenizer=tok, **trace_opts)
             if columnar:
                 requests = parquet.located_rows(requests, name)
         try:
@@ -211,7 +213,7 @@ def command(
                 requests.close()
 
     def run(requests, bs: int, cap: Optional[int], keep_rows: bool, skip: int):
-        return prefix.simulate(requests, policy=policy_name, block_size=bs, capacity_blocks=cap, hash_fn=hash_name,
+        return simulate(requests, policy=policy_name, block_size=bs, capacity_blocks=cap, hash_fn=hash_name,
                                concurrency=concurrency, decode_s_per_token=decode_ms / 1000.0,
                                chunk_size=chunk_size, recompute_ratio=recompute_ratio, per_request=keep_rows,
                                source=name, warmup=skip)
@@ -251,7 +253,7 @@ def command(
         if sweep_block_size or sweep_capacity or curve or optimal or per_request or plot:
             raise UsageError("--partition-dir writes partitions and replays nothing: drop --sweep-*, --curve, "
                              "--optimal, --per-request and --plot")
-        from ..engines.prefix_fleet import SESSION_FIELDS
+        from ..engines.prefix.fleet import SESSION_FIELDS
         from .simulate_fleet import write_partitions
 
         fields = (session_field,) if session_field else SESSION_FIELDS
@@ -266,12 +268,12 @@ def command(
         if sweep_block_size or sweep_capacity or curve or optimal or per_request:
             raise UsageError("--replicas/--router/--cpu-offload-* replay one capacity: drop --sweep-*, --curve, "
                              "--optimal and --per-request")
-        from ..engines.prefix_fleet import SESSION_FIELDS, CacheAwareParams
+        from ..engines.prefix.fleet import SESSION_FIELDS, CacheAwareParams
         from .simulate_fleet import parse_value, run_fleet
 
         model_config, fleet_bpt, gpu_capacity = None, bytes_per_token, capacity_for(block_size)
         if model is not None:
-            from ..engines.kvmath import kv_shape, resolve_model
+            from ..engines.kv.config import kv_shape, resolve_model
 
             config, msource, _ = resolve_model(model)
             model_config = (config, msource)
@@ -293,8 +295,8 @@ def command(
         raise typer.Exit(EXIT_OK)
     if gpu is not None or gpu_hour_usd is not None:
         raise UsageError("--gpu/--gpu-hour-usd price the hits of a fleet run: add --replicas N (1 for one server)")
-    sizes = _ints(sweep_block_size, "--sweep-block-size", prefix.MAX_BLOCK_SIZE) or [block_size]
-    caps = _ints(sweep_capacity, "--sweep-capacity", prefix.MAX_CAPACITY_BLOCKS)
+    sizes = _ints(sweep_block_size, "--sweep-block-size", MAX_BLOCK_SIZE) or [block_size]
+    caps = _ints(sweep_capacity, "--sweep-capacity", MAX_CAPACITY_BLOCKS)
     if curve and caps:
         raise UsageError("--curve picks the capacities itself: drop --sweep-capacity (or --curve)")
     if (curve or optimal) and policy_name != "vllm":
@@ -311,7 +313,7 @@ def command(
                 report = run(requests, bs, cap, per_request, _resolve_warmup(warm, len(requests)))
             else:
                 report = run(largest, bs, cap, per_request, int(warm or 0))
-        except prefix.CapacityError as exc:
+        except CapacityError as exc:
             if policy_name != "vllm" or cap is None:
                 raise
             largest.drain()                        # read on: the true minimum is the largest request's
@@ -331,7 +333,7 @@ def command(
         raise UsageError("--per-request lists one replay: drop it from sweeps")
     skip = 0
     if policy_name == "vllm":
-        from ..engines import prefix_curve
+        from ..engines.prefix import curve as prefix_curve
 
         keyed = prefix_curve.key_trace(read("reading and keying", keyed_at=sizes[0] if len(sizes) == 1 else None),
                                        sizes, hash_fn=hash_name, source=name)
@@ -367,7 +369,7 @@ def command(
                              "capacity_tokens": None if cap is None else cap * bs, "fits": True,
                              "requests": r.requests, "query_tokens": r.query_tokens, "hit_tokens": r.hit_tokens,
                              "hit_rate": r.hit_rate, "evicted_blocks": r.evicted_blocks})
-    result = {"schema_version": prefix.SCHEMA_VERSION, "policy": policy_name, "mode": "curve" if curve else "sweep",
+    result = {"schema_version": SCHEMA_VERSION, "policy": policy_name, "mode": "curve" if curve else "sweep",
               "chat_generation_prompt": tok.used if tok else None, "curves": curves, "sweep": runs}
     if plot:
         _plot(runs, plot, policy_name, curves)
@@ -470,7 +472,7 @@ def _warmup(text: Optional[str]):
 
 
 def _resolve_warmup(warm, n: int) -> int:
-    from ..engines.prefix_curve import resolve_warmup
+    from ..engines.prefix.curve import resolve_warmup
 
     return resolve_warmup(warm, n)
 

@@ -214,7 +214,7 @@ class PartitionWriter:
         self._batch = batch_rows
 
     def add(self, replica: int, req: Any) -> None:
-        """``req``: a :class:`cachectl.engines.prefix.TraceRequest` (token IDs or hash_ids)."""
+        """``req``: a :class:`cachectl.engines.prefix.trace.TraceRequest` (token IDs or hash_ids)."""
         if req.segments is not None:
             raise UsageError("partitions keep token IDs or hash_ids, not chunk segments")
         self._rows[replica].append({
@@ -300,7 +300,7 @@ def read_manifest(directory: str) -> dict:
 
 def partition_rows(path: str) -> Iterator[dict]:
     """The requests of one partition file, in their routed order, as the keyword arguments of a
-    :class:`cachectl.engines.prefix.TraceRequest` (read a batch at a time)."""
+    :class:`cachectl.engines.prefix.trace.TraceRequest` (read a batch at a time)."""
     pa, pf = _open(path)
     names = ("index", "line", "prompt_tokens", "tokens", "hash_ids", "salt_json", "tenant_json", "session_json",
              "timestamp", "output_tokens", "unsalted", "no_tenant")

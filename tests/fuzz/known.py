@@ -11,10 +11,10 @@ import fnmatch
 import re
 
 INPUTS = "inputs rewrite (cachectl/inputs.py)"
-PROMPTCACHE = "promptcache rewrite (cachectl/engines/promptcache.py)"
+PROMPTCACHE = "promptcache rewrite (cachectl/engines/provider/cache.py)"
 KV_CLI = "issue 12 (cachectl/cli/kv_inspect.py)"
-TEMPLATES = "issue 11 (template lint in cachectl/engines/lint.py)"
-LINT_BODIES = "lint body reading (lead: lint_paths and the body rules in cachectl/engines/lint.py)"
+TEMPLATES = "issue 11 (template lint in cachectl/engines/lint/)"
+LINT_BODIES = "lint body reading (lead: lint_paths and the body rules in cachectl/engines/lint/)"
 
 #: (target glob, regex on the violation, owner and reason)
 KNOWN: list[tuple[str, str, str]] = [

@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..errors import InputError, UsageError
+from ...errors import InputError, UsageError
 
 SCHEMA_VERSION = 1
 DTYPE_BYTES = {"fp32": 4.0, "float32": 4.0, "bf16": 2.0, "bfloat16": 2.0, "fp16": 2.0, "float16": 2.0,
@@ -77,7 +77,7 @@ def load_config(path: str) -> tuple[dict, str]:
         p = p / "config.json"
     if not p.is_file():
         raise InputError("no such model config (pass a model directory or its config.json)", source=str(path))
-    from ..inputs import parse_json_document, read_text
+    from ...inputs import parse_json_document, read_text
 
     config = parse_json_document(*read_text(str(p)))
     if not isinstance(config, dict):
@@ -554,14 +554,11 @@ def resolve_model(spec: str) -> tuple[dict, str, dict | None]:
 
     close = difflib.get_close_matches(key, list(models), n=3, cutoff=0.5)
     hint = f"close catalog names: {', '.join(close)}; " if close else f"catalog: {', '.join(models)}; "
-    from .pricing import PriceTable, UnknownModelError
+    from ..names import is_price_model
 
-    try:
-        PriceTable.load().lookup(spec)
+    if is_price_model(spec):
         hint = (f"{spec!r} is a provider model of the price table (prompt-cost and lint take it as --model), while "
                 f"this needs a model architecture; {hint}")
-    except UnknownModelError:
-        pass
     raise UsageError(f"model {spec!r} is not a local path, a catalog name or a Hugging Face id in the local cache "
                      f"({hint}cachectl never downloads: pass a model directory, its config.json or a .gguf)")
 

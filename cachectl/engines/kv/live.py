@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError, UsageError
-from . import kvmath
+from ...errors import InputError, UsageError
+from . import config as kvmath
 
 _TORCH_DTYPES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
 
@@ -249,7 +249,7 @@ def run_turns(spec: str, config: dict, tokenizer: Any, conversation: Any, *, ran
     import torch
     from transformers import DynamicCache
 
-    from .tokendiff import common_prefix_length
+    from ..tokendiff import common_prefix_length
 
     if not conversation.is_chat:
         raise UsageError("--turns needs a conversation (a chat message list or a request body)")
@@ -354,8 +354,8 @@ def run_shared_prefix(spec: str, config: dict, tokenizer: Any, prefix: str, ques
 
     from transformers import DynamicCache, StaticCache
 
-    from ..inputs import PromptInput
-    from .tokendiff import common_prefix_length
+    from ...inputs import PromptInput
+    from ..tokendiff import common_prefix_length
 
     if cache_kind not in ("dynamic", "static"):
         raise UsageError("--cache must be dynamic or static")

@@ -16,8 +16,9 @@ import functools
 import re
 from collections.abc import Callable, Mapping
 
-from ..inputs.request import Position, Request
-from ..volatile import find_volatile
+from ...inputs.request import Position, Request
+from ...volatile import find_volatile
+from .rules import RULES, VOLATILE_NAME, Finding, LintConfig, filter_findings
 
 OPENAI_MIN = 1024
 _TEMPLATE_VAR = re.compile(r"\{\{\s*([A-Za-z_][\w.]*)\s*\}\}|\$\{([A-Za-z_]\w*)\}")
@@ -25,7 +26,7 @@ _TEMPLATE_VAR = re.compile(r"\{\{\s*([A-Za-z_][\w.]*)\s*\}\}|\$\{([A-Za-z_]\w*)\
 
 @functools.cache
 def _prices():
-    from .pricing import PriceTable
+    from ..provider.prices import PriceTable
 
     return PriceTable.load()
 
@@ -34,7 +35,7 @@ def minimum_for(model: str | None) -> int | None:
     """The model's minimum cacheable prompt, from the shipped price table; None for unknown models."""
     if not model:
         return None
-    from .pricing import UnknownModelError
+    from ..provider.prices import UnknownModelError
 
     try:
         return _prices().lookup(model).min_cacheable_tokens
@@ -136,3 +137,24 @@ def lint_request(req: Request, *, rules: Mapping, make: Callable, min_tokens: in
                    "if that value changes per request, nothing is ever cached"),
                 None if proven else "warning")
     return out
+
+
+# ------------------------------------------------------------------------------------- request bodies
+
+
+def lint_body(path: str, req: Request, config: LintConfig, min_tokens: int | None,
+              count: Callable[[str], int], volatile: dict[str, str] | None = None,
+              at: tuple[int, int] | None = None) -> list[Finding]:
+    """Cache rules on a canonical request (:func:`lint_request`): breakpoint count, minimum
+    length (``min_tokens``, else the body's own model), volatile content before or under a breakpoint,
+    no marker at all, volatile content in OpenAI's automatically cached prefix.
+
+    ``volatile`` maps position paths to what changes in them (a templated body rendered twice); ``at``
+    pins every finding to one position (the template line that rendered the body).
+    """
+    def make(rule: str, severity: str, pos: tuple[int, int], message: str) -> Finding:
+        return Finding(rule, severity, path, pos[0], pos[1], message, RULES[rule].fix)
+
+    found = lint_request(req, rules=RULES, make=make, min_tokens=min_tokens, count=count, changed=volatile, at=at,
+                         volatile_name=VOLATILE_NAME)
+    return filter_findings(found, "", config)

@@ -22,18 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import CachectlError, InputError
-from .lint import (
-    TEMPLATE_SUFFIXES,
-    Finding,
-    LintConfig,
-    _candidates,
-    _filter,
-    _tool_schema_findings,
-    kind_name,
-    parse_template,
-    sandbox,
-)
+from ...errors import CachectlError, InputError
+from .rules import Finding, LintConfig, filter_findings
+from .run import TEMPLATE_SUFFIXES, _candidates, kind_name
+from .templates import _tool_schema_findings, parse_template, sandbox
 
 #: rules whose findings have a mechanical template fix
 FIXABLE = frozenset({"CC006"})
@@ -144,7 +136,7 @@ def _cc006_lines(env, source: str, path: str, config: LintConfig) -> list[Findin
         found.append(Finding(rule, "warning", path, line, column, message))
 
     _tool_schema_findings(ast, lines, add)
-    return _filter(found, source, config)
+    return filter_findings(found, source, config)
 
 
 def _count_on(findings: list[Finding], line: int) -> int:
@@ -202,7 +194,7 @@ def _line_starts(text: str) -> list[int]:
 def _fix_tokenizer_config(path: str, text: str, config: LintConfig) -> tuple[str, list[Edit]]:
     """A tokenizer_config.json's string ``chat_template``, fixed where its JSON string literal stands (the rest of
     the file is left byte for byte)."""
-    from ..inputs import parse_json_document
+    from ...inputs import parse_json_document
 
     doc = parse_json_document(text, path)
     if not isinstance(doc, dict) or not isinstance(doc.get("chat_template"), str):
@@ -230,8 +222,8 @@ def fix_paths(paths: Sequence[str], config: LintConfig) -> FixResult:
     (``--diff``). A file that cannot be read or parsed is listed in ``errors`` and left alone; lint reports
     it the same way.
     """
-    from ..inputs import decode_text, read_bytes
-    from ..inputs.files import compression
+    from ...inputs import decode_text, read_bytes
+    from ...inputs.files import compression
 
     out: list[FileFix] = []
     errors: list[str] = []

@@ -5,7 +5,7 @@ Built here, in the library, so that other tools can emit them; the CLI only prin
 
 from __future__ import annotations
 
-from .lint import RULES, FileError, Finding, LintReport
+from .rules import RULES, FileError, Finding, LintReport
 
 
 def to_sarif(report: LintReport, version: str) -> dict:

@@ -1,4 +1,4 @@
-"""Lint prompt templates and request bodies for patterns that break prefix and prompt caches.
+"""Template rules: lint a Jinja prompt or chat template for patterns that break prefix and prompt caches.
 
 Static rules read the template source (Jinja AST) or the request body; the dynamic rule renders a
 template twice in a sandbox, with the volatile values changed and everything else fixed, and diffs the
@@ -9,248 +9,16 @@ only in jinja2's immutable sandbox; reaching for Python internals is refused.
 
 from __future__ import annotations
 
-import fnmatch
 import re
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
-from ..errors import CachectlError, InputError, UsageError
+from ...errors import InputError
+from .body import lint_body
+from .rules import RULES, VOLATILE_CALLS, VOLATILE_NAME, Finding, LintConfig, filter_findings
 
 if TYPE_CHECKING:
-    from ..inputs import Request
-
-SCHEMA_VERSION = 1
-
-
-@dataclass(frozen=True)
-class Rule:
-    id: str
-    name: str
-    severity: str          # error | warning
-    summary: str
-    fix: str
-    #: "safe": the fix leaves what the model reads unchanged (it moves a breakpoint, fixes serialization);
-    #: "unsafe": the fix changes the prompt text the model sees (reordered content, a pinned date)
-    fix_safety: str = "unsafe"
-
-
-RULES: dict[str, Rule] = {r.id: r for r in (
-    Rule("CC001", "volatile-before-stable-content", "error",
-         "A value that changes per request sits before stable content, which can then never be cached.",
-         "Move per-request values (dates, ids, names) after the stable content: the end of the prompt.",
-         fix_safety="unsafe"),
-    Rule("CC002", "volatile-before-breakpoint", "error",
-         "Content that changes per request sits at or before a cache_control breakpoint, so the breakpoint is "
-         "never read.",
-         "Put cache_control on the last stable block, after which the per-request content starts.",
-         fix_safety="safe"),
-    Rule("CC003", "template-injects-time", "error",
-         "The template reads the clock while rendering (strftime_now, now()), or renders a date variable that has "
-         "no constant default, so the caller must pass a date in every request.",
-         "Pass the date explicitly and pin it (per day at most), or give the variable a constant default, or "
-         "leave it out of the cached prefix.",
-         fix_safety="unsafe"),
-    Rule("CC004", "too-many-breakpoints", "error",
-         "More than 4 cache_control breakpoints: the API rejects the request.",
-         "Keep at most 4 breakpoints (top-level automatic caching uses one).",
-         fix_safety="safe"),
-    Rule("CC005", "breakpoint-below-minimum", "warning",
-         "A breakpoint closes a prefix shorter than the model's minimum cacheable length: nothing is cached, "
-         "silently.",
-         "Move the breakpoint later, or drop it.",
-         fix_safety="safe"),
-    Rule("CC006", "tools-unsorted-json", "warning",
-         "Tool schemas are serialized with tojson without sort_keys: their key order follows the caller's dicts, "
-         "and a reordered schema misses the cache (tool calls in the history are the model's own output and are "
-         "not flagged).",
-         "Use tojson(sort_keys=true) for tools, or serialize them deterministically before rendering.",
-         fix_safety="safe"),
-    Rule("CC007", "template-rewrites-history", "error",
-         "The chat template renders earlier turns differently once a new turn is added, so each request's prefix "
-         "differs from the previous request's.",
-         "Keep history rendering append-only (do not strip reasoning or rewrite earlier messages).",
-         fix_safety="unsafe"),
-    Rule("CC008", "breakpoint-on-volatile-block", "error",
-         "cache_control is on a block whose own content changes per request: the entry is written and never read.",
-         "Put cache_control on a stable block before it.",
-         fix_safety="safe"),
-    Rule("CC009", "no-cache-marker", "warning",
-         "A long Anthropic prompt has no cache_control at all: nothing is cached, every request pays full price.",
-         "Add cache_control to the last stable block, or a top-level cache_control for automatic caching.",
-         fix_safety="safe"),
-    Rule("CC010", "volatile-in-openai-prefix", "error",
-         "A value that changes per request sits inside the first 1,024 tokens of an OpenAI request (tools, "
-         "schema, system): automatic caching starts at 1,024 shared tokens, so nothing is cached.",
-         "Move per-request values to the end of the request, after the stable instructions.",
-         fix_safety="unsafe"),
-)}
-
-VOLATILE_NAME = re.compile(
-    r"(^|_)(now|today|date|datetime|time|timestamp|ts|clock|uuid|guid|nonce|random|rand|request_?id|req_?id|"
-    r"trace_?id|span_?id|session_?id|session|user_?id|user_?name|username|customer|email|ip)(_|$)", re.I)
-VOLATILE_CALLS = {"now", "strftime_now", "utcnow", "today", "uuid4", "uuid", "random", "time"}
-
-
-@dataclass(frozen=True)
-class Finding:
-    rule: str
-    severity: str
-    path: str
-    line: int
-    column: int
-    message: str
-    fix: str = ""
-    #: "safe" or "unsafe" (see Rule.fix_safety); empty: the rule's own
-    fix_safety: str = ""
-
-    @property
-    def safety(self) -> str:
-        return self.fix_safety or (RULES[self.rule].fix_safety if self.rule in RULES else "unsafe")
-
-    def to_dict(self) -> dict:
-        return {"rule": self.rule, "severity": self.severity, "path": self.path, "line": self.line,
-                "column": self.column, "message": self.message, "fix": self.fix, "fix_safety": self.safety}
-
-
-@dataclass(frozen=True)
-class FileError:
-    """A file that could not be checked (unreadable, invalid, refused by the sandbox, unrenderable)."""
-
-    path: str
-    line: int | None
-    message: str
-    #: "file": a file that could not be checked; "path": a PATH argument that is missing or holds no lintable file
-    kind: str = "file"
-
-    def describe(self) -> str:
-        message = " ".join(self.message.split())  # one line, whatever the message quotes
-        return f"{self.path}:{self.line}: {message}" if self.line else f"{self.path}: {message}"
-
-    def to_dict(self) -> dict:
-        return {"path": self.path, "line": self.line, "message": self.message, "kind": self.kind}
-
-
-@dataclass(frozen=True, kw_only=True)
-class LintReport:
-    schema_version: int = SCHEMA_VERSION
-    files: int
-    findings: tuple[Finding, ...]
-    errors: tuple[FileError, ...] = ()
-    rules: tuple[Rule, ...] = field(default_factory=lambda: tuple(RULES.values()))
-
-    @property
-    def checked(self) -> int:
-        """Files checked to the end (``files`` counts those that could not be checked too)."""
-        return self.files - sum(e.kind == "file" for e in self.errors)
-
-    @property
-    def exit_code(self) -> int:
-        """The worst outcome: 2 when a file could not be checked, 1 with findings, else 0."""
-        return 2 if self.errors else 1 if self.findings else 0
-
-    def to_dict(self) -> dict:
-        return {"schema_version": self.schema_version, "files": self.files,
-                "findings": [f.to_dict() for f in self.findings], "errors": [e.to_dict() for e in self.errors]}
-
-
-# --------------------------------------------------------------------------------------------- config
-
-
-@dataclass(frozen=True)
-class LintConfig:
-    select: frozenset[str] = frozenset(RULES)
-    per_file_ignores: tuple[tuple[str, frozenset[str]], ...] = ()
-    model: str | None = None
-    tail_tokens: int = 64          # stable tokens after a volatile value that make it a finding
-    source: str | None = None      # the pyproject.toml read, for errors about its values
-
-    def enabled(self, rule: str, path: str) -> bool:
-        if rule not in self.select:
-            return False
-        return not any(rule in ids and (fnmatch.fnmatch(path, pat) or fnmatch.fnmatch(Path(path).name, pat))
-                       for pat, ids in self.per_file_ignores)
-
-
-def _rule_ids(values: Iterable[str], where: str) -> frozenset[str]:
-    out = set()
-    for v in values:
-        v = str(v).strip().upper()
-        if not v:
-            continue
-        if v not in RULES:
-            raise UsageError(f"{where}: unknown rule id {v!r} (known: {', '.join(RULES)})")
-        out.add(v)
-    return frozenset(out)
-
-
-def load_config(pyproject: str | None, *, select: Sequence[str] = (), ignore: Sequence[str] = (),
-                model: str | None = None) -> LintConfig:
-    """``[tool.cachectl.lint]`` from a pyproject.toml (if given or found), then the command-line options."""
-    table: dict = {}
-    source = pyproject
-    if pyproject is None and Path("pyproject.toml").is_file():
-        source = "pyproject.toml"
-    if source is not None:
-        import tomllib
-
-        try:
-            with open(source, "rb") as fh:
-                data = tomllib.loads(fh.read().decode("utf-8"))
-        except FileNotFoundError:
-            raise InputError("no such file", source=source) from None
-        except OSError as exc:
-            raise InputError(f"cannot read: {exc.strerror or exc}", source=source) from None
-        except UnicodeDecodeError as exc:
-            raise InputError(f"not valid UTF-8 (offset {exc.start})", source=source) from None
-        except tomllib.TOMLDecodeError as exc:
-            raise InputError(f"invalid TOML: {exc}", source=source) from None
-        except RecursionError:
-            raise InputError("invalid TOML: nested too deeply", source=source) from None
-        table = data
-        path = []
-        for key in ("tool", "cachectl", "lint"):
-            path.append(key)
-            table = table.get(key, {})
-            if not isinstance(table, dict):
-                raise InputError(f"expected a table, got {table!r:.60}", source=source, field=".".join(path))
-    where = f"{source} [tool.cachectl.lint]" if source else "options"
-
-    def ids(key: str) -> list:
-        value = table.get(key, [])
-        if isinstance(value, str):
-            value = value.split(",")
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise InputError(f"expected a list of rule ids, got {value!r:.60}", source=source,
-                             field=f"tool.cachectl.lint.{key}")
-        return value
-
-    chosen = _rule_ids(ids("select"), where) or frozenset(RULES)
-    chosen -= _rule_ids(ids("ignore"), where)
-    if select:
-        chosen = _rule_ids(select, "--select")
-    chosen -= _rule_ids(ignore, "--ignore")
-    per_file_table = table.get("per-file-ignores", {})
-    if not isinstance(per_file_table, dict):
-        raise InputError("expected a table of glob = [rule ids]", source=source,
-                         field="tool.cachectl.lint.per-file-ignores")
-    per_file = []
-    for pat, rule_list in per_file_table.items():
-        if isinstance(rule_list, str):
-            rule_list = rule_list.split(",")
-        if not isinstance(rule_list, list) or not all(isinstance(v, str) for v in rule_list):
-            raise InputError(f"expected a list of rule ids, got {rule_list!r:.60}", source=source,
-                             field=f"tool.cachectl.lint.per-file-ignores.{pat}")
-        per_file.append((pat, _rule_ids(rule_list, f"{where} per-file-ignores")))
-    tail = table.get("tail-tokens", 64)
-    if isinstance(tail, bool) or not isinstance(tail, int) or not 1 <= tail <= 1_000_000:
-        raise InputError(f"expected a positive integer up to 1,000,000, got {tail!r:.60}", source=source,
-                         field="tool.cachectl.lint.tail-tokens")
-    cfg_model = table.get("model")
-    if cfg_model is not None and not isinstance(cfg_model, str):
-        raise InputError(f"expected a model name, got {cfg_model!r:.60}", source=source, field="tool.cachectl.lint.model")
-    return LintConfig(select=chosen, per_file_ignores=tuple(per_file), model=model or cfg_model, tail_tokens=tail,
-                      source=source)
+    from ...inputs import Request
 
 
 # ------------------------------------------------------------------------------------------- sandbox
@@ -260,7 +28,7 @@ def sandbox():
     """The environment templates are parsed and rendered in: transformers' own chat-template environment
     (its sandbox, loopcontrols, ``{% generation %}``, ``tojson``, ``raise_exception``, ``strftime_now``),
     in an overlay that refuses sandbox escapes instead of rendering them as undefined."""
-    from ..tokenization import template_environment
+    from ...tokenization import template_environment
 
     return template_environment()
 
@@ -308,7 +76,7 @@ def _tokenizer_fn(tokenizer: Any) -> Callable[[str], list]:
 
 
 def _common_suffix(a: Sequence, b: Sequence, limit: int) -> int:
-    from .tokendiff import common_prefix_length
+    from ..tokendiff import common_prefix_length
 
     n = min(len(a), len(b)) - limit
     if n <= 0:
@@ -325,15 +93,6 @@ def _col(source_lines: list[str], line: int, needle: str) -> int:
         return i + 1 if i >= 0 else 1
     return 1
 
-
-def _ignored_lines(source: str) -> dict[int, frozenset[str]]:
-    out: dict[int, frozenset[str]] = {}
-    for i, text in enumerate(source.splitlines(), start=1):
-        for m in re.finditer(r"cachectl:\s*ignore\[([A-Za-z0-9,\s]+)\]", text):
-            ids = frozenset(x.strip().upper() for x in m.group(1).split(",") if x.strip())
-            for ln in (i, i + 1):  # the comment's own line and the next one
-                out[ln] = out.get(ln, frozenset()) | ids
-    return out
 
 
 def _sample_values(names: Iterable[str], which: int, sidecar: dict) -> dict:
@@ -365,7 +124,7 @@ def _load_sidecar(path: Path) -> dict:
     for suffix in (".samples.json", ".cachectl.json"):
         side = path.with_name(path.name + suffix)
         if side.is_file():
-            from ..inputs import parse_json_document, read_text
+            from ...inputs import parse_json_document, read_text
 
             data = parse_json_document(*read_text(str(side)))
             if not isinstance(data, dict):
@@ -424,7 +183,7 @@ def lint_template(path: str, source: str, config: LintConfig, tokenizer: Any = N
             _prompt_dynamic(path, template, ast, lines, undeclared, volatile, sidecar, config, tokenizer, add)
         else:  # nothing volatile: one render still proves the template renders, inside the sandbox
             _render(template, {**_sample_values(undeclared, 0, sidecar), **_callables(0)}, path)
-    return _filter(findings, source, config)
+    return filter_findings(findings, source, config)
 
 
 # CC003 ------------------------------------------------------------------------------------------------
@@ -564,7 +323,7 @@ def _prompt_dynamic(path, template, ast, lines, undeclared, volatile, sidecar, c
     """Render with volatile values A, then B (the rest fixed), and find stable tokens stranded after them."""
     from jinja2 import nodes
 
-    from .tokendiff import common_prefix_length
+    from ..tokendiff import common_prefix_length
 
     tok = _tokenizer_fn(tokenizer)
     fixed = _sample_values(undeclared - volatile, 0, sidecar)
@@ -605,7 +364,7 @@ def _prompt_dynamic(path, template, ast, lines, undeclared, volatile, sidecar, c
 
 def _as_body(text: str, path: str) -> Request | None:
     """The canonical request a templated body renders to, or None when the render is not a request body."""
-    from ..inputs import Locator, is_request_body, parse_json_document, parse_request, unwrap
+    from ...inputs import Locator, is_request_body, parse_json_document, parse_request, unwrap
 
     try:
         doc = parse_json_document(text, path)  # the shared parser: nesting bounded like every other input
@@ -660,7 +419,7 @@ def chat_sample(path: str, template: Any, tokenizer: Any = None, clock_reads: li
     plus a ``strftime_now`` that records each clock read in ``clock_reads``. A template that rejects every
     form raises one InputError naming the first form's error and its line.
     """
-    from ..tokenization import render_chat_template
+    from ...tokenization import render_chat_template
 
     special = dict(getattr(tokenizer.hf, "special_tokens_map", {}) or {}) if tokenizer is not None \
         else _SAMPLE_SPECIAL_TOKENS
@@ -701,14 +460,14 @@ def _chat_dynamic(path, template, source, add, tokenizer=None, clock_reads: list
     apply_chat_template, with the same form of the sample conversation); without one, the same check on
     the rendered text.
     """
-    from .tokendiff import common_prefix_length
+    from ..tokendiff import common_prefix_length
 
     line = source[:source.find("</think>")].count("\n") + 1 if "</think>" in source else 1
     _, msgs, tools, renders = chat_sample(path, template, tokenizer, clock_reads)
     first = _first_turn(msgs)
     if tokenizer is not None:
-        from ..inputs import prompt_from_value
-        from .tokendiff import check_stability
+        from ...inputs import prompt_from_value
+        from ..tokendiff import check_stability
 
         saved = tokenizer.hf.chat_template
         tokenizer.hf.chat_template = source
@@ -731,165 +490,3 @@ def _chat_dynamic(path, template, source, add, tokenizer=None, clock_reads: list
                 f"adding message {k} ({msgs[k]['role']}) changes earlier text at character {common}: "
                 f"{prev[common:common + 30]!r} became {nxt[common:common + 30]!r}")
             break
-
-
-def _filter(findings: list[Finding], source: str, config: LintConfig) -> list[Finding]:
-    ignored = _ignored_lines(source) if source else {}
-    out = []
-    seen = set()
-    for f in findings:
-        if not config.enabled(f.rule, f.path) or f.rule in ignored.get(f.line, frozenset()):
-            continue
-        key = (f.rule, f.line, f.column)
-        if key in seen:
-            continue
-        seen.add(key)
-        out.append(f)
-    return out
-
-
-# ------------------------------------------------------------------------------------- request bodies
-
-
-def lint_body(path: str, req: Request, config: LintConfig, min_tokens: int | None,
-              count: Callable[[str], int], volatile: dict[str, str] | None = None,
-              at: tuple[int, int] | None = None) -> list[Finding]:
-    """Cache rules on a canonical request (:mod:`cachectl.engines.lint_body`): breakpoint count, minimum
-    length (``min_tokens``, else the body's own model), volatile content before or under a breakpoint,
-    no marker at all, volatile content in OpenAI's automatically cached prefix.
-
-    ``volatile`` maps position paths to what changes in them (a templated body rendered twice); ``at``
-    pins every finding to one position (the template line that rendered the body).
-    """
-    from .lint_body import lint_request
-
-    def make(rule: str, severity: str, pos: tuple[int, int], message: str) -> Finding:
-        return Finding(rule, severity, path, pos[0], pos[1], message, RULES[rule].fix)
-
-    found = lint_request(req, rules=RULES, make=make, min_tokens=min_tokens, count=count, changed=volatile, at=at,
-                         volatile_name=VOLATILE_NAME)
-    return _filter(found, "", config)
-
-
-# ---------------------------------------------------------------------------------------------- files
-
-TEMPLATE_SUFFIXES = (".j2", ".jinja", ".jinja2", ".prompt", ".tmpl")
-#: compressed files are read through (cachectl.inputs); their kind is in the name before these
-COMPRESSED_SUFFIXES = (".gz", ".zst")
-
-
-def kind_name(f: Path) -> Path:
-    """The name that says what a file holds: ``t.j2.gz`` is a template, ``b.json.zst`` a JSON body."""
-    return f.with_name(f.name[:-len(f.suffix)]) if f.suffix in COMPRESSED_SUFFIXES else f
-
-
-def discover(paths: Sequence[str]) -> list[Path]:
-    """Candidate files under ``paths`` (a missing path raises; see :func:`lint_paths` for per-path errors)."""
-    out: list[Path] = []
-    for raw in paths:
-        out += _candidates(raw)
-    return out
-
-
-def _candidates(raw: str) -> list[Path]:
-    p = Path(raw)
-    if p.is_dir():
-        return [f for f in sorted(p.rglob("*"))
-                if f.is_file() and (f.name.endswith(TEMPLATE_SUFFIXES) or f.name == "tokenizer_config.json"
-                                    or (f.suffix in (".json", ".yaml", ".yml")
-                                        and not f.name.endswith((".samples.json", ".cachectl.json"))))]
-    if p.is_file() or raw == "-":
-        return [p]
-    raise InputError("no such file or directory", source=raw)
-
-
-def lint_paths(paths: Sequence[str], config: LintConfig, tokenizer: Any = None,
-               min_tokens: int | None = None) -> LintReport:
-    """Lint every file under ``paths``. A file that cannot be checked becomes a :class:`FileError` and the
-    others are still checked; a path that holds no lintable file is an error too."""
-    count = (lambda text: len(tokenizer.backend.encode(text, add_special_tokens=False).ids)) if tokenizer \
-        else (lambda text: max(1, len(text) // 4))
-    findings: list[Finding] = []
-    errors: list[FileError] = []
-    checked = 0
-    for raw in paths:
-        try:
-            files = _candidates(raw)
-        except CachectlError as exc:
-            errors.append(replace(_file_error(exc, raw), kind="path"))
-            continue
-        linted = 0
-        for f in files:
-            try:
-                found = _lint_file(f, config, tokenizer, min_tokens, count, named=Path(raw).is_file())
-            except CachectlError as exc:
-                errors.append(_file_error(exc, str(f)))
-                linted += 1
-                continue
-            if found is not None:
-                findings += found
-                linted += 1
-        if not linted:
-            errors.append(FileError(raw, None, kind="path", message=(
-                "no lintable file here (Jinja templates " + ", ".join(TEMPLATE_SUFFIXES)
-                + ", tokenizer_config.json with a chat_template, request bodies in JSON or YAML)")))
-        checked += linted
-    return LintReport(files=checked, findings=tuple(findings), errors=tuple(errors))
-
-
-def _file_error(exc: CachectlError, path: str) -> FileError:
-    if isinstance(exc, InputError):
-        field = f"field '{exc.field}': " if exc.field else ""
-        return FileError(exc.source or path, exc.line, field + exc.message)
-    return FileError(path, None, str(exc))
-
-
-def _lint_file(f: Path, config: LintConfig, tokenizer: Any, min_tokens: int | None,
-               count: Callable[[str], int], named: bool = False) -> list[Finding] | None:
-    """Findings of one file; None when the file is no prompt (other JSON/YAML in a directory)."""
-    from ..inputs import decode_text, parse_json_document, read_bytes
-
-    data, source = read_bytes(str(f))
-    text = decode_text(data, source)
-    kind = kind_name(f)
-    if kind.name.endswith(TEMPLATE_SUFFIXES):
-        return lint_template(source, text, config, tokenizer)
-    if kind.suffix in (".yaml", ".yml"):
-        import yaml
-
-        try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            raise InputError("invalid YAML: " + " ".join(str(getattr(exc, "problem", None) or exc).split())
-                             + (f" (column {mark.column + 1})" if mark else ""), source=source,
-                             line=mark.line + 1 if mark else None) from None
-        except RecursionError:
-            raise InputError("YAML nested too deeply", source=source) from None
-    else:
-        doc = parse_json_document(text, source)
-    if isinstance(doc, dict) and isinstance(doc.get("chat_template"), (str, list)):
-        tmpl = doc["chat_template"]
-        if isinstance(tmpl, list):
-            tmpl = next((t.get("template") for t in tmpl if isinstance(t, dict) and t.get("name") == "default"),
-                        None) or ""
-            if not isinstance(tmpl, str):
-                raise InputError("the default chat_template entry's 'template' is not a string", source=source,
-                                 field="chat_template")
-        base_line = text[:text.find('"chat_template"')].count("\n") + 1
-        try:
-            found = lint_template(source, tmpl, config, tokenizer)
-        except InputError as exc:
-            where = f" (chat_template line {exc.line})" if exc.line else ""
-            raise InputError(exc.message + where, source=source, line=base_line, field="chat_template") from None
-        return [Finding(x.rule, x.severity, x.path, base_line, x.column, f"{x.message} (chat_template line {x.line})",
-                        x.fix, x.fix_safety) for x in found]
-    from ..inputs import Locator, is_request_body, parse_request, unwrap
-
-    if isinstance(doc, dict) and is_request_body(unwrap(doc)[0]):
-        req = parse_request(doc, source=source, locator=Locator(text))
-        return lint_body(source, req, config, min_tokens, count)
-    if named:
-        raise InputError("not a request body (no 'messages', 'input' or 'blocks', also not inside 'body') "
-                         "and not a tokenizer_config.json with a chat_template", source=source)
-    return None  # other JSON/YAML files in a directory are not prompts: skipped

@@ -1,7 +1,7 @@
 """The hit-rate-vs-capacity curve of vLLM's prefix cache from one read of a trace, and the Belady bound.
 
 The trace is read and keyed once (:func:`key_trace`): each request keeps only its chained block keys (the
-salt folded in), its length, tenant and timing, as a pre-keyed :class:`~cachectl.engines.prefix.TraceRequest`
+salt folded in), its length, tenant and timing, as a pre-keyed :class:`~cachectl.engines.prefix.trace.TraceRequest`
 whose ``hash_ids`` are those keys. One LRU-stack pass over that store (:func:`_stack_pass`) then gives the
 hits at every capacity of the curve at once, exact for vLLM's rules with requests one at a time; with
 ``concurrency`` > 1, or keys that are not prefix-chained, each capacity is replayed from the store by the one
@@ -28,8 +28,10 @@ from itertools import accumulate
 from operator import sub
 from typing import cast
 
-from ..errors import UsageError
-from .prefix import SCHEMA_VERSION, SequentialVllmPool, TraceRequest, request_keys, simulate
+from ...errors import UsageError
+from .pools import SequentialVllmPool
+from .replay import SCHEMA_VERSION, simulate
+from .trace import TraceRequest, request_keys
 
 #: points of a ``--curve`` when the caller does not say
 CURVE_POINTS = 32
@@ -85,7 +87,7 @@ def key_trace(requests: Iterable[TraceRequest], block_sizes: Sequence[int], *, h
             state.waiting += (1 if req.prompt_tokens % bs else 0) - taken
             state.seen.update(keys)
     if not query and not any(stores.values()):
-        from ..errors import InputError
+        from ...errors import InputError
 
         raise InputError("the trace has no requests", source=source)
     return {bs: KeyedTrace(block_size=bs, requests=tuple(stores[bs]), min_capacity_blocks=largest[bs][0],

@@ -43,18 +43,10 @@ from dataclasses import dataclass, field
 from itertools import count, repeat
 from typing import Any
 
-from ..errors import InputError, UsageError
-from .prefix import (
-    MAX_BLOCK_SIZE,
-    MAX_CAPACITY_BLOCKS,
-    SCHEMA_VERSION,
-    CapacityError,
-    TenantStats,
-    TraceRequest,
-    VllmBlockPool,
-    request_keys,
-    simulate,
-)
+from ...errors import InputError, UsageError
+from .pools import CapacityError, VllmBlockPool
+from .replay import MAX_BLOCK_SIZE, MAX_CAPACITY_BLOCKS, SCHEMA_VERSION, TenantStats, simulate
+from .trace import TraceRequest, request_keys
 
 ROUTERS = ("round-robin", "random", "session", "prefix-hash", "least-loaded", "cache-aware")
 #: routers whose choice depends on the request alone: a trace can be routed once, up front, and partitioned
@@ -320,7 +312,7 @@ def _replay_vllm(items: Iterable[tuple[int, TraceRequest, Sequence]], kw: dict) 
     ``cpu_blocks`` is set: an LRU of the keys the GPU pool evicts, looked up from the first GPU miss. The
     tier only watches the GPU pool (a block read back is held as if computed), so it works the same way
     with requests in flight."""
-    from .prefix_lru import LruKeyPool
+    from .lru import LruKeyPool
 
     bs, capacity, concurrency = kw["block_size"], kw["capacity_blocks"], kw["concurrency"]
     cpu_blocks, warmup, decode = kw.get("cpu_blocks") or 0, kw["warmup"], kw["decode_s_per_token"]
@@ -446,7 +438,7 @@ def _in_processes(fn: Callable, items: list, jobs: int) -> list:
 def replay_partition(path: str, kw: dict) -> dict:
     """One replica's partition file (see :mod:`cachectl.inputs.parquet`), read and replayed wherever this
     runs: in this process, a worker process, or a Ray worker (the file must be readable there)."""
-    from ..inputs.parquet import partition_rows
+    from ...inputs.parquet import partition_rows
 
     hbs = kw["hash_block_size"]
     requests = (TraceRequest(**row, hash_block_size=hbs) for row in partition_rows(path))
@@ -658,7 +650,7 @@ def _on_ray(paths: Sequence[str], kw: dict, address: str | None, jobs: int) -> l
         import ray
     except ImportError:
         raise UsageError("--ray needs ray: pip install 'llm-cachectl[ray]'") from None
-    from ..errors import CachectlError
+    from ...errors import CachectlError
 
     origin = "--ray-address" if address else "RAY_ADDRESS"
     address = address or os.environ.get("RAY_ADDRESS") or None

@@ -12,7 +12,7 @@ against the naive reference.
 
 Only the ``L - 1`` cap breaks the one-block-per-key picture: a request whose cached last full block is
 recomputed (vLLM then keeps both blocks, and hits keep using the older). At that moment the state is handed
-to :class:`~cachectl.engines.prefix.SequentialVllmPool`, which models duplicates, block for block.
+to :class:`~cachectl.engines.prefix.pools.SequentialVllmPool`, which models duplicates, block for block.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from collections.abc import Sequence
 from itertools import islice, repeat
 from typing import Any
 
-from ..errors import UsageError
-from .prefix import CapacityError, SequentialVllmPool
+from ...errors import UsageError
+from .pools import CapacityError, SequentialVllmPool
 
 _MISSING = object()
 
 
 class LruKeyPool:
-    """Same answers as :class:`~cachectl.engines.prefix.SequentialVllmPool` (hits, evictions, peak, cross-tenant
+    """Same answers as :class:`~cachectl.engines.prefix.pools.SequentialVllmPool` (hits, evictions, peak, cross-tenant
     hits), faster while no block is duplicated; then it delegates to one."""
 
     def __init__(self, capacity_blocks: int, block_size: int):

@@ -29,10 +29,10 @@ from array import array
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..errors import CachectlError, InputError
-from ..inputs import parse_jsonl_line
-from ..inputs.files import JsonlChunks, plain_size
-from .prefix import TraceRequest, _may_hold_bool, iter_trace, request_keys
+from ...errors import CachectlError, InputError
+from ...inputs import parse_jsonl_line
+from ...inputs.files import JsonlChunks, plain_size
+from .trace import TraceRequest, _may_hold_bool, iter_trace, request_keys
 
 #: files smaller than this are read in one process (forking and pickling would cost more than they save)
 MIN_BYTES = 8 << 20

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 
-from ..errors import UsageError
+from ...errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class HitsWorth:
 
 def gpu_peak(name: str) -> tuple[str, float, str]:
     """``(canonical name, dense BF16 TFLOPS, source)`` for a GPU name or alias of ``gpus.json``."""
-    from .kvmath import gpu_table
+    from ..kv.config import gpu_table
 
     gpus = gpu_table()["gpus"]
     match = next((n for n, g in gpus.items() if name.lower() in (n.lower(), *[a.lower() for a in g.get("aliases", [])])),
@@ -50,7 +50,7 @@ def gpu_peak(name: str) -> tuple[str, float, str]:
 
 def active_params(config: dict) -> int:
     """Parameters a token's prefill goes through, without the embedding and the LM head."""
-    from .kvmath import _text_config, estimate_params, tied_embeddings
+    from ..kv.config import _text_config, estimate_params, tied_embeddings
 
     total = estimate_params(config)
     if total is None:
@@ -63,7 +63,7 @@ def active_params(config: dict) -> int:
 
 def hits_worth(hit_tokens: float, *, hit_square_sum: float, config: dict, model_source: str, gpu: str,
                gpu_hour_usd: float | None = None, utilization: float = 0.4) -> HitsWorth:
-    from .kvmath import _layers, _text_config
+    from ..kv.config import _layers, _text_config
 
     if not 0 < utilization <= 1:
         raise UsageError("utilization must be in (0, 1]")

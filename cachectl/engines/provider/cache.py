@@ -25,10 +25,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..errors import InputError, UsageError
-from ..inputs.request import Position, Request, layout_request
-from ..inputs.usage import LoggedUsage, find_usage, parse_usage, record_model
-from .pricing import ModelPrice, PriceTable, Usage, cost_usd, uncached_cost_usd
+from ...errors import InputError, UsageError
+from ...inputs.request import Position, Request, layout_request
+from ...inputs.usage import LoggedUsage, find_usage, parse_usage, record_model
+from .prices import ModelPrice, PriceTable, Usage, cost_usd, uncached_cost_usd
 
 SCHEMA_VERSION = 1
 
@@ -188,7 +188,7 @@ def usage_from_record(value: Any, *, default_model: str | None, table: PriceTabl
 
 def _lookup(table: PriceTable, model: str, source: str, line: int | None) -> ModelPrice:
     """The price entry of a line's model; an unknown model is an error located at the line."""
-    from .pricing import UnknownModelError
+    from .prices import UnknownModelError
 
     try:
         return table.lookup(model)
@@ -551,7 +551,7 @@ class CacheSimulator:
 def _changed(req: Request, prev: _Seen, same: int) -> MissReason:
     """The first position where ``req`` differs from the previous request, named by path (and by what
     changed in it, through the shared volatile-value detector)."""
-    from ..volatile import classify_change
+    from ...volatile import classify_change
 
     if same < len(req.positions) and same < len(prev.positions):
         a, b = prev.positions[same], req.positions[same]

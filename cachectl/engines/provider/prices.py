@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Mapping
 
-from ..errors import CachectlError, InputError
+from ...errors import CachectlError, InputError
+from ..names import is_architecture, match_model
 
 PER_MTOK = 1_000_000
 
@@ -236,20 +237,17 @@ class PriceTable:
 
     def lookup(self, name: str) -> ModelPrice:
         """Exact name or alias, else the longest known name that prefixes it (dated snapshots)."""
-        if name in self.models:
-            return self.models[name]
-        for price in self.models.values():
-            if name in price.aliases:
-                return price
+        aliases: dict[str, str] = {}
+        for model, price in self.models.items():
+            for alias in price.aliases:
+                aliases.setdefault(alias, model)
+        found = match_model(name, self.models, aliases)
+        if found is not None:
+            return self.models[found]
         bare = name.split("/")[-1].split("@")[0]
-        candidates = [m for m in self.models if bare == m or bare.startswith(m + "-")]
-        if candidates:
-            return self.models[max(candidates, key=len)]
         close = difflib.get_close_matches(bare, list(self.models), n=4, cutoff=0.5)
         hint = f"; close names: {', '.join(close)}" if close else ""
-        from .kvmath import catalog
-
-        if name.lower() in catalog():
+        if is_architecture(name):
             hint += (f"; {name!r} is a model architecture of kv-inspect's catalog, while this option names a "
                      "provider model to price")
         raise UnknownModelError(f"unknown model {name!r}{hint} (see the price table with `list_models`, or add "

@@ -52,9 +52,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..errors import InputError, UsageError
-from ..inputs import LogRecord, PromptInput, Request, compact, get_path, parse_request, prompt_from_value
-from ..inputs.request import unwrap
+from ...errors import InputError, UsageError
+from ...inputs import LogRecord, PromptInput, Request, compact, get_path, parse_request, prompt_from_value
+from ...inputs.request import unwrap
 
 SCHEMA_VERSION = 1
 
@@ -241,7 +241,7 @@ def _log_line(lineno: int, value: Any, source: str, key: str | None) -> LogLine:
         req = parse_request({"messages": value}, source=source, line=lineno, provider="openai")
     ts = req.timestamp if req is not None else None
     if ts is None and isinstance(value, dict) and "timestamp" in value:
-        from ..inputs import parse_timestamp
+        from ...inputs import parse_timestamp
 
         try:
             ts = parse_timestamp(value["timestamp"])
@@ -261,7 +261,7 @@ _THINK = re.compile(r"<think>.*?</think>\s*", re.S)
 
 
 def _mask(text: str) -> str:
-    from ..volatile import find_volatile
+    from ...volatile import find_volatile
 
     out, last = [], 0
     for v in find_volatile(text):
@@ -616,7 +616,7 @@ class _Rewriter:
     # ------------------------------------------------------------------------------ FX001 volatile
 
     def volatile(self) -> None:
-        from ..volatile import classify_change, find_volatile
+        from ...volatile import classify_change, find_volatile
 
         # 1. confirm: consecutive requests of a conversation whose prefix positions differ in a volatile value
         confirmed: dict[str, set[str]] = {}                 # position path -> families
@@ -708,7 +708,7 @@ class _Rewriter:
     # ------------------------------------------------------------------------------ FX006 breakpoints
 
     def breakpoints(self) -> None:
-        from .promptcache import tokenizer_counter
+        from ..provider.cache import tokenizer_counter
 
         counter = self.counter or (tokenizer_counter(self.tok) if self.tok is not None else None)
         noted = False
@@ -1089,9 +1089,12 @@ def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = No
             options: FixOptions = FixOptions(), source: str = "", causes: bool = True,
             memo: dict | None = None, counter: Any = None) -> tuple[Measure, list[str]]:
     """A log measured by the existing engines: the vLLM replay (:func:`cachectl.engines.prefix.simulate`), the
-    provider cache (:func:`cachectl.engines.promptcache.simulate_requests`), and the token prefix each request
+    provider cache (:func:`cachectl.engines.provider.cache.simulate_requests`), and the token prefix each request
     shares with the previous one of its conversation (with the diff-tokens cause where they diverge)."""
-    from . import prefix, promptcache, tokendiff
+    from .. import tokendiff
+    from ..prefix.replay import simulate
+    from ..prefix.trace import TraceRequest
+    from ..provider import cache as promptcache
 
     notes: list[str] = []
     vllm = None
@@ -1099,10 +1102,10 @@ def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = No
     cause_count: dict[str, int] = {}
     if tokenizer is not None:
         toks = _tokenize(lines, tokenizer, options.add_generation_prompt, memo)
-        trace = [prefix.TraceRequest(index=k, line=ln.line, prompt_tokens=len(t.ids), tokens=list(t.ids),
+        trace = [TraceRequest(index=k, line=ln.line, prompt_tokens=len(t.ids), tokens=list(t.ids),
                                      timestamp=ln.timestamp) for k, (ln, t) in enumerate(zip(lines, toks))]
         policy = "vllm" if options.capacity_blocks is not None else "infinite"
-        r = prefix.simulate(trace, policy=policy, block_size=options.block_size,
+        r = simulate(trace, policy=policy, block_size=options.block_size,
                             capacity_blocks=options.capacity_blocks, source=source)
         vllm = VllmMeasure(policy, r.block_size, r.capacity_blocks, r.requests, r.query_tokens, r.hit_tokens,
                            r.hit_rate)
@@ -1163,7 +1166,7 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
                 else group_sessions(lines, key=options.key, window_s=options.window_s, tokenizer=tokenizer))
     counter = None
     if tokenizer is not None:  # one counter (and its cache of position token IDs) for every measure
-        from .promptcache import tokenizer_counter
+        from ..provider.cache import tokenizer_counter
 
         counter = tokenizer_counter(tokenizer)
     rw = _Rewriter(lines, grouping, codes, options.unsafe, tokenizer, table, options.model, counter)

@@ -8,7 +8,7 @@
   model's input and cache-read prices;
 - the vLLM prefix-cache replay (simulate-prefix): the hit rate with no eviction and the whole
   hit-rate-vs-capacity curve (prefix_curve);
-- what ``cachectl fix`` would change (:mod:`cachectl.engines.fix`): the log measured before, after the safe
+- what ``cachectl fix`` would change (:mod:`cachectl.engines.repair.fix`): the log measured before, after the safe
   fixes, and after all fixes (the unsafe ones too), and the tokens and dollars each fix code gains.
 
 Everything here is computed by those engines; this module only groups their results. It returns a frozen
@@ -22,14 +22,14 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CachectlError, InputError
+from ...errors import CachectlError, InputError
 
 if TYPE_CHECKING:
-    from ..inputs import LogRecord, Request
+    from ...inputs import LogRecord, Request
+    from ..prefix.trace import TraceRequest
+    from ..provider.prices import PriceTable
+    from ..tokendiff import PairResult
     from .fix import FixReport
-    from .prefix import TraceRequest
-    from .pricing import PriceTable
-    from .tokendiff import PairResult
 
 SCHEMA_VERSION = 1
 
@@ -266,7 +266,7 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
     ``price_model`` names the model whose prices turn lost tokens into dollars (default: the model of the
     first request priced). Memory: one pair view per conversation (its worst) and the per-cause tallies.
     """
-    from .tokendiff import MISMATCH, LogSummary, diff_log
+    from ..tokendiff import MISMATCH, LogSummary, diff_log
 
     if top < 1:
         raise CachectlError("`top` must be at least 1")
@@ -331,7 +331,7 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
 
 def _cost_section(requests: Iterable[Request], table: PriceTable, source: str, text_counter: Any,
                   tokenizer_name: str) -> CostSection:
-    from .promptcache import simulate_requests
+    from ..provider.cache import simulate_requests
 
     r = simulate_requests(requests, table=table, source=source, text_counter=text_counter,
                           token_source=f"tokenizer {tokenizer_name}" if text_counter is not None else "layout")
@@ -350,7 +350,7 @@ def _cost_section(requests: Iterable[Request], table: PriceTable, source: str, t
 
 
 def _curve_section(trace: Iterable[TraceRequest], block_size: int, points: int, source: str) -> CurveSection:
-    from .prefix_curve import capacity_curve, key_trace
+    from ..prefix.curve import capacity_curve, key_trace
 
     kt = key_trace(trace, [block_size], source=source)[block_size]
     c = capacity_curve(kt, points=points, source=source)

@@ -1,0 +1,141 @@
+"""Lint files: find the templates and request bodies under the paths given, read each (plain, gzip or
+zstd), and run the template rules (:mod:`.templates`) or the body rules (:mod:`.body`) on it; a file that
+cannot be read or parsed is a :class:`FileError`, and the run goes on."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from ...errors import CachectlError, InputError
+from .body import lint_body
+from .rules import FileError, Finding, LintConfig, LintReport
+from .templates import lint_template
+
+if TYPE_CHECKING:
+    pass
+
+
+# ---------------------------------------------------------------------------------------------- files
+
+TEMPLATE_SUFFIXES = (".j2", ".jinja", ".jinja2", ".prompt", ".tmpl")
+#: compressed files are read through (cachectl.inputs); their kind is in the name before these
+COMPRESSED_SUFFIXES = (".gz", ".zst")
+
+
+def kind_name(f: Path) -> Path:
+    """The name that says what a file holds: ``t.j2.gz`` is a template, ``b.json.zst`` a JSON body."""
+    return f.with_name(f.name[:-len(f.suffix)]) if f.suffix in COMPRESSED_SUFFIXES else f
+
+
+def discover(paths: Sequence[str]) -> list[Path]:
+    """Candidate files under ``paths`` (a missing path raises; see :func:`lint_paths` for per-path errors)."""
+    out: list[Path] = []
+    for raw in paths:
+        out += _candidates(raw)
+    return out
+
+
+def _candidates(raw: str) -> list[Path]:
+    p = Path(raw)
+    if p.is_dir():
+        return [f for f in sorted(p.rglob("*"))
+                if f.is_file() and (f.name.endswith(TEMPLATE_SUFFIXES) or f.name == "tokenizer_config.json"
+                                    or (f.suffix in (".json", ".yaml", ".yml")
+                                        and not f.name.endswith((".samples.json", ".cachectl.json"))))]
+    if p.is_file() or raw == "-":
+        return [p]
+    raise InputError("no such file or directory", source=raw)
+
+
+def lint_paths(paths: Sequence[str], config: LintConfig, tokenizer: Any = None,
+               min_tokens: int | None = None) -> LintReport:
+    """Lint every file under ``paths``. A file that cannot be checked becomes a :class:`FileError` and the
+    others are still checked; a path that holds no lintable file is an error too."""
+    count = (lambda text: len(tokenizer.backend.encode(text, add_special_tokens=False).ids)) if tokenizer \
+        else (lambda text: max(1, len(text) // 4))
+    findings: list[Finding] = []
+    errors: list[FileError] = []
+    checked = 0
+    for raw in paths:
+        try:
+            files = _candidates(raw)
+        except CachectlError as exc:
+            errors.append(replace(_file_error(exc, raw), kind="path"))
+            continue
+        linted = 0
+        for f in files:
+            try:
+                found = _lint_file(f, config, tokenizer, min_tokens, count, named=Path(raw).is_file())
+            except CachectlError as exc:
+                errors.append(_file_error(exc, str(f)))
+                linted += 1
+                continue
+            if found is not None:
+                findings += found
+                linted += 1
+        if not linted:
+            errors.append(FileError(raw, None, kind="path", message=(
+                "no lintable file here (Jinja templates " + ", ".join(TEMPLATE_SUFFIXES)
+                + ", tokenizer_config.json with a chat_template, request bodies in JSON or YAML)")))
+        checked += linted
+    return LintReport(files=checked, findings=tuple(findings), errors=tuple(errors))
+
+
+def _file_error(exc: CachectlError, path: str) -> FileError:
+    if isinstance(exc, InputError):
+        field = f"field '{exc.field}': " if exc.field else ""
+        return FileError(exc.source or path, exc.line, field + exc.message)
+    return FileError(path, None, str(exc))
+
+
+def _lint_file(f: Path, config: LintConfig, tokenizer: Any, min_tokens: int | None,
+               count: Callable[[str], int], named: bool = False) -> list[Finding] | None:
+    """Findings of one file; None when the file is no prompt (other JSON/YAML in a directory)."""
+    from ...inputs import decode_text, parse_json_document, read_bytes
+
+    data, source = read_bytes(str(f))
+    text = decode_text(data, source)
+    kind = kind_name(f)
+    if kind.name.endswith(TEMPLATE_SUFFIXES):
+        return lint_template(source, text, config, tokenizer)
+    if kind.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            raise InputError("invalid YAML: " + " ".join(str(getattr(exc, "problem", None) or exc).split())
+                             + (f" (column {mark.column + 1})" if mark else ""), source=source,
+                             line=mark.line + 1 if mark else None) from None
+        except RecursionError:
+            raise InputError("YAML nested too deeply", source=source) from None
+    else:
+        doc = parse_json_document(text, source)
+    if isinstance(doc, dict) and isinstance(doc.get("chat_template"), (str, list)):
+        tmpl = doc["chat_template"]
+        if isinstance(tmpl, list):
+            tmpl = next((t.get("template") for t in tmpl if isinstance(t, dict) and t.get("name") == "default"),
+                        None) or ""
+            if not isinstance(tmpl, str):
+                raise InputError("the default chat_template entry's 'template' is not a string", source=source,
+                                 field="chat_template")
+        base_line = text[:text.find('"chat_template"')].count("\n") + 1
+        try:
+            found = lint_template(source, tmpl, config, tokenizer)
+        except InputError as exc:
+            where = f" (chat_template line {exc.line})" if exc.line else ""
+            raise InputError(exc.message + where, source=source, line=base_line, field="chat_template") from None
+        return [Finding(x.rule, x.severity, x.path, base_line, x.column, f"{x.message} (chat_template line {x.line})",
+                        x.fix, x.fix_safety) for x in found]
+    from ...inputs import Locator, is_request_body, parse_request, unwrap
+
+    if isinstance(doc, dict) and is_request_body(unwrap(doc)[0]):
+        req = parse_request(doc, source=source, locator=Locator(text))
+        return lint_body(source, req, config, min_tokens, count)
+    if named:
+        raise InputError("not a request body (no 'messages', 'input' or 'blocks', also not inside 'body') "
+                         "and not a tokenizer_config.json with a chat_template", source=source)
+    return None  # other JSON/YAML files in a directory are not prompts: skipped

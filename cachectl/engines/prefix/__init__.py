@@ -1,0 +1,22 @@
+"""The server's prefix cache: what hit rate a vLLM (or SGLang, LMCache) server gets on a trace, at one capacity,
+over a capacity curve or across a fleet of replicas, and what those hits are worth.
+
+- :mod:`.trace`: a trace's requests (:class:`TraceRequest`), their chained block keys, the JSONL trace reader
+- :mod:`.pools`: the cache policies: vLLM's block pool (and its sequential form), radix, chunk, infinite
+- :mod:`.lru`: the sequential vLLM pool as a key-level LRU (the fast path of one replay)
+- :mod:`.replay`: :func:`simulate`, one replay of a trace through one pool
+- :mod:`.curve`: :func:`capacity_curve`, the hit rate at every capacity from one read, and the Belady bound
+- :mod:`.read`: a large trace read and keyed by forked workers, in file order
+- :mod:`.fleet`: :func:`simulate_fleet`, routers over replicas and the CPU offload tier; trace partitions
+- :mod:`.value`: :func:`hits_worth`, the prefill time and money the hits save
+"""
+
+from .curve import CurvePoint, CurveReport, capacity_curve
+from .fleet import FleetReport, simulate_fleet, simulate_partitions
+from .replay import POLICIES, PrefixReport, RequestHit, TenantStats, simulate
+from .trace import TraceRequest, iter_trace, trace_records
+from .value import HitsWorth, hits_worth
+
+__all__ = ["POLICIES", "CurvePoint", "CurveReport", "FleetReport", "HitsWorth", "PrefixReport", "RequestHit",
+           "TenantStats", "TraceRequest", "capacity_curve", "hits_worth", "iter_trace", "simulate",
+           "simulate_fleet", "simulate_partitions", "trace_records"]

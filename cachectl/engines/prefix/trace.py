@@ -1,0 +1,293 @@
+"""The requests of a prefix-cache trace: one record per request, its chained block keys, and the reader of
+a JSONL trace (token IDs, Mooncake ``hash_ids``, or prompts and chat messages through a tokenizer).
+
+Block keys use Python's built-in tuple hash by default (only equality matters, and a 64-bit chained hash
+makes a collision vanishingly unlikely on real traces); ``hash_fn="sha256"`` uses SHA-256 over a pickle of
+``(parent, tokens, extra)`` as vLLM does by default.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import accumulate, chain, count
+from typing import TYPE_CHECKING, Any
+
+from ...errors import InputError, UsageError
+
+if TYPE_CHECKING:
+    pass
+
+#: bounds of the numbers a trace line carries (beyond them a value is corrupt, and would overflow a float)
+MAX_OUTPUT_TOKENS = 10 ** 9
+MAX_TIMESTAMP = 1e15
+#: the parent of a first block under --hash sha256: sha256(b"cachectl-none-hash")
+_NONE_SHA = bytes.fromhex("ce0b9c7844bb831fb74122604f087fc11c1af22461e9de893d240facf8aed996")
+
+
+
+# ------------------------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One request of a trace: token IDs, or pre-hashed block ids (Mooncake)."""
+
+    index: int
+    line: int | None
+    prompt_tokens: int
+    tokens: Sequence[int] | None = None
+    hash_ids: Sequence[Any] | None = None
+    hash_block_size: int = 512
+    salt: Any = None
+    tenant: Any = None
+    timestamp: float | None = None
+    output_tokens: int = 0
+    segments: Sequence[int] | None = None
+    #: a salt field was asked for (--salt-field) and this request has none: it is cached unsalted
+    unsalted: bool = False
+    #: a tenant field was asked for (--tenant-field) and this request has none
+    no_tenant: bool = False
+    session: Any = None
+
+
+def block_keys(tokens: Sequence[int], block_size: int, salt: Any = None, hash_fn: str = "builtin") -> list:
+    """Chained keys of the full blocks of ``tokens`` (a partial tail block has none).
+
+    builtin: block i's key is the XOR of position-salted tuple hashes of blocks 0..i (the salt folded into
+    the first), so it depends on the whole prefix like vLLM's parent-chained hash, and every step runs in
+    C (``zip`` cuts the blocks, ``accumulate`` chains them). sha256: vLLM's own, over a pickle of
+    ``(parent, tokens, extra)``.
+    """
+    if hash_fn != "sha256":
+        terms = map(hash, zip(count(), zip(*[iter(tokens)] * block_size)))
+        if salt is not None and len(tokens) >= block_size:
+            first = next(terms) ^ hash(("salt", salt))
+            return list(accumulate(chain((first,), terms), operator.xor))
+        return list(accumulate(terms, operator.xor))
+    import hashlib
+    import pickle
+
+    keys = []
+    parent = _NONE_SHA
+    for i in range(len(tokens) // block_size):
+        extra = ("salt", salt) if (i == 0 and salt is not None) else None
+        parent = hashlib.sha256(pickle.dumps((parent, tuple(tokens[i * block_size:(i + 1) * block_size]), extra),
+                                             protocol=5)).digest()
+        keys.append(parent)
+    return keys
+
+
+def request_keys(req: TraceRequest, block_size: int, hash_fn: str = "builtin") -> list:
+    if req.hash_ids is not None:
+        full = req.prompt_tokens // req.hash_block_size
+        ids = list(req.hash_ids[:full])
+        if req.salt is not None and ids:  # a salt changes the first key and so, chained, every key
+            return [hash((("salt", req.salt), ids[0]))] + [hash((("salt", req.salt), i)) for i in ids[1:]]
+        return ids
+    return block_keys(request_tokens(req), block_size, req.salt, hash_fn)
+
+
+def request_tokens(req: TraceRequest) -> Sequence[int]:
+    """The token IDs of a request that is not pre-hashed (every request but Mooncake ``hash_ids`` has them)."""
+    if req.tokens is None:
+        raise UsageError(f"line {req.line}: the request carries hash_ids, not token IDs")
+    return req.tokens
+
+
+
+# --------------------------------------------------------------------------------------------- reading
+
+
+def trace_records(path: str) -> Iterator[tuple[int, Any, bool]]:
+    """``(line, value, has_bool_literal)`` for each line of a JSONL trace, parsed with orjson.
+
+    The flag (a ``true``/``false`` that may be on the line) lets token lists be checked at C speed: a bool
+    would otherwise pass as 0 or 1.
+    """
+    from ...inputs import iter_raw_lines, parse_jsonl_line
+
+    for lineno, raw, source in iter_raw_lines(path):
+        yield lineno, parse_jsonl_line(raw, source, lineno), _may_hold_bool(raw)
+
+
+def _may_hold_bool(raw: bytes) -> bool:
+    """Whether ``true`` or ``false`` may be on the line: both end in ``e``, a letter a token list never holds,
+    so only the few ``e`` of the line (in its keys) are looked at, each found with one ``memchr``. Never a
+    false "no"; past 16 of them, one scan for the two words."""
+    find = raw.find
+    i = find(b"e")
+    seen = 0
+    while i >= 0:
+        if raw[i - 3:i] == b"tru" or raw[i - 4:i] == b"fals":
+            return True
+        seen += 1
+        if seen == 16:
+            return b"true" in raw or b"false" in raw
+        i = find(b"e", i + 1)
+    return False
+
+
+_check_ids: Any = None
+
+
+def _token_list(value: Any, name: str, where: dict, maybe_bool: bool = True) -> list:
+    """Token IDs through the one validator of token-ID lists (:func:`cachectl.inputs.prompt.check_ids`)."""
+    global _check_ids
+    if _check_ids is None:  # imported on first use (this module stays light), then kept: one call per request
+        from ...inputs.prompt import check_ids
+
+        _check_ids = check_ids
+    _check_ids(value, field=name, maybe_bool=maybe_bool, **where)
+    return value
+
+
+def _int_list(value: Any, name: str, where: dict) -> list:
+    if not isinstance(value, list):
+        raise InputError("expected a list", field=name, **where)
+    for i, x in enumerate(value):
+        if type(x) is not int or x < 0:
+            raise InputError(f"{x!r:.60} is not a non-negative integer", field=f"{name}[{i}]", **where)
+    return value
+
+
+#: deepest JSON object or list taken as a salt, tenant or session (its repr recurses once per level)
+MAX_KEY_DEPTH = 64
+
+
+def _nested_key(value: Any, name: str, where: dict) -> str:
+    """A salt, tenant or session that is a JSON object or list, as one hashable string (its repr). Nested
+    deeper than :data:`MAX_KEY_DEPTH` levels it is refused: repr would meet Python's recursion limit at a depth
+    that depends on the caller's stack."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > MAX_KEY_DEPTH:
+            raise InputError(f"nested deeper than {MAX_KEY_DEPTH} levels", field=name, **where)
+        for child in (v.values() if isinstance(v, dict) else v):
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
+    return repr(value)
+
+
+def _get(value: dict, dotted: str) -> Any:
+    cur: Any = value
+    for part in dotted.split("."):
+        if not isinstance(cur, dict):
+            return None
+        cur = cur.get(part)
+    return cur
+
+
+def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
+               salt_field: str | None = None, tenant_field: str | None = None, hash_block_size: int = 512,
+               as_kind: str | None = None, batch_size: int = 128, no_salt: bool = False,
+               add_generation_prompt: bool = True, session_fields: Sequence[str] = ()) -> Iterator[TraceRequest]:
+    """Requests from a JSONL trace: token IDs, Mooncake hash_ids, or text/chat through a tokenizer.
+
+    ``records`` yields ``(line, value)`` or, from :func:`trace_records`, ``(line, value, has_bool_literal)``.
+    ``session_fields``: the first of these (dotted) fields present on a line is the request's ``session``
+    (for session-affinity routing); None when none is.
+    """
+    pending: list[tuple[int, Any, Any, dict]] = []
+    index = 0
+
+    def flush() -> Iterator[TraceRequest]:
+        nonlocal index
+        if not pending:
+            return
+        from ...inputs import prompt_from_value
+
+        prompts = [prompt_from_value(v, source=source, line=ln, as_kind=as_kind) for ln, v, _, _ in pending]
+        # chat requests as vLLM's chat endpoint renders them by default (with the assistant header)
+        toks = tokenizer.tokenize_many(prompts, add_generation_prompt=add_generation_prompt)
+        for (ln, _, salt, meta), tok in zip(pending, toks):
+            yield TraceRequest(index=index, line=ln, prompt_tokens=len(tok.ids), tokens=list(tok.ids), salt=salt,
+                               **meta)
+            index += 1
+        pending.clear()
+
+    for record in records:
+        line, value = record[0], record[1]
+        maybe_bool = record[2] if len(record) > 2 else True
+        where = {"source": source, "line": line}
+        if not isinstance(value, dict):
+            raise InputError("expected a JSON object per line", **where)
+        salt = _get(value, salt_field) if salt_field else value.get("salt", value.get("cache_salt"))
+        # a request without a salt is an ordinary one (vLLM's cache_salt is optional): cached unsalted, counted
+        unsalted = bool(salt_field) and salt is None
+        tenant = _get(value, tenant_field) if tenant_field else salt
+        no_tenant = bool(tenant_field) and tenant is None
+        if no_salt:
+            salt = None
+        if isinstance(salt, (dict, list)):
+            salt = _nested_key(salt, salt_field or "salt", where)
+        if isinstance(tenant, (dict, list)):
+            tenant = _nested_key(tenant, tenant_field or "salt", where)
+        ts = value.get("timestamp")
+        if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float))
+                               or not -MAX_TIMESTAMP < ts < MAX_TIMESTAMP):
+            raise InputError(f"expected a number of seconds (or Mooncake milliseconds), got {ts!r:.60}",
+                             field="timestamp", **where)
+        out_key = "output_tokens" if "output_tokens" in value else "output_length"
+        out = value.get(out_key) or 0
+        if isinstance(out, bool) or not isinstance(out, int) or not 0 <= out <= MAX_OUTPUT_TOKENS:
+            raise InputError(f"expected a non-negative integer up to {MAX_OUTPUT_TOKENS:,}, got {out!r:.60}",
+                             field=out_key, **where)
+        meta: dict[str, Any] = {"tenant": tenant, "timestamp": None if ts is None else float(ts), "output_tokens": out,
+                "unsalted": unsalted, "no_tenant": no_tenant}
+        if session_fields:
+            session = next((v for v in map(lambda f: _get(value, f), session_fields) if v is not None), None)
+            meta["session"] = (_nested_key(session, "session", where) if isinstance(session, (dict, list))
+                               else session)
+        if "hash_ids" in value and as_kind is None:
+            if pending:
+                yield from flush()
+            ids = _int_list(value["hash_ids"], "hash_ids", where)
+            length = value.get("input_length")
+            if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+                raise InputError(f"expected a positive integer, got {length!r:.60}", field="input_length", **where)
+            if -(-length // hash_block_size) != len(ids):
+                raise InputError(f"{len(ids)} hash_ids do not cover input_length {length} in blocks of "
+                                 f"{hash_block_size} (--hash-block-size)", field="hash_ids", **where)
+            if len(set(ids)) != len(ids):
+                first: dict = {}
+                for i, h in enumerate(ids):
+                    if h in first:
+                        raise InputError(f"hash id {h} repeats hash_ids[{first[h]}]: a Mooncake hash id names a "
+                                         "block with its whole prefix, so one request cannot hold it twice",
+                                         field=f"hash_ids[{i}]", **where)
+                    first[h] = i
+            if ts is not None and meta["timestamp"] is not None and ts > 1e11:
+                meta["timestamp"] = ts / 1000.0  # Mooncake timestamps are milliseconds
+            yield TraceRequest(index=index, line=line, prompt_tokens=length, hash_ids=ids,
+                               hash_block_size=hash_block_size, salt=salt, **meta)
+            index += 1
+            continue
+        key = ("tokens" if "tokens" in value else "prompt_token_ids" if "prompt_token_ids" in value
+               else "input_ids" if "input_ids" in value else None)
+        if key is not None and as_kind in (None, "ids"):
+            if pending:
+                yield from flush()
+            tokens = _token_list(value[key], key, where, maybe_bool)
+            segments = value.get("segments")
+            if segments is not None:
+                segments = _int_list(segments, "segments", where)
+                if sum(segments) != len(tokens):
+                    raise InputError(f"segments sum to {sum(segments)}, not the {len(tokens)} tokens",
+                                     field="segments", **where)
+            yield TraceRequest(index=index, line=line, prompt_tokens=len(tokens), tokens=tokens, salt=salt,
+                               segments=segments, **meta)
+            index += 1
+            continue
+        if any(k in value for k in ("prompt", "messages", "text", "body")):
+            if tokenizer is None:
+                raise InputError("a text or chat request needs --tokenizer to become token IDs", **where)
+            pending.append((line, value, salt, meta))
+            if len(pending) >= batch_size:
+                yield from flush()
+            continue
+        raise InputError("no tokens: expected 'tokens' (token IDs), 'hash_ids' with 'input_length' (Mooncake), "
+                         "or 'prompt'/'messages' with --tokenizer", **where)
+    yield from flush()
