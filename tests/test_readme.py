@@ -34,3 +34,16 @@ def test_ci_runs_the_oldest_versions_job_on_the_declared_floors():
     # the pins come from pyproject.toml itself, and the job checks they were installed
     assert 'tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]' in oldest
     assert "--system-site-packages" in oldest and "floors installed" in oldest
+
+
+def test_the_setup_installs_the_tour_and_tests_without_ray_and_ci_adds_it():
+    import tomllib
+
+    setup, _ = readme_commands()
+    assert '".[dev]"' in setup and "ray" not in setup and "[all" not in setup
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    dev = extras["dev"][0]
+    assert "ray" not in dev and "test" in dev and "ray" in extras["all"][0]
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    ray = 'python3 -m pip install -c constraints.txt -e ".[ray]"'
+    assert ray in ci and ci.index(setup) < ci.index(ray) < ci.index("python3 -m pytest -q")
