@@ -226,13 +226,15 @@ def test_cli_import_does_not_load_heavy_libraries():
 
 
 def test_a_command_that_runs_imports_no_pydantic(tmp_path):
-    """The start-up pyproject.toml caps typer for: typer 0.29 converts options through pydantic (~70 ms); the
-    typer the package allows does not, and no command's own start-up imports pydantic either."""
+    """No command's own start-up imports pydantic: under typer before 0.29 nothing does. typer 0.29 converts
+    options through pydantic itself (its cost is measured by bench/bench_prompt_cost_startup.py, not here), and
+    the package does not cap typer to avoid it."""
     from importlib.metadata import requires, version
 
-    cap = next(r for r in requires("llm-cachectl") or () if r.startswith("typer"))
-    assert "<0.29" in cap
-    assert tuple(int(x) for x in version("typer").split(".")[:2]) < (0, 29), "typer outside the declared range"
+    declared = next(r for r in requires("llm-cachectl") or () if r.startswith("typer"))
+    assert "<" not in declared, "typer is not capped"
+    if tuple(int(x) for x in version("typer").split(".")[:2]) >= (0, 29):
+        pytest.skip("typer 0.29+ imports pydantic to convert options")
     trace = tmp_path / "t.jsonl"
     trace.write_text(json.dumps({"tokens": list(range(40))}) + "\n")
     code = ("import sys, runpy; sys.argv = ['cachectl', *sys.argv[1:]]\n"
