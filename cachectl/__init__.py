@@ -14,8 +14,98 @@ Names are imported on first use so that ``import cachectl`` stays cheap.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:  # the same names, typed, for type checkers (tests/test_packaging.py checks the two agree)
+    from .engines.kv.config import (
+        ContextRow,
+        KvReport,
+        KvShape,
+        LayerGroup,
+        inspect_config,
+        kv_shape,
+        layer_groups,
+        read_gguf_config,
+        resolve_model,
+    )
+    from .engines.kv.live import (
+        LiveRun,
+        QuantizedRun,
+        SharedPrefixRun,
+        TurnsRun,
+        inspect_model,
+        run_live,
+        run_quantized,
+        run_shared_prefix,
+        run_turns,
+    )
+    from .engines.lint.body import lint_body
+    from .engines.lint.fix import FixResult, fix_paths
+    from .engines.lint.output import to_github, to_sarif
+    from .engines.lint.rules import Finding, LintReport, Rule
+    from .engines.lint.run import lint_paths
+    from .engines.lint.templates import lint_template
+    from .engines.prefix.curve import CurvePoint, CurveReport, capacity_curve
+    from .engines.prefix.fleet import FleetReport, simulate_fleet, simulate_partitions
+    from .engines.prefix.replay import PrefixReport, RequestHit, TenantStats, simulate
+    from .engines.prefix.trace import TraceRequest, iter_trace, trace_records
+    from .engines.prefix.value import HitsWorth, hits_worth
+    from .engines.provider.cache import (
+        CostReport,
+        MissReason,
+        Reconciliation,
+        RequestCost,
+        audit_usage,
+        simulate_requests,
+        what_if,
+    )
+    from .engines.provider.prices import ModelPrice, PriceTable
+    from .engines.repair.fix import FixOptions, FixReport, fix_log, group_sessions, log_lines
+    from .engines.repair.report import LogReport, build_report
+    from .engines.semantic import (
+        DupesReport,
+        Embedder,
+        PairsReport,
+        ProbeReport,
+        ReplayReport,
+        SweepReport,
+        exact_dupes,
+        load_model,
+        read_pairs,
+        replay,
+        run_probe,
+        score_pairs,
+        sweep_scores,
+    )
+    from .engines.tokendiff import (
+        Cause,
+        LogSummary,
+        PairResult,
+        StabilityReport,
+        StabilityStep,
+        TokenDiff,
+        check_stability,
+        common_prefix_length,
+        diff_log,
+        diff_tokens,
+    )
+    from .errors import CachectlError, InputError, TokenizerError, UsageError
+    from .inputs import (
+        Position,
+        PromptInput,
+        Request,
+        iter_log,
+        parse_request,
+        prompt_from_request,
+        prompt_from_value,
+        read_prompt,
+        read_request_document,
+        read_requests,
+    )
+    from .tokenization import Tokenized, TokenizerHandle, load_tokenizer
+    from .volatile import classify_change, find_volatile
 
 _EXPORTS = {
     "CachectlError": "cachectl.errors",
@@ -105,6 +195,20 @@ _EXPORTS = {
     "LintReport": "cachectl.engines.lint.rules",
     "Finding": "cachectl.engines.lint.rules",
     "Rule": "cachectl.engines.lint.rules",
+    "capacity_curve": "cachectl.engines.prefix.curve",
+    "CurveReport": "cachectl.engines.prefix.curve",
+    "CurvePoint": "cachectl.engines.prefix.curve",
+    "simulate_fleet": "cachectl.engines.prefix.fleet",
+    "simulate_partitions": "cachectl.engines.prefix.fleet",
+    "FleetReport": "cachectl.engines.prefix.fleet",
+    "hits_worth": "cachectl.engines.prefix.value",
+    "HitsWorth": "cachectl.engines.prefix.value",
+    "build_report": "cachectl.engines.repair.report",
+    "LogReport": "cachectl.engines.repair.report",
+    "fix_paths": "cachectl.engines.lint.fix",
+    "FixResult": "cachectl.engines.lint.fix",
+    "to_sarif": "cachectl.engines.lint.output",
+    "to_github": "cachectl.engines.lint.output",
 }
 
 __all__ = ["__version__", *_EXPORTS]

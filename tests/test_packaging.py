@@ -118,3 +118,24 @@ def test_the_library_exports_every_engine_and_its_results():
            "'transformers'))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_every_export_is_typed_and_every_command_entry_exported():
+    """The lazy exports and the TYPE_CHECKING imports beside them name the same objects, and each command's
+    engine entry (including the fleet, the curve, the report builder and the template fixer) is exported."""
+    import cachectl
+
+    tree = ast.parse((ROOT / "cachectl" / "__init__.py").read_text(encoding="utf-8"))
+    typed: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            for imp in node.body:
+                assert isinstance(imp, ast.ImportFrom) and imp.level == 1
+                for alias in imp.names:
+                    typed[alias.name] = f"cachectl.{imp.module}"
+    exports = dict(cachectl._EXPORTS)
+    assert typed == exports
+    for name in ("capacity_curve", "simulate_fleet", "simulate_partitions", "hits_worth", "build_report",
+                 "fix_paths", "fix_log", "lint_paths", "what_if", "simulate_requests", "audit_usage", "run_probe",
+                 "diff_log", "check_stability", "inspect_config", "run_turns", "exact_dupes", "to_sarif"):
+        assert name in cachectl.__all__, name
