@@ -14,7 +14,7 @@ import pytest
 
 from cachectl.engines import tokendiff
 from cachectl.engines.provider.prices import PriceTable
-from cachectl.engines.repair import fix
+from cachectl.engines.repair import fix, fixes, groups
 from cachectl.inputs import LogRecord, iter_jsonl, parse_request, prompt_from_value
 
 from .conftest import PROMPTS, ROOT, TOK_DIR
@@ -29,11 +29,11 @@ def table():
 
 
 def lines_of(path=LOG, key="session"):
-    return fix.log_lines(iter_jsonl(str(path)), source=str(path), key=key)
+    return groups.log_lines(iter_jsonl(str(path)), source=str(path), key=key)
 
 
 def reparsed(lines, values):
-    return [fix.log_lines([(ln.line, v)], source="fixed", key="session")[0] for ln, v in zip(lines, values)]
+    return [groups.log_lines([(ln.line, v)], source="fixed", key="session")[0] for ln, v in zip(lines, values)]
 
 
 def pairs(lines, tok):
@@ -56,7 +56,7 @@ def test_fix_removes_every_diff_tokens_finding_it_labels_fixed(tok, table, unsaf
         # the pair is labelled fixed for a code when that code rewrote one of its lines and left nothing undone there
         on_pair = [f for f in report.fixes if f.line in pair]
         codes = {f.code for f in on_pair if all(g.applied for g in on_pair if g.code == f.code)}
-        fixed_causes = {c for code in codes for c in fix.CAUSES[code]}
+        fixed_causes = {c for code in codes for c in fixes.CAUSES[code]}
         if d.cause is not None and d.cause.id in fixed_causes:
             assert a.common_prefix_tokens >= d.common_prefix_tokens, pair
             assert a.cause is None or a.cause.id not in fixed_causes, (pair, a.cause)
@@ -74,7 +74,7 @@ def test_fix_removes_every_diff_tokens_finding_it_labels_fixed(tok, table, unsaf
 def test_every_fix_code_is_found_on_the_fixture_with_its_label(tok, table):
     report = fix.fix_log(lines_of(), fix.FixOptions(key="session"), tokenizer=tok, table=table)
     found = {(f.code, f.safe) for f in report.fixes}
-    assert {c for c, _ in found} == set(fix.CODES)
+    assert {c for c, _ in found} == set(fixes.CODES)
     assert ("FX002", True) in found and ("FX006", True) in found
     assert ("FX001", False) in found and ("FX003", False) in found and ("FX004", False) in found
     # reasoning: safe where the template already drops it, unsafe where the model saw it (the tool loop)
@@ -229,11 +229,11 @@ def test_bad_input_is_one_line_exit_2(cli, tmp_path):
 def test_grouping_without_a_key_finds_the_conversations(tok):
     keyed = lines_of()
     auto = lines_of(key=None)
-    g = fix.group_sessions(auto, tokenizer=tok)
-    k = fix.group_sessions(keyed, key="session")
+    g = groups.group_sessions(auto, tokenizer=tok)
+    k = groups.group_sessions(keyed, key="session")
     assert g.count == k.count == 6 and g.groups == k.groups
     # the conversations are 30 s apart: a 10 s window closes each one after every request
-    short = fix.group_sessions(auto, tokenizer=tok, window_s=10)
+    short = groups.group_sessions(auto, tokenizer=tok, window_s=10)
     assert short.count == len(auto)
 
 
@@ -243,7 +243,7 @@ def test_chat_lists_get_the_value_at_the_end_of_the_last_user_turn(tok, table):
     rows = [[{"role": "system", "content": system}, {"role": "user", "content": "one"}],
             [{"role": "system", "content": later}, {"role": "user", "content": "one"},
              {"role": "assistant", "content": "ok"}, {"role": "user", "content": "two"}]]
-    lines = fix.log_lines(enumerate(rows, start=1), source="chat.jsonl")
+    lines = groups.log_lines(enumerate(rows, start=1), source="chat.jsonl")
     report = fix.fix_log(lines, fix.FixOptions(unsafe=True), tokenizer=tok, table=table)
     assert [f.code for f in report.fixes] == ["FX001", "FX001"]
     first, second = report.output
@@ -263,7 +263,7 @@ def test_a_tool_loop_gets_a_trailing_system_message_on_openai(tok, table):
     res = {"role": "tool", "tool_call_id": "call_1", "content": "found"}
     rows = [{"timestamp": 0, "body": body("09:00:00", [])},
             {"timestamp": 5, "body": body("09:00:05", [call, res])}]
-    lines = fix.log_lines(enumerate(rows, start=1), source="loop.jsonl")
+    lines = groups.log_lines(enumerate(rows, start=1), source="loop.jsonl")
     report = fix.fix_log(lines, fix.FixOptions(unsafe=True), tokenizer=tok, table=table)
     msgs = report.output[1]["body"]["messages"]
     assert msgs[-1] == {"role": "system", "content": "Clock: 09:00:05"}
@@ -289,7 +289,7 @@ def test_an_anthropic_breakpoint_the_next_request_cannot_read_moves_to_the_last_
                {"role": "user", "content": [{"type": "text", "text": "second question"},
                                             {"type": "text", "text": "context two", "cache_control": cc}]}])
     rows = [{"timestamp": 0, "body": r1}, {"timestamp": 30, "body": r2}]
-    lines = fix.log_lines(enumerate(rows, start=1), source="cc.jsonl")
+    lines = groups.log_lines(enumerate(rows, start=1), source="cc.jsonl")
     report = fix.fix_log(lines, fix.FixOptions(), tokenizer=tok, table=table)
     first = [f for f in report.fixes if f.line == 1]
     assert [(f.code, f.safe, f.applied) for f in first] == [("FX006", True, True)]

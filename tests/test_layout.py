@@ -104,7 +104,7 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 def test_the_walker_sees_function_level_and_type_checking_imports():
     # the walker itself: the engines package is found with its packages, and an import inside a function counts
     assert {"cachectl.engines.prefix.pools", "cachectl.engines.lint.rules", "cachectl.cli.common"} <= set(MODULES)
-    live = dict(imports_of("cachectl.engines.repair.fix"))
+    live = dict(imports_of("cachectl.engines.repair.measure"))
     assert "cachectl.engines.prefix.replay" in live  # imported inside measure()
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
@@ -137,47 +137,61 @@ def test_inputs_tokenization_and_the_detector_sit_below_the_engines():
     assert not bad, "\n".join(bad)
 
 
-def readme_tree() -> tuple[set[str], str]:
-    """The paths the README's tree names (from its indentation: two spaces a level), and the tree's text."""
+def readme_entries() -> dict[str, str]:
+    """Each path the README's tree names (from its indentation: two spaces a level), with its entry: its line and
+    its description's further lines (not the lines of the paths nested under it)."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     section = text.split("## Architecture", 1)[1].split("\n## ", 1)[0]
     blocks = section.split("```")[1::2]
     tree = next(b for b in blocks if b.lstrip("\n").startswith("cachectl/"))
-    named: set[str] = set()
+    entries: dict[str, str] = {}
     stack: list[str] = []
     for line in tree.strip("\n").splitlines():
         m = re.match(r"^( *)([\w.]+(?:/|\.py))(?:\s|$)", line)
         if not m or len(m.group(1)) % 2 or len(m.group(1)) > 16:
-            continue  # a description's second line
+            if stack:  # a description's second line
+                entries["".join(stack)] += "\n" + line
+            continue
         depth = len(m.group(1)) // 2
         stack[depth:] = [m.group(2)]
-        named.add("".join(stack))
-    return named, tree
+        entries["".join(stack)] = line
+    return entries
+
+
+def readme_tree() -> tuple[set[str], str]:
+    """The paths the README's tree names, and the tree's text."""
+    entries = readme_entries()
+    return set(entries), "\n".join(entries.values())
 
 
 def test_the_readme_tree_is_read_by_its_indentation():
     named, _ = readme_tree()
     assert {"cachectl/", "cachectl/engines/", "cachectl/engines/prefix/", "cachectl/cli/"} <= named
+    entries = readme_entries()
+    # a package's entry holds its description's further lines, not those of a package nested under it
+    assert "replay.py" in entries["cachectl/engines/prefix/"]
+    assert "fx001_volatile_to_end.py" in entries["cachectl/engines/repair/fixes/"]
+    assert "fx001_volatile_to_end.py" not in entries["cachectl/engines/repair/"]
 
 
 def test_the_readme_architecture_names_every_engine_package():
-    named, tree = readme_tree()
+    entries = readme_entries()
+    named = set(entries)
     # each path named in the tree is a real file or package folder
     for path in sorted(named):
         p = ROOT / path
         assert p.is_file() or (p.is_dir() if path.endswith("/") else False), f"README names {path}, which does not exist"
-    # each engine package (and each engine module beside them) has its line in the tree
+    # each engine package, nested ones too (and each engine module beside them), has its line in the tree
     engines = PKG / "engines"
-    packages = sorted(p for p in engines.iterdir() if (p / "__init__.py").is_file())
-    wanted = {f"cachectl/engines/{p.name}/" for p in packages}
+    packages = sorted(p.parent for p in engines.rglob("__init__.py") if p.parent != engines)
+    wanted = {f"{p.relative_to(ROOT).as_posix()}/" for p in packages}
     wanted |= {f"cachectl/engines/{p.name}" for p in engines.glob("*.py") if p.name != "__init__.py"}
     missing = sorted(wanted - named)
     assert not missing, f"README's Architecture does not name {missing}"
-    # and each module of an engine package is named in its package's entry
+    # and each module of an engine package is named in its package's own entry
     for pkg in packages:
-        entry = tree.split(f"    {pkg.name}/", 1)[1]
-        entry = re.split(r"\n    \S", entry, maxsplit=1)[0]
+        path = f"{pkg.relative_to(ROOT).as_posix()}/"
         for mod in sorted(pkg.glob("*.py")):
             if mod.name != "__init__.py":
-                assert re.search(rf"\b{re.escape(mod.name)}\b", entry), \
-                    f"README's tree does not name {pkg.name}/{mod.name} in {pkg.name}/'s entry"
+                assert re.search(rf"\b{re.escape(mod.name)}\b", entries[path]), \
+                    f"README's tree does not name {mod.relative_to(engines)} in {path}'s entry"

@@ -94,10 +94,10 @@ def test_worst_pair_shows_the_tokens_around_the_divergence(built):
 def test_before_after_is_fix_engines_own_and_adds_up(tok):
     from dataclasses import replace
 
-    from cachectl.engines.repair import fix
+    from cachectl.engines.repair import fix, groups
     from cachectl.inputs import iter_jsonl
 
-    lines = fix.log_lines(iter_jsonl(str(LOG)), source=str(LOG), key="session")
+    lines = groups.log_lines(iter_jsonl(str(LOG)), source=str(LOG), key="session")
     opts = fix.FixOptions(key="session")
     safe = fix.fix_log(lines, opts, tokenizer=tok, table=PriceTable.load(), source=str(LOG))
     full = fix.fix_log(lines, replace(opts, unsafe=True), tokenizer=tok, table=PriceTable.load(), source=str(LOG))

@@ -30,7 +30,8 @@ from .common import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..engines.repair.fix import FixReport, Measure
+    from ..engines.repair.fix import FixReport
+    from ..engines.repair.measure import Measure
 
 HELP = """Rewrite logged requests so that their cacheable prefix is stable, and measure what that is worth.
 
@@ -86,7 +87,8 @@ def command(
     fmt: FormatOpt = Format.text,
 ) -> None:
     from ..engines.provider.prices import PriceTable
-    from ..engines.repair import fix
+    from ..engines.repair import fix, fixes
+    from ..engines.repair.groups import log_lines
     from ..inputs import display_name, iter_raw_lines, parse_jsonl_line, read_json_file
 
     if diff and out:
@@ -96,9 +98,9 @@ def command(
     codes = None
     if select:
         codes = tuple(c.strip().upper() for c in select.split(",") if c.strip())
-        bad = [c for c in codes if c not in fix.FIXES]
+        bad = [c for c in codes if c not in fixes.FIXES]
         if bad:
-            raise UsageError(f"--select: unknown fix code(s) {', '.join(bad)} (known: {', '.join(fix.CODES)})")
+            raise UsageError(f"--select: unknown fix code(s) {', '.join(bad)} (known: {', '.join(fixes.CODES)})")
     window_s = parse_window(window)
     capacity = KvCapacity(capacity_blocks, capacity_gib, kv_model or model, dtype.value, block_size,
                           model_flag="--kv-model (or --model)")
@@ -118,7 +120,7 @@ def command(
     for lineno, line, src in iter_raw_lines(log):
         records.append((lineno, parse_jsonl_line(line, src, lineno)))
         raw.append(line)
-    lines = fix.log_lines(records, source=source, key=key)
+    lines = log_lines(records, source=source, key=key)
     options = fix.FixOptions(unsafe=unsafe_fixes, key=key, window_s=window_s, select=codes, block_size=block_size,
                              capacity_blocks=capacity.blocks(block_size), model=model,
                              add_generation_prompt=not no_generation_prompt)

@@ -85,6 +85,7 @@ def command(
     from ..engines.provider import cache as promptcache
     from ..engines.provider.prices import PriceTable
     from ..engines.repair import fix, report
+    from ..engines.repair.groups import log_lines
     from ..inputs import LogRecord, display_name, iter_jsonl, read_requests
     from ..tokenization import load_tokenizer
 
@@ -100,7 +101,7 @@ def command(
     check_price_model(table, model)
     source = display_name(log)
     # fix's reader and grouping: conversations by --key, else found automatically
-    lines = fix.log_lines(iter_jsonl(log), source=source, key=key)
+    lines = log_lines(iter_jsonl(log), source=source, key=key)
     options = fix.FixOptions(key=key, window_s=parse_window(window), block_size=block_size, model=model)
     safe = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source)
     full = fix.fix_log(lines, replace(options, unsafe=True), tokenizer=tok, table=table, source=source, reuse=safe)

@@ -183,7 +183,7 @@ class BeforeAfter:
 
 def before_after(safe: FixReport, full: FixReport) -> BeforeAfter:
     """The fix engine's two runs (safe fixes only; unsafe ones too) as the report's before/after section."""
-    from .fix import FIXES
+    from .fixes import FIXES
 
     def column(label: str, m, applied: int) -> FixColumn:
         p = m.provider if m is not None else None
@@ -198,7 +198,7 @@ def before_after(safe: FixReport, full: FixReport) -> BeforeAfter:
 
     cols = (column("before", safe.before, 0), column("safe fixes", safe.after, safe.applied),
             column("all fixes", full.after, full.applied))
-    gains = tuple(FixGain(code=g.code, name=g.name, safe=FIXES[g.code][1], fixes=g.fixes,
+    gains = tuple(FixGain(code=g.code, name=g.name, safe=FIXES[g.code].safe, fixes=g.fixes,
                           reused_tokens=g.reused_tokens, provider_saved_usd=g.provider_saved_usd)
                   for g in full.per_cause)
     examples = []

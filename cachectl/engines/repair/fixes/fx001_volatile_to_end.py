@@ -1,0 +1,233 @@
+"""``FX001 volatile_to_end`` (unsafe): a value that changes per request (the shared detector,
+:mod:`cachectl.volatile`, confirmed by two consecutive requests of a conversation differing there) is moved out of
+the cached prefix, with the line that holds it, to the end of the request: appended to the last user turn when the
+request ends with one; otherwise a trailing system message (OpenAI Chat, Responses: the provider allows system
+messages anywhere) or a text block after the tool results (Anthropic, whose messages have no system role). The
+same rewritten turn is carried into the later requests of the conversation, where it is history, so the
+conversation stays append-only."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from ....inputs import Request
+from ..groups import LogLine, reparse
+from .body import apply_carry, body_of, get_at, messages_of, path_prefix, put_body, set_at, with_messages
+from .rewriter import FixCode, Rewriter
+
+
+def apply(rw: Rewriter) -> None:
+    from ....volatile import classify_change, find_volatile
+
+    # 1. confirm: consecutive requests of a conversation whose prefix positions differ in a volatile value
+    confirmed: dict[str, set[str]] = {}                 # position path -> families
+    spans: dict[tuple[int, str], list[tuple[int, int]]] = {}  # (line index, slot path) -> char spans
+    for members in rw.members():
+        for a, b in zip(members, members[1:]):
+            la, lb = rw.current(a), rw.current(b)
+            if la.request is None or lb.request is None:
+                continue
+            pa, pb = _prefix_positions(la.request), _prefix_positions(lb.request)
+            for x, y in zip(pa, pb):
+                if x.identity == y.identity:
+                    continue
+                if x.path != y.path or x.segment != y.segment:
+                    break
+                for slot, ta, tb in _slot_pairs(rw.values[a], rw.values[b], x.path):
+                    if ta == tb:
+                        continue
+                    pair = classify_change(ta, tb)
+                    if pair is None:
+                        continue
+                    va, vb = pair
+                    fam = _family(va)
+                    confirmed.setdefault(slot, set()).add(fam)
+                    spans.setdefault((a, slot), []).append((va.start, va.end))
+                    spans.setdefault((b, slot), []).append((vb.start, vb.end))
+                break  # the first differing position is where the prefix ends
+    if not confirmed:
+        return
+    # 2. every request that holds a value of a confirmed family in a confirmed slot: move its line
+    for members in rw.members():
+        carry: list[tuple[int, str, Any]] = []   # (message index, original message json, rewritten messages)
+        for i in members:
+            ln = rw.lines[i]
+            value = rw.values[i]
+            msgs = messages_of(value)
+            if msgs is not None and carry:
+                msgs = apply_carry(msgs, carry)
+                value = with_messages(value, msgs)
+            moved: list[str] = []
+            edits: list[tuple[str, str, str]] = []
+            req = reparse(ln, value).request
+            if req is None:
+                rw.values[i] = value
+                continue
+            prefix_paths = {p.path for p in _prefix_positions(req)}
+            for slot, fams in confirmed.items():
+                if not any(slot == pp or slot.startswith(pp + ".") or slot.startswith(pp + "[")
+                           for pp in prefix_paths):
+                    continue
+                try:
+                    text = get_at(body_of(value)[0], slot)
+                except (KeyError, IndexError, TypeError):
+                    continue
+                if not isinstance(text, str):
+                    continue
+                found = [(v.start, v.end) for v in find_volatile(text, weekdays=True) if _family(v) in fams]
+                found += spans.get((i, slot), [])
+                if not found:
+                    continue
+                new_text, lines_out = _cut_lines(text, found)
+                if not lines_out:
+                    continue
+                edits.append((slot, text, new_text))
+                moved.extend(lines_out)
+            if not edits:
+                rw.values[i] = value
+                continue
+            note = "\n".join(dict.fromkeys(moved))
+            where, new_value, carried = _append_note(value, note, ln)
+            if where is None:
+                rw.notes.append(f"line {ln.line}: a volatile value was found but the request has no place "
+                                  "after its prefix to move it to")
+                rw.values[i] = value
+                continue
+            for slot, _old, new in edits:
+                set_at(body_of(new_value)[0], slot, new)
+            for slot, _old, _new in edits:
+                rw.record(FX001, ln, path_prefix(value) + slot,
+                          f"{', '.join(repr(x) for x in dict.fromkeys(moved))} changes per request inside the "
+                          f"cached prefix: moved to {where}", note, where)
+            if rw.allowed(FX001.safe):
+                rw.values[i] = new_value
+                if carried is not None:
+                    carry.append(carried)
+            else:
+                rw.values[i] = value
+
+
+def _prefix_positions(req: Request) -> list:
+    """The positions before the last user turn's start: the cached prefix a volatile value must leave."""
+    pos = list(req.positions)
+    last_user = max((k for k, p in enumerate(pos) if p.segment == "messages" and p.role == "user"), default=None)
+    return pos[:last_user] if last_user is not None else pos
+
+
+def _slot_pairs(va: Any, vb: Any, path: str) -> list[tuple[str, str, str]]:
+    """The strings at or under ``path`` in both bodies: ``(slot path, text a, text b)``."""
+    ba, bb = body_of(va)[0], body_of(vb)[0]
+    try:
+        xa, xb = get_at(ba, path), get_at(bb, path)
+    except (KeyError, IndexError, TypeError):
+        return []
+    out: list[tuple[str, str, str]] = []
+
+    def walk(x: Any, y: Any, p: str) -> None:
+        if isinstance(x, str) and isinstance(y, str):
+            out.append((p, x, y))
+        elif isinstance(x, dict) and isinstance(y, dict):
+            for k in x:
+                if k in y and k not in ("type", "cache_control", "role"):
+                    walk(x[k], y[k], f"{p}.{k}")
+        elif isinstance(x, list) and isinstance(y, list) and len(x) == len(y):
+            for j, (u, w) in enumerate(zip(x, y)):
+                walk(u, w, f"{p}[{j}]")
+
+    walk(xa, xb, path)
+    return out
+
+
+def _family(v: Any) -> str:
+    return "date_time" if v.is_date_time else v.kind
+
+
+def _cut_lines(text: str, spans: list[tuple[int, int]]) -> tuple[str, list[str]]:
+    """``text`` without the lines that hold the spans (a long line: only the sentence), and the cut pieces."""
+    lines = text.split("\n")
+    starts, at = [], 0
+    for line in lines:
+        starts.append(at)
+        at += len(line) + 1
+    cut: dict[int, tuple[int, int]] = {}      # line number -> (start, end) within the line
+    for s, e in spans:
+        n = max(k for k, st in enumerate(starts) if st <= s)
+        line = lines[n]
+        ls, le = s - starts[n], min(e - starts[n], len(line))
+        if len(line) <= 300:
+            lo, hi = 0, len(line)
+        else:  # the sentence around the value
+            lo = max(line.rfind(". ", 0, ls) + 2, 0) if line.rfind(". ", 0, ls) >= 0 else 0
+            dot = line.find(". ", le)
+            hi = dot + 1 if dot >= 0 else len(line)
+        old = cut.get(n)
+        cut[n] = (min(lo, old[0]), max(hi, old[1])) if old else (lo, hi)
+    pieces: list[str] = []
+    out_lines: list[str | None] = list(lines)
+    for n in sorted(cut):
+        lo, hi = cut[n]
+        piece = lines[n][lo:hi].strip()
+        if not piece:
+            continue
+        pieces.append(piece)
+        rest = (lines[n][:lo] + lines[n][hi:]).strip() if (lo, hi) != (0, len(lines[n])) else ""
+        if rest:
+            out_lines[n] = (lines[n][:lo].rstrip() + " " + lines[n][hi:].lstrip()).strip()
+        else:
+            out_lines[n] = None
+            # a blank line on both sides: keep one
+            if n > 0 and n + 1 < len(lines) and not lines[n - 1].strip() and not lines[n + 1].strip():
+                out_lines[n + 1] = None if out_lines[n + 1] == "" else out_lines[n + 1]
+    kept = [x for x in out_lines if x is not None]
+    return "\n".join(kept), pieces
+
+
+
+def _append_note(value: Any, note: str, ln: LogLine) -> tuple[str | None, Any, tuple[int, str, Any] | None]:
+    """The request with ``note`` at its end: ``(where, new value, carry)``."""
+    value = copy.deepcopy(value)
+    body, bp = body_of(value)
+    req = ln.request
+    anthropic = req is not None and req.provider == "anthropic"
+    key = "messages" if "messages" in body else "input" if isinstance(body.get("input"), list) else None
+    if key is None:
+        if isinstance(body.get("input"), str):
+            body["input"] = body["input"] + "\n\n" + note
+            return "the end of the input", put_body(value, body, bp), None
+        return None, value, None
+    msgs = body[key]
+    if not msgs:
+        return None, value, None
+    last = msgs[-1]
+    idx = len(msgs) - 1
+    original = json.dumps(last, sort_keys=True)
+    if isinstance(last, dict) and last.get("role") == "user":
+        new = dict(last)
+        c = new.get("content")
+        only_results = isinstance(c, list) and c and all(isinstance(b, dict) and b.get("type") == "tool_result"
+                                                         for b in c)
+        if isinstance(c, str):
+            new["content"] = c + "\n\n" + note
+        elif isinstance(c, list):
+            part = {"type": "text", "text": note} if anthropic or key == "messages" else {"type": "input_text",
+                                                                                          "text": note}
+            new["content"] = [*c, part]
+        else:
+            return None, value, None
+        msgs[-1] = new
+        where = ("a text block after the tool results of the last user turn" if only_results
+                 else "the end of the last user turn")
+        return where, put_body(value, body, bp), (idx, original, [new])
+    if anthropic:
+        return None, value, None
+    role = "system"
+    sysmsg = {"role": role, "content": note}
+    msgs.append(sysmsg)
+    return "a trailing system message", put_body(value, body, bp), (idx, original, [copy.deepcopy(last), sysmsg])
+
+
+FX001 = FixCode("FX001", "volatile_to_end", safe=False,
+                description="move a per-request value out of the cached prefix to the end",
+                causes=("date_time", "counter", "volatile_id", "system_prompt_changed"), apply=apply)

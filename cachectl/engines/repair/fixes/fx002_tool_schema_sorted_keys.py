@@ -1,0 +1,36 @@
+"""``FX002 tool_schema_sorted_keys`` (safe): a tool definition seen with its keys in another order is serialized
+with sorted keys everywhere it occurs (the same JSON value: a JSON parser reads the same schema)."""
+
+from __future__ import annotations
+
+import json
+
+from .body import path_prefix, tool_name, tools_of
+from .rewriter import FixCode, Rewriter
+
+
+def apply(rw: Rewriter) -> None:
+    forms: dict[str, set[str]] = {}
+    for i in range(len(rw.lines)):
+        got = tools_of(rw.values[i])
+        for t in got[1] if got else ():
+            forms.setdefault(json.dumps(t, sort_keys=True), set()).add(json.dumps(t))
+    unstable = {k for k, v in forms.items() if len(v) > 1}
+    if not unstable:
+        return
+    for i, ln in enumerate(rw.lines):
+        got = tools_of(rw.values[i])
+        if got is None:
+            continue
+        body, tools = got
+        for j, t in enumerate(tools):
+            canon = json.dumps(t, sort_keys=True)
+            if canon in unstable and json.dumps(t) != canon:
+                if rw.record(FX002, ln, path_prefix(rw.values[i]) + f"tools[{j}]",
+                             f"tool {tool_name(t)!r} is sent with its keys in another order elsewhere: keys "
+                             "sorted", json.dumps(t)[:60], canon[:60]):
+                    tools[j] = json.loads(canon)
+
+
+FX002 = FixCode("FX002", "tool_schema_sorted_keys", safe=True, description="serialize tool definitions with sorted keys",
+                causes=("tool_schema_key_order",), apply=apply)

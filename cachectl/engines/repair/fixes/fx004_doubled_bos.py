@@ -1,0 +1,39 @@
+"""``FX004 doubled_bos`` (unsafe; needs a tokenizer): a raw-text prompt that starts with the BOS text, which
+encoding then doubles, loses that text (token-ID prompts lose the duplicate ID); the model then sees one BOS, not
+two."""
+
+from __future__ import annotations
+
+from .body import set_at
+from .rewriter import FixCode, Rewriter
+
+
+def apply(rw: Rewriter) -> None:
+    tok = rw.tok
+    if tok is None or tok.bos_token_id is None:
+        if tok is None and any(ln.request is None for ln in rw.lines):
+            rw.notes.append("doubled BOS (FX004) is checked only with a tokenizer")
+        return
+    bos_id, bos = tok.bos_token_id, tok.bos_token
+    for i, ln in enumerate(rw.lines):
+        p = ln.prompt
+        if p.kind == "text" and p.text is not None and bos and p.text.startswith(bos):
+            ids = tok.backend.encode(p.text, add_special_tokens=True).ids
+            if len(ids) > 1 and ids[0] == ids[1] == bos_id:
+                path = p.field_paths[0] if p.field_paths else "prompt"
+                if rw.record(FX004, ln, path, f"the text starts with {bos!r} and encoding adds BOS "
+                             "again: the text's copy removed", p.text[:len(bos) + 20],
+                             p.text[len(bos):len(bos) + 20]):
+                    set_at(rw.values[i], path, p.text[len(bos):])
+        elif p.kind == "ids" and p.ids is not None and len(p.ids) > 1 and p.ids[0] == p.ids[1] == bos_id:
+            fieldname = next((k for k in ("tokens", "prompt_token_ids", "input_ids", "token_ids", "prompt")
+                              if isinstance(rw.values[i], dict) and k in rw.values[i]), None)
+            if fieldname is None:
+                continue
+            if rw.record(FX004, ln, fieldname, "the token IDs start with BOS twice: one is removed",
+                         list(p.ids[:3]), list(p.ids[1:3])):
+                rw.values[i][fieldname] = list(p.ids[1:])
+
+
+FX004 = FixCode("FX004", "doubled_bos", safe=False, description="remove a doubled BOS from a raw-text prompt",
+                causes=("doubled_bos", "bos_mismatch"), apply=apply)

@@ -1,0 +1,83 @@
+"""What every fix code receives: the log being rewritten (a :class:`Rewriter`), and what it records there (a
+:class:`Fix` per rewrite found); and what a fix code is (a :class:`FixCode`, one per module of this package)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..groups import Grouping, LogLine, reparse
+
+
+@dataclass(frozen=True)
+class Fix:
+    code: str
+    name: str
+    safe: bool
+    applied: bool
+    line: int
+    path: str
+    message: str
+    before: str | None = None
+    after: str | None = None
+
+
+@dataclass(frozen=True)
+class FixCode:
+    """One fix code: its stable code and name, whether it is safe by default (the model sees the same content),
+    what it does, the diff-tokens causes it addresses, and the function that applies it to the whole log."""
+
+    code: str
+    name: str
+    safe: bool
+    description: str
+    causes: tuple[str, ...]
+    apply: Callable[[Rewriter], None]
+
+
+class Rewriter:
+    """The whole log as the fix codes rewrite it (a fresh deep copy of each line's value, in ``values``), and the
+    fixes and notes they record."""
+
+    def __init__(self, lines: Sequence[LogLine], grouping: Grouping, unsafe: bool, tokenizer: Any, table: Any,
+                 model: str | None, counter: Any = None):
+        self.lines = list(lines)
+        self.grouping = grouping
+        self.unsafe = unsafe
+        self.tok = tokenizer
+        self.table = table
+        self.model = model
+        self.fixes: list[Fix] = []
+        self.notes: list[str] = []
+        self.values = [copy.deepcopy(ln.value) for ln in lines]
+        self.counter = counter
+
+    def allowed(self, safe: bool) -> bool:
+        return safe or self.unsafe
+
+    def record(self, fix: FixCode, ln: LogLine, path: str, message: str, before: Any = None, after: Any = None,
+               *, safe: bool | None = None) -> bool:
+        """Record one rewrite of ``fix`` (safe as the code is by default unless ``safe`` says otherwise); whether
+        it is applied."""
+        safe = fix.safe if safe is None else safe
+        applied = self.allowed(safe)
+        self.fixes.append(Fix(fix.code, fix.name, safe, applied, ln.line, path, message,
+                              None if before is None else _short(before), None if after is None else _short(after)))
+        return applied
+
+    def members(self) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in range(self.grouping.count)]
+        for i, g in enumerate(self.grouping.groups):
+            out[g].append(i)
+        return out
+
+    def current(self, i: int) -> LogLine:
+        return reparse(self.lines[i], self.values[i])
+
+
+def _short(x: Any) -> str:
+    s = x if isinstance(x, str) else json.dumps(x, ensure_ascii=False)
+    return s if len(s) <= 120 else s[:117] + "..."

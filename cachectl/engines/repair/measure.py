@@ -1,0 +1,132 @@
+"""A log measured before and after its fixes, by the existing engines: the vLLM prefix-cache replay, the provider
+prompt-cache simulation, and the tokens each request shares with the previous request of its conversation.
+
+``measure(lines, grouping, *, tokenizer=None, table=None, block_size=16, capacity_blocks=None, ...) -> (Measure,
+notes)``; ``fix_log`` measures the log before and after (and once per fix code, for the tokens reused per cause).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import InputError, UsageError
+from ...inputs import PromptInput
+from .groups import Grouping, LogLine
+
+
+@dataclass(frozen=True)
+class VllmMeasure:
+    policy: str
+    block_size: int
+    capacity_blocks: int | None
+    requests: int
+    query_tokens: int
+    hit_tokens: float
+    hit_rate: float | None
+
+
+@dataclass(frozen=True)
+class ProviderMeasure:
+    requests: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    input_tokens: int
+    cost_usd: float
+    uncached_cost_usd: float
+    hit_rate: float | None
+    skipped: int = 0
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One log measured by the existing engines."""
+
+    vllm: VllmMeasure | None
+    provider: ProviderMeasure | None
+    #: tokens each request shares as a prefix with the previous request of its conversation, summed
+    pair_reused_tokens: int | None
+    pair_tokens: int | None
+    #: diff-tokens causes of the pairs that diverge, counted
+    causes: dict = field(default_factory=dict)
+
+
+
+def _prompt_key(p: PromptInput) -> str:
+    return json.dumps([p.kind, p.text, p.messages, p.tools, p.ids], ensure_ascii=False, default=str)
+
+
+def _tokenize(lines: Sequence[LogLine], tokenizer: Any, add_generation_prompt: bool,
+              memo: dict | None = None) -> list[Any]:
+    """Tokenized prompts; with ``memo``, a prompt tokenized before (the same content, key order included) is
+    not tokenized again (the before/after and per-fix measures share most lines)."""
+    if memo is None:
+        return tokenizer.tokenize_many([ln.prompt for ln in lines], add_generation_prompt=add_generation_prompt)
+    keys = [_prompt_key(ln.prompt) for ln in lines]
+    todo = {k: ln.prompt for k, ln in zip(keys, lines) if k not in memo}
+    if todo:
+        for k, t in zip(todo, tokenizer.tokenize_many(list(todo.values()), add_generation_prompt=add_generation_prompt)):
+            memo[k] = t
+    return [memo[k] for k in keys]
+
+
+def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = None, table: Any = None,
+            block_size: int = 16, capacity_blocks: int | None = None, add_generation_prompt: bool = True,
+            source: str = "", causes: bool = True, memo: dict | None = None,
+            counter: Any = None) -> tuple[Measure, list[str]]:
+    """A log measured by the existing engines: the vLLM replay (:func:`cachectl.engines.prefix.simulate`; with
+    ``capacity_blocks`` None, no eviction), the provider cache
+    (:func:`cachectl.engines.provider.cache.simulate_requests`), and the token prefix each request shares with the
+    previous one of its conversation (with the diff-tokens cause where they diverge)."""
+    from .. import tokendiff
+    from ..prefix.replay import simulate
+    from ..prefix.trace import TraceRequest
+    from ..provider import cache as promptcache
+
+    notes: list[str] = []
+    vllm = None
+    pair_reused = pair_tokens = None
+    cause_count: dict[str, int] = {}
+    if tokenizer is not None:
+        toks = _tokenize(lines, tokenizer, add_generation_prompt, memo)
+        trace = [TraceRequest(index=k, line=ln.line, prompt_tokens=len(t.ids), tokens=list(t.ids),
+                              timestamp=ln.timestamp) for k, (ln, t) in enumerate(zip(lines, toks))]
+        policy = "vllm" if capacity_blocks is not None else "infinite"
+        r = simulate(trace, policy=policy, block_size=block_size, capacity_blocks=capacity_blocks, source=source)
+        vllm = VllmMeasure(policy, r.block_size, r.capacity_blocks, r.requests, r.query_tokens, r.hit_tokens,
+                           r.hit_rate)
+        pair_reused = pair_tokens = 0
+        last: dict[int, Any] = {}
+        for t, g in zip(toks, grouping.groups):
+            prev = last.get(g)
+            last[g] = t
+            if prev is None:
+                continue
+            c = tokendiff.common_prefix_length(prev.ids, t.ids)
+            pair_reused += c
+            pair_tokens += len(t.ids)
+            if causes and c < min(len(prev.ids), len(t.ids)):
+                d = tokendiff.diff_tokens(prev, t, block_size=block_size, tokenizer=tokenizer)
+                cid = d.cause.id if d.cause is not None else "unexplained"
+                cause_count[cid] = cause_count.get(cid, 0) + 1
+    provider = None
+    reqs = [ln.request for ln in lines if ln.request is not None]
+    skipped = len(lines) - len(reqs)
+    if reqs and table is not None and tokenizer is None and any(p.tokens is None for r in reqs for p in r.positions):
+        notes.append("the provider cache simulation needs token counts: pass `tokenizer`")
+    elif reqs and table is not None:
+        if counter is None and tokenizer is not None:
+            counter = promptcache.tokenizer_counter(tokenizer)
+        try:
+            rep = promptcache.simulate_requests(reqs, table=table, source=source, text_counter=counter,
+                                                every=None, token_source="tokenizer")
+        except (InputError, UsageError) as exc:
+            notes.append(f"provider cache not simulated: {exc}")
+        else:
+            t = rep.totals
+            provider = ProviderMeasure(len(reqs), int(t.get("cache_read_input_tokens", 0)),
+                                       int(t.get("cache_creation_input_tokens", 0)), int(t.get("input_tokens", 0)),
+                                       rep.total_cost_usd, rep.uncached_cost_usd, rep.hit_rate, skipped)
+    return Measure(vllm, provider, pair_reused, pair_tokens, cause_count), notes
