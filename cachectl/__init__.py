@@ -62,7 +62,8 @@ if TYPE_CHECKING:  # the same names, typed, for type checkers (tests/test_packag
         what_if,
     )
     from .engines.provider.prices import ModelPrice, PriceTable
-    from .engines.repair.fix import FixOptions, FixReport, fix_log, group_sessions, log_lines
+    from .engines.repair.fix import FixOptions, FixReport, fix_log
+    from .engines.repair.groups import group_sessions, log_lines
     from .engines.repair.report import LogReport, build_report
     from .engines.semantic import (
         DupesReport,
