@@ -8,8 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import UsageError
-from .common import (EXIT_OK, Format, FormatOpt, TokenizerOpt, Ttl, check_price_model, emit_json, handle_errors,
-                     stdout)
+from .common import EXIT_OK, Format, FormatOpt, TokenizerOpt, Ttl, check_price_model, emit_json, handle_errors, stdout
 
 HELP = """What provider prompt caching costs and saves.
 

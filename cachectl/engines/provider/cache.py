@@ -619,6 +619,8 @@ class CacheSimulator:
                 hit = j
                 break
         a = cum[hit] if hit >= 0 else 0
+        miss = MissReason("below_minimum", note or "") if not cacheable else \
+            self._why_breakpoints(req, price, keys, hit, t, window)
         # writes: this request's breakpoints past what it read, at most `max_breakpoints` of them: the implicit
         # one takes a slot, then the latest explicit ones
         new = [i for i in cacheable if cum[i] > a]
@@ -639,17 +641,12 @@ class CacheSimulator:
             self.expired.pop(keys[i], None)
         c = max((cum[i] for i in written), default=a)
         keep["dropped"] = tuple(dropped)
-        miss = None
-        if not cacheable:
-            miss = MissReason("below_minimum", note or "")
-        else:
-            miss = self._why_breakpoints(req, price, keys, hit, t, known, window)
         usage = Usage(input_tokens=total - max(a, c), cache_creation_input_tokens=c - a, cache_read_input_tokens=a,
                       output_tokens=out, cache_write_5m_tokens=c - a, cache_write_1h_tokens=0)
         return usage, note, miss, written, keep
 
     def _why_breakpoints(self, req: Request, price: ModelPrice, keys: list[str], hit: int, t: float,
-                         known: list[int], window: list[int]) -> MissReason | None:
+                         window: list[int]) -> MissReason | None:
         """Why a GPT-5.6+ request read less than the prefix it shares with the previous request (None: it read
         all of it)."""
         prev = self.last.get(str(req.model))
