@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import UsageError
-from .common import EXIT_OK, Format, FormatOpt, TokenizerOpt, Ttl, emit_json, handle_errors, stdout
+from .common import EXIT_OK, Format, FormatOpt, TokenizerOpt, Ttl, check_price_model, emit_json, handle_errors, stdout
 
 HELP = """What provider prompt caching costs and saves.
 
@@ -17,7 +17,10 @@ Modes:
   REQUESTS.jsonl            simulate a timed request log (Anthropic bodies with cache_control, OpenAI bodies,
                             or token layouts) and predict each request's usage counters and cost
   --prefix-tokens N ...     what-if in the shell: N calls sharing a prefix, every D apart
-  --list-models             the price table (source and date per entry)
+  --list-models             the price table: the caching rule, source and date per entry
+
+A model is priced only by its own entry or an alias the table declares (dated snapshots, -latest): an unknown
+name is refused with the close names; --model-as NAME prices unknown names as NAME, with a note.
 """
 
 
@@ -32,6 +35,9 @@ def command(
         "--prices", metavar="FILE", help="Prices that override or extend the shipped table "
                                          "(cachectl's format or LiteLLM's model_prices_and_context_window.json).")] = None,
     list_models: Annotated[bool, typer.Option("--list-models", help="Show the price table and exit.")] = False,
+    model_as: Annotated[Optional[str], typer.Option(
+        "--model-as", metavar="NAME", help="Price (and simulate) models the table does not know as NAME, "
+                                           "with a note.")] = None,
     tokenizer: TokenizerOpt = None,
     count_with_api: Annotated[bool, typer.Option(
         "--count-with-api", help="Count tokens with Anthropic's count_tokens endpoint (key from ANTHROPIC_API_KEY; "
@@ -57,6 +63,8 @@ def command(
         raise UsageError("choose one mode: --usage RESPONSES.jsonl, REQUESTS.jsonl, --prefix-tokens N (what-if), "
                          "or --list-models")
     mode = modes[0]
+    if model_as is not None:
+        check_price_model(table, model_as)
     if mode == "list":
         _render_models(table, fmt)
         raise typer.Exit(EXIT_OK)
@@ -78,7 +86,7 @@ def command(
 
         assert usage is not None
         report = promptcache.audit_usage(iter_jsonl(usage), source=display_name(usage), table=table,
-                                         default_model=model)
+                                         default_model=model, model_as=model_as)
     else:
         from ..inputs import display_name, read_requests
 
@@ -94,7 +102,8 @@ def command(
         report = promptcache.simulate_requests(
             read_requests(requests, default_model=model),
             table=table, source=display_name(requests), text_counter=text_counter, api=api,
-            every=promptcache.parse_duration(every) if every else None, token_source=token_source)
+            every=promptcache.parse_duration(every) if every else None, token_source=token_source,
+            model_as=model_as)
     if fmt is Format.json:
         emit_json(report)
     else:
@@ -124,19 +133,25 @@ def _money(x: float) -> str:
 
 def _render_models(table, fmt: Format) -> None:
     if fmt is Format.json:
-        emit_json({"schema_version": 1, "models": list(table.models.values()), "not_shipped": table.not_shipped})
+        from dataclasses import asdict
+
+        emit_json({"schema_version": 1, "models": [{**asdict(p), "rule": p.rule} for p in table.models.values()],
+                   "not_shipped": table.not_shipped})
         return
     from rich.table import Table
 
     t = Table(title="USD per million tokens", header_style="bold", box=None, pad_edge=False)
-    for col in ("model", "provider", "input", "5m write", "1h write", "read", "output", "min tokens", "as of"):
-        t.add_column(col, justify="left" if col in ("model", "provider", "as of") else "right")
+    for col in ("model", "provider", "caching rule", "input", "write", "1h write", "read", "output",
+                "min tokens", "as of"):
+        t.add_column(col, justify="left" if col in ("model", "provider", "caching rule", "as of") else "right")
 
     def f(v):
         return "-" if v is None else f"{v:g}"
 
     for p in table.models.values():
-        t.add_row(p.model, p.provider, f(p.input), f(p.cache_write_5m), f(p.cache_write_1h), f(p.cache_read),
+        # the default write: Anthropic 5m, OpenAI GPT-5.6+ 30m (its one write price)
+        t.add_row(p.model, p.provider, p.rule, f(p.input), f(p.cache_write_5m if p.cache_write is None else
+                                                           p.cache_write), f(p.cache_write_1h), f(p.cache_read),
                   f(p.output), f"{p.min_cacheable_tokens:,}", p.as_of)
     stdout.print(t)
     if table.not_shipped:
@@ -145,7 +160,8 @@ def _render_models(table, fmt: Format) -> None:
 
 _MISS_LABEL = {"cold": "cold", "content_changed": "changed", "ttl_expired": "TTL expired",
                "lookback_exceeded": "lookback", "breakpoint_moved": "bp moved", "below_minimum": "below min",
-               "concurrent": "concurrent", "no_breakpoint": "no marker", "scope_changed": "scope"}
+               "concurrent": "concurrent", "no_breakpoint": "no marker", "scope_changed": "scope",
+               "implicit_breakpoint_after_change": "implicit bp after change", "breakpoint_limit": "bp limit"}
 
 
 def _render_report(r) -> None:

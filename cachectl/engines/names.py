@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Iterable, Mapping
 from importlib import resources
 
@@ -16,18 +17,36 @@ def _data(name: str) -> dict:
     return json.loads(resources.files("cachectl.data").joinpath(name).read_text(encoding="utf-8"))
 
 
+#: a Vertex AI snapshot id spells the date after an ``@`` (``claude-sonnet-4-5@20250929``)
+_VERTEX_DATE = re.compile(r"@(\d{8})$")
+
+
 def match_model(name: str, names: Iterable[str], aliases: Mapping[str, str]) -> str | None:
-    """The price-table entry ``name`` is priced as: the exact name, a declared alias, else the longest entry
-    that prefixes it as ``entry-...`` (a dated snapshot); None when nothing matches. The one lookup rule of
-    :meth:`cachectl.engines.provider.prices.PriceTable.lookup` and of :func:`is_price_model`."""
-    names = list(names)
-    if name in names:
-        return name
-    if name in aliases:
-        return aliases[name]
-    bare = name.split("/")[-1].split("@")[0]
-    candidates = [m for m in names if bare == m or bare.startswith(m + "-")]
-    return max(candidates, key=len) if candidates else None
+    """The price-table entry ``name`` is priced as: the exact name, else a declared alias (dated snapshots,
+    ``-latest``), else None. Nothing is guessed: a name that only starts like an entry (``gpt-5-pro``,
+    ``claude-opus-4-9``) matches nothing. A gateway's provider prefix (``openai/gpt-4.1``) is the same name, and
+    a Vertex AI ``@YYYYMMDD`` is the same snapshot as Anthropic's ``-YYYYMMDD``, so both are read as such. The
+    one lookup rule of :meth:`cachectl.engines.provider.prices.PriceTable.lookup` and of
+    :func:`is_price_model`."""
+    known = set(names)
+    for candidate in _spellings(name):
+        if candidate in known:
+            return candidate
+        if candidate in aliases:
+            return aliases[candidate]
+    return None
+
+
+def _spellings(name: str) -> list[str]:
+    out = [name]
+    bare = name.rsplit("/", 1)[-1]
+    if bare != name:
+        out.append(bare)
+    for n in list(out):
+        m = _VERTEX_DATE.search(n)
+        if m:
+            out.append(n[:m.start()] + "-" + m.group(1))
+    return out
 
 
 @functools.cache

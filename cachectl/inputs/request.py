@@ -50,6 +50,14 @@ RESPONSES_ITEMS = {"message", "function_call", "function_call_output", "reasonin
                    "local_shell_call", "local_shell_call_output", "mcp_call", "mcp_list_tools"}
 #: keys of a log wrapper that hold the body
 WRAPPER_KEYS = ("body", "request")
+#: content blocks that may carry OpenAI's ``prompt_cache_breakpoint`` (GPT-5.6+; the guide: a marker elsewhere
+#: is a 400 invalid_request_error)
+BREAKPOINT_PARTS = {"chat": ("text", "image_url", "input_audio", "file", "refusal"),
+                    "responses": ("input_text", "input_image", "input_file")}
+#: Responses input items that are messages the implicit breakpoint can sit on besides user/system/developer ones
+_ELIGIBLE_ITEMS = ("function_call_output", "custom_tool_call_output", "computer_call_output",
+                   "local_shell_call_output")
+CACHE_OPTION_MODES = ("implicit", "explicit")
 
 
 def compact(obj: Any) -> str:
@@ -77,6 +85,9 @@ class Position:
     last_path: str | None = None   # JSON path of its last block (a run of tool_use/tool_result blocks)
     #: cache_control markers in this position (a run of blocks can carry several; each uses one of the 4 slots)
     markers: int = 0
+    #: OpenAI's ``prompt_cache_breakpoint`` on the block this position ends with: its ``ttl``, or "" when it takes
+    #: the request's (``prompt_cache_options.ttl``); None without one. Its JSON path is ``cache_path``.
+    cache_breakpoint: str | None = None
 
     @property
     def identity(self) -> str:
@@ -110,6 +121,11 @@ class Request:
     #: what invalidates messages (Anthropic: tool_choice, images, thinking)
     scope_messages: str = ""
     auto_ttl: str | None = None           # top-level cache_control (automatic caching)
+    #: OpenAI GPT-5.6+: ``prompt_cache_options.mode`` ("implicit" | "explicit"; None when not given) and ``.ttl``
+    cache_mode: str | None = None
+    cache_ttl: str | None = None
+    #: OpenAI: the position that ends the newest eligible message (where the implicit breakpoint goes), or None
+    implicit_at: int | None = None
     source: str = "<memory>"
     line: int | None = None
     body_path: str = ""                   # "body." when the body sits inside a wrapper
@@ -137,6 +153,11 @@ class Request:
     def breakpoints(self) -> tuple[int, ...]:
         """Indices of positions with an explicit cache_control marker."""
         return tuple(i for i, p in enumerate(self.positions) if p.ttl is not None)
+
+    @property
+    def openai_breakpoints(self) -> tuple[int, ...]:
+        """Indices of positions that end with an explicit ``prompt_cache_breakpoint`` (OpenAI)."""
+        return tuple(i for i, p in enumerate(self.positions) if p.cache_breakpoint is not None)
 
     @property
     def marker_count(self) -> int:
@@ -573,6 +594,7 @@ def _openai_chat(body: dict, ctx: _Ctx) -> dict:
     msgs: list[dict] = []
     paths: list[str] = []
     unrenderable: list[str] = []
+    implicit: int | None = None
     for i, msg in enumerate(messages):
         path = f"messages[{i}]"
         if not isinstance(msg, dict):
@@ -596,12 +618,15 @@ def _openai_chat(body: dict, ctx: _Ctx) -> dict:
         msgs.append(norm)
         paths.append(f"{path}.content")
         shown = text + (compact(calls) if calls else "")
-        positions.append(Position("messages", path, "message", role, compact(msg), shown,
-                                  last_path=path))
+        positions.extend(_marked_positions(msg, path, f"{path}.content", "message", role, shown, "chat", ctx))
+        if role != "assistant":
+            implicit = len(positions) - 1
     params = {k: body[k] for k in ("tool_choice", "response_format", "prompt_cache_key", "reasoning_effort",
-                                   "parallel_tool_calls", "prompt_cache_retention") if k in body}
+                                   "parallel_tool_calls", "prompt_cache_retention", "prompt_cache_options")
+              if k in body}
     return {"provider": "openai", "api": "chat", "positions": tuple(positions), "params": params,
-            "chat": ChatView(tuple(msgs), tools, tuple(paths), tuple(unrenderable))}
+            "chat": ChatView(tuple(msgs), tools, tuple(paths), tuple(unrenderable)),
+            "implicit_at": implicit, **_cache_options(body, ctx)}
 
 
 def _responses(body: dict, ctx: _Ctx) -> dict:
@@ -633,6 +658,7 @@ def _responses(body: dict, ctx: _Ctx) -> dict:
         single = False
     if not isinstance(items, list):
         raise ctx.err("expected a string or a list of input items", "input")
+    implicit: int | None = None
     for i, item in enumerate(items):
         path = "input" if single else f"input[{i}]"
         if not isinstance(item, dict):
@@ -669,12 +695,123 @@ def _responses(body: dict, ctx: _Ctx) -> dict:
             paths.append(f"{path}.output")
         else:
             shown = compact(item)
-        positions.append(Position("messages", path, itype, item.get("role"), compact(item), shown,
-                                  last_path=path))
+        if itype == "message" and not single:
+            positions.extend(_marked_positions(item, path, f"{path}.content", itype, item.get("role"), shown,
+                                               "responses", ctx))
+        else:
+            positions.append(Position("messages", path, itype, item.get("role"), compact(item), shown,
+                                      last_path=path))
+        if (itype == "message" and item.get("role") != "assistant") or itype in _ELIGIBLE_ITEMS:
+            implicit = len(positions) - 1
     params = {k: body[k] for k in ("tool_choice", "prompt_cache_key", "reasoning", "text", "parallel_tool_calls",
-                                   "previous_response_id", "prompt_cache_retention") if k in body}
+                                   "previous_response_id", "prompt_cache_retention", "prompt_cache_options")
+              if k in body}
     return {"provider": "openai", "api": "responses", "positions": tuple(positions), "params": params,
-            "chat": ChatView(tuple(msgs), chat_tools, tuple(paths), tuple(unrenderable))}
+            "chat": ChatView(tuple(msgs), chat_tools, tuple(paths), tuple(unrenderable)),
+            "implicit_at": implicit, **_cache_options(body, ctx)}
+
+
+def _cache_options(body: dict, ctx: _Ctx) -> dict:
+    """``prompt_cache_options`` (OpenAI GPT-5.6+): ``{mode: implicit|explicit, ttl}``, checked for shape; whether
+    the model accepts it is the engine's question."""
+    opts = body.get("prompt_cache_options")
+    if opts is None:
+        return {}
+    if not isinstance(opts, dict):
+        raise ctx.err("expected an object {\"mode\": \"implicit\"|\"explicit\", \"ttl\": ...}", "prompt_cache_options")
+    for key in opts:
+        if key not in ("mode", "ttl"):
+            raise ctx.err(f"unknown prompt_cache_options field {key!r:.60} (known: mode, ttl)",
+                          f"prompt_cache_options.{key}")
+    mode = opts.get("mode")
+    if mode is not None and mode not in CACHE_OPTION_MODES:
+        raise ctx.err(f"expected 'implicit' or 'explicit', got {mode!r:.60}", "prompt_cache_options.mode")
+    ttl = opts.get("ttl")
+    if ttl is not None and not isinstance(ttl, str):
+        raise ctx.err(f"expected a TTL string such as '30m', got {ttl!r:.60}", "prompt_cache_options.ttl")
+    return {"cache_mode": mode, "cache_ttl": ttl}
+
+
+def _breakpoint_ttl(part: Any, ctx: _Ctx, path: str, api: str) -> str | None:
+    """The ``prompt_cache_breakpoint`` of one content part: its ttl, "" for the request's, None without one."""
+    if not isinstance(part, dict) or "prompt_cache_breakpoint" not in part:
+        return None
+    mark = part["prompt_cache_breakpoint"]
+    where = f"{path}.prompt_cache_breakpoint"
+    if not isinstance(mark, dict) or mark.get("mode") != "explicit":
+        raise ctx.err("expected {\"mode\": \"explicit\"} (the only mode a breakpoint takes)", where)
+    ptype = part.get("type", "text")
+    if ptype not in BREAKPOINT_PARTS[api]:
+        raise ctx.err(f"a prompt_cache_breakpoint on a {ptype!r:.40} block: the API accepts it only on "
+                      f"{', '.join(BREAKPOINT_PARTS[api])} blocks (400 invalid_request_error)", where)
+    ttl = mark.get("ttl")
+    if ttl is not None and not isinstance(ttl, str):
+        raise ctx.err(f"expected a TTL string such as '30m', got {ttl!r:.60}", f"{where}.ttl")
+    return ttl or ""
+
+
+def _strip_marks(parts: list) -> list:
+    return [{k: v for k, v in p.items() if k != "prompt_cache_breakpoint"} if isinstance(p, dict) else p
+            for p in parts]
+
+
+def _texts(parts: list) -> str:
+    """The text a tokenizer counts for some content parts (as :func:`_openai_content` joins them)."""
+    out = []
+    for p in parts:
+        if isinstance(p, str):
+            out.append(p)
+        elif isinstance(p, dict) and p.get("type", "text") in ("text", "input_text", "output_text"):
+            out.append(str(p.get("text", "")))
+        elif isinstance(p, dict) and p.get("type") == "refusal":
+            out.append(str(p.get("refusal", "")))
+    return "\n".join(out)
+
+
+def _marked_positions(msg: dict, path: str, content_path: str, kind: str, role: Any, shown: str, api: str,
+                      ctx: _Ctx) -> list[Position]:
+    """One OpenAI message (or Responses message item) as positions: one, unless a content part before its last
+    carries a ``prompt_cache_breakpoint``: then the message is cut after each marked part, since the cached prefix
+    ends exactly there. The markers are not content: a message's identity is the same with or without them (cut
+    messages are a different sequence of positions, which the hash chain sees as a different prefix)."""
+    content = msg.get("content")
+    marks: list[tuple[int, str]] = []
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            ttl = _breakpoint_ttl(part, ctx, f"{content_path}[{j}]", api)
+            if ttl is not None:
+                marks.append((j, ttl))
+    if not marks:
+        return [Position("messages", path, kind, role, compact(msg), shown, last_path=path)]
+    assert isinstance(content, list)
+    bare = {k: v for k, v in msg.items() if k != "content"}
+    cuts = [j for j, _ in marks]
+    if cuts[-1] != len(content) - 1:
+        cuts.append(len(content) - 1)
+    ttl_at = dict(marks)
+    out: list[Position] = []
+    start = 0
+    for n, end in enumerate(cuts):
+        parts = _strip_marks(content[start:end + 1])
+        if len(cuts) == 1:
+            ident = compact({**msg, "content": parts})
+        elif n == 0:
+            ident = compact({**bare, "content": parts})
+        else:
+            ident = compact({"content+": parts})
+        text = _texts(content[start:end + 1])
+        if n > 0 and text:
+            text = "\n" + text
+        if n == len(cuts) - 1:  # what the message shows after its content (tool calls) goes with its last cut
+            whole = _texts(content)
+            text += shown[len(whole):] if shown.startswith(whole) else ""
+        last = f"{content_path}[{end}]"
+        ttl = ttl_at.get(end)
+        out.append(Position("messages", path if n == 0 else f"{content_path}[{start}]", kind, role, ident, text,
+                            cache_path=f"{last}.prompt_cache_breakpoint" if ttl is not None else None,
+                            last_path=last if len(cuts) > 1 else path, cache_breakpoint=ttl))
+        start = end + 1
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- layout

@@ -43,6 +43,18 @@ def minimum_for(model: str | None) -> int | None:
         return None
 
 
+def cache_mode_for(model: str | None) -> str | None:
+    """The model's caching rule (``cache_mode`` of the shipped price table); None for unknown models."""
+    if not model:
+        return None
+    from ..provider.prices import UnknownModelError
+
+    try:
+        return _prices().lookup(model).cache_mode
+    except UnknownModelError:
+        return None
+
+
 def _looks_volatile(p: Position, volatile_name: re.Pattern) -> str | None:
     """A volatile-looking value in one position's text: a date, time, id ... or an unrendered template
     variable whose name says it changes (``{{ request_id }}``)."""
@@ -124,6 +136,8 @@ def lint_request(req: Request, *, rules: Mapping, make: Callable, min_tokens: in
         if req.provider == "anthropic" and not bps and total >= (minimum or 1024):
             add("CC009", None, f"about {total:,} prompt tokens and no cache_control anywhere: nothing is cached; "
                 "mark the last stable block (or add top-level \"cache_control\" for automatic caching)")
+    elif req.provider == "openai" and cache_mode_for(req.model) == "breakpoints":
+        _openai_breakpoints(req, add, first, counts, minimum if minimum is not None else OPENAI_MIN, changed)
     elif req.provider == "openai" and first is not None:
         k = first[0]
         before = counts[k - 1] if k else 0
@@ -137,6 +151,59 @@ def lint_request(req: Request, *, rules: Mapping, make: Callable, min_tokens: in
                    "if that value changes per request, nothing is ever cached"),
                 None if proven else "warning")
     return out
+
+
+def _openai_breakpoints(req: Request, add: Callable, first: tuple[int, str, bool] | None, counts: list[int],
+                        minimum: int, changed: Mapping[str, str] | None) -> None:
+    """GPT-5.6+ bodies: breakpoints after a per-request value, more than four, TTL and retention both set,
+    explicit mode without a breakpoint, a long stable prefix left to the implicit breakpoint (CC011-CC015)."""
+    positions = req.positions
+    marked = list(req.openai_breakpoints)
+    mode = req.cache_mode or "implicit"
+    implicit = req.implicit_at if mode == "implicit" else None
+    if req.cache_ttl is not None and "prompt_cache_retention" in req.params:
+        add("CC013", "prompt_cache_retention", "both prompt_cache_options.ttl and prompt_cache_retention are set: "
+            "the API rejects this request (the TTL supersedes the retention on GPT-5.6 and later)")
+    if mode == "explicit" and not marked:
+        add("CC014", "prompt_cache_options.mode", "prompt_cache_options.mode is \"explicit\" and no content block "
+            "carries a prompt_cache_breakpoint: nothing is cached")
+    slots = len(marked) + (implicit is not None and implicit not in marked)
+    if slots > 4:
+        keep = 3 if implicit is not None else 4
+        lost = [positions[k].path for k in marked[:len(marked) - keep]]
+        add("CC012", positions[marked[0]].cache_path, f"{slots} breakpoints ({len(marked)} explicit"
+            + (" and the implicit one" if implicit is not None else "") + "): a request writes at most 4, so "
+            f"{', '.join(lost)} {'is' if len(lost) == 1 else 'are'} never written")
+    if first is not None:
+        k0, value, proven = first
+        for k in marked:
+            if k >= k0:
+                add("CC011", positions[k].cache_path, f"the breakpoint on {positions[k].path} comes after "
+                    f"{positions[k0].path}, which " + ("changes per request" if proven else
+                                                       "holds a value that looks volatile")
+                    + f" ({value!r}): " + ("the prefix it closes is written every time (at 1.25x) and never read"
+                                           if proven else "if that value changes per request, the prefix it closes "
+                                           "is written every time and never read"), None if proven else "warning")
+        if implicit is not None and k0 < implicit and not any(k < k0 for k in marked):
+            add("CC011", positions[k0].path, f"{positions[k0].path} " + ("changes per request" if proven else
+                                                                        "holds a value that looks volatile")
+                + f" ({value!r}) before the implicit breakpoint on {positions[implicit].path} and no explicit "
+                "breakpoint marks the stable content before it: " + ("no request reads the prefix" if proven else
+                                                                      "if it changes per request, nothing is read"),
+                None if proven else "warning")
+            return
+    if implicit is None or marked or implicit == 0:
+        return
+    before = counts[implicit - 1]
+    final = positions[implicit]
+    proven = changed is not None and final.path in changed
+    history = any(p.role == "assistant" for p in positions[:implicit])
+    if before >= minimum and (proven or not history):
+        add("CC015", final.path, f"about {before:,} tokens come before {final.path}, the message the implicit "
+            "breakpoint closes" + (" and that changes per request" if proven else ", a first turn whose message "
+                                   "changes per request") + ": no request reads that prefix, and each writes it "
+            f"again at 1.25x; mark the end of {positions[implicit - 1].path} with a prompt_cache_breakpoint",
+            None if proven else "warning")
 
 
 # ------------------------------------------------------------------------------------- request bodies

@@ -80,6 +80,33 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          "schema, system): automatic caching starts at 1,024 shared tokens, so nothing is cached.",
          "Move per-request values to the end of the request, after the stable instructions.",
          fix_safety="unsafe"),
+    Rule("CC011", "openai-breakpoint-after-volatile", "error",
+         "On GPT-5.6 and later, a prompt_cache_breakpoint (or the implicit breakpoint on the last message) comes "
+         "after a value that changes per request: the prefix it closes is written every time and never read.",
+         "Put the explicit breakpoint on the last stable block, before the per-request value, or move the value "
+         "after it.",
+         fix_safety="safe"),
+    Rule("CC012", "openai-too-many-breakpoints", "warning",
+         "More than four breakpoints on GPT-5.6 and later: a request writes at most four (the implicit one and the "
+         "latest three explicit ones; four explicit ones in explicit mode), so the earliest are never written.",
+         "Keep at most three explicit breakpoints (four with prompt_cache_options.mode = \"explicit\").",
+         fix_safety="safe"),
+    Rule("CC013", "openai-ttl-and-retention", "error",
+         "Both prompt_cache_options.ttl and prompt_cache_retention are set: the API rejects the request (the TTL "
+         "supersedes the retention on GPT-5.6 and later).",
+         "Drop prompt_cache_retention on GPT-5.6 and later models.",
+         fix_safety="safe"),
+    Rule("CC014", "openai-explicit-mode-no-breakpoint", "error",
+         "prompt_cache_options.mode is \"explicit\" and no content block carries a prompt_cache_breakpoint: "
+         "nothing is cached.",
+         "Mark the end of the stable prefix with prompt_cache_breakpoint, or use the implicit mode.",
+         fix_safety="safe"),
+    Rule("CC015", "openai-stable-prefix-no-breakpoint", "warning",
+         "On GPT-5.6 and later, a long stable prefix is followed by a final message that changes per request and "
+         "no explicit breakpoint marks the prefix: the implicit breakpoint sits after the changing message, so "
+         "no request reads the prefix (and each one writes it again at 1.25x).",
+         "Add \"prompt_cache_breakpoint\": {\"mode\": \"explicit\"} to the last block of the stable prefix.",
+         fix_safety="safe"),
 )}
 
 VOLATILE_NAME = re.compile(

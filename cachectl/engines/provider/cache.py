@@ -8,9 +8,13 @@ Three entry points, one result type (:class:`CostReport`):
   the provider's cache and predicts the counters each request would report. Anthropic: breakpoints, the
   minimum cacheable length, TTL expiry and refresh, the 20-position lookback, the invalidation hierarchy
   (tools -> system -> messages, with speed/web search/citations scoping system and messages, and
-  tool_choice/images/thinking scoping messages), exact content identity, one cache per model. OpenAI:
-  automatic caching of the token prefix (tools and structured-output schema first), at least 1,024 tokens,
-  in 128-token steps. Each request that misses says why; when the log carries the usage that was billed,
+  tool_choice/images/thinking scoping messages), exact content identity, one cache per model. OpenAI before
+  GPT-5.6: automatic caching of the token prefix (tools and structured-output schema first), at least 1,024
+  tokens, in 128-token steps. OpenAI GPT-5.6 and later: an implicit breakpoint on the newest eligible message
+  (``prompt_cache_options.mode = "implicit"``, the default) plus explicit ``prompt_cache_breakpoint`` markers,
+  at most four writes a request (the implicit one and the latest three explicit ones; four explicit ones in
+  explicit mode), reads that match a breakpoint exactly (no shorter unmarked prefix, no rounding) among the
+  latest 80 breakpoints, the 30-minute TTL, writes at 1.25x input. Each request that misses says why; when the log carries the usage that was billed,
   each request is reconciled against it.
 - :func:`what_if` builds a synthetic log (a fixed prefix, a varying suffix, N calls every D seconds).
 """
@@ -41,7 +45,8 @@ class MissReason:
     """Why a request read less than it could have."""
 
     code: str          # cold | content_changed | ttl_expired | lookback_exceeded | breakpoint_moved |
-    #                    below_minimum | concurrent | no_breakpoint | scope_changed
+    #                    below_minimum | concurrent | no_breakpoint | scope_changed |
+    #                    implicit_breakpoint_after_change | breakpoint_limit (OpenAI GPT-5.6+)
     detail: str
     path: str | None = None
     #: for content_changed: the kind of volatile value that changed there (date, id, counter ...), if any
@@ -163,7 +168,8 @@ def _as_usage(u: LoggedUsage) -> Usage:
 
 
 def usage_from_record(value: Any, *, default_model: str | None, table: PriceTable, source: str,
-                      line: int | None) -> tuple[ModelPrice, LoggedUsage]:
+                      line: int | None, model_as: str | None = None,
+                      notes: list[str] | None = None) -> tuple[ModelPrice, LoggedUsage]:
     """Read one logged response (Anthropic, OpenAI chat or Responses, a wrapper, or a bare usage object)."""
     where: dict[str, Any] = {"source": source, "line": line}
     if not isinstance(value, dict):
@@ -180,20 +186,29 @@ def usage_from_record(value: Any, *, default_model: str | None, table: PriceTabl
         raise InputError("no model on this line; pass `default_model`", **where)
     if not isinstance(model_name, str):
         raise InputError("expected a string", field=field, **where)
-    price = _lookup(table, model_name, source, line)
+    price = _lookup(table, model_name, source, line, model_as, notes)
     logged = parse_usage(usage, source=source, line=line, path=path, model=price.model,
                          style_of=lambda m: price.usage_style)
     return price, logged
 
 
-def _lookup(table: PriceTable, model: str, source: str, line: int | None) -> ModelPrice:
-    """The price entry of a line's model; an unknown model is an error located at the line."""
+def _lookup(table: PriceTable, model: str, source: str, line: int | None, model_as: str | None = None,
+            notes: list[str] | None = None) -> ModelPrice:
+    """The price entry of a line's model; an unknown model is an error located at the line, or, with
+    ``model_as``, priced as that model with a note."""
     from .prices import UnknownModelError
 
     try:
         return table.lookup(model)
     except UnknownModelError as exc:
-        raise InputError(str(exc), source=source, line=line, field="model") from None
+        if model_as is None:
+            raise InputError(str(exc), source=source, line=line, field="model") from None
+    price = table.lookup(model_as)
+    if notes is not None:
+        shown = model if len(model) <= 80 else f"{model[:60]}... ({len(model):,} characters)"
+        notes.append(f"{shown!r} is not in the price table: priced as {price.model}, with its cache rules "
+                     "(`model_as`)")
+    return price
 
 
 _SPLIT_NOTE = ("some lines report cache writes without the cache_creation split: priced as 5-minute writes "
@@ -201,13 +216,15 @@ _SPLIT_NOTE = ("some lines report cache writes without the cache_creation split:
 
 
 def audit_usage(records: Iterable[tuple[int, Any]], *, source: str, table: PriceTable,
-                default_model: str | None = None) -> CostReport:
-    """Price logged responses exactly from their usage counters."""
+                default_model: str | None = None, model_as: str | None = None) -> CostReport:
+    """Price logged responses exactly from their usage counters (writes at the model's write rate: OpenAI's
+    ``cache_write_tokens`` at 1.25x input on GPT-5.6+). ``model_as``: the model to price a line's unknown model
+    as (said in a note), instead of an error."""
     rows: list[RequestCost] = []
     notes: list[str] = []
     for index, (line, value) in enumerate(records):
         price, logged = usage_from_record(value, default_model=default_model, table=table, source=source,
-                                          line=line)
+                                          line=line, model_as=model_as, notes=notes)
         if not logged.split_known:
             notes.append(_SPLIT_NOTE)
         rows.append(_row(index, line, price, _as_usage(logged), reported=logged.reported))
@@ -370,6 +387,10 @@ class _Seen:
     writes: list[int]        # indices where it wrote entries
     scope_system: str = ""
     scope_messages: str = ""
+    #: OpenAI GPT-5.6+: breakpoints the write limit left unwritten, and where the implicit breakpoint sat
+    dropped: tuple[int, ...] = ()
+    implicit_at: int | None = None
+    marked: tuple[int, ...] = ()
 
 
 class CacheSimulator:
@@ -540,12 +561,146 @@ class CacheSimulator:
             return MissReason("content_changed", "the request extends the previous one only past the cached prefix")
         return _changed(req, prev, same)
 
-    def remember(self, req: Request, keys: list[str], writes: list[int]) -> None:
-        self.last[str(req.model)] = _Seen(keys, req.positions, req.line, writes, req.scope_system, req.scope_messages)
+    # ----------------------------------------------------------------- OpenAI GPT-5.6+ (breakpoints)
+
+    def breakpoints(self, req: Request, price: ModelPrice, keys: list[str], cum: Sequence[int],
+                    t: float) -> tuple[Usage, str | None, MissReason | None, list[int], dict]:
+        """One request under OpenAI's GPT-5.6+ rules. Returns the usage, a note, the miss reason, the positions
+        written, and what :meth:`remember` keeps for the next request's miss reason."""
+        mode = req.cache_mode or "implicit"
+        layout = req.provider == "layout"
+        explicit = [i for i, p in enumerate(req.positions)
+                    if (p.ttl is not None if layout else p.cache_breakpoint is not None)]
+        implicit = None
+        if mode == "implicit":
+            implicit = len(req.positions) - 1 if layout and req.positions else req.implicit_at
+        default_ttl = req.cache_ttl or next(iter(price.ttls))
+
+        def ttl_of(i: int) -> str:
+            p = req.positions[i]
+            given = p.cache_breakpoint or (p.ttl if layout and p.ttl in price.ttls else None)
+            name = given or default_ttl
+            if name not in price.ttls:
+                raise req.error(f"cache TTL {name!r:.40}: {price.model} accepts {', '.join(price.ttls)} (the API "
+                                "rejects the request)", p.cache_path or ("prompt_cache_options.ttl" if
+                                                                           req.cache_ttl else None))
+            return name
+
+        marks = sorted(set(explicit) | ({implicit} if implicit is not None else set()))
+        for i in marks:
+            ttl_of(i)
+        total = cum[-1] if cum else 0
+        out = req.output_tokens or 0
+        keep: dict = {"implicit_at": implicit, "marked": tuple(explicit)}
+        if not marks:
+            detail = ("prompt_cache_options.mode is \"explicit\" and no content block carries a "
+                      "prompt_cache_breakpoint: nothing is cached (and nothing written)" if mode == "explicit" else
+                      "no message for the implicit breakpoint and no prompt_cache_breakpoint: nothing is cached")
+            return Usage(total, 0, 0, out), None, MissReason("no_breakpoint", detail), [], keep
+        minimum = price.min_cacheable_tokens
+        cacheable = [i for i in marks if cum[i] >= minimum]
+        note = None
+        if not cacheable:
+            note = (f"prefix at every breakpoint below {price.model}'s minimum of {minimum:,} tokens: nothing "
+                    "cached")
+        # reads: the longest prefix written at a breakpoint, among the latest `lookback` breakpoints of the
+        # conversation (this request's own, and those earlier requests wrote on the prefix it shares)
+        known = sorted({*marks, *(j for j, k in enumerate(keys) if k in self.entries or k in self.expired)})
+        window = known[-price.lookback_blocks:] if price.lookback_blocks else known
+        hit = -1
+        for j in reversed(window):
+            if cum[j] < minimum:
+                break
+            e = self._alive(keys[j], t)
+            if e is not None:
+                if price.read_refreshes_ttl:
+                    e.expires = max(e.expires, t + e.ttl)
+                e.reads += 1
+                hit = j
+                break
+        a = cum[hit] if hit >= 0 else 0
+        miss = MissReason("below_minimum", note or "") if not cacheable else \
+            self._why_breakpoints(req, price, keys, hit, t, window)
+        # writes: this request's breakpoints past what it read, at most `max_breakpoints` of them: the implicit
+        # one takes a slot, then the latest explicit ones
+        new = [i for i in cacheable if cum[i] > a]
+        slots = price.max_breakpoints
+        chosen: list[int] = []
+        if implicit is not None and implicit in new:
+            chosen.append(implicit)
+            slots -= 1
+        rest = [i for i in new if i != implicit]
+        keep_explicit = rest[len(rest) - slots:] if slots > 0 else []
+        dropped = [i for i in rest if i not in keep_explicit]
+        chosen += keep_explicit
+        written = sorted(chosen)
+        for i in written:
+            secs = price.ttl_seconds(ttl_of(i))
+            self.entries[keys[i]] = _Entry(expires=t + secs, ttl=secs, available_from=t, line=req.line,
+                                           path=req.positions[i].path, tokens=cum[i])
+            self.expired.pop(keys[i], None)
+        c = max((cum[i] for i in written), default=a)
+        keep["dropped"] = tuple(dropped)
+        usage = Usage(input_tokens=total - max(a, c), cache_creation_input_tokens=c - a, cache_read_input_tokens=a,
+                      output_tokens=out, cache_write_5m_tokens=c - a, cache_write_1h_tokens=0)
+        return usage, note, miss, written, keep
+
+    def _why_breakpoints(self, req: Request, price: ModelPrice, keys: list[str], hit: int, t: float,
+                         window: list[int]) -> MissReason | None:
+        """Why a GPT-5.6+ request read less than the prefix it shares with the previous request (None: it read
+        all of it)."""
+        prev = self.last.get(str(req.model))
+        if prev is None:
+            return MissReason("cold", "first request for this model in the log: nothing cached yet") if hit < 0 \
+                else None
+        same = 0
+        while same < min(len(keys), len(prev.keys)) and keys[same] == prev.keys[same]:
+            same += 1
+        if hit >= 0 and hit >= same - 1:
+            return None
+        for j in range(same - 1, hit, -1):
+            k, path = keys[j], req.positions[j].path
+            e = self.entries.get(k)
+            if e is not None and e.available_from >= t:
+                return MissReason("concurrent", f"the entry at {path} was written by a request that started at the "
+                                  f"same time (line {e.line}): it is readable only once that response has begun", path)
+            if e is not None and e.expires > t and j not in window:
+                return MissReason("lookback_exceeded", f"an entry exists at {path}, but a read considers only the "
+                                  f"latest {price.lookback_blocks} breakpoints of the conversation", path)
+            if k in self.expired:
+                return MissReason("ttl_expired", f"the entry at {path} expired {t - self.expired[k]:,.0f}s before "
+                                  "this request (the TTL is a minimum lifetime: OpenAI may have kept it longer)", path)
+            if j in prev.dropped:
+                return MissReason("breakpoint_limit", f"{_which(prev.line)} marked a breakpoint at {path}, but a "
+                                  f"request writes at most {price.max_breakpoints} (the implicit one and the latest "
+                                  "explicit ones): it was never written", path)
+        if same == 0:
+            return _changed(req, prev, same)
+        stable = req.positions[same - 1]
+        if prev.implicit_at is not None and prev.implicit_at >= same and not prev.marked:
+            changed = req.positions[same].path if same < len(req.positions) else "its end"
+            return MissReason("implicit_breakpoint_after_change",
+                              f"{_which(prev.line)}'s implicit breakpoint sat at the end of "
+                              f"{prev.positions[prev.implicit_at].path}, after the content that changed at {changed}: "
+                              f"the stable prefix up to {stable.path} was never written (put a "
+                              "prompt_cache_breakpoint at its end)", stable.path)
+        if not prev.writes:
+            return MissReason("no_breakpoint", f"{_which(prev.line)} wrote no breakpoint on the prefix this request "
+                              "shares with it", stable.path)
+        return _changed(req, prev, same)
+
+    def remember(self, req: Request, keys: list[str], writes: list[int], dropped: Sequence[int] = (),
+                 implicit_at: int | None = None, marked: Sequence[int] = ()) -> None:
+        self.last[str(req.model)] = _Seen(keys, req.positions, req.line, writes, req.scope_system, req.scope_messages,
+                                          tuple(dropped), implicit_at, tuple(marked))
 
     def finish(self) -> list[_Entry]:
         """Entries written and never read, the ones still alive at the end included."""
         return self.never_read + [e for e in self.entries.values() if e.reads == 0]
+
+
+def _which(line: int | None) -> str:
+    return f"line {line}" if line is not None else "the previous request"
 
 
 def _changed(req: Request, prev: _Seen, same: int) -> MissReason:
@@ -664,8 +819,10 @@ def _reconcile(req: Request, price: ModelPrice, predicted: Usage, miss: MissReas
 
 def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source: str,
                       text_counter: TextTokens | Callable[[str], int] | None = None, api: Any = None,
-                      every: float | None = None, token_source: str = "layout") -> CostReport:
-    """Replay requests in order through the cache model and price what each would report."""
+                      every: float | None = None, token_source: str = "layout",
+                      model_as: str | None = None) -> CostReport:
+    """Replay requests in order through the cache model and price what each would report. ``model_as``: the
+    model to price (and simulate) a line's unknown model as, with a note, instead of an error."""
     sim = CacheSimulator(table, source)
     rows: list[RequestCost] = []
     notes: list[str] = []
@@ -694,7 +851,7 @@ def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source:
             raise InputError(f"timestamp {t} is earlier than the previous request's ({last_t}); sort the log by time",
                              source=req.source, line=req.line, field="timestamp")
         last_t = t
-        price = _lookup(table, req.model, req.source, req.line)
+        price = _lookup(table, req.model, req.source, req.line, model_as, notes)
         if req.provider == "anthropic" and price.provider != "anthropic":
             notes.append(f"{price.model} is not a Claude model but a request body is Anthropic-shaped: simulated "
                          f"with {price.model}'s rules")
@@ -704,9 +861,21 @@ def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source:
         if any(p.tokens is None for p in req.positions):
             estimate = True
         written: list[int] = []
+        keep: dict = {}
+        _check_cache_params(req, price)
         if price.cache_mode == "automatic":
             pieces = _pieces(req, text_counter, counter)
             usage, note, miss = sim.automatic(req, price, keys, pieces, t)
+        elif price.cache_mode == "none":
+            cum = _cumulative(req, keys, text_counter, counter)
+            usage = Usage(cum[-1] if cum else 0, 0, 0, req.output_tokens or 0)
+            note, miss = f"{price.model} has no cached-input price: nothing is cached", None
+        elif price.cache_mode == "breakpoints":
+            cum = _cumulative(req, keys, text_counter, counter)
+            usage, note, miss, written, keep = sim.breakpoints(req, price, keys, cum, t)
+            if "prompt_cache_retention" in req.params and req.cache_ttl is None:
+                notes.append(f"prompt_cache_retention is deprecated for {price.model} (GPT-5.6 and later) and does "
+                             "not set its TTL: prompt_cache_options.ttl does (30m by default)")
         else:
             cum = _cumulative(req, keys, text_counter, counter)
             usage, note, miss, written = sim.explicit(req, price, keys, cum, t)
@@ -720,7 +889,7 @@ def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source:
         reported = _openai_reported(usage) if price.usage_style == "openai" else {}
         rows.append(_row(index, req.line, price, usage, timestamp=t, reported=reported, note=note, miss=miss,
                          reconciliation=recon))
-        sim.remember(req, keys, written)
+        sim.remember(req, keys, written, **keep)
     if not rows:
         raise InputError("no requests", source=source)
     if unknown_output:
@@ -740,6 +909,26 @@ def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source:
         token_source = "count_tokens API (an estimate)" if api is not None else f"{token_source} (an estimate)"
     findings = _findings(sim, table, ttl_gaps, volatile_misses)
     return _report("simulate", rows, estimate=estimate, token_source=token_source, notes=notes, findings=findings)
+
+
+def _check_cache_params(req: Request, price: ModelPrice) -> None:
+    """What the API rejects before it caches anything: OpenAI's GPT-5.6 cache controls on an earlier model, and
+    ``prompt_cache_options.ttl`` beside ``prompt_cache_retention`` (the TTL supersedes the retention; setting
+    both is rejected)."""
+    if req.provider != "openai":
+        return
+    marked = req.openai_breakpoints
+    if price.cache_mode != "breakpoints":
+        if "prompt_cache_options" in req.params or marked:
+            what = "prompt_cache_options" if "prompt_cache_options" in req.params else "prompt_cache_breakpoint"
+            where = "prompt_cache_options" if what == "prompt_cache_options" else req.positions[marked[0]].cache_path
+            raise req.error(f"{what} is for GPT-5.6 and later models; {price.model} rejects it (the API answers "
+                            "400)", where)
+        return
+    if req.cache_ttl is not None and "prompt_cache_retention" in req.params:
+        raise req.error("both prompt_cache_options.ttl and prompt_cache_retention: the API rejects a request that "
+                        "sets both (the TTL supersedes the retention on GPT-5.6 and later: drop "
+                        "prompt_cache_retention)", "prompt_cache_retention")
 
 
 def _findings(sim: CacheSimulator, table: PriceTable, ttl_gaps: list, volatile: list) -> list[Finding]:
@@ -842,17 +1031,23 @@ def what_if(*, table: PriceTable, model: str, prefix_tokens: int, suffix_tokens:
                          f"(`prefix_tokens` + `suffix_tokens`)), got {calls * (prefix_tokens + suffix_tokens):,}")
     price = table.lookup(model)
     explicit = price.cache_mode == "explicit"
-    reqs = [layout_request([("prefix", prefix_tokens, ttl if explicit else None), (f"suffix-{i}", suffix_tokens, None)],
+    # Anthropic: a cache_control breakpoint on the prefix; OpenAI GPT-5.6+: an explicit prompt_cache_breakpoint
+    # there (the implicit one sits on the suffix, the last message)
+    mark = ttl if explicit else next(iter(price.ttls)) if price.cache_mode == "breakpoints" else None
+    reqs = [layout_request([("prefix", prefix_tokens, mark), (f"suffix-{i}", suffix_tokens, None)],
                            model=price.model, timestamp=i * every, output_tokens=output_tokens)
             for i in range(calls)]
     report = simulate_requests(reqs, table=table, source="what-if", token_source="what-if")
     notes = list(report.notes)
-    if explicit:
-        ttl_s = price.ttl_seconds(ttl)
+    if mark is not None:
+        ttl_s = price.ttl_seconds(mark)
         if every >= ttl_s and calls > 1:
-            notes.append(f"calls every {every:g}s outlive the {ttl} TTL ({ttl_s}s): every call writes again")
+            notes.append(f"calls every {every:g}s outlive the {mark} TTL ({ttl_s}s): every call writes again")
     r = price.rates(prefix_tokens + suffix_tokens)
-    write = (r.cache_write_1h if ttl == "1h" else r.cache_write_5m) if explicit else r.input
+    if explicit:
+        write = r.cache_write_1h if ttl == "1h" else r.cache_write_5m
+    else:
+        write = r.cache_write if mark is not None else r.input
     read = r.cache_read if r.cache_read is not None else r.input
     premium = (write or r.input) - r.input
     saving = r.input - read

@@ -3,7 +3,14 @@
 The shipped table is ``cachectl/data/prices.json`` (USD per million tokens, a ``source`` and ``as_of`` on
 every entry). A user file given with ``--prices`` overrides or extends it, in the same format or in
 LiteLLM's ``model_prices_and_context_window.json`` format (USD per token, ``cache_creation_input_token_cost``
-for 5-minute writes, ``cache_creation_input_token_cost_above_1hr`` for 1-hour writes).
+for 5-minute writes, ``cache_creation_input_token_cost_above_1hr`` for 1-hour writes). A LiteLLM entry for a
+model the shipped table knows replaces its prices and keeps its cache rules (LiteLLM's file has no cache rules).
+
+Cache rules (``cache_mode``): ``explicit`` (Anthropic: ``cache_control`` breakpoints, 5m/1h writes, the
+20-position lookback), ``automatic`` (OpenAI before GPT-5.6: the token prefix in 128-token steps, no write fee),
+``breakpoints`` (OpenAI GPT-5.6 and later: an implicit breakpoint on the newest eligible message plus explicit
+``prompt_cache_breakpoint`` markers, exact matching at breakpoints, writes at ``cache_write``), ``none`` (no
+prompt caching: the model has no cached-input price).
 """
 
 from __future__ import annotations
@@ -32,6 +39,18 @@ class UnknownModelError(CachectlError):
     pass
 
 
+CACHE_MODES = ("explicit", "automatic", "breakpoints", "none")
+
+#: what each cache rule is called in ``--list-models``
+RULE_NAMES = {
+    ("anthropic", "explicit"): "anthropic breakpoints",
+    ("openai", "automatic"): "openai automatic (pre-5.6)",
+    ("openai", "breakpoints"): "openai 5.6+ breakpoints",
+    ("deepseek", "automatic"): "deepseek automatic",
+    ("gemini", "automatic"): "gemini implicit",
+}
+
+
 @dataclass(frozen=True)
 class Band:
     """Prices that apply when the prompt has more than ``above_tokens`` input tokens."""
@@ -42,6 +61,7 @@ class Band:
     cache_write_5m: float | None = None
     cache_write_1h: float | None = None
     cache_read: float | None = None
+    cache_write: float | None = None
 
 
 @dataclass(frozen=True)
@@ -54,9 +74,11 @@ class ModelPrice:
     cache_write_5m: float | None
     cache_write_1h: float | None
     min_cacheable_tokens: int
-    cache_mode: str                 # "explicit" (breakpoints) or "automatic"
-    ttls: Mapping[str, int]         # name -> seconds
+    cache_mode: str                 # explicit | automatic | breakpoints | none (see the module docstring)
+    ttls: Mapping[str, int]         # name -> seconds (the first one is the default)
+    #: explicit: cache_control markers a request may carry; breakpoints: cache writes a request may make
     max_breakpoints: int
+    #: explicit: positions a breakpoint looks back over; breakpoints: the latest breakpoints a read considers
     lookback_blocks: int
     usage_style: str                # "anthropic" (additive counters) or "openai" (inclusive)
     source: str
@@ -66,6 +88,17 @@ class ModelPrice:
     bands: tuple[Band, ...] = ()
     notes: str | None = None
     history: tuple[dict, ...] = field(default=(), compare=False)
+    #: the write rate of a cache with one write price (OpenAI GPT-5.6+: 1.25x input); Anthropic's are the 5m/1h ones
+    cache_write: float | None = None
+    #: breakpoints: whether a read renews an entry's lifetime (the provider documents a minimum lifetime per write)
+    read_refreshes_ttl: bool = True
+
+    @property
+    def rule(self) -> str:
+        """The caching rule this model gets, as ``--list-models`` names it."""
+        if self.cache_mode == "none":
+            return "no prompt caching"
+        return RULE_NAMES.get((self.provider, self.cache_mode), f"{self.provider} {self.cache_mode}")
 
     def rates(self, prompt_tokens: int) -> "ModelPrice | Band":
         """The price entry in force for a prompt of this many input tokens (bands by length)."""
@@ -134,7 +167,8 @@ def _from_native(model: str, entry: Any, source: str) -> ModelPrice:
                           output=_price(b, "output", model, source),
                           cache_write_5m=_num(b, "cache_write_5m", model, source, optional=True),
                           cache_write_1h=_num(b, "cache_write_1h", model, source, optional=True),
-                          cache_read=_num(b, "cache_read", model, source, optional=True)))
+                          cache_read=_num(b, "cache_read", model, source, optional=True),
+                          cache_write=_num(b, "cache_write", model, source, optional=True)))
     ttls = base.get("ttls") or {}
     if not isinstance(ttls, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 10 ** 9
                                              for v in ttls.values()):
@@ -155,17 +189,29 @@ def _from_native(model: str, entry: Any, source: str) -> ModelPrice:
         cache_write_5m=_num(base, "cache_write_5m", model, source, optional=True),
         cache_write_1h=_num(base, "cache_write_1h", model, source, optional=True),
         min_cacheable_tokens=_whole(base, "min_cacheable_tokens", model, source),
-        cache_mode=_choice(base, "cache_mode", model, source, ("explicit", "automatic")),
+        cache_mode=_choice(base, "cache_mode", model, source, CACHE_MODES),
         ttls=dict(ttls), max_breakpoints=_whole(base, "max_breakpoints", model, source),
         lookback_blocks=_whole(base, "lookback_blocks", model, source),
         usage_style=_choice(base, "usage_style", model, source, ("anthropic", "openai")),
         source=str(base.get("source", source)), as_of=str(base.get("as_of", "unknown")),
         cache_granularity=_whole({"cache_granularity": 1, **base}, "cache_granularity", model, source, lowest=1),
-        aliases=tuple(aliases), bands=tuple(bands), notes=notes, history=tuple(history))
+        aliases=tuple(aliases), bands=tuple(bands), notes=notes, history=tuple(history),
+        cache_write=_num(base, "cache_write", model, source, optional=True),
+        read_refreshes_ttl=bool(base.get("read_refreshes_ttl", True)))
 
 
-def _from_litellm(model: str, entry: dict, source: str) -> ModelPrice | None:
-    """One entry of LiteLLM's price file (USD per token) as a ModelPrice; None for non-chat entries."""
+def _rules_of(price: ModelPrice) -> dict:
+    """The cache rules of a known entry, in the native format (what a LiteLLM entry for it keeps)."""
+    return {"provider": price.provider, "cache_mode": price.cache_mode, "ttls": dict(price.ttls),
+            "max_breakpoints": price.max_breakpoints, "lookback_blocks": price.lookback_blocks,
+            "usage_style": price.usage_style, "min_cacheable_tokens": price.min_cacheable_tokens,
+            "cache_granularity": price.cache_granularity, "read_refreshes_ttl": price.read_refreshes_ttl,
+            "aliases": list(price.aliases)}
+
+
+def _from_litellm(model: str, entry: dict, source: str, known: ModelPrice | None = None) -> ModelPrice | None:
+    """One entry of LiteLLM's price file (USD per token) as a ModelPrice; None for non-chat entries. ``known``:
+    the shipped entry of the same name, whose cache rules the prices are put under."""
     if "input_cost_per_token" not in entry:
         return None
     provider = str(entry.get("litellm_provider", "anthropic" if "claude" in model else "openai"))
@@ -180,10 +226,13 @@ def _from_litellm(model: str, entry: dict, source: str) -> ModelPrice | None:
             raise InputError(f"expected a non-negative number, got {v!r:.60}", source=source, field=f"{model}.{key}")
         return round(float(v) * PER_MTOK, 10)
 
-    native = {**_DEFAULTS[provider], "provider": provider, "input": per_mtok("input_cost_per_token"),
+    rules = _rules_of(known) if known is not None else {**_DEFAULTS[provider], "provider": provider}
+    one_write = rules.get("cache_mode") == "breakpoints"  # one write price: LiteLLM's creation cost is it
+    write = per_mtok("cache_creation_input_token_cost")
+    native = {**rules, "input": per_mtok("input_cost_per_token"),
               "output": per_mtok("output_cost_per_token") or 0.0,
               "cache_read": per_mtok("cache_read_input_token_cost"),
-              "cache_write_5m": per_mtok("cache_creation_input_token_cost"),
+              "cache_write_5m": None if one_write else write, "cache_write": write if one_write else None,
               "cache_write_1h": per_mtok("cache_creation_input_token_cost_above_1hr"),
               "source": f"{source} (LiteLLM format)", "as_of": "unknown"}
     above = [(k, m) for k in entry if (m := re.fullmatch(r"input_cost_per_token_above_(\d+)k_tokens", k))]
@@ -194,7 +243,8 @@ def _from_litellm(model: str, entry: dict, source: str) -> ModelPrice | None:
         bands.append({"above_tokens": n, "input": per_mtok(key),
                       "output": per_mtok("output_cost_per_token" + suffix) or native["output"],
                       "cache_read": per_mtok("cache_read_input_token_cost" + suffix),
-                      "cache_write_5m": per_mtok("cache_creation_input_token_cost" + suffix)})
+                      "cache_write_5m": None if one_write else per_mtok("cache_creation_input_token_cost" + suffix),
+                      "cache_write": per_mtok("cache_creation_input_token_cost" + suffix) if one_write else None})
     native["bands"] = bands
     return _from_native(model, native, source)
 
@@ -227,7 +277,7 @@ class PriceTable:
         for name, entry in doc.items():
             if name == "sample_spec" or not isinstance(entry, dict):
                 continue
-            price = _from_litellm(name, entry, source)
+            price = _from_litellm(name, entry, source, self.models.get(name))
             if price is not None:
                 self.models[name] = price
                 added += 1
@@ -235,23 +285,30 @@ class PriceTable:
             raise InputError("no models found: expected {\"models\": {...}} or LiteLLM's format "
                              "(entries with input_cost_per_token)", source=source)
 
-    def lookup(self, name: str) -> ModelPrice:
-        """Exact name or alias, else the longest known name that prefixes it (dated snapshots)."""
-        aliases: dict[str, str] = {}
+    def aliases(self) -> dict[str, str]:
+        """Declared alias -> entry (dated snapshots, ``-latest``)."""
+        out: dict[str, str] = {}
         for model, price in self.models.items():
             for alias in price.aliases:
-                aliases.setdefault(alias, model)
-        found = match_model(name, self.models, aliases)
+                out.setdefault(alias, model)
+        return out
+
+    def lookup(self, name: str) -> ModelPrice:
+        """The entry of ``name`` or of the alias it is (:func:`cachectl.engines.names.match_model`): nothing is
+        guessed from a prefix, an unknown name is an error with the close names."""
+        found = match_model(name, self.models, self.aliases())
         if found is not None:
             return self.models[found]
-        bare = name.split("/")[-1].split("@")[0]
-        close = difflib.get_close_matches(bare, list(self.models), n=4, cutoff=0.5)
+        shown = name if len(name) <= 80 else f"{name[:60]}... ({len(name):,} characters)"
+        close = [] if len(name) > 200 else \
+            difflib.get_close_matches(name.rsplit("/", 1)[-1], list(self.models), n=4, cutoff=0.5)
         hint = f"; close names: {', '.join(close)}" if close else ""
         if is_architecture(name):
-            hint += (f"; {name!r} is a model architecture of kv-inspect's catalog, while this option names a "
+            hint += (f"; {shown!r} is a model architecture of kv-inspect's catalog, while this option names a "
                      "provider model to price")
-        raise UnknownModelError(f"unknown model {name!r}{hint} (see the price table with `list_models`, or add "
-                                "the model with `prices`)")
+        raise UnknownModelError(f"unknown model {shown!r}{hint}: a model is priced only by its own entry or an "
+                                "alias the table declares (see the price table with `list_models`, or add the "
+                                "model with `prices`)")
 
 
 # ----------------------------------------------------------------------------------------------- cost
@@ -277,7 +334,7 @@ def cost_usd(price: ModelPrice, usage: Usage) -> float:
     """What the usage costs; writes are priced at their own TTL's rate."""
     r = price.rates(usage.prompt_tokens)
     read_rate = r.cache_read if r.cache_read is not None else r.input
-    w5 = r.cache_write_5m if r.cache_write_5m is not None else r.input
+    w5 = r.cache_write_5m if r.cache_write_5m is not None else r.cache_write if r.cache_write is not None else r.input
     w1 = r.cache_write_1h if r.cache_write_1h is not None else None
     if usage.cache_write_1h_tokens and w1 is None:
         raise InputError(f"{price.model}: no 1-hour cache write price known; add cache_write_1h with `prices`")
