@@ -22,6 +22,7 @@ from .common import (
     Format,
     FormatOpt,
     HashFn,
+    InputKind,
     KvCapacity,
     KvDtypeOpt,
     Policy,
@@ -29,6 +30,7 @@ from .common import (
     TokenizerOpt,
     emit_json,
     handle_errors,
+    in_panel,
     new_figure,
     save_figure,
     stdout,
@@ -44,6 +46,10 @@ or a partition directory written by --partition-dir (replayed as routed, see its
 --router R (or all) routes the trace over N such servers; --cpu-offload-blocks adds a CPU tier to each;
 --model with --gpu prices the hits.
 """
+
+# The help panels (typer's rich_help_panel) that --help lists the options under, in this order.
+INPUT, CACHE, CURVE, FLEET = "Input", "Cache", "Curve and sweeps", "Fleet and tiers"
+PARTITIONS, WORTH, OUTPUT = "Partitions", "What the hits are worth", "Output"
 
 
 def _ints(text: Optional[str], name: str, most: int) -> list[int]:
@@ -127,104 +133,111 @@ class Options:
 def command(
     ctx: typer.Context,
     trace: Annotated[str, typer.Argument(metavar="TRACE", help="JSONL trace (- for stdin), Parquet trace, or a partition directory written by --partition-dir.", show_default=False)],
-    block_size: BlockSizeOpt = 16,
-    capacity_blocks: CapacityBlocksOpt = None,
-    capacity_gib: CapacityGibOpt = None,
-    model: Annotated[Optional[str], typer.Option("--model", metavar="MODEL", help="For --capacity-gib: a catalog name, cached HF id, "
-                                                                 "model directory, config.json or .gguf (as kv-inspect).")] = None,
-    dtype: KvDtypeOpt = Dtype.bf16,
-    policy: Annotated[Policy, typer.Option("--policy", case_sensitive=False,
-                                           help="vllm, radix (SGLang), chunk (LMCache/CacheBlend), infinite (no "
-                                                "eviction: the ceiling).")] = Policy.vllm,
-    salt_field: Annotated[Optional[str], typer.Option("--salt-field", metavar="FIELD",
-                                                      help="Field holding the per-tenant cache salt (default: salt "
-                                                           "or cache_salt).")] = None,
-    tenant_field: Annotated[Optional[str], typer.Option("--tenant-field", metavar="FIELD",
-                                                        help="Field naming the tenant without salting, to measure "
-                                                             "cross-tenant sharing.")] = None,
-    no_salt: Annotated[bool, typer.Option("--no-salt", help="Ignore cache salts: what sharing would happen "
-                                                              "without them (with --tenant-field).")] = False,
-    tokenizer: TokenizerOpt = None,
-    chat_template: ChatTemplateOpt = None,
-    as_kind: AsOpt = None,
+    # input
+    as_kind: Annotated[Optional[InputKind], in_panel(AsOpt, INPUT)] = None,
     hash_block_size: Annotated[int, typer.Option("--hash-block-size", min=1, metavar="N",
-                                                 help="Tokens per hash_ids entry in Mooncake traces.")] = 512,
-    hash_fn: Annotated[HashFn, typer.Option("--hash", case_sensitive=False,
-                                            help="Block key: builtin (fast) or sha256 (vLLM's).")] = HashFn.builtin,
-    concurrency: Annotated[int, typer.Option("--concurrency", min=1, metavar="N", help="Requests in flight at once.")] = 1,
-    decode_ms: Annotated[float, typer.Option("--decode-ms-per-token", min=0.0, metavar="MS",
-                                             help="With --concurrency: how long a request holds its blocks "
-                                                  "per output token.")] = 20.0,
-    chunk_size: Annotated[int, typer.Option("--chunk-size", min=1, metavar="N", help="chunk policy: tokens per chunk.")] = 256,
-    recompute_ratio: Annotated[float, typer.Option("--recompute-ratio", metavar="SHARE",
-                                                   help="chunk policy: share of a reused non-prefix chunk "
-                                                        "that is recomputed.")] = 0.15,
-    sweep_capacity: Annotated[Optional[str], typer.Option("--sweep-capacity", metavar="N,N,...",
-                                                          help="Capacities in blocks to sweep.")] = None,
-    sweep_block_size: Annotated[Optional[str], typer.Option("--sweep-block-size", metavar="B,B,...",
-                                                            help="Block sizes to sweep.")] = None,
-    curve: Annotated[bool, typer.Option("--curve", help="The whole hit-rate-vs-capacity curve: about "
-                                                        "--curve-points log-spaced capacities from the smallest "
-                                                        "that fits to the no-eviction ceiling, from one read.")] = False,
-    curve_points: Annotated[int, typer.Option("--curve-points", min=2, help="Points of --curve.")] = 32,
-    optimal: Annotated[bool, typer.Option("--optimal", help="With --curve/--sweep-capacity: also the offline "
-                                                            "optimal bound (Belady) at each capacity.")] = False,
-    warmup: Annotated[Optional[str], typer.Option("--warmup", metavar="N|SHARE",
-                                                  help="Requests that fill the cache but are not counted: a "
-                                                       "number (50) or a share of the trace (0.5).")] = None,
+                                                 help="Tokens per hash_ids entry in Mooncake traces.", rich_help_panel=INPUT)] = 512,
+    tokenizer: Annotated[Optional[str], in_panel(TokenizerOpt, INPUT)] = None,
+    chat_template: Annotated[Optional[str], in_panel(ChatTemplateOpt, INPUT)] = None,
     no_generation_prompt: Annotated[bool, typer.Option("--no-generation-prompt",
                                                        help="Tokenize chat requests without the assistant header "
                                                             "(completion-style logs); by default they are rendered "
-                                                            "as vLLM's chat endpoint does.")] = False,
-    per_request: Annotated[bool, typer.Option("--per-request", help="List each request's hit tokens.")] = False,
-    plot: Annotated[Optional[str], typer.Option("--plot", metavar="FILE.png",
-                                                help="Draw hit rate against capacity per block size.")] = None,
-    replicas: Annotated[Optional[int], typer.Option("--replicas", min=1, help="Replicas behind a router, each an "
-                                                   "independent pool of --capacity-blocks.")] = None,
-    router: Annotated[Optional[str], typer.Option("--router", metavar="R",
-                                                  help="round-robin, random, session, prefix-hash, least-loaded, "
-                                                       "cache-aware (SGLang's rule), or all (side by side).")] = None,
-    session_field: Annotated[Optional[str], typer.Option("--session-field", metavar="FIELD",
-                                                         help="session router: the field to hash (default: the first "
-                                                              "of conversation, session_id, chat_id present).")] = None,
-    prefix_blocks: Annotated[int, typer.Option("--prefix-blocks", min=1, help="prefix-hash router: full blocks "
-                                                                                 "hashed.")] = 4,
-    seed: Annotated[int, typer.Option("--seed", help="random router: the seed.")] = 0,
-    cache_threshold: Annotated[float, typer.Option("--cache-threshold", help="cache-aware: least match ratio for "
-                                                                                  "prefix routing.")] = 0.5,
-    balance_abs: Annotated[int, typer.Option("--balance-abs-threshold", min=0, help="cache-aware: load gap that "
-                                                                                     "may mean imbalance.")] = 32,
-    balance_rel: Annotated[float, typer.Option("--balance-rel-threshold", help="cache-aware: load ratio that may "
-                                                                                "mean imbalance.")] = 1.1,
-    router_eviction_s: Annotated[float, typer.Option("--router-eviction-interval", min=0.0,
-                                                     help="cache-aware: seconds between tree prunings.")] = 30.0,
-    router_tree_tokens: Annotated[int, typer.Option("--router-max-tree-tokens", min=0,
-                                                    help="cache-aware: tree size kept at each pruning.")] = 10000,
-    cpu_offload_gib: Annotated[Optional[float], typer.Option("--cpu-offload-gib", help="CPU tier per replica in "
-                                                                                       "GiB (needs --model).")] = None,
-    cpu_offload_blocks: Annotated[Optional[int], typer.Option("--cpu-offload-blocks", min=1,
-                                                              help="CPU tier per replica in blocks.")] = None,
-    link: Annotated[str, typer.Option("--link", help="Host link for CPU-tier transfers (data/links.json).")] = "pcie5-x16",
-    gpu: Annotated[Optional[str], typer.Option("--gpu", help="With --model: what the hits are worth on this GPU.")] = None,
-    gpu_hour_usd: Annotated[Optional[float], typer.Option("--gpu-hour-usd", min=0.0, help="With --gpu: dollars.")] = None,
-    utilization: Annotated[float, typer.Option("--utilization", help="With --gpu: share of peak FLOPs prefill "
-                                                                      "reaches.")] = 0.4,
-    jobs: Annotated[int, typer.Option("--jobs", min=1, help="Fleet: replicas replayed in this many processes.")] = 1,
+                                                            "as vLLM's chat endpoint does.", rich_help_panel=INPUT)] = False,
+    salt_field: Annotated[Optional[str], typer.Option("--salt-field", metavar="FIELD",
+                                                      help="Field holding the per-tenant cache salt (default: salt "
+                                                           "or cache_salt).", rich_help_panel=INPUT)] = None,
+    tenant_field: Annotated[Optional[str], typer.Option("--tenant-field", metavar="FIELD",
+                                                        help="Field naming the tenant without salting, to measure "
+                                                             "cross-tenant sharing.", rich_help_panel=INPUT)] = None,
+    no_salt: Annotated[bool, typer.Option("--no-salt", help="Ignore cache salts: what sharing would happen "
+                                                              "without them (with --tenant-field).", rich_help_panel=INPUT)] = False,
     read_jobs: Annotated[Optional[int], typer.Option("--read-jobs", min=1, metavar="N",
                                                      help="Processes that read and key a large token trace (a "
                                                           "JSONL file of 8 MiB or more) for one replay or a curve; "
                                                           "the results are the same. Default: one per CPU, up to "
-                                                          "8; 1 reads in this process.")] = None,
+                                                          "8; 1 reads in this process.", rich_help_panel=INPUT)] = None,
+    # cache
+    policy: Annotated[Policy, typer.Option("--policy", case_sensitive=False,
+                                           help="vllm, radix (SGLang), chunk (LMCache/CacheBlend), infinite (no "
+                                                "eviction: the ceiling).", rich_help_panel=CACHE)] = Policy.vllm,
+    block_size: Annotated[int, in_panel(BlockSizeOpt, CACHE)] = 16,
+    capacity_blocks: Annotated[Optional[int], in_panel(CapacityBlocksOpt, CACHE)] = None,
+    capacity_gib: Annotated[Optional[float], in_panel(CapacityGibOpt, CACHE)] = None,
+    model: Annotated[Optional[str], typer.Option("--model", metavar="MODEL", help="For --capacity-gib: a catalog name, cached HF id, "
+                                                                 "model directory, config.json or .gguf (as kv-inspect).", rich_help_panel=CACHE)] = None,
+    dtype: Annotated[Dtype, in_panel(KvDtypeOpt, CACHE)] = Dtype.bf16,
+    hash_fn: Annotated[HashFn, typer.Option("--hash", case_sensitive=False,
+                                            help="Block key: builtin (fast) or sha256 (vLLM's).", rich_help_panel=CACHE)] = HashFn.builtin,
+    chunk_size: Annotated[int, typer.Option("--chunk-size", min=1, metavar="N", help="chunk policy: tokens per chunk.", rich_help_panel=CACHE)] = 256,
+    recompute_ratio: Annotated[float, typer.Option("--recompute-ratio", metavar="SHARE",
+                                                   help="chunk policy: share of a reused non-prefix chunk "
+                                                        "that is recomputed.", rich_help_panel=CACHE)] = 0.15,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, metavar="N", help="Requests in flight at once.", rich_help_panel=CACHE)] = 1,
+    decode_ms: Annotated[float, typer.Option("--decode-ms-per-token", min=0.0, metavar="MS",
+                                             help="With --concurrency: how long a request holds its blocks "
+                                                  "per output token.", rich_help_panel=CACHE)] = 20.0,
+    warmup: Annotated[Optional[str], typer.Option("--warmup", metavar="N|SHARE",
+                                                  help="Requests that fill the cache but are not counted: a "
+                                                       "number (50) or a share of the trace (0.5).", rich_help_panel=CACHE)] = None,
+    # curve and sweeps
+    curve: Annotated[bool, typer.Option("--curve", help="The whole hit-rate-vs-capacity curve: about "
+                                                        "--curve-points log-spaced capacities from the smallest "
+                                                        "that fits to the no-eviction ceiling, from one read.", rich_help_panel=CURVE)] = False,
+    curve_points: Annotated[int, typer.Option("--curve-points", min=2, help="Points of --curve.", rich_help_panel=CURVE)] = 32,
+    optimal: Annotated[bool, typer.Option("--optimal", help="With --curve/--sweep-capacity: also the offline "
+                                                            "optimal bound (Belady) at each capacity.", rich_help_panel=CURVE)] = False,
+    sweep_capacity: Annotated[Optional[str], typer.Option("--sweep-capacity", metavar="N,N,...",
+                                                          help="Capacities in blocks to sweep.", rich_help_panel=CURVE)] = None,
+    sweep_block_size: Annotated[Optional[str], typer.Option("--sweep-block-size", metavar="B,B,...",
+                                                            help="Block sizes to sweep.", rich_help_panel=CURVE)] = None,
+    # fleet and tiers
+    replicas: Annotated[Optional[int], typer.Option("--replicas", min=1, help="Replicas behind a router, each an "
+                                                   "independent pool of --capacity-blocks.", rich_help_panel=FLEET)] = None,
+    router: Annotated[Optional[str], typer.Option("--router", metavar="R",
+                                                  help="round-robin, random, session, prefix-hash, least-loaded, "
+                                                       "cache-aware (SGLang's rule), or all (side by side).", rich_help_panel=FLEET)] = None,
+    session_field: Annotated[Optional[str], typer.Option("--session-field", metavar="FIELD",
+                                                         help="session router: the field to hash (default: the first "
+                                                              "of conversation, session_id, chat_id present).", rich_help_panel=FLEET)] = None,
+    prefix_blocks: Annotated[int, typer.Option("--prefix-blocks", min=1, help="prefix-hash router: full blocks "
+                                                                                 "hashed.", rich_help_panel=FLEET)] = 4,
+    seed: Annotated[int, typer.Option("--seed", help="random router: the seed.", rich_help_panel=FLEET)] = 0,
+    cache_threshold: Annotated[float, typer.Option("--cache-threshold", help="cache-aware: least match ratio for "
+                                                                                  "prefix routing.", rich_help_panel=FLEET)] = 0.5,
+    balance_abs: Annotated[int, typer.Option("--balance-abs-threshold", min=0, help="cache-aware: load gap that "
+                                                                                     "may mean imbalance.", rich_help_panel=FLEET)] = 32,
+    balance_rel: Annotated[float, typer.Option("--balance-rel-threshold", help="cache-aware: load ratio that may "
+                                                                                "mean imbalance.", rich_help_panel=FLEET)] = 1.1,
+    router_eviction_s: Annotated[float, typer.Option("--router-eviction-interval", min=0.0,
+                                                     help="cache-aware: seconds between tree prunings.", rich_help_panel=FLEET)] = 30.0,
+    router_tree_tokens: Annotated[int, typer.Option("--router-max-tree-tokens", min=0,
+                                                    help="cache-aware: tree size kept at each pruning.", rich_help_panel=FLEET)] = 10000,
+    jobs: Annotated[int, typer.Option("--jobs", min=1, help="Fleet: replicas replayed in this many processes.", rich_help_panel=FLEET)] = 1,
+    cpu_offload_gib: Annotated[Optional[float], typer.Option("--cpu-offload-gib", help="CPU tier per replica in "
+                                                                                       "GiB (needs --model).", rich_help_panel=FLEET)] = None,
+    cpu_offload_blocks: Annotated[Optional[int], typer.Option("--cpu-offload-blocks", min=1,
+                                                              help="CPU tier per replica in blocks.", rich_help_panel=FLEET)] = None,
+    link: Annotated[str, typer.Option("--link", help="Host link for CPU-tier transfers (data/links.json).", rich_help_panel=FLEET)] = "pcie5-x16",
+    # partitions
     partition_dir: Annotated[Optional[str], typer.Option("--partition-dir", metavar="DIR",
                                                          help="Route the trace once (--replicas N, --router "
                                                               "round-robin|random|session|prefix-hash) and write one "
                                                               "Parquet partition per replica to DIR; replay them with "
-                                                              "TRACE = DIR.")] = None,
+                                                              "TRACE = DIR.", rich_help_panel=PARTITIONS)] = None,
     ray: Annotated[bool, typer.Option("--ray", help="Replay a partition directory on Ray, one task per partition "
-                                                    "(a local Ray unless --ray-address or RAY_ADDRESS).")] = False,
+                                                    "(a local Ray unless --ray-address or RAY_ADDRESS).", rich_help_panel=PARTITIONS)] = False,
     ray_address: Annotated[Optional[str], typer.Option("--ray-address", metavar="ADDRESS",
-                                                       help="With --ray: the cluster to connect to.")] = None,
-    fmt: FormatOpt = Format.text,
+                                                       help="With --ray: the cluster to connect to.", rich_help_panel=PARTITIONS)] = None,
+    # worth
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="With --model: what the hits are worth on this GPU.", rich_help_panel=WORTH)] = None,
+    gpu_hour_usd: Annotated[Optional[float], typer.Option("--gpu-hour-usd", min=0.0, help="With --gpu: dollars.", rich_help_panel=WORTH)] = None,
+    utilization: Annotated[float, typer.Option("--utilization", help="With --gpu: share of peak FLOPs prefill "
+                                                                      "reaches.", rich_help_panel=WORTH)] = 0.4,
+    # output
+    per_request: Annotated[bool, typer.Option("--per-request", help="List each request's hit tokens.", rich_help_panel=OUTPUT)] = False,
+    plot: Annotated[Optional[str], typer.Option("--plot", metavar="FILE.png",
+                                                help="Draw hit rate against capacity per block size.", rich_help_panel=OUTPUT)] = None,
+    fmt: Annotated[Format, in_panel(FormatOpt, OUTPUT)] = Format.text,
 ) -> None:
     capacity = KvCapacity(capacity_blocks, capacity_gib, model, dtype.value, block_size)
     warm = _warmup(warmup)
