@@ -156,3 +156,15 @@ def test_a_model_given_to_the_wrong_kind_of_option_says_which_kind_it_is(cli):
     assert r.exit_code == 2 and "is a provider model of the price table" in r.stderr
     r = cli("prompt-cost", "--model", "llama-3.1-8b", "--prefix-tokens", "5000")
     assert r.exit_code == 2 and "is a model architecture of kv-inspect's catalog" in r.stderr
+
+
+def test_simulate_prefix_help_lists_its_options_in_panels_with_one_flag_column(cli):
+    out = cli("simulate-prefix", "--help").stdout
+    titles = [line[:-1] for line in out.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert titles == ["Arguments", "Input", "Cache", "Curve and sweeps", "Fleet and tiers", "Partitions",
+                      "What the hits are worth", "Output", "Options"]
+    options = out.split("\nInput:\n", 1)[1]  # the description above quotes flags too
+    columns = {m.start(2) - m.start() for m in re.finditer(r"^  (-\S.*?) {2,}(\S.*)$", options, re.M)}
+    assert len(columns) == 1, columns  # the help text starts in one column across the panels
+    # other commands name no panel: typer's one list of options
+    assert "Options:" in cli("fix", "--help").stdout and "Input:" not in cli("fix", "--help").stdout

@@ -10,11 +10,11 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator
 from enum import Enum
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional, get_args
 
 import orjson
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from ..errors import CachectlError, UsageError
 
@@ -140,6 +140,17 @@ CapacityBlocksOpt = Annotated[Optional[int], typer.Option("--capacity-blocks", m
 CapacityGibOpt = Annotated[Optional[float], typer.Option("--capacity-gib", metavar="GIB",
                                                          help="KV memory in GiB (needs --model).")]
 KvDtypeOpt = Annotated[Dtype, typer.Option("--dtype", case_sensitive=False, help="KV dtype for --capacity-gib.")]
+
+
+def in_panel(option: Any, panel: str) -> Any:
+    """A shared option (``BlockSizeOpt`` ...) under a help panel of one command, its declaration still the
+    shared one: ``block_size: Annotated[int, in_panel(BlockSizeOpt, "Cache")] = 16`` (the type as the shared
+    option has it)."""
+    import copy
+
+    info = copy.copy(get_args(option)[1])
+    info.rich_help_panel = panel
+    return info
 
 
 class KvCapacity:
@@ -566,6 +577,32 @@ class LazyCommands(dict):
         return [(n, self[n]) for n in self]
 
 
+class CachectlCommand(TyperCommand):
+    """A command whose plain help groups its options under the panels they name (typer's ``rich_help_panel``,
+    which typer shows only in rich help): one section per panel, in the order of their first options, then the
+    options in no panel (--help) under Options; the flags in one column across the sections, as in one list.
+    A command that names no panel gets typer's own help."""
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        shown = [(p, r) for p in self.get_params(ctx) if (r := p.get_help_record(ctx)) is not None]
+        if not any(getattr(p, "rich_help_panel", None) for p, _ in shown):
+            return super().format_options(ctx, formatter)
+        sections: dict[str, list[tuple[str, str]]] = {"Arguments": []}
+        for p, record in shown:
+            panel = "Arguments" if p.param_type_name == "argument" else getattr(p, "rich_help_panel", None)
+            sections.setdefault(panel or "Options", []).append(record)
+        sections["Options"] = sections.pop("Options", [])  # the options in no panel last
+        # click's write_dl sizes the flag column per list (at most 30): pad to the width one list would have
+        terms = [term for title, rows in sections.items() if title != "Arguments" for term, _ in rows]
+        width = min(max(map(len, terms), default=0), 30)
+        for title, rows in sections.items():
+            if title != "Arguments":
+                rows = [(term.ljust(width) if text else term, text) for term, text in rows]
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+
 def _no_options() -> None:
     pass
 
@@ -581,7 +618,7 @@ def lazy_command(name: str, module: str, attribute: str = "command") -> Callable
         if isinstance(obj, typer.Typer):
             group.add_typer(obj, name=name)
         else:
-            group.command(name)(obj)
+            group.command(name, cls=CachectlCommand)(obj)
         built: Any = typer.main.get_command(group)
         return built.commands[name]
 

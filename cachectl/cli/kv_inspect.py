@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -106,70 +107,138 @@ def command(
         raise typer.Exit(EXIT_OK)
     if model is None:
         raise UsageError("kv-inspect needs MODEL (or --list-models)")
-    config, source, entry = kvmath.resolve_model(model)
-
-    def static(kv_dtype: str, weights_dtype: str = "bf16"):
-        return kvmath.inspect_config(
-            config, model=model, source=source, dtype=kv_dtype, weights_dtype=weights_dtype, contexts=_contexts(context), batch=batch, gpu=gpu,
-            gpu_memory=kvmath.parse_memory(gpu_memory) if gpu_memory else None,
-            gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
-            weights_bytes=weights_gib * kvmath.GIB if weights_gib is not None else None,
-            published_params=(entry or {}).get("params"), active_params=(entry or {}).get("active_params"))
-
-    live_modes = bool(run or quantized or turns is not None or shared_prefix is not None)
-    # random weights are built in fp32: a live run's header says so unless --dtype asks otherwise
-    default = "fp32" if random_weights and live_modes else "bf16"
-    report = static(dtype.value if dtype else default, dtype.value if dtype else default)
-    if random_weights and live_modes:
-        from ..engines.kv import live as kvlive
-
-        kvlive.check_random_weights_memory(config, (entry or {}).get("params"))
-    if run or quantized:
-        import dataclasses
-
-        from ..engines.kv import live as kvlive
-
-        ids = _prompt_ids(model, tokenizer, prompt, messages)
-        if run:
-            live = kvlive.run_live(model, config, ids, max_new_tokens=max_new_tokens, random_weights=random_weights,
-                                   threads=threads)
-            if dtype is None and live.dtype != report.dtype and live.dtype in kvmath.DTYPE_BYTES:
-                report = static(live.dtype, live.dtype)  # the dtype the run measured, not bf16 over fp32
-            report = dataclasses.replace(report, run=live)
-        if quantized:
-            report = dataclasses.replace(report, quantized=kvlive.run_quantized(
-                model, config, ids, backend=quantized.value, nbits=int(nbits.value), max_new_tokens=max_new_tokens,
-                random_weights=random_weights, threads=threads))
-    if turns is not None or shared_prefix is not None:
-        import dataclasses
-
-        from ..engines.kv import live as kvlive
-        from ..tokenization import load_tokenizer
-
-        tok = load_tokenizer(_tokenizer_spec(model, tokenizer, "--turns and --shared-prefix"))
-        if turns is not None:
-            from ..inputs import read_prompt
-
-            report = dataclasses.replace(report, turns=kvlive.run_turns(
-                model, config, tok, read_prompt(turns), random_weights=random_weights, threads=threads))
-        if shared_prefix is not None:
-            if questions is None:
-                raise UsageError("--shared-prefix needs --questions FILE")
-            from ..inputs import read_text
-
-            text, _ = read_text(questions)
-            qs = [q for q in text.splitlines() if q.strip()]
-            report = dataclasses.replace(report, shared_prefix=kvlive.run_shared_prefix(
-                model, config, tok, shared_prefix, qs, cache_kind=cache_kind.value, max_new_tokens=min(max_new_tokens, 8),
-                random_weights=random_weights, threads=threads))
-    elif not (run or quantized) and (prompt or messages or random_weights):
-        raise UsageError("--prompt, --messages and --random-weights go with --run, --turns or --shared-prefix")
+    report = _report(Options(
+        model=model, dtype=dtype.value if dtype else None, context=context, batch=batch, gpu=gpu,
+        gpu_memory=gpu_memory, gpu_memory_utilization=gpu_memory_utilization, weights_gib=weights_gib,
+        block_size=block_size, run=run, prompt=prompt, messages=messages, tokenizer=tokenizer,
+        max_new_tokens=max_new_tokens, random_weights=random_weights, threads=threads, turns=turns,
+        shared_prefix=shared_prefix, questions=questions, cache_kind=cache_kind.value,
+        quantized=quantized.value if quantized else None, nbits=int(nbits.value)))
     if fmt is Format.json:
         emit_json(report)
     else:
         _render(report, kvmath.human_bytes)
         _render_live_extras(report)
     raise typer.Exit(EXIT_OK)
+
+
+command.__doc__ = HELP
+
+
+@dataclass(frozen=True)
+class Options:
+    """What one ``kv-inspect MODEL`` was asked: the config arithmetic, and the live runs on top of it."""
+
+    model: str
+    dtype: Optional[str]           # None: bf16, or the dtype a live run measured
+    context: str                   # --context-lengths, parsed with the arithmetic
+    batch: int
+    gpu: Optional[str]
+    gpu_memory: Optional[str]
+    gpu_memory_utilization: float
+    weights_gib: Optional[float]
+    block_size: int
+    # live runs (transformers)
+    run: bool
+    prompt: Optional[str]
+    messages: Optional[str]
+    tokenizer: Optional[str]
+    max_new_tokens: int
+    random_weights: bool
+    threads: Optional[int]
+    turns: Optional[str]
+    shared_prefix: Optional[str]
+    questions: Optional[str]
+    cache_kind: str
+    quantized: Optional[str]       # the quantizer
+    nbits: int
+
+    @property
+    def live(self) -> bool:
+        """A mode that loads the model (--run, --quantized, --turns, --shared-prefix)."""
+        return bool(self.run or self.quantized or self.turns is not None or self.shared_prefix is not None)
+
+
+def _report(o: Options):
+    """The config arithmetic, then what each live mode asked for adds to it."""
+    from ..engines.kv import config as kvmath
+
+    model = kvmath.resolve_model(o.model)
+    # random weights are built in fp32: a live run's header says so unless --dtype asks otherwise
+    report = _static(o, model, o.dtype or ("fp32" if o.random_weights and o.live else "bf16"))
+    if o.random_weights and o.live:
+        from ..engines.kv import live as kvlive
+
+        kvlive.check_random_weights_memory(model[0], (model[2] or {}).get("params"))
+    if o.run or o.quantized:
+        report = _with_runs(o, model, report)
+    if o.turns is not None or o.shared_prefix is not None:
+        report = _with_reuse(o, model, report)
+    elif not (o.run or o.quantized) and (o.prompt or o.messages or o.random_weights):
+        raise UsageError("--prompt, --messages and --random-weights go with --run, --turns or --shared-prefix")
+    return report
+
+
+def _static(o: Options, model: tuple, dtype: str):
+    """The config arithmetic (``model``: what ``resolve_model`` found), KV and weights in ``dtype``."""
+    from ..engines.kv import config as kvmath
+
+    config, source, entry = model
+    return kvmath.inspect_config(
+        config, model=o.model, source=source, dtype=dtype, weights_dtype=dtype, contexts=_contexts(o.context),
+        batch=o.batch, gpu=o.gpu, gpu_memory=kvmath.parse_memory(o.gpu_memory) if o.gpu_memory else None,
+        gpu_memory_utilization=o.gpu_memory_utilization, block_size=o.block_size,
+        weights_bytes=o.weights_gib * kvmath.GIB if o.weights_gib is not None else None,
+        published_params=(entry or {}).get("params"), active_params=(entry or {}).get("active_params"))
+
+
+def _with_runs(o: Options, model: tuple, report):
+    """--run (a prefill and greedy decode, the cache measured) and --quantized (a quantized cache beside it)."""
+    import dataclasses
+
+    from ..engines.kv import config as kvmath
+    from ..engines.kv import live as kvlive
+
+    config = model[0]
+    ids = _prompt_ids(o.model, o.tokenizer, o.prompt, o.messages)
+    if o.run:
+        live = kvlive.run_live(o.model, config, ids, max_new_tokens=o.max_new_tokens, random_weights=o.random_weights,
+                               threads=o.threads)
+        if o.dtype is None and live.dtype != report.dtype and live.dtype in kvmath.DTYPE_BYTES:
+            report = _static(o, model, live.dtype)  # the dtype the run measured, not bf16 over fp32
+        report = dataclasses.replace(report, run=live)
+    if o.quantized:
+        report = dataclasses.replace(report, quantized=kvlive.run_quantized(
+            o.model, config, ids, backend=o.quantized, nbits=o.nbits, max_new_tokens=o.max_new_tokens,
+            random_weights=o.random_weights, threads=o.threads))
+    return report
+
+
+def _with_reuse(o: Options, model: tuple, report):
+    """--turns (one cache kept across a conversation) and --shared-prefix (one prefill copied per question)."""
+    import dataclasses
+
+    from ..engines.kv import live as kvlive
+    from ..tokenization import load_tokenizer
+
+    config = model[0]
+    tok = load_tokenizer(_tokenizer_spec(o.model, o.tokenizer, "--turns and --shared-prefix"))
+    if o.turns is not None:
+        from ..inputs import read_prompt
+
+        report = dataclasses.replace(report, turns=kvlive.run_turns(
+            o.model, config, tok, read_prompt(o.turns), random_weights=o.random_weights, threads=o.threads))
+    if o.shared_prefix is not None:
+        if o.questions is None:
+            raise UsageError("--shared-prefix needs --questions FILE")
+        from ..inputs import read_text
+
+        text, _ = read_text(o.questions)
+        qs = [q for q in text.splitlines() if q.strip()]
+        report = dataclasses.replace(report, shared_prefix=kvlive.run_shared_prefix(
+            o.model, config, tok, o.shared_prefix, qs, cache_kind=o.cache_kind, max_new_tokens=min(o.max_new_tokens, 8),
+            random_weights=o.random_weights, threads=o.threads))
+    return report
 
 
 def _tokenizer_spec(model: str, tokenizer: Optional[str], what: str) -> str:
@@ -195,8 +264,6 @@ def _prompt_ids(model: str, tokenizer: Optional[str], prompt: Optional[str], mes
                                                            field_paths=("text",))
     return list(tok.tokenize(p, add_generation_prompt=p.is_chat).ids)
 
-
-command.__doc__ = HELP
 
 
 def _render(r, hb) -> None:

@@ -62,7 +62,6 @@ def command(
                                                       "(exit 1 when there is something to fix).")] = False,
 ) -> None:
     from ..engines import lint
-    from ..engines.lint import output as lint_output
 
     cfg = lint.load_config(config, select=(select or "").split(",") if select else (),
                            ignore=(ignore or "").split(",") if ignore else (), model=model)
@@ -83,35 +82,62 @@ def command(
         tok = load_tokenizer(tokenizer)
     if not paths:
         raise UsageError("lint needs at least one PATH")
-    if fix or diff:
-        from ..engines.lint import fix as lint_fix
-
-        fixes = lint_fix.fix_paths(paths, cfg)
-        patch = "".join(f.diff() for f in fixes.files)
-        if diff:  # ruff --diff: the diff on stdout, nothing written, exit 1 when there is something to fix
-            if fmt is LintFormat.json:  # per file: its fixes and its diff
-                typer.echo(json.dumps({"files": [f.to_dict() for f in fixes.files],
-                                       "errors": [*fixes.errors, *fixes.skipped]}, indent=2, ensure_ascii=False))
-            elif fmt is not LintFormat.text:
-                raise UsageError(f"--diff prints a unified diff (or JSON with --format json), not {fmt.value}")
-            elif patch:
-                typer.echo(patch, nl=False)
-            failed = [*fixes.errors, *fixes.skipped]
-            for message in failed:  # one line each: the files that could not be read, parsed or fixed
-                typer.echo(f"cachectl: error: {' '.join(message.split())}", err=True)
-            if not failed:
-                typer.echo(f"{fixes.fixed} fixable finding(s) in {len(fixes.files)} file(s)"
-                           + (" (not written: --diff)" if fixes.fixed else ""), err=True)
-            raise typer.Exit(EXIT_ERROR if failed else EXIT_FINDING if fixes.fixed else EXIT_OK)
-        lint_fix.write_fixes(fixes)
-        for message in fixes.skipped:  # lint reports the files it cannot read; these it reads, unfixed
-            typer.echo(f"cachectl: error: {' '.join(message.split())}", err=True)
-        # the diff goes where it cannot corrupt machine output: stdout for text, stderr for the others
-        if patch:
-            typer.echo(patch, nl=False, err=fmt is not LintFormat.text)
-        if fixes.fixed:
-            typer.echo(f"fixed {fixes.fixed} finding(s) in {len(fixes.files)} file(s)", err=fmt is not LintFormat.text)
+    if diff:  # with or without --fix: nothing written
+        raise typer.Exit(_show_diff(paths, cfg, fmt))
+    fixes = _apply_fixes(paths, cfg, fmt) if fix else None
     report = lint.lint_paths(paths, cfg, tokenizer=tok, min_tokens=min_tokens)
+    _emit(report, fmt)
+    code = 2 if fixes is not None and fixes.skipped else report.exit_code
+    raise typer.Exit(EXIT_ERROR if code == 2 else EXIT_FINDING if code == 1 and not exit_zero else EXIT_OK)
+
+
+command.__doc__ = HELP
+
+
+def _show_diff(paths: list[str], cfg, fmt: LintFormat) -> int:
+    """--diff, as ruff's: the diff of the safe fixes on stdout, nothing written; the exit code (1 when there is
+    something to fix)."""
+    from ..engines.lint import fix as lint_fix
+
+    fixes = lint_fix.fix_paths(paths, cfg)
+    patch = "".join(f.diff() for f in fixes.files)
+    if fmt is LintFormat.json:  # per file: its fixes and its diff
+        typer.echo(json.dumps({"files": [f.to_dict() for f in fixes.files],
+                               "errors": [*fixes.errors, *fixes.skipped]}, indent=2, ensure_ascii=False))
+    elif fmt is not LintFormat.text:
+        raise UsageError(f"--diff prints a unified diff (or JSON with --format json), not {fmt.value}")
+    elif patch:
+        typer.echo(patch, nl=False)
+    failed = [*fixes.errors, *fixes.skipped]
+    for message in failed:  # one line each: the files that could not be read, parsed or fixed
+        typer.echo(f"cachectl: error: {' '.join(message.split())}", err=True)
+    if not failed:
+        typer.echo(f"{fixes.fixed} fixable finding(s) in {len(fixes.files)} file(s)"
+                   + (" (not written: --diff)" if fixes.fixed else ""), err=True)
+    return EXIT_ERROR if failed else EXIT_FINDING if fixes.fixed else EXIT_OK
+
+
+def _apply_fixes(paths: list[str], cfg, fmt: LintFormat):
+    """--fix: the safe fixes written in place and their diff printed (before the findings that remain)."""
+    from ..engines.lint import fix as lint_fix
+
+    fixes = lint_fix.fix_paths(paths, cfg)
+    patch = "".join(f.diff() for f in fixes.files)
+    lint_fix.write_fixes(fixes)
+    for message in fixes.skipped:  # lint reports the files it cannot read; these it reads, unfixed
+        typer.echo(f"cachectl: error: {' '.join(message.split())}", err=True)
+    # the diff goes where it cannot corrupt machine output: stdout for text, stderr for the others
+    if patch:
+        typer.echo(patch, nl=False, err=fmt is not LintFormat.text)
+    if fixes.fixed:
+        typer.echo(f"fixed {fixes.fixed} finding(s) in {len(fixes.files)} file(s)", err=fmt is not LintFormat.text)
+    return fixes
+
+
+def _emit(report, fmt: LintFormat) -> None:
+    """The report in its format on stdout; the files that could not be checked on stderr, whatever the format."""
+    from ..engines.lint import output as lint_output
+
     if fmt is LintFormat.json:
         typer.echo(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
     elif fmt is LintFormat.sarif:
@@ -125,11 +151,6 @@ def command(
         _render_text(report)
     for e in report.errors:  # one line each on stderr too, whatever the format
         typer.echo(f"cachectl: error: {e.describe()}", err=True)
-    code = 2 if fix and fixes.skipped else report.exit_code
-    raise typer.Exit(EXIT_ERROR if code == 2 else EXIT_FINDING if code == 1 and not exit_zero else EXIT_OK)
-
-
-command.__doc__ = HELP
 
 
 def _render_text(report) -> None:

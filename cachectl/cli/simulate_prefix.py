@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any, Optional
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Optional
 
 import typer
 
@@ -20,6 +22,7 @@ from .common import (
     Format,
     FormatOpt,
     HashFn,
+    InputKind,
     KvCapacity,
     KvDtypeOpt,
     Policy,
@@ -27,6 +30,7 @@ from .common import (
     TokenizerOpt,
     emit_json,
     handle_errors,
+    in_panel,
     new_figure,
     save_figure,
     stdout,
@@ -43,6 +47,10 @@ or a partition directory written by --partition-dir (replayed as routed, see its
 --model with --gpu prices the hits.
 """
 
+# The help panels (typer's rich_help_panel) that --help lists the options under, in this order.
+INPUT, CACHE, CURVE, FLEET = "Input", "Cache", "Curve and sweeps", "Fleet and tiers"
+PARTITIONS, WORTH, OUTPUT = "Partitions", "What the hits are worth", "Output"
+
 
 def _ints(text: Optional[str], name: str, most: int) -> list[int]:
     if not text:
@@ -56,331 +64,507 @@ def _ints(text: Optional[str], name: str, most: int) -> list[int]:
     return values
 
 
+Mode = Literal["replay", "sweep", "fleet", "write partitions", "replay partitions"]
+
+
+@dataclass(frozen=True)
+class Options:
+    """What one ``simulate-prefix`` run was asked, parsed and checked; each mode reads the fields it needs."""
+
+    # input: the trace and how its lines become requests
+    trace: str
+    name: str                      # the trace as messages name it (<stdin> for -)
+    tok: Optional[_ChatAware]
+    salt_field: Optional[str]
+    tenant_field: Optional[str]
+    no_salt: bool
+    as_kind: Optional[str]
+    add_generation_prompt: bool    # chat requests rendered as vLLM's chat endpoint does
+    hash_block_size: int
+    read_jobs: Optional[int]
+    # the cache: one server's pool
+    policy: str
+    hash_fn: str
+    block_size: int
+    capacity: KvCapacity
+    warm: int | float              # requests, or a share of the trace (below 1)
+    concurrency: int
+    decode_s: float                # seconds a request holds its blocks per output token
+    chunk_size: int
+    recompute_ratio: float
+    # curve and sweeps
+    sizes: tuple[int, ...]         # the block sizes (the one --block-size unless --sweep-block-size)
+    caps: tuple[int, ...]          # --sweep-capacity
+    curve: bool
+    curve_points: int
+    optimal: bool
+    # fleet, partitions and tiers
+    replicas: Optional[int]
+    router: Optional[str]
+    session_field: Optional[str]
+    seed: int
+    prefix_blocks: int
+    cache_threshold: float
+    balance_abs: int
+    balance_rel: float
+    router_eviction_s: float
+    router_tree_tokens: int
+    cpu_offload_gib: Optional[float]
+    cpu_offload_blocks: Optional[int]
+    link: str
+    jobs: int
+    partition_dir: Optional[str]   # write partitions here
+    partitions: Optional[tuple[list[str], dict]]  # the trace is a partition directory: its files and manifest
+    ray: bool
+    ray_address: Optional[str]
+    # the model (its KV bytes per token, for a CPU tier) and what the hits are worth
+    model: Optional[str]
+    dtype: str
+    gpu: Optional[str]
+    gpu_hour_usd: Optional[float]
+    utilization: float
+    # output
+    per_request: bool
+    plot: Optional[str]
+    fmt: Format
+
+
 @handle_errors
 def command(
     ctx: typer.Context,
     trace: Annotated[str, typer.Argument(metavar="TRACE", help="JSONL trace (- for stdin), Parquet trace, or a partition directory written by --partition-dir.", show_default=False)],
-    block_size: BlockSizeOpt = 16,
-    capacity_blocks: CapacityBlocksOpt = None,
-    capacity_gib: CapacityGibOpt = None,
-    model: Annotated[Optional[str], typer.Option("--model", metavar="MODEL", help="For --capacity-gib: a catalog name, cached HF id, "
-                                                                 "model directory, config.json or .gguf (as kv-inspect).")] = None,
-    dtype: KvDtypeOpt = Dtype.bf16,
-    policy: Annotated[Policy, typer.Option("--policy", case_sensitive=False,
-                                           help="vllm, radix (SGLang), chunk (LMCache/CacheBlend), infinite (no "
-                                                "eviction: the ceiling).")] = Policy.vllm,
-    salt_field: Annotated[Optional[str], typer.Option("--salt-field", metavar="FIELD",
-                                                      help="Field holding the per-tenant cache salt (default: salt "
-                                                           "or cache_salt).")] = None,
-    tenant_field: Annotated[Optional[str], typer.Option("--tenant-field", metavar="FIELD",
-                                                        help="Field naming the tenant without salting, to measure "
-                                                             "cross-tenant sharing.")] = None,
-    no_salt: Annotated[bool, typer.Option("--no-salt", help="Ignore cache salts: what sharing would happen "
-                                                              "without them (with --tenant-field).")] = False,
-    tokenizer: TokenizerOpt = None,
-    chat_template: ChatTemplateOpt = None,
-    as_kind: AsOpt = None,
+    # input
+    as_kind: Annotated[Optional[InputKind], in_panel(AsOpt, INPUT)] = None,
     hash_block_size: Annotated[int, typer.Option("--hash-block-size", min=1, metavar="N",
-                                                 help="Tokens per hash_ids entry in Mooncake traces.")] = 512,
-    hash_fn: Annotated[HashFn, typer.Option("--hash", case_sensitive=False,
-                                            help="Block key: builtin (fast) or sha256 (vLLM's).")] = HashFn.builtin,
-    concurrency: Annotated[int, typer.Option("--concurrency", min=1, metavar="N", help="Requests in flight at once.")] = 1,
-    decode_ms: Annotated[float, typer.Option("--decode-ms-per-token", min=0.0, metavar="MS",
-                                             help="With --concurrency: how long a request holds its blocks "
-                                                  "per output token.")] = 20.0,
-    chunk_size: Annotated[int, typer.Option("--chunk-size", min=1, metavar="N", help="chunk policy: tokens per chunk.")] = 256,
-    recompute_ratio: Annotated[float, typer.Option("--recompute-ratio", metavar="SHARE",
-                                                   help="chunk policy: share of a reused non-prefix chunk "
-                                                        "that is recomputed.")] = 0.15,
-    sweep_capacity: Annotated[Optional[str], typer.Option("--sweep-capacity", metavar="N,N,...",
-                                                          help="Capacities in blocks to sweep.")] = None,
-    sweep_block_size: Annotated[Optional[str], typer.Option("--sweep-block-size", metavar="B,B,...",
-                                                            help="Block sizes to sweep.")] = None,
-    curve: Annotated[bool, typer.Option("--curve", help="The whole hit-rate-vs-capacity curve: about "
-                                                        "--curve-points log-spaced capacities from the smallest "
-                                                        "that fits to the no-eviction ceiling, from one read.")] = False,
-    curve_points: Annotated[int, typer.Option("--curve-points", min=2, help="Points of --curve.")] = 32,
-    optimal: Annotated[bool, typer.Option("--optimal", help="With --curve/--sweep-capacity: also the offline "
-                                                            "optimal bound (Belady) at each capacity.")] = False,
-    warmup: Annotated[Optional[str], typer.Option("--warmup", metavar="N|SHARE",
-                                                  help="Requests that fill the cache but are not counted: a "
-                                                       "number (50) or a share of the trace (0.5).")] = None,
+                                                 help="Tokens per hash_ids entry in Mooncake traces.", rich_help_panel=INPUT)] = 512,
+    tokenizer: Annotated[Optional[str], in_panel(TokenizerOpt, INPUT)] = None,
+    chat_template: Annotated[Optional[str], in_panel(ChatTemplateOpt, INPUT)] = None,
     no_generation_prompt: Annotated[bool, typer.Option("--no-generation-prompt",
                                                        help="Tokenize chat requests without the assistant header "
                                                             "(completion-style logs); by default they are rendered "
-                                                            "as vLLM's chat endpoint does.")] = False,
-    per_request: Annotated[bool, typer.Option("--per-request", help="List each request's hit tokens.")] = False,
-    plot: Annotated[Optional[str], typer.Option("--plot", metavar="FILE.png",
-                                                help="Draw hit rate against capacity per block size.")] = None,
-    replicas: Annotated[Optional[int], typer.Option("--replicas", min=1, help="Replicas behind a router, each an "
-                                                   "independent pool of --capacity-blocks.")] = None,
-    router: Annotated[Optional[str], typer.Option("--router", metavar="R",
-                                                  help="round-robin, random, session, prefix-hash, least-loaded, "
-                                                       "cache-aware (SGLang's rule), or all (side by side).")] = None,
-    session_field: Annotated[Optional[str], typer.Option("--session-field", metavar="FIELD",
-                                                         help="session router: the field to hash (default: the first "
-                                                              "of conversation, session_id, chat_id present).")] = None,
-    prefix_blocks: Annotated[int, typer.Option("--prefix-blocks", min=1, help="prefix-hash router: full blocks "
-                                                                                 "hashed.")] = 4,
-    seed: Annotated[int, typer.Option("--seed", help="random router: the seed.")] = 0,
-    cache_threshold: Annotated[float, typer.Option("--cache-threshold", help="cache-aware: least match ratio for "
-                                                                                  "prefix routing.")] = 0.5,
-    balance_abs: Annotated[int, typer.Option("--balance-abs-threshold", min=0, help="cache-aware: load gap that "
-                                                                                     "may mean imbalance.")] = 32,
-    balance_rel: Annotated[float, typer.Option("--balance-rel-threshold", help="cache-aware: load ratio that may "
-                                                                                "mean imbalance.")] = 1.1,
-    router_eviction_s: Annotated[float, typer.Option("--router-eviction-interval", min=0.0,
-                                                     help="cache-aware: seconds between tree prunings.")] = 30.0,
-    router_tree_tokens: Annotated[int, typer.Option("--router-max-tree-tokens", min=0,
-                                                    help="cache-aware: tree size kept at each pruning.")] = 10000,
-    cpu_offload_gib: Annotated[Optional[float], typer.Option("--cpu-offload-gib", help="CPU tier per replica in "
-                                                                                       "GiB (needs --model).")] = None,
-    cpu_offload_blocks: Annotated[Optional[int], typer.Option("--cpu-offload-blocks", min=1,
-                                                              help="CPU tier per replica in blocks.")] = None,
-    link: Annotated[str, typer.Option("--link", help="Host link for CPU-tier transfers (data/links.json).")] = "pcie5-x16",
-    gpu: Annotated[Optional[str], typer.Option("--gpu", help="With --model: what the hits are worth on this GPU.")] = None,
-    gpu_hour_usd: Annotated[Optional[float], typer.Option("--gpu-hour-usd", min=0.0, help="With --gpu: dollars.")] = None,
-    utilization: Annotated[float, typer.Option("--utilization", help="With --gpu: share of peak FLOPs prefill "
-                                                                      "reaches.")] = 0.4,
-    jobs: Annotated[int, typer.Option("--jobs", min=1, help="Fleet: replicas replayed in this many processes.")] = 1,
+                                                            "as vLLM's chat endpoint does.", rich_help_panel=INPUT)] = False,
+    salt_field: Annotated[Optional[str], typer.Option("--salt-field", metavar="FIELD",
+                                                      help="Field holding the per-tenant cache salt (default: salt "
+                                                           "or cache_salt).", rich_help_panel=INPUT)] = None,
+    tenant_field: Annotated[Optional[str], typer.Option("--tenant-field", metavar="FIELD",
+                                                        help="Field naming the tenant without salting, to measure "
+                                                             "cross-tenant sharing.", rich_help_panel=INPUT)] = None,
+    no_salt: Annotated[bool, typer.Option("--no-salt", help="Ignore cache salts: what sharing would happen "
+                                                              "without them (with --tenant-field).", rich_help_panel=INPUT)] = False,
     read_jobs: Annotated[Optional[int], typer.Option("--read-jobs", min=1, metavar="N",
                                                      help="Processes that read and key a large token trace (a "
                                                           "JSONL file of 8 MiB or more) for one replay or a curve; "
                                                           "the results are the same. Default: one per CPU, up to "
-                                                          "8; 1 reads in this process.")] = None,
+                                                          "8; 1 reads in this process.", rich_help_panel=INPUT)] = None,
+    # cache
+    policy: Annotated[Policy, typer.Option("--policy", case_sensitive=False,
+                                           help="vllm, radix (SGLang), chunk (LMCache/CacheBlend), infinite (no "
+                                                "eviction: the ceiling).", rich_help_panel=CACHE)] = Policy.vllm,
+    block_size: Annotated[int, in_panel(BlockSizeOpt, CACHE)] = 16,
+    capacity_blocks: Annotated[Optional[int], in_panel(CapacityBlocksOpt, CACHE)] = None,
+    capacity_gib: Annotated[Optional[float], in_panel(CapacityGibOpt, CACHE)] = None,
+    model: Annotated[Optional[str], typer.Option("--model", metavar="MODEL", help="For --capacity-gib: a catalog name, cached HF id, "
+                                                                 "model directory, config.json or .gguf (as kv-inspect).", rich_help_panel=CACHE)] = None,
+    dtype: Annotated[Dtype, in_panel(KvDtypeOpt, CACHE)] = Dtype.bf16,
+    hash_fn: Annotated[HashFn, typer.Option("--hash", case_sensitive=False,
+                                            help="Block key: builtin (fast) or sha256 (vLLM's).", rich_help_panel=CACHE)] = HashFn.builtin,
+    chunk_size: Annotated[int, typer.Option("--chunk-size", min=1, metavar="N", help="chunk policy: tokens per chunk.", rich_help_panel=CACHE)] = 256,
+    recompute_ratio: Annotated[float, typer.Option("--recompute-ratio", metavar="SHARE",
+                                                   help="chunk policy: share of a reused non-prefix chunk "
+                                                        "that is recomputed.", rich_help_panel=CACHE)] = 0.15,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, metavar="N", help="Requests in flight at once.", rich_help_panel=CACHE)] = 1,
+    decode_ms: Annotated[float, typer.Option("--decode-ms-per-token", min=0.0, metavar="MS",
+                                             help="With --concurrency: how long a request holds its blocks "
+                                                  "per output token.", rich_help_panel=CACHE)] = 20.0,
+    warmup: Annotated[Optional[str], typer.Option("--warmup", metavar="N|SHARE",
+                                                  help="Requests that fill the cache but are not counted: a "
+                                                       "number (50) or a share of the trace (0.5).", rich_help_panel=CACHE)] = None,
+    # curve and sweeps
+    curve: Annotated[bool, typer.Option("--curve", help="The whole hit-rate-vs-capacity curve: about "
+                                                        "--curve-points log-spaced capacities from the smallest "
+                                                        "that fits to the no-eviction ceiling, from one read.", rich_help_panel=CURVE)] = False,
+    curve_points: Annotated[int, typer.Option("--curve-points", min=2, help="Points of --curve.", rich_help_panel=CURVE)] = 32,
+    optimal: Annotated[bool, typer.Option("--optimal", help="With --curve/--sweep-capacity: also the offline "
+                                                            "optimal bound (Belady) at each capacity.", rich_help_panel=CURVE)] = False,
+    sweep_capacity: Annotated[Optional[str], typer.Option("--sweep-capacity", metavar="N,N,...",
+                                                          help="Capacities in blocks to sweep.", rich_help_panel=CURVE)] = None,
+    sweep_block_size: Annotated[Optional[str], typer.Option("--sweep-block-size", metavar="B,B,...",
+                                                            help="Block sizes to sweep.", rich_help_panel=CURVE)] = None,
+    # fleet and tiers
+    replicas: Annotated[Optional[int], typer.Option("--replicas", min=1, help="Replicas behind a router, each an "
+                                                   "independent pool of --capacity-blocks.", rich_help_panel=FLEET)] = None,
+    router: Annotated[Optional[str], typer.Option("--router", metavar="R",
+                                                  help="round-robin, random, session, prefix-hash, least-loaded, "
+                                                       "cache-aware (SGLang's rule), or all (side by side).", rich_help_panel=FLEET)] = None,
+    session_field: Annotated[Optional[str], typer.Option("--session-field", metavar="FIELD",
+                                                         help="session router: the field to hash (default: the first "
+                                                              "of conversation, session_id, chat_id present).", rich_help_panel=FLEET)] = None,
+    prefix_blocks: Annotated[int, typer.Option("--prefix-blocks", min=1, help="prefix-hash router: full blocks "
+                                                                                 "hashed.", rich_help_panel=FLEET)] = 4,
+    seed: Annotated[int, typer.Option("--seed", help="random router: the seed.", rich_help_panel=FLEET)] = 0,
+    cache_threshold: Annotated[float, typer.Option("--cache-threshold", help="cache-aware: least match ratio for "
+                                                                                  "prefix routing.", rich_help_panel=FLEET)] = 0.5,
+    balance_abs: Annotated[int, typer.Option("--balance-abs-threshold", min=0, help="cache-aware: load gap that "
+                                                                                     "may mean imbalance.", rich_help_panel=FLEET)] = 32,
+    balance_rel: Annotated[float, typer.Option("--balance-rel-threshold", help="cache-aware: load ratio that may "
+                                                                                "mean imbalance.", rich_help_panel=FLEET)] = 1.1,
+    router_eviction_s: Annotated[float, typer.Option("--router-eviction-interval", min=0.0,
+                                                     help="cache-aware: seconds between tree prunings.", rich_help_panel=FLEET)] = 30.0,
+    router_tree_tokens: Annotated[int, typer.Option("--router-max-tree-tokens", min=0,
+                                                    help="cache-aware: tree size kept at each pruning.", rich_help_panel=FLEET)] = 10000,
+    jobs: Annotated[int, typer.Option("--jobs", min=1, help="Fleet: replicas replayed in this many processes.", rich_help_panel=FLEET)] = 1,
+    cpu_offload_gib: Annotated[Optional[float], typer.Option("--cpu-offload-gib", help="CPU tier per replica in "
+                                                                                       "GiB (needs --model).", rich_help_panel=FLEET)] = None,
+    cpu_offload_blocks: Annotated[Optional[int], typer.Option("--cpu-offload-blocks", min=1,
+                                                              help="CPU tier per replica in blocks.", rich_help_panel=FLEET)] = None,
+    link: Annotated[str, typer.Option("--link", help="Host link for CPU-tier transfers (data/links.json).", rich_help_panel=FLEET)] = "pcie5-x16",
+    # partitions
     partition_dir: Annotated[Optional[str], typer.Option("--partition-dir", metavar="DIR",
                                                          help="Route the trace once (--replicas N, --router "
                                                               "round-robin|random|session|prefix-hash) and write one "
                                                               "Parquet partition per replica to DIR; replay them with "
-                                                              "TRACE = DIR.")] = None,
+                                                              "TRACE = DIR.", rich_help_panel=PARTITIONS)] = None,
     ray: Annotated[bool, typer.Option("--ray", help="Replay a partition directory on Ray, one task per partition "
-                                                    "(a local Ray unless --ray-address or RAY_ADDRESS).")] = False,
+                                                    "(a local Ray unless --ray-address or RAY_ADDRESS).", rich_help_panel=PARTITIONS)] = False,
     ray_address: Annotated[Optional[str], typer.Option("--ray-address", metavar="ADDRESS",
-                                                       help="With --ray: the cluster to connect to.")] = None,
-    fmt: FormatOpt = Format.text,
+                                                       help="With --ray: the cluster to connect to.", rich_help_panel=PARTITIONS)] = None,
+    # worth
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="With --model: what the hits are worth on this GPU.", rich_help_panel=WORTH)] = None,
+    gpu_hour_usd: Annotated[Optional[float], typer.Option("--gpu-hour-usd", min=0.0, help="With --gpu: dollars.", rich_help_panel=WORTH)] = None,
+    utilization: Annotated[float, typer.Option("--utilization", help="With --gpu: share of peak FLOPs prefill "
+                                                                      "reaches.", rich_help_panel=WORTH)] = 0.4,
+    # output
+    per_request: Annotated[bool, typer.Option("--per-request", help="List each request's hit tokens.", rich_help_panel=OUTPUT)] = False,
+    plot: Annotated[Optional[str], typer.Option("--plot", metavar="FILE.png",
+                                                help="Draw hit rate against capacity per block size.", rich_help_panel=OUTPUT)] = None,
+    fmt: Annotated[Format, in_panel(FormatOpt, OUTPUT)] = Format.text,
 ) -> None:
-    from ..engines.prefix.pools import CapacityError
-    from ..engines.prefix.replay import MAX_BLOCK_SIZE, MAX_CAPACITY_BLOCKS, SCHEMA_VERSION, simulate
-    from ..engines.prefix.trace import iter_trace, trace_records
-
-    policy_name, hash_name = policy.value, hash_fn.value
-    kv_capacity = KvCapacity(capacity_blocks, capacity_gib, model, dtype.value, block_size)
-    bytes_per_token = kv_capacity.bytes_per_token
+    capacity = KvCapacity(capacity_blocks, capacity_gib, model, dtype.value, block_size)
     warm = _warmup(warmup)
     if chat_template and tokenizer is None:
         raise UsageError("--chat-template needs --tokenizer")
     tok = _ChatAware(tokenizer, not no_generation_prompt, chat_template) if tokenizer is not None else None
     name = "<stdin>" if trace == "-" else trace
+    partitions = _partition_input(ctx, trace, name, writes=partition_dir is not None, ray=ray, ray_address=ray_address,
+                                  read_options=bool(tokenizer or salt_field or tenant_field or session_field or no_salt
+                                                    or as_kind))
+    # the mode, its flags checked in this order (the first error found is the one reported)
+    sweeps = bool(sweep_block_size or sweep_capacity or curve or optimal or per_request)
+    sizes: list[int] = [block_size]
+    caps: list[int] = []
+    mode: Mode
+    if partition_dir is not None:
+        if sweeps or plot:
+            raise UsageError("--partition-dir writes partitions and replays nothing: drop --sweep-*, --curve, "
+                             "--optimal, --per-request and --plot")
+        mode = "write partitions"
+    elif (partitions is not None or replicas is not None or router is not None or cpu_offload_gib is not None
+            or cpu_offload_blocks is not None):
+        if sweeps:
+            raise UsageError("--replicas/--router/--cpu-offload-* replay one capacity: drop --sweep-*, --curve, "
+                             "--optimal and --per-request")
+        mode = "replay partitions" if partitions is not None else "fleet"
+    else:
+        sizes, caps = _sizes_and_capacities(sweep_block_size, sweep_capacity, block_size, curve=curve,
+                                            optimal=optimal, policy=policy.value, priced=gpu is not None
+                                            or gpu_hour_usd is not None)
+        mode = "replay" if len(sizes) == 1 and not caps and not curve else "sweep"
+        if mode == "sweep" and per_request:
+            raise UsageError("--per-request lists one replay: drop it from sweeps")
+    o = Options(
+        trace=trace, name=name, tok=tok, salt_field=salt_field, tenant_field=tenant_field, no_salt=no_salt,
+        as_kind=as_kind.value if as_kind else None, add_generation_prompt=not no_generation_prompt,
+        hash_block_size=hash_block_size, read_jobs=read_jobs,
+        policy=policy.value, hash_fn=hash_fn.value, block_size=block_size, capacity=capacity, warm=warm,
+        concurrency=concurrency, decode_s=decode_ms / 1000.0, chunk_size=chunk_size, recompute_ratio=recompute_ratio,
+        sizes=tuple(sizes), caps=tuple(caps), curve=curve, curve_points=curve_points, optimal=optimal,
+        replicas=replicas, router=router, session_field=session_field, seed=seed, prefix_blocks=prefix_blocks,
+        cache_threshold=cache_threshold, balance_abs=balance_abs, balance_rel=balance_rel,
+        router_eviction_s=router_eviction_s, router_tree_tokens=router_tree_tokens, cpu_offload_gib=cpu_offload_gib,
+        cpu_offload_blocks=cpu_offload_blocks, link=link, jobs=jobs, partition_dir=partition_dir,
+        partitions=partitions, ray=ray, ray_address=ray_address, model=model, dtype=dtype.value, gpu=gpu,
+        gpu_hour_usd=gpu_hour_usd, utilization=utilization, per_request=per_request, plot=plot, fmt=fmt)
+    match mode:
+        case "replay":
+            _replay_one(o)
+        case "sweep":
+            _sweep(o)
+        case "fleet":
+            _fleet(o)
+        case "write partitions":
+            _write_partitions(o)
+        case "replay partitions":
+            _replay_partitions(o)
+    raise typer.Exit(EXIT_OK)
 
-    capacity_for = kv_capacity.blocks
 
-    def read(label: str, session_fields: tuple = (), keyed_at: Optional[int] = None):
-        """The trace's requests, streamed (one read). ``keyed_at``: the replay only needs block keys at this
-        block size, so a large token trace may be read and keyed by forked processes (the same requests)."""
-        from ..inputs import parquet
+command.__doc__ = HELP
 
-        trace_opts: dict[str, Any] = {
-            "salt_field": salt_field, "tenant_field": tenant_field, "hash_block_size": hash_block_size,
-            "no_salt": no_salt, "as_kind": as_kind.value if as_kind else None,
-            "add_generation_prompt": not no_generation_prompt, "session_fields": session_fields}
-        columnar = parquet.is_parquet(trace)
-        requests: Any
-        from ..engines.prefix import read as prefix_read
 
-        jobs = read_jobs or prefix_read.default_jobs()
-        if keyed_at is not None and tok is None and not columnar and prefix_read.can_read_in_parallel(trace, jobs):
-            from ..inputs.files import JsonlChunks
+# ----------------------------------------------------------------------------------------------- modes
 
-            requests = prefix_read.KeyedTrace(JsonlChunks(trace), block_size=keyed_at, hash_fn=hash_name, jobs=jobs,
-                                              **trace_opts)
-            requests.start()  # fork before the progress bar's thread starts
+
+def _replay_one(o: Options) -> None:
+    """One block size at one capacity: one replay (``--per-request`` lists its requests)."""
+    from ..engines.prefix.pools import CapacityError
+
+    bs = o.sizes[0]
+    cap = o.capacity.blocks(bs)
+    largest = _Largest(_read(o, f"{o.policy} bs={bs}", keyed_at=bs if o.policy in ("vllm", "infinite") else None), bs)
+    try:
+        if isinstance(o.warm, float) and o.warm < 1:  # a share: count the requests first (kept in memory once)
+            requests = list(largest)
+            report = _simulate(o, requests, bs, cap, o.per_request, _resolve_warmup(o.warm, len(requests)))
         else:
-            if columnar:  # the same rows as JSONL lines would give, read a batch at a time
-                records = parquet.parquet_records(trace, parquet.trace_columns(salt_field, tenant_field,
-                                                                               *session_fields))
-            else:
-                records = trace_records(trace)
-            requests = iter_trace(records, source=name, tokenizer=tok, **trace_opts)
-            if columnar:
-                requests = parquet.located_rows(requests, name)
-        try:
-            with Progress(label) as progress:
-                for r in requests:
-                    progress.advance()
-                    yield r
-        finally:
-            if hasattr(requests, "close"):
-                requests.close()
+            report = _simulate(o, largest, bs, cap, o.per_request, int(o.warm or 0))
+    except CapacityError as exc:
+        if o.policy != "vllm" or cap is None:
+            raise
+        largest.drain()                        # read on: the true minimum is the largest request's
+        raise UsageError(f"{exc}; the whole trace needs {largest.need:,} blocks of {bs} (its largest request, "
+                         f"line {largest.line}): --capacity-blocks {largest.need} or more, or --curve") from None
+    if o.plot:
+        raise UsageError("--plot draws sweeps: add --curve, --sweep-capacity and/or --sweep-block-size")
+    if o.fmt is Format.json:
+        import dataclasses
 
-    def run(requests, bs: int, cap: Optional[int], keep_rows: bool, skip: int):
-        return simulate(requests, policy=policy_name, block_size=bs, capacity_blocks=cap, hash_fn=hash_name,
-                               concurrency=concurrency, decode_s_per_token=decode_ms / 1000.0,
-                               chunk_size=chunk_size, recompute_ratio=recompute_ratio, per_request=keep_rows,
-                               source=name, warmup=skip)
+        emit_json({**dataclasses.asdict(report), "chat_generation_prompt": o.tok.used if o.tok else None})
+    else:
+        _render(report, o.salt_field, o.tenant_field)
+        _generation_note(o.tok)
 
+
+def _sweep(o: Options) -> None:
+    """Several capacities or block sizes (``--sweep-*``), or the whole curve (``--curve``)."""
+    from ..engines.prefix.replay import SCHEMA_VERSION
+
+    skip = 0
+    if o.policy == "vllm":
+        curves, runs = _curves(o)
+    else:
+        curves = []
+        runs, skip = _token_level_sweep(o)
+    result = {"schema_version": SCHEMA_VERSION, "policy": o.policy, "mode": "curve" if o.curve else "sweep",
+              "chat_generation_prompt": o.tok.used if o.tok else None, "curves": curves, "sweep": runs}
+    if o.plot:
+        _plot(runs, o.plot, o.policy, curves)
+    if o.fmt is Format.json:
+        emit_json(result)
+    else:
+        _render_sweep(runs, o.policy, curves, "curve" if o.curve else "sweep")
+        if not curves and skip:
+            stdout.print(f"note: the first {skip} requests warmed the cache and are not counted", markup=False)
+        _generation_note(o.tok)
+
+
+def _curves(o: Options) -> tuple[list, list[dict]]:
+    """The vllm policy: the trace read and keyed once, then each capacity of each block size from the keys."""
+    from ..engines.prefix import curve as prefix_curve
+
+    keyed = prefix_curve.key_trace(_read(o, "reading and keying", keyed_at=o.sizes[0] if len(o.sizes) == 1 else None),
+                                   list(o.sizes), hash_fn=o.hash_fn, source=o.name)
+    curves = []
+    for bs in o.sizes:
+        points: list[int] | None = None
+        if not o.curve:
+            one = o.capacity.blocks(bs)
+            if not o.caps and one is None:
+                raise UsageError("the vllm policy needs --capacity-blocks, --sweep-capacity or --curve")
+            points = [*o.caps] if o.caps else [one] if one is not None else []
+        curves.append(prefix_curve.capacity_curve(keyed[bs], points, points=o.curve_points, warmup=o.warm,
+                                                  concurrency=o.concurrency, decode_s_per_token=o.decode_s,
+                                                  optimal=o.optimal, source=o.name))
+    if not any(p.fits for c in curves for p in c.points):
+        c = curves[0]
+        raise UsageError(f"no capacity holds the largest request ({o.name}:{c.min_capacity_line}, "
+                         f"{c.min_capacity_blocks} blocks of {c.block_size}): the minimum that works is "
+                         f"{c.min_capacity_blocks} blocks")
+    runs = [{"block_size": c.block_size, "capacity_blocks": p.capacity_blocks,
+             "capacity_tokens": p.capacity_tokens, "fits": p.fits, "requests": c.counted_requests,
+             "query_tokens": c.query_tokens, "hit_tokens": p.hit_tokens, "hit_rate": p.hit_rate,
+             "evicted_blocks": p.evicted_blocks, "optimal_hit_tokens": p.optimal_hit_tokens,
+             "optimal_hit_rate": p.optimal_hit_rate} for c in curves for p in c.points]
+    return curves, runs
+
+
+def _token_level_sweep(o: Options) -> tuple[list[dict], int]:
+    """The token-level policies: the requests kept in memory and replayed per point; the runs and the warm-up."""
+    requests = list(_read(o, "reading"))
+    skip = _resolve_warmup(o.warm, len(requests))
+    runs = []
+    for bs in o.sizes:
+        for cap in ([*o.caps] if o.caps else [o.capacity.blocks(bs)]):
+            r = _simulate(o, requests, bs, cap, False, skip)
+            runs.append({"block_size": bs, "capacity_blocks": cap,
+                         "capacity_tokens": None if cap is None else cap * bs, "fits": True,
+                         "requests": r.requests, "query_tokens": r.query_tokens, "hit_tokens": r.hit_tokens,
+                         "hit_rate": r.hit_rate, "evicted_blocks": r.evicted_blocks})
+    return runs, skip
+
+
+def _fleet(o: Options) -> None:
+    """Replicas behind a router (``--replicas``, ``--router``), with a CPU tier (``--cpu-offload-*``)."""
+    fields = _session_fields(o)
+    _run_fleet(o, _read(o, "reading", fields), fields)
+    _generation_note(o.tok)
+
+
+def _replay_partitions(o: Options) -> None:
+    """A partition directory as TRACE: each partition replayed on its replica, as it was routed."""
+    _run_fleet(o, (), _session_fields(o), o.partitions)
+
+
+def _write_partitions(o: Options) -> None:
+    """``--partition-dir``: route the trace once and write one partition per replica."""
+    from .simulate_fleet import write_partitions
+
+    assert o.partition_dir is not None
+    fields = _session_fields(o)
+    with _parquet_rows(o.trace, o.name):
+        write_partitions(read=_read(o, "routing", fields if o.router == "session" else ()), name=o.name,
+                         directory=o.partition_dir, replicas=o.replicas, router=o.router, block_size=o.block_size,
+                         hash_block_size=o.hash_block_size, seed=o.seed, prefix_blocks=o.prefix_blocks,
+                         session_fields=fields, fmt=o.fmt)
+
+
+def _run_fleet(o: Options, requests: Iterable, fields: tuple,
+               partitions: Optional[tuple[list[str], dict]] = None) -> None:
+    from ..engines.prefix.fleet import CacheAwareParams
+    from .simulate_fleet import parse_value, run_fleet
+
+    model_config, bytes_per_token, gpu_capacity = None, o.capacity.bytes_per_token, o.capacity.blocks(o.block_size)
+    if o.model is not None:
+        from ..engines.kv.config import kv_shape, resolve_model
+
+        config, msource, _ = resolve_model(o.model)
+        model_config = (config, msource)
+        bytes_per_token = kv_shape(config, o.dtype, msource).bytes_per_token
+    value = parse_value(model_config, o.gpu, o.gpu_hour_usd, o.utilization)
+    params = CacheAwareParams(cache_threshold=o.cache_threshold, balance_abs_threshold=o.balance_abs,
+                              balance_rel_threshold=o.balance_rel, eviction_interval_s=o.router_eviction_s,
+                              max_tree_tokens=o.router_tree_tokens)
+    with _parquet_rows(o.trace, o.name):
+        run_fleet(read=requests, name=o.name, replicas=o.replicas, router=o.router, block_size=o.block_size,
+                  capacity_blocks=gpu_capacity, policy=o.policy, hash_fn=o.hash_fn, concurrency=o.concurrency,
+                  decode_s=o.decode_s, warm=o.warm, seed=o.seed, prefix_blocks=o.prefix_blocks, params=params,
+                  cpu_offload_gib=o.cpu_offload_gib, cpu_offload_blocks=o.cpu_offload_blocks,
+                  bytes_per_token=bytes_per_token, link=o.link, jobs=o.jobs, value=value, plot=o.plot, fmt=o.fmt,
+                  session_fields=fields, partitions=partitions, ray=o.ray, ray_address=o.ray_address)
+
+
+# ------------------------------------------------------------------------------------- the trace, read
+
+
+def _read(o: Options, label: str, session_fields: tuple = (), keyed_at: Optional[int] = None) -> Iterator:
+    """The trace's requests, streamed (one read). ``keyed_at``: the replay only needs block keys at this
+    block size, so a large token trace may be read and keyed by forked processes (the same requests)."""
+    from ..engines.prefix import read as prefix_read
+    from ..engines.prefix.trace import iter_trace, trace_records
+    from ..inputs import parquet
+
+    trace_opts: dict[str, Any] = {
+        "salt_field": o.salt_field, "tenant_field": o.tenant_field, "hash_block_size": o.hash_block_size,
+        "no_salt": o.no_salt, "as_kind": o.as_kind, "add_generation_prompt": o.add_generation_prompt,
+        "session_fields": session_fields}
+    columnar = parquet.is_parquet(o.trace)
+    requests: Any
+    jobs = o.read_jobs or prefix_read.default_jobs()
+    if keyed_at is not None and o.tok is None and not columnar and prefix_read.can_read_in_parallel(o.trace, jobs):
+        from ..inputs.files import JsonlChunks
+
+        requests = prefix_read.KeyedTrace(JsonlChunks(o.trace), block_size=keyed_at, hash_fn=o.hash_fn, jobs=jobs,
+                                          **trace_opts)
+        requests.start()  # fork before the progress bar's thread starts
+    else:
+        if columnar:  # the same rows as JSONL lines would give, read a batch at a time
+            records = parquet.parquet_records(o.trace, parquet.trace_columns(o.salt_field, o.tenant_field,
+                                                                             *session_fields))
+        else:
+            records = trace_records(o.trace)
+        requests = iter_trace(records, source=o.name, tokenizer=o.tok, **trace_opts)
+        if columnar:
+            requests = parquet.located_rows(requests, o.name)
+    try:
+        with Progress(label) as progress:
+            for r in requests:
+                progress.advance()
+                yield r
+    finally:
+        if hasattr(requests, "close"):
+            requests.close()
+
+
+def _simulate(o: Options, requests: Iterable, bs: int, cap: Optional[int], keep_rows: bool, skip: int):
+    """One replay of ``requests`` through the pool the options describe, at block size ``bs``."""
+    from ..engines.prefix.replay import simulate
+
+    return simulate(requests, policy=o.policy, block_size=bs, capacity_blocks=cap, hash_fn=o.hash_fn,
+                    concurrency=o.concurrency, decode_s_per_token=o.decode_s, chunk_size=o.chunk_size,
+                    recompute_ratio=o.recompute_ratio, per_request=keep_rows, source=o.name, warmup=skip)
+
+
+def _session_fields(o: Options) -> tuple:
+    from ..engines.prefix.fleet import SESSION_FIELDS
+
+    return (o.session_field,) if o.session_field else SESSION_FIELDS
+
+
+# --------------------------------------------------------------------------------------------- checks
+
+
+def _partition_input(ctx: typer.Context, trace: str, name: str, *, writes: bool, read_options: bool, ray: bool,
+                     ray_address: Optional[str]) -> Optional[tuple[list[str], dict]]:
+    """TRACE as a partition directory: its partition files and manifest, the options it refuses checked;
+    None for any other trace (``--ray`` refused)."""
     from ..inputs import parquet as parquet_io
 
-    partitions = None
     if trace != "-" and os.path.isdir(trace) and not parquet_io.is_partition_dir(trace):
         raise InputError(f"no {parquet_io.MANIFEST}: not a partition directory (write one with --partition-dir)",
                          source=name)
-    if parquet_io.is_partition_dir(trace):
-        if partition_dir is not None:
-            raise UsageError(f"{name} holds partitions already: --partition-dir takes a trace")
-        if tokenizer or salt_field or tenant_field or session_field or no_salt or as_kind:
-            raise UsageError("a partition directory holds requests as they were read: --tokenizer, --as and the "
-                             "--*-field and --no-salt options apply when it is written")
-        manifest_path = os.path.join(name, parquet_io.MANIFEST)
-        reading = _given(ctx, "hash_block_size", "no_generation_prompt")
-        if reading:
-            raise UsageError(f"{', '.join(reading)}: a partition directory holds requests as they were read "
-                             f"(see {manifest_path}): {'they apply' if len(reading) > 1 else 'it applies'} when "
-                             "it is written")
-        routing = _given(ctx, "prefix_blocks", "seed", "cache_threshold", "balance_abs", "balance_rel",
-                         "router_eviction_s", "router_tree_tokens")
-        if routing:
-            raise UsageError(f"{', '.join(routing)}: routing was done when the partitions were written (see "
-                             f"{manifest_path}): routing options change nothing on replay, drop "
-                             f"{'them' if len(routing) > 1 else 'it'}")
-        if ray_address is not None and not ray:
-            raise UsageError("--ray-address names the cluster for --ray: add --ray (or drop --ray-address)")
-        manifest = parquet_io.read_manifest(trace)
-        partitions = (list(parquet_io.partition_paths(trace, manifest)), manifest)
-    elif ray or ray_address:
-        raise UsageError("--ray replays trace partitions: write them first with --partition-dir DIR (and --replicas, "
-                         "--router), then give DIR as the trace")
-    if partition_dir is not None:
-        if sweep_block_size or sweep_capacity or curve or optimal or per_request or plot:
-            raise UsageError("--partition-dir writes partitions and replays nothing: drop --sweep-*, --curve, "
-                             "--optimal, --per-request and --plot")
-        from ..engines.prefix.fleet import SESSION_FIELDS
-        from .simulate_fleet import write_partitions
+    if not parquet_io.is_partition_dir(trace):
+        if ray or ray_address:
+            raise UsageError("--ray replays trace partitions: write them first with --partition-dir DIR (and "
+                             "--replicas, --router), then give DIR as the trace")
+        return None
+    if writes:
+        raise UsageError(f"{name} holds partitions already: --partition-dir takes a trace")
+    if read_options:
+        raise UsageError("a partition directory holds requests as they were read: --tokenizer, --as and the "
+                         "--*-field and --no-salt options apply when it is written")
+    manifest_path = os.path.join(name, parquet_io.MANIFEST)
+    reading = _given(ctx, "hash_block_size", "no_generation_prompt")
+    if reading:
+        raise UsageError(f"{', '.join(reading)}: a partition directory holds requests as they were read "
+                         f"(see {manifest_path}): {'they apply' if len(reading) > 1 else 'it applies'} when "
+                         "it is written")
+    routing = _given(ctx, "prefix_blocks", "seed", "cache_threshold", "balance_abs", "balance_rel",
+                     "router_eviction_s", "router_tree_tokens")
+    if routing:
+        raise UsageError(f"{', '.join(routing)}: routing was done when the partitions were written (see "
+                         f"{manifest_path}): routing options change nothing on replay, drop "
+                         f"{'them' if len(routing) > 1 else 'it'}")
+    if ray_address is not None and not ray:
+        raise UsageError("--ray-address names the cluster for --ray: add --ray (or drop --ray-address)")
+    manifest = parquet_io.read_manifest(trace)
+    return list(parquet_io.partition_paths(trace, manifest)), manifest
 
-        fields = (session_field,) if session_field else SESSION_FIELDS
-        with _parquet_rows(trace, name):
-            write_partitions(read=read("routing", fields if router == "session" else ()), name=name,
-                             directory=partition_dir, replicas=replicas, router=router, block_size=block_size,
-                             hash_block_size=hash_block_size, seed=seed, prefix_blocks=prefix_blocks,
-                             session_fields=fields, fmt=fmt)
-        raise typer.Exit(EXIT_OK)
-    if (partitions is not None or replicas is not None or router is not None or cpu_offload_gib is not None
-            or cpu_offload_blocks is not None):
-        if sweep_block_size or sweep_capacity or curve or optimal or per_request:
-            raise UsageError("--replicas/--router/--cpu-offload-* replay one capacity: drop --sweep-*, --curve, "
-                             "--optimal and --per-request")
-        from ..engines.prefix.fleet import SESSION_FIELDS, CacheAwareParams
-        from .simulate_fleet import parse_value, run_fleet
 
-        model_config, fleet_bpt, gpu_capacity = None, bytes_per_token, capacity_for(block_size)
-        if model is not None:
-            from ..engines.kv.config import kv_shape, resolve_model
+def _sizes_and_capacities(sweep_block_size: Optional[str], sweep_capacity: Optional[str], block_size: int, *,
+                          curve: bool, optimal: bool, policy: str, priced: bool) -> tuple[list[int], list[int]]:
+    """One server's run (no fleet): the block sizes and capacities it replays, its flags checked."""
+    from ..engines.prefix.replay import MAX_BLOCK_SIZE, MAX_CAPACITY_BLOCKS
 
-            config, msource, _ = resolve_model(model)
-            model_config = (config, msource)
-            fleet_bpt = kv_shape(config, dtype.value, msource).bytes_per_token
-        value = parse_value(model_config, gpu, gpu_hour_usd, utilization)
-        fields = (session_field,) if session_field else SESSION_FIELDS
-        params = CacheAwareParams(cache_threshold=cache_threshold, balance_abs_threshold=balance_abs,
-                                  balance_rel_threshold=balance_rel, eviction_interval_s=router_eviction_s,
-                                  max_tree_tokens=router_tree_tokens)
-        with _parquet_rows(trace, name):
-            run_fleet(read=read("reading", fields), name=name, replicas=replicas, router=router,
-                      block_size=block_size, capacity_blocks=gpu_capacity, policy=policy_name, hash_fn=hash_name,
-                      concurrency=concurrency, decode_s=decode_ms / 1000.0, warm=warm, seed=seed,
-                      prefix_blocks=prefix_blocks, params=params, cpu_offload_gib=cpu_offload_gib,
-                      cpu_offload_blocks=cpu_offload_blocks, bytes_per_token=fleet_bpt, link=link, jobs=jobs,
-                      value=value, plot=plot, fmt=fmt, session_fields=fields, partitions=partitions, ray=ray,
-                      ray_address=ray_address)
-        _generation_note(tok)
-        raise typer.Exit(EXIT_OK)
-    if gpu is not None or gpu_hour_usd is not None:
+    if priced:
         raise UsageError("--gpu/--gpu-hour-usd price the hits of a fleet run: add --replicas N (1 for one server)")
     sizes = _ints(sweep_block_size, "--sweep-block-size", MAX_BLOCK_SIZE) or [block_size]
     caps = _ints(sweep_capacity, "--sweep-capacity", MAX_CAPACITY_BLOCKS)
     if curve and caps:
         raise UsageError("--curve picks the capacities itself: drop --sweep-capacity (or --curve)")
-    if (curve or optimal) and policy_name != "vllm":
+    if (curve or optimal) and policy != "vllm":
         raise UsageError("--curve and --optimal follow the vllm policy's block rules: use --policy vllm")
     if optimal and not (curve or caps):
         raise UsageError("--optimal draws the bound beside a curve: add --curve or --sweep-capacity")
-    if len(sizes) == 1 and not caps and not curve:
-        bs, cap = sizes[0], capacity_for(sizes[0])
-        largest = _Largest(read(f"{policy_name} bs={bs}", keyed_at=bs if policy_name in ("vllm", "infinite") else None),
-                           bs)
-        try:
-            if isinstance(warm, float) and warm < 1:  # a share: count the requests first (kept in memory once)
-                requests = list(largest)
-                report = run(requests, bs, cap, per_request, _resolve_warmup(warm, len(requests)))
-            else:
-                report = run(largest, bs, cap, per_request, int(warm or 0))
-        except CapacityError as exc:
-            if policy_name != "vllm" or cap is None:
-                raise
-            largest.drain()                        # read on: the true minimum is the largest request's
-            raise UsageError(f"{exc}; the whole trace needs {largest.need:,} blocks of {bs} (its largest request, "
-                             f"line {largest.line}): --capacity-blocks {largest.need} or more, or --curve") from None
-        if plot:
-            raise UsageError("--plot draws sweeps: add --curve, --sweep-capacity and/or --sweep-block-size")
-        if fmt is Format.json:
-            import dataclasses
-
-            emit_json({**dataclasses.asdict(report), "chat_generation_prompt": tok.used if tok else None})
-        else:
-            _render(report, salt_field, tenant_field)
-            _generation_note(tok)
-        raise typer.Exit(EXIT_OK)
-    if per_request:
-        raise UsageError("--per-request lists one replay: drop it from sweeps")
-    skip = 0
-    if policy_name == "vllm":
-        from ..engines.prefix import curve as prefix_curve
-
-        keyed = prefix_curve.key_trace(read("reading and keying", keyed_at=sizes[0] if len(sizes) == 1 else None),
-                                       sizes, hash_fn=hash_name, source=name)
-        curves = []
-        for bs in sizes:
-            points: list[int] | None = None
-            if not curve:
-                one = capacity_for(bs)
-                if not caps and one is None:
-                    raise UsageError("the vllm policy needs --capacity-blocks, --sweep-capacity or --curve")
-                points = [*caps] if caps else [one] if one is not None else []
-            curves.append(prefix_curve.capacity_curve(keyed[bs], points, points=curve_points, warmup=warm,
-                                                      concurrency=concurrency, decode_s_per_token=decode_ms / 1000.0,
-                                                      optimal=optimal, source=name))
-        if not any(p.fits for c in curves for p in c.points):
-            c = curves[0]
-            raise UsageError(f"no capacity holds the largest request ({name}:{c.min_capacity_line}, "
-                             f"{c.min_capacity_blocks} blocks of {c.block_size}): the minimum that works is "
-                             f"{c.min_capacity_blocks} blocks")
-        runs = [{"block_size": c.block_size, "capacity_blocks": p.capacity_blocks,
-                 "capacity_tokens": p.capacity_tokens, "fits": p.fits, "requests": c.counted_requests,
-                 "query_tokens": c.query_tokens, "hit_tokens": p.hit_tokens, "hit_rate": p.hit_rate,
-                 "evicted_blocks": p.evicted_blocks, "optimal_hit_tokens": p.optimal_hit_tokens,
-                 "optimal_hit_rate": p.optimal_hit_rate} for c in curves for p in c.points]
-    else:  # token-level policies: the requests are kept in memory and replayed per point
-        requests = list(read("reading"))
-        skip = _resolve_warmup(warm, len(requests))
-        curves, runs = [], []
-        for bs in sizes:
-            for cap in ([*caps] if caps else [capacity_for(bs)]):
-                r = run(requests, bs, cap, False, skip)
-                runs.append({"block_size": bs, "capacity_blocks": cap,
-                             "capacity_tokens": None if cap is None else cap * bs, "fits": True,
-                             "requests": r.requests, "query_tokens": r.query_tokens, "hit_tokens": r.hit_tokens,
-                             "hit_rate": r.hit_rate, "evicted_blocks": r.evicted_blocks})
-    result = {"schema_version": SCHEMA_VERSION, "policy": policy_name, "mode": "curve" if curve else "sweep",
-              "chat_generation_prompt": tok.used if tok else None, "curves": curves, "sweep": runs}
-    if plot:
-        _plot(runs, plot, policy_name, curves)
-    if fmt is Format.json:
-        emit_json(result)
-    else:
-        _render_sweep(runs, policy_name, curves, "curve" if curve else "sweep")
-        if not curves and skip:
-            stdout.print(f"note: the first {skip} requests warmed the cache and are not counted", markup=False)
-        _generation_note(tok)
-    raise typer.Exit(EXIT_OK)
+    return sizes, caps
 
 
 def _given(ctx: typer.Context, *params: str) -> list[str]:
@@ -476,8 +660,6 @@ def _resolve_warmup(warm, n: int) -> int:
 
     return resolve_warmup(warm, n)
 
-
-command.__doc__ = HELP
 
 
 def _pct(x) -> str:
