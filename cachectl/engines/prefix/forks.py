@@ -50,7 +50,7 @@ import json
 import re
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from ...errors import InputError, UsageError
@@ -373,7 +373,7 @@ class _View:
             return None
         if self.segs is None:
             return self.tok
-        text, starts, ends = self.text, self.starts, self.tok
+        text, starts, tok = self.text, self.starts, self.tok
         n = len(starts)
         pieces: list[str] = []
         new_starts, new_ends = array("I"), array("I")
@@ -389,7 +389,7 @@ class _View:
             pieces.append(text[cs:ce])
             at += ce - cs
         spans = []
-        for sp in ends.spans:
+        for sp in tok.spans:
             for cs, ce, vs in char_map:
                 lo, hi = max(cs, sp.start), min(ce, sp.end)
                 if lo < hi:
@@ -444,7 +444,11 @@ def _field_end(v: _View, c: int) -> int | None:
     if tok is None or v.text is None:
         return None
     nl = v.text.find("\n", c)
-    for sp in tok.spans:
+    if nl >= 0:  # the cheap case first: a message's content holds the rest of the line and its newline
+        rest = v.text[c:nl + 1]
+        if any(isinstance(m.get("content"), str) and rest in m["content"] for m in tok.prompt.messages or ()):
+            return None
+    for sp in tok.spans:  # the spans (an instrumented render of a chat prompt, once per request)
         if sp.start <= c < sp.end:
             return sp.end if nl < 0 or sp.end <= nl else None
     return None
@@ -523,6 +527,7 @@ class MoveSpan:
     start: int
     end: int
     text: str
+    move: Any = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -545,10 +550,13 @@ class ForkReport:
     notes: tuple[str, ...] = ()
     _plan: tuple = field(default=(), repr=False, compare=False)
     _tokenizer: Any = field(default=None, repr=False, compare=False)
+    #: (id of a fork, its line move)
+    _moves: tuple = field(default=(), repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
         d["forks"] = [f.to_dict() for f in self.forks]
+        d["notes"] = list(self.notes)
         return d
 
     def spans_to_move(self, request: ForkRequest) -> tuple[MoveSpan, ...]:
@@ -577,17 +585,17 @@ def _locate_chars(v: _View, start: int, end: int, t: _LineMove) -> MoveSpan | No
         if sp.start <= start < sp.end:
             lo = start - sp.start + sp.offset
             hi = min(end, sp.end) - sp.start + sp.offset
-            return MoveSpan(t.code, t.cause, sp.field, lo, hi, v.text[start:min(end, sp.end)])
+            return MoveSpan(t.code, t.cause, sp.field, lo, hi, v.text[start:min(end, sp.end)], t)
     return None
 
 
 def fork_span(report: ForkReport, fork: Fork, request: ForkRequest) -> MoveSpan | None:
     """The span ``fork`` moves out of ``request`` (None when the request does not pass through that fork or the
     fork is not a line fork)."""
-    for s in report.spans_to_move(request):
-        if s.cause == fork.cause and s.path == fork.path:
-            return s
-    return None
+    move = dict(report._moves).get(id(fork))
+    if move is None:
+        return None
+    return next((s for s in report.spans_to_move(request) if s.move is move), None)
 
 
 # ----------------------------------------------------------------------------------------------- engine
@@ -642,6 +650,7 @@ class _Analyzer:
         self.max_values = max_values
         self.passes = 0
         self.replays = 0
+        self.notes: list[str] = []
         #: tools counterfactuals re-render a request once (request index, counterfactual) -> view parts
         self.rendered: dict[tuple[int, int], tuple] = {}
 
@@ -688,6 +697,14 @@ class _Analyzer:
             plan.extend(added)
         else:
             fixed = self.replay(plan)
+            self.notes.append(f"stopped after {max_passes} tree passes: forks below the last ones moved were not "
+                              "looked at")
+        if plan:
+            self.notes.append("tokens_lost: what keeping that one fork costs with every other fixable fork fixed, so "
+                              "forks in one block each count the whole; fixed_hit_tokens has them all fixed")
+        bare = sum(1 for r in self.reqs if r.text is None)
+        if bare:
+            self.notes.append(f"{bare} request(s) are token IDs only: their forks have no cause and nothing to move")
         lost: dict[int, int] = {}
         lost_cap: dict[int, int] = {}
         cap0 = cap_fixed = None
@@ -701,6 +718,7 @@ class _Analyzer:
                 assert cap_fixed is not None
                 lost_cap[id(t)] = cap_fixed - self.replay(rest, capacity=True)
         forks = []
+        moves: list[tuple[int, _LineMove]] = []
         for dr in drafts.values():
             t = dr.pop("plan", None)
             keep = dr.pop("keep")
@@ -711,11 +729,14 @@ class _Analyzer:
                 continue  # a fix that recovers nothing: the fork costs no tokens
             at_cap = None if self.cap is None else max(lost_cap.get(id(t), 0), 0)
             forks.append(Fork(tokens_lost=max(tl, 0), tokens_lost_at_capacity=at_cap, **dr))
+            if isinstance(t, _LineMove):
+                moves.append((id(forks[-1]), t))
         forks.sort(key=lambda f: (-f.tokens_lost, -f.requests, f.shared_tokens))
         return ForkReport(requests=len(self.reqs), query_tokens=sum(len(r.ids) for r in self.reqs),
                           block_size=self.bs, capacity_blocks=self.cap, forks=tuple(forks), hit_tokens=hits0,
                           fixed_hit_tokens=fixed, hit_tokens_at_capacity=cap0, fixed_hit_tokens_at_capacity=cap_fixed,
-                          passes=self.passes, replays=self.replays, _plan=tuple(plan), _tokenizer=self.tok)
+                          passes=self.passes, replays=self.replays, notes=tuple(self.notes), _plan=tuple(plan),
+                          _tokenizer=self.tok, _moves=tuple(moves))
 
     def _forks_of(self, tree: PrefixTree, plan: list[Any], drafts: dict[tuple, dict]) -> list[Any]:
         """Classify the tree's new forks; the counterfactuals of the new fixable ones. A fork below one that gets a
