@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+from array import array
 from pathlib import Path
 
 import pytest
@@ -212,10 +213,7 @@ def test_prefix_tree_forks_agree_with_a_naive_trie(seed):
         seqs.append(s)
     tree = PrefixTree()
     for k, s in enumerate(seqs):
-        keys = block_keys(s, 1)
-        from array import array
-
-        tree.insert(array("q", keys), k)
+        tree.insert(array("q", block_keys(s, 1)), k)
     naive = _naive_forks(seqs)
     forks = tree.forks()
     took = tree.branches(forks)
@@ -240,3 +238,22 @@ def test_token_id_requests_replay_like_simulate():
                    policy="infinite", block_size=16)
     assert rep.hit_tokens == rep.fixed_hit_tokens == ref.hit_tokens == _naive_hits(seqs)
     assert not any(f.fixable for f in rep.forks)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_tree_pass_hits_are_simulate_infinite(seed):
+    """The tree's own count of no-eviction hits (the baseline) against simulate's infinite policy: prefixes of
+    one another, partial blocks, block-aligned requests (the L - 1 cap), salts, duplicates."""
+    rng = random.Random(seed)
+    stems = [[rng.randrange(5) for _ in range(rng.randrange(0, 40))] for _ in range(3)]
+    seqs, salts = [], []
+    for _ in range(rng.randrange(1, 40)):
+        s = list(rng.choice(stems))[:rng.randrange(0, 41)] + [rng.randrange(5) for _ in range(rng.randrange(0, 20))]
+        seqs.append(s or [1])
+        salts.append(rng.choice([None, None, "a", "b"]))
+    bs = rng.choice([1, 4, 16])
+    reqs = [ForkRequest(index=k, line=k + 1, ids=s, salt=salt) for k, (s, salt) in enumerate(zip(seqs, salts))]
+    rep = analyze_forks(reqs, block_size=bs)
+    ref = simulate([TraceRequest(index=k, line=k + 1, prompt_tokens=len(s), tokens=s, salt=salt)
+                    for k, (s, salt) in enumerate(zip(seqs, salts))], policy="infinite", block_size=bs)
+    assert rep.hit_tokens == ref.hit_tokens

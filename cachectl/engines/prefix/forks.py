@@ -26,8 +26,9 @@ How it works:
   (:func:`~cachectl.engines.prefix.trace.block_keys`), a radix tree of full blocks whose edges hold their keys
   in an ``array('q')`` (8 bytes a distinct block, plus one small object per edge: about two edges a request).
   A **fork** is a node with two or more children; the token where the branches split is found inside the fork
-  block from one representative request per branch. The same pass feeds the no-eviction replay
-  (:func:`~cachectl.engines.prefix.replay.simulate`, policy ``infinite``, with the keys as pre-hashed ids).
+  block from one representative request per branch. The same pass counts the blocks each request finds in the
+  tree before it joins it: the log's no-eviction hits (the tests hold them equal to
+  :func:`~cachectl.engines.prefix.replay.simulate`'s ``infinite`` policy).
 - **Cause** (:func:`_classify`): the branches' text at the fork, compared by ``diff-tokens``' own proven causes
   (:func:`cachectl.engines.tokendiff.explain`: tools, template causes, volatile values from
   :mod:`cachectl.volatile`, JSON key order), the line holding the divergence in every branch (its distinct
@@ -35,7 +36,8 @@ How it works:
   share anything after that line (``different_prompt`` when they do not: different apps, never a fix).
 - **Cost**: a fixable fork becomes a counterfactual: its diverging line moved after the part the branches
   share (to the end of the served tokens), or the tools put in one order (re-rendered). The moved log is
-  replayed through the existing replays, and its tree is built again (the next line of a system prompt that
+  replayed through the existing replays (:func:`~cachectl.engines.prefix.replay.simulate`, policy ``infinite``,
+  and vLLM's pool at ``capacity_blocks``, the keys passed as pre-hashed ids), and its tree is built again (the next line of a system prompt that
   opens with three per-request lines is a fork only once the first is moved), until no new fixable fork
   shows. Each fork's ``tokens_lost`` is then what keeping that one fork costs when every other fixable fork
   is fixed (all moved, minus all but this one moved, no eviction; at ``capacity_blocks`` as well when given),
@@ -54,7 +56,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from ...errors import InputError, UsageError
-from ...inputs import PromptInput, Request, get_path, prompt_from_request, prompt_from_value, unwrap
+from ...inputs import PromptInput, Request, prompt_from_request, prompt_from_value, unwrap
+from ...inputs.prompt import check_ids
 from ...tokenization import Span, Tokenized
 from ..tokendiff import common_prefix_length, explain
 from .replay import simulate
@@ -162,25 +165,41 @@ def canonical_tokens(req: Request, vocab: dict[str, int], tools: Sequence[Any] |
     return ids, text, starts, tok
 
 
-def _fields(value: Any, names: Sequence[str]) -> tuple[tuple[str, Any], ...]:
+def _id_array(ids: Sequence[int]) -> array:
+    try:
+        return array("I", ids)
+    except OverflowError:
+        return array("Q", ids)
+
+
+def _fields(value: Any, names: Sequence[tuple[str, list[str]]]) -> tuple[tuple[str, Any], ...]:
+    if not isinstance(value, dict):
+        return ()
+    body, _, wrapper = unwrap(value)
     out = []
-    body, _, wrapper = unwrap(value) if isinstance(value, dict) else (None, "", {})
-    for name in names:
-        v = get_path(body, name) if isinstance(body, dict) else None
-        if v is None:
-            v = get_path(wrapper, name)
-        if v is not None:
-            out.append((name, json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v))
+    for name, parts in names:
+        for where in (body, wrapper):
+            v = where.get(parts[0]) if isinstance(where, dict) else None
+            for part in parts[1:]:
+                v = v.get(part) if isinstance(v, dict) else None
+            if v is not None:
+                out.append((name, json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v))
+                break
     return tuple(out)
 
 
-def fork_requests(records: Iterable[tuple[int, Any]], *, source: str, tokenizer: Any = None,
+_ID_KEYS = ("tokens", "prompt_token_ids", "input_ids")
+
+
+def fork_requests(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
                   user_fields: Sequence[str] = USER_FIELDS, add_generation_prompt: bool = True,
                   batch_size: int = 256) -> Iterator[ForkRequest]:
     """:class:`ForkRequest` records from ``(line, value)`` pairs (:func:`cachectl.inputs.iter_jsonl`): request
     bodies and wrappers, chat lists, raw text and token IDs. With ``tokenizer`` they are rendered and tokenized
     in batches as a server renders them (the generation prompt by default); without one, request bodies become
-    canonical word pieces (:func:`canonical_tokens`) and token-ID lines are taken as they are."""
+    canonical word pieces (:func:`canonical_tokens`) and token-ID lines are taken as they are. A record may be
+    ``(line, value, has_bool_literal)`` (:func:`cachectl.engines.prefix.trace_records`): token-ID lines without
+    a ``true``/``false`` are then validated at C speed."""
     vocab: dict[str, int] = {}
     pending: list[tuple[int, int, PromptInput, tuple]] = []
     index = 0
@@ -191,12 +210,20 @@ def fork_requests(records: Iterable[tuple[int, Any]], *, source: str, tokenizer:
             yield _from_tokenized(idx, line, t, flds)
         pending.clear()
 
-    for line, value in records:
-        prompt = prompt_from_value(value, source=source, line=line)
-        flds = _fields(value, user_fields)
+    names = [(n, n.split(".")) for n in user_fields]
+    for record in records:
+        line, value = record[0], record[1]
+        flds = _fields(value, names)
         salt = value.get("cache_salt") if isinstance(value, dict) else None
+        key = next((k for k in _ID_KEYS if k in value), None) if isinstance(value, dict) else None
+        if key is not None:  # a token-ID trace line, validated at C speed where the raw line holds no bool
+            check_ids(value[key], source=source, line=line, field=key, maybe_bool=record[2] if len(record) > 2 else True)
+            yield ForkRequest(index=index, line=line, ids=_id_array(value[key]), fields=flds, salt=salt)
+            index += 1
+            continue
+        prompt = prompt_from_value(value, source=source, line=line)
         if prompt.ids is not None:
-            yield ForkRequest(index=index, line=line, ids=array("I", prompt.ids), fields=flds, salt=salt)
+            yield ForkRequest(index=index, line=line, ids=_id_array(prompt.ids), fields=flds, salt=salt)
         elif tokenizer is not None:
             pending.append((index, line, prompt, flds))
             if len(pending) >= batch_size:
@@ -252,7 +279,9 @@ class PrefixTree:
         self.root = _Edge(None, 0, array("q"), -1, 0)
         self.leaves: list[tuple[_Edge, int]] = []
 
-    def insert(self, keys: array, rep: int) -> None:
+    def insert(self, keys: array, rep: int) -> int:
+        """Add one request's keys; returns how many of its blocks an earlier request already had (the blocks a
+        prefix cache that never evicts would hit, before vLLM's ``L - 1`` cap)."""
         node = self.root
         node.n += 1
         pos = 0
@@ -265,7 +294,7 @@ class PrefixTree:
                     node.children = {}
                 node.children[keys[pos]] = new
                 self.leaves.append((new, n))
-                return
+                return pos
             m = len(child.keys)
             seg = keys[pos:pos + m]
             if seg == child.keys:
@@ -276,7 +305,7 @@ class PrefixTree:
             if c == len(seg):  # the request ends inside this edge
                 child.n += 1
                 self.leaves.append((child, n))
-                return
+                return n
             upper = _Edge(node, pos, child.keys[:c], child.rep, child.n + 1)
             assert node.children is not None
             node.children[keys[pos]] = upper
@@ -285,7 +314,12 @@ class PrefixTree:
             child.parent = upper
             upper.children = {child.keys[0]: child}
             node, pos = upper, pos + c
+            new = _Edge(upper, pos, keys[pos:], rep)
+            upper.children[keys[pos]] = new
+            self.leaves.append((new, n))
+            return pos
         self.leaves.append((node, n))
+        return n
 
     def forks(self) -> list[_Edge]:
         """Nodes with two or more children, most requests first (then the shallowest)."""
@@ -328,7 +362,7 @@ class _View:
     def __init__(self, req: ForkRequest, ids: Sequence[int], text: str | None, starts: Sequence[int] | None,
                  tok: Tokenized | None):
         self.req = req
-        self.base = ids if isinstance(ids, array) and ids.typecode == "I" else array("I", ids)
+        self.base = ids if isinstance(ids, array) else _id_array(ids)
         self.ids: array = self.base
         self.text, self.starts, self.tok = text, starts, tok
         self.segs: list[tuple[int, int]] | None = None
@@ -362,7 +396,7 @@ class _View:
             at += n
         self.segs = head + mid
         base = self.base
-        out = array("I")
+        out = array(base.typecode)
         for s, e in self.segs:
             out.extend(base[s:e])
         self.ids = out
@@ -662,21 +696,34 @@ class _Analyzer:
                 t.apply(v)
         return v
 
-    def _trace(self, plan: Sequence[Any], tree: PrefixTree | None) -> Iterator[TraceRequest]:
+    def _keys(self, plan: Sequence[Any]) -> Iterator[tuple[int, ForkRequest, int, list]]:
         bs = self.bs
         for k, r in enumerate(self.reqs):
             ids = self.view(r, plan).ids if plan else r.ids
-            keys = block_keys(ids, bs, r.salt)
-            if tree is not None:
-                tree.insert(array("q", keys), k)
-            yield TraceRequest(index=k, line=r.line, prompt_tokens=len(ids), hash_ids=keys, hash_block_size=bs)
+            yield k, r, len(ids), block_keys(ids, bs, r.salt)
 
-    def replay(self, plan: Sequence[Any], tree: PrefixTree | None = None, capacity: bool = False) -> int:
+    def tree_pass(self, plan: Sequence[Any]) -> tuple[PrefixTree, int]:
+        """The tree of the log under ``plan``, and its no-eviction hits (the blocks each request finds in the tree
+        before it is added, capped at ``L - 1`` tokens as vLLM's lookup is: ``simulate``'s infinite policy,
+        which the tests check it against)."""
+        self.passes += 1
+        tree = PrefixTree()
+        hits = 0
+        bs = self.bs
+        for k, _, n, keys in self._keys(plan):
+            found = tree.insert(array("q", keys), k)
+            hits += min(found, (n - 1) // bs) * bs
+        return tree, hits
+
+    def replay(self, plan: Sequence[Any], capacity: bool = False) -> int:
+        """Hits of the log under ``plan`` through :func:`simulate`: no eviction, or vLLM's pool at capacity."""
         self.replays += 1
+        trace = (TraceRequest(index=k, line=r.line, prompt_tokens=n, hash_ids=keys, hash_block_size=self.bs)
+                 for k, r, n, keys in self._keys(plan))
         if capacity:
-            rep = simulate(self._trace(plan, tree), policy="vllm", block_size=self.bs, capacity_blocks=self.cap)
+            rep = simulate(trace, policy="vllm", block_size=self.bs, capacity_blocks=self.cap)
         else:
-            rep = simulate(self._trace(plan, tree), policy="infinite", block_size=self.bs)
+            rep = simulate(trace, policy="infinite", block_size=self.bs)
         return int(rep.hit_tokens)
 
     # analysis ------------------------------------------------------------------------------------------
@@ -685,18 +732,14 @@ class _Analyzer:
         drafts: dict[tuple, dict] = {}
         hits0 = fixed = 0
         for p in range(max_passes):
-            tree = PrefixTree()
-            hits = self.replay(plan, tree)
-            self.passes += 1
+            tree, hits = self.tree_pass(plan)
             if p == 0:
                 hits0 = hits
-            fixed = hits
             added = self._forks_of(tree, plan, drafts)
             if not added:
                 break
             plan.extend(added)
         else:
-            fixed = self.replay(plan)
             self.notes.append(f"stopped after {max_passes} tree passes: forks below the last ones moved were not "
                               "looked at")
         if plan:
@@ -705,6 +748,7 @@ class _Analyzer:
         bare = sum(1 for r in self.reqs if r.text is None)
         if bare:
             self.notes.append(f"{bare} request(s) are token IDs only: their forks have no cause and nothing to move")
+        fixed = self.replay(plan) if plan else hits0
         lost: dict[int, int] = {}
         lost_cap: dict[int, int] = {}
         cap0 = cap_fixed = None
@@ -782,7 +826,7 @@ class _Analyzer:
         holder = next((sp for sp in a.spans if sp.start <= c < sp.end), None)
         if holder is not None:
             ls = max(ls, holder.start)
-        site.mover = _LineMove(d, max(bisect.bisect_right(vstarts, ls) - 1, 0), array("I", site.prefix), "", "")
+        site.mover = _LineMove(d, max(bisect.bisect_right(vstarts, ls) - 1, 0), site.prefix, "", "")
         return site
 
     def _values(self, sites: Sequence[_Site], plan: Sequence[Any]) -> None:
