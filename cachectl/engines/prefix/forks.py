@@ -1,0 +1,1007 @@
+"""The shared-prefix tree of a whole log: where requests that share a prefix split (forks), why, and what each
+fork costs, measured by counterfactual replay.
+
+A prefix cache is shared by all the traffic a server (or a provider) sees, so its costliest misses are often
+not inside one conversation: a clock line, a request id or the user's e-mail near the top of a system prompt
+that thousands of otherwise identical requests share, or tools listed in another order per request.
+
+Library entry::
+
+    reqs = list(fork_requests(iter_jsonl(path), source=path, tokenizer=tok))   # served tokens + text + fields
+    report = analyze_forks(reqs, tokenizer=tok, block_size=16, capacity_blocks=None)
+    report.forks          # tuple[Fork, ...], sorted by tokens_lost (descending)
+    report.to_dict()      # {forks: [{path, char, cause, distinct_values, requests, tokens_lost, fixable, ...}], ...}
+    report.spans_to_move(reqs[3])   # the (path, char range, text) FX001/FX007 move out of that request's prefix
+
+How it works:
+
+- **Input** (:class:`ForkRequest`, built by :func:`fork_requests`): each request's served tokens (rendered through
+  the chat template, with the generation prompt, as ``simulate-prefix``/``fix``/``report`` render them), the
+  character each token starts at in the rendered text, the :class:`~cachectl.tokenization.Tokenized` (its
+  token -> message/field/char mapping, :class:`~cachectl.tokenization.Location`) and the log fields that may
+  predict a per-user value (``user``, ``metadata.user_id``, a tenant field). Without a tokenizer, a provider
+  request's canonical positions (tools -> system -> messages) are cut into word pieces: the same tree over
+  approximate token counts.
+- **Tree** (:class:`PrefixTree`): one streaming pass over the requests' chained block keys
+  (:func:`~cachectl.engines.prefix.trace.block_keys`), a radix tree of full blocks whose edges hold their keys
+  in an ``array('q')`` (8 bytes a distinct block, plus one small object per edge: about two edges a request).
+  A **fork** is a node with two or more children; the token where the branches split is found inside the fork
+  block from one representative request per branch. The same pass counts the blocks each request finds in the
+  tree before it joins it: the log's no-eviction hits (the tests hold them equal to
+  :func:`~cachectl.engines.prefix.replay.simulate`'s ``infinite`` policy).
+- **Cause** (:func:`_classify`): the branches' text at the fork, compared by ``diff-tokens``' own proven causes
+  (:func:`cachectl.engines.tokendiff.explain`: tools, template causes, volatile values from
+  :mod:`cachectl.volatile`, JSON key order), the line holding the divergence in every branch (its distinct
+  values; a value that repeats and that a log field predicts is a ``per_user_value``), and whether the branches
+  share anything after that line (``different_prompt`` when they do not: different apps, never a fix).
+- **Cost**: a fixable fork becomes a counterfactual: its diverging line moved after the part the branches
+  share (to the end of the served tokens), or the tools put in one order (re-rendered). The moved log is
+  replayed through the existing replays (:func:`~cachectl.engines.prefix.replay.simulate`, policy ``infinite``,
+  and vLLM's pool at ``capacity_blocks``, the keys passed as pre-hashed ids), and its tree is built again (the next line of a system prompt that
+  opens with three per-request lines is a fork only once the first is moved), until no new fixable fork
+  shows. Each fork's ``tokens_lost`` is then what keeping that one fork costs when every other fixable fork
+  is fixed (all moved, minus all but this one moved, no eviction; at ``capacity_blocks`` as well when given),
+  so two forks in one block each cost the whole (fixing only one recovers nothing). ``fixed_hit_tokens`` is
+  the hit count with all of them fixed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from ...errors import InputError, UsageError
+from ...inputs import PromptInput, Request, prompt_from_request, prompt_from_value, unwrap
+from ...inputs.prompt import check_ids
+from ...tokenization import Span, Tokenized
+from ..tokendiff import common_prefix_length, explain
+from .replay import simulate
+from .trace import TraceRequest, block_keys
+
+SCHEMA_VERSION = 1
+
+#: log fields (dotted, in the body or its wrapper) that may predict a per-user value, looked at in this order
+USER_FIELDS = ("user", "user_id", "metadata.user_id", "metadata.user", "safety_identifier", "metadata.tenant_id",
+               "metadata.tenant", "tenant_id", "tenant", "prompt_cache_key")
+
+#: cause -> the fix code that removes it across requests (None: nothing to rewrite)
+FIX_CODES: dict[str, str] = {
+    "date_time": "FX001", "volatile_id": "FX001", "counter": "FX001",
+    "per_user_value": "FX007",
+    "tool_schema_key_order": "FX002", "tool_order": "FX003",
+    "doubled_bos": "FX004", "think_stripped": "FX005",
+}
+#: causes that are about tools or the template: taken from diff-tokens as they are
+_STRUCTURAL = ("tool_order", "tool_schema_key_order", "tools_changed", "doubled_bos", "bos_mismatch",
+               "default_system_prompt", "think_stripped", "message_relocated", "last_turn_closed_differently")
+_TEXTUAL = ("json_key_order", "unicode_normalization", "whitespace", "token_boundary")
+_LINE_CAUSES = ("date_time", "volatile_id", "counter", "per_user_value")
+
+#: text the branches must share, line-aligned, after the diverging line, for a fork to be movable
+MIN_SHARED_CHARS = 64
+#: lines after the diverging one that may differ too before the shared part (a block of per-request lines)
+MAX_SKIPPED_LINES = 8
+
+
+# --------------------------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True, eq=False)
+class ForkRequest:
+    """One request as the fork analysis reads it: served tokens, where each starts in the rendered text, the
+    :class:`Tokenized` that maps a token to its message, field and character, and the log fields that may predict
+    a per-user value. ``text``/``starts``/``tokenized`` are None for token-ID requests (no cause, no move)."""
+
+    index: int
+    line: int | None
+    ids: Sequence[int]
+    text: str | None = None
+    starts: Sequence[int] | None = None
+    tokenized: Tokenized | None = field(default=None, repr=False)
+    #: (dotted field, value) for each of the ``user_fields`` present on the line
+    fields: tuple[tuple[str, Any], ...] = ()
+    salt: Any = None
+    #: canonical mode (no tokenizer): the request whose positions were cut into word pieces
+    request: Request | None = field(default=None, repr=False)
+
+
+class _Offsets:
+    """The one method of a ``tokenizers.Encoding`` that :class:`Tokenized` reads, over known char offsets."""
+
+    __slots__ = ("ends", "starts")
+
+    def __init__(self, starts: Sequence[int], ends: Sequence[int]):
+        self.starts, self.ends = starts, ends
+
+    def token_to_chars(self, i: int) -> tuple[int, int] | None:
+        return (self.starts[i], self.ends[i]) if 0 <= i < len(self.starts) else None
+
+
+_PIECE = re.compile(r"\w+|\s+|[^\w\s]")
+
+
+def _field_of(req: Request, p: Any) -> str:
+    path = p.path + (".content" if p.segment == "messages" and req.api == "chat" and p.kind == "message" else "")
+    return req.body_path + path
+
+
+def canonical_tokens(req: Request, vocab: dict[str, int], tools: Sequence[Any] | None = None
+                     ) -> tuple[array, str, array, Tokenized]:
+    """A provider request without a tokenizer: its canonical positions (tools -> system -> messages, the exact
+    text each counts) joined by newlines and cut into word pieces, each an id of ``vocab`` (shared by a log).
+    ``tools`` replaces the tool positions (a counterfactual order). Returns ids, text, starts, and a
+    :class:`Tokenized` whose spans name each position's JSON path."""
+    positions = list(req.positions)
+    if tools is not None:
+        rest = [p for p in positions if p.segment != "tools"]
+        positions = list(tools) + rest
+    text_parts: list[str] = []
+    spans: list[Span] = []
+    at = 0
+    msg = -1
+    for p in positions:
+        if p.segment == "messages":
+            msg += 1
+        spans.append(Span(at, at + len(p.text), _field_of(req, p), msg if p.segment == "messages" else None,
+                          p.role))
+        text_parts.append(p.text + "\n")
+        at += len(p.text) + 1
+    text = "".join(text_parts)
+    ids, starts, ends = array("I"), array("I"), array("I")
+    for m in _PIECE.finditer(text):
+        ids.append(vocab.setdefault(m.group(0), len(vocab)))
+        starts.append(m.start())
+        ends.append(m.end())
+    try:
+        prompt = prompt_from_request(req)
+    except InputError:  # a token layout or an image: no chat view, the text is still compared
+        prompt = PromptInput(kind="openai", source=req.source, line=req.line, request=req)
+    tok = Tokenized(prompt, ids, text=text, encoding=_Offsets(starts, ends), spans=spans)
+    return ids, text, starts, tok
+
+
+def _id_array(ids: Sequence[int]) -> array:
+    try:
+        return array("I", ids)
+    except OverflowError:
+        return array("Q", ids)
+
+
+def _fields(value: Any, names: Sequence[tuple[str, list[str]]]) -> tuple[tuple[str, Any], ...]:
+    if not isinstance(value, dict):
+        return ()
+    body, _, wrapper = unwrap(value)
+    out = []
+    for name, parts in names:
+        for where in (body, wrapper):
+            v = where.get(parts[0]) if isinstance(where, dict) else None
+            for part in parts[1:]:
+                v = v.get(part) if isinstance(v, dict) else None
+            if v is not None:
+                out.append((name, json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v))
+                break
+    return tuple(out)
+
+
+_ID_KEYS = ("tokens", "prompt_token_ids", "input_ids")
+
+
+def fork_requests(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
+                  user_fields: Sequence[str] = USER_FIELDS, add_generation_prompt: bool = True,
+                  batch_size: int = 256) -> Iterator[ForkRequest]:
+    """:class:`ForkRequest` records from ``(line, value)`` pairs (:func:`cachectl.inputs.iter_jsonl`): request
+    bodies and wrappers, chat lists, raw text and token IDs. With ``tokenizer`` they are rendered and tokenized
+    in batches as a server renders them (the generation prompt by default); without one, request bodies become
+    canonical word pieces (:func:`canonical_tokens`) and token-ID lines are taken as they are. A record may be
+    ``(line, value, has_bool_literal)`` (:func:`cachectl.engines.prefix.trace_records`): token-ID lines without
+    a ``true``/``false`` are then validated at C speed."""
+    vocab: dict[str, int] = {}
+    pending: list[tuple[int, int, PromptInput, tuple]] = []
+    index = 0
+
+    def flush() -> Iterator[ForkRequest]:
+        toks = tokenizer.tokenize_many([p for _, _, p, _ in pending], add_generation_prompt=add_generation_prompt)
+        for (idx, line, _, flds), t in zip(pending, toks):
+            yield _from_tokenized(idx, line, t, flds)
+        pending.clear()
+
+    names = [(n, n.split(".")) for n in user_fields]
+    for record in records:
+        line, value = record[0], record[1]
+        flds = _fields(value, names)
+        salt = value.get("cache_salt") if isinstance(value, dict) else None
+        key = next((k for k in _ID_KEYS if k in value), None) if isinstance(value, dict) else None
+        if key is not None:  # a token-ID trace line, validated at C speed where the raw line holds no bool
+            check_ids(value[key], source=source, line=line, field=key, maybe_bool=record[2] if len(record) > 2 else True)
+            yield ForkRequest(index=index, line=line, ids=_id_array(value[key]), fields=flds, salt=salt)
+            index += 1
+            continue
+        prompt = prompt_from_value(value, source=source, line=line)
+        if prompt.ids is not None:
+            yield ForkRequest(index=index, line=line, ids=_id_array(prompt.ids), fields=flds, salt=salt)
+        elif tokenizer is not None:
+            pending.append((index, line, prompt, flds))
+            if len(pending) >= batch_size:
+                yield from flush()
+        elif prompt.request is not None:
+            ids, text, starts, tok = canonical_tokens(prompt.request, vocab)
+            yield ForkRequest(index=index, line=line, ids=ids, text=text, starts=starts, tokenized=tok, fields=flds,
+                              salt=salt, request=prompt.request)
+        else:
+            raise InputError("a raw-text or chat-list line needs `tokenizer` to become tokens", source=source,
+                             line=line)
+        index += 1
+    if pending:
+        yield from flush()
+
+
+def _from_tokenized(index: int, line: int | None, t: Tokenized, flds: tuple = ()) -> ForkRequest:
+    starts = array("I", (s for s, _ in t.encoding.offsets)) if t.encoding is not None else None
+    return ForkRequest(index=index, line=line, ids=array("I", t.ids), text=t.text, starts=starts,
+                       tokenized=t.compact(), fields=flds)
+
+
+# ----------------------------------------------------------------------------------------------- tree
+
+
+class _Edge:
+    """An edge of the radix tree of full blocks: its chained keys, the node it hangs from, the requests that
+    enter it, and the first of them (the branch's representative)."""
+
+    __slots__ = ("children", "keys", "n", "parent", "rep", "start")
+
+    def __init__(self, parent: _Edge | None, start: int, keys: array, rep: int, n: int = 1):
+        self.parent = parent
+        self.start = start            # block depth of its first key
+        self.keys = keys
+        self.children: dict | None = None
+        self.n = n
+        self.rep = rep
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.keys)
+
+
+class PrefixTree:
+    """A radix tree over the chained block keys of a stream of requests (one insert each, in log order).
+
+    Memory: 8 bytes a distinct block (the edges' key arrays) and one edge object per branch. ``leaves`` keeps,
+    per request, the edge and block depth where its path ends (an edge split later still finds it: the walk
+    up from there goes to the edge that holds that depth)."""
+
+    def __init__(self) -> None:
+        self.root = _Edge(None, 0, array("q"), -1, 0)
+        self.leaves: list[tuple[_Edge, int]] = []
+
+    def insert(self, keys: array, rep: int) -> int:
+        """Add one request's keys; returns how many of its blocks an earlier request already had (the blocks a
+        prefix cache that never evicts would hit, before vLLM's ``L - 1`` cap)."""
+        node = self.root
+        node.n += 1
+        pos = 0
+        n = len(keys)
+        while pos < n:
+            child = node.children.get(keys[pos]) if node.children is not None else None
+            if child is None:
+                new = _Edge(node, pos, keys[pos:], rep)
+                if node.children is None:
+                    node.children = {}
+                node.children[keys[pos]] = new
+                self.leaves.append((new, n))
+                return pos
+            m = len(child.keys)
+            seg = keys[pos:pos + m]
+            if seg == child.keys:
+                child.n += 1
+                node, pos = child, pos + m
+                continue
+            c = common_prefix_length(seg, child.keys)
+            if c == len(seg):  # the request ends inside this edge
+                child.n += 1
+                self.leaves.append((child, n))
+                return n
+            upper = _Edge(node, pos, child.keys[:c], child.rep, child.n + 1)
+            assert node.children is not None
+            node.children[keys[pos]] = upper
+            child.keys = child.keys[c:]
+            child.start = pos + c
+            child.parent = upper
+            upper.children = {child.keys[0]: child}
+            node, pos = upper, pos + c
+            new = _Edge(upper, pos, keys[pos:], rep)
+            upper.children[keys[pos]] = new
+            self.leaves.append((new, n))
+            return pos
+        self.leaves.append((node, n))
+        return n
+
+    def forks(self) -> list[_Edge]:
+        """Nodes with two or more children, most requests first (then the shallowest)."""
+        out = []
+        stack = [self.root]
+        while stack:
+            e = stack.pop()
+            if e.children:
+                if len(e.children) > 1:
+                    out.append(e)
+                stack.extend(e.children.values())
+        out.sort(key=lambda e: (-sum(c.n for c in e.children.values()), e.end))  # type: ignore[union-attr]
+        return out
+
+    def branches(self, forks: Sequence[_Edge]) -> dict[int, dict[int, _Edge]]:
+        """For each fork (by ``id``): request index -> the child it took."""
+        want = {id(f): f for f in forks}
+        out: dict[int, dict[int, _Edge]] = {k: {} for k in want}
+        for r, (edge, depth) in enumerate(self.leaves):
+            e: _Edge | None = edge
+            while e is not None and e.parent is not None and e.start >= depth:
+                e = e.parent
+            while e is not None and e.parent is not None:
+                p = e.parent
+                if id(p) in want:
+                    out[id(p)][r] = e
+                e = p
+        return out
+
+
+# ---------------------------------------------------------------------------------------------- views
+
+
+class _View:
+    """A request under a counterfactual: its base render (the request, or re-rendered with other tools) and the
+    order of the base's tokens (segments of base token indices; moved spans at the end)."""
+
+    __slots__ = ("base", "ids", "req", "segs", "starts", "text", "tok")
+
+    def __init__(self, req: ForkRequest, ids: Sequence[int], text: str | None, starts: Sequence[int] | None,
+                 tok: Tokenized | None):
+        self.req = req
+        self.base = ids if isinstance(ids, array) else _id_array(ids)
+        self.ids: array = self.base
+        self.text, self.starts, self.tok = text, starts, tok
+        self.segs: list[tuple[int, int]] | None = None
+
+    def orig(self, i: int) -> tuple[int, int]:
+        """(base index of view token ``i``, end of its segment in base indices)."""
+        at = 0
+        for s, e in self.segs or ((0, len(self.ids)),):
+            if i < at + e - s:
+                return s + i - at, e
+            at += e - s
+        return len(self.ids), len(self.ids)
+
+    def move(self, a: int, b: int) -> None:
+        """Move view tokens [a, b) to the end."""
+        segs = self.segs or [(0, len(self.ids))]
+        head: list[tuple[int, int]] = []
+        mid: list[tuple[int, int]] = []
+        at = 0
+        for s, e in segs:
+            n = e - s
+            lo, hi = max(a - at, 0), min(b - at, n)
+            if lo >= hi:
+                head.append((s, e))
+            else:
+                if lo > 0:
+                    head.append((s, s + lo))
+                mid.append((s + lo, s + hi))
+                if hi < n:
+                    head.append((s + hi, e))
+            at += n
+        self.segs = head + mid
+        base = self.base
+        out = array(base.typecode)
+        for s, e in self.segs:
+            out.extend(base[s:e])
+        self.ids = out
+
+    def tokenized(self) -> Tokenized | None:
+        """The view as a :class:`Tokenized` (text, offsets and spans spliced as the tokens were), for causes."""
+        if self.tok is None or self.text is None or self.starts is None:
+            return None
+        if self.segs is None:
+            return self.tok
+        text, starts, tok = self.text, self.starts, self.tok
+        n = len(starts)
+        pieces: list[str] = []
+        new_starts, new_ends = array("I"), array("I")
+        char_map: list[tuple[int, int, int]] = []   # (base char start, base char end, view char start)
+        at = 0
+        for s, e in self.segs:
+            cs = starts[s] if s < n else len(text)
+            ce = starts[e] if e < n else len(text)
+            char_map.append((cs, ce, at))
+            for i in range(s, e):
+                new_starts.append(starts[i] - cs + at)
+                new_ends.append((starts[i + 1] if i + 1 < n else len(text)) - cs + at)
+            pieces.append(text[cs:ce])
+            at += ce - cs
+        spans = []
+        for sp in tok.spans:
+            for cs, ce, vs in char_map:
+                lo, hi = max(cs, sp.start), min(ce, sp.end)
+                if lo < hi:
+                    spans.append(Span(vs + lo - cs, vs + hi - cs, sp.field, sp.message_index, sp.role,
+                                      sp.offset + lo - sp.start))
+        spans.sort(key=lambda x: (x.start, x.end))
+        return Tokenized(self.tok.prompt, self.ids, text="".join(pieces), encoding=_Offsets(new_starts, new_ends),
+                         spans=spans, tokenizer=self.tok.tokenizer, render_opts=None)
+
+
+@dataclass(frozen=True, eq=False)
+class _LineMove:
+    """Counterfactual of a line fork: a request whose view starts with ``prefix`` (the ``d`` tokens the branches
+    share) has the line holding token ``d`` (view tokens from ``a``, the line's first, through its newline)
+    moved to the end."""
+
+    d: int
+    a: int
+    prefix: array
+    code: str
+    cause: str
+
+    def span(self, v: _View) -> tuple[int, int, int, int] | None:
+        """(view token start, view token end, base char start, base char end) of the line in ``v``."""
+        if len(v.ids) <= self.d or v.ids[:self.d] != self.prefix or v.text is None or v.starts is None:
+            return None
+        od, seg_end = v.orig(self.d)
+        starts, text = v.starts, v.text
+        n = len(starts)
+        c = starts[od]
+        limit = starts[seg_end] if seg_end < n else len(text)
+        field_end = _field_end(v, c)
+        if field_end is not None:
+            limit = min(limit, field_end)
+        nl = text.find("\n", c, limit)
+        end_char = limit if nl < 0 else nl + 1
+        ob = bisect.bisect_left(starts, end_char, od, seg_end)
+        ls = starts[v.orig(self.a)[0]]
+        return self.a, self.d + (ob - od), ls, end_char
+
+    def apply(self, v: _View) -> bool:
+        sp = self.span(v)
+        if sp is None or sp[1] <= sp[0]:
+            return False
+        v.move(sp[0], sp[1])
+        return True
+
+
+def _field_end(v: _View, c: int) -> int | None:
+    """The end (base char) of the field that holds base char ``c``, when it ends before the next newline."""
+    tok = v.tok
+    if tok is None or v.text is None:
+        return None
+    nl = v.text.find("\n", c)
+    if nl >= 0:  # the cheap case first: a message's content holds the rest of the line and its newline
+        rest = v.text[c:nl + 1]
+        if any(isinstance(m.get("content"), str) and rest in m["content"] for m in tok.prompt.messages or ()):
+            return None
+    for sp in tok.spans:  # the spans (an instrumented render of a chat prompt, once per request)
+        if sp.start <= c < sp.end:
+            return sp.end if nl < 0 or sp.end <= nl else None
+    return None
+
+
+@dataclass(frozen=True, eq=False)
+class _Tools:
+    """Counterfactual of a tools fork: requests with the same tools (as a set of values) list them in the
+    reference order (``tool_order``), or serialized as the reference does (``tool_schema_key_order``)."""
+
+    identities: tuple[str, ...]       # the sorted identities of the reference's tools
+    reference: tuple[Any, ...]        # the reference's tools (dicts; Position values in canonical mode)
+    code: str
+    cause: str
+
+
+def _tool_identity(t: Any) -> str:
+    if isinstance(t, dict):
+        return json.dumps(t, sort_keys=True, ensure_ascii=False)
+    try:  # a canonical position: its exact content
+        return json.dumps(json.loads(t.content), sort_keys=True, ensure_ascii=False)
+    except (ValueError, AttributeError):
+        return str(getattr(t, "content", t))
+
+
+def _request_tools(r: ForkRequest) -> tuple[Any, ...] | None:
+    if r.request is not None:
+        tools = tuple(p for p in r.request.positions if p.segment == "tools")
+        return tools or None
+    if r.tokenized is not None and r.tokenized.prompt.tools:
+        return tuple(r.tokenized.prompt.tools)
+    return None
+
+
+# ------------------------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class Fork:
+    """One place where requests that share a prefix split."""
+
+    #: JSON path of the position where the branches diverge (``messages[0].content``, ``system[0]``, ``tools``)
+    path: str | None
+    #: character offset inside ``path``
+    char: int | None
+    cause: str
+    distinct_values: int
+    requests: int
+    #: tokens the counterfactual replay recovers under no eviction (see the module docstring)
+    tokens_lost: int
+    #: the fix code that removes it (``FX001``, ``FX007``, ``FX003``, ...), None when none applies
+    fixable: str | None
+    #: the log field that predicts a per-user value (``user``, ``metadata.tenant_id``), None when none does
+    predicted_by: str | None = None
+    #: the same counterfactual replayed at ``capacity_blocks`` (None without a capacity)
+    tokens_lost_at_capacity: int | None = None
+    #: tokens the branches share before the fork, and how many branches split there
+    shared_tokens: int = 0
+    branches: int = 0
+    #: a few of the diverging values (the line at the fork), as seen in the log
+    examples: tuple[str, ...] = ()
+    message: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class MoveSpan:
+    """What FX001/FX007 move out of one request's shared prefix: a line of a field, as characters of that field
+    (``start``/``end`` count in the field's own text, the line's newline included)."""
+
+    code: str
+    cause: str
+    path: str
+    start: int
+    end: int
+    text: str
+    move: Any = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ForkReport:
+    schema_version: int = SCHEMA_VERSION
+    requests: int
+    query_tokens: int
+    block_size: int
+    capacity_blocks: int | None
+    forks: tuple[Fork, ...]
+    #: no-eviction hits as logged, and with every fixable fork fixed
+    hit_tokens: int
+    fixed_hit_tokens: int
+    #: the same at ``capacity_blocks`` (None without one)
+    hit_tokens_at_capacity: int | None = None
+    fixed_hit_tokens_at_capacity: int | None = None
+    #: tree passes and replays run (each a pass over the requests)
+    passes: int = 0
+    replays: int = 0
+    notes: tuple[str, ...] = ()
+    _plan: tuple = field(default=(), repr=False, compare=False)
+    _tokenizer: Any = field(default=None, repr=False, compare=False)
+    #: (id of a fork, its line move)
+    _moves: tuple = field(default=(), repr=False, compare=False)
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
+        d["forks"] = [f.to_dict() for f in self.forks]
+        d["notes"] = list(self.notes)
+        return d
+
+    def spans_to_move(self, request: ForkRequest) -> tuple[MoveSpan, ...]:
+        """For one request of the analysed log, every line that a fixable line fork moves out of its shared
+        prefix, in the order the analysis moved them, located in the request's own fields."""
+        tools = [t for t in self._plan if isinstance(t, _Tools)]
+        v = _view(request, tools, self._tokenizer)
+        out = []
+        for t in self._plan:
+            if not isinstance(t, _LineMove):
+                continue
+            sp = t.span(v)
+            if sp is None or sp[1] <= sp[0]:
+                continue
+            moved = _locate_chars(v, sp[2], sp[3], t)
+            if moved is not None:
+                out.append(moved)
+            v.move(sp[0], sp[1])
+        return tuple(out)
+
+
+def _locate_chars(v: _View, start: int, end: int, t: _LineMove) -> MoveSpan | None:
+    if v.tok is None or v.text is None:
+        return None
+    for sp in v.tok.spans:
+        if sp.start <= start < sp.end:
+            lo = start - sp.start + sp.offset
+            hi = min(end, sp.end) - sp.start + sp.offset
+            return MoveSpan(t.code, t.cause, sp.field, lo, hi, v.text[start:min(end, sp.end)], t)
+    return None
+
+
+def fork_span(report: ForkReport, fork: Fork, request: ForkRequest) -> MoveSpan | None:
+    """The span ``fork`` moves out of ``request`` (None when the request does not pass through that fork or the
+    fork is not a line fork)."""
+    move = dict(report._moves).get(id(fork))
+    if move is None:
+        return None
+    return next((s for s in report.spans_to_move(request) if s.move is move), None)
+
+
+# ----------------------------------------------------------------------------------------------- engine
+
+
+def _view(r: ForkRequest, tools: Sequence[_Tools], tokenizer: Any, memo: dict | None = None) -> _View:
+    """``r`` under the tools counterfactuals in ``tools`` (re-rendered when one applies; ``memo`` keeps
+    re-renders)."""
+    mine = _request_tools(r) if tools else None
+    if mine:
+        ident = tuple(sorted(_tool_identity(t) for t in mine))
+        for t in tools:
+            if t.identities == ident:
+                key = (r.index, id(t))
+                if memo is not None and key in memo:
+                    return _View(r, *memo[key])
+                v = _rerendered(r, t.reference, tokenizer)
+                if memo is not None:
+                    memo[key] = (v.base, v.text, v.starts, v.tok)
+                return v
+    return _View(r, r.ids, r.text, r.starts, r.tokenized)
+
+
+def _rerendered(r: ForkRequest, tools: Sequence[Any], tokenizer: Any) -> _View:
+    if r.request is not None:
+        ids, text, starts, tok = canonical_tokens(r.request, _VOCAB, tools)
+        v = _View(r, ids, text, starts, tok)
+    else:
+        assert r.tokenized is not None and tokenizer is not None
+        p = r.tokenized.prompt
+        opts = r.tokenized.render_opts or {"add_generation_prompt": True, "template_vars": {}}
+        t = tokenizer.tokenize_many([replace(p, tools=tuple(tools))], add_generation_prompt=opts["add_generation_prompt"],
+                                    template_vars=opts["template_vars"])[0]
+        fr = _from_tokenized(r.index, r.line, t)
+        v = _View(r, fr.ids, fr.text, fr.starts, fr.tokenized)
+    return v
+
+
+#: canonical re-renders share one vocabulary per process (ids only need to agree within a run)
+_VOCAB: dict[str, int] = {}
+
+
+class _Analyzer:
+    def __init__(self, requests: Sequence[ForkRequest], *, tokenizer: Any, block_size: int,
+                 capacity_blocks: int | None, user_fields: Sequence[str], max_forks: int, max_values: int):
+        self.reqs = requests
+        self.tok = tokenizer
+        self.bs = block_size
+        self.cap = capacity_blocks
+        self.user_fields = tuple(user_fields)
+        self.max_forks = max_forks
+        self.max_values = max_values
+        self.passes = 0
+        self.replays = 0
+        self.notes: list[str] = []
+        #: tools counterfactuals re-render a request once (request index, counterfactual) -> view parts
+        self.rendered: dict[tuple[int, int], tuple] = {}
+
+    # one request under a plan ------------------------------------------------------------------------
+    def view(self, r: ForkRequest, plan: Sequence[Any]) -> _View:
+        v = _view(r, [t for t in plan if isinstance(t, _Tools)], self.tok, self.rendered)
+        for t in plan:
+            if isinstance(t, _LineMove):
+                t.apply(v)
+        return v
+
+    def _keys(self, plan: Sequence[Any]) -> Iterator[tuple[int, ForkRequest, int, list]]:
+        bs = self.bs
+        for k, r in enumerate(self.reqs):
+            ids = self.view(r, plan).ids if plan else r.ids
+            yield k, r, len(ids), block_keys(ids, bs, r.salt)
+
+    def tree_pass(self, plan: Sequence[Any]) -> tuple[PrefixTree, int]:
+        """The tree of the log under ``plan``, and its no-eviction hits (the blocks each request finds in the tree
+        before it is added, capped at ``L - 1`` tokens as vLLM's lookup is: ``simulate``'s infinite policy,
+        which the tests check it against)."""
+        self.passes += 1
+        tree = PrefixTree()
+        hits = 0
+        bs = self.bs
+        for k, _, n, keys in self._keys(plan):
+            found = tree.insert(array("q", keys), k)
+            hits += min(found, (n - 1) // bs) * bs
+        return tree, hits
+
+    def replay(self, plan: Sequence[Any], capacity: bool = False) -> int:
+        """Hits of the log under ``plan`` through :func:`simulate`: no eviction, or vLLM's pool at capacity."""
+        self.replays += 1
+        trace = (TraceRequest(index=k, line=r.line, prompt_tokens=n, hash_ids=keys, hash_block_size=self.bs)
+                 for k, r, n, keys in self._keys(plan))
+        if capacity:
+            rep = simulate(trace, policy="vllm", block_size=self.bs, capacity_blocks=self.cap)
+        else:
+            rep = simulate(trace, policy="infinite", block_size=self.bs)
+        return int(rep.hit_tokens)
+
+    # analysis ------------------------------------------------------------------------------------------
+    def run(self, max_passes: int) -> ForkReport:
+        plan: list[Any] = []
+        drafts: dict[tuple, dict] = {}
+        hits0 = fixed = 0
+        for p in range(max_passes):
+            tree, hits = self.tree_pass(plan)
+            if p == 0:
+                hits0 = hits
+            added = self._forks_of(tree, plan, drafts)
+            if not added:
+                break
+            plan.extend(added)
+        else:
+            self.notes.append(f"stopped after {max_passes} tree passes: forks below the last ones moved were not "
+                              "looked at")
+        if plan:
+            self.notes.append("tokens_lost: what keeping that one fork costs with every other fixable fork fixed, so "
+                              "forks in one block each count the whole; fixed_hit_tokens has them all fixed")
+        bare = sum(1 for r in self.reqs if r.text is None)
+        if bare:
+            self.notes.append(f"{bare} request(s) are token IDs only: their forks have no cause and nothing to move")
+        fixed = self.replay(plan) if plan else hits0
+        lost: dict[int, int] = {}
+        lost_cap: dict[int, int] = {}
+        cap0 = cap_fixed = None
+        if self.cap is not None:
+            cap0 = self.replay([], capacity=True)
+            cap_fixed = self.replay(plan, capacity=True) if plan else cap0
+        for t in plan:
+            rest = [x for x in plan if x is not t]
+            lost[id(t)] = fixed - self.replay(rest)
+            if self.cap is not None:
+                assert cap_fixed is not None
+                lost_cap[id(t)] = cap_fixed - self.replay(rest, capacity=True)
+        forks = []
+        moves: list[tuple[int, _LineMove]] = []
+        for dr in drafts.values():
+            t = dr.pop("plan", None)
+            keep = dr.pop("keep")
+            if t is None and not keep:
+                continue
+            tl = lost.get(id(t), 0)
+            if t is not None and tl <= 0:
+                continue  # a fix that recovers nothing: the fork costs no tokens
+            at_cap = None if self.cap is None else max(lost_cap.get(id(t), 0), 0)
+            forks.append(Fork(tokens_lost=max(tl, 0), tokens_lost_at_capacity=at_cap, **dr))
+            if isinstance(t, _LineMove):
+                moves.append((id(forks[-1]), t))
+        forks.sort(key=lambda f: (-f.tokens_lost, -f.requests, f.shared_tokens))
+        return ForkReport(requests=len(self.reqs), query_tokens=sum(len(r.ids) for r in self.reqs),
+                          block_size=self.bs, capacity_blocks=self.cap, forks=tuple(forks), hit_tokens=hits0,
+                          fixed_hit_tokens=fixed, hit_tokens_at_capacity=cap0, fixed_hit_tokens_at_capacity=cap_fixed,
+                          passes=self.passes, replays=self.replays, notes=tuple(self.notes), _plan=tuple(plan),
+                          _tokenizer=self.tok, _moves=tuple(moves))
+
+    def _forks_of(self, tree: PrefixTree, plan: list[Any], drafts: dict[tuple, dict]) -> list[Any]:
+        """Classify the tree's new forks; the counterfactuals of the new fixable ones. A fork below one that gets a
+        counterfactual in this pass waits for the next pass (its prefix changes once that one is moved)."""
+        nodes = tree.forks()[:self.max_forks]
+        if not nodes:
+            return []
+        took = tree.branches(nodes)
+        sites = [site for node in nodes if (site := self._site(node, took[id(node)], plan)) is not None]
+        self._values(sites, plan)
+        added: list[Any] = []
+        moved: set[int] = set()
+        for site in sites:
+            if site.key in drafts or _below(site.node, moved):
+                continue
+            dr, t = self._classify(site)
+            if t is not None and any(isinstance(x, _Tools) and isinstance(t, _Tools) and x.identities == t.identities
+                                     for x in plan + added):
+                t = None
+            dr["plan"] = t
+            drafts[site.key] = dr
+            if t is not None:
+                added.append(t)
+                moved.add(id(site.node))
+        return added
+
+    def _site(self, node: _Edge, took: dict[int, _Edge], plan: Sequence[Any]) -> _Site | None:
+        """A fork's representatives (one request per branch), the token where they split, and the line there."""
+        assert node.children is not None
+        children = sorted(node.children.values(), key=lambda c: -c.n)[:self.max_values]
+        views = [self.view(self.reqs[c.rep], plan) for c in children]
+        cps = [common_prefix_length(views[0].ids, v.ids) for v in views[1:]]
+        d = min(cps)
+        other = views[1 + cps.index(d)]
+        site = _Site(node, took, d, views[0].ids[:d], views[0], other)
+        a = views[0].tokenized()
+        if a is None or a.text is None:
+            return site
+        vstarts = a.encoding.starts if isinstance(a.encoding, _Offsets) else views[0].starts
+        assert vstarts is not None
+        c = vstarts[d] if d < len(vstarts) else len(a.text)
+        ls = a.text.rfind("\n", 0, c) + 1
+        holder = next((sp for sp in a.spans if sp.start <= c < sp.end), None)
+        if holder is not None:
+            ls = max(ls, holder.start)
+        site.mover = _LineMove(d, max(bisect.bisect_right(vstarts, ls) - 1, 0), site.prefix, "", "")
+        return site
+
+    def _values(self, sites: Sequence[_Site], plan: Sequence[Any]) -> None:
+        """Each request's diverging value at each fork it passes through (one pass over those requests): the line
+        at the fork, or the order of its tools."""
+        under: dict[int, list[_Site]] = {}
+        for site in sites:
+            for r in site.took:
+                under.setdefault(r, []).append(site)
+        for r, mine in under.items():
+            req = self.reqs[r]
+            v = self.view(req, plan) if any(s.mover is not None for s in mine) else None
+            tools = _request_tools(req)
+            order = "\n".join(_tool_identity(t) for t in tools) if tools else None
+            for site in mine:
+                if order is not None:
+                    site.tool_orders[r] = site.intern.setdefault(order, order)
+                if site.mover is not None and v is not None:
+                    sp = site.mover.span(v)
+                    val = _value_text(v, sp) if sp is not None else None
+                    if val is not None:
+                        site.values[r] = site.intern.setdefault(val, val)
+
+    def _classify(self, site: _Site) -> tuple[dict, Any]:
+        node, d = site.node, site.d
+        assert node.children is not None
+        requests = len(site.took)
+        distinct = len(set(site.values.values()))
+        base: dict[str, Any] = {"shared_tokens": d, "branches": len(node.children), "requests": requests,
+                                "distinct_values": distinct, "keep": True}
+        a, b = site.a.tokenized(), site.b.tokenized()
+        if a is None or b is None:
+            return {**base, "path": None, "char": None, "cause": "unexplained", "fixable": None, "keep": False,
+                    "message": "token IDs only: no text to compare"}, None
+        loc = a.location(d)
+        path = loc.field
+        if path is not None and re.search(r"(^|\.)tools\[\d+\]$", path):
+            path = re.sub(r"\[\d+\]$", "", path)
+        base.update(path=path if path is not None else ("<template>" if loc.in_template else None),
+                    char=loc.char_offset if loc.char_offset is not None else loc.rendered_char_offset)
+        cause = explain(a, b, d, self.tok)
+        cid = cause.id if cause is not None else None
+        detail = cause.message if cause is not None else ""
+        if cid in _STRUCTURAL:
+            code = FIX_CODES.get(cid)
+            ref = _request_tools(self.reqs[site.a.req.index]) if code in ("FX002", "FX003") else None
+            tools = _Tools(tuple(sorted(_tool_identity(x) for x in ref)), ref, code, cid) if ref and code else None
+            if cid in ("tool_order", "tool_schema_key_order", "tools_changed"):
+                base["distinct_values"] = len(set(site.tool_orders.values()))
+            return {**base, "cause": cid, "fixable": code, "message": detail}, tools
+        base["examples"] = tuple(_short(x) for x in tuple(dict.fromkeys(site.values.values()))[:3])
+        mover = site.mover
+        if mover is None or not _shares_after(mover, site.a, site.b):
+            return {**base, "cause": "different_prompt", "fixable": None,
+                    "keep": sum(1 for c in node.children.values() if c.n >= 2) >= 2,
+                    "message": "the branches share nothing after the fork (different apps or prompts): legitimate, "
+                               "nothing to move"}, None
+        predictor = self._predictor(site)
+        repeats = distinct < requests
+        if predictor is not None:
+            final = "per_user_value"
+        elif cid in ("date_time", "volatile_id") or (cid == "counter" and not repeats) or cid in _TEXTUAL:
+            final = cid
+        elif repeats and distinct >= 2:
+            final = "per_user_value"
+        else:
+            final = cid or "unexplained"
+        code = FIX_CODES.get(final)
+        move = replace(mover, code=code, cause=final) if code in ("FX001", "FX007") else None
+        return {**base, "cause": final, "fixable": code, "predicted_by": predictor,
+                "message": _message(final, distinct, requests, predictor, detail)}, move
+
+    def _predictor(self, site: _Site) -> str | None:
+        """The coarsest log field whose value decides the diverging value (every request has it, each of its
+        values goes with one diverging value, and it repeats), or None."""
+        best: tuple[int, int, str] | None = None
+        for rank, name in enumerate(self.user_fields):
+            seen: dict[Any, str] = {}
+            ok = True
+            for r in site.took:
+                v = site.values.get(r)
+                fv = dict(self.reqs[r].fields).get(name)
+                if v is None or fv is None or seen.setdefault(fv, v) != v:
+                    ok = False
+                    break
+            if ok and len(seen) < len(site.took) and len(set(seen.values())) > 1:
+                cand = (len(seen), rank, name)
+                best = cand if best is None or cand < best else best
+        return best[2] if best is not None else None
+
+
+class _Site:
+    """A fork under analysis: its node, the child each request under it took, the token where the branches
+    split, two representatives that split there, the line move that would fix it, each request's value."""
+
+    def __init__(self, node: _Edge, took: dict[int, _Edge], d: int, prefix: array, a: _View, b: _View):
+        self.node, self.took, self.d, self.prefix, self.a, self.b = node, took, d, prefix, a, b
+        self.key = (d, hash(prefix.tobytes()))
+        self.mover: _LineMove | None = None
+        self.values: dict[int, str] = {}          # request -> the line at the fork
+        self.tool_orders: dict[int, str] = {}     # request -> its tools, in order
+        self.intern: dict[str, str] = {}
+
+
+def _below(node: _Edge, marked: set[int]) -> bool:
+    e = node.parent
+    while e is not None:
+        if id(e) in marked:
+            return True
+        e = e.parent
+    return False
+
+
+def _short(text: str, n: int = 80) -> str:
+    return text if len(text) <= n else text[:n - 3] + "..."
+
+
+def _value_text(v: _View, sp: tuple[int, int, int, int]) -> str:
+    assert v.text is not None
+    return v.text[sp[2]:sp[3]].rstrip("\n")
+
+
+def _shares_after(mover: _LineMove, va: _View, vb: _View) -> bool:
+    """Whether the branches share text after the diverging line: from some line on (within
+    :data:`MAX_SKIPPED_LINES` lines after it in each branch: a block of per-request lines may come first, of
+    another length in each), the next :data:`MIN_SHARED_CHARS` characters are the same."""
+    sa, sb = mover.span(va), mover.span(vb)
+    if sa is None or sb is None or va.text is None or vb.text is None:
+        return False
+    ra = va.text[sa[3]:sa[3] + 20000].split("\n")[:MAX_SKIPPED_LINES + 64]
+    rb = vb.text[sb[3]:sb[3] + 20000].split("\n")[:MAX_SKIPPED_LINES + 64]
+    for i in range(min(MAX_SKIPPED_LINES, len(ra))):
+        x = "\n".join(ra[i:])[:MIN_SHARED_CHARS]
+        for j in range(min(MAX_SKIPPED_LINES, len(rb))):
+            if len(x) == MIN_SHARED_CHARS and "\n".join(rb[j:]).startswith(x):
+                return True
+    return False
+
+
+def _message(cause: str, distinct: int, requests: int, predictor: str | None, detail: str) -> str:
+    if cause == "per_user_value":
+        by = f", predicted by the log field {predictor!r}" if predictor else ""
+        return (f"a value that differs between requests but repeats for the same user or tenant ({distinct} values "
+                f"over {requests} requests{by}) sits inside a prefix they otherwise share: move it after the shared "
+                "part (FX007)")
+    if cause in ("date_time", "volatile_id", "counter"):
+        return (f"a per-request value ({distinct} values over {requests} requests) sits inside a prefix they "
+                f"otherwise share: move it after the shared part (FX001). {detail}").strip()
+    return detail
+
+
+def analyze_forks(requests: Iterable[ForkRequest] | Iterable[tuple[int, Any]], *, tokenizer: Any = None,
+                  block_size: int = 16, capacity_blocks: int | None = None, user_fields: Sequence[str] = USER_FIELDS,
+                  source: str = "", max_forks: int = 32, max_passes: int = 8, max_values: int = 10_000,
+                  add_generation_prompt: bool = True) -> ForkReport:
+    """The shared-prefix tree of a log, its forks, their causes and costs (see the module docstring).
+
+    ``requests``: :class:`ForkRequest` records (a sequence: every counterfactual is a pass over it), or
+    ``(line, value)`` pairs, turned into them here with ``tokenizer`` (:func:`fork_requests`). ``capacity_blocks``
+    adds the at-capacity (vLLM LRU) replays. ``max_forks`` bounds the forks classified per pass (most requests
+    first), ``max_values`` the branches whose values are compared per fork.
+    """
+    if not 1 <= block_size <= 1 << 20:
+        raise UsageError("`block_size` must be between 1 and 1,048,576")
+    items = list(requests) if not isinstance(requests, Sequence) else requests
+    if items and not isinstance(items[0], ForkRequest):
+        items = list(fork_requests(items, source=source, tokenizer=tokenizer, user_fields=user_fields,  # type: ignore[arg-type]
+                                   add_generation_prompt=add_generation_prompt))
+    if not items:
+        raise InputError("no requests", source=source)
+    reqs: Sequence[ForkRequest] = items  # type: ignore[assignment]
+    analyzer = _Analyzer(reqs, tokenizer=tokenizer, block_size=block_size, capacity_blocks=capacity_blocks,
+                         user_fields=user_fields, max_forks=max_forks, max_values=max_values)
+    return analyzer.run(max_passes)
+
+
+__all__ = ["FIX_CODES", "USER_FIELDS", "Fork", "ForkReport", "ForkRequest", "MoveSpan", "PrefixTree", "analyze_forks",
+           "canonical_tokens", "fork_requests", "fork_span"]
