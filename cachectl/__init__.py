@@ -49,6 +49,7 @@ if TYPE_CHECKING:  # the same names, typed, for type checkers (tests/test_packag
     from .engines.lint.templates import lint_template
     from .engines.prefix.curve import CurvePoint, CurveReport, capacity_curve
     from .engines.prefix.fleet import FleetReport, simulate_fleet, simulate_partitions
+    from .engines.prefix.forks import Fork, ForkReport, ForkRequest, analyze_forks, fork_requests
     from .engines.prefix.replay import PrefixReport, RequestHit, TenantStats, simulate
     from .engines.prefix.trace import TraceRequest, iter_trace, trace_records
     from .engines.prefix.value import HitsWorth, hits_worth
