@@ -70,10 +70,9 @@ def command(
         help="Memory budget of one render of a template [default: 256, or render-memory in [tool.cachectl.lint]].")]
     = None,
 ) -> None:
+    from .. import sandbox
     from ..engines import lint
     from ..engines.lint import output as lint_output
-
-    from .. import sandbox
 
     cfg = lint.load_config(config, select=(select or "").split(",") if select else (),
                            ignore=(ignore or "").split(",") if ignore else (), model=model,
