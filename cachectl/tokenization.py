@@ -216,11 +216,16 @@ class TokenizerHandle:
         msgs = list((prompt.messages or ()) if messages is None else messages)
         if not msgs:
             raise InputError("no messages to render", source=prompt.source, line=prompt.line, field="messages")
+        tools = list(prompt.tools) if prompt.tools else None
         try:
-            return self.hf.apply_chat_template(
-                msgs, tools=list(prompt.tools) if prompt.tools else None,
-                add_generation_prompt=add_generation_prompt, tokenize=False, **(template_vars or {}))
-        except Exception as exc:  # jinja2 TemplateError, TypeError from a filter, ...
+            # apply_chat_template(tokenize=False), in the bounded environment: the template transformers
+            # would pick (a "tool_use" one when there are tools), the values it passes, under the render budget
+            source = self.hf.get_chat_template(None, tools)
+            return render_chat_template(_compiled_chat_template(source), msgs, tools=tools,
+                                        add_generation_prompt=add_generation_prompt,
+                                        special_tokens=dict(getattr(self.hf, "special_tokens_map", {}) or {}),
+                                        **(template_vars or {}))
+        except Exception as exc:  # jinja2 TemplateError, TypeError from a filter, the budget, ...
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             if len(msg) > 300:  # e.g. an undefined name thousands of characters long
                 msg = msg[:300] + "..."
@@ -527,23 +532,33 @@ def _load_hub_cached(repo_id: str, chat_template: str | None) -> TokenizerHandle
 
 
 def template_environment():
-    """transformers' own chat-template environment, in an overlay that refuses sandbox escapes.
+    """transformers' own chat-template environment, bounded, in an overlay that refuses sandbox escapes.
 
     The environment is the one ``apply_chat_template`` compiles templates in (``ImmutableSandboxedEnvironment``
     with trim_blocks and lstrip_blocks, jinja2's loopcontrols, the ``{% generation %}`` extension, its
     ``tojson``, ``raise_exception``, ``strftime_now``, ``namespace`` and ``dict``), reached through one
-    compiled template, not rebuilt. The overlay differs in one point: reaching for an unsafe attribute
-    (``__class__``, a mutating method) raises ``SecurityError`` where transformers renders it as undefined,
-    so lint reports the attempt instead of rendering around it. Filters and globals are copied so that
-    nothing set here reaches transformers' own renders.
+    compiled template, not rebuilt. Its templates render under a budget (:mod:`cachectl.sandbox`: wall-clock
+    and memory per render, watched from outside the render, and bounds on the operations that amplify).
+    The overlay differs in one more point: reaching for an unsafe attribute (``__class__``, a mutating
+    method) raises ``SecurityError`` where transformers renders it as undefined, so lint reports the attempt
+    instead of rendering around it. Filters and globals are copied so that nothing set here reaches
+    transformers' own renders.
     """
-    return _template_environment()
+    return _template_environment(strict=True)
+
+
+def chat_environment():
+    """The same bounded environment for rendering a tokenizer's chat template as ``apply_chat_template``
+    does, unsafe attributes undefined as in transformers (:meth:`TokenizerHandle.render_chat`)."""
+    return _template_environment(strict=False)
 
 
 @functools.cache
-def _template_environment():
+def _template_environment(strict: bool):
     _import_transformers()
     from jinja2.exceptions import SecurityError
+
+    from . import sandbox
 
     try:
         from transformers.utils.chat_template_utils import _compile_jinja_template
@@ -552,38 +567,18 @@ def _template_environment():
                              "(transformers.utils.chat_template_utils._compile_jinja_template); install the "
                              "version constraints.txt names") from None
     base = _compile_jinja_template("").environment
-    env = base.overlay()
-    env.filters = dict(base.filters)
-    env.globals = dict(base.globals)
+    env = sandbox.apply(base.overlay(), base)
+    if strict:
+        def unsafe_undefined(obj: Any, attribute: str) -> Any:
+            raise SecurityError(f"access to {attribute!r} of a {type(obj).__name__} is refused by the sandbox")
 
-    def unsafe_undefined(obj: Any, attribute: str) -> Any:
-        raise SecurityError(f"access to {attribute!r} of a {type(obj).__name__} is refused by the sandbox")
-
-    env.unsafe_undefined = unsafe_undefined
-
-    def bounded_binop(context: Any, operator: str, left: Any, right: Any) -> Any:
-        """``*`` and ``**`` whose result would be huge ('%s' * 10**9, 9**9**9) are refused, not computed: a
-        template must not exhaust the machine that lints it."""
-        if operator == "*":
-            for seq, n in ((left, right), (right, left)):
-                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > _MAX_RENDERED:
-                    raise SecurityError(f"a repetition of {len(seq):,} x {n:,} items is refused by the sandbox")
-            return left * right
-        if operator == "**":
-            if isinstance(left, int) and isinstance(right, int) and right > 0 and \
-                    abs(left).bit_length() * right > 8 * _MAX_RENDERED:
-                raise SecurityError(f"a power with a {abs(left).bit_length() * right:,}-bit result is refused "
-                                    "by the sandbox")
-            return left ** right
-        return base.call_binop(context, operator, left, right)
-
-    env.intercepted_binops = frozenset(["*", "**"])
-    env.call_binop = bounded_binop
+        env.unsafe_undefined = unsafe_undefined
     return env
 
 
-#: the largest string or list a template may build by repetition while lint renders it
-_MAX_RENDERED = 10_000_000
+@functools.lru_cache(maxsize=64)
+def _compiled_chat_template(source: str) -> Any:
+    return chat_environment().from_string(source)
 
 
 def template_data(value: Any) -> Any:

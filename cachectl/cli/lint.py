@@ -27,7 +27,8 @@ Every file is reported: its findings, or one error line (file:line) when it coul
 others are checked all the same. Exit codes: the worst outcome, 0 clean, 1 findings, 2 when a file could
 not be checked or a PATH holds no lintable file (--exit-zero: 0 with findings, still 2 on errors).
 Ignore a rule on a line with a Jinja comment {# cachectl: ignore[CC001] #} on it or the line before;
-configure in [tool.cachectl.lint] of pyproject.toml (select, ignore, per-file-ignores, model, tail-tokens).
+configure in [tool.cachectl.lint] of pyproject.toml (select, ignore, per-file-ignores, model, tail-tokens,
+render-timeout, render-memory). Each render of a template runs under a budget (5 s and 256 MB by default).
 --fix applies the safe template fixes in place (CC006: tojson(sort_keys=true) on tool schemas) and prints
 their unified diff, then reports what remains (exit 1 when findings remain); --diff prints the diff
 without writing (exit 1 when there is something to fix), as ruff does.
@@ -60,11 +61,22 @@ def command(
                                                     "then report the findings that remain.")] = False,
     diff: Annotated[bool, typer.Option("--diff", help="Print the diff of the safe fixes without writing them "
                                                       "(exit 1 when there is something to fix).")] = False,
+    render_timeout: Annotated[float | None, typer.Option(
+        "--render-timeout", metavar="SECONDS", show_default=False,
+        help="Wall-clock budget of one render of a template [default: 5, or render-timeout in [tool.cachectl.lint]]; "
+             "past it, the file is one error line and lint goes on.")] = None,
+    render_memory: Annotated[int | None, typer.Option(
+        "--render-memory", metavar="MB", show_default=False,
+        help="Memory budget of one render of a template [default: 256, or render-memory in [tool.cachectl.lint]].")]
+    = None,
 ) -> None:
+    from .. import sandbox
     from ..engines import lint
 
     cfg = lint.load_config(config, select=(select or "").split(",") if select else (),
-                           ignore=(ignore or "").split(",") if ignore else (), model=model)
+                           ignore=(ignore or "").split(",") if ignore else (), model=model,
+                           render_timeout=render_timeout, render_memory=render_memory)
+    sandbox.set_hard_stop(_hard_stop)
     min_tokens = None
     if cfg.model:
         from ..engines.provider.prices import PriceTable, UnknownModelError
@@ -151,6 +163,16 @@ def _emit(report, fmt: LintFormat) -> None:
         _render_text(report)
     for e in report.errors:  # one line each on stderr too, whatever the format
         typer.echo(f"cachectl: error: {e.describe()}", err=True)
+
+
+def _hard_stop(message: str) -> None:
+    """A render over budget that reaches no checkpoint (stuck inside one operation): one line, exit 2."""
+    import os
+    import sys
+
+    sys.stderr.write(f"cachectl: error: {' '.join(message.split())}\n")
+    sys.stderr.flush()
+    os._exit(EXIT_ERROR)
 
 
 def _render_text(report) -> None:

@@ -67,6 +67,46 @@ def scan_offsets(text: str) -> tuple[dict[str, int], dict[str, int]]:
     return values, keys
 
 
+def first_duplicate(text: str) -> tuple[str, str, int] | None:
+    """``(path, key, offset)`` of the first object member whose key its object already has (``path`` is the
+    member's, ``offset`` its key's), or None. A slow scan, for texts a parser found a duplicate in."""
+    # stack entries: [path, is_array, next_index, pending_key, keys seen]
+    stack: list[list] = []
+    for m in _TOKEN.finditer(text):
+        tok = m.group(0)
+        if tok in ",:":
+            continue
+        if tok in "}]":
+            if stack:
+                stack.pop()
+            continue
+        top = stack[-1] if stack else None
+        if top is not None and not top[1] and top[3] is None:
+            if tok.startswith('"'):
+                try:
+                    key = json.loads(tok)
+                except ValueError:
+                    key = tok[1:-1]
+                if key in top[4]:
+                    return child(top[0], key), key, m.start()
+                top[4].add(key)
+                top[3] = key
+            continue
+        if top is None:
+            path = ""
+        elif top[1]:
+            path = child(top[0], top[2])
+            top[2] += 1
+        else:
+            path = child(top[0], top[3])
+            top[3] = None
+        if tok == "{":
+            stack.append([path, False, 0, None, set()])
+        elif tok == "[":
+            stack.append([path, True, 0, None, set()])
+    return None
+
+
 def value_offsets(text: str) -> dict[str, int]:
     """Offset of the first character of every value, keyed by its path (the root is ``""``)."""
     return scan_offsets(text)[0]

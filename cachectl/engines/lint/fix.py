@@ -224,6 +224,7 @@ def fix_paths(paths: Sequence[str], config: LintConfig) -> FixResult:
     """
     from ...inputs import decode_text, read_bytes
     from ...inputs.files import compression
+    from ...sandbox import budget, site
 
     out: list[FileFix] = []
     errors: list[str] = []
@@ -248,10 +249,11 @@ def fix_paths(paths: Sequence[str], config: LintConfig) -> FixResult:
             try:
                 data, source = read_bytes(str(f))
                 text = decode_text(data, source)
-                if kind.name.endswith(TEMPLATE_SUFFIXES):
-                    fixed, edits = fix_template(str(f), text, config)
-                else:
-                    fixed, edits = _fix_tokenizer_config(str(f), text, config)
+                with budget(config.budget()), site(str(f)):  # each render of the fix's checks, under the budget
+                    if kind.name.endswith(TEMPLATE_SUFFIXES):
+                        fixed, edits = fix_template(str(f), text, config)
+                    else:
+                        fixed, edits = _fix_tokenizer_config(str(f), text, config)
             except CachectlError as exc:
                 errors.append(str(exc))
                 continue

@@ -7,7 +7,7 @@ import fnmatch
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from ...errors import InputError, UsageError
 
@@ -187,6 +187,14 @@ class LintConfig:
     model: str | None = None
     tail_tokens: int = 64          # stable tokens after a volatile value that make it a finding
     source: str | None = None      # the pyproject.toml read, for errors about its values
+    render_timeout: float = 5.0    # seconds of wall-clock time one render of a template may take
+    render_memory: int = 256       # MB of memory one render of a template may take
+
+    def budget(self) -> Any:
+        """The :class:`cachectl.sandbox.RenderBudget` templates render under."""
+        from ...sandbox import RenderBudget
+
+        return RenderBudget(self.render_timeout, self.render_memory * 2 ** 20)
 
     def enabled(self, rule: str, path: str) -> bool:
         if rule not in self.select:
@@ -208,7 +216,8 @@ def _rule_ids(values: Iterable[str], where: str) -> frozenset[str]:
 
 
 def load_config(pyproject: str | None, *, select: Sequence[str] = (), ignore: Sequence[str] = (),
-                model: str | None = None) -> LintConfig:
+                model: str | None = None, render_timeout: float | None = None,
+                render_memory: int | None = None) -> LintConfig:
     """``[tool.cachectl.lint]`` from a pyproject.toml (if given or found), then the command-line options."""
     table: dict = {}
     source = pyproject
@@ -272,8 +281,20 @@ def load_config(pyproject: str | None, *, select: Sequence[str] = (), ignore: Se
     cfg_model = table.get("model")
     if cfg_model is not None and not isinstance(cfg_model, str):
         raise InputError(f"expected a model name, got {cfg_model!r:.60}", source=source, field="tool.cachectl.lint.model")
+    def number(key: str, given: Any, default: float, lo: float, hi: float, whole: bool) -> Any:
+        value = table.get(key, default) if given is None else given
+        kinds = (int,) if whole else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kinds) or not lo <= value <= hi:
+            what = f"expected a whole number from {lo:g} to {hi:,g}" if whole else f"expected seconds, above 0 and at most {hi:g}"
+            if given is not None:
+                raise UsageError(f"--{key}: {what}, got {value!r:.60}")
+            raise InputError(f"{what}, got {value!r:.60}", source=source, field=f"tool.cachectl.lint.{key}")
+        return value
+
+    timeout = float(number("render-timeout", render_timeout, 5.0, 1e-3, 3600, whole=False))
+    memory = int(number("render-memory", render_memory, 256, 16, 1_000_000, whole=True))
     return LintConfig(select=chosen, per_file_ignores=tuple(per_file), model=model or cfg_model, tail_tokens=tail,
-                      source=source)
+                      source=source, render_timeout=timeout, render_memory=memory)
 
 
 # ------------------------------------------------------------------------------------------- filter

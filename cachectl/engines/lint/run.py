@@ -55,6 +55,16 @@ def lint_paths(paths: Sequence[str], config: LintConfig, tokenizer: Any = None,
     others are still checked; a path that holds no lintable file is an error too."""
     count = (lambda text: len(tokenizer.backend.encode(text, add_special_tokens=False).ids)) if tokenizer \
         else (lambda text: max(1, len(text) // 4))
+    from ...sandbox import budget
+
+    with budget(config.budget()):
+        return _lint_paths(paths, config, tokenizer, min_tokens, count)
+
+
+def _lint_paths(paths: Sequence[str], config: LintConfig, tokenizer: Any, min_tokens: int | None,
+                count: Callable[[str], int]) -> LintReport:
+    from ...sandbox import site
+
     findings: list[Finding] = []
     errors: list[FileError] = []
     checked = 0
@@ -67,7 +77,8 @@ def lint_paths(paths: Sequence[str], config: LintConfig, tokenizer: Any = None,
         linted = 0
         for f in files:
             try:
-                found = _lint_file(f, config, tokenizer, min_tokens, count, named=Path(raw).is_file())
+                with site(str(f)):
+                    found = _lint_file(f, config, tokenizer, min_tokens, count, named=Path(raw).is_file())
             except CachectlError as exc:
                 errors.append(_file_error(exc, str(f)))
                 linted += 1

@@ -390,18 +390,28 @@ _SAMPLE_TOOLS = [{"type": "function", "function": {
 _SAMPLE_SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>"}
 
 
+def _as_blocks(msgs: Sequence[dict]) -> list[dict]:
+    return [{**m, "content": [{"type": "text", "text": m["content"]}]} for m in msgs]
+
+
 def _sample_variants() -> list[tuple[str, list[dict], list[dict] | None]]:
-    """lint's sample conversation, then the forms a template's own constraints may demand."""
+    """lint's sample conversation, then the forms a template's own constraints may demand: every form with
+    string ``content`` first (a template written for strings, ``{% set content = bos_token + content %}``,
+    renders a list of blocks as its repr or fails on it), then the same with content blocks, for templates
+    that read only ``content[0].text``."""
     folded = [{"role": "user", "content": _SAMPLE_CHAT[0]["content"] + "\n\n" + _SAMPLE_CHAT[1]["content"]}]
     folded += _SAMPLE_CHAT[2:]
     no_system = _SAMPLE_CHAT[1:]
-    return [
+    plain = [
         ("the sample conversation", _SAMPLE_CHAT, None),
         ("without a system message", no_system, None),
         ("with the system message folded into the first user turn (strict alternation)", folded, None),
         ("with tools", _SAMPLE_CHAT, _SAMPLE_TOOLS),
         ("with tools, without a system message", no_system, _SAMPLE_TOOLS),
     ]
+    return plain + [(f"{what}, with content blocks" if what != "the sample conversation" else
+                     "the sample conversation with content blocks", _as_blocks(msgs), tools)
+                    for what, msgs, tools in plain[:3]]
 
 
 def _first_turn(msgs: Sequence[dict]) -> int:
@@ -450,7 +460,7 @@ def chat_sample(path: str, template: Any, tokenizer: Any = None, clock_reads: li
     assert first_error is not None
     raise InputError(f"{first_error.message} (the chat template rejects each of the {len(_sample_variants())} forms "
                      "of lint's sample conversation: with and without a system message, strict alternation, with "
-                     "and without tools)", source=path, line=first_error.line)
+                     "and without tools, string content and content blocks)", source=path, line=first_error.line)
 
 
 def _chat_dynamic(path, template, source, add, tokenizer=None, clock_reads: list | None = None) -> None:
