@@ -8,8 +8,10 @@ and layers without attention KV (linear attention, Mamba) counted as zero.
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
+import warnings
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -125,8 +127,120 @@ def check_config(config: dict, source: str = "config.json") -> None:
                              "no head_dim", source=source, field="hidden_size")
 
 
-def _text_config(config: dict) -> dict:
+def _raw_text_config(config: dict) -> dict:
     return config["text_config"] if isinstance(config.get("text_config"), dict) else config
+
+
+# ------------------------------------------------------------------------------- transformers' reading
+
+#: generic field names read from transformers' configuration object (its ``attribute_map`` turns GPT-2's
+#: ``n_head`` or DBRX's ``d_model`` into them; properties such as Falcon's ``head_dim`` count too)
+_GENERIC_FIELDS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size", "head_dim",
+                   "intermediate_size", "vocab_size", "max_position_embeddings", "sliding_window", "layer_types",
+                   "kv_lora_rank", "qk_rope_head_dim", "tie_word_embeddings")
+#: legacy names (Falcon's RefinedWeb configs, GPT-2 style) read when transformers cannot read the config
+_LEGACY_ALIASES = {"n_layer": "num_hidden_layers", "n_layers": "num_hidden_layers", "n_head": "num_attention_heads",
+                   "n_heads": "num_attention_heads", "n_embd": "hidden_size", "n_embed": "hidden_size",
+                   "d_model": "hidden_size", "n_head_kv": "num_key_value_heads", "num_kv_heads": "num_key_value_heads",
+                   "n_positions": "max_position_embeddings"}
+#: marks a config translated by cachectl itself (from GGUF metadata): its fields are cachectl's, not a
+#: transformers configuration class's, so it is read field by field
+FROM_GGUF = "cachectl_from_gguf"
+
+
+def _kv_heads_as_the_model_builds_them(model_type: str, d: dict) -> int | None:
+    """KV heads where transformers' attention module derives them from legacy fields rather than from
+    ``num_key_value_heads`` (checked against the caches of random-weight models in tests/test_kv_corpus.py)."""
+    heads = d.get("num_attention_heads")
+    if model_type == "falcon":  # FalconAttention: num_kv_heads if new_decoder_architecture or not multi_query, else 1
+        if d.get("new_decoder_architecture") or not d.get("multi_query"):
+            return d.get("num_kv_heads") or heads
+        return 1
+    if model_type == "gpt_bigcode":  # multi_query: one K/V head shared by all query heads
+        return 1 if d.get("multi_query", True) else heads
+    if model_type == "dbrx" and isinstance(d.get("attn_config"), dict):
+        return d["attn_config"].get("kv_n_heads") or heads
+    return None
+
+
+def _legacy_reading(cfg: dict) -> dict:
+    """Today's field-by-field reading, with the legacy names of older configs (RefinedWeb, GPT-2 style)."""
+    out = dict(cfg)
+    for old, new in _LEGACY_ALIASES.items():
+        if old in cfg and out.get(new) is None:
+            out[new] = cfg[old]
+    if cfg.get("multi_query") is True and not cfg.get("new_decoder_architecture") and "num_key_value_heads" not in cfg:
+        out["num_key_value_heads"] = 1  # multi-query attention: one K/V head
+    return out
+
+
+@functools.lru_cache(maxsize=128)
+def _read_json_config(text: str) -> tuple[dict, str | None]:
+    config = json.loads(text)
+    raw = _raw_text_config(config)
+    mt = config.get("model_type")
+    if config.get(FROM_GGUF):
+        return _legacy_reading(raw), None
+    if not isinstance(mt, str) or not mt:
+        return _legacy_reading(raw), ("the config has no model_type: read field by field (transformers' "
+                                      "configuration classes not consulted)")
+    try:
+        import transformers
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    except ImportError:
+        return _legacy_reading(raw), f"transformers is not installed: the {mt} config is read field by field"
+    if mt not in CONFIG_MAPPING_NAMES:
+        return _legacy_reading(raw), (f"transformers {transformers.__version__} does not know model_type {mt!r}: "
+                                      "the config is read field by field (legacy names included)")
+    kwargs = {k: v for k, v in config.items() if k != "model_type"}
+    previous = transformers.utils.logging.get_verbosity()
+    transformers.utils.logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            hf = transformers.AutoConfig.for_model(mt, **kwargs)
+            text = hf.get_text_config(decoder=True) if hasattr(hf, "get_text_config") else hf
+            d = text.to_dict()
+            for name in _GENERIC_FIELDS:
+                try:
+                    value = getattr(text, name)
+                except AttributeError:
+                    continue
+                if isinstance(value, (int, float, str, list, tuple)) or value is None:
+                    d[name] = list(value) if isinstance(value, tuple) else value
+    except Exception as exc:  # a config its class refuses: today's reading, said
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:160]
+        return _legacy_reading(raw), (f"transformers' {mt} configuration class refused the config ({first}): read "
+                                      "field by field")
+    finally:
+        transformers.utils.logging.set_verbosity(previous)
+    text_type = str(d.get("model_type") or mt)
+    kv = _kv_heads_as_the_model_builds_them(text_type, d)
+    if kv is not None:
+        d["num_key_value_heads"] = kv
+    d["model_type"] = text_type
+    return d, None
+
+
+def _normalized(config: dict) -> tuple[dict, str | None]:
+    """``(text config as transformers reads it, note)``: the configuration class of the model type
+    (``AutoConfig.for_model``), so legacy fields, class defaults and composite configs mean what they mean to
+    transformers; the note says when the config was read field by field instead."""
+    try:
+        text = json.dumps(config, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        return _legacy_reading(_raw_text_config(config)), "the config is not JSON: read field by field"
+    return _read_json_config(text)
+
+
+def _text_config(config: dict) -> dict:
+    return _normalized(config)[0]
+
+
+def config_note(config: dict) -> str | None:
+    """Why the config was read field by field rather than through transformers' configuration class (None when
+    it was read through it)."""
+    return _normalized(config)[1]
 
 
 def model_type(config: dict) -> str:
@@ -136,12 +250,12 @@ def model_type(config: dict) -> str:
 
 def is_encoder_only(config: dict) -> bool:
     """A bidirectional encoder (BERT-style): no KV cache is kept between tokens."""
-    cfg = _text_config(config)
+    cfg = _raw_text_config(config)
     if cfg.get("is_causal") is False or config.get("causal_attention") is False:
         return True
     if cfg.get("is_decoder") is True or cfg.get("is_encoder_decoder") is True:
         return False
-    return model_type(config).lower() in ENCODER_ONLY
+    return str(cfg.get("model_type") or config.get("model_type") or "").lower() in ENCODER_ONLY
 
 
 def layer_types(config: dict, source: str = "config.json") -> list[str]:
@@ -279,11 +393,13 @@ def kv_bytes(groups: tuple[LayerGroup, ...], tokens: int) -> float:
 
 def tied_embeddings(config: dict) -> tuple[bool, str]:
     """Whether the output head shares the embedding matrix, and where that came from."""
-    cfg = _text_config(config)
-    for c in (cfg, config):
+    raw = _raw_text_config(config)
+    for c in (raw, config):
         if isinstance(c.get("tie_word_embeddings"), bool):
             return c["tie_word_embeddings"], "config"
     mt = model_type(config)
+    if config_note(config) is None and isinstance(_text_config(config).get("tie_word_embeddings"), bool):
+        return _text_config(config)["tie_word_embeddings"], f"the {mt} default"  # its configuration class's
     table = _data("model_defaults.json")["tie_word_embeddings"]
     if mt in table:
         return bool(table[mt]), f"the {mt} default"
@@ -496,6 +612,7 @@ def read_gguf_config(path: str) -> dict:
     if "token_embd.weight" in tensors:  # llama.cpp stores no output.weight when the head is tied
         config["tie_word_embeddings"] = "output.weight" not in tensors
     config = {k: v for k, v in config.items() if v is not None}
+    config[FROM_GGUF] = True  # cachectl's own field names: read field by field, not through transformers
     if isinstance(kv, list):  # per-layer KV head counts; 0 marks a layer without attention KV (Mamba, ...)
         if not kv or any(isinstance(h, bool) or not isinstance(h, int) or h < 0 for h in kv):
             raise InputError("expected per-layer KV-head counts (non-negative integers)", source=path,
