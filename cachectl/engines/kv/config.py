@@ -763,6 +763,9 @@ def inspect_config(config: dict, *, model: str, source: str, dtype: str = "bf16"
     shape = kv_shape(config, dtype, source)
     groups = layer_groups(config, dtype, source)
     notes: list[str] = []
+    read_note = config_note(config)
+    if read_note:
+        notes.append(read_note)
     bandwidth = None
     if gpu is not None:
         table = gpu_table()
