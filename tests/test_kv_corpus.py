@@ -176,3 +176,43 @@ def test_falcon_new_decoder_architecture_transformers_caches_repeated_kv_heads()
     assert run.layers[0].keys_shape[1] == 8                                     # the query heads, not 2
     groups = kvmath.layer_groups({**config, "model_type": "falcon"}, run.dtype)
     assert run.measured_bytes == 4 * kvmath.kv_bytes(groups, run.seq_length)
+
+
+@pytest.mark.parametrize("name", sorted(SCALED))
+def test_parameter_counts_equal_the_models_transformers_builds(name):
+    model = build(name)
+    count = kvmath.count_params(scaled(name))
+    assert count is not None
+    assert count.approximate is None or name == "gemma-3-4b-it" and "vision_config" in count.approximate
+    assert count.total == sum(p.numel() for p in model.parameters()), name
+    assert count.active <= count.total and (count.active < count.total) == (count.experts > 0)
+
+
+def test_mixtral_on_an_a100_does_not_fit_and_says_so():
+    # 46.70B parameters, every expert in memory: 86.99 GiB of bf16 weights > 80 GiB x 0.9
+    r = kvmath.inspect_config(published("mixtral-8x7b-v0.1"), model="mixtral", source="s", contexts=(4096,),
+                              gpu_memory=80 * kvmath.GIB)
+    assert r.params == 46_702_792_704 and r.active_params == 12_879_925_248       # published: 46.7B, 12.9B
+    assert r.weights_bytes == 46_702_792_704 * 2 and r.kv_budget_bytes == 0
+    assert r.weights_fit is False and r.contexts[0].max_sequences == 0
+    assert len(r.findings) == 1 and "do not fit" in r.findings[0] and "86.99 GiB" in r.findings[0]
+    assert "all" not in r.weights_source and "every one of the 8 experts of 32 MoE layers" in r.weights_source
+    h200 = kvmath.inspect_config(published("mixtral-8x7b-v0.1"), model="mixtral", source="s", gpu="H200")
+    assert h200.weights_fit is True and not h200.findings and h200.kv_budget_bytes > 0
+    # the decode bound reads the parameters a token goes through
+    assert any("12.9B parameters active per token" in n for n in h200.notes)
+
+
+def test_published_parameter_counts():
+    # the counts the model cards publish (total; active per token for MoE)
+    def count(name):
+        c = kvmath.count_params(published(name))
+        return round(c.total / 1e9, 1), round(c.active / 1e9, 1)
+
+    assert kvmath.count_params(published("llama-3.1-8b")).total == 8_030_261_248
+    assert kvmath.count_params(published("gpt2")).total == 124_439_808
+    assert count("mixtral-8x7b-v0.1") == (46.7, 12.9)
+    assert count("qwen1.5-moe-a2.7b") == (14.3, 2.7)
+    assert count("qwen3-30b-a3b") == (30.5, 3.4)        # published 30.5B / 3.3B
+    assert count("deepseek-v3")[0] == 671.0              # published 671B (+14B of the MTP module, not counted)
+    assert count("falcon-7b")[0] == 6.9 and count("mistral-7b-v0.1")[0] == 7.2
