@@ -363,11 +363,11 @@ class _Node:
 class RadixHandle:
     """What a request admitted by :meth:`RadixCache.admit` holds until :meth:`RadixCache.release`."""
 
-    __slots__ = ("hit", "path", "tail")
+    __slots__ = ("hit", "node", "tail")
 
-    def __init__(self, hit: int, path: list[_Node], tail: int):
+    def __init__(self, hit: int, node: _Node, tail: int):
         self.hit = hit                # cached tokens reused (whole pages, at most L - 1)
-        self.path = path              # the locked nodes of its prompt
+        self.node = node              # the last node of its prompt: it and its ancestors are locked
         self.tail = tail              # tokens of its partial last page (held, never inserted)
 
 
@@ -480,13 +480,20 @@ class RadixCache:
             path.append(leaf)
         return prefix, path
 
-    def lock(self, path: list[_Node]) -> None:
-        for nd in path:
-            nd.lock += 1
+    @staticmethod
+    def lock(node: _Node) -> None:
+        """``inc_lock_ref``: the node and its ancestors (a split later copies the count to the new parent, so
+        walking up from the same node always unlocks what was locked)."""
+        while node.parent is not None:
+            node.lock += 1
+            node = node.parent
 
-    def unlock(self, path: list[_Node]) -> None:
-        for nd in path:
-            nd.lock -= 1
+    @staticmethod
+    def unlock(node: _Node) -> None:
+        """``dec_lock_ref``."""
+        while node.parent is not None:
+            node.lock -= 1
+            node = node.parent
 
     def _nodes(self):
         stack = list(self.roots.values())
@@ -528,18 +535,20 @@ class RadixCache:
         p, n = self.page, len(tokens)
         hit, path = self.match(tokens[:max(n - 1, 0)], salt)
         need = -(-n // p) * p - hit                   # the pages of the tokens to compute
-        self.lock(path)
+        last = path[-1] if path else self._root(salt)
+        self.lock(last)
         if self.capacity is not None:
             short = need - (self.capacity - self.size - self.held)
             if short > 0:
                 self.evict(short)
                 if need > self.capacity - self.size - self.held:
-                    self.unlock(path)
+                    self.unlock(last)
                     return None
             self.peak = max(self.peak, self.size + self.held + need)
-        self.unlock(path)
+        self.unlock(last)
         _, full = self.insert(tokens, salt, tenant)
-        self.lock(full)
+        end = full[-1] if full else self._root(salt)
+        self.lock(end)
         tail = n % p and p                            # the partial last page stays with the request
         self.held += tail
         if self.capacity is None:
@@ -547,11 +556,11 @@ class RadixCache:
         for nd in path:
             if nd.owner != tenant:
                 self.cross_tenant_tokens += len(nd.key)
-        return RadixHandle(hit, full, tail)
+        return RadixHandle(hit, end, tail)
 
     def release(self, handle: RadixHandle) -> None:
         """The request finished: its path is unlocked (stays cached) and its partial last page freed."""
-        self.unlock(handle.path)
+        self.unlock(handle.node)
         self.held -= handle.tail
 
 
