@@ -10,6 +10,7 @@ import typer
 
 from ..errors import UsageError
 from .common import (
+    EXIT_FINDING,
     EXIT_OK,
     BlockSizeOpt,
     CacheKind,
@@ -119,7 +120,7 @@ def command(
     else:
         _render(report, kvmath.human_bytes)
         _render_live_extras(report)
-    raise typer.Exit(EXIT_OK)
+    raise typer.Exit(EXIT_FINDING if report.findings else EXIT_OK)
 
 
 command.__doc__ = HELP
@@ -306,6 +307,8 @@ def _render(r, hb) -> None:
         stdout.print(f"{where}KV budget {hb(r.kv_budget_bytes)} = {hb(r.gpu_memory_bytes)} x "
                      f"{r.gpu_memory_utilization:g} - weights: {r.vllm_blocks:,} vLLM blocks of {r.block_size} tokens"
                      if r.vllm_blocks is not None else f"{where}KV budget {hb(r.kv_budget_bytes)}", soft_wrap=True)
+    for finding in r.findings:
+        stdout.print(f"finding: {finding}", markup=False, soft_wrap=True)
     for note in r.notes:
         stdout.print(f"note: {note}", markup=False, soft_wrap=True)
     if r.run is not None:
