@@ -8,12 +8,14 @@ config arithmetic counts.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
 from cachectl.engines.kv import config as kvmath
 
-from .conftest import FIXTURES
+from .conftest import FIXTURES, ROOT
 
 CONFIGS = FIXTURES / "configs"
 PROMPT = list(range(3, 23))        # 20 tokens, past every scaled sliding window (8)
@@ -224,3 +226,28 @@ def test_published_parameter_counts():
     assert count("qwen3-30b-a3b") == (30.5, 3.4)        # published 30.5B / 3.3B
     assert count("deepseek-v3")[0] == 671.0              # published 671B (+14B of the MTP module, not counted)
     assert count("falcon-7b")[0] == 6.9 and count("mistral-7b-v0.1")[0] == 7.2
+
+
+def test_the_shipped_catalog_readings_are_what_transformers_reads():
+    """kv-inspect answers a catalog name from cachectl/data/catalog_readings.json instead of importing
+    transformers (and torch): the file must hold exactly what the installed transformers makes of each config,
+    for every catalog model it reads through its configuration class (rerun fixtures/make_catalog_readings.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_catalog_readings",
+                                                  ROOT / "fixtures" / "make_catalog_readings.py")
+    assert spec and spec.loader
+    maker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(maker)
+    shipped = json.loads((ROOT / "cachectl" / "data" / kvmath.READINGS).read_text(encoding="utf-8"))["readings"]
+    assert shipped == json.loads(json.dumps(maker.readings()))
+    assert {e["catalog"] for e in shipped.values()} == set(kvmath.catalog())
+
+
+def test_a_catalog_name_is_read_without_importing_transformers():
+    code = ("import sys; from cachectl.engines.kv import config as c; "
+            "cfg, src, _ = c.resolve_model('llama-3.1-8b'); c.inspect_config(cfg, model='llama-3.1-8b', source=src); "
+            "print('transformers' in sys.modules, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]

@@ -9,6 +9,7 @@ and layers without attention KV (linear attention, Mamba) counted as zero.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import struct
 import warnings
@@ -174,8 +175,39 @@ def _legacy_reading(cfg: dict) -> dict:
     return out
 
 
+#: the shipped catalog's configs as transformers reads them (``cachectl/data/catalog_readings.json``, written by
+#: ``fixtures/make_catalog_readings.py`` through :func:`_read_through_transformers`, and checked against the installed
+#: transformers by tests/test_kv_corpus.py): a catalog name is answered without importing transformers, which
+#: imports torch (about 2 s of start-up)
+READINGS = "catalog_readings.json"
+
+
+def reading_key(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@functools.cache
+def _shipped_readings() -> dict[str, dict]:
+    try:
+        return {key: entry["reading"] for key, entry in _data(READINGS)["readings"].items()}
+    except FileNotFoundError:
+        return {}
+
+
+def config_text(config: dict) -> str:
+    """The canonical JSON text a config is read (and its reading cached) by."""
+    return json.dumps(config, sort_keys=True, default=str)
+
+
 @functools.lru_cache(maxsize=128)
 def _read_json_config(text: str) -> tuple[dict, str | None]:
+    shipped = _shipped_readings().get(reading_key(text))
+    if shipped is not None:
+        return dict(shipped), None
+    return _read_through_transformers(text)
+
+
+def _read_through_transformers(text: str) -> tuple[dict, str | None]:
     config = json.loads(text)
     raw = _raw_text_config(config)
     mt = config.get("model_type")
@@ -227,7 +259,7 @@ def _normalized(config: dict) -> tuple[dict, str | None]:
     (``AutoConfig.for_model``), so legacy fields, class defaults and composite configs mean what they mean to
     transformers; the note says when the config was read field by field instead."""
     try:
-        text = json.dumps(config, sort_keys=True, default=str)
+        text = config_text(config)
     except (TypeError, ValueError):
         return _legacy_reading(_raw_text_config(config)), "the config is not JSON: read field by field"
     return _read_json_config(text)
