@@ -219,3 +219,13 @@ def test_fix_turns_the_implicit_fixture_into_the_breakpoint_fixture(cli, tmp_pat
     assert (b["cache_read_tokens"], a["cache_read_tokens"]) == (0, 4 * 9047)
     assert a["cost_usd"] < b["cost_usd"] and b["cost_usd"] > b["uncached_cost_usd"]
 
+
+def test_model_as_is_named_by_its_flag(cli, tmp_path):
+    # the engine's note names its parameter (`model_as`); the CLI shows the flag, and refuses an unknown NAME there
+    log = tmp_path / "r.jsonl"
+    log.write_text(json.dumps({"model": "gpt-5.6-solar", "usage": {"prompt_tokens": 10, "completion_tokens": 1}})
+                   + "\n")
+    ok = cli("prompt-cost", "--usage", log, "--model-as", MODEL)
+    assert ok.exit_code == 0 and "with its cache rules (--model-as)" in ok.stdout and "`model_as`" not in ok.stdout
+    bad = cli("prompt-cost", "--usage", log, "--model-as", "gpt-nope")
+    assert bad.exit_code == 2 and "--model-as: unknown model 'gpt-nope'" in bad.stderr
