@@ -285,8 +285,9 @@ def _write_bytes(data: bytes) -> None:
         _reader_gone()
 
 
-def check_price_model(table: Any, model: str | None) -> None:
-    """Refuse an unknown --model before any work, pointing at the one command that lists the price table."""
+def check_price_model(table: Any, model: str | None, flag: str = "--model") -> None:
+    """Refuse an unknown --model (or ``flag``) before any work, pointing at the one command that lists the price
+    table."""
     from ..engines.provider.prices import UnknownModelError
 
     if model is None:
@@ -295,7 +296,7 @@ def check_price_model(table: Any, model: str | None) -> None:
         table.lookup(model)
     except UnknownModelError as exc:
         hint = str(exc).split(" (see the price table")[0]
-        raise UsageError(f"--model: {hint} (the price table: cachectl prompt-cost --list-models)") from None
+        raise UsageError(f"{flag}: {hint} (the price table: cachectl prompt-cost --list-models)") from None
 
 
 def check_output(path: str, flag: str, *inputs: str) -> None:
@@ -394,7 +395,7 @@ PARAM_FLAGS = {
     "concurrency": "--concurrency", "recompute_ratio": "--recompute-ratio", "hash": "--hash",
     "select": "--select", "ignore": "--ignore", "as_kind": "--as", "warmup": "--warmup",
     "contexts": "--context-lengths", "prefix_tokens": "--prefix-tokens", "suffix_tokens": "--suffix-tokens",
-    "output_tokens": "--output-tokens", "calls": "--calls",
+    "output_tokens": "--output-tokens", "calls": "--calls", "model_as": "--model-as",
 }
 
 

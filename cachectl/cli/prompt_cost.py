@@ -8,7 +8,18 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import UsageError
-from .common import EXIT_OK, Format, FormatOpt, TokenizerOpt, Ttl, check_price_model, emit_json, handle_errors, stdout
+from .common import (
+    EXIT_OK,
+    Format,
+    FormatOpt,
+    TokenizerOpt,
+    Ttl,
+    check_price_model,
+    emit_json,
+    flags_for_params,
+    handle_errors,
+    stdout,
+)
 
 HELP = """What provider prompt caching costs and saves.
 
@@ -64,7 +75,7 @@ def command(
                          "or --list-models")
     mode = modes[0]
     if model_as is not None:
-        check_price_model(table, model_as)
+        check_price_model(table, model_as, "--model-as")
     if mode == "list":
         _render_models(table, fmt)
         raise typer.Exit(EXIT_OK)
@@ -221,4 +232,4 @@ def _render_report(r) -> None:
         lines = f" (lines {', '.join(map(str, f.lines[:8]))}{', ...' if len(f.lines) > 8 else ''})" if f.lines else ""
         stdout.print(f"finding {f.code}: {f.message}{lines}", soft_wrap=True, markup=False)
     for note in r.notes:
-        stdout.print(f"note: {note}", soft_wrap=True, markup=False)
+        stdout.print(f"note: {flags_for_params(note)}", soft_wrap=True, markup=False)
