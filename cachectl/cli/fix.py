@@ -38,7 +38,7 @@ HELP = """Rewrite logged requests so that their cacheable prefix is stable, and 
 LOG is JSONL: OpenAI Chat/Responses or Anthropic bodies, {timestamp, body, usage} wrappers, chat message
 lists, raw-text prompts ({"prompt": ...}) or token IDs. One named fix per cause (FX001 volatile value moved to
 the end, FX002 tool keys sorted, FX003 tool order, FX004 doubled BOS, FX005 reasoning kept out consistently,
-FX006 Anthropic breakpoints), each labelled safe (the model sees the same content) or unsafe (content moves):
+FX006 cache breakpoints for Anthropic and OpenAI GPT-5.6+), each labelled safe (the model sees the same content) or unsafe (content moves):
 only safe fixes are applied unless --unsafe-fixes. --out writes the fixed log (each line keeps its shape and
 every field); --diff shows the changes without writing. The log is measured before and after by the vLLM
 replay (--tokenizer; --capacity-blocks or --capacity-gib with --model, else no eviction) and the provider
