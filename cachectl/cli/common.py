@@ -298,17 +298,61 @@ def check_price_model(table: Any, model: str | None) -> None:
         raise UsageError(f"--model: {hint} (the price table: cachectl prompt-cost --list-models)") from None
 
 
-def check_output(path: str, flag: str, *inputs: str) -> None:
-    """Refuse an output file that is ``-`` or one of the inputs (a link to it included): cachectl never
-    overwrites what it reads."""
+#: ``(label, path)``: an input of a run, as :func:`cachectl.outputs.refuse_inputs` names it
+RunInput = tuple[str, Optional[str]]
+
+
+def run_inputs(log: Optional[str] = None, *, log_label: str = "the input log", tokenizer: Optional[str] = None,
+               chat_template: Optional[str] = None, prices: Optional[str] = None, config: Optional[str] = None,
+               models: tuple[Optional[str], ...] = ()) -> list[RunInput]:
+    """Every file a run may read, labelled for the refusal: the log (``-``: the file behind stdin), the
+    tokenizer's files, the chat template, the price file, a config, a model's files (a directory, a
+    config.json or a .gguf)."""
+    from ..outputs import path_files
+    from ..tokenization import tokenizer_files
+
+    found: list[RunInput] = [(log_label, log), ("the chat template", chat_template), ("the price file", prices),
+                             ("the config", config)]
+    found += [("a file of the tokenizer", f) for f in tokenizer_files(tokenizer)] if tokenizer else []
+    for model in models:
+        found += [("a file of the model", f) for f in path_files(model)]
+    return found
+
+
+def check_output(path: str, flag: str, inputs: list[RunInput]) -> None:
+    """Refuse, before anything is read, an output file that is ``-`` or resolves to an input of the run (the
+    same path, a symlink or hard link to it, the file behind stdin): cachectl never overwrites what it
+    reads."""
+    from ..outputs import refuse_inputs
+
     if path == "-":
         raise UsageError(f"{flag} -: give a file name (stdout carries the report)")
-    for source in inputs:
-        if source == "-" or not os.path.exists(source) or not os.path.exists(path):
-            continue
-        if os.path.samefile(path, source):
-            raise UsageError(f"{flag} {path} is the input {source}: write to another file (cachectl never overwrites "
-                             "its input)")
+    refuse_inputs(path, flag, inputs)
+
+
+def check_plot(path: Optional[str], inputs: list[RunInput], flag: str = "--plot") -> None:
+    """``--plot FILE``: a format matplotlib writes (by the file's extension; none is PNG), not an input of the
+    run; checked before any work."""
+    if path is None:
+        return
+    check_output(path, flag, inputs)
+    plot_format(path, flag)
+
+
+def plot_format(path: str, flag: str = "--plot") -> str:
+    """The matplotlib format of ``path`` from its extension (PNG without one); an unknown one is one line
+    naming the file and the formats."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+    except ImportError:
+        raise UsageError(f"{flag} needs matplotlib (pip install 'llm-cachectl[plot]')") from None
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    ext = os.path.splitext(path)[1].lstrip(".").lower()
+    if not ext:
+        return "png"
+    if ext not in formats:
+        raise UsageError(f"{flag} {path}: matplotlib cannot write .{ext} files (formats: {', '.join(sorted(formats))})")
+    return ext
 
 
 def emit_json(obj: Any) -> None:
@@ -370,14 +414,17 @@ def new_figure(title: str, xlabel: str, ylabel: str):
 
 
 def save_figure(fig, path: str) -> None:
+    """Save the figure to ``path`` whole or not at all (a temporary file renamed into place)."""
     import matplotlib.pyplot as plt
+
+    from ..outputs import atomic_write
 
     fig.axes[0].legend()
     fig.tight_layout()
     try:
-        fig.savefig(path)
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc}") from None
+        fmt = plot_format(path)
+        with atomic_write(path) as fh:
+            fig.savefig(fh, format=fmt)
     finally:
         plt.close(fig)
 
