@@ -16,7 +16,7 @@ import orjson
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from ..errors import CachectlError, UsageError
+from ..errors import CachectlError, UsageError, printable
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -259,18 +259,61 @@ class LazyConsole:
         return getattr(self.real(), name)
 
 
-def _stdout_console() -> Console:
-    from rich.console import Console
+_safe_console: Any = None
 
+
+def safe_text(text: Any) -> Any:
+    """A rich Text with every control character from input shown escaped (:func:`cachectl.errors.printable`),
+    its styles kept; anything else as it is."""
+    from rich.text import Text
+
+    if not isinstance(text, Text) or printable(text.plain) == text.plain:
+        return text
+    cuts = sorted({i + d for i, ch in enumerate(text.plain) if printable(ch) != ch for d in (0, 1)})
+    out = text.blank_copy()
+    for part in text.divide(cuts):
+        if len(part.plain) == 1 and printable(part.plain) != part.plain:  # one control character: its escape
+            piece = Text(printable(part.plain), style=part.style)
+            for span in part.spans:
+                piece.stylize(span.style)
+            part = piece
+        out.append_text(part)
+    return out
+
+
+def _console_class() -> Any:
+    """rich's Console, safe for terminals: every string it renders (printed, or a table's cell and title) and
+    every Text it prints has its control characters escaped before layout, so that input (a session key, a
+    tenant, a message) cannot move the cursor, retitle the window or clear the screen; and a table's cells are
+    not read as markup unless a print asks for it (``[bold]`` in input stays text)."""
+    global _safe_console
+    if _safe_console is None:
+        from rich.console import Console
+
+        class SafeConsole(Console):
+            def render_str(self, text: str, **kwargs: Any) -> Any:
+                return super().render_str(printable(text), **kwargs)
+
+            def render(self, renderable: Any, options: Any = None) -> Any:
+                return super().render(safe_text(renderable), options)
+
+            def print(self, *objects: Any, markup: Optional[bool] = None, **kwargs: Any) -> None:
+                if markup is None and any(not isinstance(o, str) for o in objects):
+                    markup = False  # a table's cells hold input; our own markup is in the strings we print
+                super().print(*objects, markup=markup, **kwargs)
+
+        _safe_console = SafeConsole
+    return _safe_console
+
+
+def _stdout_console() -> Console:
     # Off a terminal (a pipe, a file, CI logs) tables get room instead of the 80 columns rich assumes.
-    return Console(file=_PipeSafeStdout(), highlight=False, soft_wrap=False,  # type: ignore[arg-type]
-                   width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
+    return _console_class()(file=_PipeSafeStdout(), highlight=False, soft_wrap=False,
+                            width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
 
 
 def _stderr_console() -> Console:
-    from rich.console import Console
-
-    return Console(stderr=True, highlight=False)
+    return _console_class()(stderr=True, highlight=False)
 
 
 stdout: Any = LazyConsole(_stdout_console)
@@ -458,7 +501,8 @@ internal_errors: list[str] = []
 
 
 def fail(message: str, code: int = EXIT_ERROR) -> typer.Exit:
-    message = " ".join(message.split("\n")).replace("\r", " ")  # one line, whatever the message quotes
+    # one line, whatever the message quotes, and nothing in it that a terminal would act on
+    message = printable(" ".join(message.split("\n")).replace("\r", " "), newlines=False)
     if len(message) > 2000:
         message = message[:2000] + "..."
     stderr.print(f"cachectl: error: {message}", markup=False, highlight=False, soft_wrap=True)
