@@ -513,13 +513,68 @@ def _debug() -> bool:
     return os.environ.get("CACHECTL_DEBUG", "") not in ("", "0")
 
 
-def _offline_api_error(exc: BaseException) -> str | None:
-    """One line for a provider SDK that cannot reach its API (offline, DNS, timeout), else None."""
+def provider_api_error(exc: BaseException) -> str | None:
+    """One line saying what to do for an error of the Anthropic SDK (``--count-with-api``): the key refused
+    (401, 403), rate limited (429), the service down or overloaded (5xx, 529), a timeout, no connection; None
+    for anything else. The SDK retried already (twice) where retrying can help."""
     module = type(exc).__module__ or ""
-    if module.split(".")[0] == "anthropic" and type(exc).__name__ in ("APIConnectionError", "APITimeoutError"):
-        return ("--count-with-api cannot reach the Anthropic API (offline, or blocked by a proxy or firewall): "
-                "count tokens offline with --tokenizer, or give token layouts")
-    return None
+    if module.split(".")[0] != "anthropic":
+        return None
+    name = type(exc).__name__
+    api = "--count-with-api: the Anthropic API"
+    offline = "count tokens offline with --tokenizer, or give token layouts"
+    if name == "APITimeoutError":
+        return (f"{api} did not answer in time (CACHECTL_API_TIMEOUT, {api_timeout():g} s): retry later, or "
+                f"{offline}")
+    if name == "APIConnectionError":
+        return f"--count-with-api cannot reach the Anthropic API (offline, or blocked by a proxy or firewall): {offline}"
+    status = getattr(exc, "status_code", None)
+    if not isinstance(status, int):
+        return None
+    said = _api_message(exc)
+    if status == 401:
+        return f"{api} refused the key (401 authentication error{said}): check ANTHROPIC_API_KEY"
+    if status == 403:
+        return (f"{api} refused the request (403 permission denied{said}): check that ANTHROPIC_API_KEY's "
+                "workspace may use count_tokens")
+    if status == 429:
+        return f"{api} is rate limiting this key (429{said}): retry later, or {offline}"
+    if status == 529:
+        return f"{api} is overloaded (529{said}): retry later, or {offline}"
+    if status >= 500:
+        return f"{api} failed ({status} server error{said}): retry later, or {offline}"
+    if status == 404:
+        return f"{api} answered 404 (not found{said}): check the model name and ANTHROPIC_BASE_URL"
+    return f"{api} refused a request ({status}{said})"
+
+
+def _api_message(exc: BaseException) -> str:
+    """The API's own error message, when its answer carries one: ``": <message>"``."""
+    body = getattr(exc, "body", None)
+    error = body.get("error") if isinstance(body, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return f": {message[:300]}" if isinstance(message, str) and message.strip() else ""
+
+
+def api_timeout() -> float:
+    """Seconds the SDK waits for an answer of the provider's API: CACHECTL_API_TIMEOUT, else 60."""
+    text = os.environ.get("CACHECTL_API_TIMEOUT", "")
+    try:
+        value = float(text) if text else 60.0
+    except ValueError:
+        raise UsageError(f"CACHECTL_API_TIMEOUT={text!r}: expected a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise UsageError(f"CACHECTL_API_TIMEOUT={text!r}: expected a positive number of seconds")
+    return value
+
+
+def _os_error(exc: OSError) -> str | None:
+    """One line for an operating-system error that names its file (EIO, EACCES, ENOSPC where no reader or
+    writer caught it first): the environment, not a bug; None for one without a file name."""
+    if exc.filename is None:
+        return None
+    reason = (exc.strerror or str(exc)).lower() if exc.strerror else str(exc)
+    return f"{exc.filename}: {reason}"
 
 
 #: set by :func:`cachectl.cli.main`: this process is the ``cachectl`` command and ends with it
@@ -556,12 +611,12 @@ def handle_errors(fn: Callable) -> Callable:
                 traceback.print_exc()
             raise fail(flags_for_params(str(exc)), exc.exit_code) from None
         except Exception as exc:  # a bug of ours, or a library failing: still one line, exit 2
-            internal_errors.append(f"{type(exc).__name__}: {exc}"[:500])
+            known = provider_api_error(exc) or (_os_error(exc) if isinstance(exc, OSError) else None)
             if _debug():
                 traceback.print_exc()
-            offline = _offline_api_error(exc)
-            if offline is not None:
-                raise fail(offline) from None
+            if known is not None:  # the provider or the machine said no: what to do, in one line
+                raise fail(known) from None
+            internal_errors.append(f"{type(exc).__name__}: {exc}"[:500])
             raise fail(f"internal error: {type(exc).__name__}: {exc} (set CACHECTL_DEBUG=1 for the traceback)") \
                 from None
 

@@ -121,7 +121,10 @@ def _anthropic_client():
         import anthropic
     except ImportError:
         raise UsageError("--count-with-api needs the anthropic package (pip install 'llm-cachectl[anthropic]')") from None
-    return anthropic.Anthropic(max_retries=2)
+    from .common import api_timeout
+
+    # errors (401, 429, 529, timeouts, no connection) become one line in common.provider_api_error
+    return anthropic.Anthropic(max_retries=2, timeout=api_timeout())
 
 
 # ------------------------------------------------------------------------------------------- renderers
