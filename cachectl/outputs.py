@@ -142,6 +142,26 @@ def _guard_signals(on: bool) -> None:
                 _previous_sigterm = None
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back for a few steps that must not be cut (a temporary file made and its name
+    kept; the rename and the name it leaves): a signal that comes meanwhile is raised again right after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, frame: pending.append(signum)) for s in held}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            if handler is not None:  # None: a handler set outside Python, which cannot be put back
+                signal.signal(s, handler)
+        if pending:
+            signal.raise_signal(pending[0])
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -181,9 +201,10 @@ class AtomicFile:
                 self._fd = os.open(real, os.O_WRONLY)
             else:
                 directory = os.path.dirname(real) or "."
-                fd, self.path = tempfile.mkstemp(prefix=f".{os.path.basename(real)}.", suffix=".cachectl-tmp",
-                                                 dir=directory)
-                self._fd = fd
+                with _signals_held():  # an interrupt between making the file and keeping its name would leak it
+                    self._fd, self.path = tempfile.mkstemp(prefix=f".{os.path.basename(real)}.",
+                                                           suffix=".cachectl-tmp", dir=directory)
+                fd = self._fd
                 if st is not None:  # keep the replaced file's permissions (and owner, where allowed)
                     os.fchmod(fd, stat.S_IMODE(st.st_mode))
                     with contextlib.suppress(OSError):
@@ -194,15 +215,15 @@ class AtomicFile:
         except OSError as exc:
             self._cleanup()
             raise self._error(exc) from None
-        except BaseException:
+        except BaseException as exc:
             self._cleanup()
-            raise
+            raise self._interrupted(exc) from None
 
     @property
     def file(self) -> IO[bytes]:
         if self._file is None:
             assert self._fd is not None
-            self._file = io.BufferedWriter(_FdWriter(self._fd), buffer_size=1 << 20)  # type: ignore[assignment]
+            self._file = io.BufferedWriter(_FdWriter(self._fd), buffer_size=1 << 20)
         assert self._file is not None
         return self._file
 
@@ -240,8 +261,9 @@ class AtomicFile:
             os.close(self._fd)
             self._fd = None
             if not self._direct:
-                os.replace(self.path, self._real)
-                self.path = self._real
+                with _signals_held():  # renamed and known to be: an interrupt now comes after, not between
+                    os.replace(self.path, self._real)
+                    self.path = self._real
                 with contextlib.suppress(OSError):  # the rename itself, on disk
                     dfd = os.open(os.path.dirname(self._real) or ".", os.O_RDONLY)
                     try:

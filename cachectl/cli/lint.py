@@ -199,13 +199,14 @@ def _render_text(report) -> None:
     by_file: dict[str, list] = {}
     for f in report.findings:
         by_file.setdefault(f.path, []).append(f)
+    # rich's Text drops some control characters (BEL, CR) where it is made: they are escaped before
     for path, items in by_file.items():
-        stdout.print(Text(path, "bold underline"))
+        stdout.print(Text(printable(path), "bold underline"))
         for f in sorted(items, key=lambda x: (x.line, x.column)):
             style = "red" if f.severity == "error" else "yellow"
-            stdout.print(Text.assemble(f"  {f.line}:{f.column} ", (f.rule, f"bold {style}"), f" {f.message}"),
-                         soft_wrap=True)
-            stdout.print(Text(f"      fix: {f.fix} ({f.safety} fix)", "dim"), soft_wrap=True)
+            stdout.print(Text.assemble(f"  {f.line}:{f.column} ", (f.rule, f"bold {style}"),
+                                       f" {printable(f.message)}"), soft_wrap=True)
+            stdout.print(Text(printable(f"      fix: {f.fix} ({f.safety} fix)"), "dim"), soft_wrap=True)
     n = len(report.findings)
     # "clean" only where every file could be checked
     summary = f"{report.checked} file(s) checked: " + (f"{n} finding(s)" if n else "no findings" if report.errors
