@@ -212,12 +212,8 @@ class AtomicFile:
                             os.fchown(fd, st.st_uid, st.st_gid)
                 else:
                     os.fchmod(fd, 0o666 & ~_umask())
-        except OSError as exc:
-            self._cleanup()
-            raise self._error(exc) from None
         except BaseException as exc:
-            self._cleanup()
-            raise self._interrupted(exc) from None
+            raise self.fail(exc) from None
 
     @property
     def file(self) -> IO[bytes]:
@@ -270,12 +266,8 @@ class AtomicFile:
                         os.fsync(dfd)
                     finally:
                         os.close(dfd)
-        except OSError as exc:
-            self._cleanup()
-            raise self._error(exc) from None
         except BaseException as exc:
-            self._cleanup()
-            raise self._interrupted(exc) from None
+            raise self.fail(exc) from None
         self._cleanup()
 
     def discard(self) -> None:
