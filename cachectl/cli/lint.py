@@ -174,7 +174,7 @@ def _hard_stop(message: str) -> None:
     import os
     import sys
 
-    sys.stderr.write(f"cachectl: error: {' '.join(message.split())}\n")
+    sys.stderr.write(_line("error", message) + "\n")
     sys.stderr.flush()
     os._exit(EXIT_ERROR)
 
