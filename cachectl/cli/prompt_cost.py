@@ -132,7 +132,10 @@ def _anthropic_client():
         import anthropic
     except ImportError:
         raise UsageError("--count-with-api needs the anthropic package (pip install 'llm-cachectl[anthropic]')") from None
-    return anthropic.Anthropic(max_retries=2)
+    from .common import api_timeout
+
+    # errors (401, 429, 529, timeouts, no connection) become one line in common.provider_api_error
+    return anthropic.Anthropic(max_retries=2, timeout=api_timeout())
 
 
 # ------------------------------------------------------------------------------------------- renderers
@@ -177,6 +180,7 @@ _MISS_LABEL = {"cold": "cold", "content_changed": "changed", "ttl_expired": "TTL
 
 def _render_report(r) -> None:
     from rich.table import Table
+    from rich.text import Text
 
     recon = any(q.reconciliation is not None for q in r.requests)
     why = any(q.miss is not None for q in r.requests)
@@ -205,7 +209,7 @@ def _render_report(r) -> None:
             c = q.reconciliation
             cells += ["" if c is None else f"{c.billed['cache_read_input_tokens']:,}/"
                                            f"{c.billed['cache_creation_input_tokens']:,}",
-                      "" if c is None else ("yes" if c.agree else "[red]no[/]")]
+                      "" if c is None else ("yes" if c.agree else Text("no", "red"))]
         t.add_row(*cells)
     stdout.print(t)
     hit = f"{r.hit_rate:.1%}" if r.hit_rate is not None else "n/a"
