@@ -272,7 +272,9 @@ def _render(r, hb) -> None:
 
     shape = (f"MLA latent {r.mla_dim}" if r.mla_dim else f"{r.kv_heads} KV heads x head_dim {r.head_dim}"
              if r.kv_heads is not None and r.head_dim is not None else "KV heads and head dims per layer type")
-    stdout.print(f"[bold]{r.model}[/]: {r.layers} layers, {shape}, {r.dtype}: "
+    from rich.markup import escape
+
+    stdout.print(f"[bold]{escape(r.model)}[/]: {r.layers} layers, {shape}, {r.dtype}: "
                  f"{r.bytes_per_token:,.0f} bytes per token ({hb(r.bytes_per_token)})", soft_wrap=True)
     stdout.print(f"from: {r.source}", markup=False, soft_wrap=True)
     t = Table(header_style="bold", box=None, pad_edge=False)
