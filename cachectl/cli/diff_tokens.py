@@ -15,7 +15,7 @@ from .common import (EXIT_FINDING, EXIT_OK, AsOpt, BlockSizeOpt, ChatTemplateOpt
                      TemplateVarOpt, TokenizerOpt, emit_json, emit_jsonl, handle_errors, iter_progress,
                      parse_template_vars, stdout)
 
-HELP = """Find where two prompts stop matching in token space, and why.
+HELP = """Where two prompts stop matching in token space, and why.
 
 A and B may each be a raw text prompt, a JSON chat message list, an OpenAI or Anthropic request body,
 a JSON list of token IDs, or - for stdin. Chat inputs are rendered through the tokenizer's own chat

@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..engines.repair.fix import FixReport
     from ..engines.repair.measure import Measure
 
-HELP = """Rewrite logged requests so that their cacheable prefix is stable, and measure what that is worth.
+HELP = """Rewrite a request log so its cacheable prefix is stable.
 
 LOG is JSONL: OpenAI Chat/Responses or Anthropic bodies, {timestamp, body, usage} wrappers, chat message
 lists, raw-text prompts ({"prompt": ...}) or token IDs. One named fix per cause (FX001 volatile value moved to

@@ -12,12 +12,17 @@ from .common import EXIT_OK, Format, FormatOpt, TokenizerOpt, Ttl, check_price_m
 
 HELP = """What provider prompt caching costs and saves.
 
+\b
 Modes:
-  --usage RESPONSES.jsonl   audit logged responses (or their usage objects): exact cost, with and without caching
-  REQUESTS.jsonl            simulate a timed request log (Anthropic bodies with cache_control, OpenAI bodies,
-                            or token layouts) and predict each request's usage counters and cost
-  --prefix-tokens N ...     what-if in the shell: N calls sharing a prefix, every D apart
-  --list-models             the price table: the caching rule, source and date per entry
+  --usage RESPONSES.jsonl  audit logged responses (or their usage objects):
+                           exact cost, with and without caching
+  REQUESTS.jsonl           simulate a timed request log (Anthropic bodies with
+                           cache_control, OpenAI bodies, or token layouts):
+                           each request's usage counters and cost
+  --prefix-tokens N ...    what-if in the shell: N calls sharing a prefix,
+                           every D apart
+  --list-models            the price table: the caching rule, source and date
+                           per entry
 
 A model is priced only by its own entry or an alias the table declares (dated snapshots, -latest): an unknown
 name is refused with the close names; --model-as NAME prices unknown names as NAME, with a note.

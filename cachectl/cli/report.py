@@ -27,7 +27,9 @@ from .common import (
     stdout,
 )
 
-HELP = """One report over a JSONL request log: the tokens a prefix cache could have reused and did not, per
+HELP = """One page over a request log: what its caches missed.
+
+The tokens a prefix cache could have reused and did not, per
 cause (diff-tokens --log), the worst conversations with their token diff side by side, the provider cache's
 cost and misses (prompt-cost, with the model's prices) and the vLLM prefix hit rate against capacity
 (simulate-prefix --curve), and what `cachectl fix` would gain: the log measured before, after the safe fixes

@@ -28,6 +28,7 @@ from .common import (
     Policy,
     Progress,
     TokenizerOpt,
+    data_names,
     emit_json,
     handle_errors,
     in_panel,
@@ -36,7 +37,9 @@ from .common import (
     stdout,
 )
 
-HELP = """Replay a request trace through a server prefix cache and count hits the way vLLM does.
+HELP = """Replay a request trace through a server prefix cache.
+
+Hits are counted the way vLLM counts them.
 
 TRACE is JSONL: {"tokens": [...], "salt"?, "timestamp"?, "output_tokens"?}; text or chat requests
 ("prompt", "messages", OpenAI/Anthropic bodies) with --tokenizer; or Mooncake lines
@@ -217,7 +220,9 @@ def command(
                                                                                        "GiB (needs --model).", rich_help_panel=FLEET)] = None,
     cpu_offload_blocks: Annotated[Optional[int], typer.Option("--cpu-offload-blocks", min=1,
                                                               help="CPU tier per replica in blocks.", rich_help_panel=FLEET)] = None,
-    link: Annotated[str, typer.Option("--link", help="Host link for CPU-tier transfers (data/links.json).", rich_help_panel=FLEET)] = "pcie5-x16",
+    link: Annotated[str, typer.Option("--link", metavar="LINK", help="Host link for CPU-tier transfers: "
+                                                f"{data_names('links.json', 'links')} (data/links.json).",
+                                      rich_help_panel=FLEET)] = "pcie5-x16",
     # partitions
     partition_dir: Annotated[Optional[str], typer.Option("--partition-dir", metavar="DIR",
                                                          help="Route the trace once (--replicas N, --router "
@@ -229,7 +234,9 @@ def command(
     ray_address: Annotated[Optional[str], typer.Option("--ray-address", metavar="ADDRESS",
                                                        help="With --ray: the cluster to connect to.", rich_help_panel=PARTITIONS)] = None,
     # worth
-    gpu: Annotated[Optional[str], typer.Option("--gpu", help="With --model: what the hits are worth on this GPU.", rich_help_panel=WORTH)] = None,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", metavar="GPU", help="With --model: what the hits are worth on this GPU: "
+                                              f"{data_names('gpus.json', 'gpus', only='gpu_flops.json')}.",
+                                     rich_help_panel=WORTH)] = None,
     gpu_hour_usd: Annotated[Optional[float], typer.Option("--gpu-hour-usd", min=0.0, help="With --gpu: dollars.", rich_help_panel=WORTH)] = None,
     utilization: Annotated[float, typer.Option("--utilization", help="With --gpu: share of peak FLOPs prefill "
                                                                       "reaches.", rich_help_panel=WORTH)] = 0.4,
