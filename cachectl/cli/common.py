@@ -106,6 +106,14 @@ class Normalize(Choice):
     case = "case"
 
 
+class TimeUnit(Choice):
+    """The unit of numeric timestamps (``--time-unit``); without it, recognized by magnitude."""
+
+    s = "s"
+    ms = "ms"
+    us = "us"
+
+
 # Shared options: declared once, reused by every command that takes them.
 FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="Output: text for people, json for machines.",
                                            case_sensitive=False)]
@@ -117,6 +125,26 @@ ChatTemplateOpt = Annotated[Optional[str], typer.Option(
 WindowOpt = Annotated[str, typer.Option(
     "--window", metavar="DURATION", help="Without --key: a conversation stays open this long after its last request "
                                          "(30s, 30m, 2h; a bare number is seconds).")]
+
+
+TimeUnitOpt = Annotated[Optional[TimeUnit], typer.Option(
+    "--time-unit", case_sensitive=False, show_default=False,
+    help="Unit of numeric timestamps: epoch (or log-relative) seconds, milliseconds or microseconds. Default: "
+         "recognized by magnitude (a note says when not seconds); ISO 8601 times need a zone.")]
+
+
+def timestamp_reader(unit: Optional[TimeUnit]) -> Any:
+    """The run's reader of timestamps, for ``--time-unit`` (see :mod:`cachectl.inputs.timestamps`)."""
+    from ..inputs.timestamps import TimestampReader
+
+    return TimestampReader(None if unit is None else str(unit))
+
+
+def timestamp_note(reader: Any) -> None:
+    """Say on stderr which unit the timestamps were recognized in, when it was not seconds."""
+    note = reader.note()
+    if note:
+        stderr.print(f"cachectl: note: {note}", markup=False, highlight=False, soft_wrap=True)
 
 
 def parse_window(text: str) -> float:

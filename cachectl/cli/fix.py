@@ -19,6 +19,7 @@ from .common import (
     FormatOpt,
     KvCapacity,
     KvDtypeOpt,
+    TimeUnitOpt,
     TokenizerOpt,
     WindowOpt,
     check_output,
@@ -27,6 +28,8 @@ from .common import (
     handle_errors,
     parse_window,
     stdout,
+    timestamp_note,
+    timestamp_reader,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -66,6 +69,7 @@ def command(
         "--key", "--session-field", metavar="FIELD", help="Conversation key field (dotted path, e.g. metadata.session); default: "
                                        "conversations are found automatically.")] = None,
     window: WindowOpt = "30m",
+    time_unit: TimeUnitOpt = None,
     tokenizer: TokenizerOpt = None,
     chat_template: ChatTemplateOpt = None,
     block_size: BlockSizeOpt = 16,
@@ -120,7 +124,8 @@ def command(
     for lineno, line, src in iter_raw_lines(log):
         records.append((lineno, parse_jsonl_line(line, src, lineno)))
         raw.append(line)
-    lines = log_lines(records, source=source, key=key)
+    stamps = timestamp_reader(time_unit)
+    lines = log_lines(records, source=source, key=key, timestamps=stamps)
     options = fix.FixOptions(unsafe=unsafe_fixes, key=key, window_s=window_s, select=codes, block_size=block_size,
                              capacity_blocks=capacity.blocks(block_size), model=model,
                              add_generation_prompt=not no_generation_prompt)
@@ -134,6 +139,7 @@ def command(
         if diff:
             _render_diff(source, lines, report.output, changed)
         _render(report, out, len(changed))
+    timestamp_note(stamps)
     raise typer.Exit(EXIT_FINDING if report.fixes else EXIT_OK)
 
 

@@ -8,7 +8,20 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import UsageError
-from .common import EXIT_OK, Format, FormatOpt, TokenizerOpt, Ttl, check_price_model, emit_json, handle_errors, stdout
+from .common import (
+    EXIT_OK,
+    Format,
+    FormatOpt,
+    TimeUnitOpt,
+    TokenizerOpt,
+    Ttl,
+    check_price_model,
+    emit_json,
+    handle_errors,
+    stdout,
+    timestamp_note,
+    timestamp_reader,
+)
 
 HELP = """What provider prompt caching costs and saves.
 
@@ -55,6 +68,7 @@ def command(
         "--every", metavar="DURATION", help="What-if: time between calls (30s, 2m, 1h); simulate: spacing for "
                                             "lines without a timestamp.")] = None,
     ttl: Annotated[Ttl, typer.Option("--ttl", help="What-if: cache TTL of the prefix breakpoint.")] = Ttl.m5,
+    time_unit: TimeUnitOpt = None,
     fmt: FormatOpt = Format.text,
 ) -> None:
     from ..engines.provider import cache as promptcache
@@ -104,11 +118,13 @@ def command(
             text_counter = promptcache.tokenizer_counter(load_tokenizer(tokenizer))
             token_source = f"tokenizer {tokenizer}"
         api = _anthropic_client() if count_with_api else None
+        stamps = timestamp_reader(time_unit)
         report = promptcache.simulate_requests(
-            read_requests(requests, default_model=model),
+            read_requests(requests, default_model=model, timestamps=stamps),
             table=table, source=display_name(requests), text_counter=text_counter, api=api,
             every=promptcache.parse_duration(every) if every else None, token_source=token_source,
             model_as=model_as)
+        timestamp_note(stamps)
     if fmt is Format.json:
         emit_json(report)
     else:

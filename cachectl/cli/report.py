@@ -18,6 +18,7 @@ from .common import (
     ChatTemplateOpt,
     Format,
     FormatOpt,
+    TimeUnitOpt,
     WindowOpt,
     check_output,
     check_price_model,
@@ -25,6 +26,8 @@ from .common import (
     handle_errors,
     parse_window,
     stdout,
+    timestamp_note,
+    timestamp_reader,
 )
 
 HELP = """One page over a request log: what its caches missed.
@@ -43,20 +46,13 @@ its conversation, 1 when prefix tokens were lost, 2 on bad input.
 
 
 def _trace_records(path: str) -> Iterator[tuple]:
-    """simulate-prefix's trace records, with ISO 8601 timestamps read as seconds (gateway logs write them) and bare
-    chat lists as ``{"messages": [...]}`` (diff-tokens' logs are often those)."""
+    """simulate-prefix's trace records, bare chat lists as ``{"messages": [...]}`` (diff-tokens' logs are often
+    those); timestamps are read by the trace reader (ISO 8601 too)."""
     from ..engines.prefix.trace import trace_records
-    from ..inputs import display_name
-    from ..inputs.request import parse_timestamp
 
     for line, value, *rest in trace_records(path):
         if isinstance(value, list):  # a bare chat list: the trace reader wants an object
             value = {"messages": value}
-        if isinstance(value, dict) and isinstance(value.get("timestamp"), str):
-            try:
-                value = {**value, "timestamp": parse_timestamp(value["timestamp"])}
-            except ValueError as exc:
-                raise InputError(str(exc), source=display_name(path), line=line, field="timestamp") from None
         yield (line, value, *rest)
 
 
@@ -71,6 +67,7 @@ def command(
         "--key", "--session-field", metavar="FIELD", help="Conversation key field (dotted path, e.g. metadata.session); "
                                        "default: conversations found automatically.")] = None,
     window: WindowOpt = "30m",
+    time_unit: TimeUnitOpt = None,
     chat_template: ChatTemplateOpt = None,
     model: Annotated[Optional[str], typer.Option(
         "--model", "-m", metavar="MODEL", help="Price table model for requests that name none (and whose prices "
@@ -103,7 +100,8 @@ def command(
     check_price_model(table, model)
     source = display_name(log)
     # fix's reader and grouping: conversations by --key, else found automatically
-    lines = log_lines(iter_jsonl(log), source=source, key=key)
+    stamps = timestamp_reader(time_unit)
+    lines = log_lines(iter_jsonl(log), source=source, key=key, timestamps=stamps)
     options = fix.FixOptions(key=key, window_s=parse_window(window), block_size=block_size, model=model)
     safe = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source)
     full = fix.fix_log(lines, replace(options, unsafe=True), tokenizer=tok, table=table, source=source, reuse=safe)
@@ -112,8 +110,9 @@ def command(
                for ln, g in zip(lines, groups)]
     result = report.build_report(
         source=source, log=records, tokenizer=tok, tokenizer_name=tokenizer, fixes=report.before_after(safe, full),
-        requests=read_requests(log, default_model=model), table=table,
-        trace=iter_trace(_trace_records(log), source=source, tokenizer=tok), block_size=block_size, top=top,
+        requests=read_requests(log, default_model=model, timestamps=stamps), table=table,
+        trace=iter_trace(_trace_records(log), source=source, tokenizer=tok, timestamps=stamps), block_size=block_size,
+        top=top,
         price_model=model, text_counter=promptcache.tokenizer_counter(tok))
     if html is not None:
         from .report_html import render
@@ -126,6 +125,7 @@ def command(
         emit_json(result)
     else:
         _render_text(result, html)
+    timestamp_note(stamps)
     raise typer.Exit(EXIT_FINDING if result.tokens_lost else EXIT_OK)
 
 

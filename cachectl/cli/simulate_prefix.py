@@ -27,6 +27,8 @@ from .common import (
     KvDtypeOpt,
     Policy,
     Progress,
+    TimeUnit,
+    TimeUnitOpt,
     TokenizerOpt,
     data_names,
     emit_json,
@@ -35,6 +37,8 @@ from .common import (
     new_figure,
     save_figure,
     stdout,
+    timestamp_note,
+    timestamp_reader,
 )
 
 HELP = """Replay a request trace through a server prefix cache.
@@ -85,6 +89,7 @@ class Options:
     add_generation_prompt: bool    # chat requests rendered as vLLM's chat endpoint does
     hash_block_size: int
     read_jobs: Optional[int]
+    timestamps: Any                # the run's TimestampReader (--time-unit)
     # the cache: one server's pool
     policy: str
     hash_fn: str
@@ -154,6 +159,7 @@ def command(
                                                              "cross-tenant sharing.", rich_help_panel=INPUT)] = None,
     no_salt: Annotated[bool, typer.Option("--no-salt", help="Ignore cache salts: what sharing would happen "
                                                               "without them (with --tenant-field).", rich_help_panel=INPUT)] = False,
+    time_unit: Annotated[Optional[TimeUnit], in_panel(TimeUnitOpt, INPUT)] = None,
     read_jobs: Annotated[Optional[int], typer.Option("--read-jobs", min=1, metavar="N",
                                                      help="Processes that read and key a large token trace (a "
                                                           "JSONL file of 8 MiB or more) for one replay or a curve; "
@@ -281,7 +287,7 @@ def command(
     o = Options(
         trace=trace, name=name, tok=tok, salt_field=salt_field, tenant_field=tenant_field, no_salt=no_salt,
         as_kind=as_kind.value if as_kind else None, add_generation_prompt=not no_generation_prompt,
-        hash_block_size=hash_block_size, read_jobs=read_jobs,
+        hash_block_size=hash_block_size, read_jobs=read_jobs, timestamps=timestamp_reader(time_unit),
         policy=policy.value, hash_fn=hash_fn.value, block_size=block_size, capacity=capacity, warm=warm,
         concurrency=concurrency, decode_s=decode_ms / 1000.0, chunk_size=chunk_size, recompute_ratio=recompute_ratio,
         sizes=tuple(sizes), caps=tuple(caps), curve=curve, curve_points=curve_points, optimal=optimal,
@@ -302,6 +308,7 @@ def command(
             _write_partitions(o)
         case "replay partitions":
             _replay_partitions(o)
+    timestamp_note(o.timestamps)
     raise typer.Exit(EXIT_OK)
 
 
@@ -472,7 +479,7 @@ def _read(o: Options, label: str, session_fields: tuple = (), keyed_at: Optional
     trace_opts: dict[str, Any] = {
         "salt_field": o.salt_field, "tenant_field": o.tenant_field, "hash_block_size": o.hash_block_size,
         "no_salt": o.no_salt, "as_kind": o.as_kind, "add_generation_prompt": o.add_generation_prompt,
-        "session_fields": session_fields}
+        "session_fields": session_fields, "timestamps": o.timestamps}
     columnar = parquet.is_parquet(o.trace)
     requests: Any
     jobs = o.read_jobs or prefix_read.default_jobs()

@@ -40,12 +40,13 @@ from .request import (
     is_request_body,
     layout_request,
     parse_request,
-    parse_timestamp,
     unwrap,
 )
+from .timestamps import TIME_UNITS, TimestampError, TimestampReader, parse_timestamp, read_timestamp
 
 __all__ = [
     "KINDS",
+    "TIME_UNITS",
     "MAX_DEPTH",
     "ChatView",
     "Locator",
@@ -53,6 +54,8 @@ __all__ = [
     "Position",
     "PromptInput",
     "Request",
+    "TimestampError",
+    "TimestampReader",
     "compact",
     "decode_text",
     "detect_provider",
@@ -77,6 +80,7 @@ __all__ = [
     "read_request_document",
     "read_requests",
     "read_text",
+    "read_timestamp",
     "unwrap",
 ]
 
@@ -87,11 +91,14 @@ def read_json_file(path: str) -> tuple:
     return parse_json_document(text, source), source
 
 
-def read_requests(path: str, *, default_model: str | None = None, provider: str | None = None):
-    """Stream canonical requests from a JSONL log (``-`` for stdin, ``.gz`` too), one per non-blank line."""
+def read_requests(path: str, *, default_model: str | None = None, provider: str | None = None,
+                  timestamps: TimestampReader | None = None):
+    """Stream canonical requests from a JSONL log (``-`` for stdin, ``.gz`` too), one per non-blank line;
+    ``timestamps`` reads their timestamps (the run's unit rule)."""
     source = display_name(path)
     for lineno, value in iter_jsonl(path):
-        yield parse_request(value, source=source, line=lineno, default_model=default_model, provider=provider)
+        yield parse_request(value, source=source, line=lineno, default_model=default_model, provider=provider,
+                            timestamps=timestamps)
 
 
 def read_request_document(text: str, source: str, *, default_model: str | None = None,
