@@ -93,7 +93,8 @@ def command(
     from ..engines.provider.prices import PriceTable
     from ..engines.repair import fix, fixes
     from ..engines.repair.groups import log_lines
-    from ..inputs import display_name, iter_raw_lines, parse_jsonl_line, read_json_file
+    from ..inputs import display_name, read_json_file
+    from ..inputs.files import iter_log_values
 
     if diff and out:
         raise UsageError("--diff shows the changes without writing: drop --out (or --diff)")
@@ -121,8 +122,8 @@ def command(
     source = display_name(log)
     raw: list[bytes] = []
     records: list[tuple[int, Any]] = []
-    for lineno, line, src in iter_raw_lines(log):
-        records.append((lineno, parse_jsonl_line(line, src, lineno)))
+    for lineno, line, value in iter_log_values(log):  # one pretty-printed body is a log of one line
+        records.append((lineno, value))
         raw.append(line)
     stamps = timestamp_reader(time_unit)
     lines = log_lines(records, source=source, key=key, timestamps=stamps)

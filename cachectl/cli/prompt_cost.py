@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..errors import UsageError
+from ..errors import InputError, UsageError
 from .common import (
     EXIT_OK,
     Format,
@@ -104,8 +104,15 @@ def command(
         from ..inputs import display_name, iter_jsonl
 
         assert usage is not None
-        report = promptcache.audit_usage(iter_jsonl(usage), source=display_name(usage), table=table,
-                                         default_model=model, model_as=model_as)
+        try:
+            report = promptcache.audit_usage(iter_jsonl(usage), source=display_name(usage), table=table,
+                                             default_model=model, model_as=model_as)
+        except InputError as exc:
+            if not exc.message.startswith("this is a request, not a response"):
+                raise
+            raise InputError("a request, not a response: --usage audits logged responses (their usage counters); "
+                             f"simulate a request log as the argument: cachectl prompt-cost {usage} --tokenizer T",
+                             source=exc.source, line=exc.line) from None
     else:
         from ..inputs import display_name, read_requests
 

@@ -56,6 +56,14 @@ def read_prompt(path: str, as_kind: str | None = None) -> PromptInput:
     if as_kind is not None and as_kind not in KINDS:
         raise InputError(f"unknown input kind {as_kind!r}; expected one of {', '.join(KINDS)}")
     text, source = read_text(path)
+    return prompt_from_document(text, source, as_kind)
+
+
+def prompt_from_document(text: str, source: str, as_kind: str | None = None) -> PromptInput:
+    """One prompt from the text of a document (a file's, or one given on the command line): raw text, or JSON
+    of any supported kind (detected unless ``as_kind`` forces it). ``source`` names it in messages."""
+    if as_kind is not None and as_kind not in KINDS:
+        raise InputError(f"unknown input kind {as_kind!r}; expected one of {', '.join(KINDS)}")
     if as_kind == "text":
         return PromptInput(kind="text", source=source, text=text, field_paths=("text",))
     stripped = text.lstrip(" \t\r\n")

@@ -57,8 +57,8 @@ def read_timestamp(value: Any, unit: str | None = None) -> tuple[float, str] | N
                 raise TimestampError(f"timestamp {value!r:.60} has no time zone, so its instant depends on the "
                                      "machine: add Z (UTC) or an offset such as +01:00")
             return when.timestamp(), "iso"
-    raise TimestampError(f"cannot read timestamp {value!r:.60}: expected ISO 8601 with a zone "
-                         "(2026-11-30T10:00:00Z) or a number of seconds, milliseconds or microseconds since the epoch")
+    raise TimestampError("expected a time: ISO 8601 with a zone (2026-11-30T10:00:00Z) or a number of seconds, "
+                         f"milliseconds or microseconds since the epoch, got {value!r:.60}")
 
 
 def parse_timestamp(value: Any, unit: str | None = None) -> float | None:
