@@ -18,7 +18,7 @@ def test_diff_tokens_compares_texts_written_on_the_command_line(cli):
 def test_without_text_a_missing_file_says_how_to_pass_a_text(cli):
     r = cli("diff-tokens", "hello world", "hello there", "-t", "fixtures/tok")
     assert r.exit_code == 2 and r.stderr.count("\n") == 1
-    assert "no such file 'hello world'" in r.stderr and "--text" in r.stderr
+    assert "hello world: no such file (prompt A)" in r.stderr and "--text" in r.stderr
 
 
 def test_diff_tokens_reads_token_ids_and_chats_given_inline(cli):

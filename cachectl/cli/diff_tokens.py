@@ -143,8 +143,8 @@ def _prompt(arg: str, name: str, kind: Optional[str], inline: bool) -> Any:
         return read_prompt(arg, kind)
     except InputError:
         if arg != "-" and not os.path.exists(arg):
-            raise UsageError(f"{name}: no such file {shown!r}; to compare the prompts written on the command line, "
-                             "pass --text (raw text, or --as KIND for JSON)") from None
+            raise UsageError(f"{shown}: no such file (prompt {name}); to compare prompts written on the command "
+                             "line, pass --text (raw text, or --as KIND for JSON)") from None
         raise
 
 # -------------------------------------------------------------------------------------- renderers
