@@ -70,7 +70,7 @@ def test_struct_fields_and_arrow_timestamps(cli, tmp_path):
     ({"tokens": [[1, 2, 3], [4, None, 6]]}, "t.parquet: row 2: column 'tokens[1]': token ID None is not"),
     ({"tokens": [[1, 2, 3], [-4, 5, 6]]}, "t.parquet: row 2: column 'tokens[0]': token ID -4"),
     ({"tokens": [["a"], ["b"]]}, "t.parquet: column 'tokens' is list<element: string>: expected a list of integers"),
-    ({"tokens": [[1, 2], [3, 4]], "timestamp": ["a", "b"]}, "t.parquet: row 1: column 'timestamp': expected a number"),
+    ({"tokens": [[1, 2], [3, 4]], "timestamp": ["a", "b"]}, "t.parquet: row 1: column 'timestamp': expected a time"),
     ({"hash_ids": [[1, 2]], "input_length": [5000]}, "t.parquet: row 1: column 'hash_ids': 2 hash_ids do not cover"),
     ({"x": [1]}, "t.parquet: no trace columns"),
 ])

@@ -6,6 +6,7 @@ import functools
 import gc
 import importlib
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -105,6 +106,14 @@ class Normalize(Choice):
     case = "case"
 
 
+class TimeUnit(Choice):
+    """The unit of numeric timestamps (``--time-unit``); without it, recognized by magnitude."""
+
+    s = "s"
+    ms = "ms"
+    us = "us"
+
+
 # Shared options: declared once, reused by every command that takes them.
 FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="Output: text for people, json for machines.",
                                            case_sensitive=False)]
@@ -116,6 +125,26 @@ ChatTemplateOpt = Annotated[Optional[str], typer.Option(
 WindowOpt = Annotated[str, typer.Option(
     "--window", metavar="DURATION", help="Without --key: a conversation stays open this long after its last request "
                                          "(30s, 30m, 2h; a bare number is seconds).")]
+
+
+TimeUnitOpt = Annotated[Optional[TimeUnit], typer.Option(
+    "--time-unit", case_sensitive=False, show_default=False,
+    help="Unit of numeric timestamps: epoch (or log-relative) seconds, milliseconds or microseconds. Default: "
+         "recognized by magnitude (a note says when not seconds); ISO 8601 times need a zone.")]
+
+
+def timestamp_reader(unit: Optional[TimeUnit]) -> Any:
+    """The run's reader of timestamps, for ``--time-unit`` (see :mod:`cachectl.inputs.timestamps`)."""
+    from ..inputs.timestamps import TimestampReader
+
+    return TimestampReader(None if unit is None else str(unit))
+
+
+def timestamp_note(reader: Any) -> None:
+    """Say on stderr which unit the timestamps were recognized in, when it was not seconds."""
+    note = reader.note()
+    if note:
+        stderr.print(f"cachectl: note: {note}", markup=False, highlight=False, soft_wrap=True)
 
 
 def parse_window(text: str) -> float:
@@ -140,6 +169,21 @@ CapacityBlocksOpt = Annotated[Optional[int], typer.Option("--capacity-blocks", m
 CapacityGibOpt = Annotated[Optional[float], typer.Option("--capacity-gib", metavar="GIB",
                                                          help="KV memory in GiB (needs --model).")]
 KvDtypeOpt = Annotated[Dtype, typer.Option("--dtype", case_sensitive=False, help="KV dtype for --capacity-gib.")]
+
+
+def data_names(file: str, table: str, only: Optional[str] = None) -> str:
+    """The entries of a shipped data table (``links.json``'s ``links``) as help lists an option's values: each
+    name, its aliases in parentheses. ``only``: just the entries another file's table of that name holds."""
+    import json
+    from importlib import resources
+
+    def load(name: str) -> dict:
+        return json.loads(resources.files("cachectl.data").joinpath(name).read_text(encoding="utf-8"))[table]
+
+    entries = load(file)
+    keep = load(only) if only else entries
+    return ", ".join(name + (f" ({', '.join(e['aliases'])})" if e.get("aliases") else "")
+                     for name, e in entries.items() if name in keep)
 
 
 def in_panel(option: Any, panel: str) -> Any:
@@ -660,13 +704,47 @@ def _with_dots(make_metavar: Callable[..., str]) -> Callable[..., str]:
     return make
 
 
+def _unbraced(usage_name: Callable[..., str]) -> Callable[..., str]:
+    """typer writes a required argument ``{TRACE}`` in the usage line, which reads as a choice list: ``TRACE``,
+    as click writes it (optional ones keep their ``[REQUESTS.jsonl]``)."""
+
+    def name(*args: Any, **kwargs: Any) -> str:
+        return re.sub(r"^\{(.*)\}(\.\.\.)?$", r"\1\2", usage_name(*args, **kwargs))
+
+    return name
+
+
+def _whole_defaults(help_record: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A default that is a comma-separated list (``0.7,0.75,...``) is one word to the wrapper, which then cuts
+    it mid-value: show it with a space after each comma, so that help wraps between values."""
+
+    def record(ctx: Any) -> Any:
+        rv = help_record(ctx)
+        if rv is None or "[default: " not in rv[1]:
+            return rv
+        term, text = rv
+        return term, re.sub(r"\[default: ([^]]*)\]",
+                            lambda m: "[default: " + re.sub(r",(?=\S)", ", ", m.group(1)) + "]", text)
+
+    return record
+
+
 def tidy_help(command: Any) -> None:
     """Help that names values, not Python types: typer 0.29 prints ``<str>`` beside every argument and the type
-    beside any option without a metavar. Arguments keep their metavar alone; such options get N, NUMBER or
-    TEXT. Options with a fixed set of values keep their ``<a|b>`` list."""
+    beside any option without a metavar. Arguments keep their metavar alone (no braces around a required one);
+    such options get N, NUMBER or TEXT. Options with a fixed set of values keep their ``<a|b>`` list; list
+    defaults wrap between values."""
     for param in getattr(command, "params", ()):
+        if param.param_type_name == "option" and not getattr(param, "_cachectl_tidy", False):
+            param.get_help_record = _whole_defaults(param.get_help_record)
+            param._cachectl_tidy = True
         if param.param_type_name == "argument":
             param.display_type_rich = lambda ctx: None
+            if not getattr(param, "_cachectl_tidy", False):
+                param._cachectl_tidy = True
+                for method in ("make_metavar", "_usage_display_name"):  # typer 0.29 has the second for usage
+                    if hasattr(param, method):
+                        setattr(param, method, _unbraced(getattr(param, method)))
             # an argument of several values reads `PATH...`: typer before 0.29 drops the dots when the argument
             # names a metavar; 0.29 renders arguments without make_metavar, dots included
             make = getattr(param, "make_metavar", None)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -15,11 +15,13 @@ from .common import (EXIT_FINDING, EXIT_OK, AsOpt, BlockSizeOpt, ChatTemplateOpt
                      TemplateVarOpt, TokenizerOpt, emit_json, emit_jsonl, handle_errors, iter_progress,
                      parse_template_vars, stdout)
 
-HELP = """Find where two prompts stop matching in token space, and why.
+HELP = """Where two prompts stop matching in token space, and why.
 
-A and B may each be a raw text prompt, a JSON chat message list, an OpenAI or Anthropic request body,
-a JSON list of token IDs, or - for stdin. Chat inputs are rendered through the tokenizer's own chat
-template. Exit code 0 when the token IDs are identical, 1 when they differ, 2 on bad input.
+A and B are files (or - for stdin), each a raw text prompt, a JSON chat message list, an OpenAI or
+Anthropic request body, or a JSON list of token IDs. With --text, A and B are the prompts themselves:
+diff-tokens --text "hello world" "hello there" (raw text; --as chat|openai|anthropic|ids reads them as that
+JSON); --as ids '[1,2,3]' '[1,2,4]' reads a JSON list given in place of a file. Chat inputs are rendered
+through the tokenizer's own chat template. Exit code 0 when the token IDs are identical, 1 when they differ, 2 on bad input.
 
 Modes: two files (A B); --log FILE.jsonl pairs each request with the previous one of its conversation;
 --stability CONVERSATION.json checks that each turn's render is a token prefix of the next.
@@ -41,6 +43,9 @@ def command(
         "--special-tokens/--no-special-tokens",
         help="Add the tokenizer's special tokens (BOS...) when encoding raw text, as a completions API does.")] = True,
     as_kind: AsOpt = None,
+    inline: Annotated[bool, typer.Option(
+        "--text", help="A and B are the prompts themselves, not files: raw text, or with --as the JSON of that "
+                       "kind.")] = False,
     template_var: TemplateVarOpt = None,
     log: Annotated[Optional[str], typer.Option(
         "--log", metavar="FILE.jsonl", help="Batch mode: compare each logged request with the previous one.")] = None,
@@ -98,7 +103,7 @@ def command(
         raise UsageError("diff-tokens needs two prompts, A and B")
     if a == "-" and b == "-":
         raise UsageError("only one of A and B can be stdin (-)")
-    pa, pb = read_prompt(a, kind), read_prompt(b, kind)
+    pa, pb = _prompt(a, "A", kind, inline), _prompt(b, "B", kind, inline)
     for name, p in (("A", pa), ("B", pb)):
         if p.ids is None and tok is None:
             raise UsageError(f"{name} ({p.source}) is a {p.kind} prompt: pass --tokenizer to turn it into token IDs "
@@ -119,6 +124,28 @@ def command(
 
 
 command.__doc__ = HELP
+
+
+def _prompt(arg: str, name: str, kind: Optional[str], inline: bool) -> Any:
+    """Prompt A or B: the file ``arg`` names, or with ``--text`` (or ``--as ids`` and a JSON list that is no
+    file) the prompt written in ``arg`` itself."""
+    import os
+
+    from ..errors import InputError
+    from ..inputs import prompt_from_document, read_prompt
+
+    shown = arg if len(arg) <= 40 else arg[:37] + "..."
+    if inline:
+        return prompt_from_document(arg, repr(shown), kind or "text")
+    if kind == "ids" and arg.lstrip().startswith("[") and not os.path.exists(arg):
+        return prompt_from_document(arg, repr(shown), kind)
+    try:
+        return read_prompt(arg, kind)
+    except InputError:
+        if arg != "-" and not os.path.exists(arg):
+            raise UsageError(f"{shown}: no such file (prompt {name}); to compare prompts written on the command "
+                             "line, pass --text (raw text, or --as KIND for JSON)") from None
+        raise
 
 # -------------------------------------------------------------------------------------- renderers
 

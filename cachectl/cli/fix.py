@@ -19,6 +19,7 @@ from .common import (
     FormatOpt,
     KvCapacity,
     KvDtypeOpt,
+    TimeUnitOpt,
     TokenizerOpt,
     WindowOpt,
     check_output,
@@ -28,13 +29,15 @@ from .common import (
     parse_window,
     run_inputs,
     stdout,
+    timestamp_note,
+    timestamp_reader,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engines.repair.fix import FixReport
     from ..engines.repair.measure import Measure
 
-HELP = """Rewrite logged requests so that their cacheable prefix is stable, and measure what that is worth.
+HELP = """Rewrite a request log so its cacheable prefix is stable.
 
 LOG is JSONL: OpenAI Chat/Responses or Anthropic bodies, {timestamp, body, usage} wrappers, chat message
 lists, raw-text prompts ({"prompt": ...}) or token IDs. One named fix per cause (FX001 volatile value moved to
@@ -67,6 +70,7 @@ def command(
         "--key", "--session-field", metavar="FIELD", help="Conversation key field (dotted path, e.g. metadata.session); default: "
                                        "conversations are found automatically.")] = None,
     window: WindowOpt = "30m",
+    time_unit: TimeUnitOpt = None,
     tokenizer: TokenizerOpt = None,
     chat_template: ChatTemplateOpt = None,
     block_size: BlockSizeOpt = 16,
@@ -90,7 +94,8 @@ def command(
     from ..engines.provider.prices import PriceTable
     from ..engines.repair import fix, fixes
     from ..engines.repair.groups import log_lines
-    from ..inputs import display_name, iter_raw_lines, parse_jsonl_line, read_json_file
+    from ..inputs import display_name, read_json_file
+    from ..inputs.files import iter_log_values
 
     if diff and out:
         raise UsageError("--diff shows the changes without writing: drop --out (or --diff)")
@@ -118,13 +123,13 @@ def command(
         raise UsageError("--chat-template needs --tokenizer")
     source = display_name(log)
     raw: list[bytes] = []
-
     def records():  # each line parsed and checked before the next is read: the first bad line is the one named
-        for lineno, line, src in iter_raw_lines(log):
+        for lineno, line, value in iter_log_values(log):  # one pretty-printed body is a log of one line
             raw.append(line)
-            yield lineno, parse_jsonl_line(line, src, lineno)
+            yield lineno, value
 
-    lines = log_lines(records(), source=source, key=key)
+    stamps = timestamp_reader(time_unit)
+    lines = log_lines(records(), source=source, key=key, timestamps=stamps)
     options = fix.FixOptions(unsafe=unsafe_fixes, key=key, window_s=window_s, select=codes, block_size=block_size,
                              capacity_blocks=capacity.blocks(block_size), model=model,
                              add_generation_prompt=not no_generation_prompt)
@@ -138,6 +143,7 @@ def command(
         if diff:
             _render_diff(source, lines, report.output, changed)
         _render(report, out, len(changed))
+    timestamp_note(stamps)
     raise typer.Exit(EXIT_FINDING if report.fixes else EXIT_OK)
 
 

@@ -20,12 +20,13 @@ from .common import (
     Nbits,
     Quantizer,
     TokenizerOpt,
+    data_names,
     emit_json,
     handle_errors,
     stdout,
 )
 
-HELP = """What a model's KV cache holds and costs, from its configuration (offline, instant).
+HELP = """What a model's KV cache holds and costs. From its configuration: offline, instant.
 
 MODEL is a model directory or config.json, a .gguf file (its metadata), a Hugging Face id already in the
 local cache, or a catalog name (--list-models). Reports bytes per token per layer type (GQA, MLA,
@@ -66,7 +67,7 @@ def command(
     gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", metavar="SIZE",
                                                       help="GPU memory, e.g. 80GiB (default: the --gpu's).")] = None,
     gpu: Annotated[Optional[str], typer.Option("--gpu", metavar="NAME",
-                                               help="A GPU from the table (H100, A100, H200, L40S, ...).")] = None,
+                                               help=f"A GPU from the table: {data_names('gpus.json', 'gpus')}.")] = None,
     gpu_memory_utilization: Annotated[float, typer.Option("--gpu-memory-utilization", metavar="SHARE",
                                                           help="Share of GPU memory vLLM may use.")] = 0.9,
     weights_gib: Annotated[Optional[float], typer.Option("--weights-gib", metavar="GIB", help="Weights size, when the estimate "

@@ -19,7 +19,9 @@ from .common import (
     stdout,
 )
 
-HELP = """Lint prompt templates and request bodies for patterns that break prefix and prompt caches.
+HELP = """Lint templates and request bodies for what breaks caches.
+
+The patterns that break prefix and prompt caches.
 
 PATHs are Jinja prompt templates (.j2, .jinja, .prompt), chat templates (tokenizer_config.json,
 chat_template.jinja), Anthropic/OpenAI request bodies (JSON or YAML), or directories of them.

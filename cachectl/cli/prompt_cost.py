@@ -7,11 +7,12 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..errors import UsageError
+from ..errors import InputError, UsageError
 from .common import (
     EXIT_OK,
     Format,
     FormatOpt,
+    TimeUnitOpt,
     TokenizerOpt,
     Ttl,
     check_price_model,
@@ -19,16 +20,23 @@ from .common import (
     flags_for_params,
     handle_errors,
     stdout,
+    timestamp_note,
+    timestamp_reader,
 )
 
 HELP = """What provider prompt caching costs and saves.
 
+\b
 Modes:
-  --usage RESPONSES.jsonl   audit logged responses (or their usage objects): exact cost, with and without caching
-  REQUESTS.jsonl            simulate a timed request log (Anthropic bodies with cache_control, OpenAI bodies,
-                            or token layouts) and predict each request's usage counters and cost
-  --prefix-tokens N ...     what-if in the shell: N calls sharing a prefix, every D apart
-  --list-models             the price table: the caching rule, source and date per entry
+  --usage RESPONSES.jsonl  audit logged responses (or their usage objects):
+                           exact cost, with and without caching
+  REQUESTS.jsonl           simulate a timed request log (Anthropic bodies with
+                           cache_control, OpenAI bodies, or token layouts):
+                           each request's usage counters and cost
+  --prefix-tokens N ...    what-if in the shell: N calls sharing a prefix,
+                           every D apart
+  --list-models            the price table: the caching rule, source and date
+                           per entry
 
 A model is priced only by its own entry or an alias the table declares (dated snapshots, -latest): an unknown
 name is refused with the close names; --model-as NAME prices unknown names as NAME, with a note.
@@ -61,6 +69,7 @@ def command(
         "--every", metavar="DURATION", help="What-if: time between calls (30s, 2m, 1h); simulate: spacing for "
                                             "lines without a timestamp.")] = None,
     ttl: Annotated[Ttl, typer.Option("--ttl", help="What-if: cache TTL of the prefix breakpoint.")] = Ttl.m5,
+    time_unit: TimeUnitOpt = None,
     fmt: FormatOpt = Format.text,
 ) -> None:
     from ..engines.provider import cache as promptcache
@@ -96,8 +105,15 @@ def command(
         from ..inputs import display_name, iter_jsonl
 
         assert usage is not None
-        report = promptcache.audit_usage(iter_jsonl(usage), source=display_name(usage), table=table,
-                                         default_model=model, model_as=model_as)
+        try:
+            report = promptcache.audit_usage(iter_jsonl(usage), source=display_name(usage), table=table,
+                                             default_model=model, model_as=model_as)
+        except InputError as exc:
+            if not exc.message.startswith("this is a request, not a response"):
+                raise
+            raise InputError("a request, not a response: --usage audits logged responses (their usage counters); "
+                             f"simulate a request log as the argument: cachectl prompt-cost {usage} --tokenizer T",
+                             source=exc.source, line=exc.line) from None
     else:
         from ..inputs import display_name, read_requests
 
@@ -110,11 +126,13 @@ def command(
             text_counter = promptcache.tokenizer_counter(load_tokenizer(tokenizer))
             token_source = f"tokenizer {tokenizer}"
         api = _anthropic_client() if count_with_api else None
+        stamps = timestamp_reader(time_unit)
         report = promptcache.simulate_requests(
-            read_requests(requests, default_model=model),
+            read_requests(requests, default_model=model, timestamps=stamps),
             table=table, source=display_name(requests), text_counter=text_counter, api=api,
             every=promptcache.parse_duration(every) if every else None, token_source=token_source,
             model_as=model_as)
+        timestamp_note(stamps)
     if fmt is Format.json:
         emit_json(report)
     else:

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from .. import __version__
-from ..errors import InputError, UsageError
+from ..errors import UsageError
 from .common import (
     EXIT_FINDING,
     EXIT_OK,
@@ -17,6 +17,8 @@ from .common import (
     ChatTemplateOpt,
     Format,
     FormatOpt,
+    TimeUnit,
+    TimeUnitOpt,
     WindowOpt,
     check_output,
     check_price_model,
@@ -25,9 +27,13 @@ from .common import (
     parse_window,
     run_inputs,
     stdout,
+    timestamp_note,
+    timestamp_reader,
 )
 
-HELP = """One report over a JSONL request log: the tokens a prefix cache could have reused and did not, per
+HELP = """One page over a request log: what its caches missed.
+
+The tokens a prefix cache could have reused and did not, per
 cause (diff-tokens --log), the worst conversations with their token diff side by side, the provider cache's
 cost and misses (prompt-cost, with the model's prices) and the vLLM prefix hit rate against capacity
 (simulate-prefix --curve), and what `cachectl fix` would gain: the log measured before, after the safe fixes
@@ -41,20 +47,13 @@ its conversation, 1 when prefix tokens were lost, 2 on bad input.
 
 
 def _trace_records(path: str) -> Iterator[tuple]:
-    """simulate-prefix's trace records, with ISO 8601 timestamps read as seconds (gateway logs write them) and bare
-    chat lists as ``{"messages": [...]}`` (diff-tokens' logs are often those)."""
+    """simulate-prefix's trace records, bare chat lists as ``{"messages": [...]}`` (diff-tokens' logs are often
+    those); timestamps are read by the trace reader (ISO 8601 too)."""
     from ..engines.prefix.trace import trace_records
-    from ..inputs import display_name
-    from ..inputs.request import parse_timestamp
 
     for line, value, *rest in trace_records(path):
         if isinstance(value, list):  # a bare chat list: the trace reader wants an object
             value = {"messages": value}
-        if isinstance(value, dict) and isinstance(value.get("timestamp"), str):
-            try:
-                value = {**value, "timestamp": parse_timestamp(value["timestamp"])}
-            except ValueError as exc:
-                raise InputError(str(exc), source=display_name(path), line=line, field="timestamp") from None
         yield (line, value, *rest)
 
 
@@ -69,6 +68,7 @@ def command(
         "--key", "--session-field", metavar="FIELD", help="Conversation key field (dotted path, e.g. metadata.session); "
                                        "default: conversations found automatically.")] = None,
     window: WindowOpt = "30m",
+    time_unit: TimeUnitOpt = None,
     chat_template: ChatTemplateOpt = None,
     model: Annotated[Optional[str], typer.Option(
         "--model", "-m", metavar="MODEL", help="Price table model for requests that name none (and whose prices "
@@ -87,14 +87,15 @@ def command(
         check_output(html, "--html", run_inputs(log, tokenizer=tokenizer, chat_template=chat_template))
     # the log is read three times (token diff, provider cache, prefix replay): stdin or a pipe is copied once
     with spooled(log) as path:
-        _report(path, tokenizer, key, window, chat_template, model, html, block_size, top, fmt)
+        _report(path, tokenizer, key, window, chat_template, model, html, block_size, top, fmt, time_unit)
 
 
 command.__doc__ = HELP
 
 
 def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_template: Optional[str],
-            model: Optional[str], html: Optional[str], block_size: int, top: int, fmt: Format) -> None:
+            model: Optional[str], html: Optional[str], block_size: int, top: int, fmt: Format,
+            time_unit: Optional[TimeUnit] = None) -> None:
     from dataclasses import replace
 
     from ..engines.prefix.trace import iter_trace
@@ -110,7 +111,8 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
     check_price_model(table, model)
     source = display_name(log)
     # fix's reader and grouping: conversations by --key, else found automatically
-    lines = log_lines(iter_jsonl(log), source=source, key=key)
+    stamps = timestamp_reader(time_unit)
+    lines = log_lines(iter_jsonl(log), source=source, key=key, timestamps=stamps)
     options = fix.FixOptions(key=key, window_s=parse_window(window), block_size=block_size, model=model)
     safe = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source)
     full = fix.fix_log(lines, replace(options, unsafe=True), tokenizer=tok, table=table, source=source, reuse=safe)
@@ -119,8 +121,9 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
                for ln, g in zip(lines, groups)]
     result = report.build_report(
         source=source, log=records, tokenizer=tok, tokenizer_name=tokenizer, fixes=report.before_after(safe, full),
-        requests=read_requests(log, default_model=model), table=table,
-        trace=iter_trace(_trace_records(log), source=source, tokenizer=tok), block_size=block_size, top=top,
+        requests=read_requests(log, default_model=model, timestamps=stamps), table=table,
+        trace=iter_trace(_trace_records(log), source=source, tokenizer=tok, timestamps=stamps), block_size=block_size,
+        top=top,
         price_model=model, text_counter=promptcache.tokenizer_counter(tok))
     if html is not None:
         from ..outputs import write_text
@@ -131,6 +134,7 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
         emit_json(result)
     else:
         _render_text(result, html)
+    timestamp_note(stamps)
     raise typer.Exit(EXIT_FINDING if result.tokens_lost else EXIT_OK)
 
 

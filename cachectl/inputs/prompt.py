@@ -56,6 +56,14 @@ def read_prompt(path: str, as_kind: str | None = None) -> PromptInput:
     if as_kind is not None and as_kind not in KINDS:
         raise InputError(f"unknown input kind {as_kind!r}; expected one of {', '.join(KINDS)}")
     text, source = read_text(path)
+    return prompt_from_document(text, source, as_kind)
+
+
+def prompt_from_document(text: str, source: str, as_kind: str | None = None) -> PromptInput:
+    """One prompt from the text of a document (a file's, or one given on the command line): raw text, or JSON
+    of any supported kind (detected unless ``as_kind`` forces it). ``source`` names it in messages."""
+    if as_kind is not None and as_kind not in KINDS:
+        raise InputError(f"unknown input kind {as_kind!r}; expected one of {', '.join(KINDS)}")
     if as_kind == "text":
         return PromptInput(kind="text", source=source, text=text, field_paths=("text",))
     stripped = text.lstrip(" \t\r\n")
@@ -74,8 +82,9 @@ def read_prompt(path: str, as_kind: str | None = None) -> PromptInput:
 
 
 def prompt_from_value(value: Any, *, source: str, line: int | None, as_kind: str | None = None,
-                      locator: Locator | None = None) -> PromptInput:
-    """Turn a parsed JSON value into a :class:`PromptInput` (detecting its kind)."""
+                      locator: Locator | None = None, timestamps: Any = None) -> PromptInput:
+    """Turn a parsed JSON value into a :class:`PromptInput` (detecting its kind). ``timestamps``: the run's
+    reader of a request's timestamp (see :func:`~cachectl.inputs.parse_request`)."""
     loc: dict[str, Any] = {"source": source, "line": line}
     if isinstance(value, list):
         if as_kind in (None, "ids") and (as_kind == "ids" or not value or not isinstance(value[0], dict)):
@@ -101,7 +110,8 @@ def prompt_from_value(value: Any, *, source: str, line: int | None, as_kind: str
                 break
     if is_request_body(body) and "blocks" not in body:
         provider = as_kind if as_kind in ("openai", "anthropic") else None
-        req = parse_request(value, source=source, line=line, locator=locator, provider=provider)
+        req = parse_request(value, source=source, line=line, locator=locator, provider=provider,
+                            timestamps=timestamps)
         return prompt_from_request(req)
     meta = {k: v for k, v in body.items() if k not in ("messages", "tools", "system", "prompt")}
     meta.update(wrapper)

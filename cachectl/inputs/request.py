@@ -20,14 +20,13 @@ build one in memory with :func:`parse_request`.
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from ..errors import InputError
 from .jsonpos import LocateFn
+from .timestamps import parse_timestamp
 
 PROVIDERS = ("anthropic", "openai", "layout")
 APIS = ("messages", "chat", "responses", "layout")
@@ -221,31 +220,15 @@ def unwrap(value: Any) -> tuple[Any, str, dict]:
     return value, "", {}
 
 
-def parse_timestamp(value: Any) -> float | None:
-    """Seconds, or an ISO 8601 time; ``ValueError`` otherwise."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ValueError("expected seconds or an ISO 8601 time")
-    if isinstance(value, (int, float)):
-        if not math.isfinite(value):
-            raise ValueError("expected a finite number of seconds")
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            pass
-    raise ValueError(f"cannot read timestamp {value!r} (seconds, or ISO 8601)")
-
-
 def parse_request(value: Any, *, source: str = "<memory>", line: int | None = None,
                   locator: LocateFn | None = None, default_model: str | None = None,
-                  provider: str | None = None) -> Request:
+                  provider: str | None = None, timestamps: Callable[[Any], float | None] | None = None) -> Request:
     """Parse a request body (or a log line wrapping one) into the canonical :class:`Request`.
 
     ``locator`` maps a JSON path of ``value`` to (line, column) in its file (documents); log lines pass their
-    ``line``. ``provider`` forces ``anthropic`` or ``openai`` where detection would guess.
+    ``line``. ``provider`` forces ``anthropic`` or ``openai`` where detection would guess. ``timestamps``:
+    the reader of the run's timestamps (a :class:`~cachectl.inputs.timestamps.TimestampReader`; by default
+    :func:`~cachectl.inputs.timestamps.parse_timestamp`).
     """
     loc = locator or _no_locate
     if not isinstance(value, dict):
@@ -264,7 +247,7 @@ def parse_request(value: Any, *, source: str = "<memory>", line: int | None = No
     model = model or default_model
     ts_raw = wrapper.get("timestamp", body.get("timestamp"))
     try:
-        ts = parse_timestamp(ts_raw)
+        ts = (timestamps or parse_timestamp)(ts_raw)
     except ValueError as exc:
         raise InputError(str(exc), source=source, line=line if line is not None else loc("timestamp")[0],
                          field="timestamp") from None

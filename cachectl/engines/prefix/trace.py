@@ -9,7 +9,7 @@ makes a collision vanishingly unlikely on real traces); ``hash_fn="sha256"`` use
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, chain, count
 from typing import TYPE_CHECKING, Any
@@ -183,13 +183,18 @@ def _get(value: dict, dotted: str) -> Any:
 def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
                salt_field: str | None = None, tenant_field: str | None = None, hash_block_size: int = 512,
                as_kind: str | None = None, batch_size: int = 128, no_salt: bool = False,
-               add_generation_prompt: bool = True, session_fields: Sequence[str] = ()) -> Iterator[TraceRequest]:
+               add_generation_prompt: bool = True, session_fields: Sequence[str] = (),
+               timestamps: Callable[[Any], float | None] | None = None) -> Iterator[TraceRequest]:
     """Requests from a JSONL trace: token IDs, Mooncake hash_ids, or text/chat through a tokenizer.
 
     ``records`` yields ``(line, value)`` or, from :func:`trace_records`, ``(line, value, has_bool_literal)``.
     ``session_fields``: the first of these (dotted) fields present on a line is the request's ``session``
-    (for session-affinity routing); None when none is.
+    (for session-affinity routing); None when none is. ``timestamps``: the reader of the run's timestamps (a
+    :class:`~cachectl.inputs.TimestampReader`: ISO 8601, epoch seconds, milliseconds or microseconds).
     """
+    from ...inputs.timestamps import TimestampError, parse_timestamp
+
+    read_time = timestamps or parse_timestamp
     pending: list[tuple[int, Any, Any, dict]] = []
     index = 0
 
@@ -225,17 +230,18 @@ def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
             salt = _nested_key(salt, salt_field or "salt", where)
         if isinstance(tenant, (dict, list)):
             tenant = _nested_key(tenant, tenant_field or "salt", where)
-        ts = value.get("timestamp")
-        if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float))
-                               or not -MAX_TIMESTAMP < ts < MAX_TIMESTAMP):
-            raise InputError(f"expected a number of seconds (or Mooncake milliseconds), got {ts!r:.60}",
-                             field="timestamp", **where)
+        try:
+            ts = read_time(value.get("timestamp"))
+        except TimestampError as exc:
+            raise InputError(str(exc), field="timestamp", **where) from None
+        if ts is not None and not -MAX_TIMESTAMP < ts < MAX_TIMESTAMP:
+            raise InputError(f"timestamp {ts:g} s is out of range", field="timestamp", **where)
         out_key = "output_tokens" if "output_tokens" in value else "output_length"
         out = value.get(out_key) or 0
         if isinstance(out, bool) or not isinstance(out, int) or not 0 <= out <= MAX_OUTPUT_TOKENS:
             raise InputError(f"expected a non-negative integer up to {MAX_OUTPUT_TOKENS:,}, got {out!r:.60}",
                              field=out_key, **where)
-        meta: dict[str, Any] = {"tenant": tenant, "timestamp": None if ts is None else float(ts), "output_tokens": out,
+        meta: dict[str, Any] = {"tenant": tenant, "timestamp": ts, "output_tokens": out,
                 "unsalted": unsalted, "no_tenant": no_tenant}
         if session_fields:
             session = next((v for v in map(lambda f: _get(value, f), session_fields) if v is not None), None)
@@ -259,8 +265,6 @@ def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
                                          "block with its whole prefix, so one request cannot hold it twice",
                                          field=f"hash_ids[{i}]", **where)
                     first[h] = i
-            if ts is not None and meta["timestamp"] is not None and ts > 1e11:
-                meta["timestamp"] = ts / 1000.0  # Mooncake timestamps are milliseconds
             yield TraceRequest(index=index, line=line, prompt_tokens=length, hash_ids=ids,
                                hash_block_size=hash_block_size, salt=salt, **meta)
             index += 1

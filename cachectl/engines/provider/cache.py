@@ -167,6 +167,16 @@ def _as_usage(u: LoggedUsage) -> Usage:
 # ----------------------------------------------------------------------------------------------- audit
 
 
+def _is_request_line(value: dict) -> bool:
+    """A request body, bare or in a ``{timestamp, body}`` wrapper, that carries no response or usage."""
+    from ...inputs import is_request_body, unwrap
+
+    if "usage" in value or isinstance(value.get("response"), dict):
+        return False
+    body, _, _ = unwrap(value)
+    return is_request_body(body) or any(k in value for k in ("messages", "blocks", "input"))
+
+
 def usage_from_record(value: Any, *, default_model: str | None, table: PriceTable, source: str,
                       line: int | None, model_as: str | None = None,
                       notes: list[str] | None = None) -> tuple[ModelPrice, LoggedUsage]:
@@ -174,11 +184,11 @@ def usage_from_record(value: Any, *, default_model: str | None, table: PriceTabl
     where: dict[str, Any] = {"source": source, "line": line}
     if not isinstance(value, dict):
         raise InputError("expected a JSON object (a response or its usage)", **where)
+    if _is_request_line(value):
+        raise InputError("this is a request, not a response: `usage` audits logged responses; simulate "
+                         "request logs with `requests`", **where)
     usage, path, rec = find_usage(value)
     if usage is None:
-        if "messages" in value or "blocks" in value or "input" in value:
-            raise InputError("this is a request, not a response: `usage` audits logged responses; simulate "
-                             "request logs with `requests`", **where)
         raise InputError("neither a response nor a usage object (no 'usage' field)", **where)
     model_name, field = record_model(value, rec)
     model_name = model_name or default_model

@@ -45,17 +45,19 @@ class Grouping:
 # --------------------------------------------------------------------------------------------- reading
 
 
-def log_lines(records: Iterable[tuple[int, Any]], *, source: str, key: str | None = None) -> list[LogLine]:
+def log_lines(records: Iterable[tuple[int, Any]], *, source: str, key: str | None = None,
+              timestamps: Any = None) -> list[LogLine]:
     """:class:`LogLine` records from ``(line, value)`` pairs (:func:`cachectl.inputs.iter_jsonl`): request bodies
     and wrappers (through :func:`cachectl.inputs.parse_request`), chat lists, raw-text and token-ID prompts
-    (through :func:`cachectl.inputs.prompt_from_value`)."""
+    (through :func:`cachectl.inputs.prompt_from_value`). ``timestamps``: the run's
+    :class:`~cachectl.inputs.TimestampReader`."""
     out: list[LogLine] = []
     for lineno, value in records:
-        out.append(_log_line(lineno, value, source, key))
+        out.append(_log_line(lineno, value, source, key, timestamps))
     return out
 
 
-def _log_line(lineno: int, value: Any, source: str, key: str | None) -> LogLine:
+def _log_line(lineno: int, value: Any, source: str, key: str | None, timestamps: Any = None) -> LogLine:
     k = None
     if key is not None:
         k = get_path(value, key) if isinstance(value, dict) else None
@@ -63,7 +65,7 @@ def _log_line(lineno: int, value: Any, source: str, key: str | None) -> LogLine:
             raise InputError("missing conversation key", source=source, line=lineno, field=key)
         if isinstance(k, (dict, list)):
             k = json.dumps(k, sort_keys=True)
-    prompt = prompt_from_value(value, source=source, line=lineno)
+    prompt = prompt_from_value(value, source=source, line=lineno, timestamps=timestamps)
     req = prompt.request
     if req is None and prompt.kind == "chat":
         req = parse_request({"messages": value}, source=source, line=lineno, provider="openai")
@@ -72,15 +74,16 @@ def _log_line(lineno: int, value: Any, source: str, key: str | None) -> LogLine:
         from ...inputs import parse_timestamp
 
         try:
-            ts = parse_timestamp(value["timestamp"])
+            ts = (timestamps or parse_timestamp)(value["timestamp"])
         except ValueError as exc:
             raise InputError(str(exc), source=source, line=lineno, field="timestamp") from None
     return LogLine(line=lineno, value=value, prompt=prompt, request=req, key=k, timestamp=ts)
 
 
 def reparse(ln: LogLine, value: Any) -> LogLine:
-    """The line after a rewrite, parsed again (a rewrite that no longer parses is a bug: it raises)."""
-    return replace(_log_line(ln.line, value, ln.prompt.source, None), key=ln.key)
+    """The line after a rewrite, parsed again (a rewrite that no longer parses is a bug: it raises); a rewrite
+    leaves the time alone, so the line keeps the timestamp it was read with (in the run's unit)."""
+    return replace(_log_line(ln.line, value, ln.prompt.source, None, timestamps=lambda _: ln.timestamp), key=ln.key)
 
 
 # -------------------------------------------------------------------------------------------- grouping

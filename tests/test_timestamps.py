@@ -1,0 +1,98 @@
+"""One timestamp reader for every command: ISO 8601 with a zone, epoch seconds, milliseconds or microseconds by
+magnitude (said in a note), refused with the unit to state where the magnitude fits none (--time-unit)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import pytest
+
+from cachectl.inputs import TimestampError, TimestampReader, read_timestamp
+
+ISO = "2026-11-30T10:00:00Z"
+EPOCH = datetime.fromisoformat("2026-11-30T10:00:00+00:00").timestamp()
+
+
+@pytest.mark.parametrize("value,seconds,how", [
+    (ISO, EPOCH, "iso"),
+    ("2026-11-30T11:00:00+01:00", EPOCH, "iso"),
+    (EPOCH, EPOCH, "s"),
+    (int(EPOCH * 1000), EPOCH, "ms"),
+    (int(EPOCH * 1_000_000), EPOCH, "us"),
+    (0, 0.0, "s"),            # seconds from the start of a trace
+    (12.5, 12.5, "s"),
+])
+def test_units_are_recognized_by_magnitude(value, seconds, how):
+    assert read_timestamp(value) == (pytest.approx(seconds), how)
+
+
+@pytest.mark.parametrize("value", [5e10, 5e13, 1e17])
+def test_a_magnitude_that_fits_no_unit_is_refused_naming_the_option(value):
+    with pytest.raises(TimestampError, match=r"--time-unit s\|ms\|us"):
+        read_timestamp(value)
+    assert read_timestamp(value, "s") == (value, "s")  # stated: read as told
+
+
+def test_iso_without_a_zone_and_junk_are_refused():
+    with pytest.raises(TimestampError, match="no time zone"):
+        read_timestamp("2026-11-30T10:00:00")
+    for bad in ("yesterday", True, float("nan"), [1]):
+        with pytest.raises(TimestampError):
+            read_timestamp(bad)
+
+
+def test_a_stated_unit_applies_to_every_number_and_the_reader_notes_what_it_recognized():
+    assert TimestampReader("ms")(1500) == 1.5
+    reader = TimestampReader()
+    assert reader(EPOCH * 1000) == pytest.approx(EPOCH) and reader(ISO) == pytest.approx(EPOCH)
+    assert reader.note() == ("timestamps read as epoch milliseconds, by their magnitude (--time-unit states "
+                             "the unit)")
+    assert TimestampReader().note() is None
+
+
+def _in_ms(src: str, dst) -> str:
+    with open(src, encoding="utf-8") as f, open(dst, "w", encoding="utf-8") as out:
+        for line in f:
+            value = json.loads(line)
+            value["timestamp"] = round(datetime.fromisoformat(value["timestamp"].replace("Z", "+00:00"))
+                                       .timestamp() * 1000)
+            out.write(json.dumps(value) + "\n")
+    return str(dst)
+
+
+def test_simulate_prefix_reads_iso_timestamps(cli):
+    # it used to refuse them: "expected a number of seconds..., got '2026-11-30T10:00:00Z'"
+    r = cli("simulate-prefix", "fixtures/prompts/openai_requests.jsonl", "-t", "fixtures/tok",
+            "--capacity-blocks", "200")
+    assert r.exit_code == 0, r.stderr
+    assert "hit rate 56.2%" in r.stdout and "timestamp" not in r.stderr
+
+
+def test_epoch_milliseconds_are_milliseconds_in_prompt_cost(cli, tmp_path):
+    iso = cli("prompt-cost", "fixtures/prompts/agent_log.jsonl", "-t", "fixtures/tok", "-f", "json")
+    log = _in_ms("fixtures/prompts/agent_log.jsonl", tmp_path / "ms.jsonl")
+    ms = cli("prompt-cost", log, "-t", "fixtures/tok", "-f", "json")
+    assert iso.exit_code == ms.exit_code == 0, ms.stderr
+    rate = json.loads(iso.stdout)["hit_rate"]
+    assert rate > 0.5 and json.loads(ms.stdout)["hit_rate"] == rate  # not "TTL expired" on every request
+    assert "cachectl: note: timestamps read as epoch milliseconds" in ms.stderr and iso.stderr == ""
+    # stated as seconds, they are 1,000 times as far apart: every entry expires
+    assert json.loads(cli("prompt-cost", log, "-t", "fixtures/tok", "-f", "json", "--time-unit", "s")
+                      .stdout)["hit_rate"] == 0
+
+
+@pytest.mark.parametrize("command", [
+    ["simulate-prefix", "{log}", "--capacity-blocks", "10"],
+    ["prompt-cost", "{log}", "-t", "fixtures/tok"],
+    ["fix", "{log}"],
+])
+def test_an_ambiguous_timestamp_is_one_line_naming_the_unit_to_state(cli, tmp_path, command):
+    log = tmp_path / "odd.jsonl"
+    log.write_text(json.dumps({"timestamp": 5e10, "model": "gpt-4.1", "tokens": [1, 2, 3],
+                               "messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    r = cli(*[str(log) if a == "{log}" else a for a in command])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "odd.jsonl:1" in r.stderr and "--time-unit s|ms|us" in r.stderr
+    ok = cli(*[str(log) if a == "{log}" else a for a in command], "--time-unit", "ms")
+    assert ok.exit_code in (0, 1) and "timestamp" not in ok.stderr, ok.stderr
