@@ -12,6 +12,7 @@ from .common import (
     EXIT_OK,
     Format,
     FormatOpt,
+    TimeUnit,
     TimeUnitOpt,
     TokenizerOpt,
     Ttl,
@@ -72,7 +73,6 @@ def command(
     time_unit: TimeUnitOpt = None,
     fmt: FormatOpt = Format.text,
 ) -> None:
-    from ..engines.provider import cache as promptcache
     from ..engines.provider.prices import PriceTable
     from ..inputs import read_json_file
 
@@ -82,62 +82,80 @@ def command(
     if len(modes) != 1:
         raise UsageError("choose one mode: --usage RESPONSES.jsonl, REQUESTS.jsonl, --prefix-tokens N (what-if), "
                          "or --list-models")
-    mode = modes[0]
     if model_as is not None:
         check_price_model(table, model_as, "--model-as")
-    if mode == "list":
-        _render_models(table, fmt)
-        raise typer.Exit(EXIT_OK)
-    if mode == "what-if":
-        if model is None:
-            raise UsageError("what-if needs --model")
-        if ttl not in ("5m", "1h"):
-            raise UsageError("--ttl must be 5m or 1h")
-        if calls > 1 and every is None:
-            raise UsageError("what-if with several --calls needs --every DURATION (calls at the same moment "
-                             "all miss: an entry is readable only once its writer has started)")
-        assert prefix_tokens is not None  # the mode says so
-        report = promptcache.what_if(table=table, model=model, prefix_tokens=prefix_tokens,
-                                     suffix_tokens=suffix_tokens, output_tokens=output_tokens, calls=calls,
-                                     every=promptcache.parse_duration(every) if every else 0.0,
-                                     ttl=getattr(ttl, "value", ttl))
-    elif mode == "audit":
-        from ..inputs import display_name, iter_jsonl
-
-        assert usage is not None
-        try:
-            report = promptcache.audit_usage(iter_jsonl(usage), source=display_name(usage), table=table,
-                                             default_model=model, model_as=model_as)
-        except InputError as exc:
-            if not exc.message.startswith("this is a request, not a response"):
-                raise
-            raise InputError("a request, not a response: --usage audits logged responses (their usage counters); "
-                             f"simulate a request log as the argument: cachectl prompt-cost {usage} --tokenizer T",
-                             source=exc.source, line=exc.line) from None
-    else:
-        from ..inputs import display_name, read_requests
-
-        assert requests is not None
-        text_counter = None
-        token_source = "layout"
-        if tokenizer is not None:
-            from ..tokenization import load_tokenizer
-
-            text_counter = promptcache.tokenizer_counter(load_tokenizer(tokenizer))
-            token_source = f"tokenizer {tokenizer}"
-        api = _anthropic_client() if count_with_api else None
-        stamps = timestamp_reader(time_unit)
-        report = promptcache.simulate_requests(
-            read_requests(requests, default_model=model, timestamps=stamps),
-            table=table, source=display_name(requests), text_counter=text_counter, api=api,
-            every=promptcache.parse_duration(every) if every else None, token_source=token_source,
-            model_as=model_as)
-        timestamp_note(stamps)
+    match modes[0]:
+        case "list":
+            _render_models(table, fmt)
+            raise typer.Exit(EXIT_OK)
+        case "what-if":
+            assert prefix_tokens is not None  # the mode says so
+            report = _what_if(table, model, prefix_tokens, suffix_tokens, output_tokens, calls, every, ttl)
+        case "audit":
+            assert usage is not None
+            report = _audit(table, usage, model, model_as)
+        case _:
+            assert requests is not None
+            report = _simulate(table, requests, model, model_as, tokenizer, count_with_api, every, time_unit)
     if fmt is Format.json:
         emit_json(report)
     else:
         _render_report(report)
     raise typer.Exit(EXIT_OK)
+
+
+def _what_if(table, model: Optional[str], prefix_tokens: int, suffix_tokens: int, output_tokens: int, calls: int,
+             every: Optional[str], ttl: Ttl):
+    from ..engines.provider import cache as promptcache
+
+    if model is None:
+        raise UsageError("what-if needs --model")
+    if ttl not in ("5m", "1h"):
+        raise UsageError("--ttl must be 5m or 1h")
+    if calls > 1 and every is None:
+        raise UsageError("what-if with several --calls needs --every DURATION (calls at the same moment "
+                         "all miss: an entry is readable only once its writer has started)")
+    return promptcache.what_if(table=table, model=model, prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens,
+                               output_tokens=output_tokens, calls=calls,
+                               every=promptcache.parse_duration(every) if every else 0.0,
+                               ttl=getattr(ttl, "value", ttl))
+
+
+def _audit(table, usage: str, model: Optional[str], model_as: Optional[str]):
+    from ..engines.provider import cache as promptcache
+    from ..inputs import display_name, iter_jsonl
+
+    try:
+        return promptcache.audit_usage(iter_jsonl(usage), source=display_name(usage), table=table,
+                                       default_model=model, model_as=model_as)
+    except InputError as exc:
+        if not exc.message.startswith("this is a request, not a response"):
+            raise
+        raise InputError("a request, not a response: --usage audits logged responses (their usage counters); "
+                         f"simulate a request log as the argument: cachectl prompt-cost {usage} --tokenizer T",
+                         source=exc.source, line=exc.line) from None
+
+
+def _simulate(table, requests: str, model: Optional[str], model_as: Optional[str], tokenizer: Optional[str],
+              count_with_api: bool, every: Optional[str], time_unit: Optional[TimeUnit]):
+    from ..engines.provider import cache as promptcache
+    from ..inputs import display_name, read_requests
+
+    text_counter = None
+    token_source = "layout"
+    if tokenizer is not None:
+        from ..tokenization import load_tokenizer
+
+        text_counter = promptcache.tokenizer_counter(load_tokenizer(tokenizer))
+        token_source = f"tokenizer {tokenizer}"
+    api = _anthropic_client() if count_with_api else None
+    stamps = timestamp_reader(time_unit)
+    report = promptcache.simulate_requests(
+        read_requests(requests, default_model=model, timestamps=stamps),
+        table=table, source=display_name(requests), text_counter=text_counter, api=api,
+        every=promptcache.parse_duration(every) if every else None, token_source=token_source, model_as=model_as)
+    timestamp_note(stamps)
+    return report
 
 
 command.__doc__ = HELP
