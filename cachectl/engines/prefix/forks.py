@@ -86,6 +86,8 @@ _LINE_CAUSES = ("date_time", "volatile_id", "counter", "per_user_value")
 MIN_SHARED_CHARS = 64
 #: lines after the diverging one that may differ too before the shared part (a block of per-request lines)
 MAX_SKIPPED_LINES = 8
+#: a diverging line longer than this in any branch is not a value to move (it is the text the branches share)
+MAX_VALUE_CHARS = 300
 
 
 # --------------------------------------------------------------------------------------------- inputs
@@ -582,13 +584,17 @@ class ForkReport:
     passes: int = 0
     replays: int = 0
     notes: tuple[str, ...] = ()
+    #: per request (in log order): the no-eviction hit tokens it gains with every fixable fork fixed (negative
+    #: where a move costs it some); they add up to ``fixed_hit_tokens - hit_tokens``
+    request_gains: tuple[int, ...] = field(default=(), repr=False)
     _plan: tuple = field(default=(), repr=False, compare=False)
     _tokenizer: Any = field(default=None, repr=False, compare=False)
     #: (id of a fork, its line move)
     _moves: tuple = field(default=(), repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")
+             and f.name != "request_gains"}
         d["forks"] = [f.to_dict() for f in self.forks]
         d["notes"] = list(self.notes)
         return d
@@ -702,28 +708,35 @@ class _Analyzer:
             ids = self.view(r, plan).ids if plan else r.ids
             yield k, r, len(ids), block_keys(ids, bs, r.salt)
 
-    def tree_pass(self, plan: Sequence[Any]) -> tuple[PrefixTree, int]:
+    def tree_pass(self, plan: Sequence[Any], per_request: array | None = None) -> tuple[PrefixTree, int]:
         """The tree of the log under ``plan``, and its no-eviction hits (the blocks each request finds in the tree
         before it is added, capped at ``L - 1`` tokens as vLLM's lookup is: ``simulate``'s infinite policy,
-        which the tests check it against)."""
+        which the tests check it against); each request's hits appended to ``per_request`` when given."""
         self.passes += 1
         tree = PrefixTree()
         hits = 0
         bs = self.bs
         for k, _, n, keys in self._keys(plan):
             found = tree.insert(array("q", keys), k)
-            hits += min(found, (n - 1) // bs) * bs
+            h = min(found, (n - 1) // bs) * bs
+            hits += h
+            if per_request is not None:
+                per_request.append(h)
         return tree, hits
 
-    def replay(self, plan: Sequence[Any], capacity: bool = False) -> int:
-        """Hits of the log under ``plan`` through :func:`simulate`: no eviction, or vLLM's pool at capacity."""
+    def replay(self, plan: Sequence[Any], capacity: bool = False, per_request: array | None = None) -> int:
+        """Hits of the log under ``plan`` through :func:`simulate`: no eviction, or vLLM's pool at capacity (each
+        request's hits appended to ``per_request`` when given)."""
         self.replays += 1
         trace = (TraceRequest(index=k, line=r.line, prompt_tokens=n, hash_ids=keys, hash_block_size=self.bs)
                  for k, r, n, keys in self._keys(plan))
         if capacity:
-            rep = simulate(trace, policy="vllm", block_size=self.bs, capacity_blocks=self.cap)
+            rep = simulate(trace, policy="vllm", block_size=self.bs, capacity_blocks=self.cap,
+                           per_request=per_request is not None)
         else:
-            rep = simulate(trace, policy="infinite", block_size=self.bs)
+            rep = simulate(trace, policy="infinite", block_size=self.bs, per_request=per_request is not None)
+        if per_request is not None:
+            per_request.extend(int(h.hit_tokens) for h in rep.per_request or ())
         return int(rep.hit_tokens)
 
     # analysis ------------------------------------------------------------------------------------------
@@ -731,8 +744,9 @@ class _Analyzer:
         plan: list[Any] = []
         drafts: dict[tuple, dict] = {}
         hits0 = fixed = 0
+        base = array("q")
         for p in range(max_passes):
-            tree, hits = self.tree_pass(plan)
+            tree, hits = self.tree_pass(plan, base if p == 0 else None)
             if p == 0:
                 hits0 = hits
             added = self._forks_of(tree, plan, drafts)
@@ -748,19 +762,31 @@ class _Analyzer:
         bare = sum(1 for r in self.reqs if r.text is None)
         if bare:
             self.notes.append(f"{bare} request(s) are token IDs only: their forks have no cause and nothing to move")
-        fixed = self.replay(plan) if plan else hits0
+        # a counterfactual that recovers nothing with the others applied (it moves a line the branches need, or
+        # costs a conversation its own reuse) leaves the plan, and the rest is measured again without it
         lost: dict[int, int] = {}
+        fixed = hits0
+        while plan:
+            fixed = self.replay(plan)
+            lost = {id(t): fixed - self.replay([x for x in plan if x is not t]) for t in plan}
+            keep = [t for t in plan if lost[id(t)] > 0]
+            if len(keep) == len(plan):
+                break
+            plan = keep
+        if not plan:
+            fixed = hits0
+        per_fixed = array("q")
+        if plan:
+            self.replay(plan, per_request=per_fixed)
+        gains = array("q", (f - b for f, b in zip(per_fixed, base))) if plan else array("q", bytes(8 * len(base)))
         lost_cap: dict[int, int] = {}
         cap0 = cap_fixed = None
         if self.cap is not None:
             cap0 = self.replay([], capacity=True)
             cap_fixed = self.replay(plan, capacity=True) if plan else cap0
-        for t in plan:
-            rest = [x for x in plan if x is not t]
-            lost[id(t)] = fixed - self.replay(rest)
-            if self.cap is not None:
+            for t in plan:
                 assert cap_fixed is not None
-                lost_cap[id(t)] = cap_fixed - self.replay(rest, capacity=True)
+                lost_cap[id(t)] = cap_fixed - self.replay([x for x in plan if x is not t], capacity=True)
         forks = []
         moves: list[tuple[int, _LineMove]] = []
         for dr in drafts.values():
@@ -779,7 +805,8 @@ class _Analyzer:
         return ForkReport(requests=len(self.reqs), query_tokens=sum(len(r.ids) for r in self.reqs),
                           block_size=self.bs, capacity_blocks=self.cap, forks=tuple(forks), hit_tokens=hits0,
                           fixed_hit_tokens=fixed, hit_tokens_at_capacity=cap0, fixed_hit_tokens_at_capacity=cap_fixed,
-                          passes=self.passes, replays=self.replays, notes=tuple(self.notes), _plan=tuple(plan),
+                          passes=self.passes, replays=self.replays, notes=tuple(self.notes),
+                          request_gains=tuple(gains), _plan=tuple(plan),
                           _tokenizer=self.tok, _moves=tuple(moves))
 
     def _forks_of(self, tree: PrefixTree, plan: list[Any], drafts: dict[tuple, dict]) -> list[Any]:
@@ -884,6 +911,10 @@ class _Analyzer:
                     "keep": sum(1 for c in node.children.values() if c.n >= 2) >= 2,
                     "message": "the branches share nothing after the fork (different apps or prompts): legitimate, "
                                "nothing to move"}, None
+        if any(len(v) > MAX_VALUE_CHARS for v in site.values.values()):
+            # the line at the fork is a paragraph in some branch (a line inserted in the others, or text that is
+            # not a value): moving it would move what the branches share
+            return {**base, "cause": cid or "unexplained", "fixable": None, "keep": False, "message": detail}, None
         predictor = self._predictor(site)
         repeats = distinct < requests
         if predictor is not None:
