@@ -553,6 +553,49 @@ class Fork:
 
 
 @dataclass(frozen=True)
+class TreeNode:
+    """One branch of the shared-prefix tree, for a picture: an edge of full blocks that ``requests`` requests
+    share, from token ``start`` to token ``end``, below node ``parent`` (an index into the same tuple; -1: the
+    root). ``alone`` > 0: a bundle of that many branches of one request each (``end``: the longest of them).
+    ``fork``: the index in :attr:`ForkReport.forks` of the fork where this branch splits, if it is one."""
+
+    parent: int
+    start: int
+    end: int
+    requests: int
+    alone: int = 0
+    fork: int | None = None
+
+
+def _summary(tree: PrefixTree, bs: int, fork_at: dict[int, int], max_nodes: int = 40) -> tuple[TreeNode, ...]:
+    """The tree's branches that two or more requests share, most requests first (at most ``max_nodes``), each
+    node's single-request branches bundled into one."""
+    import heapq
+
+    out: list[TreeNode] = []
+    heap: list[tuple[int, int, int, _Edge]] = []
+    seq = 0
+
+    def children(e: _Edge, at: int) -> None:
+        nonlocal seq
+        kids = list(e.children.values()) if e.children else []
+        alone = [c for c in kids if c.n < 2]
+        if alone:
+            out.append(TreeNode(at, e.end * bs, max(c.end for c in alone) * bs, len(alone), len(alone)))
+        for c in kids:
+            if c.n >= 2:
+                heapq.heappush(heap, (-c.n, seq, at, c))
+                seq += 1
+
+    children(tree.root, -1)
+    while heap and len(out) < max_nodes:
+        _, _, parent, e = heapq.heappop(heap)
+        out.append(TreeNode(parent, e.start * bs, e.end * bs, e.n, 0, fork_at.get(id(e))))
+        children(e, len(out) - 1)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class MoveSpan:
     """What FX001/FX007 move out of one request's shared prefix: a line of a field, as characters of that field
     (``start``/``end`` count in the field's own text, the line's newline included)."""
@@ -587,6 +630,9 @@ class ForkReport:
     #: per request (in log order): the no-eviction hit tokens it gains with every fixable fork fixed (negative
     #: where a move costs it some); they add up to ``fixed_hit_tokens - hit_tokens``
     request_gains: tuple[int, ...] = field(default=(), repr=False)
+    #: the tree's top branches as logged, and with every fixable fork fixed (:func:`_summary`), for a picture
+    tree: tuple[TreeNode, ...] = ()
+    fixed_tree: tuple[TreeNode, ...] = ()
     _plan: tuple = field(default=(), repr=False, compare=False)
     _tokenizer: Any = field(default=None, repr=False, compare=False)
     #: (id of a fork, its line move)
@@ -596,6 +642,8 @@ class ForkReport:
         d = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")
              and f.name != "request_gains"}
         d["forks"] = [f.to_dict() for f in self.forks]
+        d["tree"] = [asdict(n) for n in self.tree]
+        d["fixed_tree"] = [asdict(n) for n in self.fixed_tree]
         d["notes"] = list(self.notes)
         return d
 
@@ -745,10 +793,11 @@ class _Analyzer:
         drafts: dict[tuple, dict] = {}
         hits0 = fixed = 0
         base = array("q")
+        first: PrefixTree | None = None
         for p in range(max_passes):
             tree, hits = self.tree_pass(plan, base if p == 0 else None)
             if p == 0:
-                hits0 = hits
+                hits0, first = hits, tree
             added = self._forks_of(tree, plan, drafts)
             if not added:
                 break
@@ -789,9 +838,11 @@ class _Analyzer:
                 lost_cap[id(t)] = cap_fixed - self.replay([x for x in plan if x is not t], capacity=True)
         forks = []
         moves: list[tuple[int, _LineMove]] = []
+        fork_at: dict[int, Fork] = {}    # id of a node of the first tree -> its fork
         for dr in drafts.values():
             t = dr.pop("plan", None)
             keep = dr.pop("keep")
+            node = dr.pop("node", None)
             if t is None and not keep:
                 continue
             tl = lost.get(id(t), 0)
@@ -799,14 +850,20 @@ class _Analyzer:
                 continue  # a fix that recovers nothing: the fork costs no tokens
             at_cap = None if self.cap is None else max(lost_cap.get(id(t), 0), 0)
             forks.append(Fork(tokens_lost=max(tl, 0), tokens_lost_at_capacity=at_cap, **dr))
+            if node is not None:
+                fork_at[node] = forks[-1]
             if isinstance(t, _LineMove):
                 moves.append((id(forks[-1]), t))
         forks.sort(key=lambda f: (-f.tokens_lost, -f.requests, f.shared_tokens))
+        index = {id(f): k for k, f in enumerate(forks)}
+        assert first is not None
+        tree0 = _summary(first, self.bs, {n: index[id(f)] for n, f in fork_at.items()})
+        tree1 = _summary(self.tree_pass(plan)[0], self.bs, {}) if plan else tree0
         return ForkReport(requests=len(self.reqs), query_tokens=sum(len(r.ids) for r in self.reqs),
                           block_size=self.bs, capacity_blocks=self.cap, forks=tuple(forks), hit_tokens=hits0,
                           fixed_hit_tokens=fixed, hit_tokens_at_capacity=cap0, fixed_hit_tokens_at_capacity=cap_fixed,
                           passes=self.passes, replays=self.replays, notes=tuple(self.notes),
-                          request_gains=tuple(gains), _plan=tuple(plan),
+                          request_gains=tuple(gains), tree=tree0, fixed_tree=tree1, _plan=tuple(plan),
                           _tokenizer=self.tok, _moves=tuple(moves))
 
     def _forks_of(self, tree: PrefixTree, plan: list[Any], drafts: dict[tuple, dict]) -> list[Any]:
@@ -828,6 +885,7 @@ class _Analyzer:
                                      for x in plan + added):
                 t = None
             dr["plan"] = t
+            dr["node"] = id(site.node)
             drafts[site.key] = dr
             if t is not None:
                 added.append(t)
@@ -1034,5 +1092,5 @@ def analyze_forks(requests: Iterable[ForkRequest] | Iterable[tuple[int, Any]], *
     return analyzer.run(max_passes)
 
 
-__all__ = ["FIX_CODES", "USER_FIELDS", "Fork", "ForkReport", "ForkRequest", "MoveSpan", "PrefixTree", "analyze_forks",
-           "canonical_tokens", "fork_requests", "fork_span"]
+__all__ = ["FIX_CODES", "USER_FIELDS", "Fork", "ForkReport", "ForkRequest", "MoveSpan", "PrefixTree", "TreeNode",
+           "analyze_forks", "canonical_tokens", "fork_requests", "fork_span"]
