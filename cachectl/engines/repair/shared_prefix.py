@@ -93,7 +93,8 @@ class SharedPrefixSection:
     #: the tokens the forks cost beyond the within-conversation loss of the same requests (counted once)
     tokens_lost: int
     usd_lost: float | None
-    forks: tuple[Fork, ...]
+    #: forks with a fix (the forks themselves are the report's ``forks``)
+    fixable_forks: int
     tree: tuple[TreeNode, ...]
     fixed_tree: tuple[TreeNode, ...]
     capacity_blocks: int | None = None
@@ -102,15 +103,15 @@ class SharedPrefixSection:
     notes: tuple[str, ...] = ()
 
 
-def shared_prefix_section(forks: LogForks, pair_lost: Mapping[int, int], rate: float | None,
-                          top: int = 10) -> SharedPrefixSection:
+def shared_prefix_section(forks: LogForks, pair_lost: Mapping[int, int], rate: float | None) -> SharedPrefixSection:
     """The section, with the cross-request loss combined with ``pair_lost`` (line -> within-conversation loss of
     that request) and priced at ``rate`` dollars a token."""
     r = forks.report
     lost = cross_request_loss(forks.gains_by_line(), pair_lost)
     return SharedPrefixSection(requests=r.requests, block_size=r.block_size, hit_tokens=r.hit_tokens,
                                fixed_hit_tokens=r.fixed_hit_tokens, tokens_lost=lost,
-                               usd_lost=None if rate is None else lost * rate, forks=r.forks[:top], tree=r.tree,
+                               usd_lost=None if rate is None else lost * rate, fixable_forks=len(forks.fixable),
+                               tree=r.tree,
                                fixed_tree=r.fixed_tree, capacity_blocks=r.capacity_blocks,
                                hit_tokens_at_capacity=r.hit_tokens_at_capacity,
                                fixed_hit_tokens_at_capacity=r.fixed_hit_tokens_at_capacity, notes=r.notes)
