@@ -26,9 +26,9 @@ from ...errors import CachectlError, InputError
 
 if TYPE_CHECKING:
     from ...inputs import LogRecord, Request
+    from ..prefix.forks import Fork
     from ..prefix.trace import TraceRequest
     from ..provider.prices import PriceTable
-    from ..prefix.forks import Fork
     from ..tokendiff import PairResult
     from .fix import FixReport
     from .shared_prefix import LogForks, SharedPrefixSection
