@@ -75,6 +75,16 @@ def log_forks(lines: Sequence[LogLine], *, tokenizer: Any = None, block_size: in
     return LogForks(rep, reqs, [ln.line for ln in lines]), []
 
 
+def auto_records(lines: Sequence[LogLine], grouping: Any) -> list[Any]:
+    """The lines as diff-tokens' log records, each keyed by its conversation of ``grouping``
+    (:func:`~cachectl.engines.repair.groups.group_sessions`): ``auto-1``, ``auto-2``, ... (``report`` and
+    ``diff-tokens --log`` without ``--key`` pair requests by them)."""
+    from ...inputs import LogRecord
+
+    return [LogRecord(line=ln.line, key=ln.key if grouping.how != "automatic" else f"auto-{g + 1}", prompt=ln.prompt)
+            for ln, g in zip(lines, grouping.groups)]
+
+
 def cross_request_loss(gains: Mapping[int, int], pair_lost: Mapping[int, int]) -> int:
     """The tokens the forks cost beyond the within-conversation loss (see the module docstring): per request
     (by line), its fork gain less its pair loss, where positive."""
@@ -166,5 +176,5 @@ def cross_request_gain(forks: LogForks, before: Any, after: Any, *, table: Any =
                             usd_saved=usd, price_model=name)
 
 
-__all__ = ["CrossRequestGain", "LogForks", "SharedPrefixSection", "cross_request_gain", "cross_request_loss",
-           "log_forks", "shared_prefix_section"]
+__all__ = ["CrossRequestGain", "LogForks", "SharedPrefixSection", "auto_records", "cross_request_gain",
+           "cross_request_loss", "log_forks", "shared_prefix_section"]
