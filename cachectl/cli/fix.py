@@ -256,7 +256,7 @@ def _render_cross(c: CrossRequestGain) -> None:
     fixable = [f for f in c.forks if f.fixable]
     stdout.print(f"across requests (the log's shared-prefix tree): {len(fixable)} fork{'s' if len(fixable) != 1 else ''}"
                  " with a fix", soft_wrap=True, markup=False)
-    print_forks(c.forks)
+    print_forks(fixable)
     if c.hit_tokens_before is None or c.hit_tokens_after is None:
         return
     line = (f"vLLM hits across requests: {c.hit_tokens_before:,.0f} -> {c.hit_tokens_after:,.0f} tokens with no "
