@@ -1,6 +1,9 @@
-"""The one error type a user sees. Engines raise these; the CLI prints one line and exits 2."""
+"""The one error type a user sees. Engines raise these; the CLI prints one line and exits 2. And the one
+escaping of control characters for what is shown on a terminal (:func:`printable`)."""
 
 from __future__ import annotations
+
+import re
 
 
 class CachectlError(Exception):
@@ -37,3 +40,43 @@ class TokenizerError(CachectlError):
 
 class UsageError(CachectlError):
     """Options that do not fit together."""
+
+
+class OutputError(CachectlError):
+    """An output file that could not be written (disk full, I/O error, permission denied): nothing partial is
+    left, and the message names the file."""
+
+
+class Interrupted(CachectlError):
+    """SIGINT or SIGTERM while an output was being written: the temporary file is gone, the target untouched.
+    The exit code is the shell's for the signal (130, 143)."""
+
+    def __init__(self, message: str, exit_code: int = 130) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# ------------------------------------------------------------------------------------ terminal safety
+
+#: what a terminal would act on instead of showing: C0 controls (tab and newline are kept where the layout
+#: needs them), DEL, C1 controls (CSI 0x9b among them), and the bidirectional overrides and isolates that
+#: reorder what is shown ("Trojan Source")
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+_CONTROL_ALL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+
+
+def _escape_char(m: re.Match) -> str:
+    code = ord(m.group(0))
+    return {9: "\\t", 10: "\\n", 13: "\\r"}.get(code) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def printable(text: str, *, newlines: bool = True) -> str:
+    """``text`` safe to show on a terminal: every control character that came from input (ESC, BEL, CSI and the
+    other C0 and C1 controls, DEL, bidirectional overrides) written as a visible escape (``\\x1b``, ``\\x9b``,
+    ``\\u202e``), the way ``repr`` writes them; tab and newline are kept unless ``newlines`` is false (one-line
+    contexts). The one escaping of every text renderer and of error messages; JSON output does not use it (JSON
+    escapes them itself)."""
+    pattern = _CONTROL if newlines else _CONTROL_ALL
+    if pattern.search(text) is None:
+        return text
+    return pattern.sub(_escape_char, text)

@@ -528,6 +528,28 @@ def _load_hub_cached(repo_id: str, chat_template: str | None) -> TokenizerHandle
     return _load_dir(Path(folder), repo_id, chat_template)
 
 
+def tokenizer_files(spec: str) -> list[str]:
+    """The local files loading ``spec`` may read (for the refusal to overwrite an input): a tokenizer file, a
+    directory's files (``tokenizer_config.json``'s directory for that file), or the files of a Hugging Face id
+    in the local cache. Nothing is imported or loaded."""
+    from .outputs import path_files
+
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return path_files(str(path.parent)) if path.name == "tokenizer_config.json" else [str(path)]
+    if path.is_dir():
+        return path_files(str(path))
+    if not _HF_ID.match(spec):
+        return []
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    cache = Path(os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE") or
+                 os.path.join(home, "hub"))
+    repo = cache / ("models--" + spec.replace("/", "--"))
+    if not repo.is_dir():
+        return []
+    return sorted(str(p) for p in repo.rglob("*") if p.is_file())
+
+
 # ------------------------------------------------------------------------------- chat templates, lint
 
 

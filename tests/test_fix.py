@@ -311,7 +311,7 @@ def test_fix_and_report_never_overwrite_their_input(cli, tmp_path):
     for args in (["fix", str(log), "--out", str(log)], ["fix", str(log), "--out", str(link)],
                  ["report", str(log), "-t", TOK_DIR, "--html", str(log)]):
         r = cli(*args)
-        assert r.exit_code == 2 and "never overwrites its input" in r.stderr, (args, r.stderr)
+        assert r.exit_code == 2 and "refusing to overwrite an input" in r.stderr, (args, r.stderr)
     r = cli("fix", str(log), "--out", "-")
     assert r.exit_code == 2 and "--out -" in r.stderr
     assert log.read_bytes() == LOG.read_bytes()

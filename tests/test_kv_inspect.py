@@ -72,7 +72,9 @@ def test_moe_decode_bound_reads_active_parameters():
     r = kvmath.inspect_config(entry["config"], model="d", source="s", contexts=(4096,), gpu="H200",
                               published_params=entry["params"], active_params=entry["active_params"])
     assert r.contexts[0].decode_ms_per_token == pytest.approx((36.6e9 * 2 + 70_272 * 4096) / 4.8e12 * 1e3)
-    assert any("weights do not fit" in n for n in r.notes)
+    # 671B bf16 parameters on one H200: a finding (exit 1), not a note
+    assert r.weights_fit is False and any("do not fit in H200 memory" in f for f in r.findings)
+    assert not any("do not fit" in n for n in r.notes) and r.contexts[0].max_sequences == 0
 
 
 def test_gguf_metadata_written_by_the_gguf_package(tmp_path):

@@ -151,10 +151,14 @@ def test_policy_ordering_on_unbounded_memory(trace, bs):
 
 
 def test_radix_token_level_and_eviction():
-    r = run(range(30), range(20), range(30), policy="radix", capacity=None, block_size=16)
+    # block size 1: SGLang's default page size, token-level matching (what --policy radix did at any block size)
+    r = run(range(30), range(20), range(30), policy="radix", capacity=None, block_size=1)
     assert hits(r) == [0, 19, 29]
-    small = run(range(30), [9] * 30, range(30), policy="radix", capacity=3, block_size=16)  # 48 tokens
-    assert hits(small) == [0, 0, 0] and small.evicted_tokens >= 30
+    small = run(range(30), [9] * 30, range(30), policy="radix", capacity=48, block_size=1)  # 48 tokens
+    assert hits(small) == [0, 0, 0] and small.evicted_tokens >= 30 and small.peak_blocks_in_use <= 48
+    # block size 16 is the page size: whole pages only
+    paged = run(range(30), range(20), range(30), policy="radix", capacity=None, block_size=16)
+    assert hits(paged) == [0, 16, 16]
 
 
 def test_radix_salt_isolation():

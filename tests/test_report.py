@@ -159,7 +159,8 @@ def test_cli_text_json_and_errors(cli, tmp_path):
     assert data["schema_version"] == 1 and data["tokens_lost"] == sum(c["tokens_lost"] for c in data["causes"])
     r = cli("report", str(LOG), "--key", "nope", "-t", str(TOK_DIR))
     assert r.exit_code == 2 and "agent_log.jsonl:1: field 'nope': missing conversation key" in r.stderr
-    assert cli("report", "-", "-t", str(TOK_DIR)).exit_code == 2
+    r = cli("report", "-", "-t", str(TOK_DIR))  # stdin is read (copied once), here empty
+    assert r.exit_code == 2 and "<stdin>: file is empty" in r.stderr
     assert "needs --tokenizer" in cli("report", str(LOG)).stderr
     bare = tmp_path / "bare.jsonl"  # chat lists: no model, no timestamps; the provider cache cannot be priced
     bare.write_text("".join(json.dumps(json.loads(row)["body"]["messages"]) + "\n"

@@ -16,7 +16,7 @@ import orjson
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from ..errors import CachectlError, UsageError
+from ..errors import CachectlError, UsageError, printable
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -259,18 +259,61 @@ class LazyConsole:
         return getattr(self.real(), name)
 
 
-def _stdout_console() -> Console:
-    from rich.console import Console
+_safe_console: Any = None
 
+
+def safe_text(text: Any) -> Any:
+    """A rich Text with every control character from input shown escaped (:func:`cachectl.errors.printable`),
+    its styles kept; anything else as it is."""
+    from rich.text import Text
+
+    if not isinstance(text, Text) or printable(text.plain) == text.plain:
+        return text
+    cuts = sorted({i + d for i, ch in enumerate(text.plain) if printable(ch) != ch for d in (0, 1)})
+    out = text.blank_copy()
+    for part in text.divide(cuts):
+        if len(part.plain) == 1 and printable(part.plain) != part.plain:  # one control character: its escape
+            piece = Text(printable(part.plain), style=part.style)
+            for span in part.spans:
+                piece.stylize(span.style)
+            part = piece
+        out.append_text(part)
+    return out
+
+
+def _console_class() -> Any:
+    """rich's Console, safe for terminals: every string it renders (printed, or a table's cell and title) and
+    every Text it prints has its control characters escaped before layout, so that input (a session key, a
+    tenant, a message) cannot move the cursor, retitle the window or clear the screen; and a table's cells are
+    not read as markup unless a print asks for it (``[bold]`` in input stays text)."""
+    global _safe_console
+    if _safe_console is None:
+        from rich.console import Console
+
+        class SafeConsole(Console):
+            def render_str(self, text: str, **kwargs: Any) -> Any:
+                return super().render_str(printable(text), **kwargs)
+
+            def render(self, renderable: Any, options: Any = None) -> Any:
+                return super().render(safe_text(renderable), options)
+
+            def print(self, *objects: Any, markup: Optional[bool] = None, **kwargs: Any) -> None:
+                if markup is None and any(not isinstance(o, str) for o in objects):
+                    markup = False  # a table's cells hold input; our own markup is in the strings we print
+                super().print(*objects, markup=markup, **kwargs)
+
+        _safe_console = SafeConsole
+    return _safe_console
+
+
+def _stdout_console() -> Console:
     # Off a terminal (a pipe, a file, CI logs) tables get room instead of the 80 columns rich assumes.
-    return Console(file=_PipeSafeStdout(), highlight=False, soft_wrap=False,  # type: ignore[arg-type]
-                   width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
+    return _console_class()(file=_PipeSafeStdout(), highlight=False, soft_wrap=False,
+                            width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
 
 
 def _stderr_console() -> Console:
-    from rich.console import Console
-
-    return Console(stderr=True, highlight=False)
+    return _console_class()(stderr=True, highlight=False)
 
 
 stdout: Any = LazyConsole(_stdout_console)
@@ -285,8 +328,9 @@ def _write_bytes(data: bytes) -> None:
         _reader_gone()
 
 
-def check_price_model(table: Any, model: str | None) -> None:
-    """Refuse an unknown --model before any work, pointing at the one command that lists the price table."""
+def check_price_model(table: Any, model: str | None, flag: str = "--model") -> None:
+    """Refuse an unknown --model (or ``flag``) before any work, pointing at the one command that lists the price
+    table."""
     from ..engines.provider.prices import UnknownModelError
 
     if model is None:
@@ -295,20 +339,64 @@ def check_price_model(table: Any, model: str | None) -> None:
         table.lookup(model)
     except UnknownModelError as exc:
         hint = str(exc).split(" (see the price table")[0]
-        raise UsageError(f"--model: {hint} (the price table: cachectl prompt-cost --list-models)") from None
+        raise UsageError(f"{flag}: {hint} (the price table: cachectl prompt-cost --list-models)") from None
 
 
-def check_output(path: str, flag: str, *inputs: str) -> None:
-    """Refuse an output file that is ``-`` or one of the inputs (a link to it included): cachectl never
-    overwrites what it reads."""
+#: ``(label, path)``: an input of a run, as :func:`cachectl.outputs.refuse_inputs` names it
+RunInput = tuple[str, Optional[str]]
+
+
+def run_inputs(log: Optional[str] = None, *, log_label: str = "the input log", tokenizer: Optional[str] = None,
+               chat_template: Optional[str] = None, prices: Optional[str] = None, config: Optional[str] = None,
+               models: tuple[Optional[str], ...] = ()) -> list[RunInput]:
+    """Every file a run may read, labelled for the refusal: the log (``-``: the file behind stdin), the
+    tokenizer's files, the chat template, the price file, a config, a model's files (a directory, a
+    config.json or a .gguf)."""
+    from ..outputs import path_files
+    from ..tokenization import tokenizer_files
+
+    found: list[RunInput] = [(log_label, log), ("the chat template", chat_template), ("the price file", prices),
+                             ("the config", config)]
+    found += [("a file of the tokenizer", f) for f in tokenizer_files(tokenizer)] if tokenizer else []
+    for model in models:
+        found += [("a file of the model", f) for f in path_files(model)]
+    return found
+
+
+def check_output(path: str, flag: str, inputs: list[RunInput]) -> None:
+    """Refuse, before anything is read, an output file that is ``-`` or resolves to an input of the run (the
+    same path, a symlink or hard link to it, the file behind stdin): cachectl never overwrites what it
+    reads."""
+    from ..outputs import refuse_inputs
+
     if path == "-":
         raise UsageError(f"{flag} -: give a file name (stdout carries the report)")
-    for source in inputs:
-        if source == "-" or not os.path.exists(source) or not os.path.exists(path):
-            continue
-        if os.path.samefile(path, source):
-            raise UsageError(f"{flag} {path} is the input {source}: write to another file (cachectl never overwrites "
-                             "its input)")
+    refuse_inputs(path, flag, inputs)
+
+
+def check_plot(path: Optional[str], inputs: list[RunInput], flag: str = "--plot") -> None:
+    """``--plot FILE``: a format matplotlib writes (by the file's extension; none is PNG), not an input of the
+    run; checked before any work."""
+    if path is None:
+        return
+    check_output(path, flag, inputs)
+    plot_format(path, flag)
+
+
+def plot_format(path: str, flag: str = "--plot") -> str:
+    """The matplotlib format of ``path`` from its extension (PNG without one); an unknown one is one line
+    naming the file and the formats."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+    except ImportError:
+        raise UsageError(f"{flag} needs matplotlib (pip install 'llm-cachectl[plot]')") from None
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    ext = os.path.splitext(path)[1].lstrip(".").lower()
+    if not ext:
+        return "png"
+    if ext not in formats:
+        raise UsageError(f"{flag} {path}: matplotlib cannot write .{ext} files (formats: {', '.join(sorted(formats))})")
+    return ext
 
 
 def emit_json(obj: Any) -> None:
@@ -370,14 +458,17 @@ def new_figure(title: str, xlabel: str, ylabel: str):
 
 
 def save_figure(fig, path: str) -> None:
+    """Save the figure to ``path`` whole or not at all (a temporary file renamed into place)."""
     import matplotlib.pyplot as plt
+
+    from ..outputs import atomic_write
 
     fig.axes[0].legend()
     fig.tight_layout()
     try:
-        fig.savefig(path)
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc}") from None
+        fmt = plot_format(path)
+        with atomic_write(path) as fh:
+            fig.savefig(fh, format=fmt)
     finally:
         plt.close(fig)
 
@@ -394,7 +485,7 @@ PARAM_FLAGS = {
     "concurrency": "--concurrency", "recompute_ratio": "--recompute-ratio", "hash": "--hash",
     "select": "--select", "ignore": "--ignore", "as_kind": "--as", "warmup": "--warmup",
     "contexts": "--context-lengths", "prefix_tokens": "--prefix-tokens", "suffix_tokens": "--suffix-tokens",
-    "output_tokens": "--output-tokens", "calls": "--calls",
+    "output_tokens": "--output-tokens", "calls": "--calls", "model_as": "--model-as",
 }
 
 
@@ -411,7 +502,8 @@ internal_errors: list[str] = []
 
 
 def fail(message: str, code: int = EXIT_ERROR) -> typer.Exit:
-    message = " ".join(message.split("\n")).replace("\r", " ")  # one line, whatever the message quotes
+    # one line, whatever the message quotes, and nothing in it that a terminal would act on
+    message = printable(" ".join(message.split("\n")).replace("\r", " "), newlines=False)
     if len(message) > 2000:
         message = message[:2000] + "..."
     stderr.print(f"cachectl: error: {message}", markup=False, highlight=False, soft_wrap=True)
@@ -422,13 +514,68 @@ def _debug() -> bool:
     return os.environ.get("CACHECTL_DEBUG", "") not in ("", "0")
 
 
-def _offline_api_error(exc: BaseException) -> str | None:
-    """One line for a provider SDK that cannot reach its API (offline, DNS, timeout), else None."""
+def provider_api_error(exc: BaseException) -> str | None:
+    """One line saying what to do for an error of the Anthropic SDK (``--count-with-api``): the key refused
+    (401, 403), rate limited (429), the service down or overloaded (5xx, 529), a timeout, no connection; None
+    for anything else. The SDK retried already (twice) where retrying can help."""
     module = type(exc).__module__ or ""
-    if module.split(".")[0] == "anthropic" and type(exc).__name__ in ("APIConnectionError", "APITimeoutError"):
-        return ("--count-with-api cannot reach the Anthropic API (offline, or blocked by a proxy or firewall): "
-                "count tokens offline with --tokenizer, or give token layouts")
-    return None
+    if module.split(".")[0] != "anthropic":
+        return None
+    name = type(exc).__name__
+    api = "--count-with-api: the Anthropic API"
+    offline = "count tokens offline with --tokenizer, or give token layouts"
+    if name == "APITimeoutError":
+        return (f"{api} did not answer in time (CACHECTL_API_TIMEOUT, {api_timeout():g} s): retry later, or "
+                f"{offline}")
+    if name == "APIConnectionError":
+        return f"--count-with-api cannot reach the Anthropic API (offline, or blocked by a proxy or firewall): {offline}"
+    status = getattr(exc, "status_code", None)
+    if not isinstance(status, int):
+        return None
+    said = _api_message(exc)
+    if status == 401:
+        return f"{api} refused the key (401 authentication error{said}): check ANTHROPIC_API_KEY"
+    if status == 403:
+        return (f"{api} refused the request (403 permission denied{said}): check that ANTHROPIC_API_KEY's "
+                "workspace may use count_tokens")
+    if status == 429:
+        return f"{api} is rate limiting this key (429{said}): retry later, or {offline}"
+    if status == 529:
+        return f"{api} is overloaded (529{said}): retry later, or {offline}"
+    if status >= 500:
+        return f"{api} failed ({status} server error{said}): retry later, or {offline}"
+    if status == 404:
+        return f"{api} answered 404 (not found{said}): check the model name and ANTHROPIC_BASE_URL"
+    return f"{api} refused a request ({status}{said})"
+
+
+def _api_message(exc: BaseException) -> str:
+    """The API's own error message, when its answer carries one: ``": <message>"``."""
+    body = getattr(exc, "body", None)
+    error = body.get("error") if isinstance(body, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return f": {message[:300]}" if isinstance(message, str) and message.strip() else ""
+
+
+def api_timeout() -> float:
+    """Seconds the SDK waits for an answer of the provider's API: CACHECTL_API_TIMEOUT, else 60."""
+    text = os.environ.get("CACHECTL_API_TIMEOUT", "")
+    try:
+        value = float(text) if text else 60.0
+    except ValueError:
+        raise UsageError(f"CACHECTL_API_TIMEOUT={text!r}: expected a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise UsageError(f"CACHECTL_API_TIMEOUT={text!r}: expected a positive number of seconds")
+    return value
+
+
+def _os_error(exc: OSError) -> str | None:
+    """One line for an operating-system error that names its file (EIO, EACCES, ENOSPC where no reader or
+    writer caught it first): the environment, not a bug; None for one without a file name."""
+    if exc.filename is None:
+        return None
+    reason = (exc.strerror or str(exc)).lower() if exc.strerror else str(exc)
+    return f"{exc.filename}: {reason}"
 
 
 #: set by :func:`cachectl.cli.main`: this process is the ``cachectl`` command and ends with it
@@ -465,12 +612,12 @@ def handle_errors(fn: Callable) -> Callable:
                 traceback.print_exc()
             raise fail(flags_for_params(str(exc)), exc.exit_code) from None
         except Exception as exc:  # a bug of ours, or a library failing: still one line, exit 2
-            internal_errors.append(f"{type(exc).__name__}: {exc}"[:500])
+            known = provider_api_error(exc) or (_os_error(exc) if isinstance(exc, OSError) else None)
             if _debug():
                 traceback.print_exc()
-            offline = _offline_api_error(exc)
-            if offline is not None:
-                raise fail(offline) from None
+            if known is not None:  # the provider or the machine said no: what to do, in one line
+                raise fail(known) from None
+            internal_errors.append(f"{type(exc).__name__}: {exc}"[:500])
             raise fail(f"internal error: {type(exc).__name__}: {exc} (set CACHECTL_DEBUG=1 for the traceback)") \
                 from None
 

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from ..errors import UsageError
+from ..errors import UsageError, printable
 if TYPE_CHECKING:  # pragma: no cover
     from rich.table import Table
 
@@ -165,7 +165,7 @@ def _render_diff(d: "TokenDiff") -> None:
         if side.location is not None:
             stdout.print(f"  {name} diverges at: {side.location.describe()}", markup=False)
     if d.cause is not None:
-        stdout.print(Text.assemble(("cause: ", "bold"), (d.cause.id, "bold magenta"), f" - {d.cause.message}"),
+        stdout.print(Text.assemble(("cause: ", "bold"), (d.cause.id, "bold magenta"), f" - {printable(d.cause.message)}"),
                      soft_wrap=True)
     stdout.print(_window_table(d))
 
@@ -188,7 +188,7 @@ def _window_table(d: "TokenDiff") -> "Table":
             else:
                 cells += ["", ""]
         style = "bold red" if i == d.first_diff_index else ("dim" if i < (d.first_diff_index or 0) else "")
-        table.add_row(*(Text(c) for c in cells), style=style)
+        table.add_row(*(Text(printable(c)) for c in cells), style=style)  # escaped before Text drops BEL, CR
     return table
 
 
@@ -295,4 +295,4 @@ def _render_stability(r: "StabilityReport", fmt: Format) -> None:
         stdout.print(Text.assemble(
             ("unstable", "red"), f" at k={r.first_unstable_k}: adding message {bad.k} ({bad.role_added}) changes "
             f"earlier tokens at index {bad.diff.first_diff_index}" +
-            (f" - {bad.diff.cause.message}" if bad.diff.cause else "")), soft_wrap=True)
+            (f" - {printable(bad.diff.cause.message)}" if bad.diff.cause else "")), soft_wrap=True)

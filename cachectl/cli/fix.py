@@ -26,6 +26,7 @@ from .common import (
     emit_json,
     handle_errors,
     parse_window,
+    run_inputs,
     stdout,
 )
 
@@ -39,7 +40,8 @@ HELP = """Rewrite logged requests so that their cacheable prefix is stable, and 
 LOG is JSONL: OpenAI Chat/Responses or Anthropic bodies, {timestamp, body, usage} wrappers, chat message
 lists, raw-text prompts ({"prompt": ...}) or token IDs. One named fix per cause (FX001 volatile value moved to
 the end, FX002 tool keys sorted, FX003 tool order, FX004 doubled BOS, FX005 reasoning kept out consistently,
-FX006 Anthropic breakpoints, FX007 per-user value moved to the end), each labelled safe (the model sees the same content) or unsafe (content moves):
+FX006 cache breakpoints for Anthropic and OpenAI GPT-5.6+, FX007 per-user value moved to the end), each
+labelled safe (the model sees the same content) or unsafe (content moves):
 only safe fixes are applied unless --unsafe-fixes. --out writes the fixed log (each line keeps its shape and
 every field); --diff shows the changes without writing. The log is measured before and after by the vLLM
 replay (--tokenizer; --capacity-blocks or --capacity-gib with --model, else no eviction) and the provider
@@ -94,8 +96,9 @@ def command(
 
     if diff and out:
         raise UsageError("--diff shows the changes without writing: drop --out (or --diff)")
-    if out is not None:
-        check_output(out, "--out", log)
+    if out is not None:  # before anything is read: the log, the tokenizer, the template, the prices, a config
+        check_output(out, "--out", run_inputs(log, tokenizer=tokenizer, chat_template=chat_template, prices=prices,
+                                              models=(kv_model, model)))
     codes = None
     if select:
         codes = tuple(c.strip().upper() for c in select.split(",") if c.strip())
@@ -117,11 +120,13 @@ def command(
         raise UsageError("--chat-template needs --tokenizer")
     source = display_name(log)
     raw: list[bytes] = []
-    records: list[tuple[int, Any]] = []
-    for lineno, line, src in iter_raw_lines(log):
-        records.append((lineno, parse_jsonl_line(line, src, lineno)))
-        raw.append(line)
-    lines = log_lines(records, source=source, key=key)
+
+    def records():  # each line parsed and checked before the next is read: the first bad line is the one named
+        for lineno, line, src in iter_raw_lines(log):
+            raw.append(line)
+            yield lineno, parse_jsonl_line(line, src, lineno)
+
+    lines = log_lines(records(), source=source, key=key)
     options = fix.FixOptions(unsafe=unsafe_fixes, key=key, window_s=window_s, select=codes, block_size=block_size,
                              capacity_blocks=capacity.blocks(block_size), model=model,
                              add_generation_prompt=not no_generation_prompt)
@@ -148,22 +153,21 @@ def _dumps(value: Any) -> str:
 
 
 def _write(path: str, raw: list[bytes], values: tuple, changed: list[int]) -> None:
-    """Unchanged lines are copied byte for byte; a rewritten line keeps the input's separators style."""
+    """Unchanged lines are copied byte for byte; a rewritten line keeps the input's separators style. The log
+    reaches ``path`` whole or not at all (a temporary file renamed into place)."""
     import json
 
+    from ..outputs import atomic_write
+
     todo = set(changed)
-    try:
-        with open(path, "wb") as fh:
-            for i, line in enumerate(raw):
-                if i not in todo:
-                    fh.write(line if line.endswith(b"\n") else line + b"\n")
-                    continue
-                spaced = b'": ' in line or b'", "' in line
-                text = json.dumps(values[i], ensure_ascii=False,
-                                  separators=(", ", ": ") if spaced else (",", ":"))
-                fh.write(text.encode("utf-8") + b"\n")
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+    with atomic_write(path) as fh:
+        for i, line in enumerate(raw):
+            if i not in todo:
+                fh.write(line if line.endswith(b"\n") else line + b"\n")
+                continue
+            spaced = b'": ' in line or b'", "' in line
+            text = json.dumps(values[i], ensure_ascii=False, separators=(", ", ": ") if spaced else (",", ":"))
+            fh.write(text.encode("utf-8") + b"\n")
 
 
 def _render_diff(source: str, lines: list, values: tuple, changed: list[int]) -> None:

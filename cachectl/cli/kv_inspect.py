@@ -10,6 +10,7 @@ import typer
 
 from ..errors import UsageError
 from .common import (
+    EXIT_FINDING,
     EXIT_OK,
     BlockSizeOpt,
     CacheKind,
@@ -119,7 +120,7 @@ def command(
     else:
         _render(report, kvmath.human_bytes)
         _render_live_extras(report)
-    raise typer.Exit(EXIT_OK)
+    raise typer.Exit(EXIT_FINDING if report.findings else EXIT_OK)
 
 
 command.__doc__ = HELP
@@ -271,7 +272,9 @@ def _render(r, hb) -> None:
 
     shape = (f"MLA latent {r.mla_dim}" if r.mla_dim else f"{r.kv_heads} KV heads x head_dim {r.head_dim}"
              if r.kv_heads is not None and r.head_dim is not None else "KV heads and head dims per layer type")
-    stdout.print(f"[bold]{r.model}[/]: {r.layers} layers, {shape}, {r.dtype}: "
+    from rich.markup import escape
+
+    stdout.print(f"[bold]{escape(r.model)}[/]: {r.layers} layers, {shape}, {r.dtype}: "
                  f"{r.bytes_per_token:,.0f} bytes per token ({hb(r.bytes_per_token)})", soft_wrap=True)
     stdout.print(f"from: {r.source}", markup=False, soft_wrap=True)
     t = Table(header_style="bold", box=None, pad_edge=False)
@@ -306,6 +309,8 @@ def _render(r, hb) -> None:
         stdout.print(f"{where}KV budget {hb(r.kv_budget_bytes)} = {hb(r.gpu_memory_bytes)} x "
                      f"{r.gpu_memory_utilization:g} - weights: {r.vllm_blocks:,} vLLM blocks of {r.block_size} tokens"
                      if r.vllm_blocks is not None else f"{where}KV budget {hb(r.kv_budget_bytes)}", soft_wrap=True)
+    for finding in r.findings:
+        stdout.print(f"finding: {finding}", markup=False, soft_wrap=True)
     for note in r.notes:
         stdout.print(f"note: {note}", markup=False, soft_wrap=True)
     if r.run is not None:

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from .. import __version__
-from ..errors import UsageError
+from ..errors import UsageError, printable
 from .common import (
     EXIT_ERROR,
     EXIT_FINDING,
@@ -119,10 +119,12 @@ def _show_diff(paths: list[str], cfg, fmt: LintFormat) -> int:
     elif fmt is not LintFormat.text:
         raise UsageError(f"--diff prints a unified diff (or JSON with --format json), not {fmt.value}")
     elif patch:
-        typer.echo(patch, nl=False)
+        typer.echo(_patch_text(patch), nl=False)
     failed = [*fixes.errors, *fixes.skipped]
     for message in failed:  # one line each: the files that could not be read, parsed or fixed
-        typer.echo(f"cachectl: error: {' '.join(message.split())}", err=True)
+        typer.echo(_line("error", message), err=True)
+    for message in fixes.outside:  # a symlink out of the directory: not fixed
+        typer.echo(_line("note", message), err=True)
     if not failed:
         typer.echo(f"{fixes.fixed} fixable finding(s) in {len(fixes.files)} file(s)"
                    + (" (not written: --diff)" if fixes.fixed else ""), err=True)
@@ -137,10 +139,12 @@ def _apply_fixes(paths: list[str], cfg, fmt: LintFormat):
     patch = "".join(f.diff() for f in fixes.files)
     lint_fix.write_fixes(fixes)
     for message in fixes.skipped:  # lint reports the files it cannot read; these it reads, unfixed
-        typer.echo(f"cachectl: error: {' '.join(message.split())}", err=True)
+        typer.echo(_line("error", message), err=True)
+    for message in fixes.outside:  # a symlink out of the directory: linted below, not rewritten
+        typer.echo(_line("note", message), err=True)
     # the diff goes where it cannot corrupt machine output: stdout for text, stderr for the others
     if patch:
-        typer.echo(patch, nl=False, err=fmt is not LintFormat.text)
+        typer.echo(_patch_text(patch, err=fmt is not LintFormat.text), nl=False, err=fmt is not LintFormat.text)
     if fixes.fixed:
         typer.echo(f"fixed {fixes.fixed} finding(s) in {len(fixes.files)} file(s)", err=fmt is not LintFormat.text)
     return fixes
@@ -162,7 +166,7 @@ def _emit(report, fmt: LintFormat) -> None:
     else:
         _render_text(report)
     for e in report.errors:  # one line each on stderr too, whatever the format
-        typer.echo(f"cachectl: error: {e.describe()}", err=True)
+        typer.echo(_line("error", e.describe()), err=True)
 
 
 def _hard_stop(message: str) -> None:
@@ -170,9 +174,23 @@ def _hard_stop(message: str) -> None:
     import os
     import sys
 
-    sys.stderr.write(f"cachectl: error: {' '.join(message.split())}\n")
+    sys.stderr.write(_line("error", message) + "\n")
     sys.stderr.flush()
     os._exit(EXIT_ERROR)
+
+
+def _line(kind: str, message: str) -> str:
+    """``cachectl: error: ...`` (or note) on one line, control characters from the files shown escaped."""
+    return f"cachectl: {kind}: {printable(' '.join(message.split()), newlines=False)}"
+
+
+def _patch_text(patch: str, err: bool = False) -> str:
+    """The unified diff as ``patch -p0`` applies it, byte for byte, into a file or a pipe; on a terminal, with
+    the control characters of the templates shown escaped."""
+    import sys
+
+    stream = sys.stderr if err else sys.stdout
+    return printable(patch) if stream.isatty() else patch
 
 
 def _render_text(report) -> None:
@@ -181,13 +199,14 @@ def _render_text(report) -> None:
     by_file: dict[str, list] = {}
     for f in report.findings:
         by_file.setdefault(f.path, []).append(f)
+    # rich's Text drops some control characters (BEL, CR) where it is made: they are escaped before
     for path, items in by_file.items():
-        stdout.print(Text(path, "bold underline"))
+        stdout.print(Text(printable(path), "bold underline"))
         for f in sorted(items, key=lambda x: (x.line, x.column)):
             style = "red" if f.severity == "error" else "yellow"
-            stdout.print(Text.assemble(f"  {f.line}:{f.column} ", (f.rule, f"bold {style}"), f" {f.message}"),
-                         soft_wrap=True)
-            stdout.print(Text(f"      fix: {f.fix} ({f.safety} fix)", "dim"), soft_wrap=True)
+            stdout.print(Text.assemble(f"  {f.line}:{f.column} ", (f.rule, f"bold {style}"),
+                                       f" {printable(f.message)}"), soft_wrap=True)
+            stdout.print(Text(printable(f"      fix: {f.fix} ({f.safety} fix)"), "dim"), soft_wrap=True)
     n = len(report.findings)
     # "clean" only where every file could be checked
     summary = f"{report.checked} file(s) checked: " + (f"{n} finding(s)" if n else "no findings" if report.errors

@@ -8,7 +8,18 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import UsageError
-from .common import EXIT_OK, Format, FormatOpt, TokenizerOpt, Ttl, check_price_model, emit_json, handle_errors, stdout
+from .common import (
+    EXIT_OK,
+    Format,
+    FormatOpt,
+    TokenizerOpt,
+    Ttl,
+    check_price_model,
+    emit_json,
+    flags_for_params,
+    handle_errors,
+    stdout,
+)
 
 HELP = """What provider prompt caching costs and saves.
 
@@ -64,7 +75,7 @@ def command(
                          "or --list-models")
     mode = modes[0]
     if model_as is not None:
-        check_price_model(table, model_as)
+        check_price_model(table, model_as, "--model-as")
     if mode == "list":
         _render_models(table, fmt)
         raise typer.Exit(EXIT_OK)
@@ -121,7 +132,10 @@ def _anthropic_client():
         import anthropic
     except ImportError:
         raise UsageError("--count-with-api needs the anthropic package (pip install 'llm-cachectl[anthropic]')") from None
-    return anthropic.Anthropic(max_retries=2)
+    from .common import api_timeout
+
+    # errors (401, 429, 529, timeouts, no connection) become one line in common.provider_api_error
+    return anthropic.Anthropic(max_retries=2, timeout=api_timeout())
 
 
 # ------------------------------------------------------------------------------------------- renderers
@@ -166,6 +180,7 @@ _MISS_LABEL = {"cold": "cold", "content_changed": "changed", "ttl_expired": "TTL
 
 def _render_report(r) -> None:
     from rich.table import Table
+    from rich.text import Text
 
     recon = any(q.reconciliation is not None for q in r.requests)
     why = any(q.miss is not None for q in r.requests)
@@ -194,7 +209,7 @@ def _render_report(r) -> None:
             c = q.reconciliation
             cells += ["" if c is None else f"{c.billed['cache_read_input_tokens']:,}/"
                                            f"{c.billed['cache_creation_input_tokens']:,}",
-                      "" if c is None else ("yes" if c.agree else "[red]no[/]")]
+                      "" if c is None else ("yes" if c.agree else Text("no", "red"))]
         t.add_row(*cells)
     stdout.print(t)
     hit = f"{r.hit_rate:.1%}" if r.hit_rate is not None else "n/a"
@@ -221,4 +236,4 @@ def _render_report(r) -> None:
         lines = f" (lines {', '.join(map(str, f.lines[:8]))}{', ...' if len(f.lines) > 8 else ''})" if f.lines else ""
         stdout.print(f"finding {f.code}: {f.message}{lines}", soft_wrap=True, markup=False)
     for note in r.notes:
-        stdout.print(f"note: {note}", soft_wrap=True, markup=False)
+        stdout.print(f"note: {flags_for_params(note)}", soft_wrap=True, markup=False)

@@ -4,7 +4,6 @@ as text, JSON, or one self-contained HTML page."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
@@ -24,6 +23,7 @@ from .common import (
     emit_json,
     handle_errors,
     parse_window,
+    run_inputs,
     stdout,
 )
 
@@ -84,6 +84,22 @@ def command(
     top: Annotated[int, typer.Option("--top", min=1, help="Worst conversations shown.")] = 5,
     fmt: FormatOpt = Format.text,
 ) -> None:
+    from ..inputs.files import spooled
+
+    if not tokenizer:
+        raise UsageError("report needs --tokenizer (requests become tokens through its chat template)")
+    if html is not None:  # before anything is read
+        check_output(html, "--html", run_inputs(log, tokenizer=tokenizer, chat_template=chat_template))
+    # the log is read three times (token diff, provider cache, prefix replay): stdin or a pipe is copied once
+    with spooled(log) as path:
+        _report(path, tokenizer, key, window, chat_template, model, html, block_size, top, fmt)
+
+
+command.__doc__ = HELP
+
+
+def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_template: Optional[str],
+            model: Optional[str], html: Optional[str], block_size: int, top: int, fmt: Format) -> None:
     from dataclasses import replace
 
     from ..engines.prefix.trace import iter_trace
@@ -94,13 +110,6 @@ def command(
     from ..inputs import LogRecord, display_name, iter_jsonl, read_requests
     from ..tokenization import load_tokenizer
 
-    if html is not None:
-        check_output(html, "--html", log)
-    if log == "-":
-        raise UsageError("report reads the log three times (token diff, provider cache, prefix replay): give a file, "
-                         "not stdin")
-    if not tokenizer:
-        raise UsageError("report needs --tokenizer (requests become tokens through its chat template)")
     tok = load_tokenizer(tokenizer, chat_template_file=chat_template)
     table = PriceTable.load()
     check_price_model(table, model)
@@ -119,21 +128,16 @@ def command(
         trace=iter_trace(_trace_records(log), source=source, tokenizer=tok), block_size=block_size, top=top,
         price_model=model, text_counter=promptcache.tokenizer_counter(tok), forks=safe.forks)
     if html is not None:
+        from ..outputs import write_text
         from .report_html import render
 
-        try:
-            Path(html).write_text(render(result, __version__), encoding="utf-8")
-        except OSError as exc:
-            raise InputError(f"cannot write: {exc.strerror or exc}", source=html) from None
+        write_text(html, render(result, __version__))
     if fmt is Format.json:
         emit_json(result)
     else:
         _render_text(result, html)
     found = result.total_tokens_lost or result.tokens_lost or any(f.fixable for f in result.forks)
     raise typer.Exit(EXIT_FINDING if found else EXIT_OK)
-
-
-command.__doc__ = HELP
 
 
 def _usd(x: Any) -> str:

@@ -14,9 +14,11 @@ from .common import (
     FormatOpt,
     Normalize,
     Progress,
+    check_plot,
     emit_json,
     handle_errors,
     new_figure,
+    run_inputs,
     save_figure,
     stdout,
 )
@@ -158,6 +160,7 @@ def sweep_cmd(file: Annotated[str, typer.Argument(metavar="PAIRS", help="Labeled
     false-hit rate's upper confidence bound under the target, or a plain statement that none does."""
     from ..engines import semantic
 
+    check_plot(plot, run_inputs(file, log_label="the input pairs", models=(model,)))  # before anything is read
     pairs = semantic.read_pairs(file, _columns(columns), need_label=True)
     emb, name, progress = _embedder(model, threads)
     with progress:

@@ -37,15 +37,15 @@ def write_partitions(*, read, name: str, directory: str, replicas: Optional[int]
                          "stays single-process (run it without --partition-dir)")
     pick = stateless_router(router, replicas=replicas, block_size=block_size, seed=seed, prefix_blocks=prefix_blocks,
                             source=name, session_fields=session_fields)
-    writer = PartitionWriter(directory, replicas)
     n = 0
-    for req in read:
-        writer.add(pick(req), req)
-        n += 1
-    doc = writer.close({"source": name, "router": router, "replicas": replicas, "requests": n,
-                        "block_size": block_size, "hash_block_size": hash_block_size,
-                        "router_params": {"seed": seed, "prefix_blocks": prefix_blocks, "ring_vnodes": RING_VNODES,
-                                          "session_fields": list(session_fields)}})
+    with PartitionWriter(directory, replicas) as writer:  # an error or an interrupt leaves no partition behind
+        for req in read:
+            writer.add(pick(req), req)
+            n += 1
+        doc = writer.close({"source": name, "router": router, "replicas": replicas, "requests": n,
+                            "block_size": block_size, "hash_block_size": hash_block_size,
+                            "router_params": {"seed": seed, "prefix_blocks": prefix_blocks,
+                                              "ring_vnodes": RING_VNODES, "session_fields": list(session_fields)}})
     if fmt is Format.json:
         emit_json({"schema_version": 1, "mode": "partition", "directory": directory, **doc})
         return

@@ -28,10 +28,12 @@ from .common import (
     Policy,
     Progress,
     TokenizerOpt,
+    check_plot,
     emit_json,
     handle_errors,
     in_panel,
     new_figure,
+    run_inputs,
     save_figure,
     stdout,
 )
@@ -239,6 +241,8 @@ def command(
                                                 help="Draw hit rate against capacity per block size.", rich_help_panel=OUTPUT)] = None,
     fmt: Annotated[Format, in_panel(FormatOpt, OUTPUT)] = Format.text,
 ) -> None:
+    check_plot(plot, run_inputs(trace, log_label="the input trace", tokenizer=tokenizer, chat_template=chat_template,
+                                models=(model,)))  # before anything is read
     capacity = KvCapacity(capacity_blocks, capacity_gib, model, dtype.value, block_size)
     warm = _warmup(warmup)
     if chat_template and tokenizer is None:

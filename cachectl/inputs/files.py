@@ -7,12 +7,14 @@ same one-line messages.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
 import os
 import stat
 import sys
+import tempfile
 import zlib
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
@@ -31,15 +33,19 @@ _BUFFER = 1 << 20
 MAX_DEPTH = 512
 
 
+#: temporary copies of inputs that cannot be read twice (see :func:`spooled`) -> the name their errors give
+_SPOOLED: dict[str, str] = {}
+
+
 def display_name(path: str) -> str:
-    return "<stdin>" if path == "-" else path
+    return "<stdin>" if path == "-" else _SPOOLED.get(path, path)
 
 
 def _open_raw(path: str) -> tuple[IO[bytes], str]:
     if path == "-":
         return sys.stdin.buffer, "<stdin>"
     try:
-        return open(path, "rb", buffering=_BUFFER), path
+        return open(path, "rb", buffering=_BUFFER), display_name(path)
     except FileNotFoundError:
         raise InputError("no such file", source=path) from None
     except IsADirectoryError:
@@ -169,13 +175,63 @@ def _close(fh: Any) -> None:
         fh.close()
 
 
+def _read_error(exc: OSError, source: str) -> InputError:
+    """An operating-system error while reading (EIO, a permission lost, a device gone) as one located line."""
+    return InputError(f"cannot read: {(exc.strerror or str(exc)).lower() if exc.strerror else exc}", source=source)
+
+
 def read_bytes(path: str) -> tuple[bytes, str]:
     """Read a whole file (or stdin for ``-``), gunzipped if it is gzip, with its display name."""
     fh, source = open_binary(path)
     try:
         return fh.read(), source
+    except OSError as exc:
+        raise _read_error(exc, source) from None
     finally:
         _close(fh)
+
+
+@contextlib.contextmanager
+def spooled(path: str) -> Iterator[str]:
+    """``path`` itself when it is a regular file; otherwise (``-``, a pipe, a FIFO, ``/dev/stdin``, a process
+    substitution), a temporary copy of its bytes, made once, for a reader that reads its input more than once.
+    Errors about the copy name the original (:func:`display_name` knows the copy); it is removed at the end."""
+    if path != "-":
+        try:
+            if stat.S_ISREG(os.stat(path).st_mode):
+                yield path
+                return
+        except OSError:  # missing, unreadable: the reader names the problem
+            yield path
+            return
+    fh, source = _open_raw(path)
+    try:
+        out = tempfile.NamedTemporaryFile(prefix="cachectl-spool-", suffix=".jsonl", delete=False)
+    except OSError as exc:
+        _close(fh)
+        raise InputError(f"cannot make a temporary copy to read it more than once ({tempfile.gettempdir()}: "
+                         f"{exc.strerror or exc})", source=source) from None
+    try:
+        with out:
+            while True:
+                try:
+                    block = fh.read(_BUFFER)
+                except OSError as exc:
+                    raise _read_error(exc, source) from None
+                if not block:
+                    break
+                try:
+                    out.write(block)
+                except OSError as exc:
+                    raise InputError(f"cannot make a temporary copy to read it more than once ("
+                                     f"{tempfile.gettempdir()}: {exc.strerror or exc})", source=source) from None
+        _SPOOLED[out.name] = source
+        yield out.name
+    finally:
+        _close(fh)
+        _SPOOLED.pop(out.name, None)
+        with contextlib.suppress(OSError):
+            os.unlink(out.name)
 
 
 def decode_text(data: bytes, source: str) -> str:
@@ -371,6 +427,8 @@ def iter_raw_lines(path: str) -> Iterator[tuple[int, bytes, str]]:
     try:
         for lineno, raw in lines:
             yield lineno, raw, source
+    except OSError as exc:
+        raise _read_error(exc, source) from None
     finally:
         _close(fh)
     if not lines.seen:

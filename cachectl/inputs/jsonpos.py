@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]:,]|[^\s{}\[\]:,"]+')
 
@@ -21,11 +21,9 @@ def child(path: str, key: str | int) -> str:
     return f"{path}.{key}" if path else key
 
 
-def scan_offsets(text: str) -> tuple[dict[str, int], dict[str, int]]:
-    """``(values, keys)``: the offset of the first character of every value, keyed by its path (the root is
-    ``""``), and, for object members, the offset of the member's key."""
-    values: dict[str, int] = {}
-    keys: dict[str, int] = {}
+def _walk(text: str) -> Iterator[tuple[str, str | None, str | None, int | None, int]]:
+    """``(path, parent, key, key_offset, value_offset)`` for every value of the text's first JSON value, in
+    order; ``key`` and ``key_offset`` are None for the root and for array elements."""
     # stack entries: [path, is_array, next_index, pending_key, pending_key_offset]
     stack: list[list] = []
     root_done = False
@@ -47,63 +45,49 @@ def scan_offsets(text: str) -> tuple[dict[str, int], dict[str, int]]:
                     top[3] = tok[1:-1]
                 top[4] = m.start()
             continue
+        key: str | None = None
+        key_offset: int | None = None
         if top is None:
             if root_done:
-                break
+                return
             path = ""
             root_done = True
         elif top[1]:
             path = child(top[0], top[2])
             top[2] += 1
         else:
+            key, key_offset = top[3], top[4]
             path = child(top[0], top[3])
-            keys.setdefault(path, top[4])
             top[3] = None
-        values.setdefault(path, m.start())
+        yield path, top[0] if top is not None else None, key, key_offset, m.start()
         if tok == "{":
             stack.append([path, False, 0, None, 0])
         elif tok == "[":
             stack.append([path, True, 0, None, 0])
+
+
+def scan_offsets(text: str) -> tuple[dict[str, int], dict[str, int]]:
+    """``(values, keys)``: the offset of the first character of every value, keyed by its path (the root is
+    ``""``), and, for object members, the offset of the member's key."""
+    values: dict[str, int] = {}
+    keys: dict[str, int] = {}
+    for path, _, _key, key_offset, value_offset in _walk(text):
+        if key_offset is not None:
+            keys.setdefault(path, key_offset)
+        values.setdefault(path, value_offset)
     return values, keys
 
 
 def first_duplicate(text: str) -> tuple[str, str, int] | None:
     """``(path, key, offset)`` of the first object member whose key its object already has (``path`` is the
     member's, ``offset`` its key's), or None. A slow scan, for texts a parser found a duplicate in."""
-    # stack entries: [path, is_array, next_index, pending_key, keys seen]
-    stack: list[list] = []
-    for m in _TOKEN.finditer(text):
-        tok = m.group(0)
-        if tok in ",:":
+    seen: set[tuple[str | None, str]] = set()
+    for path, parent, key, key_offset, _ in _walk(text):
+        if key is None or key_offset is None:
             continue
-        if tok in "}]":
-            if stack:
-                stack.pop()
-            continue
-        top = stack[-1] if stack else None
-        if top is not None and not top[1] and top[3] is None:
-            if tok.startswith('"'):
-                try:
-                    key = json.loads(tok)
-                except ValueError:
-                    key = tok[1:-1]
-                if key in top[4]:
-                    return child(top[0], key), key, m.start()
-                top[4].add(key)
-                top[3] = key
-            continue
-        if top is None:
-            path = ""
-        elif top[1]:
-            path = child(top[0], top[2])
-            top[2] += 1
-        else:
-            path = child(top[0], top[3])
-            top[3] = None
-        if tok == "{":
-            stack.append([path, False, 0, None, set()])
-        elif tok == "[":
-            stack.append([path, True, 0, None, set()])
+        if (parent, key) in seen:
+            return path, key, key_offset
+        seen.add((parent, key))
     return None
 
 

@@ -16,6 +16,7 @@ so that a worker can replay it without the original trace.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -185,7 +186,11 @@ def _unjson(text: str | None) -> Any:
 
 class PartitionWriter:
     """One Parquet file per replica under ``directory``, written in batches as requests are routed, and a
-    manifest (``manifest.json``) that says how they were made."""
+    manifest (``manifest.json``) that says how they were made.
+
+    Each file is written to a temporary file beside it and renamed into place by :meth:`close`, the manifest
+    last; used as a context manager, an error or an interrupt before that removes every file written (and the
+    directory, when this writer made it): a directory with a manifest is complete."""
 
     def __init__(self, directory: str, replicas: int, *, batch_rows: int = BATCH_ROWS):
         pa, pq = _pyarrow()
@@ -194,12 +199,15 @@ class PartitionWriter:
             raise InputError("exists and is not a directory", source=directory)
         if os.path.isdir(directory) and os.listdir(directory):
             raise InputError("is not empty: partitions go to a new or empty directory", source=directory)
+        self._made = not os.path.isdir(directory)
         try:
             os.makedirs(directory, exist_ok=True)
         except OSError as exc:
             raise InputError(f"cannot create: {exc.strerror or exc}", source=directory) from None
         self.directory = directory
         self.files = [f"replica-{r:05d}.parquet" for r in range(replicas)]
+        self._outputs: list = [None] * replicas   # the AtomicFile of each partition, made on its first batch
+        self._committed: list[str] = []
         self.schema = pa.schema([
             ("index", pa.int64()), ("line", pa.int64()), ("prompt_tokens", pa.int64()),
             ("tokens", pa.list_(pa.uint64())), ("hash_ids", pa.list_(pa.uint64())),
@@ -240,22 +248,55 @@ class PartitionWriter:
             raise InputError(f"cannot store a request in a partition ({_first_line(exc)}): token IDs and hash_ids "
                              "must fit in 64 bits") from None
         if self._writers[replica] is None:
-            self._writers[replica] = pq.ParquetWriter(os.path.join(self.directory, self.files[replica]), self.schema)
+            from ..outputs import AtomicFile
+
+            self._outputs[replica] = out = AtomicFile(os.path.join(self.directory, self.files[replica]))
+            self._writers[replica] = pq.ParquetWriter(out.path, self.schema)
         self._writers[replica].write_table(table)
         rows.clear()
 
     def close(self, manifest: dict) -> dict:
-        """Write what is left, close every file (an empty share is an empty file), then the manifest."""
+        """Write what is left, close every file (an empty share is an empty file), rename them into place,
+        then write the manifest."""
+        from ..outputs import write_text
+
         for r in range(len(self.files)):
             self._flush(r)
             self._writers[r].close()
+        for r, out in enumerate(self._outputs):
+            out.commit()
+            self._committed.append(os.path.join(self.directory, self.files[r]))
         doc = {"format": PARTITION_FORMAT, "version": PARTITION_VERSION, **manifest,
                "partitions": [{"file": f, "requests": n, "prompt_tokens": t}
                               for f, n, t in zip(self.files, self.counts, self.tokens)]}
-        with open(os.path.join(self.directory, MANIFEST), "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, indent=2)
-            fh.write("\n")
+        write_text(os.path.join(self.directory, MANIFEST), json.dumps(doc, indent=2) + "\n")
+        self._committed.clear()
         return doc
+
+    def __enter__(self) -> PartitionWriter:
+        return self
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is None:
+            return
+        # nothing partial: the temporary files, the partitions already renamed, the directory this writer made
+        first: BaseException | None = None
+        for writer in self._writers:
+            if writer is not None:
+                with contextlib.suppress(Exception):
+                    writer.close()
+        for out in self._outputs:
+            if out is not None:
+                err = out.fail(exc)
+                first = first or (err if err is not exc else None)
+        for path in self._committed:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        if self._made:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.directory)
+        if first is not None:
+            raise first from None
 
 
 def is_partition_dir(path: str) -> bool:

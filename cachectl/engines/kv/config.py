@@ -8,8 +8,11 @@ and layers without attention KV (linear attention, Mamba) counted as zero.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import struct
+import warnings
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -125,8 +128,151 @@ def check_config(config: dict, source: str = "config.json") -> None:
                              "no head_dim", source=source, field="hidden_size")
 
 
-def _text_config(config: dict) -> dict:
+def _raw_text_config(config: dict) -> dict:
     return config["text_config"] if isinstance(config.get("text_config"), dict) else config
+
+
+# ------------------------------------------------------------------------------- transformers' reading
+
+#: generic field names read from transformers' configuration object (its ``attribute_map`` turns GPT-2's
+#: ``n_head`` or DBRX's ``d_model`` into them; properties such as Falcon's ``head_dim`` count too)
+_GENERIC_FIELDS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size", "head_dim",
+                   "intermediate_size", "vocab_size", "max_position_embeddings", "sliding_window", "layer_types",
+                   "kv_lora_rank", "qk_rope_head_dim", "tie_word_embeddings")
+#: legacy names (Falcon's RefinedWeb configs, GPT-2 style) read when transformers cannot read the config
+_LEGACY_ALIASES = {"n_layer": "num_hidden_layers", "n_layers": "num_hidden_layers", "n_head": "num_attention_heads",
+                   "n_heads": "num_attention_heads", "n_embd": "hidden_size", "n_embed": "hidden_size",
+                   "d_model": "hidden_size", "n_head_kv": "num_key_value_heads", "num_kv_heads": "num_key_value_heads",
+                   "n_positions": "max_position_embeddings"}
+#: marks a config translated by cachectl itself (from GGUF metadata): its fields are cachectl's, not a
+#: transformers configuration class's, so it is read field by field
+FROM_GGUF = "cachectl_from_gguf"
+
+
+def _kv_heads_as_the_model_builds_them(model_type: str, d: dict) -> int | None:
+    """KV heads where transformers' attention module derives them from legacy fields rather than from
+    ``num_key_value_heads`` (checked against the caches of random-weight models in tests/test_kv_corpus.py)."""
+    heads = d.get("num_attention_heads")
+    if model_type == "falcon":  # FalconAttention: num_kv_heads if new_decoder_architecture or not multi_query, else 1
+        if d.get("new_decoder_architecture") or not d.get("multi_query"):
+            return d.get("num_kv_heads") or heads
+        return 1
+    if model_type == "gpt_bigcode":  # multi_query: one K/V head shared by all query heads
+        return 1 if d.get("multi_query", True) else heads
+    if model_type == "dbrx" and isinstance(d.get("attn_config"), dict):
+        return d["attn_config"].get("kv_n_heads") or heads
+    return None
+
+
+def _legacy_reading(cfg: dict) -> dict:
+    """Today's field-by-field reading, with the legacy names of older configs (RefinedWeb, GPT-2 style)."""
+    out = dict(cfg)
+    for old, new in _LEGACY_ALIASES.items():
+        if old in cfg and out.get(new) is None:
+            out[new] = cfg[old]
+    if cfg.get("multi_query") is True and not cfg.get("new_decoder_architecture") and "num_key_value_heads" not in cfg:
+        out["num_key_value_heads"] = 1  # multi-query attention: one K/V head
+    return out
+
+
+#: the shipped catalog's configs as transformers reads them (``cachectl/data/catalog_readings.json``, written by
+#: ``fixtures/make_catalog_readings.py`` through :func:`_read_through_transformers`, and checked against the installed
+#: transformers by tests/test_kv_corpus.py): a catalog name is answered without importing transformers, which
+#: imports torch (about 2 s of start-up)
+READINGS = "catalog_readings.json"
+
+
+def reading_key(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@functools.cache
+def _shipped_readings() -> dict[str, dict]:
+    try:
+        return {key: entry["reading"] for key, entry in _data(READINGS)["readings"].items()}
+    except FileNotFoundError:
+        return {}
+
+
+def config_text(config: dict) -> str:
+    """The canonical JSON text a config is read (and its reading cached) by."""
+    return json.dumps(config, sort_keys=True, default=str)
+
+
+@functools.lru_cache(maxsize=128)
+def _read_json_config(text: str) -> tuple[dict, str | None]:
+    shipped = _shipped_readings().get(reading_key(text))
+    if shipped is not None:
+        return dict(shipped), None
+    return _read_through_transformers(text)
+
+
+def _read_through_transformers(text: str) -> tuple[dict, str | None]:
+    config = json.loads(text)
+    raw = _raw_text_config(config)
+    mt = config.get("model_type")
+    if config.get(FROM_GGUF):
+        return _legacy_reading(raw), None
+    if not isinstance(mt, str) or not mt:
+        return _legacy_reading(raw), ("the config has no model_type: read field by field (transformers' "
+                                      "configuration classes not consulted)")
+    try:
+        import transformers
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    except ImportError:
+        return _legacy_reading(raw), f"transformers is not installed: the {mt} config is read field by field"
+    if mt not in CONFIG_MAPPING_NAMES:
+        return _legacy_reading(raw), (f"transformers {transformers.__version__} does not know model_type {mt!r}: "
+                                      "the config is read field by field (legacy names included)")
+    kwargs = {k: v for k, v in config.items() if k != "model_type"}
+    previous = transformers.utils.logging.get_verbosity()
+    transformers.utils.logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            hf = transformers.AutoConfig.for_model(mt, **kwargs)
+            sub = hf.get_text_config(decoder=True) if hasattr(hf, "get_text_config") else hf
+            d = sub.to_dict()
+            for name in _GENERIC_FIELDS:
+                try:
+                    value = getattr(sub, name)
+                except AttributeError:
+                    continue
+                if isinstance(value, (int, float, str, list, tuple)) or value is None:
+                    d[name] = list(value) if isinstance(value, tuple) else value
+    except Exception as exc:  # a config its class refuses: today's reading, said
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:160]
+        return _legacy_reading(raw), (f"transformers' {mt} configuration class refused the config ({first}): read "
+                                      "field by field")
+    finally:
+        transformers.utils.logging.set_verbosity(previous)
+    text_type = str(d.get("model_type") or mt)
+    kv = _kv_heads_as_the_model_builds_them(text_type, d)
+    if kv is not None:
+        d["num_key_value_heads"] = kv
+    d["model_type"] = text_type
+    return d, None
+
+
+def _normalized(config: dict) -> tuple[dict, str | None]:
+    """``(text config as transformers reads it, note)``: the configuration class of the model type
+    (``AutoConfig.for_model``), so legacy fields, class defaults and composite configs mean what they mean to
+    transformers; the note says when the config was read field by field instead."""
+    try:
+        text = config_text(config)
+    except (TypeError, ValueError):
+        return _legacy_reading(_raw_text_config(config)), "the config is not JSON: read field by field"
+    return _read_json_config(text)
+
+
+def _text_config(config: dict) -> dict:
+    return _normalized(config)[0]
+
+
+def config_note(config: dict) -> str | None:
+    """Why the config was read field by field rather than through transformers' configuration class (None when
+    it was read through it)."""
+    return _normalized(config)[1]
 
 
 def model_type(config: dict) -> str:
@@ -136,12 +282,12 @@ def model_type(config: dict) -> str:
 
 def is_encoder_only(config: dict) -> bool:
     """A bidirectional encoder (BERT-style): no KV cache is kept between tokens."""
-    cfg = _text_config(config)
+    cfg = _raw_text_config(config)
     if cfg.get("is_causal") is False or config.get("causal_attention") is False:
         return True
     if cfg.get("is_decoder") is True or cfg.get("is_encoder_decoder") is True:
         return False
-    return model_type(config).lower() in ENCODER_ONLY
+    return str(cfg.get("model_type") or config.get("model_type") or "").lower() in ENCODER_ONLY
 
 
 def layer_types(config: dict, source: str = "config.json") -> list[str]:
@@ -279,11 +425,13 @@ def kv_bytes(groups: tuple[LayerGroup, ...], tokens: int) -> float:
 
 def tied_embeddings(config: dict) -> tuple[bool, str]:
     """Whether the output head shares the embedding matrix, and where that came from."""
-    cfg = _text_config(config)
-    for c in (cfg, config):
+    raw = _raw_text_config(config)
+    for c in (raw, config):
         if isinstance(c.get("tie_word_embeddings"), bool):
             return c["tie_word_embeddings"], "config"
     mt = model_type(config)
+    if config_note(config) is None and isinstance(_text_config(config).get("tie_word_embeddings"), bool):
+        return _text_config(config)["tie_word_embeddings"], f"the {mt} default"  # its configuration class's
     table = _data("model_defaults.json")["tie_word_embeddings"]
     if mt in table:
         return bool(table[mt]), f"the {mt} default"
@@ -350,6 +498,136 @@ def estimate_total_params(config: dict) -> int | None:
                                                             + hidden * experts)
     embed = vocab * hidden * (1 if tied_embeddings(config)[0] else 2)
     return int(embed + layers * attn + mlp)
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Parameters of a model from its config, as transformers builds it."""
+
+    total: int                  # every parameter held in memory (all experts of an MoE)
+    active: int                 # those one token goes through (the routed experts it uses, shared ones, the rest)
+    experts: int = 0            # routed experts per MoE layer (0: dense)
+    moe_layers: int = 0
+    #: what the count leaves out, where the architecture is not modelled exactly
+    approximate: str | None = None
+
+
+_GATED_MLP = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
+              "gemma3_text", "deepseek_v2", "deepseek_v3", "phi3", "olmo", "olmo2", "granite", "cohere", "glm"}
+_QK_NORM = {"qwen3", "qwen3_moe", "gemma3_text", "olmo2"}          # per-head q_norm and k_norm (olmo2: full width)
+_QKV_BIAS = {"qwen2", "qwen2_moe"}
+_FOUR_NORMS = {"gemma2", "gemma3_text"}                            # pre/post attention and feed-forward norms
+
+
+def _i(cfg: dict, key: str, default: int = 0) -> int:
+    value = cfg.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
+
+
+def count_params(config: dict) -> ParamCount | None:
+    """Parameters from the config, for the architectures transformers builds as a decoder of gated-MLP layers
+    (Llama, Mistral, Mixtral, Qwen 2/3 and their MoE, Gemma 1-3, DeepSeek V2/V3 with MLA, Phi-3), Falcon, GPT-2
+    and GPT-BigCode: embeddings (and the LM head unless tied), attention (GQA, MQA, MLA, biases, q/k norms), the
+    MLP or every expert with its router and shared experts, and the norms, checked against
+    ``model.parameters()`` of random-weight models (tests/test_kv_corpus.py). Other model types get the gated
+    Llama-style count, flagged approximate; None where the config cannot be sized."""
+    cfg = _text_config(config)
+    mt = model_type(config)
+    try:
+        hidden, vocab = _int(cfg, "hidden_size", "config"), _int(cfg, "vocab_size", "config")
+        heads = _int(cfg, "num_attention_heads", "config")
+        layers = _layers(config, "config")
+    except InputError:
+        return None
+    n = len(layers)
+    tied = tied_embeddings(config)[0]
+    embed = vocab * hidden * (1 if tied else 2)
+    approximate = None
+    raw = _raw_text_config(config)
+    if raw is not config and any(isinstance(v, dict) for k, v in config.items() if k.endswith("_config")
+                                 and k != "text_config"):
+        approximate = "the text model only: the other towers of the composite config (" + ", ".join(
+            k for k, v in config.items() if isinstance(v, dict) and k.endswith("_config") and k != "text_config") + \
+            ") are not counted"
+    if mt in ("gpt2", "gpt_bigcode"):
+        hd = hidden // heads
+        kv = 1 if mt == "gpt_bigcode" and cfg.get("multi_query", True) else heads
+        inner = _i(cfg, "n_inner") or 4 * hidden
+        qkv = hidden + 2 * kv * hd
+        per = (hidden * qkv + qkv) + (hidden * hidden + hidden) + 2 * (hidden * inner) + inner + hidden + 4 * hidden
+        positions = _i(cfg, "max_position_embeddings") * hidden
+        total = embed + positions + n * per + 2 * hidden
+        return ParamCount(total, total, approximate=approximate)
+    if mt in ("falcon", "RefinedWeb", "RefinedWebModel"):  # the last two: Falcon's configs before transformers
+        hd = hidden // heads
+        kv = _i(cfg, "num_key_value_heads") or heads
+        bias = bool(cfg.get("bias"))
+        ffn = _i(cfg, "ffn_hidden_size") or 4 * hidden
+        qkv = (heads + 2 * kv) * hd
+        per = hidden * qkv + hidden * hidden + 2 * hidden * ffn
+        if bias:
+            per += qkv + hidden + ffn + hidden
+        if cfg.get("new_decoder_architecture"):
+            norms = 2 * 2 * hidden if _i(cfg, "num_ln_in_parallel_attn", 2) == 2 else 2 * hidden
+        else:
+            norms = 2 * hidden if cfg.get("parallel_attn", True) else 4 * hidden
+        total = embed + n * (per + norms) + 2 * hidden
+        return ParamCount(total, total, approximate=approximate)
+    if mt not in _GATED_MLP and approximate is None:
+        approximate = f"{mt or 'this model type'} is counted as a Llama-style decoder (gated MLP, no biases)"
+    inter = _i(cfg, "intermediate_size")
+    if not inter:
+        return None
+    experts = _i(cfg, "n_routed_experts") or _i(cfg, "num_local_experts") or _i(cfg, "num_experts")
+    topk = _i(cfg, "num_experts_per_tok") or _i(cfg, "num_experts_per_token") or 1
+    moe_inter = _i(cfg, "moe_intermediate_size") or inter
+    shared_inter = _i(cfg, "shared_expert_intermediate_size") or moe_inter * _i(cfg, "n_shared_experts")
+    first_dense = _i(cfg, "first_k_dense_replace")
+    freq = _i(cfg, "moe_layer_freq", 1) or 1
+    step = _i(cfg, "decoder_sparse_step", 1) or 1
+    mlp_only = set(cfg.get("mlp_only_layers") or [])
+    total = embed + hidden  # the final norm
+    inactive = 0
+    moe_layers = 0
+    for i, layer in enumerate(layers):
+        # attention
+        if layer.type == "mla":
+            q_lora, kv_lora = _i(cfg, "q_lora_rank"), _int(cfg, "kv_lora_rank", "config")
+            rope, nope = _int(cfg, "qk_rope_head_dim", "config"), _i(cfg, "qk_nope_head_dim")
+            v = _i(cfg, "v_head_dim") or nope
+            q_out = heads * (nope + rope)
+            attn = (hidden * q_lora + q_lora + q_lora * q_out) if q_lora else hidden * q_out
+            attn += hidden * (kv_lora + rope) + kv_lora + kv_lora * heads * (nope + v) + heads * v * hidden
+        elif layer.type == "no_kv":
+            approximate = approximate or "layers without attention KV (Mamba, linear attention) are not counted"
+            attn = 0
+        else:
+            hd = layer.head_dim or (cfg.get("head_dim") or hidden // heads)
+            vd = layer.value_dim or hd
+            kv = 0 if layer.type == "shared_kv" else (layer.kv_heads or 0)
+            attn = hidden * heads * hd + heads * vd * hidden + hidden * kv * (hd + vd)
+            if mt in _QKV_BIAS:
+                attn += heads * hd + kv * (hd + vd)
+            elif cfg.get("attention_bias") is True:
+                attn += heads * hd + kv * (hd + vd) + hidden
+            if mt in _QK_NORM:
+                attn += 2 * hd
+        # feed-forward
+        sparse = experts > 0 and i >= first_dense and i % freq == 0 and i not in mlp_only and (i + 1) % step == 0
+        if sparse:
+            expert = 3 * hidden * moe_inter
+            mlp = experts * expert + hidden * experts          # the experts and the router
+            if shared_inter:
+                mlp += 3 * hidden * shared_inter + (hidden if mt == "qwen2_moe" else 0)  # and Qwen's shared gate
+            inactive += (experts - min(topk, experts)) * expert
+            moe_layers += 1
+        else:
+            mlp = 3 * hidden * inter
+            if cfg.get("mlp_bias") is True:
+                mlp += 2 * inter + hidden
+        norms = (4 if mt in _FOUR_NORMS else 2) * hidden
+        total += attn + mlp + norms
+    return ParamCount(total, total - inactive, experts if moe_layers else 0, moe_layers, approximate)
 
 
 def blocks_for_memory(gib: float, bytes_per_token: float, block_size: int) -> int:
@@ -496,6 +774,7 @@ def read_gguf_config(path: str) -> dict:
     if "token_embd.weight" in tensors:  # llama.cpp stores no output.weight when the head is tied
         config["tie_word_embeddings"] = "output.weight" not in tensors
     config = {k: v for k, v in config.items() if v is not None}
+    config[FROM_GGUF] = True  # cachectl's own field names: read field by field, not through transformers
     if isinstance(kv, list):  # per-layer KV head counts; 0 marks a layer without attention KV (Mamba, ...)
         if not kv or any(isinstance(h, bool) or not isinstance(h, int) or h < 0 for h in kv):
             raise InputError("expected per-layer KV-head counts (non-negative integers)", source=path,
@@ -616,6 +895,13 @@ class KvReport:
     vllm_blocks: int | None
     block_size: int
     notes: tuple[str, ...] = ()
+    #: what is wrong, not only worth knowing (the weights do not fit in the GPU memory): exit 1
+    findings: tuple[str, ...] = ()
+    #: parameters counted from the config (every expert of an MoE), and those a token goes through
+    params: int | None = None
+    active_params: int | None = None
+    #: whether the weights fit in the GPU memory budget (None without a GPU or --gpu-memory)
+    weights_fit: bool | None = None
     #: a live run (kvlive.LiveRun) with --run
     run: Any = None
     #: multi-turn cache reuse (kvlive.TurnsRun) with --turns
@@ -646,6 +932,10 @@ def inspect_config(config: dict, *, model: str, source: str, dtype: str = "bf16"
     shape = kv_shape(config, dtype, source)
     groups = layer_groups(config, dtype, source)
     notes: list[str] = []
+    findings: list[str] = []
+    read_note = config_note(config)
+    if read_note:
+        notes.append(read_note)
     bandwidth = None
     if gpu is not None:
         table = gpu_table()
@@ -660,17 +950,28 @@ def inspect_config(config: dict, *, model: str, source: str, dtype: str = "bf16"
             g = gpus[match]
             gpu_memory = g["memory_mib"] * 1024 ** 2 if g.get("memory_mib") else g["memory_gb"] * 1e9
     weights_source = None
+    counted = count_params(config)
     if weights_bytes is not None:
         weights_source = "--weights-gib"
     elif published_params is not None:
         weights_bytes = published_params * DTYPE_BYTES[weights_dtype]
         weights_source = f"published parameter count x {weights_dtype}"
+    elif counted is not None:
+        weights_bytes = counted.total * DTYPE_BYTES[weights_dtype]
+        what = f"{_size(counted.total)} parameters"
+        if counted.moe_layers:
+            what += (f", every one of the {counted.experts} experts of {counted.moe_layers} MoE layers in memory; "
+                     f"{_size(counted.active)} active per token")
+        weights_source = f"estimated from the config ({what}) x {weights_dtype}"
+        if counted.approximate:
+            notes.append(f"weights: {counted.approximate}")
     else:
         est = estimate_params(config)
         if est is not None:
             weights_bytes = est * DTYPE_BYTES[weights_dtype]
-            size = f"{est / 1e9:.2f}B" if est >= 1e8 else f"{est / 1e6:.2f}M"
-            weights_source = f"estimated from the config ({size} parameters) x {weights_dtype}"
+            weights_source = f"estimated from the config ({_size(est)} parameters) x {weights_dtype}"
+    if active_params is None and counted is not None and counted.moe_layers and published_params is None:
+        active_params = counted.active
     budget = None
     blocks = None
     if gpu_memory is not None:
@@ -678,7 +979,12 @@ def inspect_config(config: dict, *, model: str, source: str, dtype: str = "bf16"
             notes.append("weights size unknown (pass --weights-gib): the budget assumes none")
         budget = gpu_memory * gpu_memory_utilization - (weights_bytes or 0.0)
         if budget <= 0:
-            notes.append("the weights do not fit in the GPU memory budget")
+            assert weights_bytes is not None
+            findings.append(f"the weights ({human_bytes(weights_bytes)}) do not fit in "
+                            f"{gpu + ' ' if gpu else ''}memory: {human_bytes(gpu_memory)} x "
+                            f"{gpu_memory_utilization:g} = {human_bytes(gpu_memory * gpu_memory_utilization)} for "
+                            "weights and KV cache together; no sequence fits (more GPUs, tensor parallelism or "
+                            "quantized weights)")
             budget = 0.0
         full_per_token = shape.bytes_per_token
         blocks = int(budget // (full_per_token * block_size)) if full_per_token else None
@@ -695,7 +1001,7 @@ def inspect_config(config: dict, *, model: str, source: str, dtype: str = "bf16"
         rows.append(ContextRow(tokens=tokens, bytes=one, batch_bytes=one * batch, max_sequences=fit,
                                decode_ms_per_token=decode, batch_fits=None if fit is None else fit >= batch))
     tight = [r for r in rows if r.batch_fits is False]
-    if tight:
+    if tight and not findings:  # weights that do not fit already say no batch runs
         at = ", ".join(f"{r.tokens:,} ({r.max_sequences:,} fit)" for r in tight)
         notes.append(f"a batch of {batch} does not fit the KV budget at {'context' if len(tight) == 1 else 'contexts'} "
                      f"{at}" + (": its decode bound is for a batch that cannot run" if bandwidth is not None else ""))
@@ -722,7 +1028,14 @@ def inspect_config(config: dict, *, model: str, source: str, dtype: str = "bf16"
                     bytes_per_token_beyond_windows=beyond, layer_types=groups, batch=batch, contexts=tuple(rows),
                     weights_bytes=weights_bytes, weights_source=weights_source, gpu=gpu, gpu_memory_bytes=gpu_memory,
                     gpu_memory_utilization=gpu_memory_utilization, kv_budget_bytes=budget, vllm_blocks=blocks,
-                    block_size=block_size, notes=tuple(notes))
+                    block_size=block_size, notes=tuple(notes), findings=tuple(findings),
+                    params=published_params if published_params is not None else counted.total if counted else None,
+                    active_params=active_params if active_params is not None else counted.active if counted else None,
+                    weights_fit=None if budget is None else not findings)
+
+
+def _size(params: int) -> str:
+    return f"{params / 1e9:.2f}B" if params >= 1e8 else f"{params / 1e6:.2f}M"
 
 
 def human_bytes(n: float | None) -> str:

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from ...errors import CachectlError, InputError
 from .rules import Finding, LintConfig, filter_findings
@@ -74,6 +74,8 @@ class FixResult:
     errors: tuple[str, ...] = ()   # paths missing, files that could not be read or parsed (left as they were)
     #: files lint reads but a fix must not rewrite (compressed: written back they would be plain text)
     skipped: tuple[str, ...] = ()
+    #: files of a directory reached through a symlink that leaves it: linted, never rewritten (notes, not errors)
+    outside: tuple[str, ...] = ()
 
     @property
     def fixed(self) -> int:
@@ -229,6 +231,7 @@ def fix_paths(paths: Sequence[str], config: LintConfig) -> FixResult:
     out: list[FileFix] = []
     errors: list[str] = []
     skipped: list[str] = []
+    outside: list[str] = []
     for raw in paths:
         if raw == "-":
             continue  # stdin cannot be fixed in place
@@ -237,9 +240,15 @@ def fix_paths(paths: Sequence[str], config: LintConfig) -> FixResult:
         except CachectlError as exc:
             errors.append(str(exc))
             continue
+        tree = os.path.realpath(raw) if os.path.isdir(raw) else None
         for f in files:
             kind = kind_name(f)
             if not (kind.name.endswith(TEMPLATE_SUFFIXES) or kind.name == "tokenizer_config.json"):
+                continue
+            if tree is not None and os.path.commonpath([tree, os.path.realpath(f)]) != tree:
+                # a symlink out of the directory given: what it points to is not the user's to rewrite here
+                outside.append(f"{f}: a symlink to {os.path.realpath(f)}, outside {raw}: not fixed (name the file "
+                               "itself to fix it)")
                 continue
             packed = compression(str(f))
             if packed:  # written back, it would lose its compression
@@ -259,10 +268,15 @@ def fix_paths(paths: Sequence[str], config: LintConfig) -> FixResult:
                 continue
             if edits:
                 out.append(FileFix(str(f), text, fixed, tuple(edits), bom=data.startswith(b"\xef\xbb\xbf")))
-    return FixResult(files=tuple(out), errors=tuple(errors), skipped=tuple(skipped))
+    return FixResult(files=tuple(out), errors=tuple(errors), skipped=tuple(skipped), outside=tuple(outside))
 
 
 def write_fixes(result: FixResult) -> None:
-    """Write each fixed file in place (its bytes as read: UTF-8, the same line endings)."""
+    """Write each fixed file in place (its bytes as read: UTF-8, the same line endings), each whole or not at
+    all: a temporary file beside it, renamed over it (a full disk or an interrupt leaves the file as it was).
+    Raises :class:`~cachectl.errors.OutputError` naming the file that could not be written; the files before
+    it are fixed, the others untouched."""
+    from ...outputs import write_bytes
+
     for f in result.files:
-        Path(f.path).write_bytes((b"\xef\xbb\xbf" if f.bom else b"") + f.fixed.encode("utf-8"))
+        write_bytes(f.path, (b"\xef\xbb\xbf" if f.bom else b"") + f.fixed.encode("utf-8"))

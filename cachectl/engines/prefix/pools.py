@@ -9,8 +9,9 @@ Policies:
   hashed blocks go to the back of the LRU free queue, unhashed ones to the front; a freed block stays
   hittable until its slot is reused. Several blocks may carry the same hash (the ``L - 1`` cap makes a
   request recompute a cached last block), as in vLLM.
-- ``radix``: SGLang's token-level radix cache (page size 1): the longest cached token prefix, the same
-  ``L - 1`` cap, LRU eviction of unreferenced leaves; running requests pin their path.
+- ``radix``: SGLang's radix cache with its page size (the block size; 1 is token level): the longest cached
+  prefix in whole pages, the same ``L - 1`` cap, LRU eviction of unlocked leaves before a request's pages are
+  allocated (the pool is never exceeded); running requests pin their path and hold their partial last page.
 - ``chunk``: position-independent reuse of fixed-size chunks (LMCache, 256 tokens) or of declared segments;
   chunks not at the prefix are reused at the cost of recomputing ``recompute_ratio`` of their tokens
   (CacheBlend). An upper bound, labelled as such.
@@ -347,110 +348,220 @@ class InfiniteCache:
 
 
 class _Node:
-    __slots__ = ("children", "key", "parent", "last", "lock", "owner")
+    __slots__ = ("children", "key", "parent", "last", "lock", "owner", "seq")
 
-    def __init__(self, key: tuple, parent: _Node | None, owner: Any = None):
+    def __init__(self, key: tuple, parent: _Node | None, owner: Any = None, seq: int = 0):
         self.children: dict = {}
         self.key = key
         self.parent = parent
         self.last = 0
         self.lock = 0
         self.owner = owner
+        self.seq = seq                # creation order: breaks LRU ties deterministically
+
+
+class RadixHandle:
+    """What a request admitted by :meth:`RadixCache.admit` holds until :meth:`RadixCache.release`."""
+
+    __slots__ = ("hit", "node", "tail")
+
+    def __init__(self, hit: int, node: _Node, tail: int):
+        self.hit = hit                # cached tokens reused (whole pages, at most L - 1)
+        self.node = node              # the last node of its prompt: it and its ancestors are locked
+        self.tail = tail              # tokens of its partial last page (held, never inserted)
 
 
 class RadixCache:
-    """SGLang-style token radix tree with LRU eviction of unlocked leaves (capacity in tokens)."""
+    """SGLang's RadixCache (``python/sglang/srt/mem_cache/radix_cache.py``) with its scheduler's rules.
 
-    def __init__(self, capacity_tokens: int | None):
-        self.root = _Node((), None)
-        self.root.lock = 1
-        self.capacity = capacity_tokens
-        self.size = 0
+    ``page_size`` P: keys are matched and inserted in whole pages (a node's key is a multiple of P tokens; a
+    child is found by its first page; a match is cut to whole pages); a request matches its first ``L - 1``
+    tokens (``adjust_max_prefix_ids``), allocates ``ceil(L / P)`` pages minus the matched ones, evicting
+    unlocked leaves in LRU order first when the pool lacks them (the pool is never exceeded), inserts the
+    whole pages of its prompt (a page already in the tree is not stored twice) and keeps its partial last page
+    until it finishes. A salt is SGLang's ``extra_key``: one tree per key, never shared. Capacity in tokens.
+    """
+
+    def __init__(self, capacity_tokens: int | None, page_size: int = 1):
+        if page_size < 1:
+            raise UsageError("the page size must be at least 1")
+        self.page = page_size
+        self.roots: dict[Any, _Node] = {}
+        self.capacity = None if capacity_tokens is None else capacity_tokens // page_size * page_size
+        self.size = 0                 # tokens in the tree
+        self.held = 0                 # tokens of the partial last pages running requests hold
         self.clock = 0
+        self.seq = 0
         self.evicted_tokens = 0
-        self.peak = 0
+        self.peak = 0                 # the most tokens of the pool in use at once (tree + partial pages)
         self.cross_tenant_tokens = 0
 
-    def _match(self, tokens: Sequence[int]) -> tuple[int, list[_Node]]:
-        node, pos, path = self.root, 0, []
-        n = len(tokens)
+    def _root(self, salt: Any) -> _Node:
+        root = self.roots.get(salt)
+        if root is None:
+            root = self.roots[salt] = _Node((), None, seq=self._next())
+            root.lock = 1             # a root is never evicted
+        return root
+
+    def _next(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def _child_key(self, tokens: Sequence, pos: int) -> Any:
+        return tokens[pos] if self.page == 1 else tuple(tokens[pos:pos + self.page])
+
+    def _split(self, child: _Node, m: int) -> _Node:
+        """Cut ``child``'s key after ``m`` tokens (a multiple of the page): the first part becomes its parent."""
+        parent = child.parent
+        assert parent is not None
+        mid = _Node(child.key[:m], parent, child.owner, self._next())
+        mid.last, mid.lock = child.last, child.lock
+        parent.children[self._child_key(child.key, 0)] = mid
+        child.key = child.key[m:]
+        child.parent = mid
+        mid.children[self._child_key(child.key, 0)] = child
+        return mid
+
+    def _walk(self, tokens: Sequence, root: _Node) -> tuple[int, list[_Node]]:
+        """The cached whole pages of ``tokens``: (tokens matched, the nodes on the way), splitting the last node
+        where the match ends inside it, as SGLang does."""
+        p = self.page
+        n = len(tokens) // p * p
+        node, pos, path = root, 0, []
         while pos < n:
-            child = node.children.get(tokens[pos])
+            child = node.children.get(self._child_key(tokens, pos))
             if child is None:
                 break
             key = child.key
-            m = 0
             lim = min(len(key), n - pos)
-            while m < lim and key[m] == tokens[pos + m]:
-                m += 1
-            if m < len(key):  # split the edge so that the matched part is its own node
-                mid = _Node(key[:m], node, child.owner)
-                mid.last = child.last
-                node.children[key[0]] = mid
-                child.key = key[m:]
-                child.parent = mid
-                mid.children[child.key[0]] = child
-                mid.lock = child.lock
-                child = mid
+            m = 0
+            if p == 1:
+                while m < lim and key[m] == tokens[pos + m]:
+                    m += 1
+            else:
+                while m < lim and key[m:m + p] == tuple(tokens[pos + m:pos + m + p]):
+                    m += p
+            if m == 0:                    # pragma: no cover - the first page matched to find the child
+                break
+            if m < len(key):              # the match ends inside the node: split it there, stop
+                path.append(self._split(child, m))
+                pos += m
+                break
             path.append(child)
             pos += m
             node = child
-            if m < len(key):
-                break
         return pos, path
 
-    def run(self, tokens: Sequence, tenant: Any, offset: int = 0) -> tuple[int, list[_Node]]:
-        """Match, insert the rest, lock the path (until :meth:`release`); return the hit tokens.
-
-        ``offset`` leading pseudo-tokens (a tenant's salt) are not counted; the hit is capped at L - 1.
-        """
+    # -- SGLang's own operations (the unit tests port its cases)
+    def match(self, tokens: Sequence, salt: Any = None) -> tuple[int, list[_Node]]:
+        """``match_prefix``: the longest cached prefix in whole pages; refreshes the LRU time of its nodes."""
         self.clock += 1
-        matched, path = self._match(tokens)
-        hit = max(0, min(matched - offset, len(tokens) - offset - 1))
-        for node in path:
-            node.last = self.clock
-            if node.owner != tenant:
-                self.cross_tenant_tokens += len(node.key)
-        node = path[-1] if path else self.root
-        if matched < len(tokens):
-            rest = tuple(tokens[matched:])
-            leaf = _Node(rest, node, tenant)
+        matched, path = self._walk(tokens, self._root(salt))
+        for nd in path:
+            nd.last = self.clock
+        return matched, path
+
+    def insert(self, tokens: Sequence, salt: Any = None, tenant: Any = None) -> tuple[int, list[_Node]]:
+        """Insert the whole pages of ``tokens`` (as ``cache_finished_req`` and ``cache_unfinished_req`` do):
+        returns the tokens that were already cached and the path of the prompt."""
+        root = self._root(salt)
+        self.clock += 1
+        aligned = len(tokens) // self.page * self.page
+        prefix, path = self._walk(tokens[:aligned], root)
+        for nd in path:
+            nd.last = self.clock
+        if prefix < aligned:
+            rest = tuple(tokens[prefix:aligned])
+            parent = path[-1] if path else root
+            leaf = _Node(rest, parent, tenant, self._next())
             leaf.last = self.clock
-            node.children[rest[0]] = leaf
+            parent.children[self._child_key(rest, 0)] = leaf
             self.size += len(rest)
             path.append(leaf)
-        for nd in path:
-            nd.lock += 1
-        self.peak = max(self.peak, self.size)
-        self._evict()
-        return hit, path
+        return prefix, path
 
-    def release(self, path: list[_Node]) -> None:
-        for nd in path:
-            nd.lock -= 1
-        self._evict()
+    @staticmethod
+    def lock(node: _Node) -> None:
+        """``inc_lock_ref``: the node and its ancestors (a split later copies the count to the new parent, so
+        walking up from the same node always unlocks what was locked)."""
+        while node.parent is not None:
+            node.lock += 1
+            node = node.parent
 
-    def _evict(self) -> None:
-        if self.capacity is None or self.size <= self.capacity:
-            return
-        leaves: list[tuple[int, int, _Node]] = []
-        stack = [self.root]
+    @staticmethod
+    def unlock(node: _Node) -> None:
+        """``dec_lock_ref``."""
+        while node.parent is not None:
+            node.lock -= 1
+            node = node.parent
+
+    def _nodes(self):
+        stack = list(self.roots.values())
         while stack:
             nd = stack.pop()
-            if nd.children:
-                stack.extend(nd.children.values())
-            elif nd.lock == 0:
-                leaves.append((nd.last, id(nd), nd))
+            if nd.parent is not None:
+                yield nd
+            stack.extend(nd.children.values())
+
+    def protected_size(self) -> int:
+        """Tokens in locked nodes (running requests' paths)."""
+        return sum(len(nd.key) for nd in self._nodes() if nd.lock > 0)
+
+    def evictable_size(self) -> int:
+        return self.size - self.protected_size()
+
+    def evict(self, num_tokens: int) -> int:
+        """Evict unlocked leaves, least recently used first, until ``num_tokens`` are freed (whole nodes, so it
+        may free more) or nothing is evictable; returns the tokens freed."""
+        leaves = [(nd.last, nd.seq, nd) for nd in self._nodes() if not nd.children and nd.lock == 0]
         heapq.heapify(leaves)
-        while self.size > self.capacity and leaves:
+        freed = 0
+        while freed < num_tokens and leaves:
             _, _, nd = heapq.heappop(leaves)
             parent = nd.parent
-            assert parent is not None              # the root is locked, never a leaf to evict
-            del parent.children[nd.key[0]]
-            self.size -= len(nd.key)
-            self.evicted_tokens += len(nd.key)
-            if parent is not self.root and not parent.children and parent.lock == 0:
-                heapq.heappush(leaves, (parent.last, id(parent), parent))
+            assert parent is not None              # a root is locked, never a leaf to evict
+            del parent.children[self._child_key(nd.key, 0)]
+            freed += len(nd.key)
+            if parent.parent is not None and not parent.children and parent.lock == 0:
+                heapq.heappush(leaves, (parent.last, parent.seq, parent))
+        self.size -= freed
+        self.evicted_tokens += freed
+        return freed
+
+    # -- a request, as SGLang's scheduler runs it
+    def admit(self, tokens: Sequence, salt: Any = None, tenant: Any = None) -> RadixHandle | None:
+        """Match the first ``L - 1`` tokens, evict what the new pages need, insert, lock: the handle, or None
+        when the pool cannot hold the request even with every unlocked leaf evicted (it has to wait)."""
+        p, n = self.page, len(tokens)
+        hit, path = self.match(tokens[:max(n - 1, 0)], salt)
+        need = -(-n // p) * p - hit                   # the pages of the tokens to compute
+        last = path[-1] if path else self._root(salt)
+        self.lock(last)
+        if self.capacity is not None:
+            short = need - (self.capacity - self.size - self.held)
+            if short > 0:
+                self.evict(short)
+                if need > self.capacity - self.size - self.held:
+                    self.unlock(last)
+                    return None
+            self.peak = max(self.peak, self.size + self.held + need)
+        self.unlock(last)
+        _, full = self.insert(tokens, salt, tenant)
+        end = full[-1] if full else self._root(salt)
+        self.lock(end)
+        tail = n % p and p                            # the partial last page stays with the request
+        self.held += tail
+        if self.capacity is None:
+            self.peak = max(self.peak, self.size + self.held)
+        for nd in path:
+            if nd.owner != tenant:
+                self.cross_tenant_tokens += len(nd.key)
+        return RadixHandle(hit, end, tail)
+
+    def release(self, handle: RadixHandle) -> None:
+        """The request finished: its path is unlocked (stays cached) and its partial last page freed."""
+        self.unlock(handle.node)
+        self.held -= handle.tail
 
 
 # --------------------------------------------------------------------------------------------- chunk

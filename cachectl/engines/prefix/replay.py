@@ -114,7 +114,7 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
             pool = VllmBlockPool(capacity_blocks, block_size)
     inf = InfiniteCache(block_size) if policy == "infinite" else None
     cap_tokens = capacity_blocks * block_size if capacity_blocks is not None else None
-    radix = RadixCache(cap_tokens) if policy == "radix" else None
+    radix = RadixCache(cap_tokens, page_size=block_size) if policy == "radix" else None  # the block size is the page
     chunk = ChunkCache(cap_tokens, chunk_size, recompute_ratio) if policy == "chunk" else None
     running: list = []  # (end_time, seq, handle) of requests in flight
     handle: Any
@@ -174,17 +174,19 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
             hit = inf.run(request_keys(req, block_size, hash_fn), req.prompt_tokens, tenant)
             handle = None
         elif radix is not None:
-            while len(running) >= concurrency:
+            tokens = request_tokens(req)
+            while True:  # SGLang evicts before it allocates: a request that cannot fit waits for running ones
+                handle = radix.admit(tokens, req.salt, tenant) if len(running) < concurrency else None
+                if handle is not None:
+                    break
+                if not running:
+                    raise CapacityError(f"{source}:{req.line}: a request of {req.prompt_tokens} tokens needs "
+                                        f"{-(-req.prompt_tokens // block_size)} pages of {block_size} but the "
+                                        f"capacity is {capacity_blocks}")
                 end, _, h = heapq.heappop(running)
                 clock = max(clock, end)
                 finish(h)
-            if req.salt is None:
-                hit, handle = radix.run(request_tokens(req), tenant)
-            else:  # a salt isolates tenants: a pseudo-token of its own at the root of each tenant's tree
-                hit, handle = radix.run([("salt", req.salt), *request_tokens(req)], tenant, offset=1)
-            if radix.capacity is not None and radix.size > radix.capacity and not running:
-                raise CapacityError(f"{source}:{req.line}: a request of {req.prompt_tokens} tokens does not fit "
-                                    f"in {radix.capacity} tokens of capacity")
+            hit = handle.hit
         else:
             assert chunk is not None
             hit = chunk.run(request_tokens(req), req.segments, req.salt, tenant)
