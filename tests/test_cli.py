@@ -174,14 +174,20 @@ def test_log_mode_json_lines_and_summary(cli, write):
     assert summary["top_causes"] == [{"cause": "date_time", "pairs": 1}]
 
 
-def test_log_mode_previous_line_default_and_text(cli, write):
+def test_log_mode_groups_like_fix_without_a_key_and_text(cli, write):
+    # without --key: fix's and report's grouping (group_sessions): the second prompt extends the first, the token
+    # IDs start a conversation of their own (no pair to blame)
     rows = [{"prompt": "You are a helpful assistant."}, {"prompt": "You are a helpful assistant. More"},
             {"tokens": [1, 2, 3]}]
     r = cli("diff-tokens", "--log", _log(write, rows), "-t", TOK)
-    assert r.exit_code == 1
-    assert "line 2: A is a token prefix of B" in r.stdout
-    assert "line 3: mismatch" in r.stdout
-    assert "3 requests, 1 conversations, 2 pairs" in r.stdout
+    assert r.exit_code == 0, r.stdout
+    assert "3 requests, 2 conversations found automatically" in r.stdout
+    assert "line 2 [auto-1]: A is a token prefix of B" in r.stdout
+    assert "line 3" not in r.stdout
+    assert "3 requests, 2 conversations, 1 pairs" in r.stdout
+    keyed = [{**row, "s": "one"} for row in rows]    # one key: each line against the previous one
+    r = cli("diff-tokens", "--log", _log(write, keyed), "-t", TOK, "--key", "s")
+    assert r.exit_code == 1 and "line 3 [one]: mismatch" in r.stdout and "3 requests, 1 conversations, 2 pairs" in r.stdout
 
 
 def test_log_mode_all_prefixes_exit_zero_ids_only(cli, write):
@@ -294,13 +300,13 @@ def test_a_closed_pipe_exits_quietly_with_the_commands_own_code(tmp_path):
     # `cachectl diff-tokens --log big.jsonl | head -1`: far more output than a pipe buffers (~270 kB), the reader
     # gone after one line: no traceback, and the code the command has without the pipe (1: prompts differ)
     log = tmp_path / "big.jsonl"
-    log.write_text("".join(json.dumps({"prompt": f"System prompt number {i} for a long chat. Question {i % 7}"})
-                           + "\n" for i in range(3000)))
-    args = [sys.executable, "-m", "cachectl", "diff-tokens", "--log", str(log), "-t", str(TOK_DIR)]
+    log.write_text("".join(json.dumps({"s": "one", "prompt": f"System prompt number {i} for a long chat. "
+                                                             f"Question {i % 7}"}) + "\n" for i in range(3000)))
+    args = [sys.executable, "-m", "cachectl", "diff-tokens", "--log", str(log), "-t", str(TOK_DIR), "--key", "s"]
     alone = subprocess.run(args, capture_output=True, cwd=ROOT)
     assert alone.returncode == 1 and len(alone.stdout) > 200_000
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
-    assert proc.stdout.readline().startswith(b"line 2: mismatch")
+    assert proc.stdout.readline().startswith(b"line 2 [one]: mismatch")
     proc.stdout.close()                                   # the reader is gone
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1 and err == b""

@@ -74,7 +74,8 @@ def test_fix_removes_every_diff_tokens_finding_it_labels_fixed(tok, table, unsaf
 def test_every_fix_code_is_found_on_the_fixture_with_its_label(tok, table):
     report = fix.fix_log(lines_of(), fix.FixOptions(key="session"), tokenizer=tok, table=table)
     found = {(f.code, f.safe) for f in report.fixes}
-    assert {c for c, _ in found} == set(fixes.CODES)
+    # FX007 (a per-user value across requests) needs many users sharing a prefix: tests/test_cross_request.py
+    assert {c for c, _ in found} == set(fixes.CODES) - {"FX007"}
     assert ("FX002", True) in found and ("FX006", True) in found
     assert ("FX001", False) in found and ("FX003", False) in found and ("FX004", False) in found
     # reasoning: safe where the template already drops it, unsafe where the model saw it (the tool loop)

@@ -187,9 +187,15 @@ def test_page_in_headless_chromium(cli, tmp_path):
     assert [e for e in v.console if e.get("level") in ("SEVERE", "WARNING")] == []
     assert v.requests == [page.resolve().as_uri()]  # the page itself, nothing else
     assert v.title == f"cachectl report: {LOG}"
-    for heading in ("Tokens lost, per cause", "Worst conversations", "Provider prompt cache",
-                    "vLLM prefix cache: hit rate against capacity", "Before and after cachectl fix"):
+    for heading in ("Tokens lost, per cause", "Shared prefix across requests", "Worst conversations",
+                    "Provider prompt cache", "vLLM prefix cache: hit rate against capacity",
+                    "Before and after cachectl fix"):
         assert heading in v.text
+    # the shared prefix drawn (inline SVG, as logged and with the forks fixed), its forks listed
+    html = page.read_text(encoding="utf-8")
+    assert 'aria-label="the shared-prefix tree as logged"' in html
+    assert 'aria-label="the shared-prefix tree with the forks fixed"' in html
+    assert "FX001 date_time" in html and "where the branches split" in v.text.lower()
     from PIL import Image
 
     with Image.open(shot) as im:

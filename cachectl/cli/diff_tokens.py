@@ -23,8 +23,10 @@ diff-tokens --text "hello world" "hello there" (raw text; --as chat|openai|anthr
 JSON); --as ids '[1,2,3]' '[1,2,4]' reads a JSON list given in place of a file. Chat inputs are rendered
 through the tokenizer's own chat template. Exit code 0 when the token IDs are identical, 1 when they differ, 2 on bad input.
 
-Modes: two files (A B); --log FILE.jsonl pairs each request with the previous one of its conversation;
---stability CONVERSATION.json checks that each turn's render is a token prefix of the next.
+Modes: two files (A B); --log FILE.jsonl pairs each request with the previous one of its conversation
+(--key FIELD, else conversations found automatically as fix and report find them) and summarizes the forks
+of the log's shared prefix across requests; --stability CONVERSATION.json checks that each turn's render is a
+token prefix of the next.
 """
 
 
@@ -51,8 +53,9 @@ def command(
         "--log", metavar="FILE.jsonl", help="Batch mode: compare each logged request with the previous one.")] = None,
     key: Annotated[Optional[str], typer.Option(
         "--key", "--session-field", metavar="FIELD",
-        help="With --log: conversation key field (dotted path, e.g. metadata.session); default: each line is "
-             "compared with the previous line. --session-field is the same, named as in simulate-prefix.")] = None,
+        help="With --log: conversation key field (dotted path, e.g. metadata.session); default: conversations "
+             "found automatically, as fix and report find them. --session-field is the same, named as in "
+             "simulate-prefix.")] = None,
     max_open: Annotated[int, typer.Option(
         "--max-open", min=1, help="With --log: conversations remembered at once (least recently seen "
                                   "forgotten first).")] = 10_000,
@@ -86,18 +89,27 @@ def command(
 
     if log is not None:
         mismatches = 0
+        forks = None
         with Progress("requests") as progress:
-            records = iter_progress(iter_log(log, key, kind), progress)
-            for item in tokendiff.diff_log(records, tok, block_size=block_size, context=context,
-                                           add_generation_prompt=add_generation_prompt,
+            if key is None:  # fix's and report's grouping, and the log's shared prefix across requests
+                forks, records = _auto_log(log, tok, block_size, add_generation_prompt, fmt)
+            else:
+                records = iter_log(log, key, kind)
+            for item in tokendiff.diff_log(iter_progress(records, progress), tok, block_size=block_size,
+                                           context=context, add_generation_prompt=add_generation_prompt,
                                            add_special_tokens=special_tokens, template_vars=tvars,
                                            max_open=max_open):
                 if isinstance(item, tokendiff.LogSummary):
+                    if fmt is Format.json and forks is not None:
+                        emit_jsonl({"record": "forks", **forks.report.to_dict()})
                     _render_log_summary(item, fmt)
                 else:
                     mismatches += item.diff.kind == "mismatch"
                     _render_pair(item, fmt)
-        raise typer.Exit(EXIT_FINDING if mismatches else EXIT_OK)
+        if forks is not None and fmt is not Format.json:
+            _render_forks(forks)
+        found = mismatches or (forks is not None and forks.fixable)
+        raise typer.Exit(EXIT_FINDING if found else EXIT_OK)
 
     if a is None or b is None:
         raise UsageError("diff-tokens needs two prompts, A and B")
@@ -223,6 +235,47 @@ def _render_pair(p: "PairResult", fmt: Format) -> None:
                      soft_wrap=True)
     else:
         stdout.print(f"line {p.line_b}{key}: [green]{_KIND_TEXT[d.kind]}[/] ({d.common_prefix_tokens} tokens reused)")
+
+
+def _auto_log(log: str, tok, block_size: int, add_generation_prompt: bool, fmt: Format):
+    """Without --key: the conversations found as fix and report find them (one grouping for the three), said
+    before the pairs, and the log's shared-prefix analysis (its forks, summarized after the pairs)."""
+    from ..engines.repair.groups import group_sessions, log_lines
+    from ..engines.repair.shared_prefix import auto_records, log_forks
+    from ..inputs import display_name, iter_jsonl
+
+    source = display_name(log)
+    lines = log_lines(iter_jsonl(log), source=source)
+    grouping = group_sessions(lines, tokenizer=tok)
+    forks, notes = log_forks(lines, tokenizer=tok, block_size=block_size, add_generation_prompt=add_generation_prompt,
+                             source=source)
+    how = (f"a request joins the conversation whose last request it extends, within {grouping.window_s:g} s, as "
+           "fix and report group; --key FIELD names them")
+    if fmt is Format.json:
+        emit_jsonl({"record": "grouping", "how": grouping.how, "conversations": grouping.count,
+                    "window_s": grouping.window_s, "requests": len(lines), "notes": notes})
+    else:
+        stdout.print(f"{source}: {len(lines)} requests, {grouping.count} conversation"
+                     f"{'s' if grouping.count != 1 else ''} found automatically ({how})", soft_wrap=True,
+                     markup=False)
+        for note in notes:
+            stdout.print(f"note: {note}", soft_wrap=True, markup=False)
+    return forks, auto_records(lines, grouping)
+
+
+def _render_forks(forks) -> None:
+    from .forks_view import print_forks
+
+    r = forks.report
+    if not r.forks:
+        return
+    fixable = sum(1 for f in r.forks if f.fixable)
+    stdout.print()
+    stdout.print(f"[bold]across requests: {len(r.forks)} fork{'s' if len(r.forks) != 1 else ''} in the shared "
+                 f"prefix, {fixable} with a fix[/]" + (f" (vLLM hits {r.hit_tokens:,} -> {r.fixed_hit_tokens:,} tokens "
+                                                       "with them fixed, no eviction; cachectl fix --unsafe-fixes "
+                                                       "applies them)" if fixable else ""), soft_wrap=True)
+    print_forks(r.forks)
 
 
 def _render_log_summary(s: "LogSummary", fmt: Format) -> None:

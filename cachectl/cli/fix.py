@@ -36,13 +36,15 @@ from .common import (
 if TYPE_CHECKING:  # pragma: no cover
     from ..engines.repair.fix import FixReport
     from ..engines.repair.measure import Measure
+    from ..engines.repair.shared_prefix import CrossRequestGain
 
 HELP = """Rewrite a request log so its cacheable prefix is stable.
 
 LOG is JSONL: OpenAI Chat/Responses or Anthropic bodies, {timestamp, body, usage} wrappers, chat message
 lists, raw-text prompts ({"prompt": ...}) or token IDs. One named fix per cause (FX001 volatile value moved to
 the end, FX002 tool keys sorted, FX003 tool order, FX004 doubled BOS, FX005 reasoning kept out consistently,
-FX006 cache breakpoints for Anthropic and OpenAI GPT-5.6+), each labelled safe (the model sees the same content) or unsafe (content moves):
+FX006 cache breakpoints for Anthropic and OpenAI GPT-5.6+, FX007 per-user value moved to the end), each
+labelled safe (the model sees the same content) or unsafe (content moves):
 only safe fixes are applied unless --unsafe-fixes. --out writes the fixed log (each line keeps its shape and
 every field); --diff shows the changes without writing. The log is measured before and after by the vLLM
 replay (--tokenizer; --capacity-blocks or --capacity-gib with --model, else no eviction) and the provider
@@ -214,20 +216,29 @@ def _render(r: FixReport, out: Optional[str], changed: int) -> None:
         t = Table(header_style="bold", box=None, pad_edge=False)
         for col in ("line", "fix", "safety", "applied", "where", "what"):
             t.add_column(col, justify="right" if col == "line" else "left", overflow="fold")
-        for f in r.fixes:
+        shown = r.fixes if len(r.fixes) <= MAX_ROWS else r.fixes[:MAX_ROWS // 2]
+        for f in shown:
             t.add_row(str(f.line), f"{f.code} {f.name}", "safe" if f.safe else "unsafe", "yes" if f.applied else "no",
                       f.path, f.message)
         stdout.print(t)
+        if len(shown) < len(r.fixes):
+            stdout.print(f"... {len(r.fixes) - len(shown):,} more (--diff shows every change, --format json lists "
+                         "every fix)", soft_wrap=True, markup=False)
     else:
         stdout.print("nothing to fix", markup=False)
     _render_measures(r.before, r.after)
+    if r.cross_request is not None:
+        _render_cross(r.cross_request)
     if r.per_cause:
+        hits = any(c.vllm_hit_tokens is not None for c in r.per_cause)
         t = Table(title="tokens reused per fix (each applied after the ones above it)", header_style="bold",
                   box=None, pad_edge=False)
-        for col in ("fix", "applied", "tokens reused", "provider cache reads", "provider saves"):
+        for col in ("fix", "applied", "tokens reused") + (("vLLM hits",) if hits else ()) + (
+                "provider cache reads", "provider saves"):
             t.add_column(col, justify="left" if col == "fix" else "right")
         for c in r.per_cause:
             t.add_row(f"{c.code} {c.name}", str(c.fixes), f"{c.reused_tokens:+,}",
+                      *((f"{c.vllm_hit_tokens:+,}" if c.vllm_hit_tokens is not None else "",) if hits else ()),
                       "" if c.provider_read_tokens is None else f"{c.provider_read_tokens:+,}",
                       "" if c.provider_saved_usd is None else _money(c.provider_saved_usd))
         stdout.print(t)
@@ -245,6 +256,30 @@ def _render(r: FixReport, out: Optional[str], changed: int) -> None:
         stdout.print(f"note: {flags_for_params(note)}", soft_wrap=True, markup=False)
 
 
+#: fix rows shown in the text table (half of them when there are more)
+MAX_ROWS = 24
+
+
+def _render_cross(c: CrossRequestGain) -> None:
+    from .forks_view import print_forks
+
+    fixable = [f for f in c.forks if f.fixable]
+    stdout.print(f"across requests (the log's shared-prefix tree): {len(fixable)} fork{'s' if len(fixable) != 1 else ''}"
+                 " with a fix", soft_wrap=True, markup=False)
+    print_forks(fixable)
+    if c.hit_tokens_before is None or c.hit_tokens_after is None:
+        return
+    line = (f"vLLM hits across requests: {c.hit_tokens_before:,.0f} -> {c.hit_tokens_after:,.0f} tokens with no "
+            f"eviction (the tree's replay with every fork fixed: {c.predicted_hit_tokens:,})")
+    if c.capacity_blocks is not None and c.hit_tokens_before_at_capacity is not None \
+            and c.hit_tokens_after_at_capacity is not None:
+        line += (f", {c.hit_tokens_before_at_capacity:,.0f} -> {c.hit_tokens_after_at_capacity:,.0f} at "
+                 f"{c.capacity_blocks:,} blocks")
+    if c.usd_saved is not None:
+        line += f"; {_money(c.usd_saved)} saved at {c.price_model} prices (input less cache read)"
+    stdout.print(line, soft_wrap=True, markup=False)
+
+
 def _render_measures(before: Measure | None, after: Measure | None) -> None:
     from rich.table import Table
 
@@ -257,6 +292,9 @@ def _render_measures(before: Measure | None, after: Measure | None) -> None:
         rows.append((f"vLLM prefix hit rate (block size {v.block_size}, {cap})", _pct(v.hit_rate),
                      _pct(after.vllm.hit_rate)))
         rows.append(("vLLM prefill tokens saved", f"{v.hit_tokens:,.0f}", f"{after.vllm.hit_tokens:,.0f}"))
+        if before.vllm_no_eviction is not None and after.vllm_no_eviction is not None:
+            rows.append(("vLLM prefix hit rate (no eviction)", _pct(before.vllm_no_eviction.hit_rate),
+                         _pct(after.vllm_no_eviction.hit_rate)))
     if before.pair_reused_tokens is not None and after.pair_reused_tokens is not None:
         rows.append(("tokens shared with the conversation's previous request", f"{before.pair_reused_tokens:,}",
                      f"{after.pair_reused_tokens:,}"))

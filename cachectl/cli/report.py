@@ -40,9 +40,14 @@ cost and misses (prompt-cost, with the model's prices) and the vLLM prefix hit r
 and after all fixes (unsafe ones too). Without --key, requests are grouped into conversations automatically
 (a request joins the conversation whose last request it extends, within --window), as fix does.
 
+Across requests: the log's shared-prefix tree (every request, whatever its conversation) and its forks, where
+requests that share a prefix split (a clock line, a request id, a user's e-mail, tools in another order), each
+with its cause and the tokens a counterfactual replay recovers; the headline's lost tokens add what the forks
+cost beyond each request's within-conversation loss (a request's tokens are counted once).
+
 --html FILE writes one self-contained page (inline CSS and SVG, no script, no network). The text summary goes
 to stdout (--format json: the report's data). Exit codes: 0 when every request extends the previous one of
-its conversation, 1 when prefix tokens were lost, 2 on bad input.
+its conversation and no fork has a fix, 1 when prefix tokens were lost or a fork has a fix, 2 on bad input.
 """
 
 
@@ -123,8 +128,7 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
         source=source, log=records, tokenizer=tok, tokenizer_name=tokenizer, fixes=report.before_after(safe, full),
         requests=read_requests(log, default_model=model, timestamps=stamps), table=table,
         trace=iter_trace(_trace_records(log), source=source, tokenizer=tok, timestamps=stamps), block_size=block_size,
-        top=top,
-        price_model=model, text_counter=promptcache.tokenizer_counter(tok))
+        top=top, price_model=model, text_counter=promptcache.tokenizer_counter(tok), forks=safe.forks)
     if html is not None:
         from ..outputs import write_text
         from .report_html import render
@@ -135,7 +139,8 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
     else:
         _render_text(result, html)
     timestamp_note(stamps)
-    raise typer.Exit(EXIT_FINDING if result.tokens_lost else EXIT_OK)
+    found = result.total_tokens_lost or result.tokens_lost or any(f.fixable for f in result.forks)
+    raise typer.Exit(EXIT_FINDING if found else EXIT_OK)
 
 
 def _usd(x: Any) -> str:
@@ -149,9 +154,14 @@ def _render_text(r, html: str | None) -> None:
     how = "" if r.fixes is None else (" (by key)" if r.fixes.grouping.startswith("key") else " (found automatically)")
     stdout.print(f"{r.source}: {r.requests} requests, {r.conversations} conversations{how}, {r.pairs} pairs "
                  f"(tokens from {r.tokenizer})", soft_wrap=True, markup=False)
+    sp = r.shared_prefix
+    lost = f"{r.tokens_lost:,} lost" if sp is None else (
+        f"{r.total_tokens_lost:,} lost ({r.tokens_lost:,} within conversations, {sp.tokens_lost:,} more across "
+        "requests)")
+    money = r.usd_lost if sp is None else r.total_usd_lost
     stdout.print(f"prefix reuse: {r.reused_tokens:,} of {r.reusable_tokens:,} reusable tokens ({ratio}); "
-                 f"{r.tokens_lost:,} lost" + (f", {_usd(r.usd_lost)} at {r.price_model} prices" if r.usd_lost
-                                               is not None else ""), soft_wrap=True, markup=False)
+                 + lost + (f", {_usd(money)} at {r.price_model} prices" if money is not None else ""),
+                 soft_wrap=True, markup=False)
     if r.causes:
         t = Table(header_style="bold", box=None, pad_edge=False)
         for col in ("cause", "pairs", "tokens lost", "dollars lost"):
@@ -159,6 +169,13 @@ def _render_text(r, html: str | None) -> None:
         for c in r.causes:
             t.add_row(c.cause or "unexplained", str(c.pairs), f"{c.tokens_lost:,}", _usd(c.usd_lost))
         stdout.print(t)
+    if sp is not None and r.forks:
+        from .forks_view import print_forks
+
+        stdout.print(f"shared prefix across requests: {sp.fixable_forks} fork{'s' if sp.fixable_forks != 1 else ''}"
+                     f" with a fix; vLLM hits {sp.hit_tokens:,} -> {sp.fixed_hit_tokens:,} tokens with them fixed "
+                     "(no eviction)", soft_wrap=True, markup=False)
+        print_forks(r.forks)
     if r.worst:
         stdout.print("worst conversations: " + ", ".join(f"{w.key} ({w.tokens_lost:,} tokens)" for w in r.worst),
                      soft_wrap=True, markup=False)

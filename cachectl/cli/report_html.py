@@ -4,8 +4,10 @@ network). Every string that comes from the log goes through :func:`html.escape`;
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from html import escape
 
+from ..engines.prefix.forks import Fork, TreeNode
 from ..engines.repair.report import BeforeAfter, CurveSection, LogReport, PairView, cause_label
 
 CSS = """
@@ -172,19 +174,119 @@ def curve_svg(c: CurveSection, width: int = 1000, height: int = 340) -> str:
     return "".join(parts)
 
 
+def prefix_tree_svg(nodes: Sequence[TreeNode], forks: Sequence[Fork], label: str, width: int = 1000,
+                    height: int = 220) -> str:
+    """The shared-prefix tree as an icicle (inline SVG): left to right the tokens, top to bottom the requests;
+    each branch a bar as long as the tokens it shares and as tall as its requests; a red mark where a fork with a
+    fix splits; single-request branches bundled in grey."""
+    left, right, top, bottom = 12, 12, 8, 30
+    pw, ph = width - left - right, height - top - bottom
+    span = max((n.end for n in nodes), default=1) or 1
+    roots = [k for k, n in enumerate(nodes) if n.parent < 0]
+    total = sum(nodes[k].requests for k in roots) or 1
+    kids: dict[int, list[int]] = {}
+    for k, n in enumerate(nodes):
+        kids.setdefault(n.parent, []).append(k)
+    place: dict[int, tuple[float, float]] = {}   # node -> (y, height)
+
+    def lay(parent: int, y0: float, h: float, count: int) -> None:
+        y = y0
+        for k in kids.get(parent, []):
+            hh = h * nodes[k].requests / max(count, 1)
+            place[k] = (y, hh)
+            y += hh
+            lay(k, place[k][0], hh, nodes[k].requests)
+
+    lay(-1, top, ph, total)
+
+    def x(tok: float) -> float:
+        return left + tok / span * pw
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" role="img" '
+             f'aria-label="{escape(label)}">']
+    for k, n in enumerate(nodes):
+        y, h = place.get(k, (0.0, 0.0))
+        x0, x1 = x(n.start), x(max(n.end, n.start + span / 400))
+        fill = "#c9ced8" if n.alone else "#2f6fde"
+        f = forks[n.fork] if n.fork is not None and n.fork < len(forks) else None
+        what = (f"{n.alone:,} request(s), each on its own branch" if n.alone else f"{n.requests:,} requests share "
+                f"tokens {n.start:,} to {n.end:,}")
+        if f is not None:
+            what += f"; they split at {f.path or ''} char {f.char}: {f.cause} ({f.distinct_values:,} values)"
+        parts.append(f'<rect x="{x0:.1f}" y="{y + 0.5:.1f}" width="{max(x1 - x0, 1):.1f}" height="{max(h - 1, 0.5):.1f}" '
+                     f'fill="{fill}" fill-opacity="{0.55 if n.alone else 0.8}" rx="2"><title>{escape(what)}</title>'
+                     "</rect>")
+        if h >= 14 and x1 - x0 >= 90:
+            if n.alone:  # at the bar's end: a fork's label sits at its start
+                parts.append(f'<text x="{x1 - 5:.1f}" y="{y + h / 2 + 4:.1f}" font-size="12" fill="#5d6677" '
+                             f'text-anchor="end">{n.alone:,} alone</text>')
+            else:
+                parts.append(f'<text x="{x0 + 5:.1f}" y="{y + h / 2 + 4:.1f}" font-size="12" fill="#fff">'
+                             f"{n.requests:,} req, {n.end - n.start:,} tok</text>")
+        if f is not None and f.fixable:
+            parts.append(f'<line x1="{x1:.1f}" y1="{y:.1f}" x2="{x1:.1f}" y2="{y + h:.1f}" stroke="#c8372d" '
+                         f'stroke-width="3"><title>{escape(f.fixable + " " + f.cause)}</title></line>')
+            parts.append(f'<text x="{x1 + 4:.1f}" y="{y + 13:.1f}" font-size="12" fill="#c8372d">'
+                         f"{escape(f.fixable)} {escape(f.cause)}</text>")
+    step = next(m * 10 ** e for e in range(12) for m in (1, 2, 5) if m * 10 ** e >= span / 6)
+    for k in range(1, int(span // step) + 1):
+        parts.append(f'<text x="{x(k * step):.1f}" y="{height - 10}" font-size="12" text-anchor="middle" '
+                     f'fill="#5d6677">{_short(k * step)}</text>')
+    parts.append(f'<text x="{left}" y="{height - 10}" font-size="12" fill="#5d6677">token 0</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _shared_html(r: LogReport) -> str:
+    sp = r.shared_prefix
+    assert sp is not None
+    out = ["<h2>Shared prefix across requests</h2>",
+           f'<p class="note">Every request of the log in one prefix tree (blocks of {sp.block_size}), whatever its '
+           "conversation: where requests that share a prefix split, why, and the tokens a replay with the diverging "
+           f"line moved after the shared part recovers. With the {_n(sp.fixable_forks)} fork(s) that have a fix "
+           f"fixed, the vLLM cache with no eviction hits {_n(sp.fixed_hit_tokens)} tokens instead of "
+           f"{_n(sp.hit_tokens)}; beyond the within-conversation loss they cost {_n(sp.tokens_lost)} tokens"
+           + (f" ({_usd(sp.usd_lost)})" if sp.usd_lost is not None else "") + ".</p>"]
+    if sp.tree:
+        out.append(f'<div class="chart">{prefix_tree_svg(sp.tree, r.forks, "the shared-prefix tree as logged")}'
+                   '<div class="legend">as logged: each bar a prefix that many requests share (its length in tokens, '
+                   "its height in requests); grey: requests on a branch of their own; red: a fork with a fix</div>"
+                   "</div>")
+    if sp.fixed_tree and sp.fixed_tree != sp.tree:
+        out.append(f'<p></p><div class="chart">{prefix_tree_svg(sp.fixed_tree, (), "the shared-prefix tree with the forks fixed")}'
+                   '<div class="legend">with every fork that has a fix fixed (the counterfactual replay)</div></div>')
+    if r.forks:
+        out.append('<p></p><table><tr><th>where the branches split</th><th>cause</th><th class="n">values</th>'
+                   '<th class="n">requests</th><th class="n">tokens lost</th><th>fix</th></tr>')
+        for f in r.forks[:10]:
+            ex = "".join(f"<br><code>{escape(e)}</code>" for e in f.examples[:2])
+            by = f" (predicted by <code>{escape(f.predicted_by)}</code>)" if f.predicted_by else ""
+            out.append(f"<tr><td><code>{escape(f.path or 'token IDs')}</code> char {_n(f.char or 0)}{ex}</td>"
+                       f"<td>{escape(f.cause)}{by}</td><td class=\"n\">{_n(f.distinct_values)}</td>"
+                       f'<td class="n">{_n(f.requests)}</td><td class="n">{_n(f.tokens_lost)}</td>'
+                       f"<td>{escape(f.fixable or '-')}</td></tr>")
+        out.append("</table>")
+        out.append('<p class="note">A fork\'s tokens lost: what keeping that one fork costs once every other fork with a '
+                   "fix is fixed (two forks in one block each count the whole), so they may add up to more than the "
+                   "total.</p>")
+    return "\n".join(out)
+
+
 def render(r: LogReport, version: str) -> str:
     """The whole page."""
     title = f"cachectl report: {r.source}"
+    lost = r.tokens_lost if r.shared_prefix is None else r.total_tokens_lost
+    usd = r.usd_lost if r.shared_prefix is None else r.total_usd_lost
     cards = [
         ("", f"{_n(r.requests)}", f"requests in {_n(r.conversations)} conversation(s)"),
         ("good" if (r.reuse_ratio or 0) >= 0.9 else "bad", _pct(r.reuse_ratio),
          f"of reusable prefix tokens reused ({_n(r.reused_tokens)} of {_n(r.reusable_tokens)})"),
-        ("bad" if r.tokens_lost else "good", _n(r.tokens_lost), "prefix tokens recomputed that a cache could have "
-                                                                "served"),
+        ("bad" if lost else "good", _n(lost), "prefix tokens recomputed that a cache could have served"
+         + ("" if r.shared_prefix is None else f" ({_n(r.tokens_lost)} within conversations, "
+            f"{_n(r.shared_prefix.tokens_lost)} more across requests)")),
     ]
-    if r.usd_lost is not None:
-        cards.append(("bad" if r.usd_lost else "good", _usd(r.usd_lost), f"lost at {escape(r.price_model or '')} "
-                                                                        "prices (estimate)"))
+    if usd is not None:
+        cards.append(("bad" if usd else "good", _usd(usd), f"lost at {escape(r.price_model or '')} prices (estimate)"))
     if r.cost is not None:
         cards.append(("", _usd(r.cost.total_usd), f"provider cost, vs {_usd(r.cost.uncached_usd)} uncached "
                                                    f"(cache hit rate {_pct(r.cost.hit_rate)})"))
@@ -219,6 +321,9 @@ def render(r: LogReport, version: str) -> str:
         out.append("</table>")
     else:
         out.append('<p class="note">No request broke the prefix of the one before it: every pair was append-only.</p>')
+
+    if r.shared_prefix is not None:
+        out.append(_shared_html(r))
 
     if r.worst:
         out.append("<h2>Worst conversations</h2>")

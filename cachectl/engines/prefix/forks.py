@@ -86,6 +86,8 @@ _LINE_CAUSES = ("date_time", "volatile_id", "counter", "per_user_value")
 MIN_SHARED_CHARS = 64
 #: lines after the diverging one that may differ too before the shared part (a block of per-request lines)
 MAX_SKIPPED_LINES = 8
+#: a diverging line longer than this in any branch is not a value to move (it is the text the branches share)
+MAX_VALUE_CHARS = 300
 
 
 # --------------------------------------------------------------------------------------------- inputs
@@ -551,6 +553,49 @@ class Fork:
 
 
 @dataclass(frozen=True)
+class TreeNode:
+    """One branch of the shared-prefix tree, for a picture: an edge of full blocks that ``requests`` requests
+    share, from token ``start`` to token ``end``, below node ``parent`` (an index into the same tuple; -1: the
+    root). ``alone`` > 0: a bundle of that many branches of one request each (``end``: the longest of them).
+    ``fork``: the index in :attr:`ForkReport.forks` of the fork where this branch splits, if it is one."""
+
+    parent: int
+    start: int
+    end: int
+    requests: int
+    alone: int = 0
+    fork: int | None = None
+
+
+def _summary(tree: PrefixTree, bs: int, fork_at: dict[int, int], max_nodes: int = 40) -> tuple[TreeNode, ...]:
+    """The tree's branches that two or more requests share, most requests first (at most ``max_nodes``), each
+    node's single-request branches bundled into one."""
+    import heapq
+
+    out: list[TreeNode] = []
+    heap: list[tuple[int, int, int, _Edge]] = []
+    seq = 0
+
+    def children(e: _Edge, at: int) -> None:
+        nonlocal seq
+        kids = list(e.children.values()) if e.children else []
+        alone = [c for c in kids if c.n < 2]
+        if alone:
+            out.append(TreeNode(at, e.end * bs, max(c.end for c in alone) * bs, len(alone), len(alone)))
+        for c in kids:
+            if c.n >= 2:
+                heapq.heappush(heap, (-c.n, seq, at, c))
+                seq += 1
+
+    children(tree.root, -1)
+    while heap and len(out) < max_nodes:
+        _, _, parent, e = heapq.heappop(heap)
+        out.append(TreeNode(parent, e.start * bs, e.end * bs, e.n, 0, fork_at.get(id(e))))
+        children(e, len(out) - 1)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class MoveSpan:
     """What FX001/FX007 move out of one request's shared prefix: a line of a field, as characters of that field
     (``start``/``end`` count in the field's own text, the line's newline included)."""
@@ -582,14 +627,23 @@ class ForkReport:
     passes: int = 0
     replays: int = 0
     notes: tuple[str, ...] = ()
+    #: per request (in log order): the no-eviction hit tokens it gains with every fixable fork fixed (negative
+    #: where a move costs it some); they add up to ``fixed_hit_tokens - hit_tokens``
+    request_gains: tuple[int, ...] = field(default=(), repr=False)
+    #: the tree's top branches as logged, and with every fixable fork fixed (:func:`_summary`), for a picture
+    tree: tuple[TreeNode, ...] = ()
+    fixed_tree: tuple[TreeNode, ...] = ()
     _plan: tuple = field(default=(), repr=False, compare=False)
     _tokenizer: Any = field(default=None, repr=False, compare=False)
     #: (id of a fork, its line move)
     _moves: tuple = field(default=(), repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")
+             and f.name != "request_gains"}
         d["forks"] = [f.to_dict() for f in self.forks]
+        d["tree"] = [asdict(n) for n in self.tree]
+        d["fixed_tree"] = [asdict(n) for n in self.fixed_tree]
         d["notes"] = list(self.notes)
         return d
 
@@ -702,28 +756,35 @@ class _Analyzer:
             ids = self.view(r, plan).ids if plan else r.ids
             yield k, r, len(ids), block_keys(ids, bs, r.salt)
 
-    def tree_pass(self, plan: Sequence[Any]) -> tuple[PrefixTree, int]:
+    def tree_pass(self, plan: Sequence[Any], per_request: array | None = None) -> tuple[PrefixTree, int]:
         """The tree of the log under ``plan``, and its no-eviction hits (the blocks each request finds in the tree
         before it is added, capped at ``L - 1`` tokens as vLLM's lookup is: ``simulate``'s infinite policy,
-        which the tests check it against)."""
+        which the tests check it against); each request's hits appended to ``per_request`` when given."""
         self.passes += 1
         tree = PrefixTree()
         hits = 0
         bs = self.bs
         for k, _, n, keys in self._keys(plan):
             found = tree.insert(array("q", keys), k)
-            hits += min(found, (n - 1) // bs) * bs
+            h = min(found, (n - 1) // bs) * bs
+            hits += h
+            if per_request is not None:
+                per_request.append(h)
         return tree, hits
 
-    def replay(self, plan: Sequence[Any], capacity: bool = False) -> int:
-        """Hits of the log under ``plan`` through :func:`simulate`: no eviction, or vLLM's pool at capacity."""
+    def replay(self, plan: Sequence[Any], capacity: bool = False, per_request: array | None = None) -> int:
+        """Hits of the log under ``plan`` through :func:`simulate`: no eviction, or vLLM's pool at capacity (each
+        request's hits appended to ``per_request`` when given)."""
         self.replays += 1
         trace = (TraceRequest(index=k, line=r.line, prompt_tokens=n, hash_ids=keys, hash_block_size=self.bs)
                  for k, r, n, keys in self._keys(plan))
         if capacity:
-            rep = simulate(trace, policy="vllm", block_size=self.bs, capacity_blocks=self.cap)
+            rep = simulate(trace, policy="vllm", block_size=self.bs, capacity_blocks=self.cap,
+                           per_request=per_request is not None)
         else:
-            rep = simulate(trace, policy="infinite", block_size=self.bs)
+            rep = simulate(trace, policy="infinite", block_size=self.bs, per_request=per_request is not None)
+        if per_request is not None:
+            per_request.extend(int(h.hit_tokens) for h in rep.per_request or ())
         return int(rep.hit_tokens)
 
     # analysis ------------------------------------------------------------------------------------------
@@ -731,10 +792,12 @@ class _Analyzer:
         plan: list[Any] = []
         drafts: dict[tuple, dict] = {}
         hits0 = fixed = 0
+        base = array("q")
+        first: PrefixTree | None = None
         for p in range(max_passes):
-            tree, hits = self.tree_pass(plan)
+            tree, hits = self.tree_pass(plan, base if p == 0 else None)
             if p == 0:
-                hits0 = hits
+                hits0, first = hits, tree
             added = self._forks_of(tree, plan, drafts)
             if not added:
                 break
@@ -748,24 +811,38 @@ class _Analyzer:
         bare = sum(1 for r in self.reqs if r.text is None)
         if bare:
             self.notes.append(f"{bare} request(s) are token IDs only: their forks have no cause and nothing to move")
-        fixed = self.replay(plan) if plan else hits0
+        # a counterfactual that recovers nothing with the others applied (it moves a line the branches need, or
+        # costs a conversation its own reuse) leaves the plan, and the rest is measured again without it
         lost: dict[int, int] = {}
+        fixed = hits0
+        while plan:
+            fixed = self.replay(plan)
+            lost = {id(t): fixed - self.replay([x for x in plan if x is not t]) for t in plan}
+            keep = [t for t in plan if lost[id(t)] > 0]
+            if len(keep) == len(plan):
+                break
+            plan = keep
+        if not plan:
+            fixed = hits0
+        per_fixed = array("q")
+        if plan:
+            self.replay(plan, per_request=per_fixed)
+        gains = array("q", (f - b for f, b in zip(per_fixed, base))) if plan else array("q", bytes(8 * len(base)))
         lost_cap: dict[int, int] = {}
         cap0 = cap_fixed = None
         if self.cap is not None:
             cap0 = self.replay([], capacity=True)
             cap_fixed = self.replay(plan, capacity=True) if plan else cap0
-        for t in plan:
-            rest = [x for x in plan if x is not t]
-            lost[id(t)] = fixed - self.replay(rest)
-            if self.cap is not None:
+            for t in plan:
                 assert cap_fixed is not None
-                lost_cap[id(t)] = cap_fixed - self.replay(rest, capacity=True)
+                lost_cap[id(t)] = cap_fixed - self.replay([x for x in plan if x is not t], capacity=True)
         forks = []
         moves: list[tuple[int, _LineMove]] = []
+        fork_at: dict[int, Fork] = {}    # id of a node of the first tree -> its fork
         for dr in drafts.values():
             t = dr.pop("plan", None)
             keep = dr.pop("keep")
+            node = dr.pop("node", None)
             if t is None and not keep:
                 continue
             tl = lost.get(id(t), 0)
@@ -773,13 +850,20 @@ class _Analyzer:
                 continue  # a fix that recovers nothing: the fork costs no tokens
             at_cap = None if self.cap is None else max(lost_cap.get(id(t), 0), 0)
             forks.append(Fork(tokens_lost=max(tl, 0), tokens_lost_at_capacity=at_cap, **dr))
+            if node is not None:
+                fork_at[node] = forks[-1]
             if isinstance(t, _LineMove):
                 moves.append((id(forks[-1]), t))
         forks.sort(key=lambda f: (-f.tokens_lost, -f.requests, f.shared_tokens))
+        index = {id(f): k for k, f in enumerate(forks)}
+        assert first is not None
+        tree0 = _summary(first, self.bs, {n: index[id(f)] for n, f in fork_at.items()})
+        tree1 = _summary(self.tree_pass(plan)[0], self.bs, {}) if plan else tree0
         return ForkReport(requests=len(self.reqs), query_tokens=sum(len(r.ids) for r in self.reqs),
                           block_size=self.bs, capacity_blocks=self.cap, forks=tuple(forks), hit_tokens=hits0,
                           fixed_hit_tokens=fixed, hit_tokens_at_capacity=cap0, fixed_hit_tokens_at_capacity=cap_fixed,
-                          passes=self.passes, replays=self.replays, notes=tuple(self.notes), _plan=tuple(plan),
+                          passes=self.passes, replays=self.replays, notes=tuple(self.notes),
+                          request_gains=tuple(gains), tree=tree0, fixed_tree=tree1, _plan=tuple(plan),
                           _tokenizer=self.tok, _moves=tuple(moves))
 
     def _forks_of(self, tree: PrefixTree, plan: list[Any], drafts: dict[tuple, dict]) -> list[Any]:
@@ -801,6 +885,7 @@ class _Analyzer:
                                      for x in plan + added):
                 t = None
             dr["plan"] = t
+            dr["node"] = id(site.node)
             drafts[site.key] = dr
             if t is not None:
                 added.append(t)
@@ -884,6 +969,10 @@ class _Analyzer:
                     "keep": sum(1 for c in node.children.values() if c.n >= 2) >= 2,
                     "message": "the branches share nothing after the fork (different apps or prompts): legitimate, "
                                "nothing to move"}, None
+        if any(len(v) > MAX_VALUE_CHARS for v in site.values.values()):
+            # the line at the fork is a paragraph in some branch (a line inserted in the others, or text that is
+            # not a value): moving it would move what the branches share
+            return {**base, "cause": cid or "unexplained", "fixable": None, "keep": False, "message": detail}, None
         predictor = self._predictor(site)
         repeats = distinct < requests
         if predictor is not None:
@@ -1003,5 +1092,5 @@ def analyze_forks(requests: Iterable[ForkRequest] | Iterable[tuple[int, Any]], *
     return analyzer.run(max_passes)
 
 
-__all__ = ["FIX_CODES", "USER_FIELDS", "Fork", "ForkReport", "ForkRequest", "MoveSpan", "PrefixTree", "analyze_forks",
-           "canonical_tokens", "fork_requests", "fork_span"]
+__all__ = ["FIX_CODES", "USER_FIELDS", "Fork", "ForkReport", "ForkRequest", "MoveSpan", "PrefixTree", "TreeNode",
+           "analyze_forks", "canonical_tokens", "fork_requests", "fork_span"]

@@ -2,7 +2,9 @@
 stable, and :func:`build_report` joins the token diff, the provider cache and the prefix curve over it.
 
 - :mod:`.groups`: the log's lines read as requests, and the conversation each belongs to
-- :mod:`.fixes`: the fix codes FX001-FX006, one module each, and their registry
+- :mod:`.fixes`: the fix codes FX001-FX007, one module each, and their registry
+- :mod:`.shared_prefix`: the log's shared prefix across requests (its forks), once per log for fix, report and
+  diff-tokens --log
 - :mod:`.measure`: a log measured before and after (vLLM replay, provider cache, pair reuse)
 - :mod:`.fix`: :func:`fix_log`, the fixes applied and measured, and the JSON of ``cachectl fix``
 - :mod:`.report`: :func:`build_report`, the one-page report (the CLI renders it as text, JSON or HTML)

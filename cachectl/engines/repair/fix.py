@@ -20,7 +20,9 @@ Fix codes (stable; ``FixOptions.unsafe`` turns on the unsafe ones, as ruff's ``-
 each in :mod:`.fixes`, whose docstring says what the code does and when it is safe: ``FX001 volatile_to_end``
 (unsafe), ``FX002 tool_schema_sorted_keys`` (safe), ``FX003 tool_order`` (unsafe), ``FX004 doubled_bos`` (unsafe),
 ``FX005 reasoning_consistent`` (safe where a tokenizer shows the render unchanged), ``FX006 cache_breakpoints``
-(safe).
+(safe), ``FX007 per_user_to_end`` (unsafe). FX001, FX007 and FX003 apply across requests too: the log's
+shared-prefix tree (:mod:`.shared_prefix`, run once per log) names the lines that hold a per-request or per-user
+value where requests that otherwise share a prefix split; FX003 puts the same tools in one order log-wide.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from ...inputs import LogRecord
 from .fixes import CODES, FIXES, REGISTRY, Fix, rewrite
 from .groups import Grouping, LogLine, group_sessions, reparse
 from .measure import Measure, measure
+from .shared_prefix import CrossRequestGain, LogForks, cross_request_gain, log_forks
 
 SCHEMA_VERSION = 1
 
@@ -66,6 +69,9 @@ class CauseGain:
     #: provider cache read tokens and dollars this code gains (same order); None when not simulated
     provider_read_tokens: int | None = None
     provider_saved_usd: float | None = None
+    #: vLLM hit tokens this code gains with no eviction (the same order): the cross-request gain shows here, where
+    #: the tokens shared with the conversation's previous request do not move
+    vllm_hit_tokens: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +86,11 @@ class FixReport:
     per_cause: tuple[CauseGain, ...] = ()
     notes: tuple[str, ...] = ()
     output: tuple[Any, ...] = field(default=(), repr=False)
+    #: across requests: the forks of the log's shared prefix, the vLLM hits before and after (None: no fork with
+    #: a fix, or the log was not analysed)
+    cross_request: CrossRequestGain | None = None
+    #: the fork analysis itself (not in the JSON; ``cachectl report`` reuses it)
+    forks: LogForks | None = field(default=None, repr=False, compare=False)
 
     @property
     def applied(self) -> int:
@@ -92,8 +103,10 @@ class FixReport:
     def to_dict(self) -> dict:
         from dataclasses import asdict
 
-        d = asdict(self)
+        d = asdict(replace(self, output=(), forks=None))
         d.pop("output", None)
+        d.pop("forks", None)
+        d["forks"] = [f.to_dict() for f in self.forks.report.forks] if self.forks is not None else []
         d["applied"] = self.applied
         d["unsafe_skipped"] = self.unsafe_skipped
         return d
@@ -124,13 +137,16 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
         from ..provider.cache import tokenizer_counter
 
         counter = tokenizer_counter(tokenizer)
-    rw = rewrite(lines, grouping, codes, options.unsafe, tokenizer, table, options.model, counter)
+    forks, fork_notes = (reuse.forks, []) if reuse is not None and reuse.forks is not None else log_forks(
+        lines, tokenizer=tokenizer, block_size=options.block_size, capacity_blocks=options.capacity_blocks,
+        add_generation_prompt=options.add_generation_prompt, source=source)
+    rw = rewrite(lines, grouping, codes, options.unsafe, tokenizer, table, options.model, counter, forks)
     values = rw.values
     # (dict equality ignores key order, which FX002 changes: every line is parsed again)
     fixed = [reparse(ln, v) for ln, v in zip(lines, values)]
     if options.model is not None:
         fixed = [_with_model(ln, options.model) for ln in fixed]
-    notes = list(rw.notes)
+    notes = fork_notes + list(rw.notes)
     measured = partial(measure, grouping=grouping, tokenizer=tokenizer, table=table, block_size=options.block_size,
                        capacity_blocks=options.capacity_blocks, add_generation_prompt=options.add_generation_prompt,
                        source=source, memo={}, counter=counter)
@@ -148,6 +164,7 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     if options.per_cause and tokenizer is not None and applied_codes:
         prev_reused = before.pair_reused_tokens or 0
         prev_provider = before.provider
+        prev_hits = _ceiling_hits(before)
         done: list[str] = []
         order = [f.code for f in REGISTRY if f.code in applied_codes]
         for c in order:
@@ -155,18 +172,32 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
             if len(done) == len(order):
                 m = after
             else:
-                step = rewrite(lines, grouping, done, options.unsafe, tokenizer, table, options.model, counter)
+                step = rewrite(lines, grouping, done, options.unsafe, tokenizer, table, options.model, counter, forks)
                 m = measured([reparse(ln, v) for ln, v in zip(lines, step.values)], causes=False)[0]
             reused = m.pair_reused_tokens or 0
             p0, p1 = prev_provider, m.provider
+            hits = _ceiling_hits(m)
             per_cause.append(CauseGain(c, FIXES[c].name, sum(1 for f in rw.fixes if f.code == c and f.applied),
                                        reused - prev_reused,
                                        None if p0 is None or p1 is None else p1.cache_read_tokens - p0.cache_read_tokens,
-                                       None if p0 is None or p1 is None else round(p0.cost_usd - p1.cost_usd, 10)))
-            prev_reused, prev_provider = reused, p1
+                                       None if p0 is None or p1 is None else round(p0.cost_usd - p1.cost_usd, 10),
+                                       None if hits is None or prev_hits is None else int(hits - prev_hits)))
+            prev_reused, prev_provider, prev_hits = reused, p1, hits
     fixes = tuple(sorted(rw.fixes, key=lambda f: (f.line, CODES.index(f.code))))
+    cross = None
+    if forks is not None and forks.fixable:
+        model = options.model or next((ln.request.model for ln in lines if ln.request is not None
+                                       and ln.request.model), None)
+        cross = cross_request_gain(forks, before, after, table=table, model=model)
     return FixReport(source=source, requests=len(lines), grouping=grouping, fixes=fixes, before=before,
-                     after=after, per_cause=tuple(per_cause), notes=tuple(notes), output=tuple(values))
+                     after=after, per_cause=tuple(per_cause), notes=tuple(notes), output=tuple(values),
+                     cross_request=cross, forks=forks)
+
+
+def _ceiling_hits(m: Measure) -> float | None:
+    """The no-eviction vLLM hit tokens of a measure (the replay itself when it ran without a capacity)."""
+    v = m.vllm_no_eviction or (m.vllm if m.vllm is not None and m.vllm.capacity_blocks is None else None)
+    return v.hit_tokens if v is not None else None
 
 
 def _with_model(ln: LogLine, model: str) -> LogLine:

@@ -51,6 +51,8 @@ class Measure:
     pair_tokens: int | None
     #: diff-tokens causes of the pairs that diverge, counted
     causes: dict = field(default_factory=dict)
+    #: the no-eviction replay (the ceiling) beside ``vllm`` when that one runs at a capacity; None otherwise
+    vllm_no_eviction: VllmMeasure | None = None
 
 
 
@@ -86,7 +88,7 @@ def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = No
     from ..provider import cache as promptcache
 
     notes: list[str] = []
-    vllm = None
+    vllm = ceiling = None
     pair_reused = pair_tokens = None
     cause_count: dict[str, int] = {}
     if tokenizer is not None:
@@ -97,6 +99,10 @@ def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = No
         r = simulate(trace, policy=policy, block_size=block_size, capacity_blocks=capacity_blocks, source=source)
         vllm = VllmMeasure(policy, r.block_size, r.capacity_blocks, r.requests, r.query_tokens, r.hit_tokens,
                            r.hit_rate)
+        if capacity_blocks is not None:  # the ceiling too: what the log's shared prefix is worth without eviction
+            inf = simulate(trace, policy="infinite", block_size=block_size, source=source)
+            ceiling = VllmMeasure("infinite", inf.block_size, None, inf.requests, inf.query_tokens, inf.hit_tokens,
+                                  inf.hit_rate)
         pair_reused = pair_tokens = 0
         last: dict[int, Any] = {}
         for t, g in zip(toks, grouping.groups):
@@ -129,4 +135,4 @@ def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = No
             provider = ProviderMeasure(len(reqs), int(t.get("cache_read_input_tokens", 0)),
                                        int(t.get("cache_creation_input_tokens", 0)), int(t.get("input_tokens", 0)),
                                        rep.total_cost_usd, rep.uncached_cost_usd, rep.hit_rate, skipped)
-    return Measure(vllm, provider, pair_reused, pair_tokens, cause_count), notes
+    return Measure(vllm, provider, pair_reused, pair_tokens, cause_count, ceiling), notes

@@ -26,10 +26,12 @@ from ...errors import CachectlError, InputError
 
 if TYPE_CHECKING:
     from ...inputs import LogRecord, Request
+    from ..prefix.forks import Fork
     from ..prefix.trace import TraceRequest
     from ..provider.prices import PriceTable
     from ..tokendiff import PairResult
     from .fix import FixReport
+    from .shared_prefix import LogForks, SharedPrefixSection
 
 SCHEMA_VERSION = 1
 
@@ -233,6 +235,14 @@ class LogReport:
     fixes: BeforeAfter | None = None
     tokenizer: str
     notes: tuple[str, ...] = field(default=())
+    #: the headline: ``tokens_lost`` (within conversations) plus what the forks of the log's shared prefix add
+    #: beyond it, each request's tokens counted once (:mod:`.shared_prefix`); priced as ``usd_lost`` is
+    total_tokens_lost: int = 0
+    total_usd_lost: float | None = None
+    #: the forks of the log's shared prefix, sorted by ``tokens_lost`` (each ``path, char, cause,
+    #: distinct_values, requests, tokens_lost, fixable``, and more); the section's figures and tree picture
+    forks: tuple[Fork, ...] = ()
+    shared_prefix: SharedPrefixSection | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -259,12 +269,17 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
                  requests: Iterable[Request] | None = None, table: PriceTable | None = None,
                  trace: Iterable[TraceRequest] | None = None, block_size: int = 16, top: int = 5,
                  context: int = 24, curve_points: int = 16, price_model: str | None = None,
-                 text_counter: Any = None, fixes: BeforeAfter | None = None) -> LogReport:
+                 text_counter: Any = None, fixes: BeforeAfter | None = None,
+                 forks: LogForks | None = None) -> LogReport:
     """Run diff-tokens' log mode over ``log``, prompt-cost's simulation over ``requests`` (with ``table``) and
     simulate-prefix's capacity curve over ``trace``, and keep what the report shows.
 
     ``price_model`` names the model whose prices turn lost tokens into dollars (default: the model of the
     first request priced). Memory: one pair view per conversation (its worst) and the per-cause tallies.
+
+    ``forks``: the log's shared-prefix analysis (:func:`.shared_prefix.log_forks`; ``fix_log`` keeps it as
+    ``FixReport.forks``): its forks are listed, and the tokens they cost beyond each request's within-conversation
+    loss join the headline (``total_tokens_lost``; :func:`.shared_prefix.cross_request_loss`).
     """
     from ..tokendiff import MISMATCH, LogSummary, diff_log
 
@@ -288,6 +303,8 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
     by_cause: dict[str | None, list[int]] = {}
     convs: dict[Any, dict] = {}
     summary: LogSummary | None = None
+    gains = forks.gains_by_line() if forks is not None else {}
+    pair_lost: dict[int, int] = {}   # within-conversation loss of the requests that gain across requests
     for item in diff_log(log, tokenizer, block_size=block_size, context=context):
         if isinstance(item, LogSummary):
             summary = item
@@ -298,6 +315,8 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
         if d.kind != MISMATCH:
             continue
         lost = _lost(d)
+        if item.line_b in gains:
+            pair_lost[item.line_b] = lost
         cid = d.cause.id if d.cause else None
         tally = by_cause.setdefault(cid, [0, 0])
         tally[0] += 1
@@ -321,12 +340,20 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
     if rate is not None:
         notes.append(f"dollars lost: tokens not reused, at {price_model}'s input price less its cache-read price, "
                      f"counted with {tokenizer_name}: an estimate of what a provider cache could have read")
+    shared = None
+    if forks is not None:
+        from .shared_prefix import shared_prefix_section
+
+        shared = shared_prefix_section(forks, pair_lost, rate)
+    total = lost_total + (shared.tokens_lost if shared is not None else 0)
     return LogReport(source=source, requests=summary.requests, conversations=summary.conversations,
                      pairs=summary.pairs, block_size=block_size, reusable_tokens=summary.reusable_tokens,
                      reused_tokens=summary.reused_tokens, tokens_lost=lost_total, reuse_ratio=summary.reuse_ratio,
                      usd_lost=None if rate is None else sum(c.tokens_lost for c in causes) * rate,
                      price_model=price_model if rate is not None else None, causes=causes, worst=worst, cost=cost,
-                     curve=curve, fixes=fixes, tokenizer=tokenizer_name, notes=tuple(notes))
+                     curve=curve, fixes=fixes, tokenizer=tokenizer_name, notes=tuple(notes), total_tokens_lost=total,
+                     total_usd_lost=None if rate is None else total * rate,
+                     forks=forks.report.forks if forks is not None else (), shared_prefix=shared)
 
 
 def _cost_section(requests: Iterable[Request], table: PriceTable, source: str, text_counter: Any,

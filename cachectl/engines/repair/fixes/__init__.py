@@ -17,10 +17,11 @@ from .fx003_tool_order import FX003
 from .fx004_doubled_bos import FX004
 from .fx005_reasoning_consistent import FX005
 from .fx006_cache_breakpoints import FX006
+from .fx007_per_user_to_end import FX007
 from .rewriter import Fix, FixCode, Rewriter
 
 #: every fix code, in the order they are applied (each sees the log as the ones before it left it)
-REGISTRY: tuple[FixCode, ...] = (FX004, FX002, FX003, FX005, FX001, FX006)
+REGISTRY: tuple[FixCode, ...] = (FX004, FX002, FX003, FX005, FX001, FX007, FX006)
 #: code -> its FixCode, by code
 FIXES: dict[str, FixCode] = {f.code: f for f in sorted(REGISTRY, key=lambda f: f.code)}
 CODES = tuple(FIXES)
@@ -29,10 +30,11 @@ CAUSES: dict[str, tuple[str, ...]] = {c: f.causes for c, f in FIXES.items()}
 
 
 def rewrite(lines: Sequence[LogLine], grouping: Grouping, codes: Sequence[str], unsafe: bool, tokenizer: Any,
-            table: Any, model: str | None, counter: Any = None) -> Rewriter:
+            table: Any, model: str | None, counter: Any = None, forks: Any = None) -> Rewriter:
     """The enabled fix codes applied to the whole log (a fresh deep copy), in :data:`REGISTRY`'s order; the
-    rewritten values, the fixes and the notes are the returned rewriter's."""
-    rw = Rewriter(lines, grouping, unsafe, tokenizer, table, model, counter)
+    rewritten values, the fixes and the notes are the returned rewriter's. ``forks``: the log's shared prefix
+    across requests (:func:`cachectl.engines.repair.shared_prefix.log_forks`), for the cross-request fixes."""
+    rw = Rewriter(lines, grouping, unsafe, tokenizer, table, model, counter, forks)
     for fix in REGISTRY:
         if fix.code in codes:
             fix.apply(rw)

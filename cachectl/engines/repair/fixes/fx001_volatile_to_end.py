@@ -1,15 +1,19 @@
-"""``FX001 volatile_to_end`` (unsafe): a value that changes per request (the shared detector,
-:mod:`cachectl.volatile`, confirmed by two consecutive requests of a conversation differing there) is moved out of
-the cached prefix, with the line that holds it, to the end of the request: appended to the last user turn when the
-request ends with one; otherwise a trailing system message (OpenAI Chat, Responses: the provider allows system
-messages anywhere) or a text block after the tool results (Anthropic, whose messages have no system role). The
-same rewritten turn is carried into the later requests of the conversation, where it is history, so the
-conversation stays append-only."""
+"""``FX001 volatile_to_end`` (unsafe): a value that changes per request is moved out of the cached prefix, with
+the line that holds it, to the end of the request. Where it is found: by the shared detector
+(:mod:`cachectl.volatile`), confirmed by two consecutive requests of a conversation differing there; and across
+requests, by the log's shared-prefix tree (:mod:`cachectl.engines.prefix.forks`): a fork of cause ``date_time``,
+``volatile_id`` or ``counter`` where requests that otherwise share a prefix split (in the request's head only:
+tools, and the system and developer messages before its first turn). Where it goes: appended to the last user
+turn when the request ends with one; otherwise a trailing system message (OpenAI Chat, Responses: the provider
+allows system messages anywhere) or a text block after the tool results (Anthropic, whose messages have no system
+role). The same rewritten turn is carried into the later requests of the conversation, where it is history, so
+the conversation stays append-only."""
 
 from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from typing import Any
 
 from ....inputs import Request
@@ -19,7 +23,22 @@ from .rewriter import FixCode, Rewriter
 
 
 def apply(rw: Rewriter) -> None:
-    from ....volatile import classify_change, find_volatile
+    confirmed, spans = _confirmed(rw)
+    # across requests: the lines the shared-prefix tree found holding a per-request value where requests that
+    # otherwise share a prefix split (moved by the same rules; slots of the request's head only)
+    for (i, slot), found in cross_spans(rw, FX001.code).items():
+        spans.setdefault((i, slot), []).extend(found)
+        confirmed.setdefault(slot, set())
+    if not confirmed:
+        return
+    move_lines(rw, FX001, confirmed, spans,
+               lambda moved: f"{moved} changes per request inside the cached prefix")
+
+
+def _confirmed(rw: Rewriter) -> tuple[dict[str, set[str]], dict[tuple[int, str], list[tuple[int, int]]]]:
+    """Slots (body paths) where consecutive requests of a conversation differ in a volatile value, with the
+    families seen there, and the spans of those values per (line index, slot)."""
+    from ....volatile import classify_change
 
     # 1. confirm: consecutive requests of a conversation whose prefix positions differ in a volatile value
     confirmed: dict[str, set[str]] = {}                 # position path -> families
@@ -47,9 +66,16 @@ def apply(rw: Rewriter) -> None:
                     spans.setdefault((a, slot), []).append((va.start, va.end))
                     spans.setdefault((b, slot), []).append((vb.start, vb.end))
                 break  # the first differing position is where the prefix ends
-    if not confirmed:
-        return
-    # 2. every request that holds a value of a confirmed family in a confirmed slot: move its line
+    return confirmed, spans
+
+
+def move_lines(rw: Rewriter, fix: FixCode, confirmed: dict[str, set[str]],
+               spans: dict[tuple[int, str], list[tuple[int, int]]], what: Callable[[str], str]) -> None:
+    """Every request that holds a value of a confirmed family in a confirmed slot of its prefix (or a span given
+    in ``spans``): the line moved to the end of the request, the rewritten turn carried into the later requests
+    of its conversation. ``what`` says what the moved lines are, for the fix's message."""
+    from ....volatile import find_volatile
+
     for members in rw.members():
         carry: list[tuple[int, str, Any]] = []   # (message index, original message json, rewritten messages)
         for i in members:
@@ -91,22 +117,77 @@ def apply(rw: Rewriter) -> None:
             note = "\n".join(dict.fromkeys(moved))
             where, new_value, carried = _append_note(value, note, ln)
             if where is None:
-                rw.notes.append(f"line {ln.line}: a volatile value was found but the request has no place "
-                                  "after its prefix to move it to")
+                rw.notes.append(f"line {ln.line}: a {'per-user' if fix.code == 'FX007' else 'volatile'} value was "
+                                "found but the request has no place after its prefix to move it to")
                 rw.values[i] = value
                 continue
             for slot, _old, new in edits:
                 set_at(body_of(new_value)[0], slot, new)
             for slot, _old, _new in edits:
-                rw.record(FX001, ln, path_prefix(value) + slot,
-                          f"{', '.join(repr(x) for x in dict.fromkeys(moved))} changes per request inside the "
-                          f"cached prefix: moved to {where}", note, where)
-            if rw.allowed(FX001.safe):
+                rw.record(fix, ln, path_prefix(value) + slot,
+                          f"{what(', '.join(repr(x) for x in dict.fromkeys(moved)))}: moved to {where}", note, where)
+            if rw.allowed(fix.safe):
                 rw.values[i] = new_value
                 if carried is not None:
                     carry.append(carried)
             else:
                 rw.values[i] = value
+
+
+def cross_spans(rw: Rewriter, code: str) -> dict[tuple[int, str], list[tuple[int, int]]]:
+    """(line index, slot) -> char spans of the lines that the log's shared-prefix tree moves with ``code``
+    (``rw.forks``), located in each line's current value; only slots of the request's head (tools, and the
+    system and developer messages before its first turn), so that history stays append-only."""
+    out: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    forks = rw.forks
+    if forks is None:
+        return out
+    for i in range(len(rw.lines)):
+        todo = forks.spans(i, code)
+        if not todo:
+            continue
+        value = rw.values[i]
+        body, pre = body_of(value)[0], path_prefix(value)
+        req = rw.current(i).request
+        if req is None:
+            continue
+        for ms in todo:
+            slot = ms.path[len(pre):] if pre and ms.path.startswith(pre) else ms.path
+            if not _in_head(req, slot):
+                continue
+            try:
+                text = get_at(body, slot)
+            except (KeyError, IndexError, TypeError):
+                continue
+            at = _locate(text, ms.start, ms.text) if isinstance(text, str) else None
+            if at is not None:
+                out.setdefault((i, slot), []).append(at)
+    return out
+
+
+def _in_head(req: Request, slot: str) -> bool:
+    for p in req.positions:
+        if p.segment == "messages" and p.role not in ("system", "developer"):
+            return False
+        if slot == p.path or slot.startswith(p.path + ".") or slot.startswith(p.path + "["):
+            return True
+    return False
+
+
+def _locate(text: str, start: int, piece: str) -> tuple[int, int] | None:
+    """Where ``piece`` (a line found at ``start`` in the original) is in ``text`` now (earlier fixes may have cut
+    lines above it): at ``start``, else the occurrence at a line start nearest to it."""
+    if not piece.strip():
+        return None
+    if text[start:start + len(piece)] == piece:
+        return start, start + len(piece)
+    best = None
+    k = text.find(piece)
+    while k >= 0:
+        if (k == 0 or text[k - 1] == "\n") and (best is None or abs(k - start) < abs(best - start)):
+            best = k
+        k = text.find(piece, k + 1)
+    return None if best is None else (best, best + len(piece))
 
 
 def _prefix_positions(req: Request) -> list:

@@ -43,7 +43,7 @@ class Rewriter:
     fixes and notes they record."""
 
     def __init__(self, lines: Sequence[LogLine], grouping: Grouping, unsafe: bool, tokenizer: Any, table: Any,
-                 model: str | None, counter: Any = None):
+                 model: str | None, counter: Any = None, forks: Any = None):
         self.lines = list(lines)
         self.grouping = grouping
         self.unsafe = unsafe
@@ -54,6 +54,9 @@ class Rewriter:
         self.notes: list[str] = []
         self.values = [copy.deepcopy(ln.value) for ln in lines]
         self.counter = counter
+        #: the log's shared prefix across requests (:class:`~cachectl.engines.repair.shared_prefix.LogForks`), or
+        #: None: the cross-request fixes (FX001, FX007) read the lines to move from it
+        self.forks = forks
 
     def allowed(self, safe: bool) -> bool:
         return safe or self.unsafe

@@ -1,0 +1,180 @@
+"""The whole log's shared prefix, as ``fix``, ``report`` and ``diff-tokens --log`` use it: the fork analysis
+(:func:`cachectl.engines.prefix.analyze_forks`) run once over a log's lines, the lines each fix moves out of
+each request's shared prefix, and what the forks cost on top of the within-conversation loss.
+
+``log_forks(lines, *, tokenizer=None, block_size=16, capacity_blocks=None, ...) -> (LogForks | None, notes)``;
+``LogForks.spans(i, code)`` are the :class:`~cachectl.engines.prefix.forks.MoveSpan` of line ``i`` for
+``FX001``/``FX007``; :func:`cross_request_loss` and :func:`shared_prefix_section` are the report's.
+
+**The combined loss, counted once.** ``report``'s within-conversation loss is per request: the tokens of a
+request's previous request (in its conversation) that it did not share as a prefix. The cross-request loss is
+per request too: the no-eviction hit tokens the request gains when every fixable fork is fixed
+(:attr:`ForkReport.request_gains`). Both count tokens of that one request's prompt that a cache could have
+served, and one cause (a clock line at the top of a system prompt) often shows in both, so a request counts the
+larger of the two, never their sum: the cross-request loss reported is ``sum(max(gain - pair_loss, 0))`` over
+the requests, what the forks add beyond the within-conversation loss of the same requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import CachectlError, InputError, UsageError
+from ..prefix.forks import Fork, ForkReport, ForkRequest, MoveSpan, TreeNode, analyze_forks, fork_requests
+from .groups import LogLine
+
+
+class LogForks:
+    """The fork analysis of one log (:attr:`report`) and the :class:`ForkRequest` of each of its lines, in log
+    order (what :meth:`spans` locates the moved lines in)."""
+
+    __slots__ = ("_codes", "_memo", "lines", "report", "requests")
+
+    def __init__(self, report: ForkReport, requests: Sequence[ForkRequest], lines: Sequence[int]):
+        self.report = report
+        self.requests = tuple(requests)
+        self.lines = tuple(lines)
+        self._codes = {f.fixable for f in report.forks if f.fixable}
+        #: line index -> its spans (the fix and its per-code measures ask for the same lines again)
+        self._memo: dict[int, tuple[MoveSpan, ...]] = {}
+
+    @property
+    def fixable(self) -> tuple[Fork, ...]:
+        return tuple(f for f in self.report.forks if f.fixable)
+
+    def spans(self, i: int, code: str) -> tuple[MoveSpan, ...]:
+        """The lines fix ``code`` (``FX001``/``FX007``) moves out of line ``i``'s shared prefix."""
+        if code not in self._codes:
+            return ()
+        got = self._memo.get(i)
+        if got is None:
+            got = self._memo[i] = self.report.spans_to_move(self.requests[i])
+        return tuple(s for s in got if s.code == code)
+
+    def gains_by_line(self) -> dict[int, int]:
+        """Line number -> the no-eviction hit tokens that request gains with the forks fixed (positive only)."""
+        return {ln: g for ln, g in zip(self.lines, self.report.request_gains) if g > 0}
+
+
+def log_forks(lines: Sequence[LogLine], *, tokenizer: Any = None, block_size: int = 16,
+              capacity_blocks: int | None = None, add_generation_prompt: bool = True,
+              source: str = "") -> tuple[LogForks | None, list[str]]:
+    """The fork analysis of ``lines`` (served tokens rendered with ``tokenizer``, canonical positions without one);
+    None and a note when the log cannot be analysed (raw-text lines without a tokenizer)."""
+    if not lines:
+        return None, []
+    try:
+        reqs = list(fork_requests(((ln.line, ln.value) for ln in lines), source=source, tokenizer=tokenizer,
+                                  add_generation_prompt=add_generation_prompt))
+        rep = analyze_forks(reqs, tokenizer=tokenizer, block_size=block_size, capacity_blocks=capacity_blocks,
+                            source=source, add_generation_prompt=add_generation_prompt)
+    except (InputError, UsageError) as exc:
+        return None, [f"the shared prefix across requests was not analysed: {exc}"]
+    return LogForks(rep, reqs, [ln.line for ln in lines]), []
+
+
+def auto_records(lines: Sequence[LogLine], grouping: Any) -> list[Any]:
+    """The lines as diff-tokens' log records, each keyed by its conversation of ``grouping``
+    (:func:`~cachectl.engines.repair.groups.group_sessions`): ``auto-1``, ``auto-2``, ... (``report`` and
+    ``diff-tokens --log`` without ``--key`` pair requests by them)."""
+    from ...inputs import LogRecord
+
+    return [LogRecord(line=ln.line, key=ln.key if grouping.how != "automatic" else f"auto-{g + 1}", prompt=ln.prompt)
+            for ln, g in zip(lines, grouping.groups)]
+
+
+def cross_request_loss(gains: Mapping[int, int], pair_lost: Mapping[int, int]) -> int:
+    """The tokens the forks cost beyond the within-conversation loss (see the module docstring): per request
+    (by line), its fork gain less its pair loss, where positive."""
+    return sum(max(g - pair_lost.get(line, 0), 0) for line, g in gains.items())
+
+
+@dataclass(frozen=True)
+class SharedPrefixSection:
+    """The report's view of the shared prefix across requests."""
+
+    requests: int
+    block_size: int
+    #: no-eviction hits of the log as logged, and with every fixable fork fixed (the counterfactual replay)
+    hit_tokens: int
+    fixed_hit_tokens: int
+    #: the tokens the forks cost beyond the within-conversation loss of the same requests (counted once)
+    tokens_lost: int
+    usd_lost: float | None
+    #: forks with a fix (the forks themselves are the report's ``forks``)
+    fixable_forks: int
+    tree: tuple[TreeNode, ...]
+    fixed_tree: tuple[TreeNode, ...]
+    capacity_blocks: int | None = None
+    hit_tokens_at_capacity: int | None = None
+    fixed_hit_tokens_at_capacity: int | None = None
+    notes: tuple[str, ...] = ()
+
+
+def shared_prefix_section(forks: LogForks, pair_lost: Mapping[int, int], rate: float | None) -> SharedPrefixSection:
+    """The section, with the cross-request loss combined with ``pair_lost`` (line -> within-conversation loss of
+    that request) and priced at ``rate`` dollars a token."""
+    r = forks.report
+    lost = cross_request_loss(forks.gains_by_line(), pair_lost)
+    return SharedPrefixSection(requests=r.requests, block_size=r.block_size, hit_tokens=r.hit_tokens,
+                               fixed_hit_tokens=r.fixed_hit_tokens, tokens_lost=lost,
+                               usd_lost=None if rate is None else lost * rate, fixable_forks=len(forks.fixable),
+                               tree=r.tree,
+                               fixed_tree=r.fixed_tree, capacity_blocks=r.capacity_blocks,
+                               hit_tokens_at_capacity=r.hit_tokens_at_capacity,
+                               fixed_hit_tokens_at_capacity=r.fixed_hit_tokens_at_capacity, notes=r.notes)
+
+
+@dataclass(frozen=True)
+class CrossRequestGain:
+    """``fix``'s before/after across requests: the forks found, the vLLM hits of the log before and after the fixes
+    (measured by the same replays; no eviction, and at capacity when one is given), what the fork analysis
+    predicted with every fixable fork fixed, and the gain in dollars at a model's input less cache-read price."""
+
+    forks: tuple[Fork, ...]
+    hit_tokens_before: float | None
+    hit_tokens_after: float | None
+    predicted_hit_tokens: int
+    capacity_blocks: int | None = None
+    hit_tokens_before_at_capacity: float | None = None
+    hit_tokens_after_at_capacity: float | None = None
+    usd_saved: float | None = None
+    price_model: str | None = None
+
+
+def cross_request_gain(forks: LogForks, before: Any, after: Any, *, table: Any = None,
+                       model: str | None = None) -> CrossRequestGain:
+    """``before``/``after``: :class:`~cachectl.engines.repair.measure.Measure` of the log and of the fixed log."""
+
+    def no_evict(m: Any) -> float | None:
+        v = getattr(m, "vllm_no_eviction", None) or (m.vllm if m is not None and m.vllm is not None
+                                                     and m.vllm.capacity_blocks is None else None)
+        return v.hit_tokens if v is not None else None
+
+    def at_cap(m: Any) -> float | None:
+        v = m.vllm if m is not None else None
+        return v.hit_tokens if v is not None and v.capacity_blocks is not None else None
+
+    b, a = no_evict(before), no_evict(after)
+    cap = before.vllm.capacity_blocks if before is not None and before.vllm is not None else None
+    usd = None
+    name = None
+    if table is not None and model is not None and b is not None and a is not None:
+        try:
+            price = table.lookup(model)
+        except CachectlError:
+            price = None
+        if price is not None and price.cache_read is not None:
+            name = price.model
+            gained = (at_cap(after) - at_cap(before)) if cap is not None else (a - b)  # type: ignore[operator]
+            usd = gained * (price.input - price.cache_read) / 1e6
+    return CrossRequestGain(forks=forks.report.forks, hit_tokens_before=b, hit_tokens_after=a,
+                            predicted_hit_tokens=forks.report.fixed_hit_tokens, capacity_blocks=cap,
+                            hit_tokens_before_at_capacity=at_cap(before), hit_tokens_after_at_capacity=at_cap(after),
+                            usd_saved=usd, price_model=name)
+
+
+__all__ = ["CrossRequestGain", "LogForks", "SharedPrefixSection", "auto_records", "cross_request_gain",
+           "cross_request_loss", "log_forks", "shared_prefix_section"]
