@@ -311,12 +311,15 @@ def _replay_one(o: Options) -> None:
     bs = o.sizes[0]
     cap = o.capacity.blocks(bs)
     largest = _Largest(_read(o, f"{o.policy} bs={bs}", keyed_at=bs if o.policy in ("vllm", "infinite") else None), bs)
+    kept = _Kept(largest)                          # a log with served counts is kept, to replay it again
     try:
         if isinstance(o.warm, float) and o.warm < 1:  # a share: count the requests first (kept in memory once)
-            requests = list(largest)
-            report = _simulate(o, requests, bs, cap, o.per_request, _resolve_warmup(o.warm, len(requests)))
+            requests = list(kept)
+            skip = _resolve_warmup(o.warm, len(requests))
+            report = _simulate(o, requests, bs, cap, o.per_request, skip)
         else:
-            report = _simulate(o, largest, bs, cap, o.per_request, int(o.warm or 0))
+            skip = int(o.warm or 0)
+            report = _simulate(o, kept, bs, cap, o.per_request, skip)
     except CapacityError as exc:
         if o.policy != "vllm" or cap is None:
             raise
@@ -325,12 +328,28 @@ def _replay_one(o: Options) -> None:
                          f"line {largest.line}): --capacity-blocks {largest.need} or more, or --curve") from None
     if o.plot:
         raise UsageError("--plot draws sweeps: add --curve, --sweep-capacity and/or --sweep-block-size")
+    served = None
+    if report.served_requests:
+        from ..engines.prefix.served import compare_served
+
+        served = compare_served(kept.requests, report, settings=_settings(o, bs, cap, skip))
     if o.fmt is Format.json:
         import dataclasses
 
-        emit_json({**dataclasses.asdict(report), "chat_generation_prompt": o.tok.used if o.tok else None})
+        out = {**dataclasses.asdict(report), "chat_generation_prompt": o.tok.used if o.tok else None}
+        if served is not None:
+            verdicts = {r.index: r for r in served.rows}
+            for row in out["per_request"]:
+                v = verdicts.get(row["index"])
+                row.update(agrees=None if v is None else v.agrees, reason=None if v is None else v.reason,
+                           confidence=None if v is None else v.confidence)
+            out["served"] = {k: v for k, v in dataclasses.asdict(served).items() if k != "rows"}
+            out["served"]["disagreements"] = [dataclasses.asdict(r) for r in served.rows if not r.agrees]
+        emit_json(out)
     else:
-        _render(report, o.salt_field, o.tenant_field)
+        _render(report, o.salt_field, o.tenant_field, o.per_request, served)
+        if served is not None:
+            _render_served(served, o.per_request)
         _generation_note(o.tok)
 
 
@@ -503,6 +522,36 @@ def _simulate(o: Options, requests: Iterable, bs: int, cap: Optional[int], keep_
                     recompute_ratio=o.recompute_ratio, per_request=keep_rows, source=o.name, warmup=skip)
 
 
+def _settings(o: Options, bs: int, cap: Optional[int], skip: int) -> dict[str, Any]:
+    """The keyword arguments of :func:`_simulate`'s replay, for replays of the same log under other set-ups."""
+    return {"policy": o.policy, "block_size": bs, "capacity_blocks": cap, "hash_fn": o.hash_fn,
+            "concurrency": o.concurrency, "decode_s_per_token": o.decode_s, "chunk_size": o.chunk_size,
+            "recompute_ratio": o.recompute_ratio, "source": o.name, "warmup": skip}
+
+
+class _Kept:
+    """Requests passed through; kept (``requests``) when the first carries a served count, since the
+    comparison with the server replays the log under other set-ups (None otherwise: the trace streams)."""
+
+    def __init__(self, requests):
+        self._it = iter(requests)
+        self.requests: Optional[list] = None
+        self._first = True
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        r = next(self._it)
+        if self._first:
+            self._first = False
+            if r.served_cached_tokens is not None:
+                self.requests = []
+        if self.requests is not None:
+            self.requests.append(r)
+        return r
+
+
 def _session_fields(o: Options) -> tuple:
     from ..engines.prefix.fleet import SESSION_FIELDS
 
@@ -666,7 +715,8 @@ def _pct(x) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
 
-def _render(r, salt_field: Optional[str] = None, tenant_field: Optional[str] = None) -> None:
+def _render(r, salt_field: Optional[str] = None, tenant_field: Optional[str] = None, rows: bool = True,
+            served=None) -> None:
     from rich.table import Table
 
     cap = "unbounded" if r.capacity_blocks is None else f"{r.capacity_blocks:,} blocks"
@@ -689,12 +739,19 @@ def _render(r, salt_field: Optional[str] = None, tenant_field: Optional[str] = N
         verdict = ("isolated" if shared == 0 else
                    "tenants share cached blocks: prefix-sharing timing side channel; salt per tenant to isolate")
         stdout.print(f"cross-tenant shared blocks: {shared:,} ({verdict})", soft_wrap=True)
-    if r.per_request is not None:
+    if r.per_request is not None and rows:
+        verdicts = {} if served is None else {v.index: v for v in served.rows}
         t = Table(header_style="bold", box=None, pad_edge=False)
-        for col in ("#", "line", "prompt tokens", "hit tokens"):
-            t.add_column(col, justify="right")
+        cols = ["#", "line", "prompt tokens", "hit tokens"] + (["served", "agrees", "reason"] if verdicts else [])
+        for col in cols:
+            t.add_column(col, justify="left" if col == "reason" else "right")
         for q in r.per_request:
-            t.add_row(str(q.index), str(q.line), f"{q.prompt_tokens:,}", f"{q.hit_tokens:,.0f}")
+            row = [str(q.index), str(q.line), f"{q.prompt_tokens:,}", f"{q.hit_tokens:,.0f}"]
+            if verdicts:
+                v = verdicts.get(q.index)
+                row += ["" if v is None else f"{v.served_cached_tokens:,}", "" if v is None else
+                        ("yes" if v.agrees else "no"), "" if v is None or v.reason is None else _reason_label(v)]
+            t.add_row(*row)
         stdout.print(t)
     if r.unsalted_requests:
         stdout.print(f"note: {r.unsalted_requests:,} of {r.requests:,} requests have no '{salt_field}': cached "
@@ -704,6 +761,44 @@ def _render(r, salt_field: Optional[str] = None, tenant_field: Optional[str] = N
         stdout.print(f"note: --tenant-field '{tenant_field}' is absent on {r.requests_without_tenant:,} of "
                      f"{r.requests:,} requests{whole}", soft_wrap=True, markup=False)
     for note in r.notes:
+        stdout.print(f"note: {note}", soft_wrap=True, markup=False)
+
+
+def _reason_label(v) -> str:
+    from ..engines.prefix.served import REASONS
+
+    return f"{REASONS[v.reason]} ({v.confidence})"
+
+
+#: disagreeing requests listed without --per-request
+SERVED_ROWS_SHOWN = 8
+
+
+def _render_served(s, all_rows: bool) -> None:
+    """Predicted beside served: the agreement, the reasons with their evidence, the first disagreements."""
+    from rich.table import Table
+
+    without = f" (not on {s.requests_without_served:,})" if s.requests_without_served else ""
+    stdout.print(f"predicted vs served: {s.requests:,} requests carry the server's cached tokens{without}; "
+                 f"{s.agree:,} agree ({_pct(s.agreement_rate)}), {s.disagree:,} do not ({s.served_below:,} served "
+                 f"less, {s.served_above:,} more); predicted {s.predicted_hit_tokens:,.0f} hit tokens, served "
+                 f"{s.served_hit_tokens:,}", soft_wrap=True, markup=False)
+    for c in s.reasons:
+        stdout.print(f"  {c.label}: {c.requests:,} requests ({c.confidence}): {c.evidence}", soft_wrap=True,
+                     markup=False)
+    wrong = [r for r in s.rows if not r.agrees]
+    if wrong and not all_rows:
+        t = Table(header_style="bold", box=None, pad_edge=False)
+        for col in ("line", "prompt tokens", "predicted", "served", "reason"):
+            t.add_column(col, justify="left" if col == "reason" else "right")
+        for r in wrong[:SERVED_ROWS_SHOWN]:
+            t.add_row(str(r.line), f"{r.prompt_tokens:,}", f"{r.predicted_hit_tokens:,.0f}",
+                      f"{r.served_cached_tokens:,}", _reason_label(r))
+        stdout.print(t)
+        if len(wrong) > SERVED_ROWS_SHOWN:
+            stdout.print(f"... {len(wrong) - SERVED_ROWS_SHOWN:,} more disagreements (--per-request lists every "
+                         "request)", markup=False)
+    for note in s.notes:
         stdout.print(f"note: {note}", soft_wrap=True, markup=False)
 
 

@@ -106,32 +106,37 @@ class ServedReport:
     notes: tuple[str, ...] = ()
 
 
-def compare_served(requests: Sequence[TraceRequest], report: PrefixReport, *, settings: dict[str, Any]) -> ServedReport:
-    """Compare ``report`` (a replay of ``requests`` with ``per_request`` rows, run with the
-    :func:`~.replay.simulate` keyword arguments ``settings``) with the served counts the requests carry."""
+def compare_served(requests: Sequence[TraceRequest] | None, report: PrefixReport, *,
+                   settings: dict[str, Any]) -> ServedReport:
+    """Compare ``report`` (a replay of ``requests`` run with the :func:`~.replay.simulate` keyword arguments
+    ``settings``; its rows hold the served counts) with what the server served. ``requests`` None: the log
+    was not kept, so no other set-up is replayed (the reasons come from the rows alone)."""
     if report.per_request is None:
-        raise ValueError("compare_served needs the replay's per-request rows (per_request=True)")
-    by_index = {r.index: r for r in requests}
+        raise ValueError("compare_served needs the replay's rows: the requests carry no served count")
+    if requests is None:
+        notes_first = ["the log's first request carries no served count, so the log was not kept for replays "
+                       "under other set-ups: the reasons come from each row alone"]
+    else:
+        notes_first = []
     policy, bs = settings.get("policy", "vllm"), settings.get("block_size", 16)
     base_rows = [q for q in report.per_request if q.served_cached_tokens is not None]
     without = len(report.per_request) - len(base_rows)
-    notes: list[str] = []
+    notes: list[str] = notes_first
     hypotheses: list[Hypothesis] = []
     # rows the set-up cannot produce at all
     certain: dict[int, tuple[str, str]] = {}
     for q in base_rows:
-        req = by_index[q.index]
         served = q.served_cached_tokens or 0
-        if req.served_prompt_tokens is not None and req.served_prompt_tokens != req.prompt_tokens:
-            d = req.served_prompt_tokens - req.prompt_tokens
-            certain[q.index] = ("template", f"the server counted {req.served_prompt_tokens:,} prompt tokens, the "
-                                            f"trace holds {req.prompt_tokens:,} ({d:+,}): it tokenized another prompt")
+        if q.served_prompt_tokens is not None and q.served_prompt_tokens != q.prompt_tokens:
+            d = q.served_prompt_tokens - q.prompt_tokens
+            certain[q.index] = ("template", f"the server counted {q.served_prompt_tokens:,} prompt tokens, the "
+                                            f"trace holds {q.prompt_tokens:,} ({d:+,}): it tokenized another prompt")
         elif served % bs and policy in ("vllm", "radix"):
             certain[q.index] = ("block_size", f"{served:,} served tokens are not whole blocks of {bs}")
     disagreeing = {q.index for q in base_rows if q.hit_tokens != q.served_cached_tokens}
     reproduced: dict[int, list[int]] = {}          # row -> hypotheses (indexes) whose replay reproduces it
     settled: dict[int, int] = {}                   # hypothesis -> rows it reproduces that no certain reason took
-    if disagreeing:
+    if disagreeing and requests is not None:
         served_of = {q.index: q.served_cached_tokens for q in base_rows}
         view, shift = _server_view(requests, certain)
         found = list(_hypotheses(view, report, settings, served_of, disagreeing, notes))
@@ -143,19 +148,20 @@ def compare_served(requests: Sequence[TraceRequest], report: PrefixReport, *, se
         elif view is not requests:
             view = requests
         for h, hits in found:
+            if shift and h.reason != "template":   # replayed on the prompts as the server saw them
+                h = dataclasses.replace(h, setting=f"{h.setting}, and {shift}")
             agree = {i for i, v in hits.items() if v == served_of.get(i)}
             hypotheses.append(dataclasses.replace(h, agreeing_requests=len(agree), explained=len(agree & disagreeing)))
             settled[len(hypotheses) - 1] = len(agree - set(certain))
             for i in agree & disagreeing:
                 reproduced.setdefault(i, []).append(len(hypotheses) - 1)
-    overcommit = _overcommitted(requests, settings) if disagreeing else {}
+    overcommit = _overcommitted(requests, settings) if disagreeing and requests is not None else {}
     n = len(base_rows)
     rows = []
     for q in base_rows:
-        req = by_index[q.index]
         served = q.served_cached_tokens or 0
         row = ServedRow(index=q.index, line=q.line, prompt_tokens=q.prompt_tokens, predicted_hit_tokens=q.hit_tokens,
-                        served_cached_tokens=served, served_prompt_tokens=req.served_prompt_tokens,
+                        served_cached_tokens=served, served_prompt_tokens=q.served_prompt_tokens,
                         agrees=q.index not in disagreeing)
         if not row.agrees:
             row = dataclasses.replace(row, **_reason(q, served, certain, reproduced, hypotheses, settled, overcommit,
@@ -231,7 +237,9 @@ def _tally(rows: list[ServedRow]) -> tuple[ReasonCount, ...]:
 def _generic(evidence: str) -> str:
     """A row's evidence without its own numbers where they differ row by row (the summary's wording)."""
     if evidence.startswith("the server counted"):
-        return "the server counted another prompt length than the trace holds: it tokenized another prompt"
+        delta = evidence.split("(", 1)[1].split(")", 1)[0]
+        return f"the server counted another prompt length than the trace holds ({delta} tokens): it tokenized " \
+               "another prompt"
     if "served tokens are not whole blocks" in evidence:
         return evidence.split(" served tokens ", 1)[1].replace("are not", "served counts that are not", 1)
     if evidence.startswith("the requests in flight"):
