@@ -123,6 +123,7 @@ class Options:
     gpu: Optional[str]
     gpu_hour_usd: Optional[float]
     utilization: float
+    batch: int                     # sequences decoded per step (the decode roofline, throughput)
     # output
     per_request: bool
     plot: Optional[str]
@@ -233,6 +234,9 @@ def command(
     gpu_hour_usd: Annotated[Optional[float], typer.Option("--gpu-hour-usd", min=0.0, help="With --gpu: dollars.", rich_help_panel=WORTH)] = None,
     utilization: Annotated[float, typer.Option("--utilization", help="With --gpu: share of peak FLOPs prefill "
                                                                       "reaches.", rich_help_panel=WORTH)] = 0.4,
+    batch: Annotated[int, typer.Option("--batch", min=1, metavar="N",
+                                       help="With --gpu: sequences decoded per step, for the decode roofline and "
+                                            "the throughput figure.", rich_help_panel=WORTH)] = 32,
     # output
     per_request: Annotated[bool, typer.Option("--per-request", help="List each request's hit tokens.", rich_help_panel=OUTPUT)] = False,
     plot: Annotated[Optional[str], typer.Option("--plot", metavar="FILE.png",
@@ -266,9 +270,10 @@ def command(
         mode = "replay partitions" if partitions is not None else "fleet"
     else:
         sizes, caps = _sizes_and_capacities(sweep_block_size, sweep_capacity, block_size, curve=curve,
-                                            optimal=optimal, policy=policy.value, priced=gpu is not None
-                                            or gpu_hour_usd is not None)
+                                            optimal=optimal, policy=policy.value)
         mode = "replay" if len(sizes) == 1 and not caps and not curve else "sweep"
+        if mode == "sweep" and (gpu is not None or gpu_hour_usd is not None):
+            raise UsageError("--gpu/--gpu-hour-usd price one replay or a fleet run: drop --sweep-*/--curve")
         if mode == "sweep" and per_request:
             raise UsageError("--per-request lists one replay: drop it from sweeps")
     o = Options(
@@ -283,7 +288,7 @@ def command(
         router_eviction_s=router_eviction_s, router_tree_tokens=router_tree_tokens, cpu_offload_gib=cpu_offload_gib,
         cpu_offload_blocks=cpu_offload_blocks, link=link, jobs=jobs, partition_dir=partition_dir,
         partitions=partitions, ray=ray, ray_address=ray_address, model=model, dtype=dtype.value, gpu=gpu,
-        gpu_hour_usd=gpu_hour_usd, utilization=utilization, per_request=per_request, plot=plot, fmt=fmt)
+        gpu_hour_usd=gpu_hour_usd, utilization=utilization, batch=batch, per_request=per_request, plot=plot, fmt=fmt)
     match mode:
         case "replay":
             _replay_one(o)
@@ -328,6 +333,7 @@ def _replay_one(o: Options) -> None:
                          f"line {largest.line}): --capacity-blocks {largest.need} or more, or --curve") from None
     if o.plot:
         raise UsageError("--plot draws sweeps: add --curve, --sweep-capacity and/or --sweep-block-size")
+    worth = _worth(o, report)
     served = None
     if report.served_requests:
         from ..engines.prefix.served import compare_served
@@ -345,12 +351,38 @@ def _replay_one(o: Options) -> None:
                            confidence=None if v is None else v.confidence)
             out["served"] = {k: v for k, v in dataclasses.asdict(served).items() if k != "rows"}
             out["served"]["disagreements"] = [dataclasses.asdict(r) for r in served.rows if not r.agrees]
+        if worth is not None:
+            out["worth"] = dataclasses.asdict(worth)
         emit_json(out)
     else:
         _render(report, o.salt_field, o.tenant_field, o.per_request, served)
         if served is not None:
             _render_served(served, o.per_request)
+        if worth is not None:
+            from .simulate_fleet import render_worth
+
+            render_worth(worth, o.model)
         _generation_note(o.tok)
+
+
+def _worth(o: Options, report):
+    """``--gpu`` on one server: what its hits are worth, end to end (None without --gpu)."""
+    from .simulate_fleet import parse_value
+
+    if o.gpu is None:
+        parse_value(None, None, o.gpu_hour_usd, o.utilization)   # --gpu-hour-usd alone is refused there
+        return None
+    if o.model is None:
+        raise UsageError("--gpu needs --model: the FLOPs a hit saves come from the model's configuration")
+    from ..engines.kv.config import resolve_model
+    from ..engines.prefix.value import hits_worth
+
+    config, source, _ = resolve_model(o.model)
+    value = parse_value((config, source), o.gpu, o.gpu_hour_usd, o.utilization)
+    assert value is not None
+    return hits_worth(report.hit_tokens, hit_square_sum=report.hit_square_sum, requests=report.requests,
+                      query_tokens=report.query_tokens, query_square_sum=report.query_square_sum,
+                      output_tokens=report.output_tokens, batch=o.batch, dtype=o.dtype, hash_fn="sha256", **value)
 
 
 def _sweep(o: Options) -> None:
@@ -459,6 +491,8 @@ def _run_fleet(o: Options, requests: Iterable, fields: tuple,
         model_config = (config, msource)
         bytes_per_token = kv_shape(config, o.dtype, msource).bytes_per_token
     value = parse_value(model_config, o.gpu, o.gpu_hour_usd, o.utilization)
+    if value is not None:
+        value.update(batch=o.batch, dtype=o.dtype, hash_fn="sha256")
     params = CacheAwareParams(cache_threshold=o.cache_threshold, balance_abs_threshold=o.balance_abs,
                               balance_rel_threshold=o.balance_rel, eviction_interval_s=o.router_eviction_s,
                               max_tree_tokens=o.router_tree_tokens)
@@ -599,12 +633,10 @@ def _partition_input(ctx: typer.Context, trace: str, name: str, *, writes: bool,
 
 
 def _sizes_and_capacities(sweep_block_size: Optional[str], sweep_capacity: Optional[str], block_size: int, *,
-                          curve: bool, optimal: bool, policy: str, priced: bool) -> tuple[list[int], list[int]]:
+                          curve: bool, optimal: bool, policy: str) -> tuple[list[int], list[int]]:
     """One server's run (no fleet): the block sizes and capacities it replays, its flags checked."""
     from ..engines.prefix.replay import MAX_BLOCK_SIZE, MAX_CAPACITY_BLOCKS
 
-    if priced:
-        raise UsageError("--gpu/--gpu-hour-usd price the hits of a fleet run: add --replicas N (1 for one server)")
     sizes = _ints(sweep_block_size, "--sweep-block-size", MAX_BLOCK_SIZE) or [block_size]
     caps = _ints(sweep_capacity, "--sweep-capacity", MAX_CAPACITY_BLOCKS)
     if curve and caps:
