@@ -38,6 +38,8 @@ from .trace import TraceRequest
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 #: vLLM's default --max-num-seqs: requests in flight at once when the log's timestamps let them overlap
 SERVER_CONCURRENCY = 256
+#: capacities tried on a log of up to SEARCH_TOKENS prompt tokens (a third of them above), before refining
+SEARCH_POINTS, SEARCH_TOKENS = 48, 2_000_000
 #: share of the log a replay must agree on for the reasons it reproduces to be called likely
 LIKELY_SHARE = 0.9
 
@@ -354,7 +356,8 @@ def _best_capacity(requests: Sequence[TraceRequest], settings: dict, agreement, 
         return None, _replay(requests, settings, **base, capacity_blocks=None)
     lo = _min_blocks(requests, bs)
     top = max(cap * 4, lo)
-    grid = sorted({max(lo, round(lo * (top / lo) ** (k / 15))) for k in range(16)} | {cap, lo})
+    steps = SEARCH_POINTS if sum(r.prompt_tokens for r in requests) <= SEARCH_TOKENS else SEARCH_POINTS // 3
+    grid = sorted({max(lo, round(lo * (top / lo) ** (k / (steps - 1)))) for k in range(steps)} | {cap, lo})
     scores: dict[int, tuple[int, dict | None]] = {}
 
     def score(c: int) -> int:
@@ -365,11 +368,12 @@ def _best_capacity(requests: Sequence[TraceRequest], settings: dict, agreement, 
 
     for c in grid:
         score(c)
-    for _ in range(8):  # refine: halve the gaps beside the best
-        best = max(scores, key=lambda c: (scores[c][0], c == cap, -c))
+    for _ in range(12):  # refine: halve the gaps beside the three best (the agreement is not monotone)
         known = sorted(scores)
-        k = known.index(best)
-        mids = {(known[k - 1] + best) // 2 if k else best, (best + known[k + 1]) // 2 if k + 1 < len(known) else best}
+        mids: set[int] = set()
+        for best in sorted(scores, key=lambda c: (scores[c][0], c == cap, -c))[-3:]:
+            k = known.index(best)
+            mids |= {(known[k - 1] + best) // 2 if k else best, (best + known[k + 1]) // 2 if k + 1 < len(known) else best}
         mids -= set(scores)
         if not mids:
             break
