@@ -186,8 +186,13 @@ def test_cli_json_rows_and_summary(cli, tmp_path):
 
 
 def test_the_fixture_log_is_the_one_its_script_builds():
-    from fixtures.make_served_log import build
+    import importlib.util
 
+    spec = importlib.util.spec_from_file_location("make_served_log", ROOT / "fixtures" / "make_served_log.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    build = script.build
     lines = (ROOT / "fixtures" / "traces" / "served.jsonl").read_text().splitlines()
     assert [json.loads(line) for line in lines] == build()
 

@@ -816,8 +816,8 @@ def _render_served(s, all_rows: bool) -> None:
                  f"less, {s.served_above:,} more); predicted {s.predicted_hit_tokens:,.0f} hit tokens, served "
                  f"{s.served_hit_tokens:,}", soft_wrap=True, markup=False)
     for c in s.reasons:
-        stdout.print(f"  {c.label}: {c.requests:,} requests ({c.confidence}): {c.evidence}", soft_wrap=True,
-                     markup=False)
+        sure = ", ".join(f"{n:,} {k}" for k, n in c.by_confidence.items()) if len(c.by_confidence) > 1 else c.confidence
+        stdout.print(f"  {c.label}: {c.requests:,} requests ({sure}): {c.evidence}", soft_wrap=True, markup=False)
     wrong = [r for r in s.rows if not r.agrees]
     if wrong and not all_rows:
         t = Table(header_style="bold", box=None, pad_edge=False)

@@ -89,6 +89,7 @@ class ReasonCount:
     requests: int
     confidence: str                    # the most common confidence of its rows
     evidence: str
+    by_confidence: dict = dataclasses.field(default_factory=dict)   # rows per confidence
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,15 +148,14 @@ def compare_served(requests: Sequence[TraceRequest] | None, report: PrefixReport
             if hits is not None:
                 found.insert(0, (Hypothesis(reason="template", setting=shift, params={"prompt_shift": True},
                                             agreeing_requests=0, explained=0), hits))
-        elif view is not requests:
-            view = requests
         for h, hits in found:
             if shift and h.reason != "template":   # replayed on the prompts as the server saw them
                 h = dataclasses.replace(h, setting=f"{h.setting}, and {shift}")
-            agree = {i for i, v in hits.items() if v == served_of.get(i)}
-            hypotheses.append(dataclasses.replace(h, agreeing_requests=len(agree), explained=len(agree & disagreeing)))
-            settled[len(hypotheses) - 1] = len(agree - set(certain))
-            for i in agree & disagreeing:
+            agreeing = {i for i, v in hits.items() if v == served_of.get(i)}
+            hypotheses.append(dataclasses.replace(h, agreeing_requests=len(agreeing),
+                                                  explained=len(agreeing & disagreeing)))
+            settled[len(hypotheses) - 1] = len(agreeing - set(certain))
+            for i in agreeing & disagreeing:
                 reproduced.setdefault(i, []).append(len(hypotheses) - 1)
     overcommit = _overcommitted(requests, settings) if disagreeing and requests is not None else {}
     n = len(base_rows)
@@ -229,10 +229,12 @@ def _tally(rows: list[ServedRow]) -> tuple[ReasonCount, ...]:
             groups.setdefault(r.reason, []).append(r)
     out = []
     for reason, rs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
-        conf = Counter(r.confidence for r in rs).most_common(1)[0][0]
+        counts = Counter(r.confidence for r in rs)
+        conf = counts.most_common(1)[0][0]
         evidence = Counter(_generic(r.evidence or "") for r in rs).most_common(1)[0][0]
         out.append(ReasonCount(reason=reason, label=REASONS[reason], requests=len(rs), confidence=conf or "possible",
-                               evidence=evidence))
+                               evidence=evidence, by_confidence={k: counts[k] for k in ("certain", "likely", "possible")
+                                                                 if counts[k]}))
     return tuple(out)
 
 
