@@ -51,8 +51,9 @@ if TYPE_CHECKING:  # the same names, typed, for type checkers (tests/test_packag
     from .engines.prefix.fleet import FleetReport, simulate_fleet, simulate_partitions
     from .engines.prefix.forks import Fork, ForkReport, ForkRequest, analyze_forks, fork_requests
     from .engines.prefix.replay import PrefixReport, RequestHit, TenantStats, simulate
+    from .engines.prefix.served import ServedReport, compare_served
     from .engines.prefix.trace import TraceRequest, iter_trace, trace_records
-    from .engines.prefix.value import HitsWorth, hits_worth
+    from .engines.prefix.value import HitsWorth, ServingTime, hits_worth
     from .engines.provider.cache import (
         CostReport,
         MissReason,
@@ -210,6 +211,9 @@ _EXPORTS = {
     "FleetReport": "cachectl.engines.prefix.fleet",
     "hits_worth": "cachectl.engines.prefix.value",
     "HitsWorth": "cachectl.engines.prefix.value",
+    "ServingTime": "cachectl.engines.prefix.value",
+    "compare_served": "cachectl.engines.prefix.served",
+    "ServedReport": "cachectl.engines.prefix.served",
     "build_report": "cachectl.engines.repair.report",
     "LogReport": "cachectl.engines.repair.report",
     "fix_paths": "cachectl.engines.lint.fix",

@@ -128,7 +128,10 @@ def _finish(report, link: str, link_gbps: float, value: Optional[dict], plot: Op
     if value is not None:
         from ..engines.prefix.value import hits_worth
 
-        worth = {r.router: dataclasses.asdict(hits_worth(r.hit_tokens, hit_square_sum=r.hit_square_sum, **value))
+        worth = {r.router: dataclasses.asdict(hits_worth(r.hit_tokens, hit_square_sum=r.hit_square_sum,
+                                                         requests=r.requests, query_tokens=r.query_tokens,
+                                                         query_square_sum=r.query_square_sum,
+                                                         output_tokens=r.output_tokens, **value))
                  for r in report.results}
     if plot:
         _plot(report, plot)
@@ -141,6 +144,48 @@ def _finish(report, link: str, link_gbps: float, value: Optional[dict], plot: Op
         emit_json(out)
         return
     _render(report, link, link_gbps, worth)
+
+
+def render_worth(w, model: Optional[str]) -> None:
+    """What one server's hits are worth (``HitsWorth`` with its serving figures), each figure with what it
+    assumes."""
+    t = w.serving
+    stdout.print(f"worth on {w.gpu} ({model}, {t.dtype}), {t.requests:,} requests at a batch of {t.batch}:",
+                 soft_wrap=True, markup=False)
+    lines = [
+        f"prefill     {t.prompt_tokens:,.0f} prompt tokens: {t.prefill_s_without_hits:,.2f} GPU-s without hits; "
+        f"the {w.hit_tokens:,.0f} hit tokens save {t.prefill_s_saved:,.2f} ({_pct(t.prefill_share_saved)})",
+        f"decode      {t.output_tokens:,} output tokens: {t.decode_s:,.2f} GPU-s ({t.decode_step_s * 1e3:,.2f} ms a "
+        "step), the same with or without hits",
+        f"end to end  {t.end_to_end_s_without_hits:,.2f} GPU-s without hits, {t.end_to_end_s_with_hits:,.2f} with: "
+        f"the hits save {_pct(t.share_saved)} of it",
+        f"TTFT        {_ms(t.ttft_s_saved)} saved per request on average, of {_ms(t.ttft_s_without_hits)} without hits",
+        f"throughput  {_x(t.throughput_gain)}x: {_rps(t.throughput_rps_without_hits)} -> "
+        f"{_rps(t.throughput_rps_with_hits)} requests per GPU-second at a batch of {t.batch}",
+        f"hashing     {t.hashed_tokens:,.0f} prompt tokens keyed at {t.hash_ns_per_token:g} ns each: "
+        f"{t.hash_cpu_s:,.3f} CPU-s, {_pct(t.hash_share_of_prefill)} of the prefill time; with no reuse it is all "
+        "cost",
+    ]
+    if w.usd is not None:
+        lines.append(f"dollars     {w.usd:,.4f} USD saved at {w.gpu_hour_usd:g} USD per GPU-hour")
+    for line in lines:
+        stdout.print(f"  {line}", soft_wrap=True, markup=False)
+    render_assumptions(w)
+
+
+def render_assumptions(w) -> None:
+    for a in w.serving.assumptions:
+        stdout.print(f"assumes: {a}", soft_wrap=True, markup=False)
+    stdout.print(f"GPU data: {w.flops_source}; bandwidth: {w.serving.bandwidth_source}", soft_wrap=True,
+                 markup=False)
+
+
+def _ms(s: Optional[float]) -> str:
+    return "n/a" if s is None else f"{s * 1e3:,.1f} ms"
+
+
+def _rps(x: Optional[float]) -> str:
+    return "n/a" if x is None else f"{x:,.2f}"
 
 
 def _pct(x) -> str:
@@ -190,6 +235,17 @@ def _render(report, link: str, link_gbps: float, worth: Optional[dict]) -> None:
         stdout.print(f"worth: {w['flops_per_token']:,.3g} prefill FLOPs per token (2 x {w['active_params']:,} "
                      f"parameters) plus attention; {w['gpu']} at {w['peak_tflops']:,} TFLOPS peak, "
                      f"{w['utilization']:.0%} utilization", soft_wrap=True, markup=False)
+        for router, w in worth.items():
+            t = w["serving"]
+            stdout.print(f"{router}: the hits save {_pct(t['share_saved'])} of {t['end_to_end_s_without_hits']:,.2f} "
+                         f"GPU-s end to end (prefill {_pct(t['prefill_share_saved'])}), {_ms(t['ttft_s_saved'])} of "
+                         f"TTFT per request, throughput {_x(t['throughput_gain'])}x at a batch of {t['batch']}",
+                         soft_wrap=True, markup=False)
+        first = next(iter(worth.values()))
+        for a in first["serving"]["assumptions"]:
+            stdout.print(f"assumes: {a}", soft_wrap=True, markup=False)
+        stdout.print(f"GPU data: {first['flops_source']}; bandwidth: {first['serving']['bandwidth_source']}",
+                     soft_wrap=True, markup=False)
     for note in report.notes:
         stdout.print(f"note: {note}", soft_wrap=True, markup=False)
 

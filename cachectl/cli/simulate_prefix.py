@@ -133,6 +133,7 @@ class Options:
     gpu: Optional[str]
     gpu_hour_usd: Optional[float]
     utilization: float
+    batch: int                     # sequences decoded per step (the decode roofline, throughput)
     # output
     per_request: bool
     plot: Optional[str]
@@ -248,6 +249,9 @@ def command(
     gpu_hour_usd: Annotated[Optional[float], typer.Option("--gpu-hour-usd", min=0.0, help="With --gpu: dollars.", rich_help_panel=WORTH)] = None,
     utilization: Annotated[float, typer.Option("--utilization", help="With --gpu: share of peak FLOPs prefill "
                                                                       "reaches.", rich_help_panel=WORTH)] = 0.4,
+    batch: Annotated[int, typer.Option("--batch", min=1, metavar="N",
+                                       help="With --gpu: sequences decoded per step, for the decode roofline and "
+                                            "the throughput figure.", rich_help_panel=WORTH)] = 32,
     # output
     per_request: Annotated[bool, typer.Option("--per-request", help="List each request's hit tokens.", rich_help_panel=OUTPUT)] = False,
     plot: Annotated[Optional[str], typer.Option("--plot", metavar="FILE.png",
@@ -283,9 +287,10 @@ def command(
         mode = "replay partitions" if partitions is not None else "fleet"
     else:
         sizes, caps = _sizes_and_capacities(sweep_block_size, sweep_capacity, block_size, curve=curve,
-                                            optimal=optimal, policy=policy.value, priced=gpu is not None
-                                            or gpu_hour_usd is not None)
+                                            optimal=optimal, policy=policy.value)
         mode = "replay" if len(sizes) == 1 and not caps and not curve else "sweep"
+        if mode == "sweep" and (gpu is not None or gpu_hour_usd is not None):
+            raise UsageError("--gpu/--gpu-hour-usd price one replay or a fleet run: drop --sweep-*/--curve")
         if mode == "sweep" and per_request:
             raise UsageError("--per-request lists one replay: drop it from sweeps")
     o = Options(
@@ -300,7 +305,7 @@ def command(
         router_eviction_s=router_eviction_s, router_tree_tokens=router_tree_tokens, cpu_offload_gib=cpu_offload_gib,
         cpu_offload_blocks=cpu_offload_blocks, link=link, jobs=jobs, partition_dir=partition_dir,
         partitions=partitions, ray=ray, ray_address=ray_address, model=model, dtype=dtype.value, gpu=gpu,
-        gpu_hour_usd=gpu_hour_usd, utilization=utilization, per_request=per_request, plot=plot, fmt=fmt)
+        gpu_hour_usd=gpu_hour_usd, utilization=utilization, batch=batch, per_request=per_request, plot=plot, fmt=fmt)
     match mode:
         case "replay":
             _replay_one(o)
@@ -329,12 +334,15 @@ def _replay_one(o: Options) -> None:
     bs = o.sizes[0]
     cap = o.capacity.blocks(bs)
     largest = _Largest(_read(o, f"{o.policy} bs={bs}", keyed_at=bs if o.policy in ("vllm", "infinite") else None), bs)
+    kept = _Kept(largest)                          # a log with served counts is kept, to replay it again
     try:
         if isinstance(o.warm, float) and o.warm < 1:  # a share: count the requests first (kept in memory once)
-            requests = list(largest)
-            report = _simulate(o, requests, bs, cap, o.per_request, _resolve_warmup(o.warm, len(requests)))
+            requests = list(kept)
+            skip = _resolve_warmup(o.warm, len(requests))
+            report = _simulate(o, requests, bs, cap, o.per_request, skip)
         else:
-            report = _simulate(o, largest, bs, cap, o.per_request, int(o.warm or 0))
+            skip = int(o.warm or 0)
+            report = _simulate(o, kept, bs, cap, o.per_request, skip)
     except CapacityError as exc:
         if o.policy != "vllm" or cap is None:
             raise
@@ -343,13 +351,56 @@ def _replay_one(o: Options) -> None:
                          f"line {largest.line}): --capacity-blocks {largest.need} or more, or --curve") from None
     if o.plot:
         raise UsageError("--plot draws sweeps: add --curve, --sweep-capacity and/or --sweep-block-size")
+    worth = _worth(o, report)
+    served = None
+    if report.served_requests:
+        from ..engines.prefix.served import compare_served
+
+        served = compare_served(kept.requests, report, settings=_settings(o, bs, cap, skip))
     if o.fmt is Format.json:
         import dataclasses
 
-        emit_json({**dataclasses.asdict(report), "chat_generation_prompt": o.tok.used if o.tok else None})
+        out = {**dataclasses.asdict(report), "chat_generation_prompt": o.tok.used if o.tok else None}
+        if served is not None:
+            verdicts = {r.index: r for r in served.rows}
+            for row in out["per_request"]:
+                v = verdicts.get(row["index"])
+                row.update(agrees=None if v is None else v.agrees, reason=None if v is None else v.reason,
+                           confidence=None if v is None else v.confidence)
+            out["served"] = {k: v for k, v in dataclasses.asdict(served).items() if k != "rows"}
+            out["served"]["disagreements"] = [dataclasses.asdict(r) for r in served.rows if not r.agrees]
+        if worth is not None:
+            out["worth"] = dataclasses.asdict(worth)
+        emit_json(out)
     else:
-        _render(report, o.salt_field, o.tenant_field)
+        _render(report, o.salt_field, o.tenant_field, o.per_request, served)
+        if served is not None:
+            _render_served(served, o.per_request)
+        if worth is not None:
+            from .simulate_fleet import render_worth
+
+            render_worth(worth, o.model)
         _generation_note(o.tok)
+
+
+def _worth(o: Options, report):
+    """``--gpu`` on one server: what its hits are worth, end to end (None without --gpu)."""
+    from .simulate_fleet import parse_value
+
+    if o.gpu is None:
+        parse_value(None, None, o.gpu_hour_usd, o.utilization)   # --gpu-hour-usd alone is refused there
+        return None
+    if o.model is None:
+        raise UsageError("--gpu needs --model: the FLOPs a hit saves come from the model's configuration")
+    from ..engines.kv.config import resolve_model
+    from ..engines.prefix.value import hits_worth
+
+    config, source, _ = resolve_model(o.model)
+    value = parse_value((config, source), o.gpu, o.gpu_hour_usd, o.utilization)
+    assert value is not None
+    return hits_worth(report.hit_tokens, hit_square_sum=report.hit_square_sum, requests=report.requests,
+                      query_tokens=report.query_tokens, query_square_sum=report.query_square_sum,
+                      output_tokens=report.output_tokens, batch=o.batch, dtype=o.dtype, hash_fn="sha256", **value)
 
 
 def _sweep(o: Options) -> None:
@@ -458,6 +509,8 @@ def _run_fleet(o: Options, requests: Iterable, fields: tuple,
         model_config = (config, msource)
         bytes_per_token = kv_shape(config, o.dtype, msource).bytes_per_token
     value = parse_value(model_config, o.gpu, o.gpu_hour_usd, o.utilization)
+    if value is not None:
+        value.update(batch=o.batch, dtype=o.dtype, hash_fn="sha256")
     params = CacheAwareParams(cache_threshold=o.cache_threshold, balance_abs_threshold=o.balance_abs,
                               balance_rel_threshold=o.balance_rel, eviction_interval_s=o.router_eviction_s,
                               max_tree_tokens=o.router_tree_tokens)
@@ -521,6 +574,36 @@ def _simulate(o: Options, requests: Iterable, bs: int, cap: Optional[int], keep_
                     recompute_ratio=o.recompute_ratio, per_request=keep_rows, source=o.name, warmup=skip)
 
 
+def _settings(o: Options, bs: int, cap: Optional[int], skip: int) -> dict[str, Any]:
+    """The keyword arguments of :func:`_simulate`'s replay, for replays of the same log under other set-ups."""
+    return {"policy": o.policy, "block_size": bs, "capacity_blocks": cap, "hash_fn": o.hash_fn,
+            "concurrency": o.concurrency, "decode_s_per_token": o.decode_s, "chunk_size": o.chunk_size,
+            "recompute_ratio": o.recompute_ratio, "source": o.name, "warmup": skip}
+
+
+class _Kept:
+    """Requests passed through; kept (``requests``) when the first carries a served count, since the
+    comparison with the server replays the log under other set-ups (None otherwise: the trace streams)."""
+
+    def __init__(self, requests):
+        self._it = iter(requests)
+        self.requests: Optional[list] = None
+        self._first = True
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        r = next(self._it)
+        if self._first:
+            self._first = False
+            if r.served_cached_tokens is not None:
+                self.requests = []
+        if self.requests is not None:
+            self.requests.append(r)
+        return r
+
+
 def _session_fields(o: Options) -> tuple:
     from ..engines.prefix.fleet import SESSION_FIELDS
 
@@ -568,12 +651,10 @@ def _partition_input(ctx: typer.Context, trace: str, name: str, *, writes: bool,
 
 
 def _sizes_and_capacities(sweep_block_size: Optional[str], sweep_capacity: Optional[str], block_size: int, *,
-                          curve: bool, optimal: bool, policy: str, priced: bool) -> tuple[list[int], list[int]]:
+                          curve: bool, optimal: bool, policy: str) -> tuple[list[int], list[int]]:
     """One server's run (no fleet): the block sizes and capacities it replays, its flags checked."""
     from ..engines.prefix.replay import MAX_BLOCK_SIZE, MAX_CAPACITY_BLOCKS
 
-    if priced:
-        raise UsageError("--gpu/--gpu-hour-usd price the hits of a fleet run: add --replicas N (1 for one server)")
     sizes = _ints(sweep_block_size, "--sweep-block-size", MAX_BLOCK_SIZE) or [block_size]
     caps = _ints(sweep_capacity, "--sweep-capacity", MAX_CAPACITY_BLOCKS)
     if curve and caps:
@@ -684,7 +765,8 @@ def _pct(x) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
 
-def _render(r, salt_field: Optional[str] = None, tenant_field: Optional[str] = None) -> None:
+def _render(r, salt_field: Optional[str] = None, tenant_field: Optional[str] = None, rows: bool = True,
+            served=None) -> None:
     from rich.table import Table
 
     cap = "unbounded" if r.capacity_blocks is None else f"{r.capacity_blocks:,} blocks"
@@ -707,12 +789,19 @@ def _render(r, salt_field: Optional[str] = None, tenant_field: Optional[str] = N
         verdict = ("isolated" if shared == 0 else
                    "tenants share cached blocks: prefix-sharing timing side channel; salt per tenant to isolate")
         stdout.print(f"cross-tenant shared blocks: {shared:,} ({verdict})", soft_wrap=True)
-    if r.per_request is not None:
+    if r.per_request is not None and rows:
+        verdicts = {} if served is None else {v.index: v for v in served.rows}
         t = Table(header_style="bold", box=None, pad_edge=False)
-        for col in ("#", "line", "prompt tokens", "hit tokens"):
-            t.add_column(col, justify="right")
+        cols = ["#", "line", "prompt tokens", "hit tokens"] + (["served", "agrees", "reason"] if verdicts else [])
+        for col in cols:
+            t.add_column(col, justify="left" if col == "reason" else "right")
         for q in r.per_request:
-            t.add_row(str(q.index), str(q.line), f"{q.prompt_tokens:,}", f"{q.hit_tokens:,.0f}")
+            row = [str(q.index), str(q.line), f"{q.prompt_tokens:,}", f"{q.hit_tokens:,.0f}"]
+            if verdicts:
+                v = verdicts.get(q.index)
+                row += ["" if v is None else f"{v.served_cached_tokens:,}", "" if v is None else
+                        ("yes" if v.agrees else "no"), "" if v is None or v.reason is None else _reason_label(v)]
+            t.add_row(*row)
         stdout.print(t)
     if r.unsalted_requests:
         stdout.print(f"note: {r.unsalted_requests:,} of {r.requests:,} requests have no '{salt_field}': cached "
@@ -722,6 +811,44 @@ def _render(r, salt_field: Optional[str] = None, tenant_field: Optional[str] = N
         stdout.print(f"note: --tenant-field '{tenant_field}' is absent on {r.requests_without_tenant:,} of "
                      f"{r.requests:,} requests{whole}", soft_wrap=True, markup=False)
     for note in r.notes:
+        stdout.print(f"note: {note}", soft_wrap=True, markup=False)
+
+
+def _reason_label(v) -> str:
+    from ..engines.prefix.served import REASONS
+
+    return f"{REASONS[v.reason]} ({v.confidence})"
+
+
+#: disagreeing requests listed without --per-request
+SERVED_ROWS_SHOWN = 8
+
+
+def _render_served(s, all_rows: bool) -> None:
+    """Predicted beside served: the agreement, the reasons with their evidence, the first disagreements."""
+    from rich.table import Table
+
+    without = f" (not on {s.requests_without_served:,})" if s.requests_without_served else ""
+    stdout.print(f"predicted vs served: {s.requests:,} requests carry the server's cached tokens{without}; "
+                 f"{s.agree:,} agree ({_pct(s.agreement_rate)}), {s.disagree:,} do not ({s.served_below:,} served "
+                 f"less, {s.served_above:,} more); predicted {s.predicted_hit_tokens:,.0f} hit tokens, served "
+                 f"{s.served_hit_tokens:,}", soft_wrap=True, markup=False)
+    for c in s.reasons:
+        sure = ", ".join(f"{n:,} {k}" for k, n in c.by_confidence.items()) if len(c.by_confidence) > 1 else c.confidence
+        stdout.print(f"  {c.label}: {c.requests:,} requests ({sure}): {c.evidence}", soft_wrap=True, markup=False)
+    wrong = [r for r in s.rows if not r.agrees]
+    if wrong and not all_rows:
+        t = Table(header_style="bold", box=None, pad_edge=False)
+        for col in ("line", "prompt tokens", "predicted", "served", "reason"):
+            t.add_column(col, justify="left" if col == "reason" else "right")
+        for r in wrong[:SERVED_ROWS_SHOWN]:
+            t.add_row(str(r.line), f"{r.prompt_tokens:,}", f"{r.predicted_hit_tokens:,.0f}",
+                      f"{r.served_cached_tokens:,}", _reason_label(r))
+        stdout.print(t)
+        if len(wrong) > SERVED_ROWS_SHOWN:
+            stdout.print(f"... {len(wrong) - SERVED_ROWS_SHOWN:,} more disagreements (--per-request lists every "
+                         "request)", markup=False)
+    for note in s.notes:
         stdout.print(f"note: {note}", soft_wrap=True, markup=False)
 
 

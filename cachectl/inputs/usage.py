@@ -186,3 +186,87 @@ def parse_usage(usage: dict, *, source: str, line: int | None, path: str = "usag
                          field=dpath + "cached_tokens", **loc)
     reported = {k: v for k, v in usage.items() if k != "total_tokens"}
     return LoggedUsage(style, model, prompt - cached - writes, writes, cached, out, writes, 0, True, reported)
+
+
+# ------------------------------------------------------------------------------- served cached tokens
+
+#: the fields of SGLang's ``meta_info`` read here (the rest: ids, latencies, finish reasons, not counters)
+SGLANG_META_COUNTERS = ("prompt_tokens", "cached_tokens", "completion_tokens")
+
+
+@dataclass(frozen=True)
+class ServedCache:
+    """The prompt tokens a self-hosted server reports it served from its prefix cache for one request.
+
+    vLLM's OpenAI server: ``usage.prompt_tokens_details.cached_tokens`` (with ``--enable-prompt-tokens-details``;
+    without it ``prompt_tokens_details`` is null, and nothing is known); SGLang: ``meta_info.cached_tokens``
+    (and, with ``--enable-cache-report``, the same OpenAI field).
+    """
+
+    cached_tokens: int
+    #: the prompt length the server counted (None when the line does not say): another length than the
+    #: trace's means the server tokenized another prompt
+    prompt_tokens: int | None
+    field: str                    # where it was read, e.g. usage.prompt_tokens_details.cached_tokens
+
+
+def served_cache(value: Any, *, source: str, line: int | None) -> ServedCache | None:
+    """The served cached tokens a trace or log line carries beside its request, or None: a ``usage`` object
+    (``{tokens, usage}``, the ``{timestamp, body, usage}`` wrapper, or ``response.usage``) in OpenAI's
+    inclusive convention, or SGLang's ``meta_info``. A usage object without a cached count (vLLM without
+    ``--enable-prompt-tokens-details``) says nothing about the cache: None. The counters are checked as
+    :func:`parse_usage` checks them (unknown ones refused)."""
+    if not isinstance(value, dict):
+        return None
+    for prefix, holder in (("", value), ("response.", value.get("response"))):
+        if not isinstance(holder, dict):
+            continue
+        usage = holder.get("usage")
+        if usage is not None:
+            found = _served_from_usage(usage, source=source, line=line, path=f"{prefix}usage.")
+            if found is not None:
+                return found
+        meta = holder.get("meta_info")
+        if meta is not None:
+            return _served_from_meta(meta, source=source, line=line, path=f"{prefix}meta_info.")
+    return None
+
+
+def _served_from_usage(usage: Any, *, source: str, line: int | None, path: str) -> ServedCache | None:
+    loc: dict[str, Any] = {"source": source, "line": line}
+    if not isinstance(usage, dict):
+        raise InputError("expected a usage object", field=path.rstrip("."), **loc)
+    details_key = "prompt_tokens_details" if "prompt_tokens_details" in usage else "input_tokens_details"
+    details = usage.get(details_key)
+    if "prompt_tokens" in usage or "input_tokens" in usage:
+        counted = parse_usage(usage, source=source, line=line, path=path)
+        if not isinstance(details, dict) or "cached_tokens" not in details:
+            if counted.style != "anthropic" or "cache_read_input_tokens" not in usage:
+                return None
+            return ServedCache(counted.cache_read_tokens, counted.prompt_tokens, f"{path}cache_read_input_tokens")
+        return ServedCache(counted.cache_read_tokens, counted.prompt_tokens, f"{path}{details_key}.cached_tokens")
+    # a token-trace line's bare {"prompt_tokens_details": {"cached_tokens": N}}
+    _check_known(usage, OPENAI_CHAT_KEYS, loc, path, "usage counter")
+    if details is None:
+        return None
+    dpath = f"{path}{details_key}."
+    if not isinstance(details, dict):
+        raise InputError("expected an object", field=dpath.rstrip("."), **loc)
+    _check_known(details, OPENAI_DETAIL_KEYS, loc, dpath, "token detail")
+    if "cached_tokens" not in details or details["cached_tokens"] is None:
+        return None
+    return ServedCache(_count(details, "cached_tokens", loc, dpath), None, f"{dpath}cached_tokens")
+
+
+def _served_from_meta(meta: Any, *, source: str, line: int | None, path: str) -> ServedCache | None:
+    loc: dict[str, Any] = {"source": source, "line": line}
+    if not isinstance(meta, dict):
+        raise InputError("expected an object (SGLang's meta_info)", field=path.rstrip("."), **loc)
+    if meta.get("cached_tokens") is None:
+        return None
+    cached = _count(meta, "cached_tokens", loc, path)
+    prompt = _count(meta, "prompt_tokens", loc, path) if meta.get("prompt_tokens") is not None else None
+    if prompt is not None and cached > prompt:
+        raise InputError(f"cached_tokens ({cached}) exceed the {prompt} prompt tokens", field=f"{path}cached_tokens",
+                         **loc)
+    return ServedCache(cached, prompt, f"{path}cached_tokens")

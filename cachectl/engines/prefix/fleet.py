@@ -95,6 +95,8 @@ class RouterResult:
     replicas: tuple[ReplicaStats, ...]
     decisions: dict = field(default_factory=dict)   # cache-aware: how each request was placed
     hit_square_sum: float = 0.0                     # sum over requests of (hit tokens)^2: the attention saved
+    query_square_sum: float = 0.0                   # sum over requests of (prompt tokens)^2: all the attention
+    output_tokens: int = 0                          # of the counted requests (decode, for what hits are worth)
     cpu_read_bytes: float | None = None
     cpu_write_bytes: float | None = None
     cpu_read_s: float | None = None
@@ -281,7 +283,8 @@ def route(requests: Sequence[TraceRequest], *, replicas: int, router: str, block
 def _tally() -> dict:
     """What one replica's replay counts (plain values, so that it crosses process and Ray boundaries)."""
     return dict(requests=0, query_tokens=0, gpu_hit_tokens=0, cpu_hit_tokens=0, evicted_blocks=0,
-                offloaded_blocks=0, cpu_evicted_blocks=0, hit_square_sum=0, cross_tenant_hits=0, tenants={})
+                offloaded_blocks=0, cpu_evicted_blocks=0, hit_square_sum=0, cross_tenant_hits=0, tenants={},
+                query_square_sum=0, output_tokens=0)
 
 
 def _count(t: dict, req: TraceRequest, gpu_hit: float, cpu_hit: int) -> None:
@@ -290,6 +293,8 @@ def _count(t: dict, req: TraceRequest, gpu_hit: float, cpu_hit: int) -> None:
     t["gpu_hit_tokens"] += gpu_hit
     t["cpu_hit_tokens"] += cpu_hit
     t["hit_square_sum"] += (gpu_hit + cpu_hit) ** 2
+    t["query_square_sum"] += req.prompt_tokens ** 2
+    t["output_tokens"] += req.output_tokens
     per = t["tenants"].get(req.tenant)
     if per is None:
         t["tenants"][req.tenant] = per = [0, 0, 0]
@@ -388,6 +393,7 @@ def _replay_other(requests: Sequence[TraceRequest], kw: dict) -> dict:
     t.update(requests=r.requests, query_tokens=r.query_tokens, gpu_hit_tokens=r.hit_tokens,
              evicted_blocks=r.evicted_blocks, cross_tenant_hits=r.cross_tenant_shared_blocks,
              hit_square_sum=sum([q.hit_tokens ** 2 for q in r.per_request or ()]),
+             query_square_sum=r.query_square_sum, output_tokens=r.output_tokens,
              tenants={s.tenant: [s.requests, s.query_tokens, s.hit_tokens] for s in r.per_tenant})
     return t
 
@@ -510,6 +516,8 @@ def _result(router: str, decisions: dict, per: Sequence[dict], *, block_size: in
                         request_imbalance=_imbalance([s.requests for s in stats]),
                         token_imbalance=_imbalance([s.query_tokens for s in stats]), replicas=tuple(stats),
                         decisions=decisions, hit_square_sum=sum(o["hit_square_sum"] for o in per),
+                        query_square_sum=sum(o.get("query_square_sum", 0) for o in per),
+                        output_tokens=sum(o.get("output_tokens", 0) for o in per),
                         per_tenant=per_tenant, cross_tenant_shared_blocks=sum(o["cross_tenant_hits"] for o in per),
                         **moved)
 

@@ -77,7 +77,9 @@ def _key_chunk(chunks: JsonlChunks, index: int, block_size: int, hash_fn: str,
                 keys = list(keys)
             items.append((req.line, req.prompt_tokens, keys,
                           req.hash_block_size if req.hash_ids is not None else block_size, req.tenant,
-                          req.timestamp, req.output_tokens, req.unsalted, req.no_tenant, req.session))
+                          req.timestamp, req.output_tokens, req.unsalted, req.no_tenant, req.session,
+                          None if req.served_cached_tokens is None else
+                          (req.served_cached_tokens, req.served_prompt_tokens, req.served_model)))
         count, seen = lines.count, lines.seen
     except InputError as exc:
         error = ("input", exc.message, exc.source, exc.line, exc.field)
@@ -220,7 +222,7 @@ class KeyedTrace:
             lines, any_line, items, error = frame
             shift = line_base + 1 - self.chunks.first_line(i)
             for (line, prompt_tokens, keys, hbs, tenant, timestamp, output_tokens, unsalted, no_tenant,
-                 session) in items:
+                 session, served) in items:
                 # the frozen dataclass's __init__ sets each field through object.__setattr__ (4x the time of
                 # one dict update); the fields not given keep their class defaults, as __init__ would
                 req = _new(TraceRequest)
@@ -228,6 +230,9 @@ class KeyedTrace:
                                     hash_block_size=hbs, tenant=tenant, timestamp=timestamp,
                                     output_tokens=output_tokens, unsalted=unsalted, no_tenant=no_tenant,
                                     session=session)
+                if served is not None:  # what the server reported beside the request (absent: the defaults)
+                    req.__dict__.update(served_cached_tokens=served[0], served_prompt_tokens=served[1],
+                                        served_model=served[2])
                 yield req
                 index += 1
             if error is not None:

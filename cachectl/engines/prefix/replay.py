@@ -43,6 +43,9 @@ class RequestHit:
     prompt_tokens: int
     hit_tokens: float
     tenant: Any = None
+    #: what the server reported it served from its cache (None: the log does not say); see :mod:`.served`
+    served_cached_tokens: int | None = None
+    served_prompt_tokens: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +71,13 @@ class PrefixReport:
     upper_bound: bool = False
     notes: tuple[str, ...] = ()
     warmup_requests: int = 0
+    #: sums over the counted requests, for what the hits are worth (:mod:`.value`): hit tokens squared and
+    #: prompt tokens squared (the attention terms), and the output tokens the trace says they generated
+    hit_square_sum: float = 0.0
+    query_square_sum: float = 0.0
+    output_tokens: int = 0
+    #: counted requests whose line carries the served cached tokens
+    served_requests: int = 0
 
 
 @dataclass
@@ -75,6 +85,10 @@ class _Tally:
     requests: int = 0
     query: int = 0
     hits: float = 0.0
+    hit_sq: float = 0.0
+    query_sq: float = 0.0
+    output: int = 0
+    served: int = 0
 
 
 def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_size: int = 16,
@@ -83,7 +97,9 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
              per_request: bool = False, source: str = "", warmup: int = 0) -> PrefixReport:
     """Replay requests through one prefix-cache policy and count what vLLM's metrics would count.
 
-    The first ``warmup`` requests fill the cache but are not counted.
+    The first ``warmup`` requests fill the cache but are not counted. ``per_request``: one row per counted
+    request; rows are kept without it for the requests that carry a served count (:mod:`.served` compares
+    them), and then ``per_request`` holds those.
     """
     if policy not in POLICIES:
         raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
@@ -204,9 +220,15 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
             tally.requests += 1
             tally.query += req.prompt_tokens
             tally.hits += hit
-        if per_request:
+        total.hit_sq += hit * hit
+        total.query_sq += req.prompt_tokens * req.prompt_tokens
+        total.output += req.output_tokens
+        if req.served_cached_tokens is not None:
+            total.served += 1
+        if per_request or req.served_cached_tokens is not None:  # a served count is compared row by row
             rows.append(RequestHit(index=req.index, line=req.line, prompt_tokens=req.prompt_tokens, hit_tokens=hit,
-                                   tenant=tenant))
+                                   tenant=tenant, served_cached_tokens=req.served_cached_tokens,
+                                   served_prompt_tokens=req.served_prompt_tokens))
     while running:
         finish(heapq.heappop(running)[2])
     if total.requests == 0:
@@ -249,6 +271,8 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
                         prefill_tokens_saved=total.hits, evicted_blocks=evicted_blocks, evicted_tokens=evicted_tokens,
                         peak_blocks_in_use=peak, cross_tenant_shared_blocks=cross, per_tenant=per_tenant,
                         unsalted_requests=unsalted, requests_without_tenant=no_tenant,
-                        per_request=tuple(rows) if per_request else None, upper_bound=policy == "chunk",
-                        notes=tuple(notes), warmup_requests=min(warmup, seen))
+                        per_request=tuple(rows) if per_request or total.served else None, upper_bound=policy == "chunk",
+                        notes=tuple(notes), warmup_requests=min(warmup, seen), hit_square_sum=total.hit_sq,
+                        query_square_sum=float(total.query_sq), output_tokens=total.output,
+                        served_requests=total.served)
 

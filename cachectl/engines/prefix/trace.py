@@ -50,6 +50,14 @@ class TraceRequest:
     #: a tenant field was asked for (--tenant-field) and this request has none
     no_tenant: bool = False
     session: Any = None
+    #: the prompt tokens the server reports it served from its prefix cache (vLLM's
+    #: ``usage.prompt_tokens_details.cached_tokens``, SGLang's ``meta_info.cached_tokens``); None: not logged
+    served_cached_tokens: int | None = None
+    #: the prompt length the server counted beside it (None when the line does not say)
+    served_prompt_tokens: int | None = None
+    #: the name the request asked the server for (a body's or line's ``model``: a LoRA adapter's name keys
+    #: every block in vLLM); read only where served counts are, for their comparison
+    served_model: Any = None
 
 
 def block_keys(tokens: Sequence[int], block_size: int, salt: Any = None, hash_fn: str = "builtin") -> list:
@@ -180,6 +188,29 @@ def _get(value: dict, dotted: str) -> Any:
     return cur
 
 
+_served_cache: Any = None
+
+
+def _served(value: dict, meta: dict, where: dict) -> None:
+    """The served cached tokens beside a request (through :func:`cachectl.inputs.usage.served_cache`) into
+    ``meta``, with the model the request named."""
+    global _served_cache
+    if _served_cache is None:
+        from ...inputs.usage import served_cache
+
+        _served_cache = served_cache
+    found = _served_cache(value, **where)
+    if found is None:
+        return
+    meta["served_cached_tokens"] = found.cached_tokens
+    meta["served_prompt_tokens"] = found.prompt_tokens
+    body = value.get("body")
+    model = value.get("model")
+    if model is None and isinstance(body, dict):
+        model = body.get("model")
+    meta["served_model"] = _nested_key(model, "model", where) if isinstance(model, (dict, list)) else model
+
+
 def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
                salt_field: str | None = None, tenant_field: str | None = None, hash_block_size: int = 512,
                as_kind: str | None = None, batch_size: int = 128, no_salt: bool = False,
@@ -243,6 +274,8 @@ def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
                              field=out_key, **where)
         meta: dict[str, Any] = {"tenant": tenant, "timestamp": ts, "output_tokens": out,
                 "unsalted": unsalted, "no_tenant": no_tenant}
+        if "usage" in value or "meta_info" in value or "response" in value:
+            _served(value, meta, where)
         if session_fields:
             session = next((v for v in map(lambda f: _get(value, f), session_fields) if v is not None), None)
             meta["session"] = (_nested_key(session, "session", where) if isinstance(session, (dict, list))
