@@ -58,7 +58,8 @@ RING_VNODES = 160
 @dataclass(frozen=True)
 class CacheAwareParams:
     """SGLang router's ``CacheAwareConfig::default()`` (``sgl-router/src/policies/mod.rs``). Its Python
-    launcher (``sglang_router/router_args.py``) starts with 0.3 / 64 / 1.5 / 120 s / 2**26 instead."""
+    launcher (``sglang_router/router_args.py``, as shipped in sglang-router 0.3.2 on PyPI, read 2026-12-01)
+    starts with 0.3 / 64 / 1.5 / 60 s / 2**26 (characters) instead."""
 
     cache_threshold: float = 0.5
     balance_abs_threshold: int = 32
