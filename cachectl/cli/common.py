@@ -18,6 +18,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from ..errors import CachectlError, UsageError, printable
+from ..errors import plural as plural  # the one plural helper, for the commands
 
 if TYPE_CHECKING:
     from rich.console import Console
