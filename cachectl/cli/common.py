@@ -530,7 +530,7 @@ PARAM_FLAGS = {
     "concurrency": "--concurrency", "recompute_ratio": "--recompute-ratio", "hash": "--hash",
     "select": "--select", "ignore": "--ignore", "as_kind": "--as", "warmup": "--warmup",
     "contexts": "--context-lengths", "prefix_tokens": "--prefix-tokens", "suffix_tokens": "--suffix-tokens",
-    "output_tokens": "--output-tokens", "calls": "--calls", "model_as": "--model-as",
+    "output_tokens": "--output-tokens", "calls": "--calls", "model_as": "--model-as", "top": "--top",
 }
 
 
@@ -539,6 +539,11 @@ def flags_for_params(message: str) -> str:
     import re
 
     return re.sub(r"`([a-z_]+)`", lambda m: PARAM_FLAGS.get(m.group(1), m.group(0)), message)
+
+
+def print_note(note: str) -> None:
+    """An engine's note on stdout, as every command prints one: ``note: ...``, its `param` names as flags."""
+    stdout.print(f"note: {flags_for_params(note)}", soft_wrap=True, markup=False)
 
 
 #: Catch-all hits of this process, "Type: message" each: an input that lands here is a bug, and the fuzz tests

@@ -250,10 +250,10 @@ def _render(r: FixReport, out: Optional[str], changed: int) -> None:
     stdout.print(line, soft_wrap=True, markup=False)
     if out is not None:
         stdout.print(f"wrote {out} ({changed} of {r.requests} lines rewritten)", soft_wrap=True, markup=False)
-    from .common import flags_for_params
+    from .common import print_note
 
     for note in r.notes:
-        stdout.print(f"note: {flags_for_params(note)}", soft_wrap=True, markup=False)
+        print_note(note)
 
 
 #: fix rows shown in the text table (half of them when there are more)

@@ -23,6 +23,7 @@ from .common import (
     data_names,
     emit_json,
     handle_errors,
+    print_note,
     stdout,
 )
 
@@ -313,7 +314,7 @@ def _render(r, hb) -> None:
     for finding in r.findings:
         stdout.print(f"finding: {finding}", markup=False, soft_wrap=True)
     for note in r.notes:
-        stdout.print(f"note: {note}", markup=False, soft_wrap=True)
+        print_note(note)
     if r.run is not None:
         q = r.run
         verdict = "[green]agree[/]" if q.agree else "[red]DISAGREE[/]"

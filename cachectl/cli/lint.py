@@ -195,7 +195,9 @@ def _hard_stop(message: str) -> None:
 
 def _line(kind: str, message: str) -> str:
     """``cachectl: error: ...`` (or note) on one line, control characters from the files shown escaped."""
-    return f"cachectl: {kind}: {printable(' '.join(message.split()), newlines=False)}"
+    from .common import flags_for_params
+
+    return f"cachectl: {kind}: {printable(' '.join(flags_for_params(message).split()), newlines=False)}"
 
 
 def _patch_text(patch: str, err: bool = False) -> str:

@@ -18,8 +18,8 @@ from .common import (
     Ttl,
     check_price_model,
     emit_json,
-    flags_for_params,
     handle_errors,
+    print_note,
     stdout,
     timestamp_note,
     timestamp_reader,
@@ -272,4 +272,4 @@ def _render_report(r) -> None:
         lines = f" (lines {', '.join(map(str, f.lines[:8]))}{', ...' if len(f.lines) > 8 else ''})" if f.lines else ""
         stdout.print(f"finding {f.code}: {f.message}{lines}", soft_wrap=True, markup=False)
     for note in r.notes:
-        stdout.print(f"note: {flags_for_params(note)}", soft_wrap=True, markup=False)
+        print_note(note)

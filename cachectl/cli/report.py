@@ -25,6 +25,7 @@ from .common import (
     emit_json,
     handle_errors,
     parse_window,
+    print_note,
     run_inputs,
     stdout,
     timestamp_note,
@@ -201,6 +202,6 @@ def _render_text(r, html: str | None) -> None:
                      f"{_usd(safe.provider_cost_usd)} -> {_usd(full.provider_cost_usd)}", soft_wrap=True, markup=False)
     for note in r.notes:
         if not note.startswith("dollars lost:"):  # that one explains the page's estimate; the rest matter here
-            stdout.print(f"note: {note}", soft_wrap=True, markup=False)
+            print_note(note)
     if html is not None:
         stdout.print(f"wrote {html}", soft_wrap=True, markup=False)

@@ -10,7 +10,7 @@ from importlib import resources
 from typing import Any, Optional
 
 from ..errors import UsageError
-from .common import Format, emit_json, new_figure, save_figure, stdout
+from .common import Format, emit_json, new_figure, print_note, save_figure, stdout
 
 
 def links() -> dict:
@@ -247,7 +247,7 @@ def _render(report, link: str, link_gbps: float, worth: Optional[dict]) -> None:
         stdout.print(f"GPU data: {first['flops_source']}; bandwidth: {first['serving']['bandwidth_source']}",
                      soft_wrap=True, markup=False)
     for note in report.notes:
-        stdout.print(f"note: {note}", soft_wrap=True, markup=False)
+        print_note(note)
 
 
 def _render_tenants(report) -> None:
