@@ -207,7 +207,7 @@ def test_cli_replay_exits_1_on_wrong_hits_like_probe(cli, write):
         {"prompt": "Is the API rate limited?", "response": "Yes, 50 requests per minute."},
         {"prompt": "Is the API not rate limited?", "response": "It is rate limited."}]) + "\n")
     r = cli("semantic-probe", "replay", wrong, "--threads", "1")
-    assert r.exit_code == 1 and "1 hits would have returned a different stored response" in r.stdout
+    assert r.exit_code == 1 and "1 hit would have returned a different stored response" in r.stdout
     right = write("r.jsonl", "\n".join(json.dumps(r) for r in [
         {"prompt": "How do I reset my password?", "response": "Open settings."},
         {"prompt": "How do I reset my password?", "response": "Open settings."}]) + "\n")

@@ -25,6 +25,7 @@ from .common import (
     emit_json,
     handle_errors,
     parse_window,
+    plural,
     print_note,
     run_inputs,
     stdout,
@@ -153,7 +154,8 @@ def _render_text(r, html: str | None) -> None:
 
     ratio = f"{r.reuse_ratio:.1%}" if r.reuse_ratio is not None else "n/a"
     how = "" if r.fixes is None else (" (by key)" if r.fixes.grouping.startswith("key") else " (found automatically)")
-    stdout.print(f"{r.source}: {r.requests} requests, {r.conversations} conversations{how}, {r.pairs} pairs "
+    stdout.print(f"{r.source}: {plural(r.requests, 'request')}, {plural(r.conversations, 'conversation')}{how}, "
+                 f"{plural(r.pairs, 'pair')} "
                  f"(tokens from {r.tokenizer})", soft_wrap=True, markup=False)
     sp = r.shared_prefix
     lost = f"{r.tokens_lost:,} lost" if sp is None else (
@@ -168,7 +170,7 @@ def _render_text(r, html: str | None) -> None:
         for col in ("cause", "pairs", "tokens lost", "dollars lost"):
             t.add_column(col, justify="left" if col == "cause" else "right")
         for c in r.causes:
-            t.add_row(c.cause or "unexplained", str(c.pairs), f"{c.tokens_lost:,}", _usd(c.usd_lost))
+            t.add_row(c.cause or "unexplained", f"{c.pairs:,}", f"{c.tokens_lost:,}", _usd(c.usd_lost))
         stdout.print(t)
     if sp is not None and r.forks:
         from .forks_view import print_forks
@@ -188,8 +190,9 @@ def _render_text(r, html: str | None) -> None:
     if r.curve is not None:
         cv = r.curve
         ceil = f"{cv.ceiling_hit_rate:.1%}" if cv.ceiling_hit_rate is not None else "n/a"
-        stdout.print(f"vLLM prefix cache (blocks of {cv.block_size}): {ceil} hit rate with no eviction "
-                     f"({cv.ceiling_capacity_tokens:,} tokens); {len(cv.points)} capacities on the curve",
+        stdout.print(f"vLLM prefix cache (blocks of {cv.block_size:,}): {ceil} hit rate with no eviction "
+                     f"({cv.ceiling_capacity_tokens:,} tokens); {plural(len(cv.points), 'capacity', 'capacities')} on "
+                     "the curve",
                      soft_wrap=True, markup=False)
     if r.fixes is not None:
         before, safe, full = r.fixes.columns
