@@ -124,8 +124,8 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
     safe = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source)
     full = fix.fix_log(lines, replace(options, unsafe=True), tokenizer=tok, table=table, source=source, reuse=safe)
     groups = safe.grouping.groups
-    records = [LogRecord(line=ln.line, key=ln.key if key is not None else f"auto-{g + 1}", prompt=ln.prompt)
-               for ln, g in zip(lines, groups)]
+    names = [ln.key for ln in lines] if key is not None else _conversation_names(lines, groups)
+    records = [LogRecord(line=ln.line, key=name, prompt=ln.prompt) for ln, name in zip(lines, names)]
     result = report.build_report(
         source=source, log=records, tokenizer=tok, tokenizer_name=tokenizer, fixes=report.before_after(safe, full),
         requests=read_requests(log, default_model=model, timestamps=stamps), table=table,
@@ -143,6 +143,39 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
     timestamp_note(stamps)
     found = result.total_tokens_lost or result.tokens_lost or any(f.fixable for f in result.forks)
     raise typer.Exit(EXIT_FINDING if found else EXIT_OK)
+
+
+#: the fields a log names its conversations by, when --key does not say (the log's own ids label what was found)
+_ID_FIELDS = ("session", "session_id", "conversation", "conversation_id", "chat_id", "thread_id")
+
+
+def _own_id(value: Any) -> Any:
+    """The line's own conversation id: the first of :data:`_ID_FIELDS` on it, or in its ``metadata``; else None."""
+    for where in (value, value.get("metadata") if isinstance(value, dict) else None):
+        if isinstance(where, dict):
+            for f in _ID_FIELDS:
+                v = where.get(f)
+                if isinstance(v, (str, int)) and not isinstance(v, bool) and str(v):
+                    return v
+    return None
+
+
+def _conversation_names(lines: list, groups: tuple[int, ...]) -> list[Any]:
+    """A name per line for conversations found automatically: the log's own id (the first line's ``session``, ...)
+    where its lines carry one, ``auto-N`` where they do not; a second conversation of the same id gets `` (2)``."""
+    first: dict[int, Any] = {}
+    for ln, g in zip(lines, groups):
+        first.setdefault(g, _own_id(ln.value))
+    names: dict[int, Any] = {}
+    seen: dict[str, int] = {}
+    for g in sorted(first):
+        own = first[g]
+        if own is None:
+            names[g] = f"auto-{g + 1}"
+            continue
+        seen[str(own)] = seen.get(str(own), 0) + 1
+        names[g] = own if seen[str(own)] == 1 else f"{own} ({seen[str(own)]})"
+    return [names[g] for g in groups]
 
 
 def _usd(x: Any) -> str:
