@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..engines.tokendiff import LogSummary, PairResult, Side, StabilityReport, TokenDiff
 from .common import (EXIT_FINDING, EXIT_OK, AsOpt, BlockSizeOpt, ChatTemplateOpt, Format, FormatOpt, Progress,
                      TemplateVarOpt, TokenizerOpt, emit_json, emit_jsonl, handle_errors, iter_progress,
-                     parse_template_vars, plural, stdout)
+                     parse_template_vars, plural, print_note, stdout)
 
 HELP = """Where two prompts stop matching in token space, and why.
 
@@ -255,11 +255,10 @@ def _auto_log(log: str, tok, block_size: int, add_generation_prompt: bool, fmt: 
         emit_jsonl({"record": "grouping", "how": grouping.how, "conversations": grouping.count,
                     "window_s": grouping.window_s, "requests": len(lines), "notes": notes})
     else:
-        stdout.print(f"{source}: {len(lines)} requests, {grouping.count} conversation"
-                     f"{'s' if grouping.count != 1 else ''} found automatically ({how})", soft_wrap=True,
-                     markup=False)
+        stdout.print(f"{source}: {plural(len(lines), 'request')}, {plural(grouping.count, 'conversation')} found "
+                     f"automatically ({how})", soft_wrap=True, markup=False)
         for note in notes:
-            stdout.print(f"note: {note}", soft_wrap=True, markup=False)
+            print_note(note)
     return forks, auto_records(lines, grouping)
 
 

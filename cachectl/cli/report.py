@@ -110,7 +110,8 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
     from ..engines.provider.prices import PriceTable
     from ..engines.repair import fix, report
     from ..engines.repair.groups import log_lines
-    from ..inputs import LogRecord, display_name, iter_jsonl, read_requests
+    from ..engines.repair.shared_prefix import auto_records
+    from ..inputs import display_name, iter_jsonl, read_requests
     from ..tokenization import load_tokenizer
 
     tok = load_tokenizer(tokenizer, chat_template_file=chat_template)
@@ -123,9 +124,7 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
     options = fix.FixOptions(key=key, window_s=parse_window(window), block_size=block_size, model=model)
     safe = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source)
     full = fix.fix_log(lines, replace(options, unsafe=True), tokenizer=tok, table=table, source=source, reuse=safe)
-    groups = safe.grouping.groups
-    names = [ln.key for ln in lines] if key is not None else _conversation_names(lines, groups)
-    records = [LogRecord(line=ln.line, key=name, prompt=ln.prompt) for ln, name in zip(lines, names)]
+    records = auto_records(lines, safe.grouping)  # named by the log's own ids where it has them
     result = report.build_report(
         source=source, log=records, tokenizer=tok, tokenizer_name=tokenizer, fixes=report.before_after(safe, full),
         requests=read_requests(log, default_model=model, timestamps=stamps), table=table,
@@ -145,37 +144,20 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
     raise typer.Exit(EXIT_FINDING if found else EXIT_OK)
 
 
-#: the fields a log names its conversations by, when --key does not say (the log's own ids label what was found)
-_ID_FIELDS = ("session", "session_id", "conversation", "conversation_id", "chat_id", "thread_id")
+def _which_rate(r: Any) -> None:
+    """One line saying which of the headline percentages matters, and for whom."""
+    def reuse(under: str) -> str:
+        return "" if r.reuse_ratio is None else (f"; prefix reuse ({r.reuse_ratio:.1%}) is the cause under {under}: how "
+                                                 "much of each request the previous one of its conversation sent")
 
-
-def _own_id(value: Any) -> Any:
-    """The line's own conversation id: the first of :data:`_ID_FIELDS` on it, or in its ``metadata``; else None."""
-    for where in (value, value.get("metadata") if isinstance(value, dict) else None):
-        if isinstance(where, dict):
-            for f in _ID_FIELDS:
-                v = where.get(f)
-                if isinstance(v, (str, int)) and not isinstance(v, bool) and str(v):
-                    return v
-    return None
-
-
-def _conversation_names(lines: list, groups: tuple[int, ...]) -> list[Any]:
-    """A name per line for conversations found automatically: the log's own id (the first line's ``session``, ...)
-    where its lines carry one, ``auto-N`` where they do not; a second conversation of the same id gets `` (2)``."""
-    first: dict[int, Any] = {}
-    for ln, g in zip(lines, groups):
-        first.setdefault(g, _own_id(ln.value))
-    names: dict[int, Any] = {}
-    seen: dict[str, int] = {}
-    for g in sorted(first):
-        own = first[g]
-        if own is None:
-            names[g] = f"auto-{g + 1}"
-            continue
-        seen[str(own)] = seen.get(str(own), 0) + 1
-        names[g] = own if seen[str(own)] == 1 else f"{own} ({seen[str(own)]})"
-    return [names[g] for g in groups]
+    if r.cost is not None and r.cost.hit_rate is not None:
+        stdout.print(f"which rate matters: the provider's hit rate ({r.cost.hit_rate:.1%}) sets the bill of API calls; "
+                     "the vLLM rate is for a model you serve yourself" + reuse("both"),
+                     soft_wrap=True, markup=False)
+    elif r.curve is not None and r.curve.ceiling_hit_rate is not None:
+        stdout.print(f"which rate matters: the vLLM hit rate ({r.curve.ceiling_hit_rate:.1%}), what a prefix cache of a "
+                     "model you serve would hit (no provider cache was simulated)" + reuse("it"),
+                     soft_wrap=True, markup=False)
 
 
 def _usd(x: Any) -> str:
@@ -208,8 +190,7 @@ def _render_text(r, html: str | None) -> None:
     if sp is not None and r.forks:
         from .forks_view import print_forks
 
-        stdout.print(f"shared prefix across requests: {sp.fixable_forks} fork{'s' if sp.fixable_forks != 1 else ''}"
-                     f" with a fix; vLLM hits {sp.hit_tokens:,} -> {sp.fixed_hit_tokens:,} tokens with them fixed "
+        stdout.print(f"shared prefix across requests: {plural(sp.fixable_forks, 'fork')} with a fix; vLLM hits {sp.hit_tokens:,} -> {sp.fixed_hit_tokens:,} tokens with them fixed "
                      "(no eviction)", soft_wrap=True, markup=False)
         print_forks(r.forks)
     if r.worst:
@@ -227,6 +208,7 @@ def _render_text(r, html: str | None) -> None:
                      f"({cv.ceiling_capacity_tokens:,} tokens); {plural(len(cv.points), 'capacity', 'capacities')} on "
                      "the curve",
                      soft_wrap=True, markup=False)
+    _which_rate(r)
     if r.fixes is not None:
         before, safe, full = r.fixes.columns
 
