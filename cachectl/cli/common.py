@@ -502,6 +502,29 @@ def new_figure(title: str, xlabel: str, ylabel: str):
     return fig, ax
 
 
+def _readable_ticks(ax) -> None:
+    """Tick labels a person reads, that never overlap: a number axis in thousands-separated integers (10,000, not
+    10000 or 10^4); a log axis labelled at 1, 2 and 5 per decade over a short range, fewer over a long one (a range
+    inside one decade would otherwise get matplotlib's minor labels, 2x10^3 3x10^3 ..., crowded together)."""
+    import math
+
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, ScalarFormatter
+
+    def comma(v: float, _pos: Any = None) -> str:
+        return f"{v:,.0f}" if abs(v) >= 1 or v == 0 else f"{v:g}"
+
+    for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
+        if scale == "log":
+            lo, hi = sorted(axis.get_view_interval())
+            decades = math.log10(hi / lo) if lo > 0 and hi > lo else 1.0
+            subs = (1.0, 2.0, 5.0) if decades <= 1.5 else (1.0, 3.0) if decades <= 3 else (1.0,)
+            axis.set_major_locator(LogLocator(base=10, subs=subs))
+            axis.set_major_formatter(FuncFormatter(comma))
+            axis.set_minor_formatter(NullFormatter())
+        elif isinstance(axis.get_major_formatter(), ScalarFormatter) and max(map(abs, axis.get_view_interval())) >= 1000:
+            axis.set_major_formatter(FuncFormatter(comma))  # categories (router names) keep their own formatter
+
+
 def save_figure(fig, path: str) -> None:
     """Save the figure to ``path`` whole or not at all (a temporary file renamed into place)."""
     import matplotlib.pyplot as plt
@@ -509,6 +532,8 @@ def save_figure(fig, path: str) -> None:
     from ..outputs import atomic_write
 
     fig.axes[0].legend()
+    for ax in fig.axes:
+        _readable_ticks(ax)
     fig.tight_layout()
     try:
         fmt = plot_format(path)
