@@ -63,3 +63,17 @@ def test_log_axis_tick_labels_never_overlap_and_carry_separators(lo, hi):
     import matplotlib.pyplot as plt
 
     plt.close(fig)
+
+
+def test_fix_without_unsafe_fixes_shows_what_they_would_add(cli):
+    log = FIXTURES / "prompts" / "fix_log.jsonl"
+    safe = cli("fix", log, "-t", TOK_DIR, "--capacity-blocks", "512")
+    full = cli("fix", log, "-t", TOK_DIR, "--capacity-blocks", "512", "--unsafe-fixes")
+    (line,) = [x for x in safe.stdout.splitlines() if x.startswith("with --unsafe-fixes")]
+    assert "(6 more fixes, which move content the model reads)" in line
+    # its "all fixes" figure is what --unsafe-fixes measures
+    after = next(x for x in full.stdout.splitlines() if x.startswith("vLLM prefix hit rate")).split()[-1]
+    assert f"-> {after} (all fixes)" in line
+    assert "with --unsafe-fixes" not in full.stdout  # nothing left to preview
+    doc = json.loads(cli("fix", log, "-t", TOK_DIR, "--capacity-blocks", "512", "-f", "json").stdout)
+    assert doc["with_unsafe_fixes"]["applied"] == 20 and f"{doc['with_unsafe_fixes']['vllm_hit_rate']:.1%}" == after

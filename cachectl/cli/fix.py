@@ -137,15 +137,24 @@ def command(
                              capacity_blocks=capacity.blocks(block_size), model=model,
                              add_generation_prompt=not no_generation_prompt)
     report = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source)
+    full = None  # what --unsafe-fixes would add, measured as report measures it (the log is not written so)
+    if not unsafe_fixes and report.unsafe_skipped:
+        from dataclasses import replace
+
+        full = fix.fix_log(lines, replace(options, unsafe=True, per_cause=False), tokenizer=tok, table=table,
+                           source=source, reuse=report)
     changed = [i for i, (ln, v) in enumerate(zip(lines, report.output)) if _dumps(v) != _dumps(ln.value)]
     if out is not None:
         _write(out, raw, report.output, changed)
     if fmt is Format.json:
-        emit_json({**report.to_dict(), "out": out, "changed_lines": [lines[i].line for i in changed]})
+        emit_json({**report.to_dict(), "out": out, "changed_lines": [lines[i].line for i in changed],
+                   **({"with_unsafe_fixes": _preview(full)} if full is not None else {})})
     else:
         if diff:
             _render_diff(source, lines, report.output, changed)
         _render(report, out, len(changed))
+        if full is not None:
+            _render_unsafe_preview(report, full)
     timestamp_note(stamps)
     raise typer.Exit(EXIT_FINDING if report.fixes else EXIT_OK)
 
@@ -279,6 +288,28 @@ def _render_cross(c: CrossRequestGain) -> None:
     if c.usd_saved is not None:
         line += f"; {_money(c.usd_saved)} saved at {c.price_model} prices (input less cache read)"
     stdout.print(line, soft_wrap=True, markup=False)
+
+
+def _preview(full: FixReport) -> dict:
+    """What --unsafe-fixes would give (JSON): fixes applied, and the log measured after them."""
+    m = full.after
+    return {"applied": full.applied,
+            "vllm_hit_rate": m.vllm.hit_rate if m is not None and m.vllm is not None else None,
+            "provider_cost_usd": m.provider.cost_usd if m is not None and m.provider is not None else None}
+
+
+def _render_unsafe_preview(r: FixReport, full: FixReport) -> None:
+    """One line, as report's: the hit rate and cost before, after the safe fixes, and after all fixes."""
+    def rate(m: Measure | None) -> str:
+        return "n/a" if m is None or m.vllm is None else _pct(m.vllm.hit_rate)
+
+    def cost(m: Measure | None) -> str:
+        return "n/a" if m is None or m.provider is None else _money(m.provider.cost_usd)
+
+    stdout.print(f"with --unsafe-fixes ({plural(r.unsafe_skipped, 'more fix', 'more fixes')}, which move content the "
+                 f"model reads): vLLM hit rate {rate(r.before)} -> {rate(r.after)} (safe fixes) -> {rate(full.after)} "
+                 f"(all fixes); provider {cost(r.before)} -> {cost(r.after)} -> {cost(full.after)}",
+                 soft_wrap=True, markup=False)
 
 
 def _render_measures(before: Measure | None, after: Measure | None) -> None:
