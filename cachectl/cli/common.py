@@ -10,6 +10,7 @@ import re
 import sys
 import traceback
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any, Optional, get_args
 
@@ -454,13 +455,29 @@ def emit_jsonl(obj: Any) -> None:
     _write_bytes(orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS) + b"\n")
 
 
+def _stderr_is_terminal() -> bool:
+    """Whether progress and status lines go to stderr: a terminal (or one forced), never CI logs."""
+    return bool((sys.stderr.isatty() or os.environ.get("FORCE_COLOR") or os.environ.get("FORCE_TERMINAL"))
+                and stderr.is_terminal and not os.environ.get("CI"))
+
+
+@contextmanager
+def status(message: str) -> Iterator[None]:
+    """A one-line status with a spinner on stderr (``loading all-MiniLM-L6-v2…``) while a long step without a count
+    runs (a model loading), gone when it ends; silent when stderr is not a terminal, as :class:`Progress` is."""
+    if not _stderr_is_terminal():
+        yield
+        return
+    with stderr.real().status(message, spinner="dots"):
+        yield
+
+
 class Progress:
     """A rich progress counter on stderr, silent when stderr is not a terminal."""
 
     def __init__(self, description: str):
         self._progress = None
-        if (sys.stderr.isatty() or os.environ.get("FORCE_COLOR") or os.environ.get("FORCE_TERMINAL")) \
-                and stderr.is_terminal and not os.environ.get("CI"):
+        if _stderr_is_terminal():
             from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as RichProgress
 

@@ -21,6 +21,7 @@ from .common import (
     plural,
     run_inputs,
     save_figure,
+    status,
     stdout,
 )
 
@@ -46,7 +47,9 @@ ColumnsOpt = Annotated[Optional[str], typer.Option("--columns", metavar="A,B[,LA
 def _embedder(model: Optional[str], threads: Optional[int]):
     from ..engines import semantic
 
-    m, name = semantic.load_model(model, threads)
+    shown = model or semantic.DEFAULT_MODEL.rsplit("/", 1)[-1]
+    with status(f"loading {shown}…"):  # 3-4 s for MiniLM on a small CPU: say so on a terminal
+        m, name = semantic.load_model(model, threads)
     progress = Progress("encoding")
     return semantic.Embedder(m, progress=progress.advance), name, progress
 
