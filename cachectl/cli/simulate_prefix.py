@@ -850,7 +850,7 @@ def _render_served(s, all_rows: bool) -> None:
             stdout.print(f"... {len(wrong) - SERVED_ROWS_SHOWN:,} more disagreements (--per-request lists every "
                          "request)", markup=False)
     for note in s.notes:
-        stdout.print(f"note: {note}", soft_wrap=True, markup=False)
+        print_note(note)
 
 
 def _render_sweep(runs: list[dict], policy: str, curves: list, mode: str) -> None:
