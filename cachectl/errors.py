@@ -1,5 +1,6 @@
 """The one error type a user sees. Engines raise these; the CLI prints one line and exits 2. And the one
-escaping of control characters for what is shown on a terminal (:func:`printable`)."""
+escaping of control characters for what is shown on a terminal (:func:`printable`), and the one plural of what
+messages count (:func:`plural`)."""
 
 from __future__ import annotations
 
@@ -80,3 +81,11 @@ def printable(text: str, *, newlines: bool = True) -> str:
     if pattern.search(text) is None:
         return text
     return pattern.sub(_escape_char, text)
+
+
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """``n`` and the noun, singular for one: ``1 conversation``, ``2 conversations``, ``1,024 tokens``, ``2 fixes``
+    (``nouns`` when the plural is not the noun with an s). Counts carry thousands separators."""
+    if n == 1:
+        return f"1 {noun}"
+    return f"{n:,} {nouns or (noun + 'es' if noun.endswith(('s', 'x', 'ch', 'sh')) else noun + 's')}"

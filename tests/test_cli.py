@@ -184,10 +184,10 @@ def test_log_mode_groups_like_fix_without_a_key_and_text(cli, write):
     assert "3 requests, 2 conversations found automatically" in r.stdout
     assert "line 2 [auto-1]: A is a token prefix of B" in r.stdout
     assert "line 3" not in r.stdout
-    assert "3 requests, 2 conversations, 1 pairs" in r.stdout
+    assert "3 requests, 2 conversations, 1 pair" in r.stdout  # one plural helper: not "1 pairs"
     keyed = [{**row, "s": "one"} for row in rows]    # one key: each line against the previous one
     r = cli("diff-tokens", "--log", _log(write, keyed), "-t", TOK, "--key", "s")
-    assert r.exit_code == 1 and "line 3 [one]: mismatch" in r.stdout and "3 requests, 1 conversations, 2 pairs" in r.stdout
+    assert r.exit_code == 1 and "line 3 [one]: mismatch" in r.stdout and "3 requests, 1 conversation, 2 pairs" in r.stdout
 
 
 def test_log_mode_all_prefixes_exit_zero_ids_only(cli, write):

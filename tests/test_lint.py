@@ -185,7 +185,26 @@ def test_each_finding_says_its_fix_and_whether_it_is_safe(cli):
     assert safety == {"CC006": "safe", "CC001": "unsafe"}
     assert all(f["fix"] for f in doc["findings"])
     text = cli("lint", LINT / "bad" / "tools_tojson.j2")
-    assert "(safe fix)" in text.stdout
+    assert "(safe fix: cachectl lint --fix)" in text.stdout
+
+
+def test_a_safe_fix_lint_cannot_apply_names_the_command_that_does(cli):
+    """A body's safe fix is cachectl fix's (over a request log): lint says so in the finding and in --diff/--fix,
+    rather than calling it a safe fix and then reporting 0 fixable findings."""
+    body = LINT / "bad" / "body_volatile_before_breakpoint.json"
+    text = cli("lint", body)
+    assert "(safe fix)" not in text.stdout
+    assert text.stdout.count("(safe fix: cachectl fix applies it to a request log)") == 2  # CC002, CC005
+    doc = json.loads(cli("lint", body, "-f", "json").stdout)
+    assert {f["fix_applied_by"] for f in doc["findings"]} == {"cachectl fix"}
+    # a templated body's breakpoint: no command moves it
+    templated = cli("lint", LINT / "bad" / "request_body.json.j2")
+    assert "(safe fix, by hand)" in templated.stdout
+    for flag in ("--diff", "--fix"):
+        r = cli("lint", flag, body)
+        assert "0 fixable finding(s)" not in r.stderr or "cachectl fix applies the safe fixes of request bodies" \
+            in r.stderr
+        assert "1 JSON or YAML file not edited" in r.stderr and "cachectl fix" in r.stderr
 
 
 def test_exit_zero_does_not_hide_errors(cli, write):

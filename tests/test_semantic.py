@@ -207,7 +207,7 @@ def test_cli_replay_exits_1_on_wrong_hits_like_probe(cli, write):
         {"prompt": "Is the API rate limited?", "response": "Yes, 50 requests per minute."},
         {"prompt": "Is the API not rate limited?", "response": "It is rate limited."}]) + "\n")
     r = cli("semantic-probe", "replay", wrong, "--threads", "1")
-    assert r.exit_code == 1 and "1 hits would have returned a different stored response" in r.stdout
+    assert r.exit_code == 1 and "1 hit would have returned a different stored response" in r.stdout
     right = write("r.jsonl", "\n".join(json.dumps(r) for r in [
         {"prompt": "How do I reset my password?", "response": "Open settings."},
         {"prompt": "How do I reset my password?", "response": "Open settings."}]) + "\n")
@@ -224,3 +224,48 @@ def test_other_column_names_point_to_columns(cli, write, name, content):
     r = cli("semantic-probe", "sweep", path)
     assert r.exit_code == 2 and r.stderr.count("\n") == 1
     assert "'text_a'" in r.stderr and "'question'" in r.stderr and "--columns A,B[,LABEL]" in r.stderr
+
+
+def test_loading_the_model_is_said_on_a_terminal(cli, monkeypatch):
+    """3-4 s of loading get a status line on stderr (the status helper: silent off a terminal)."""
+    from cachectl.cli import common
+
+    said: list[str] = []
+    real = common.status
+
+    def recording(message):
+        said.append(message)
+        return real(message)
+
+    monkeypatch.setattr(common, "status", recording)
+    monkeypatch.setattr("cachectl.cli.semantic_probe.status", recording, raising=False)
+    r = cli("semantic-probe", "probe", "Is the API rate limited?", "Is there a rate limit?", "--threads", "1")
+    assert r.exit_code in (0, 1), r.stderr  # 1: the pair hits
+    assert said == ["loading all-MiniLM-L6-v2…"]
+    assert r.stderr == ""  # not a terminal here: nothing on stderr
+
+
+def test_the_status_helper_speaks_only_to_a_terminal(monkeypatch, capsys):
+    from cachectl.cli import common
+
+    monkeypatch.setattr(common, "_stderr_is_terminal", lambda: False)
+    with common.status("loading x…"):
+        pass
+    assert capsys.readouterr().err == ""
+
+
+def test_a_model_that_does_not_exist_is_cachectls_one_line_alone(cli, monkeypatch, caplog):
+    """sentence-transformers warns "Could not resolve the revision of ..." (logging's last-resort handler, on
+    stderr) before failing; only cachectl's error line remains."""
+    import sentence_transformers.util.file_io as file_io
+
+    def unresolvable(*args, **kwargs):
+        raise OSError("offline and not cached")
+
+    monkeypatch.setattr(file_io, "_hub_resolve_revision", unresolvable)
+    r = cli("semantic-probe", "probe", "a", "b", "--model", "nosuch-org/nosuch-model")
+    assert r.exit_code == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cachectl: error: model 'nosuch-org/nosuch-model' is not available")
+    # under pytest the library's warning would reach the log capture rather than stderr: it must not be emitted
+    assert "Could not resolve" not in r.stderr and "Could not resolve" not in caplog.text

@@ -10,6 +10,7 @@ import re
 import sys
 import traceback
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any, Optional, get_args
 
@@ -18,6 +19,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from ..errors import CachectlError, UsageError, printable
+from ..errors import plural as plural  # the one plural helper, for the commands
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -453,13 +455,29 @@ def emit_jsonl(obj: Any) -> None:
     _write_bytes(orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS) + b"\n")
 
 
+def _stderr_is_terminal() -> bool:
+    """Whether progress and status lines go to stderr: a terminal (or one forced), never CI logs."""
+    return bool((sys.stderr.isatty() or os.environ.get("FORCE_COLOR") or os.environ.get("FORCE_TERMINAL"))
+                and stderr.is_terminal and not os.environ.get("CI"))
+
+
+@contextmanager
+def status(message: str) -> Iterator[None]:
+    """A one-line status with a spinner on stderr (``loading all-MiniLM-L6-v2…``) while a long step without a count
+    runs (a model loading), gone when it ends; silent when stderr is not a terminal, as :class:`Progress` is."""
+    if not _stderr_is_terminal():
+        yield
+        return
+    with stderr.real().status(message, spinner="dots"):
+        yield
+
+
 class Progress:
     """A rich progress counter on stderr, silent when stderr is not a terminal."""
 
     def __init__(self, description: str):
         self._progress = None
-        if (sys.stderr.isatty() or os.environ.get("FORCE_COLOR") or os.environ.get("FORCE_TERMINAL")) \
-                and stderr.is_terminal and not os.environ.get("CI"):
+        if _stderr_is_terminal():
             from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as RichProgress
 
@@ -501,6 +519,29 @@ def new_figure(title: str, xlabel: str, ylabel: str):
     return fig, ax
 
 
+def _readable_ticks(ax) -> None:
+    """Tick labels a person reads, that never overlap: a number axis in thousands-separated integers (10,000, not
+    10000 or 10^4); a log axis labelled at 1, 2 and 5 per decade over a short range, fewer over a long one (a range
+    inside one decade would otherwise get matplotlib's minor labels, 2x10^3 3x10^3 ..., crowded together)."""
+    import math
+
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, ScalarFormatter
+
+    def comma(v: float, _pos: Any = None) -> str:
+        return f"{v:,.0f}" if abs(v) >= 1 or v == 0 else f"{v:g}"
+
+    for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
+        if scale == "log":
+            lo, hi = sorted(axis.get_view_interval())
+            decades = math.log10(hi / lo) if lo > 0 and hi > lo else 1.0
+            subs = (1.0, 2.0, 5.0) if decades <= 1.5 else (1.0, 3.0) if decades <= 3 else (1.0,)
+            axis.set_major_locator(LogLocator(base=10, subs=subs))
+            axis.set_major_formatter(FuncFormatter(comma))
+            axis.set_minor_formatter(NullFormatter())
+        elif isinstance(axis.get_major_formatter(), ScalarFormatter) and max(map(abs, axis.get_view_interval())) >= 1000:
+            axis.set_major_formatter(FuncFormatter(comma))  # categories (router names) keep their own formatter
+
+
 def save_figure(fig, path: str) -> None:
     """Save the figure to ``path`` whole or not at all (a temporary file renamed into place)."""
     import matplotlib.pyplot as plt
@@ -508,6 +549,8 @@ def save_figure(fig, path: str) -> None:
     from ..outputs import atomic_write
 
     fig.axes[0].legend()
+    for ax in fig.axes:
+        _readable_ticks(ax)
     fig.tight_layout()
     try:
         fmt = plot_format(path)
@@ -529,7 +572,7 @@ PARAM_FLAGS = {
     "concurrency": "--concurrency", "recompute_ratio": "--recompute-ratio", "hash": "--hash",
     "select": "--select", "ignore": "--ignore", "as_kind": "--as", "warmup": "--warmup",
     "contexts": "--context-lengths", "prefix_tokens": "--prefix-tokens", "suffix_tokens": "--suffix-tokens",
-    "output_tokens": "--output-tokens", "calls": "--calls", "model_as": "--model-as",
+    "output_tokens": "--output-tokens", "calls": "--calls", "model_as": "--model-as", "top": "--top",
 }
 
 
@@ -538,6 +581,11 @@ def flags_for_params(message: str) -> str:
     import re
 
     return re.sub(r"`([a-z_]+)`", lambda m: PARAM_FLAGS.get(m.group(1), m.group(0)), message)
+
+
+def print_note(note: str) -> None:
+    """An engine's note on stdout, as every command prints one: ``note: ...``, its `param` names as flags."""
+    stdout.print(f"note: {flags_for_params(note)}", soft_wrap=True, markup=False)
 
 
 #: Catch-all hits of this process, "Type: message" each: an input that lands here is a bug, and the fuzz tests

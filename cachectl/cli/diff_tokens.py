@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..engines.tokendiff import LogSummary, PairResult, Side, StabilityReport, TokenDiff
 from .common import (EXIT_FINDING, EXIT_OK, AsOpt, BlockSizeOpt, ChatTemplateOpt, Format, FormatOpt, Progress,
                      TemplateVarOpt, TokenizerOpt, emit_json, emit_jsonl, handle_errors, iter_progress,
-                     parse_template_vars, stdout)
+                     parse_template_vars, plural, print_note, stdout)
 
 HELP = """Where two prompts stop matching in token space, and why.
 
@@ -170,11 +170,11 @@ _KIND_TEXT = {
 
 
 def _blocks(n: int, size: int) -> str:
-    return f"{n} full block{'s' if n != 1 else ''} of {size}"
+    return f"{plural(n, 'full block')} of {size:,}"
 
 
 def _side_title(name: str, side: "Side") -> str:
-    return f"{name}: {side.source} ({side.input_kind}, {side.tokens} tokens)"
+    return f"{name}: {side.source} ({side.input_kind}, {plural(side.tokens, 'token')})"
 
 
 def _render_diff(d: "TokenDiff") -> None:
@@ -183,11 +183,11 @@ def _render_diff(d: "TokenDiff") -> None:
     stdout.print(_side_title("A", d.a), markup=False)
     stdout.print(_side_title("B", d.b), markup=False)
     if d.kind == "identical":
-        stdout.print(f"[green]identical[/]: {d.tokens_a} tokens, {_blocks(d.reusable_blocks, d.block_size)}")
+        stdout.print(f"[green]identical[/]: {plural(d.tokens_a, 'token')}, {_blocks(d.reusable_blocks, d.block_size)}")
         return
     style = "red" if d.kind == "mismatch" else "yellow"
-    stdout.print(f"[{style}]{_KIND_TEXT[d.kind]}[/] at token {d.first_diff_index}: common prefix "
-                 f"{d.common_prefix_tokens} tokens = {_blocks(d.reusable_blocks, d.block_size)} reusable")
+    stdout.print(f"[{style}]{_KIND_TEXT[d.kind]}[/] at token {d.first_diff_index:,}: common prefix "
+                 f"{plural(d.common_prefix_tokens, 'token')} = {_blocks(d.reusable_blocks, d.block_size)} reusable")
     for name, side in (("A", d.a), ("B", d.b)):
         if side.location is not None:
             stdout.print(f"  {name} diverges at: {side.location.describe()}", markup=False)
@@ -207,7 +207,7 @@ def _window_table(d: "TokenDiff") -> "Table":
     start = min(d.a.window_start, d.b.window_start)
     stop = max(d.a.window_start + len(d.a.window_ids), d.b.window_start + len(d.b.window_ids))
     for i in range(start, stop):
-        cells = [str(i)]
+        cells = [f"{i:,}"]  # a position; token ids are names, shown as they are
         for side in (d.a, d.b):
             j = i - side.window_start
             if 0 <= j < len(side.window_ids):
@@ -230,11 +230,11 @@ def _render_pair(p: "PairResult", fmt: Format) -> None:
     if d.kind == "mismatch":
         loc = escape(d.b.location.describe()) if d.b.location else ""
         cause = f" cause={d.cause.id}" if d.cause else ""
-        stdout.print(f"line {p.line_b}{key}: [red]mismatch[/] at token {d.first_diff_index} of "
-                     f"{d.tokens_b} (prefix {d.common_prefix_tokens}, {_blocks(d.reusable_blocks, d.block_size)}) {loc}{cause}",
+        stdout.print(f"line {p.line_b}{key}: [red]mismatch[/] at token {d.first_diff_index:,} of "
+                     f"{d.tokens_b:,} (prefix {d.common_prefix_tokens:,}, {_blocks(d.reusable_blocks, d.block_size)}) {loc}{cause}",
                      soft_wrap=True)
     else:
-        stdout.print(f"line {p.line_b}{key}: [green]{_KIND_TEXT[d.kind]}[/] ({d.common_prefix_tokens} tokens reused)")
+        stdout.print(f"line {p.line_b}{key}: [green]{_KIND_TEXT[d.kind]}[/] ({plural(d.common_prefix_tokens, 'token')} reused)")
 
 
 def _auto_log(log: str, tok, block_size: int, add_generation_prompt: bool, fmt: Format):
@@ -255,11 +255,10 @@ def _auto_log(log: str, tok, block_size: int, add_generation_prompt: bool, fmt: 
         emit_jsonl({"record": "grouping", "how": grouping.how, "conversations": grouping.count,
                     "window_s": grouping.window_s, "requests": len(lines), "notes": notes})
     else:
-        stdout.print(f"{source}: {len(lines)} requests, {grouping.count} conversation"
-                     f"{'s' if grouping.count != 1 else ''} found automatically ({how})", soft_wrap=True,
-                     markup=False)
+        stdout.print(f"{source}: {plural(len(lines), 'request')}, {plural(grouping.count, 'conversation')} found "
+                     f"automatically ({how})", soft_wrap=True, markup=False)
         for note in notes:
-            stdout.print(f"note: {note}", soft_wrap=True, markup=False)
+            print_note(note)
     return forks, auto_records(lines, grouping)
 
 
@@ -283,19 +282,20 @@ def _render_log_summary(s: "LogSummary", fmt: Format) -> None:
         emit_jsonl(s.to_dict())
         return
     stdout.print()
-    stdout.print(f"[bold]{s.requests} requests, {s.conversations} conversations, {s.pairs} pairs[/]")
-    stdout.print("  " + ", ".join(f"{_KIND_TEXT[k]}: {n}" for k, n in s.kinds.items()), soft_wrap=True)
+    stdout.print(f"[bold]{plural(s.requests, 'request')}, {plural(s.conversations, 'conversation')}, "
+                 f"{plural(s.pairs, 'pair')}[/]")
+    stdout.print("  " + ", ".join(f"{_KIND_TEXT[k]}: {n:,}" for k, n in s.kinds.items()), soft_wrap=True)
     ratio = f"{s.reuse_ratio:.1%}" if s.reuse_ratio is not None else "n/a"
-    stdout.print(f"  reusable {s.reusable_tokens} tokens, reused {s.reused_tokens} ({ratio}); in full blocks of "
-                 f"{s.block_size}: {s.reused_block_tokens}", soft_wrap=True)
+    stdout.print(f"  reusable {plural(s.reusable_tokens, 'token')}, reused {s.reused_tokens:,} ({ratio}); in full "
+                 f"blocks of {s.block_size:,}: {s.reused_block_tokens:,}", soft_wrap=True)
     if s.kinds.get("mismatch"):
         stdout.print("  divergence point (share of the shorter prompt): " +
-                     ", ".join(f"{h['bucket']}: {h['pairs']}" for h in s.divergence_histogram if h["pairs"]), soft_wrap=True)
+                     ", ".join(f"{h['bucket']}: {h['pairs']:,}" for h in s.divergence_histogram if h["pairs"]), soft_wrap=True)
     if s.evicted_conversations:
-        stdout.print(f"  {s.evicted_conversations} conversations forgotten (--max-open); their next request "
+        stdout.print(f"  {plural(s.evicted_conversations, 'conversation')} forgotten (--max-open); their next request "
                      "counted as a new conversation", soft_wrap=True)
     if s.top_causes:
-        stdout.print("  causes: " + ", ".join(f"{c['cause']} x{c['pairs']}" for c in s.top_causes), soft_wrap=True)
+        stdout.print("  causes: " + ", ".join(f"{c['cause']} x{c['pairs']:,}" for c in s.top_causes), soft_wrap=True)
 
 
 def _render_stability(r: "StabilityReport", fmt: Format) -> None:
@@ -311,9 +311,9 @@ def _render_stability(r: "StabilityReport", fmt: Format) -> None:
     for s in r.steps:
         result = Text("prefix", "green") if s.stable else Text("REWRITTEN", "bold red")
         cause = s.diff.cause.id if s.diff.cause else ""
-        first = "" if s.stable else str(s.diff.first_diff_index)
-        table.add_row(str(s.k), s.role_added, str(s.tokens_prev), str(s.tokens_next), result, first, cause)
-    stdout.print(f"{r.source}: {r.turns} messages", markup=False)
+        first = "" if s.stable else f"{s.diff.first_diff_index:,}"
+        table.add_row(str(s.k), s.role_added, f"{s.tokens_prev:,}", f"{s.tokens_next:,}", result, first, cause)
+    stdout.print(f"{r.source}: {plural(r.turns, 'message')}", markup=False)
     stdout.print(table)
     if r.stable:
         stdout.print("[green]stable[/]: every turn's render is a token prefix of the next")
@@ -321,5 +321,5 @@ def _render_stability(r: "StabilityReport", fmt: Format) -> None:
         bad = next(s for s in r.steps if not s.stable)
         stdout.print(Text.assemble(
             ("unstable", "red"), f" at k={r.first_unstable_k}: adding message {bad.k} ({bad.role_added}) changes "
-            f"earlier tokens at index {bad.diff.first_diff_index}" +
+            f"earlier tokens at index {bad.diff.first_diff_index:,}" +
             (f" - {printable(bad.diff.cause.message)}" if bad.diff.cause else "")), soft_wrap=True)

@@ -27,6 +27,7 @@ from .common import (
     emit_json,
     handle_errors,
     parse_window,
+    plural,
     run_inputs,
     stdout,
     timestamp_note,
@@ -136,15 +137,24 @@ def command(
                              capacity_blocks=capacity.blocks(block_size), model=model,
                              add_generation_prompt=not no_generation_prompt)
     report = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source)
+    full = None  # what --unsafe-fixes would add, measured as report measures it (the log is not written so)
+    if not unsafe_fixes and report.unsafe_skipped:
+        from dataclasses import replace
+
+        full = fix.fix_log(lines, replace(options, unsafe=True, per_cause=False), tokenizer=tok, table=table,
+                           source=source, reuse=report)
     changed = [i for i, (ln, v) in enumerate(zip(lines, report.output)) if _dumps(v) != _dumps(ln.value)]
     if out is not None:
         _write(out, raw, report.output, changed)
     if fmt is Format.json:
-        emit_json({**report.to_dict(), "out": out, "changed_lines": [lines[i].line for i in changed]})
+        emit_json({**report.to_dict(), "out": out, "changed_lines": [lines[i].line for i in changed],
+                   **({"with_unsafe_fixes": _preview(full)} if full is not None else {})})
     else:
         if diff:
             _render_diff(source, lines, report.output, changed)
         _render(report, out, len(changed))
+        if full is not None:
+            _render_unsafe_preview(report, full)
     timestamp_note(stamps)
     raise typer.Exit(EXIT_FINDING if report.fixes else EXIT_OK)
 
@@ -210,7 +220,7 @@ def _render(r: FixReport, out: Optional[str], changed: int) -> None:
     g = r.grouping
     how = f"by {g.how}" if g.how != "automatic" else \
         f"found automatically (a request joins the conversation it extends, within {g.window_s:g} s)"
-    stdout.print(f"{r.source}: {r.requests} requests, {g.count} conversation{'s' if g.count != 1 else ''} {how}",
+    stdout.print(f"{r.source}: {plural(r.requests, 'request')}, {plural(g.count, 'conversation')} {how}",
                  soft_wrap=True, markup=False)
     if r.fixes:
         t = Table(header_style="bold", box=None, pad_edge=False)
@@ -218,7 +228,7 @@ def _render(r: FixReport, out: Optional[str], changed: int) -> None:
             t.add_column(col, justify="right" if col == "line" else "left", overflow="fold")
         shown = r.fixes if len(r.fixes) <= MAX_ROWS else r.fixes[:MAX_ROWS // 2]
         for f in shown:
-            t.add_row(str(f.line), f"{f.code} {f.name}", "safe" if f.safe else "unsafe", "yes" if f.applied else "no",
+            t.add_row(f"{f.line:,}", f"{f.code} {f.name}", "safe" if f.safe else "unsafe", "yes" if f.applied else "no",
                       f.path, f.message)
         stdout.print(t)
         if len(shown) < len(r.fixes):
@@ -237,23 +247,23 @@ def _render(r: FixReport, out: Optional[str], changed: int) -> None:
                 "provider cache reads", "provider saves"):
             t.add_column(col, justify="left" if col == "fix" else "right")
         for c in r.per_cause:
-            t.add_row(f"{c.code} {c.name}", str(c.fixes), f"{c.reused_tokens:+,}",
+            t.add_row(f"{c.code} {c.name}", f"{c.fixes:,}", f"{c.reused_tokens:+,}",
                       *((f"{c.vllm_hit_tokens:+,}" if c.vllm_hit_tokens is not None else "",) if hits else ()),
                       "" if c.provider_read_tokens is None else f"{c.provider_read_tokens:+,}",
                       "" if c.provider_saved_usd is None else _money(c.provider_saved_usd))
         stdout.print(t)
     safe = sum(1 for f in r.fixes if f.applied and f.safe)
     unsafe = sum(1 for f in r.fixes if f.applied and not f.safe)
-    line = f"{len(r.fixes)} fix{'es' if len(r.fixes) != 1 else ''} found: {safe} safe and {unsafe} unsafe applied"
+    line = f"{plural(len(r.fixes), 'fix')} found: {safe:,} safe and {unsafe:,} unsafe applied"
     if r.unsafe_skipped:
-        line += f"; {r.unsafe_skipped} unsafe not applied (--unsafe-fixes)"
+        line += f"; {r.unsafe_skipped:,} unsafe not applied (--unsafe-fixes)"
     stdout.print(line, soft_wrap=True, markup=False)
     if out is not None:
-        stdout.print(f"wrote {out} ({changed} of {r.requests} lines rewritten)", soft_wrap=True, markup=False)
-    from .common import flags_for_params
+        stdout.print(f"wrote {out} ({changed:,} of {plural(r.requests, 'line')} rewritten)", soft_wrap=True, markup=False)
+    from .common import print_note
 
     for note in r.notes:
-        stdout.print(f"note: {flags_for_params(note)}", soft_wrap=True, markup=False)
+        print_note(note)
 
 
 #: fix rows shown in the text table (half of them when there are more)
@@ -280,6 +290,28 @@ def _render_cross(c: CrossRequestGain) -> None:
     stdout.print(line, soft_wrap=True, markup=False)
 
 
+def _preview(full: FixReport) -> dict:
+    """What --unsafe-fixes would give (JSON): fixes applied, and the log measured after them."""
+    m = full.after
+    return {"applied": full.applied,
+            "vllm_hit_rate": m.vllm.hit_rate if m is not None and m.vllm is not None else None,
+            "provider_cost_usd": m.provider.cost_usd if m is not None and m.provider is not None else None}
+
+
+def _render_unsafe_preview(r: FixReport, full: FixReport) -> None:
+    """One line, as report's: the hit rate and cost before, after the safe fixes, and after all fixes."""
+    def rate(m: Measure | None) -> str:
+        return "n/a" if m is None or m.vllm is None else _pct(m.vllm.hit_rate)
+
+    def cost(m: Measure | None) -> str:
+        return "n/a" if m is None or m.provider is None else _money(m.provider.cost_usd)
+
+    stdout.print(f"with --unsafe-fixes ({plural(r.unsafe_skipped, 'more fix', 'more fixes')}, which move content the "
+                 f"model reads): vLLM hit rate {rate(r.before)} -> {rate(r.after)} (safe fixes) -> {rate(full.after)} "
+                 f"(all fixes); provider {cost(r.before)} -> {cost(r.after)} -> {cost(full.after)}",
+                 soft_wrap=True, markup=False)
+
+
 def _render_measures(before: Measure | None, after: Measure | None) -> None:
     from rich.table import Table
 
@@ -289,7 +321,7 @@ def _render_measures(before: Measure | None, after: Measure | None) -> None:
     if before.vllm is not None and after.vllm is not None:
         v = before.vllm
         cap = "no eviction" if v.capacity_blocks is None else f"{v.capacity_blocks:,} blocks"
-        rows.append((f"vLLM prefix hit rate (block size {v.block_size}, {cap})", _pct(v.hit_rate),
+        rows.append((f"vLLM prefix hit rate (block size {v.block_size:,}, {cap})", _pct(v.hit_rate),
                      _pct(after.vllm.hit_rate)))
         rows.append(("vLLM prefill tokens saved", f"{v.hit_tokens:,.0f}", f"{after.vllm.hit_tokens:,.0f}"))
         if before.vllm_no_eviction is not None and after.vllm_no_eviction is not None:
@@ -300,7 +332,7 @@ def _render_measures(before: Measure | None, after: Measure | None) -> None:
                      f"{after.pair_reused_tokens:,}"))
     if before.provider is not None and after.provider is not None:
         p, q = before.provider, after.provider
-        rows.append((f"provider cache read tokens ({p.requests} requests)", f"{p.cache_read_tokens:,}",
+        rows.append((f"provider cache read tokens ({plural(p.requests, 'request')})", f"{p.cache_read_tokens:,}",
                      f"{q.cache_read_tokens:,}"))
         rows.append(("provider cache write tokens", f"{p.cache_write_tokens:,}", f"{q.cache_write_tokens:,}"))
         rows.append(("provider cost (uncached)", f"{_money(p.cost_usd)} ({_money(p.uncached_cost_usd)})",

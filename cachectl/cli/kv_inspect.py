@@ -23,6 +23,8 @@ from .common import (
     data_names,
     emit_json,
     handle_errors,
+    plural,
+    print_note,
     stdout,
 )
 
@@ -313,7 +315,7 @@ def _render(r, hb) -> None:
     for finding in r.findings:
         stdout.print(f"finding: {finding}", markup=False, soft_wrap=True)
     for note in r.notes:
-        stdout.print(f"note: {note}", markup=False, soft_wrap=True)
+        print_note(note)
     if r.run is not None:
         q = r.run
         verdict = "[green]agree[/]" if q.agree else "[red]DISAGREE[/]"
@@ -339,14 +341,16 @@ def _render_live_extras(r) -> None:
                     "ms rebuilt", "same next token"):
             t.add_column(col, justify="right")
         for q in r.turns.turns:
-            t.add_row(str(q.turn), str(q.input_tokens), str(q.cached_tokens), str(q.common_prefix),
-                      "" if q.mismatch_index is None else str(q.mismatch_index), str(q.prefilled_kept),
-                      str(q.prefilled_rebuilt), f"{q.ms_kept:.1f}", f"{q.ms_rebuilt:.1f}",
+            t.add_row(str(q.turn), f"{q.input_tokens:,}", f"{q.cached_tokens:,}", f"{q.common_prefix:,}",
+                      "" if q.mismatch_index is None else f"{q.mismatch_index:,}", f"{q.prefilled_kept:,}",
+                      f"{q.prefilled_rebuilt:,}", f"{q.ms_kept:.1f}", f"{q.ms_rebuilt:.1f}",
                       "yes" if q.same_next_token else "NO")
         stdout.print(t)
         m = r.turns
-        stdout.print(f"prefilled {m.prefilled_kept:,} tokens with the cache kept vs {m.prefilled_rebuilt:,} rebuilt "
-                     f"({m.ms_saved:.1f} ms saved); {m.mismatches} turn(s) where the cache was not a token prefix "
+        # both times, not their difference: a cache slower on a tiny model reads as "(-1.7 ms saved)" otherwise
+        kept, rebuilt = sum(q.ms_kept for q in m.turns), sum(q.ms_rebuilt for q in m.turns)
+        stdout.print(f"prefilled {m.prefilled_kept:,} tokens in {kept:,.1f} ms with the cache kept vs "
+                     f"{m.prefilled_rebuilt:,} in {rebuilt:,.1f} ms rebuilt; {plural(m.mismatches, 'turn')} where the cache was not a token prefix "
                      "of the new prompt and was cropped to the common prefix", soft_wrap=True)
         for q in m.turns:
             if q.stale_max_logit_diff is not None:
@@ -360,15 +364,18 @@ def _render_live_extras(r) -> None:
                      f"precision); greedy output {where} {q.generated_tokens} tokens", soft_wrap=True)
     if r.shared_prefix is not None:
         s = r.shared_prefix
-        t = Table(title=f"shared prefix ({s.prefix_tokens} tokens, {s.cache} cache, prefilled once in "
+        t = Table(title=f"shared prefix ({plural(s.prefix_tokens, 'token')}, {s.cache} cache, prefilled once in "
                         f"{s.prefix_ms:.1f} ms)", header_style="bold", box=None, pad_edge=False)
         for col in ("question", "input", "reused", "seam re-tokenized", "same output", "ms shared", "ms fresh"):
             t.add_column(col, justify="right")
         for q in s.questions:
-            t.add_row(str(q.index), str(q.input_tokens), str(q.reused_tokens), "yes" if q.boundary_merge else "",
+            # a question by its line in --questions (from 1)
+            t.add_row(str(q.index + 1), f"{q.input_tokens:,}", f"{q.reused_tokens:,}", "yes" if q.boundary_merge else "",
                       "yes" if q.same_output else "NO", f"{q.ms_shared:.1f}", f"{q.ms_fresh:.1f}")
         stdout.print(t)
-        stdout.print(f"{s.ms_saved:.1f} ms saved in all, the prefix prefill included", soft_wrap=True)
+        shared, fresh = s.prefix_ms + sum(q.ms_shared for q in s.questions), sum(q.ms_fresh for q in s.questions)
+        stdout.print(f"{shared:,.1f} ms in all with the prefix shared, its prefill included, vs {fresh:,.1f} ms "
+                     "fresh", soft_wrap=True)
 
 
 def _render_catalog(kvmath, fmt: Format) -> None:

@@ -130,6 +130,7 @@ def _show_diff(paths: list[str], cfg, fmt: LintFormat) -> int:
     if not failed:
         typer.echo(f"{fixes.fixed} fixable finding(s) in {len(fixes.files)} file(s)"
                    + (" (not written: --diff)" if fixes.fixed else ""), err=True)
+    _bodies_note(fixes)
     return EXIT_ERROR if failed else EXIT_FINDING if fixes.fixed else EXIT_OK
 
 
@@ -149,7 +150,18 @@ def _apply_fixes(paths: list[str], cfg, fmt: LintFormat):
         typer.echo(_patch_text(patch, err=fmt is not LintFormat.text), nl=False, err=fmt is not LintFormat.text)
     if fixes.fixed:
         typer.echo(f"fixed {fixes.fixed} finding(s) in {len(fixes.files)} file(s)", err=fmt is not LintFormat.text)
+    _bodies_note(fixes)
     return fixes
+
+
+def _bodies_note(fixes) -> None:
+    """--fix and --diff edit templates: the request bodies among the files are said to be cachectl fix's."""
+    if fixes.bodies:
+        from .common import plural
+
+        typer.echo(_line("note", f"{plural(len(fixes.bodies), 'JSON or YAML file')} not edited: lint --fix fixes "
+                                 "templates; cachectl fix applies the safe fixes of request bodies (their "
+                                 "breakpoints, FX006) to a request log"), err=True)
 
 
 def _emit(report, fmt: LintFormat) -> None:
@@ -183,7 +195,9 @@ def _hard_stop(message: str) -> None:
 
 def _line(kind: str, message: str) -> str:
     """``cachectl: error: ...`` (or note) on one line, control characters from the files shown escaped."""
-    return f"cachectl: {kind}: {printable(' '.join(message.split()), newlines=False)}"
+    from .common import flags_for_params
+
+    return f"cachectl: {kind}: {printable(' '.join(flags_for_params(message).split()), newlines=False)}"
 
 
 def _patch_text(patch: str, err: bool = False) -> str:
@@ -208,7 +222,7 @@ def _render_text(report) -> None:
             style = "red" if f.severity == "error" else "yellow"
             stdout.print(Text.assemble(f"  {f.line}:{f.column} ", (f.rule, f"bold {style}"),
                                        f" {printable(f.message)}"), soft_wrap=True)
-            stdout.print(Text(printable(f"      fix: {f.fix} ({f.safety} fix)"), "dim"), soft_wrap=True)
+            stdout.print(Text(printable(f"      fix: {f.fix} ({f.fix_label})"), "dim"), soft_wrap=True)
     n = len(report.findings)
     # "clean" only where every file could be checked
     summary = f"{report.checked} file(s) checked: " + (f"{n} finding(s)" if n else "no findings" if report.errors

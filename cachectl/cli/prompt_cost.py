@@ -18,8 +18,9 @@ from .common import (
     Ttl,
     check_price_model,
     emit_json,
-    flags_for_params,
     handle_errors,
+    plural,
+    print_note,
     stdout,
     timestamp_note,
     timestamp_reader,
@@ -221,7 +222,11 @@ def _render_report(r) -> None:
     recon = any(q.reconciliation is not None for q in r.requests)
     why = any(q.miss is not None for q in r.requests)
     t = Table(header_style="bold", box=None, pad_edge=False)
-    cols = ["#", "line", "model", "input", "cache write", "cache read", "output", "cost", "uncached"]
+    # one index base: a row is named by its line of the log (1-based); a what-if call has no line, only its number
+    # (from 1, as the lines count)
+    numbered = any(q.line is None for q in r.requests)
+    lined = any(q.line is not None for q in r.requests)
+    cols = [*(["#"] if numbered else []), *(["line"] if lined else []), "model", "input", "cache write", "cache read", "output", "cost", "uncached"]
     if why:
         cols.append("miss")
     if recon:
@@ -232,11 +237,13 @@ def _render_report(r) -> None:
     shown = rows if len(rows) <= 50 else rows[:25] + rows[-25:]
     for i, q in enumerate(shown):
         if len(rows) > 50 and i == 25:
-            t.add_row("...", "", f"{len(rows) - 50} more", *[""] * (len(cols) - 3))
+            gap = [""] * len(cols)
+            gap[0], gap[cols.index("model")] = "...", f"{len(rows) - 50:,} more"
+            t.add_row(*gap)
         write = f"{q.cache_creation_input_tokens:,}"
         if q.cache_creation.get("ephemeral_1h_input_tokens"):
             write += f" ({q.cache_creation['ephemeral_1h_input_tokens']:,} 1h)"
-        cells = [str(q.index), "" if q.line is None else str(q.line), q.model, f"{q.input_tokens:,}", write,
+        cells = [*([f"{q.index + 1:,}"] if numbered else []), *(["" if q.line is None else f"{q.line:,}"] if lined else []), q.model, f"{q.input_tokens:,}", write,
                  f"{q.cache_read_input_tokens:,}", f"{q.output_tokens:,}", _money(q.cost_usd),
                  _money(q.uncached_cost_usd)]
         if why:
@@ -253,23 +260,23 @@ def _render_report(r) -> None:
     effect = f"saves {_money(r.savings_usd)}" if r.savings_usd >= 0 else f"[red]costs {_money(-r.savings_usd)} more[/]"
     stdout.print(f"[bold]total {_money(r.total_cost_usd)}[/] vs {_money(r.uncached_cost_usd)} without caching: "
                  f"{effect}; cache hit rate {hit} of prompt tokens{label}", soft_wrap=True)
-    if r.break_even_reads is not None:
-        stdout.print(f"break-even: the prefix pays for its write after {r.break_even_reads} "
-                     f"read{'s' if r.break_even_reads != 1 else ''}", soft_wrap=True)
+    if r.break_even_reads:  # 0: the write costs no premium, so there is nothing to pay back
+        stdout.print(f"break-even: the prefix pays for its write after {plural(r.break_even_reads, 'read')}",
+                     soft_wrap=True)
     if recon:
-        stdout.print(f"billed {_money(r.billed_cost_usd or 0.0)}: {r.agreed} of {r.reconciled} requests agree with "
+        stdout.print(f"billed {_money(r.billed_cost_usd or 0.0)}: {r.agreed:,} of {plural(r.reconciled, 'request')} agree with "
                      "the prediction", soft_wrap=True, markup=False)
     stdout.print(f"tokens from: {r.token_source}", soft_wrap=True, markup=False)
     for q in rows:
         c = q.reconciliation
         if q.miss is not None and q.miss.code not in ("cold",) and (c is None or not c.agree):
-            line = f"line {q.line}" if q.line is not None else f"#{q.index}"
+            line = f"line {q.line:,}" if q.line is not None else f"#{q.index + 1:,}"
             stdout.print(f"miss at {line}: {q.miss.detail}", soft_wrap=True, markup=False)
         if c is not None and not c.agree and c.reason:
-            line = f"line {q.line}" if q.line is not None else f"#{q.index}"
+            line = f"line {q.line:,}" if q.line is not None else f"#{q.index + 1:,}"
             stdout.print(f"disagree at {line}: {c.reason}", soft_wrap=True, markup=False)
     for f in r.findings:
         lines = f" (lines {', '.join(map(str, f.lines[:8]))}{', ...' if len(f.lines) > 8 else ''})" if f.lines else ""
         stdout.print(f"finding {f.code}: {f.message}{lines}", soft_wrap=True, markup=False)
     for note in r.notes:
-        stdout.print(f"note: {flags_for_params(note)}", soft_wrap=True, markup=False)
+        print_note(note)

@@ -25,6 +25,8 @@ from .common import (
     emit_json,
     handle_errors,
     parse_window,
+    plural,
+    print_note,
     run_inputs,
     stdout,
     timestamp_note,
@@ -108,7 +110,8 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
     from ..engines.provider.prices import PriceTable
     from ..engines.repair import fix, report
     from ..engines.repair.groups import log_lines
-    from ..inputs import LogRecord, display_name, iter_jsonl, read_requests
+    from ..engines.repair.shared_prefix import auto_records
+    from ..inputs import display_name, iter_jsonl, read_requests
     from ..tokenization import load_tokenizer
 
     tok = load_tokenizer(tokenizer, chat_template_file=chat_template)
@@ -121,9 +124,7 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
     options = fix.FixOptions(key=key, window_s=parse_window(window), block_size=block_size, model=model)
     safe = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source)
     full = fix.fix_log(lines, replace(options, unsafe=True), tokenizer=tok, table=table, source=source, reuse=safe)
-    groups = safe.grouping.groups
-    records = [LogRecord(line=ln.line, key=ln.key if key is not None else f"auto-{g + 1}", prompt=ln.prompt)
-               for ln, g in zip(lines, groups)]
+    records = auto_records(lines, safe.grouping)  # named by the log's own ids where it has them
     result = report.build_report(
         source=source, log=records, tokenizer=tok, tokenizer_name=tokenizer, fixes=report.before_after(safe, full),
         requests=read_requests(log, default_model=model, timestamps=stamps), table=table,
@@ -143,6 +144,22 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
     raise typer.Exit(EXIT_FINDING if found else EXIT_OK)
 
 
+def _which_rate(r: Any) -> None:
+    """One line saying which of the headline percentages matters, and for whom."""
+    def reuse(under: str) -> str:
+        return "" if r.reuse_ratio is None else (f"; prefix reuse ({r.reuse_ratio:.1%}) is the cause under {under}: how "
+                                                 "much of each request the previous one of its conversation sent")
+
+    if r.cost is not None and r.cost.hit_rate is not None:
+        stdout.print(f"which rate matters: the provider's hit rate ({r.cost.hit_rate:.1%}) sets the bill of API calls; "
+                     "the vLLM rate is for a model you serve yourself" + reuse("both"),
+                     soft_wrap=True, markup=False)
+    elif r.curve is not None and r.curve.ceiling_hit_rate is not None:
+        stdout.print(f"which rate matters: the vLLM hit rate ({r.curve.ceiling_hit_rate:.1%}), what a prefix cache of a "
+                     "model you serve would hit (no provider cache was simulated)" + reuse("it"),
+                     soft_wrap=True, markup=False)
+
+
 def _usd(x: Any) -> str:
     return "n/a" if x is None else f"${x:,.4f}" if abs(x) < 100 else f"${x:,.2f}"
 
@@ -152,7 +169,8 @@ def _render_text(r, html: str | None) -> None:
 
     ratio = f"{r.reuse_ratio:.1%}" if r.reuse_ratio is not None else "n/a"
     how = "" if r.fixes is None else (" (by key)" if r.fixes.grouping.startswith("key") else " (found automatically)")
-    stdout.print(f"{r.source}: {r.requests} requests, {r.conversations} conversations{how}, {r.pairs} pairs "
+    stdout.print(f"{r.source}: {plural(r.requests, 'request')}, {plural(r.conversations, 'conversation')}{how}, "
+                 f"{plural(r.pairs, 'pair')} "
                  f"(tokens from {r.tokenizer})", soft_wrap=True, markup=False)
     sp = r.shared_prefix
     lost = f"{r.tokens_lost:,} lost" if sp is None else (
@@ -167,13 +185,12 @@ def _render_text(r, html: str | None) -> None:
         for col in ("cause", "pairs", "tokens lost", "dollars lost"):
             t.add_column(col, justify="left" if col == "cause" else "right")
         for c in r.causes:
-            t.add_row(c.cause or "unexplained", str(c.pairs), f"{c.tokens_lost:,}", _usd(c.usd_lost))
+            t.add_row(c.cause or "unexplained", f"{c.pairs:,}", f"{c.tokens_lost:,}", _usd(c.usd_lost))
         stdout.print(t)
     if sp is not None and r.forks:
         from .forks_view import print_forks
 
-        stdout.print(f"shared prefix across requests: {sp.fixable_forks} fork{'s' if sp.fixable_forks != 1 else ''}"
-                     f" with a fix; vLLM hits {sp.hit_tokens:,} -> {sp.fixed_hit_tokens:,} tokens with them fixed "
+        stdout.print(f"shared prefix across requests: {plural(sp.fixable_forks, 'fork')} with a fix; vLLM hits {sp.hit_tokens:,} -> {sp.fixed_hit_tokens:,} tokens with them fixed "
                      "(no eviction)", soft_wrap=True, markup=False)
         print_forks(r.forks)
     if r.worst:
@@ -187,9 +204,11 @@ def _render_text(r, html: str | None) -> None:
     if r.curve is not None:
         cv = r.curve
         ceil = f"{cv.ceiling_hit_rate:.1%}" if cv.ceiling_hit_rate is not None else "n/a"
-        stdout.print(f"vLLM prefix cache (blocks of {cv.block_size}): {ceil} hit rate with no eviction "
-                     f"({cv.ceiling_capacity_tokens:,} tokens); {len(cv.points)} capacities on the curve",
+        stdout.print(f"vLLM prefix cache (blocks of {cv.block_size:,}): {ceil} hit rate with no eviction "
+                     f"({cv.ceiling_capacity_tokens:,} tokens); {plural(len(cv.points), 'capacity', 'capacities')} on "
+                     "the curve",
                      soft_wrap=True, markup=False)
+    _which_rate(r)
     if r.fixes is not None:
         before, safe, full = r.fixes.columns
 
@@ -201,6 +220,6 @@ def _render_text(r, html: str | None) -> None:
                      f"{_usd(safe.provider_cost_usd)} -> {_usd(full.provider_cost_usd)}", soft_wrap=True, markup=False)
     for note in r.notes:
         if not note.startswith("dollars lost:"):  # that one explains the page's estimate; the rest matter here
-            stdout.print(f"note: {note}", soft_wrap=True, markup=False)
+            print_note(note)
     if html is not None:
         stdout.print(f"wrote {html}", soft_wrap=True, markup=False)

@@ -9,6 +9,7 @@ from html import escape
 
 from ..engines.prefix.forks import Fork, TreeNode
 from ..engines.repair.report import BeforeAfter, CurveSection, LogReport, PairView, cause_label
+from .common import flags_for_params
 
 CSS = """
 :root { --ink:#1d2330; --muted:#5d6677; --line:#e3e6ec; --bg:#f6f7f9; --card:#fff; --accent:#2f6fde;
@@ -375,7 +376,7 @@ def render(r: LogReport, version: str) -> str:
                    'style="background:#1d7f4e"></span>no eviction (the ceiling: '
                    f"{_pct(cv.ceiling_hit_rate)})</div></div>")
         for n in cv.notes:
-            out.append(f'<p class="note">{escape(n)}</p>')
+            out.append(f'<p class="note">{escape(flags_for_params(n))}</p>')
 
     if r.fixes is not None:
         out.append(_fixes_html(r.fixes))
@@ -383,7 +384,7 @@ def render(r: LogReport, version: str) -> str:
     if r.notes:
         out.append("<h2>Notes</h2>")
         for n in r.notes:
-            out.append(f'<p class="note">{escape(n)}</p>')
+            out.append(f'<p class="note">{escape(flags_for_params(n))}</p>')
     out.append(f"<footer>cachectl {escape(version)} &middot; one self-contained page: no script, no network."
                "</footer></main></body></html>\n")
     return "\n".join(out)
@@ -438,5 +439,5 @@ def _fixes_html(fx: BeforeAfter) -> str:
         out.append(f'<p class="note ex"><b>{escape(e.code)}</b> line {e.line}, <code>{escape(e.path)}</code>: '
                    f"{escape(e.message)}{change}</p>")
     for n in fx.notes:
-        out.append(f'<p class="note">{escape(n)}</p>')
+        out.append(f'<p class="note">{escape(flags_for_params(n))}</p>')
     return "\n".join(out)

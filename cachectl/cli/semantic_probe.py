@@ -18,8 +18,10 @@ from .common import (
     emit_json,
     handle_errors,
     new_figure,
+    plural,
     run_inputs,
     save_figure,
+    status,
     stdout,
 )
 
@@ -45,7 +47,9 @@ ColumnsOpt = Annotated[Optional[str], typer.Option("--columns", metavar="A,B[,LA
 def _embedder(model: Optional[str], threads: Optional[int]):
     from ..engines import semantic
 
-    m, name = semantic.load_model(model, threads)
+    shown = model or semantic.DEFAULT_MODEL.rsplit("/", 1)[-1]
+    with status(f"loading {shown}…"):  # 3-4 s for MiniLM on a small CPU: say so on a terminal
+        m, name = semantic.load_model(model, threads)
     progress = Progress("encoding")
     return semantic.Embedder(m, progress=progress.advance), name, progress
 
@@ -84,7 +88,7 @@ def pairs_cmd(file: Annotated[str, typer.Argument(metavar="PAIRS", help="TSV, CS
         for p in report.pairs:
             t.add_row(f"{p.cosine:.4f}", "HIT" if p.hit else "", p.text_a, p.text_b)
         stdout.print(t)
-        stdout.print(f"{sum(p.hit for p in report.pairs)} of {len(report.pairs)} pairs hit at {threshold:g} "
+        stdout.print(f"{sum(p.hit for p in report.pairs):,} of {plural(len(report.pairs), 'pair')} hit at {threshold:g} "
                      f"({name})", soft_wrap=True, markup=False)
     raise typer.Exit(EXIT_OK)
 
@@ -188,9 +192,9 @@ def sweep_cmd(file: Annotated[str, typer.Argument(metavar="PAIRS", help="Labeled
             t.add_column(col, justify="right")
         for r in report.sweep:
             t.add_row(f"{r.threshold:g}", pct(r.recall), pct(r.false_hit_rate), pct(r.false_hit_upper),
-                      pct(r.precision), str(r.hits), str(r.wrong_hits))
+                      pct(r.precision), f"{r.hits:,}", f"{r.wrong_hits:,}")
         stdout.print(t)
-        stdout.print(f"{report.pairs} pairs ({report.positives} same-answer, {report.negatives} not); target false-hit "
+        stdout.print(f"{plural(report.pairs, 'pair')} ({report.positives:,} same-answer, {report.negatives:,} not); target false-hit "
                      f"rate {report.target_false_hit:.2%}: {report.statement}", soft_wrap=True, markup=False)
     raise typer.Exit(EXIT_OK)
 
@@ -229,11 +233,11 @@ def replay_cmd(log: Annotated[str, typer.Argument(metavar="LOG", help="JSONL log
     if fmt is Format.json:
         emit_json(report)
     else:
-        stdout.print(f"{report.requests} requests at {threshold:g}: {report.hits} hits ({report.hit_rate:.1%}); "
-                     f"{report.exact_duplicates} exact duplicates", soft_wrap=True, markup=False)
+        stdout.print(f"{plural(report.requests, 'request')} at {threshold:g}: {plural(report.hits, 'hit')} "
+                     f"({report.hit_rate:.1%}); {plural(report.exact_duplicates, 'exact duplicate')}", soft_wrap=True, markup=False)
         if report.with_response:
-            stdout.print(f"{report.wrong_hits} hits would have returned a different stored response than the one "
-                         f"produced ({report.with_response} requests carry a response)", soft_wrap=True, markup=False)
+            stdout.print(f"{plural(report.wrong_hits, 'hit')} would have returned a different stored response than the "
+                         f"one produced (of {plural(report.with_response, 'request')} with a response)", soft_wrap=True, markup=False)
         for e in report.examples:
             stdout.print(f"  line {e['line']}: {e['prompt']!r} served the answer of {e['matched']!r} "
                          f"(cosine {e['cosine']:.3f})", soft_wrap=True, markup=False)

@@ -10,7 +10,7 @@ from importlib import resources
 from typing import Any, Optional
 
 from ..errors import UsageError
-from .common import Format, emit_json, new_figure, save_figure, stdout
+from .common import Format, emit_json, new_figure, print_note, save_figure, stdout
 
 
 def links() -> dict:
@@ -247,7 +247,7 @@ def _render(report, link: str, link_gbps: float, worth: Optional[dict]) -> None:
         stdout.print(f"GPU data: {first['flops_source']}; bandwidth: {first['serving']['bandwidth_source']}",
                      soft_wrap=True, markup=False)
     for note in report.notes:
-        stdout.print(f"note: {note}", soft_wrap=True, markup=False)
+        print_note(note)
 
 
 def _render_tenants(report) -> None:
@@ -273,8 +273,8 @@ def _gb(n: float) -> str:
 
 
 def _plot(report, path: str) -> None:
-    fig, ax = new_figure(f"cachectl simulate-prefix: {report.replicas} replicas", "router",
-                         "prefix-cache hit rate (%)")
+    fig, ax = new_figure(f"cachectl simulate-prefix: {report.replicas} replicas",
+                         "router (above each bar: its busiest replica's requests / the mean)", "prefix-cache hit rate (%)")
     names = [r.router for r in report.results]
     gpu = [r.gpu_hit_tokens / r.query_tokens * 100 if r.query_tokens else 0 for r in report.results]
     cpu = [r.cpu_hit_tokens / r.query_tokens * 100 if r.query_tokens else 0 for r in report.results]
@@ -282,7 +282,8 @@ def _plot(report, path: str) -> None:
     if any(cpu):
         ax.bar(names, cpu, bottom=gpu, label="CPU-tier hits")
     for i, r in enumerate(report.results):
-        ax.text(i, (gpu[i] + cpu[i]) + 0.5, f"requests max/mean {_x(r.request_imbalance)}", ha="center", fontsize=7)
+        # the number alone: a sentence per bar is wider than the bar and runs into its neighbours
+        ax.text(i, (gpu[i] + cpu[i]) + 0.5, f"{_x(r.request_imbalance)}x", ha="center", fontsize=8)
     ax.tick_params(axis="x", labelrotation=20)
     save_figure(fig, path)
 

@@ -36,6 +36,7 @@ from .common import (
     handle_errors,
     in_panel,
     new_figure,
+    print_note,
     run_inputs,
     save_figure,
     stdout,
@@ -811,7 +812,7 @@ def _render(r, salt_field: Optional[str] = None, tenant_field: Optional[str] = N
         stdout.print(f"note: --tenant-field '{tenant_field}' is absent on {r.requests_without_tenant:,} of "
                      f"{r.requests:,} requests{whole}", soft_wrap=True, markup=False)
     for note in r.notes:
-        stdout.print(f"note: {note}", soft_wrap=True, markup=False)
+        print_note(note)
 
 
 def _reason_label(v) -> str:
@@ -849,7 +850,7 @@ def _render_served(s, all_rows: bool) -> None:
             stdout.print(f"... {len(wrong) - SERVED_ROWS_SHOWN:,} more disagreements (--per-request lists every "
                          "request)", markup=False)
     for note in s.notes:
-        stdout.print(f"note: {note}", soft_wrap=True, markup=False)
+        print_note(note)
 
 
 def _render_sweep(runs: list[dict], policy: str, curves: list, mode: str) -> None:
@@ -879,7 +880,7 @@ def _render_sweep(runs: list[dict], policy: str, curves: list, mode: str) -> Non
                      f"ceiling hit rate {_pct(c.ceiling_hit_rate)}; {c.counted_requests:,} requests counted",
                      soft_wrap=True, markup=False)
     for note in dict.fromkeys(n for c in curves for n in c.notes):
-        stdout.print(f"note: {note}", soft_wrap=True, markup=False)
+        print_note(note)
 
 
 def _plot(runs: list[dict], path: str, policy: str, curves: list) -> None:

@@ -7,10 +7,12 @@ cosine similarity is a dot product; each distinct text is encoded once.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import io
 import json
+import logging
 import math
 import os
 import re
@@ -44,6 +46,21 @@ def _bundled_minilm() -> str | None:
     return str(path) if (path / "config.json").is_file() else None
 
 
+@contextlib.contextmanager
+def _quiet_loggers() -> Iterator[None]:
+    """The loggers of sentence-transformers, transformers and huggingface_hub at ERROR while a model loads (their
+    warnings would reach stderr through logging's last-resort handler, before cachectl's own line)."""
+    loggers = [logging.getLogger(n) for n in ("sentence_transformers", "transformers", "huggingface_hub")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
 def load_model(spec: str | None = None, threads: int | None = None):
     """A SentenceTransformer, offline: a path, the bundled MiniLM package, or the local HF cache."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -68,9 +85,11 @@ def load_model(spec: str | None = None, threads: int | None = None):
     if threads:
         torch.set_num_threads(threads)
     try:
-        if path is not None:
-            return SentenceTransformer(path, device="cpu"), name
-        return SentenceTransformer(name, device="cpu", local_files_only=True), name
+        with _quiet_loggers():  # the libraries' own warnings (sentence-transformers' "Could not resolve the
+            # revision of ..." before a model that does not exist): cachectl's one error line says what happened
+            if path is not None:
+                return SentenceTransformer(path, device="cpu"), name
+            return SentenceTransformer(name, device="cpu", local_files_only=True), name
     except Exception as exc:
         where = path or name
         if path is None:

@@ -831,10 +831,12 @@ def _layout(body: dict, ctx: _Ctx) -> dict:
 
 
 def layout_request(positions: list[tuple[str, int, str | None]], *, model: str, timestamp: float | None = None,
-                   output_tokens: int = 0) -> Request:
-    """A token layout built in memory: ``(id, tokens, ttl)`` per position (what-if and library use)."""
-    pos = tuple(Position("messages", f"blocks[{i}]", "layout", None, "id:" + json.dumps(id_), "", ttl, tokens=n,
-                         markers=int(ttl is not None)) for i, (id_, n, ttl) in enumerate(positions))
+                   output_tokens: int = 0, paths: list[str] | None = None) -> Request:
+    """A token layout built in memory: ``(id, tokens, ttl)`` per position (what-if and library use). ``paths``: what
+    messages call each position (default ``blocks[i]``, as a layout file spells it)."""
+    pos = tuple(Position("messages", paths[i] if paths else f"blocks[{i}]", "layout", None, "id:" + json.dumps(id_),
+                         "", ttl, tokens=n, markers=int(ttl is not None))
+                for i, (id_, n, ttl) in enumerate(positions))
     return Request(provider="layout", api="layout", model=model, positions=pos, timestamp=timestamp,
                    output_tokens=output_tokens, source="what-if")
 

@@ -76,6 +76,9 @@ class FixResult:
     skipped: tuple[str, ...] = ()
     #: files of a directory reached through a symlink that leaves it: linted, never rewritten (notes, not errors)
     outside: tuple[str, ...] = ()
+    #: request bodies (JSON or YAML files that are not a tokenizer_config.json): lint does not edit them, their safe
+    #: fixes are ``cachectl fix``'s, over a request log
+    bodies: tuple[str, ...] = ()
 
     @property
     def fixed(self) -> int:
@@ -232,6 +235,7 @@ def fix_paths(paths: Sequence[str], config: LintConfig) -> FixResult:
     errors: list[str] = []
     skipped: list[str] = []
     outside: list[str] = []
+    bodies: list[str] = []
     for raw in paths:
         if raw == "-":
             continue  # stdin cannot be fixed in place
@@ -244,6 +248,7 @@ def fix_paths(paths: Sequence[str], config: LintConfig) -> FixResult:
         for f in files:
             kind = kind_name(f)
             if not (kind.name.endswith(TEMPLATE_SUFFIXES) or kind.name == "tokenizer_config.json"):
+                bodies.append(str(f))
                 continue
             if tree is not None and os.path.commonpath([tree, os.path.realpath(f)]) != tree:
                 # a symlink out of the directory given: what it points to is not the user's to rewrite here
@@ -268,7 +273,8 @@ def fix_paths(paths: Sequence[str], config: LintConfig) -> FixResult:
                 continue
             if edits:
                 out.append(FileFix(str(f), text, fixed, tuple(edits), bom=data.startswith(b"\xef\xbb\xbf")))
-    return FixResult(files=tuple(out), errors=tuple(errors), skipped=tuple(skipped), outside=tuple(outside))
+    return FixResult(files=tuple(out), errors=tuple(errors), skipped=tuple(skipped), outside=tuple(outside),
+                     bodies=tuple(bodies))
 
 
 def write_fixes(result: FixResult) -> None:

@@ -109,6 +109,11 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          fix_safety="safe"),
 )}
 
+#: rules whose fix ``cachectl lint --fix`` applies to a template (see :mod:`.fix`)
+LINT_FIXES = frozenset({"CC006"})
+#: body rules whose fix ``cachectl fix`` applies over a request log (FX006 places, removes and caps breakpoints)
+LOG_FIXES = frozenset({"CC002", "CC004", "CC005", "CC008", "CC009", "CC011", "CC012", "CC015"})
+
 VOLATILE_NAME = re.compile(
     r"(^|_)(now|today|date|datetime|time|timestamp|ts|clock|uuid|guid|nonce|random|rand|request_?id|req_?id|"
     r"trace_?id|span_?id|session_?id|session|user_?id|user_?name|username|customer|email|ip)(_|$)", re.I)
@@ -126,6 +131,9 @@ class Finding:
     fix: str = ""
     #: "safe" or "unsafe" (see Rule.fix_safety); empty: the rule's own
     fix_safety: str = ""
+    #: the command that applies the fix: "cachectl lint --fix" (a template's mechanical fix), "cachectl fix" (a
+    #: request body's breakpoints, rewritten over a request log); empty: a person applies it
+    applied_by: str = ""
 
     @property
     def safety(self) -> str:
@@ -133,7 +141,18 @@ class Finding:
 
     def to_dict(self) -> dict:
         return {"rule": self.rule, "severity": self.severity, "path": self.path, "line": self.line,
-                "column": self.column, "message": self.message, "fix": self.fix, "fix_safety": self.safety}
+                "column": self.column, "message": self.message, "fix": self.fix, "fix_safety": self.safety, "fix_applied_by": self.applied_by or None}
+
+    @property
+    def fix_label(self) -> str:
+        """How the fix is applied, as the text output says it: ``safe fix: cachectl lint --fix``, ``safe fix:
+        cachectl fix applies it to a request log`` (lint does not edit request bodies), ``safe fix, by hand``,
+        ``unsafe fix``."""
+        if self.safety != "safe":
+            return f"{self.safety} fix"
+        if self.applied_by == "cachectl fix":
+            return "safe fix: cachectl fix applies it to a request log"
+        return f"safe fix: {self.applied_by}" if self.applied_by else "safe fix, by hand"
 
 
 @dataclass(frozen=True)

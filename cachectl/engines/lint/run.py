@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ...errors import CachectlError, InputError
 from .body import lint_body
-from .rules import FileError, Finding, LintConfig, LintReport
+from .rules import LINT_FIXES, LOG_FIXES, FileError, Finding, LintConfig, LintReport
 from .templates import lint_template
 
 if TYPE_CHECKING:
@@ -101,6 +101,11 @@ def _file_error(exc: CachectlError, path: str) -> FileError:
     return FileError(path, None, str(exc))
 
 
+def _applied_by(found: list[Finding], rules: frozenset[str], command: str) -> list[Finding]:
+    """The findings, those of ``rules`` with a safe fix marked as applied by ``command``."""
+    return [replace(x, applied_by=command) if x.rule in rules and x.safety == "safe" else x for x in found]
+
+
 def _lint_file(f: Path, config: LintConfig, tokenizer: Any, min_tokens: int | None,
                count: Callable[[str], int], named: bool = False) -> list[Finding] | None:
     """Findings of one file; None when the file is no prompt (other JSON/YAML in a directory)."""
@@ -110,7 +115,7 @@ def _lint_file(f: Path, config: LintConfig, tokenizer: Any, min_tokens: int | No
     text = decode_text(data, source)
     kind = kind_name(f)
     if kind.name.endswith(TEMPLATE_SUFFIXES):
-        return lint_template(source, text, config, tokenizer)
+        return _applied_by(lint_template(source, text, config, tokenizer), LINT_FIXES, "cachectl lint --fix")
     if kind.suffix in (".yaml", ".yml"):
         import yaml
 
@@ -139,13 +144,14 @@ def _lint_file(f: Path, config: LintConfig, tokenizer: Any, min_tokens: int | No
         except InputError as exc:
             where = f" (chat_template line {exc.line})" if exc.line else ""
             raise InputError(exc.message + where, source=source, line=base_line, field="chat_template") from None
-        return [Finding(x.rule, x.severity, x.path, base_line, x.column, f"{x.message} (chat_template line {x.line})",
-                        x.fix, x.fix_safety) for x in found]
+        return _applied_by([Finding(x.rule, x.severity, x.path, base_line, x.column,
+                                    f"{x.message} (chat_template line {x.line})", x.fix, x.fix_safety)
+                            for x in found], LINT_FIXES, "cachectl lint --fix")
     from ...inputs import Locator, is_request_body, parse_request, unwrap
 
     if isinstance(doc, dict) and is_request_body(unwrap(doc)[0]):
         req = parse_request(doc, source=source, locator=Locator(text))
-        return lint_body(source, req, config, min_tokens, count)
+        return _applied_by(lint_body(source, req, config, min_tokens, count), LOG_FIXES, "cachectl fix")
     if named:
         raise InputError("not a request body (no 'messages', 'input' or 'blocks', also not inside 'body') "
                          "and not a tokenizer_config.json with a chat_template", source=source)

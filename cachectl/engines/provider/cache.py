@@ -490,7 +490,7 @@ class CacheSimulator:
             e = self.entries.get(k)
             if e is not None and e.available_from >= t:
                 return MissReason("concurrent", f"the entry at {req.positions[j].path} was written by a request that "
-                                  f"started at the same time (line {e.line}): it is readable only once that "
+                                  f"started at the same time{'' if e.line is None else f' (line {e.line:,})'}: it is readable only once that "
                                   "response has begun", req.positions[j].path)
             if e is not None and e.expires > t:
                 near = min((i for i in bps if i >= j), default=top)
@@ -1045,7 +1045,8 @@ def what_if(*, table: PriceTable, model: str, prefix_tokens: int, suffix_tokens:
     # there (the implicit one sits on the suffix, the last message)
     mark = ttl if explicit else next(iter(price.ttls)) if price.cache_mode == "breakpoints" else None
     reqs = [layout_request([("prefix", prefix_tokens, mark), (f"suffix-{i}", suffix_tokens, None)],
-                           model=price.model, timestamp=i * every, output_tokens=output_tokens)
+                           model=price.model, timestamp=i * every, output_tokens=output_tokens,
+                           paths=["the shared prefix", "the suffix"])  # as the misses name them: no body to point at
             for i in range(calls)]
     report = simulate_requests(reqs, table=table, source="what-if", token_source="what-if")
     notes = list(report.notes)

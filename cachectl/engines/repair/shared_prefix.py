@@ -77,12 +77,46 @@ def log_forks(lines: Sequence[LogLine], *, tokenizer: Any = None, block_size: in
 
 def auto_records(lines: Sequence[LogLine], grouping: Any) -> list[Any]:
     """The lines as diff-tokens' log records, each keyed by its conversation of ``grouping``
-    (:func:`~cachectl.engines.repair.groups.group_sessions`): ``auto-1``, ``auto-2``, ... (``report`` and
-    ``diff-tokens --log`` without ``--key`` pair requests by them)."""
+    (:func:`~cachectl.engines.repair.groups.group_sessions`; ``report`` and ``diff-tokens --log`` without ``--key``
+    pair requests by them): by the key, or for conversations found automatically by the log's own id
+    (:func:`conversation_names`)."""
     from ...inputs import LogRecord
 
-    return [LogRecord(line=ln.line, key=ln.key if grouping.how != "automatic" else f"auto-{g + 1}", prompt=ln.prompt)
-            for ln, g in zip(lines, grouping.groups)]
+    names = [ln.key for ln in lines] if grouping.how != "automatic" else conversation_names(lines, grouping.groups)
+    return [LogRecord(line=ln.line, key=name, prompt=ln.prompt) for ln, name in zip(lines, names)]
+
+
+#: the fields a log names its conversations by, when no --key says which (the log's own ids label what was found)
+ID_FIELDS = ("session", "session_id", "conversation", "conversation_id", "chat_id", "thread_id")
+
+
+def own_id(value: Any) -> Any:
+    """The line's own conversation id: the first of :data:`ID_FIELDS` on it, or in its ``metadata``; else None."""
+    for where in (value, value.get("metadata") if isinstance(value, dict) else None):
+        if isinstance(where, dict):
+            for f in ID_FIELDS:
+                v = where.get(f)
+                if isinstance(v, (str, int)) and not isinstance(v, bool) and str(v):
+                    return v
+    return None
+
+
+def conversation_names(lines: Sequence[LogLine], groups: Sequence[int]) -> list[Any]:
+    """A name per line for conversations found automatically: the log's own id (its first line's ``session``, ...)
+    where the lines carry one, ``auto-N`` where they do not; a second conversation of the same id is ``ID (2)``."""
+    first: dict[int, Any] = {}
+    for ln, g in zip(lines, groups):
+        first.setdefault(g, own_id(ln.value))
+    names: dict[int, Any] = {}
+    seen: dict[str, int] = {}
+    for g in sorted(first):
+        own = first[g]
+        if own is None:
+            names[g] = f"auto-{g + 1}"
+            continue
+        seen[str(own)] = seen.get(str(own), 0) + 1
+        names[g] = own if seen[str(own)] == 1 else f"{own} ({seen[str(own)]})"
+    return [names[g] for g in groups]
 
 
 def cross_request_loss(gains: Mapping[int, int], pair_lost: Mapping[int, int]) -> int:
