@@ -23,7 +23,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,7 +55,7 @@ def make_log(path: Path, requests: int, seed: int = 5, active: int = 40) -> int:
         return " ".join(rng.choice(vocab) for _ in range(n))
 
     system = "You are a support agent for a cache diagnostics product.\n" + sentence(60)
-    t0 = datetime(2026, 11, 30, 10, 0, 0, tzinfo=timezone.utc)
+    t0 = 1_796_032_800.0  # 2026-11-30T10:00:00Z
     convs: list[dict] = []
     made = 0
     written = 0
@@ -67,15 +66,15 @@ def make_log(path: Path, requests: int, seed: int = 5, active: int = 40) -> int:
                               "clock": rng.random() < 0.15, "keys": rng.random() < 0.1})
                 made += 1
             c = convs[rng.randrange(len(convs))]
-            now = t0 + timedelta(seconds=2 * i)
+            now = t0 + 2 * i
             if c["msgs"]:
                 c["msgs"].append({"role": "assistant", "content": sentence(25)})
             c["msgs"].append({"role": "user", "content": sentence(20)})
-            top = f"Current time: {now.isoformat().replace('+00:00', 'Z')}\n\n" if c["clock"] else ""
+            top = f"Current time: {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(now))}\n\n" if c["clock"] else ""
             tools = TOOLS if not (c["keys"] and len(c["msgs"]) % 4 == 3) else [_reordered(TOOLS[0]), TOOLS[1]]
             body = {"model": "gpt-4.1", "messages": [{"role": "system", "content": top + system}, *c["msgs"]],
                     "tools": tools}
-            line = json.dumps({"timestamp": now.timestamp(), "session": c["sid"],
+            line = json.dumps({"timestamp": now, "session": c["sid"],
                                "body": body}) + "\n"
             fh.write(line)
             written += len(line)
