@@ -19,6 +19,7 @@ from .common import (
     FormatOpt,
     KvCapacity,
     KvDtypeOpt,
+    Progress,
     TokenizerOpt,
     WindowOpt,
     check_output,
@@ -117,14 +118,17 @@ def command(
     source = display_name(log)
     raw: list[bytes] = []
     records: list[tuple[int, Any]] = []
-    for lineno, line, src in iter_raw_lines(log):
-        records.append((lineno, parse_jsonl_line(line, src, lineno)))
-        raw.append(line)
-    lines = log_lines(records, source=source, key=key)
     options = fix.FixOptions(unsafe=unsafe_fixes, key=key, window_s=window_s, select=codes, block_size=block_size,
                              capacity_blocks=capacity.blocks(block_size), model=model,
                              add_generation_prompt=not no_generation_prompt)
-    report = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source)
+    with Progress("fix: lines read, rewritten and measured") as progress:
+        for lineno, line, src in iter_raw_lines(log):
+            records.append((lineno, parse_jsonl_line(line, src, lineno)))
+            raw.append(line)
+            progress.advance()
+        lines = log_lines(records, source=source, key=key)
+        del records
+        report = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source, progress=progress.advance)
     changed = [i for i, (ln, v) in enumerate(zip(lines, report.output)) if _dumps(v) != _dumps(ln.value)]
     if out is not None:
         _write(out, raw, report.output, changed)

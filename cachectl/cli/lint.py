@@ -14,6 +14,7 @@ from .common import (
     EXIT_ERROR,
     EXIT_FINDING,
     EXIT_OK,
+    Progress,
     TokenizerOpt,
     handle_errors,
     stdout,
@@ -111,7 +112,8 @@ def command(
             typer.echo(patch, nl=False, err=fmt is not LintFormat.text)
         if fixes.fixed:
             typer.echo(f"fixed {fixes.fixed} finding(s) in {len(fixes.files)} file(s)", err=fmt is not LintFormat.text)
-    report = lint.lint_paths(paths, cfg, tokenizer=tok, min_tokens=min_tokens)
+    with Progress("lint: files") as progress:
+        report = lint.lint_paths(paths, cfg, tokenizer=tok, min_tokens=min_tokens, progress=progress.advance)
     if fmt is LintFormat.json:
         typer.echo(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
     elif fmt is LintFormat.sarif:

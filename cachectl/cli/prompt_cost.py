@@ -8,7 +8,19 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import UsageError
-from .common import EXIT_OK, Format, FormatOpt, TokenizerOpt, Ttl, check_price_model, emit_json, handle_errors, stdout
+from .common import (
+    EXIT_OK,
+    Format,
+    FormatOpt,
+    Progress,
+    TokenizerOpt,
+    Ttl,
+    check_price_model,
+    emit_json,
+    handle_errors,
+    iter_progress,
+    stdout,
+)
 
 HELP = """What provider prompt caching costs and saves.
 
@@ -99,11 +111,12 @@ def command(
             text_counter = promptcache.tokenizer_counter(load_tokenizer(tokenizer))
             token_source = f"tokenizer {tokenizer}"
         api = _anthropic_client() if count_with_api else None
-        report = promptcache.simulate_requests(
-            read_requests(requests, default_model=model),
-            table=table, source=display_name(requests), text_counter=text_counter, api=api,
-            every=promptcache.parse_duration(every) if every else None, token_source=token_source,
-            model_as=model_as)
+        with Progress("prompt-cost: requests") as progress:
+            report = promptcache.simulate_requests(
+                iter_progress(read_requests(requests, default_model=model), progress),
+                table=table, source=display_name(requests), text_counter=text_counter, api=api,
+                every=promptcache.parse_duration(every) if every else None, token_source=token_source,
+                model_as=model_as)
     if fmt is Format.json:
         emit_json(report)
     else:

@@ -18,11 +18,13 @@ from .common import (
     ChatTemplateOpt,
     Format,
     FormatOpt,
+    Progress,
     WindowOpt,
     check_output,
     check_price_model,
     emit_json,
     handle_errors,
+    iter_progress,
     parse_window,
     stdout,
 )
@@ -100,19 +102,24 @@ def command(
     table = PriceTable.load()
     check_price_model(table, model)
     source = display_name(log)
-    # fix's reader and grouping: conversations by --key, else found automatically
-    lines = log_lines(iter_jsonl(log), source=source, key=key)
     options = fix.FixOptions(key=key, window_s=parse_window(window), block_size=block_size, model=model)
-    safe = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source)
-    full = fix.fix_log(lines, replace(options, unsafe=True), tokenizer=tok, table=table, source=source, reuse=safe)
-    groups = safe.grouping.groups
-    records = [LogRecord(line=ln.line, key=ln.key if key is not None else f"auto-{g + 1}", prompt=ln.prompt)
-               for ln, g in zip(lines, groups)]
-    result = report.build_report(
-        source=source, log=records, tokenizer=tok, tokenizer_name=tokenizer, fixes=report.before_after(safe, full),
-        requests=read_requests(log, default_model=model), table=table,
-        trace=iter_trace(_trace_records(log), source=source, tokenizer=tok), block_size=block_size, top=top,
-        price_model=model, text_counter=promptcache.tokenizer_counter(tok))
+    with Progress("report: lines read, rewritten, compared and replayed") as progress:
+        # fix's reader and grouping: conversations by --key, else found automatically
+        lines = log_lines(iter_progress(iter_jsonl(log), progress), source=source, key=key)
+        tick = progress.advance
+        safe = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source, progress=tick)
+        full = fix.fix_log(lines, replace(options, unsafe=True), tokenizer=tok, table=table, source=source,
+                           reuse=safe, progress=tick)
+        groups = safe.grouping.groups
+        records = [LogRecord(line=ln.line, key=ln.key if key is not None else f"auto-{g + 1}", prompt=ln.prompt)
+                   for ln, g in zip(lines, groups)]
+        result = report.build_report(
+            source=source, log=records, tokenizer=tok, tokenizer_name=tokenizer,
+            fixes=report.before_after(safe, full),
+            requests=iter_progress(read_requests(log, default_model=model), progress), table=table,
+            trace=iter_trace(iter_progress(_trace_records(log), progress), source=source, tokenizer=tok),
+            block_size=block_size, top=top, price_model=model, text_counter=promptcache.tokenizer_counter(tok),
+            progress=tick)
     if html is not None:
         from .report_html import render
 

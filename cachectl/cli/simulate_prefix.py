@@ -345,9 +345,11 @@ def command(
                 if not caps and one is None:
                     raise UsageError("the vllm policy needs --capacity-blocks, --sweep-capacity or --curve")
                 points = [*caps] if caps else [one] if one is not None else []
-            curves.append(prefix_curve.capacity_curve(keyed[bs], points, points=curve_points, warmup=warm,
-                                                      concurrency=concurrency, decode_s_per_token=decode_ms / 1000.0,
-                                                      optimal=optimal, source=name))
+            with Progress(f"replaying (blocks of {bs})") as progress:
+                curves.append(prefix_curve.capacity_curve(keyed[bs], points, points=curve_points, warmup=warm,
+                                                          concurrency=concurrency,
+                                                          decode_s_per_token=decode_ms / 1000.0, optimal=optimal,
+                                                          source=name, progress=progress.advance))
         if not any(p.fits for c in curves for p in c.points):
             c = curves[0]
             raise UsageError(f"no capacity holds the largest request ({name}:{c.min_capacity_line}, "

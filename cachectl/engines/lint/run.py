@@ -50,9 +50,10 @@ def _candidates(raw: str) -> list[Path]:
 
 
 def lint_paths(paths: Sequence[str], config: LintConfig, tokenizer: Any = None,
-               min_tokens: int | None = None) -> LintReport:
+               min_tokens: int | None = None, progress: Callable[[int], None] | None = None) -> LintReport:
     """Lint every file under ``paths``. A file that cannot be checked becomes a :class:`FileError` and the
-    others are still checked; a path that holds no lintable file is an error too."""
+    others are still checked; a path that holds no lintable file is an error too. ``progress(1)``: called as
+    each file is done."""
     count = (lambda text: len(tokenizer.backend.encode(text, add_special_tokens=False).ids)) if tokenizer \
         else (lambda text: max(1, len(text) // 4))
     findings: list[Finding] = []
@@ -66,6 +67,8 @@ def lint_paths(paths: Sequence[str], config: LintConfig, tokenizer: Any = None,
             continue
         linted = 0
         for f in files:
+            if progress is not None:
+                progress(1)
             try:
                 found = _lint_file(f, config, tokenizer, min_tokens, count, named=Path(raw).is_file())
             except CachectlError as exc:

@@ -43,7 +43,7 @@ class Rewriter:
     fixes and notes they record."""
 
     def __init__(self, lines: Sequence[LogLine], grouping: Grouping, unsafe: bool, tokenizer: Any, table: Any,
-                 model: str | None, counter: Any = None):
+                 model: str | None, counter: Any = None, progress: Callable[[int], None] | None = None):
         self.lines = list(lines)
         self.grouping = grouping
         self.unsafe = unsafe
@@ -54,6 +54,8 @@ class Rewriter:
         self.notes: list[str] = []
         self.values = [copy.deepcopy(ln.value) for ln in lines]
         self.counter = counter
+        #: called with 1 each time a fix code reads a line as rewritten so far (a fix code's pass over the log)
+        self.progress = progress
 
     def allowed(self, safe: bool) -> bool:
         return safe or self.unsafe
@@ -75,6 +77,8 @@ class Rewriter:
         return out
 
     def current(self, i: int) -> LogLine:
+        if self.progress is not None:
+            self.progress(1)
         return reparse(self.lines[i], self.values[i])
 
 
