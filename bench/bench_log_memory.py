@@ -10,6 +10,7 @@ RSS (``ru_maxrss`` of that process) above the same command's peak on a 200-reque
 imports), per request: the goal is at most 2 KB per request and a time linear in the log.
 
     python bench/bench_log_memory.py [--sizes 10000,100000] [--large] [--commands report,fix,...]
+    python bench/bench_log_memory.py --checkout ../main ...             # the same runs of another checkout
     python bench/bench_log_memory.py --write LOG.jsonl --requests N     # only the generator
 """
 
@@ -93,11 +94,12 @@ COMMANDS: dict[str, list[str]] = {
 }
 
 
-def run(name: str, log: Path, out: Path) -> tuple[float, int]:
+def run(name: str, log: Path, out: Path, checkout: Path = ROOT) -> tuple[float, int]:
     """Wall seconds and peak RSS (bytes) of one command in its own process; stdout discarded."""
     args = [a.format(log=log, out=out) for a in COMMANDS[name]]
+    env = {**ENV, "PYTHONPATH": str(checkout)}
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "cachectl", *args], cwd=ROOT, env=ENV,
+    proc = subprocess.Popen([sys.executable, "-m", "cachectl", *args], cwd=checkout, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
     elapsed = time.perf_counter() - t0
@@ -115,6 +117,8 @@ def main() -> None:
     ap.add_argument("--commands", default=",".join(COMMANDS), help=f"among {', '.join(COMMANDS)}")
     ap.add_argument("--write", metavar="LOG", help="only write a generated log of --requests lines here")
     ap.add_argument("--requests", type=int, default=10_000)
+    ap.add_argument("--checkout", type=Path, default=ROOT,
+                    help="run the commands of another checkout (a before/after on the same machine)")
     args = ap.parse_args()
     if args.write:
         n = make_log(Path(args.write), args.requests)
@@ -130,7 +134,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         base_log = Path(tmp) / "base.jsonl"
         make_log(base_log, 200)
-        base = {name: run(name, base_log, Path(tmp) / "out.jsonl")[1] for name in names}
+        base = {name: run(name, base_log, Path(tmp) / "out.jsonl", args.checkout)[1] for name in names}
         print(f"{sys.platform}, {os.cpu_count()} CPUs; peak RSS above each command's peak on 200 requests "
               f"({', '.join(f'{n} {b / 2**20:.0f} MB' for n, b in base.items())})")
         print(f"{'requests':>9} {'MB':>7} {'command':<16}{'seconds':>9}{'us/req':>8}{'peak MB':>9}"
@@ -139,7 +143,7 @@ def main() -> None:
             log = Path(tmp) / f"log{n}.jsonl"
             size = make_log(log, n)
             for name in names:
-                secs, peak = run(name, log, Path(tmp) / "out.jsonl")
+                secs, peak = run(name, log, Path(tmp) / "out.jsonl", args.checkout)
                 above = max(0, peak - base[name])
                 print(f"{n:>9,} {size / 1e6:>7.1f} {name:<16}{secs:>9.1f}{secs / n * 1e6:>8.0f}{peak / 2**20:>9.0f}"
                       f"{above / 2**20:>10.0f}{above / n:>8.0f}", flush=True)
