@@ -168,6 +168,57 @@ def _import_transformers():
     return transformers
 
 
+#: the longest text cachectl hands the tokenizer at once, in characters (about 500,000 tokens): encoding holds some
+#: 150 bytes per character (the Rust encoding with its offsets, the IDs, the render's copies), so a text past it
+#: is refused in one line rather than taking gigabytes; ``CACHECTL_MAX_TOKENIZE_CHARS`` raises it
+MAX_TOKENIZE_CHARS = 2 * 2**20
+
+
+def max_tokenize_chars() -> int:
+    try:
+        return int(os.environ.get("CACHECTL_MAX_TOKENIZE_CHARS", MAX_TOKENIZE_CHARS))
+    except ValueError:
+        return MAX_TOKENIZE_CHARS
+
+
+def check_text_size(text: str, prompt: PromptInput | None = None) -> None:
+    """Refuse a text too long to tokenize within bounded memory (see :data:`MAX_TOKENIZE_CHARS`), naming the
+    prompt's file and line when given."""
+    limit = max_tokenize_chars()
+    if len(text) > limit:
+        raise InputError(f"a prompt of {len(text):,} characters to tokenize: past the {limit:,} cachectl tokenizes at "
+                         "once (about 150 bytes of memory a character); split it, or set "
+                         "CACHECTL_MAX_TOKENIZE_CHARS", source=prompt.source if prompt is not None else None,
+                         line=prompt.line if prompt is not None else None)
+
+
+class _SizedBackend:
+    """The tokenizers backend, with every text checked against :data:`MAX_TOKENIZE_CHARS` before it is encoded
+    (every caller encodes through ``TokenizerHandle.backend``)."""
+
+    __slots__ = ("_backend",)
+
+    def __init__(self, backend: Any):
+        object.__setattr__(self, "_backend", backend)
+
+    def encode(self, text: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(text, str):
+            check_text_size(text)
+        return self._backend.encode(text, *args, **kwargs)
+
+    def encode_batch(self, texts: Any, *args: Any, **kwargs: Any) -> Any:
+        for t in texts:
+            if isinstance(t, str):
+                check_text_size(t)
+        return self._backend.encode_batch(texts, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._backend, name, value)
+
+
 class TokenizerHandle:
     """A loaded tokenizer: the transformers tokenizer (for chat templates) and its fast backend."""
 
@@ -185,7 +236,7 @@ class TokenizerHandle:
             backend.no_padding()
         if backend.truncation is not None:
             backend.no_truncation()
-        self.backend: "tokenizers.Tokenizer" = backend
+        self.backend: "tokenizers.Tokenizer" = _SizedBackend(backend)  # type: ignore[assignment]
         if chat_template is not None:
             hf.chat_template = chat_template
         self.bos_token_id: int | None = getattr(hf, "bos_token_id", None)
@@ -264,6 +315,9 @@ class TokenizerHandle:
                 spans.append((Span(0, len(p.text or ""), p.field_paths[0] if p.field_paths else "text"),))
         # Chat renders are encoded without special tokens (the template wrote them), like
         # apply_chat_template(tokenize=True); raw text gets them when asked.
+        for t, p in zip(texts, prompts):
+            if t is not None:
+                check_text_size(t, p)
         chat_batch = [t for t, p in zip(texts, prompts) if t is not None and p.is_chat]
         text_batch = [t for t, p in zip(texts, prompts) if t is not None and not p.is_chat]
         enc_chat = iter(self.backend.encode_batch(chat_batch, add_special_tokens=False) if chat_batch else ())

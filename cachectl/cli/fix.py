@@ -19,6 +19,7 @@ from .common import (
     FormatOpt,
     KvCapacity,
     KvDtypeOpt,
+    Progress,
     TimeUnitOpt,
     TokenizerOpt,
     WindowOpt,
@@ -129,20 +130,22 @@ def command(
     def records():  # each line parsed and checked before the next is read: the first bad line is the one named
         for lineno, line, value in iter_log_values(log):  # one pretty-printed body is a log of one line
             raw.append(line)
+            progress.advance()
             yield lineno, value
 
     stamps = timestamp_reader(time_unit)
-    lines = log_lines(records(), source=source, key=key, timestamps=stamps)
     options = fix.FixOptions(unsafe=unsafe_fixes, key=key, window_s=window_s, select=codes, block_size=block_size,
                              capacity_blocks=capacity.blocks(block_size), model=model,
                              add_generation_prompt=not no_generation_prompt)
-    report = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source)
     full = None  # what --unsafe-fixes would add, measured as report measures it (the log is not written so)
-    if not unsafe_fixes and report.unsafe_skipped:
-        from dataclasses import replace
+    with Progress("fix: lines read, rewritten and measured") as progress:
+        lines = log_lines(records(), source=source, key=key, timestamps=stamps)
+        report = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source, progress=progress.advance)
+        if not unsafe_fixes and report.unsafe_skipped:
+            from dataclasses import replace
 
-        full = fix.fix_log(lines, replace(options, unsafe=True, per_cause=False), tokenizer=tok, table=table,
-                           source=source, reuse=report)
+            full = fix.fix_log(lines, replace(options, unsafe=True, per_cause=False), tokenizer=tok, table=table,
+                               source=source, reuse=report, progress=progress.advance)
     changed = [i for i, (ln, v) in enumerate(zip(lines, report.output)) if _dumps(v) != _dumps(ln.value)]
     if out is not None:
         _write(out, raw, report.output, changed)

@@ -14,6 +14,7 @@ from .common import (
     EXIT_ERROR,
     EXIT_FINDING,
     EXIT_OK,
+    Progress,
     TokenizerOpt,
     handle_errors,
     stdout,
@@ -99,7 +100,8 @@ def command(
     if diff:  # with or without --fix: nothing written
         raise typer.Exit(_show_diff(paths, cfg, fmt))
     fixes = _apply_fixes(paths, cfg, fmt) if fix else None
-    report = lint.lint_paths(paths, cfg, tokenizer=tok, min_tokens=min_tokens)
+    with Progress("lint: files") as progress:
+        report = lint.lint_paths(paths, cfg, tokenizer=tok, min_tokens=min_tokens, progress=progress.advance)
     _emit(report, fmt)
     code = 2 if fixes is not None and fixes.skipped else report.exit_code
     raise typer.Exit(EXIT_ERROR if code == 2 else EXIT_FINDING if code == 1 and not exit_zero else EXIT_OK)

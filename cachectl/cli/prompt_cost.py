@@ -12,6 +12,7 @@ from .common import (
     EXIT_OK,
     Format,
     FormatOpt,
+    Progress,
     TimeUnit,
     TimeUnitOpt,
     TokenizerOpt,
@@ -19,6 +20,7 @@ from .common import (
     check_price_model,
     emit_json,
     handle_errors,
+    iter_progress,
     plural,
     print_note,
     stdout,
@@ -151,10 +153,12 @@ def _simulate(table, requests: str, model: Optional[str], model_as: Optional[str
         token_source = f"tokenizer {tokenizer}"
     api = _anthropic_client() if count_with_api else None
     stamps = timestamp_reader(time_unit)
-    report = promptcache.simulate_requests(
-        read_requests(requests, default_model=model, timestamps=stamps),
-        table=table, source=display_name(requests), text_counter=text_counter, api=api,
-        every=promptcache.parse_duration(every) if every else None, token_source=token_source, model_as=model_as)
+    with Progress("prompt-cost: requests") as progress:
+        report = promptcache.simulate_requests(
+            iter_progress(read_requests(requests, default_model=model, timestamps=stamps), progress),
+            table=table, source=display_name(requests), text_counter=text_counter, api=api,
+            every=promptcache.parse_duration(every) if every else None, token_source=token_source,
+            model_as=model_as)
     timestamp_note(stamps)
     return report
 

@@ -17,6 +17,7 @@ from .common import (
     ChatTemplateOpt,
     Format,
     FormatOpt,
+    Progress,
     TimeUnit,
     TimeUnitOpt,
     WindowOpt,
@@ -24,6 +25,7 @@ from .common import (
     check_price_model,
     emit_json,
     handle_errors,
+    iter_progress,
     parse_window,
     plural,
     print_note,
@@ -118,18 +120,25 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
     table = PriceTable.load()
     check_price_model(table, model)
     source = display_name(log)
-    # fix's reader and grouping: conversations by --key, else found automatically
-    stamps = timestamp_reader(time_unit)
-    lines = log_lines(iter_jsonl(log), source=source, key=key, timestamps=stamps)
     options = fix.FixOptions(key=key, window_s=parse_window(window), block_size=block_size, model=model)
-    safe = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source)
-    full = fix.fix_log(lines, replace(options, unsafe=True), tokenizer=tok, table=table, source=source, reuse=safe)
-    records = auto_records(lines, safe.grouping)  # named by the log's own ids where it has them
-    result = report.build_report(
-        source=source, log=records, tokenizer=tok, tokenizer_name=tokenizer, fixes=report.before_after(safe, full),
-        requests=read_requests(log, default_model=model, timestamps=stamps), table=table,
-        trace=iter_trace(_trace_records(log), source=source, tokenizer=tok, timestamps=stamps), block_size=block_size,
-        top=top, price_model=model, text_counter=promptcache.tokenizer_counter(tok), forks=safe.forks)
+    stamps = timestamp_reader(time_unit)
+    with Progress("report: lines read, rewritten, compared and replayed") as progress:
+        # fix's reader and grouping: conversations by --key, else found automatically
+        lines = log_lines(iter_progress(iter_jsonl(log), progress), source=source, key=key, timestamps=stamps)
+        tick = progress.advance
+        safe = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source, progress=tick)
+        full = fix.fix_log(lines, replace(options, unsafe=True), tokenizer=tok, table=table, source=source,
+                           reuse=safe, progress=tick)
+        records = auto_records(lines, safe.grouping)  # named by the log's own ids where it has them
+        result = report.build_report(
+            source=source, log=records, tokenizer=tok, tokenizer_name=tokenizer,
+            fixes=report.before_after(safe, full),
+            requests=iter_progress(read_requests(log, default_model=model, timestamps=stamps), progress),
+            table=table,
+            trace=iter_trace(iter_progress(_trace_records(log), progress), source=source, tokenizer=tok,
+                             timestamps=stamps),
+            block_size=block_size, top=top, price_model=model, text_counter=promptcache.tokenizer_counter(tok),
+            forks=safe.forks, progress=tick)
     if html is not None:
         from ..outputs import write_text
         from .report_html import render

@@ -441,9 +441,10 @@ def _curves(o: Options) -> tuple[list, list[dict]]:
             if not o.caps and one is None:
                 raise UsageError("the vllm policy needs --capacity-blocks, --sweep-capacity or --curve")
             points = [*o.caps] if o.caps else [one] if one is not None else []
-        curves.append(prefix_curve.capacity_curve(keyed[bs], points, points=o.curve_points, warmup=o.warm,
-                                                  concurrency=o.concurrency, decode_s_per_token=o.decode_s,
-                                                  optimal=o.optimal, source=o.name))
+        with Progress(f"replaying (blocks of {bs})") as progress:
+            curves.append(prefix_curve.capacity_curve(keyed[bs], points, points=o.curve_points, warmup=o.warm,
+                                                      concurrency=o.concurrency, decode_s_per_token=o.decode_s,
+                                                      optimal=o.optimal, source=o.name, progress=progress.advance))
     if not any(p.fits for c in curves for p in c.points):
         c = curves[0]
         raise UsageError(f"no capacity holds the largest request ({o.name}:{c.min_capacity_line}, "

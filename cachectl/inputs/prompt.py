@@ -10,6 +10,7 @@ tools); ``field_paths`` maps each normalized message back to where it stood in t
 from __future__ import annotations
 
 import json
+import os
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -51,10 +52,23 @@ class PromptInput:
         return self.messages is not None
 
 
+#: the largest prompt file read whole (a request body, a prompt, token IDs), in bytes: parsing one takes some ten
+#: times its size, and no text past the tokenizer's bound (``cachectl.tokenization.MAX_TOKENIZE_CHARS``, 2 MiB
+#: characters) fits in it anyway unless most of the file is not text
+MAX_PROMPT_FILE_BYTES = 32 * 2**20
+
+
 def read_prompt(path: str, as_kind: str | None = None) -> PromptInput:
     """Read one prompt file of any supported kind (detected unless ``as_kind`` forces it)."""
     if as_kind is not None and as_kind not in KINDS:
         raise InputError(f"unknown input kind {as_kind!r}; expected one of {', '.join(KINDS)}")
+    try:
+        size = os.stat(path).st_size if path != "-" and os.path.isfile(path) else 0
+    except OSError:
+        size = 0
+    if size > MAX_PROMPT_FILE_BYTES:
+        raise InputError(f"a prompt file of {size:,} bytes: past the {MAX_PROMPT_FILE_BYTES:,} cachectl reads whole "
+                         "(a request log is read line by line: diff-tokens --log)", source=path)
     text, source = read_text(path)
     return prompt_from_document(text, source, as_kind)
 

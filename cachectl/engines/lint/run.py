@@ -50,19 +50,20 @@ def _candidates(raw: str) -> list[Path]:
 
 
 def lint_paths(paths: Sequence[str], config: LintConfig, tokenizer: Any = None,
-               min_tokens: int | None = None) -> LintReport:
+               min_tokens: int | None = None, progress: Callable[[int], None] | None = None) -> LintReport:
     """Lint every file under ``paths``. A file that cannot be checked becomes a :class:`FileError` and the
-    others are still checked; a path that holds no lintable file is an error too."""
+    others are still checked; a path that holds no lintable file is an error too. ``progress(1)``: called as
+    each file is done."""
     count = (lambda text: len(tokenizer.backend.encode(text, add_special_tokens=False).ids)) if tokenizer \
         else (lambda text: max(1, len(text) // 4))
     from ...sandbox import budget
 
     with budget(config.budget()):
-        return _lint_paths(paths, config, tokenizer, min_tokens, count)
+        return _lint_paths(paths, config, tokenizer, min_tokens, count, progress)
 
 
 def _lint_paths(paths: Sequence[str], config: LintConfig, tokenizer: Any, min_tokens: int | None,
-                count: Callable[[str], int]) -> LintReport:
+                count: Callable[[str], int], progress: Callable[[int], None] | None = None) -> LintReport:
     from ...sandbox import site
 
     findings: list[Finding] = []
@@ -76,6 +77,8 @@ def _lint_paths(paths: Sequence[str], config: LintConfig, tokenizer: Any, min_to
             continue
         linted = 0
         for f in files:
+            if progress is not None:
+                progress(1)
             try:
                 with site(str(f)):
                     found = _lint_file(f, config, tokenizer, min_tokens, count, named=Path(raw).is_file())

@@ -22,7 +22,7 @@ import heapq
 import math
 from array import array
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from operator import sub
@@ -298,7 +298,8 @@ class _Duplicates:
         del self.owner[slot]
 
 
-def _stack_pass(kt: KeyedTrace, skip: int, capacities: Sequence[int] = ()) -> _Stack | None:
+def _stack_pass(kt: KeyedTrace, skip: int, capacities: Sequence[int] = (),
+                progress: Callable[[int], None] | None = None) -> _Stack | None:
     """Mattson's LRU stack over block keys, exact for vLLM's sequential rules; None where it does not apply.
 
     Between requests the pool holds, newest first, the full blocks ordered by (request, -position) (a
@@ -332,6 +333,8 @@ def _stack_pass(kt: KeyedTrace, skip: int, capacities: Sequence[int] = ()) -> _S
         return sum(per_chunk[:c]) + dead.count(1, c << _CHUNK, t + 1)
 
     for r, req in enumerate(kt.requests):
+        if progress is not None:
+            progress(1)
         keys = _keys(req)
         n = len(keys)
         length = req.prompt_tokens
@@ -503,8 +506,10 @@ class CurveReport:
 
 def capacity_curve(kt: KeyedTrace, capacities: Sequence[int] | None = None, *, points: int = CURVE_POINTS,
                    warmup: float | int | None = 0, concurrency: int = 1, decode_s_per_token: float = 0.02,
-                   optimal: bool = False, source: str = "") -> CurveReport:
-    """Hit rate at each capacity (or at ``points`` log-spaced ones from the minimum to the ceiling)."""
+                   optimal: bool = False, source: str = "",
+                   progress: Callable[[int], None] | None = None) -> CurveReport:
+    """Hit rate at each capacity (or at ``points`` log-spaced ones from the minimum to the ceiling).
+    ``progress(n)``: called as requests are replayed (once per request of the one pass, or per capacity replayed)."""
     n = len(kt.requests)
     skip = resolve_warmup(warmup, n)
     if skip >= n:
@@ -514,7 +519,7 @@ def capacity_curve(kt: KeyedTrace, capacities: Sequence[int] | None = None, *, p
         capacities = curve_capacities(kt.min_capacity_blocks, ceiling, points)
     elif any(c < 1 for c in capacities):
         raise UsageError("`capacity_blocks` must be at least one block")
-    stack = _stack_pass(kt, skip, capacities) if concurrency == 1 else None
+    stack = _stack_pass(kt, skip, capacities, progress) if concurrency == 1 else None
     counted = kt.requests[skip:]
     query = sum(r.prompt_tokens for r in counted)
     if stack is not None:
@@ -541,7 +546,11 @@ def capacity_curve(kt: KeyedTrace, capacities: Sequence[int] | None = None, *, p
                            warmup=skip)
             hit_tokens, hit_rate, evicted = int(rep.hit_tokens), rep.hit_rate, rep.evicted_blocks
             replayed += 1
+            if progress is not None:
+                progress(n)
         opt = optimal_hits(kt, cap, warmup=skip) if optimal else None
+        if optimal and progress is not None:
+            progress(n)
         out.append(CurvePoint(capacity_blocks=cap, capacity_tokens=tokens, fits=True, hit_tokens=hit_tokens,
                               hit_rate=hit_rate, evicted_blocks=evicted, optimal_hit_tokens=opt,
                               optimal_hit_rate=None if opt is None else (opt / query if query else None)))

@@ -27,7 +27,7 @@ value where requests that otherwise share a prefix split; FX003 puts the same to
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -116,12 +116,14 @@ class FixReport:
 
 
 def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tokenizer: Any = None,
-            table: Any = None, source: str = "", reuse: FixReport | None = None) -> FixReport:
+            table: Any = None, source: str = "", reuse: FixReport | None = None,
+            progress: Callable[[int], None] | None = None) -> FixReport:
     """Find and apply the fixes on a log, and measure the log before and after (see the module docstring).
 
     ``reuse``: an earlier report on the same lines, tokenizer, table and options except ``unsafe`` and
     ``select``: its conversations and its measure of the log before the fixes are taken as they are (``cachectl
-    report`` runs the safe and the full fix on one log)."""
+    report`` runs the safe and the full fix on one log). ``progress(n)``: called as lines are grouped, rewritten
+    and measured (each pass over the log counts its lines again)."""
     if not lines:
         raise InputError("no requests", source=source)
     codes = tuple(options.select) if options.select else CODES
@@ -131,7 +133,8 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     if options.model is not None:
         lines = [_with_model(ln, options.model) for ln in lines]
     grouping = (reuse.grouping if reuse is not None
-                else group_sessions(lines, key=options.key, window_s=options.window_s, tokenizer=tokenizer))
+                else group_sessions(_ticking(lines, progress), key=options.key, window_s=options.window_s,
+                                    tokenizer=tokenizer))
     counter = None
     if tokenizer is not None:  # one counter (and its cache of position token IDs) for every measure
         from ..provider.cache import tokenizer_counter
@@ -140,7 +143,7 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     forks, fork_notes = (reuse.forks, []) if reuse is not None and reuse.forks is not None else log_forks(
         lines, tokenizer=tokenizer, block_size=options.block_size, capacity_blocks=options.capacity_blocks,
         add_generation_prompt=options.add_generation_prompt, source=source)
-    rw = rewrite(lines, grouping, codes, options.unsafe, tokenizer, table, options.model, counter, forks)
+    rw = rewrite(lines, grouping, codes, options.unsafe, tokenizer, table, options.model, counter, forks, progress)
     values = rw.values
     # (dict equality ignores key order, which FX002 changes: every line is parsed again)
     fixed = [reparse(ln, v) for ln, v in zip(lines, values)]
@@ -149,7 +152,7 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     notes = fork_notes + list(rw.notes)
     measured = partial(measure, grouping=grouping, tokenizer=tokenizer, table=table, block_size=options.block_size,
                        capacity_blocks=options.capacity_blocks, add_generation_prompt=options.add_generation_prompt,
-                       source=source, memo={}, counter=counter)
+                       source=source, memo={}, counter=counter, progress=progress)
     n1: list[str] = []
     if reuse is not None and reuse.before is not None:
         before = reuse.before
@@ -172,7 +175,8 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
             if len(done) == len(order):
                 m = after
             else:
-                step = rewrite(lines, grouping, done, options.unsafe, tokenizer, table, options.model, counter, forks)
+                step = rewrite(lines, grouping, done, options.unsafe, tokenizer, table, options.model, counter, forks,
+                               progress)
                 m = measured([reparse(ln, v) for ln, v in zip(lines, step.values)], causes=False)[0]
             reused = m.pair_reused_tokens or 0
             p0, p1 = prev_provider, m.provider
@@ -198,6 +202,13 @@ def _ceiling_hits(m: Measure) -> float | None:
     """The no-eviction vLLM hit tokens of a measure (the replay itself when it ran without a capacity)."""
     v = m.vllm_no_eviction or (m.vllm if m.vllm is not None and m.vllm.capacity_blocks is None else None)
     return v.hit_tokens if v is not None else None
+
+
+def _ticking(lines: Iterable[LogLine], progress: Callable[[int], None] | None) -> Iterator[LogLine]:
+    for ln in lines:
+        if progress is not None:
+            progress(1)
+        yield ln
 
 
 def _with_model(ln: LogLine, model: str) -> LogLine:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -136,26 +136,7 @@ def _elements(ln: LogLine, bos: str | None = None) -> tuple[Any, int]:
 _MSG_INDEX = re.compile(r"(?:messages|input)\[(\d+)\]")
 
 
-def _extends(prev: Any, last_turn: int, cur: Any) -> int:
-    """How much of ``prev`` ``cur`` repeats as its prefix when ``cur`` continues ``prev``'s conversation: all of
-    ``prev``, or (a client that sends the newest turn with extra blocks and the history without them) all
-    before ``prev``'s last turn and at least the first position of that turn; -1 when it does not."""
-    if type(prev) is not type(cur):
-        return -1
-    if len(prev) <= len(cur) and cur[:len(prev)] == prev:
-        return len(prev)
-    if isinstance(prev, tuple) and prev and isinstance(prev[0], str):
-        n = 0
-        for x, y in zip(prev, cur):
-            if x != y:
-                break
-            n += 1
-        if n > last_turn:
-            return n
-    return -1
-
-
-def group_sessions(lines: Sequence[LogLine], *, key: str | None = None, window_s: float | None = 1800.0,
+def group_sessions(lines: Iterable[LogLine], *, key: str | None = None, window_s: float | None = 1800.0,
                    tokenizer: Any = None) -> Grouping:
     """Conversation of each line: its key when ``key`` is given (the lines carry it), else automatic.
 
@@ -166,6 +147,9 @@ def group_sessions(lines: Sequence[LogLine], *, key: str | None = None, window_s
     history); the longest such prefix wins, the most recent on a tie. A conversation is open while its last request is at
     most ``window_s`` seconds older (lines without a timestamp ignore the window). With ``tokenizer``, a raw-text
     prompt's leading BOS text is left out of the comparison.
+
+    Time linear in the log and memory in its conversations: each conversation is remembered by a few hashes of
+    its last request (:class:`_Index`), looked up by the prefix it must share, never compared with every other.
     """
     ids: list[int] = []
     if key is not None:
@@ -173,23 +157,174 @@ def group_sessions(lines: Sequence[LogLine], *, key: str | None = None, window_s
         for ln in lines:
             ids.append(seen.setdefault(ln.key, len(seen)))
         return Grouping(tuple(ids), len(seen), f"key {key}")
-    last: list[tuple[Any, int, float | None, int]] = []  # per group: elements, last turn, time, line index
+    index = _Index(window_s)
     bos = getattr(tokenizer, "bos_token", None)
     for i, ln in enumerate(lines):
-        el, turn = _elements(ln, bos)
-        best, best_len, best_at = -1, -1, -1
-        for g, (pel, pturn, pts, at) in enumerate(last):
-            if window_s is not None and pts is not None and ln.timestamp is not None and ln.timestamp - pts > window_s:
-                continue
-            n = _extends(pel, pturn, el)
-            if n <= 0:
-                continue
-            if n > best_len or (n == best_len and at > best_at):
-                best, best_len, best_at = g, n, at
-        if best < 0:
-            best = len(last)
-            last.append((el, turn, ln.timestamp, i))
+        ids.append(index.add(*_elements(ln, bos), ln.timestamp, i))
+    return Grouping(tuple(ids), index.count, "automatic", window_s)
+
+
+#: chunk length (characters of a raw text, IDs of a token list) of the prefix hashes: a conversation's last
+#: raw-text or token-ID prompt is found under the hash of its chunks up to its length rounded down to this
+_CHUNK = 64
+
+
+class _Last:
+    """What grouping remembers of a conversation's last request: where it is indexed, the hashes that decide
+    whether a later request extends it, and when it was sent (a few ints; no text, no tokens)."""
+
+    __slots__ = ("group", "bucket", "length", "full", "tail", "turn", "ts", "at")
+
+    def __init__(self, group: int, bucket: tuple, length: int, full: int, tail: tuple[int, ...], turn: int,
+                 ts: float | None, at: int):
+        self.group, self.bucket, self.length, self.full = group, bucket, length, full
+        self.tail, self.turn, self.ts, self.at = tail, turn, ts, at
+
+
+def _positions_hashes(el: tuple) -> list[int]:
+    """Prefix hashes of a request's positions: ``h[k]`` hashes ``el[:k]``."""
+    out = [0]
+    h = 0
+    for x in el:
+        h = hash((h, x))
+        out.append(h)
+    return out
+
+
+def _chunk_hashes(el: Any) -> list[int]:
+    """Prefix hashes of a raw text or a token-ID tuple at chunk boundaries: ``h[j]`` hashes ``el[:j * _CHUNK]``."""
+    out = [0]
+    h = 0
+    for j in range(len(el) // _CHUNK):
+        piece = el[j * _CHUNK:(j + 1) * _CHUNK]
+        h = hash((h, piece))
+        out.append(h)
+    return out
+
+
+class _Index:
+    """Open conversations by the prefix a continuation must repeat, with the window applied as
+    ``group_sessions`` describes (one lookup per position of a request, or per chunk of a text).
+
+    A request (a tuple of position strings) with last turn starting at ``t`` is extended by any later request
+    that repeats its first ``m = min(len, t + 1)`` positions (then the rest is compared by prefix hash); a raw
+    text or token list only by one that repeats all of it. So each conversation is filed under the hash of that
+    prefix (texts and token lists: of their chunks up to their length rounded down to the chunk, or of all of it
+    when shorter than one chunk), and a request looks up the prefixes of its own that such a key could name.
+    Conversations a request finds closed by the window move to a cold list that only lines earlier in time (or
+    without a timestamp) still consult, so a long log does not keep scanning them."""
+
+    def __init__(self, window_s: float | None):
+        self.window_s = window_s
+        self.count = 0
+        self.hot: dict[tuple, dict[int, _Last]] = {}
+        #: kind -> prefix length of a bucket -> conversations filed there (hot or cold)
+        self.lengths: dict[str, dict[int, int]] = {"r": {}, "i": {}, "t": {}}
+        self.cold: dict[tuple, dict[int, _Last]] = {}
+        self.cold_since: float | None = None  # lines at or after this time skip the cold list
+
+    def _closed(self, last: _Last, ts: float | None) -> bool:
+        return self.window_s is not None and last.ts is not None and ts is not None and ts - last.ts > self.window_s
+
+    def add(self, el: Any, turn: int, ts: float | None, at: int) -> int:
+        kind = "r" if isinstance(el, tuple) and el and isinstance(el[0], str) else "t" if isinstance(el, str) else "i"
+        if kind == "r":
+            pre = _positions_hashes(el)
+            cands = [(kind, m, pre[m]) for m in self.lengths[kind] if m <= len(el)]
         else:
-            last[best] = (el, turn, ln.timestamp, i)
-        ids.append(best)
-    return Grouping(tuple(ids), len(last), "automatic", window_s)
+            pre = _chunk_hashes(el)
+            cands = []
+            for m in self.lengths[kind]:
+                if m > len(el):
+                    continue
+                if m < _CHUNK:
+                    cands.append((kind, m, hash(el[:m])))
+                elif m % _CHUNK == 0:
+                    cands.append((kind, m, pre[m // _CHUNK]))
+        best: _Last | None = None
+        best_len = -1
+        use_cold = self.cold and not (ts is not None and self.cold_since is not None and ts >= self.cold_since)
+        for bucket in cands:
+            for store in ((self.hot, self.cold) if use_cold else (self.hot,)):
+                found = store.get(bucket)
+                if not found:
+                    continue
+                for last in list(found.values()):
+                    if self._closed(last, ts):
+                        if store is self.hot:  # closed for this line and for every later one
+                            self._move_cold(last, ts)
+                        continue
+                    n = self._extends(last, kind, el, pre)
+                    if n <= 0:
+                        continue
+                    if best is None or n > best_len or (n == best_len and last.at > best.at):
+                        best, best_len = last, n
+        if best is None:
+            group = self.count
+            self.count += 1
+        else:
+            group = best.group
+            self._remove(best)
+        self._file(self._last(group, kind, el, pre, turn, ts, at))
+        return group
+
+    def _extends(self, last: _Last, kind: str, el: Any, pre: list[int]) -> int:
+        """How much of the remembered request ``el`` repeats as its prefix when it continues that conversation
+        (its bucket matched ``el``'s): all of it, or all before its last turn and at least the first position of
+        that turn, the longest common prefix then; -1 when it does not."""
+        n = last.length
+        if n <= len(el):
+            if kind == "r":
+                if pre[n] == last.full:
+                    return n
+            else:
+                k = n // _CHUNK
+                if hash((pre[k], el[k * _CHUNK:n])) == last.full:
+                    return n
+        if kind != "r":
+            return -1
+        # all positions before the last turn and its first one repeated: the longest common prefix
+        m = last.bucket[1]
+        k = m
+        for h in last.tail:
+            if k + 1 >= len(pre) or pre[k + 1] != h:
+                break
+            k += 1
+        return k if k > last.turn else -1
+
+    def _last(self, group: int, kind: str, el: Any, pre: list[int], turn: int, ts: float | None, at: int) -> _Last:
+        n = len(el)
+        if kind == "r":
+            m = min(n, turn + 1)
+            return _Last(group, (kind, m, pre[m]), n, pre[n], tuple(pre[m + 1:]), turn, ts, at)
+        k = n // _CHUNK
+        bucket = (kind, n, hash(el)) if n < _CHUNK else (kind, k * _CHUNK, pre[k])
+        return _Last(group, bucket, n, hash((pre[k], el[k * _CHUNK:n])), (), turn, ts, at)
+
+    def _file(self, last: _Last) -> None:
+        if last.length == 0:  # an empty prompt: extended by nothing
+            return
+        self.hot.setdefault(last.bucket, {})[last.group] = last
+        lengths = self.lengths[last.bucket[0]]
+        lengths[last.bucket[1]] = lengths.get(last.bucket[1], 0) + 1
+
+    def _move_cold(self, last: _Last, ts: float | None) -> None:
+        found = self.hot[last.bucket]
+        del found[last.group]
+        if not found:
+            del self.hot[last.bucket]
+        self.cold.setdefault(last.bucket, {})[last.group] = last
+        assert ts is not None
+        self.cold_since = ts if self.cold_since is None else max(self.cold_since, ts)
+
+    def _remove(self, last: _Last) -> None:
+        for store in (self.hot, self.cold):
+            found = store.get(last.bucket)
+            if found is not None and found.pop(last.group, None) is not None:
+                if not found:
+                    del store[last.bucket]
+                break
+        lengths = self.lengths[last.bucket[0]]
+        lengths[last.bucket[1]] -= 1
+        if not lengths[last.bucket[1]]:
+            del lengths[last.bucket[1]]

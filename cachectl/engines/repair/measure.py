@@ -7,8 +7,9 @@ notes)``; ``fix_log`` measures the log before and after (and once per fix code, 
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,32 +57,47 @@ class Measure:
 
 
 
-def _prompt_key(p: PromptInput) -> str:
-    return json.dumps([p.kind, p.text, p.messages, p.tools, p.ids], ensure_ascii=False, default=str)
+def _prompt_key(p: PromptInput) -> bytes:
+    """A digest of what the tokenizer sees of a prompt (its content, key order included)."""
+    text = json.dumps([p.kind, p.text, p.messages, p.tools, p.ids], ensure_ascii=False, default=str)
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
-def _tokenize(lines: Sequence[LogLine], tokenizer: Any, add_generation_prompt: bool,
-              memo: dict | None = None) -> list[Any]:
-    """Tokenized prompts; with ``memo``, a prompt tokenized before (the same content, key order included) is
-    not tokenized again (the before/after and per-fix measures share most lines)."""
-    if memo is None:
-        return tokenizer.tokenize_many([ln.prompt for ln in lines], add_generation_prompt=add_generation_prompt)
-    keys = [_prompt_key(ln.prompt) for ln in lines]
-    todo = {k: ln.prompt for k, ln in zip(keys, lines) if k not in memo}
-    if todo:
-        for k, t in zip(todo, tokenizer.tokenize_many(list(todo.values()), add_generation_prompt=add_generation_prompt)):
-            memo[k] = t
-    return [memo[k] for k in keys]
+#: lines tokenized at a time (the tokenizer runs a batch in parallel)
+BATCH = 256
+
+
+def _tokenized(lines: Sequence[LogLine], tokenizer: Any, add_generation_prompt: bool,
+               memo: dict | None = None) -> Iterator[Any]:
+    """Tokenized prompts, one batch of lines at a time, each compacted to its IDs and rendered text (about 4 bytes
+    per token, not a full ``Encoding``'s hundred; offsets come back on first use). With ``memo`` (prompt digest ->
+    compact tokenization), a prompt tokenized before (the same content, key order included) is not tokenized
+    again: the before/after and per-fix measures share most lines."""
+    for start in range(0, len(lines), BATCH):
+        batch = lines[start:start + BATCH]
+        if memo is None:
+            for t in tokenizer.tokenize_many([ln.prompt for ln in batch], add_generation_prompt=add_generation_prompt):
+                yield t.compact()
+            continue
+        keys = [_prompt_key(ln.prompt) for ln in batch]
+        todo = {k: ln.prompt for k, ln in zip(keys, batch) if k not in memo}
+        if todo:
+            for k, t in zip(todo, tokenizer.tokenize_many(list(todo.values()),
+                                                          add_generation_prompt=add_generation_prompt)):
+                memo[k] = t.compact()
+        for k in keys:
+            yield memo[k]
 
 
 def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = None, table: Any = None,
             block_size: int = 16, capacity_blocks: int | None = None, add_generation_prompt: bool = True,
             source: str = "", causes: bool = True, memo: dict | None = None,
-            counter: Any = None) -> tuple[Measure, list[str]]:
+            counter: Any = None, progress: Callable[[int], None] | None = None) -> tuple[Measure, list[str]]:
     """A log measured by the existing engines: the vLLM replay (:func:`cachectl.engines.prefix.simulate`; with
     ``capacity_blocks`` None, no eviction), the provider cache
     (:func:`cachectl.engines.provider.cache.simulate_requests`), and the token prefix each request shares with the
-    previous one of its conversation (with the diff-tokens cause where they diverge)."""
+    previous one of its conversation (with the diff-tokens cause where they diverge). ``progress(n)`` is called
+    as lines are tokenized."""
     from .. import tokendiff
     from ..prefix.replay import simulate
     from ..prefix.trace import TraceRequest
@@ -92,31 +108,43 @@ def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = No
     pair_reused = pair_tokens = None
     cause_count: dict[str, int] = {}
     if tokenizer is not None:
-        toks = _tokenize(lines, tokenizer, add_generation_prompt, memo)
-        trace = [TraceRequest(index=k, line=ln.line, prompt_tokens=len(t.ids), tokens=list(t.ids),
-                              timestamp=ln.timestamp) for k, (ln, t) in enumerate(zip(lines, toks))]
+        # one pass: each request replayed and compared as it is tokenized; a conversation's last request is
+        # kept only until its conversation has no line left
+        ends = _last_lines(grouping)
+        pair = {"reused": 0, "tokens": 0}
+        last: dict[int, Any] = {}
+
+        def trace() -> Iterator[TraceRequest]:
+            for k, (ln, t, g) in enumerate(zip(lines, _tokenized(lines, tokenizer, add_generation_prompt, memo),
+                                               grouping.groups)):
+                yield TraceRequest(index=k, line=ln.line, prompt_tokens=len(t.ids), tokens=t.ids,
+                                   timestamp=ln.timestamp)
+                prev = last.pop(g, None)
+                if ends[g] != k:
+                    last[g] = t
+                if progress is not None:
+                    progress(1)
+                if prev is None:
+                    continue
+                c = tokendiff.common_prefix_length(prev.ids, t.ids)
+                pair["reused"] += c
+                pair["tokens"] += len(t.ids)
+                if causes and c < min(len(prev.ids), len(t.ids)):
+                    d = tokendiff.diff_tokens(prev, t, block_size=block_size, tokenizer=tokenizer)
+                    cid = d.cause.id if d.cause is not None else "unexplained"
+                    cause_count[cid] = cause_count.get(cid, 0) + 1
+
         policy = "vllm" if capacity_blocks is not None else "infinite"
-        r = simulate(trace, policy=policy, block_size=block_size, capacity_blocks=capacity_blocks, source=source)
+        r = simulate(trace(), policy=policy, block_size=block_size, capacity_blocks=capacity_blocks, source=source)
         vllm = VllmMeasure(policy, r.block_size, r.capacity_blocks, r.requests, r.query_tokens, r.hit_tokens,
                            r.hit_rate)
         if capacity_blocks is not None:  # the ceiling too: what the log's shared prefix is worth without eviction
-            inf = simulate(trace, policy="infinite", block_size=block_size, source=source)
+            again = (TraceRequest(index=k, line=ln.line, prompt_tokens=len(t.ids), tokens=t.ids, timestamp=ln.timestamp)
+                     for k, (ln, t) in enumerate(zip(lines, _tokenized(lines, tokenizer, add_generation_prompt, memo))))
+            inf = simulate(again, policy="infinite", block_size=block_size, source=source)
             ceiling = VllmMeasure("infinite", inf.block_size, None, inf.requests, inf.query_tokens, inf.hit_tokens,
                                   inf.hit_rate)
-        pair_reused = pair_tokens = 0
-        last: dict[int, Any] = {}
-        for t, g in zip(toks, grouping.groups):
-            prev = last.get(g)
-            last[g] = t
-            if prev is None:
-                continue
-            c = tokendiff.common_prefix_length(prev.ids, t.ids)
-            pair_reused += c
-            pair_tokens += len(t.ids)
-            if causes and c < min(len(prev.ids), len(t.ids)):
-                d = tokendiff.diff_tokens(prev, t, block_size=block_size, tokenizer=tokenizer)
-                cid = d.cause.id if d.cause is not None else "unexplained"
-                cause_count[cid] = cause_count.get(cid, 0) + 1
+        pair_reused, pair_tokens = pair["reused"], pair["tokens"]
     provider = None
     reqs = [ln.request for ln in lines if ln.request is not None]
     skipped = len(lines) - len(reqs)
@@ -136,3 +164,11 @@ def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = No
                                        int(t.get("cache_creation_input_tokens", 0)), int(t.get("input_tokens", 0)),
                                        rep.total_cost_usd, rep.uncached_cost_usd, rep.hit_rate, skipped)
     return Measure(vllm, provider, pair_reused, pair_tokens, cause_count, ceiling), notes
+
+
+def _last_lines(grouping: Grouping) -> list[int]:
+    """The index of each conversation's last line."""
+    ends = [0] * grouping.count
+    for i, g in enumerate(grouping.groups):
+        ends[g] = i
+    return ends

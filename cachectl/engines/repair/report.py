@@ -18,7 +18,7 @@ Everything here is computed by those engines; this module only groups their resu
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -270,7 +270,7 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
                  trace: Iterable[TraceRequest] | None = None, block_size: int = 16, top: int = 5,
                  context: int = 24, curve_points: int = 16, price_model: str | None = None,
                  text_counter: Any = None, fixes: BeforeAfter | None = None,
-                 forks: LogForks | None = None) -> LogReport:
+                 forks: LogForks | None = None, progress: Callable[[int], None] | None = None) -> LogReport:
     """Run diff-tokens' log mode over ``log``, prompt-cost's simulation over ``requests`` (with ``table``) and
     simulate-prefix's capacity curve over ``trace``, and keep what the report shows.
 
@@ -280,6 +280,8 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
     ``forks``: the log's shared-prefix analysis (:func:`.shared_prefix.log_forks`; ``fix_log`` keeps it as
     ``FixReport.forks``): its forks are listed, and the tokens they cost beyond each request's within-conversation
     loss join the headline (``total_tokens_lost``; :func:`.shared_prefix.cross_request_loss`).
+    ``progress(n)``: called as pairs are compared and requests replayed (the iterables' own reading is the
+    caller's to count).
     """
     from ..tokendiff import MISMATCH, LogSummary, diff_log
 
@@ -306,6 +308,8 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
     gains = forks.gains_by_line() if forks is not None else {}
     pair_lost: dict[int, int] = {}   # within-conversation loss of the requests that gain across requests
     for item in diff_log(log, tokenizer, block_size=block_size, context=context):
+        if progress is not None:
+            progress(1)
         if isinstance(item, LogSummary):
             summary = item
             continue
@@ -336,7 +340,7 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
                                    causes=tuple(c or "unexplained" for c in convs[k]["causes"]),
                                    worst=convs[k]["worst"]) for k in worst_keys)
     lost_total = summary.reusable_tokens - summary.reused_tokens
-    curve = _curve_section(trace, block_size, curve_points, source) if trace is not None else None
+    curve = _curve_section(trace, block_size, curve_points, source, progress) if trace is not None else None
     if rate is not None:
         notes.append(f"dollars lost: tokens not reused, at {price_model}'s input price less its cache-read price, "
                      f"counted with {tokenizer_name}: an estimate of what a provider cache could have read")
@@ -376,11 +380,12 @@ def _cost_section(requests: Iterable[Request], table: PriceTable, source: str, t
                        misses=misses, findings=tuple(f.message for f in r.findings), notes=r.notes)
 
 
-def _curve_section(trace: Iterable[TraceRequest], block_size: int, points: int, source: str) -> CurveSection:
+def _curve_section(trace: Iterable[TraceRequest], block_size: int, points: int, source: str,
+                   progress: Callable[[int], None] | None = None) -> CurveSection:
     from ..prefix.curve import capacity_curve, key_trace
 
     kt = key_trace(trace, [block_size], source=source)[block_size]
-    c = capacity_curve(kt, points=points, source=source)
+    c = capacity_curve(kt, points=points, source=source, progress=progress)
     pts = tuple((p.capacity_tokens, p.hit_rate) for p in c.points if p.fits and p.hit_rate is not None)
     return CurveSection(block_size=block_size, requests=c.counted_requests, query_tokens=c.query_tokens,
                         ceiling_hit_rate=c.ceiling_hit_rate, ceiling_capacity_tokens=c.ceiling_capacity_blocks * block_size,

@@ -7,7 +7,7 @@ records each rewrite with ``rw.record``, its :class:`FixCode`, and its line in :
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..groups import Grouping, LogLine
@@ -30,11 +30,12 @@ CAUSES: dict[str, tuple[str, ...]] = {c: f.causes for c, f in FIXES.items()}
 
 
 def rewrite(lines: Sequence[LogLine], grouping: Grouping, codes: Sequence[str], unsafe: bool, tokenizer: Any,
-            table: Any, model: str | None, counter: Any = None, forks: Any = None) -> Rewriter:
+            table: Any, model: str | None, counter: Any = None, forks: Any = None,
+            progress: Callable[[int], None] | None = None) -> Rewriter:
     """The enabled fix codes applied to the whole log (a fresh deep copy), in :data:`REGISTRY`'s order; the
     rewritten values, the fixes and the notes are the returned rewriter's. ``forks``: the log's shared prefix
     across requests (:func:`cachectl.engines.repair.shared_prefix.log_forks`), for the cross-request fixes."""
-    rw = Rewriter(lines, grouping, unsafe, tokenizer, table, model, counter, forks)
+    rw = Rewriter(lines, grouping, unsafe, tokenizer, table, model, counter, forks, progress)
     for fix in REGISTRY:
         if fix.code in codes:
             fix.apply(rw)

@@ -43,7 +43,8 @@ class Rewriter:
     fixes and notes they record."""
 
     def __init__(self, lines: Sequence[LogLine], grouping: Grouping, unsafe: bool, tokenizer: Any, table: Any,
-                 model: str | None, counter: Any = None, forks: Any = None):
+                 model: str | None, counter: Any = None, forks: Any = None,
+                 progress: Callable[[int], None] | None = None):
         self.lines = list(lines)
         self.grouping = grouping
         self.unsafe = unsafe
@@ -57,6 +58,8 @@ class Rewriter:
         #: the log's shared prefix across requests (:class:`~cachectl.engines.repair.shared_prefix.LogForks`), or
         #: None: the cross-request fixes (FX001, FX007) read the lines to move from it
         self.forks = forks
+        #: called with 1 each time a fix code reads a line as rewritten so far (a fix code's pass over the log)
+        self.progress = progress
 
     def allowed(self, safe: bool) -> bool:
         return safe or self.unsafe
@@ -78,6 +81,8 @@ class Rewriter:
         return out
 
     def current(self, i: int) -> LogLine:
+        if self.progress is not None:
+            self.progress(1)
         return reparse(self.lines[i], self.values[i])
 
 
