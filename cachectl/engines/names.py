@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from importlib import resources
 
 
@@ -21,16 +21,24 @@ def _data(name: str) -> dict:
 _VERTEX_DATE = re.compile(r"@(\d{8})$")
 
 
-def match_model(name: str, names: Iterable[str], aliases: Mapping[str, str]) -> str | None:
+def alias_map(entries: Iterable[tuple[str, Iterable[str]]]) -> dict[str, str]:
+    """Declared alias -> entry, from ``(entry, its aliases)`` pairs; the first entry to declare an alias keeps it."""
+    out: dict[str, str] = {}
+    for name, aliases in entries:
+        for alias in aliases:
+            out.setdefault(alias, name)
+    return out
+
+
+def match_model(name: str, names: Container[str], aliases: Mapping[str, str]) -> str | None:
     """The price-table entry ``name`` is priced as: the exact name, else a declared alias (dated snapshots,
     ``-latest``), else None. Nothing is guessed: a name that only starts like an entry (``gpt-5-pro``,
     ``claude-opus-4-9``) matches nothing. A gateway's provider prefix (``openai/gpt-4.1``) is the same name, and
     a Vertex AI ``@YYYYMMDD`` is the same snapshot as Anthropic's ``-YYYYMMDD``, so both are read as such. The
     one lookup rule of :meth:`cachectl.engines.provider.prices.PriceTable.lookup` and of
     :func:`is_price_model`."""
-    known = set(names)
     for candidate in _spellings(name):
-        if candidate in known:
+        if candidate in names:
             return candidate
         if candidate in aliases:
             return aliases[candidate]
@@ -50,13 +58,9 @@ def _spellings(name: str) -> list[str]:
 
 
 @functools.cache
-def _shipped_prices() -> tuple[tuple[str, ...], dict[str, str]]:
+def _shipped_prices() -> tuple[frozenset[str], dict[str, str]]:
     models = _data("prices.json")["models"]
-    aliases: dict[str, str] = {}
-    for name, entry in models.items():
-        for alias in entry.get("aliases") or ():
-            aliases.setdefault(alias, name)
-    return tuple(models), aliases
+    return frozenset(models), alias_map((name, entry.get("aliases") or ()) for name, entry in models.items())
 
 
 def is_price_model(name: str) -> bool:

@@ -15,10 +15,14 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from ...inputs.request import Position, Request
 from ...volatile import find_volatile
 from .rules import RULES, VOLATILE_NAME, Finding, LintConfig, filter_findings
+
+if TYPE_CHECKING:
+    from ..provider.prices import ModelPrice
 
 OPENAI_MIN = 1024
 _TEMPLATE_VAR = re.compile(r"\{\{\s*([A-Za-z_][\w.]*)\s*\}\}|\$\{([A-Za-z_]\w*)\}")
@@ -31,28 +35,28 @@ def _prices():
     return PriceTable.load()
 
 
-def minimum_for(model: str | None) -> int | None:
-    """The model's minimum cacheable prompt, from the shipped price table; None for unknown models."""
+def _price(model: str | None) -> ModelPrice | None:
+    """The model's entry of the shipped price table; None for no model or an unknown one."""
     if not model:
         return None
     from ..provider.prices import UnknownModelError
 
     try:
-        return _prices().lookup(model).min_cacheable_tokens
+        return _prices().lookup(model)
     except UnknownModelError:
         return None
+
+
+def minimum_for(model: str | None) -> int | None:
+    """The model's minimum cacheable prompt, from the shipped price table; None for unknown models."""
+    price = _price(model)
+    return None if price is None else price.min_cacheable_tokens
 
 
 def cache_mode_for(model: str | None) -> str | None:
     """The model's caching rule (``cache_mode`` of the shipped price table); None for unknown models."""
-    if not model:
-        return None
-    from ..provider.prices import UnknownModelError
-
-    try:
-        return _prices().lookup(model).cache_mode
-    except UnknownModelError:
-        return None
+    price = _price(model)
+    return None if price is None else price.cache_mode
 
 
 def _looks_volatile(p: Position, volatile_name: re.Pattern) -> str | None:

@@ -414,6 +414,16 @@ class CacheSimulator:
         self.last: dict[str, _Seen] = {}
         self.never_read: list[_Entry] = []
 
+    def _previous(self, req: Request, keys: list[str]) -> tuple[_Seen | None, int]:
+        """The previous request of ``req``'s model, and how many leading positions it shares with ``req``."""
+        prev = self.last.get(str(req.model))
+        if prev is None:
+            return None, 0
+        same = 0
+        while same < min(len(keys), len(prev.keys)) and keys[same] == prev.keys[same]:
+            same += 1
+        return prev, same
+
     def _alive(self, key: str, t: float) -> _Entry | None:
         e = self.entries.get(key)
         if e is None:
@@ -501,12 +511,9 @@ class CacheSimulator:
                 gone = self.expired[k]
                 return MissReason("ttl_expired", f"the entry at {req.positions[j].path} expired {t - gone:,.0f}s "
                                   "before this request (TTL ran out between requests)", req.positions[j].path)
-        prev = self.last.get(str(req.model))
+        prev, same = self._previous(req, keys)
         if prev is None:
             return MissReason("cold", "first request for this model in the log: nothing cached yet")
-        same = 0
-        while same < min(len(keys), len(prev.keys)) and keys[same] == prev.keys[same]:
-            same += 1
         if same > top:  # the content up to the breakpoint is the previous request's: entries sit elsewhere
             where = ", ".join(prev.positions[w].path for w in prev.writes) or "nowhere"
             return MissReason("breakpoint_moved", f"the prefix up to {req.positions[top].path} is the same as line "
@@ -561,12 +568,9 @@ class CacheSimulator:
             if k in self.expired:
                 return MissReason("ttl_expired", f"the cached prefix of {n:,} tokens expired {t - self.expired[k]:,.0f}s "
                                   "before this request")
-        prev = self.last.get(str(req.model))
+        prev, same = self._previous(req, keys)
         if prev is None:
             return MissReason("cold", "first request for this model in the log: nothing cached yet")
-        same = 0
-        while same < min(len(keys), len(prev.keys)) and keys[same] == prev.keys[same]:
-            same += 1
         if same >= len(keys):
             return MissReason("content_changed", "the request extends the previous one only past the cached prefix")
         return _changed(req, prev, same)
@@ -659,13 +663,10 @@ class CacheSimulator:
                          window: list[int]) -> MissReason | None:
         """Why a GPT-5.6+ request read less than the prefix it shares with the previous request (None: it read
         all of it)."""
-        prev = self.last.get(str(req.model))
+        prev, same = self._previous(req, keys)
         if prev is None:
             return MissReason("cold", "first request for this model in the log: nothing cached yet") if hit < 0 \
                 else None
-        same = 0
-        while same < min(len(keys), len(prev.keys)) and keys[same] == prev.keys[same]:
-            same += 1
         if hit >= 0 and hit >= same - 1:
             return None
         for j in range(same - 1, hit, -1):

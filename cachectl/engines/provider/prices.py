@@ -23,7 +23,7 @@ from importlib import resources
 from typing import Any, Mapping
 
 from ...errors import CachectlError, InputError
-from ..names import is_architecture, match_model
+from ..names import alias_map, is_architecture, match_model
 
 PER_MTOK = 1_000_000
 
@@ -287,15 +287,13 @@ class PriceTable:
 
     def aliases(self) -> dict[str, str]:
         """Declared alias -> entry (dated snapshots, ``-latest``)."""
-        out: dict[str, str] = {}
-        for model, price in self.models.items():
-            for alias in price.aliases:
-                out.setdefault(alias, model)
-        return out
+        return alias_map((model, price.aliases) for model, price in self.models.items())
 
     def lookup(self, name: str) -> ModelPrice:
         """The entry of ``name`` or of the alias it is (:func:`cachectl.engines.names.match_model`): nothing is
         guessed from a prefix, an unknown name is an error with the close names."""
+        if name in self.models:  # the common case, without building the alias map (match_model's first rule)
+            return self.models[name]
         found = match_model(name, self.models, self.aliases())
         if found is not None:
             return self.models[found]
