@@ -497,7 +497,9 @@ def test_tied_embeddings_default_per_model_type():
     # the defaults table against the installed transformers' configuration classes
     import transformers
 
-    table = kvmath._data("model_defaults.json")["tie_word_embeddings"]
+    from cachectl.datafiles import load_data
+
+    table = load_data("model_defaults.json")["tie_word_embeddings"]
     known = set(transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES)
     checked = [t for t in table if t in known]          # older transformers lack the newest types (gemma4)
     assert len(checked) >= 0.8 * len(table)

@@ -133,7 +133,7 @@ def test_engines_never_import_the_cli_typer_or_rich():
 
 def test_inputs_tokenization_and_the_detector_sit_below_the_engines():
     below = ("cachectl.inputs", "cachectl.tokenization", "cachectl.sandbox", "cachectl.volatile", "cachectl.outputs",
-             "cachectl.errors")
+             "cachectl.errors", "cachectl.datafiles")
     bad = _violations(below, ("cachectl.engines", "cachectl.cli", "typer", "rich", "click"))
     assert not bad, "\n".join(bad)
 

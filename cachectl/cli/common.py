@@ -18,6 +18,7 @@ import orjson
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from ..datafiles import load_data
 from ..errors import CachectlError, UsageError, printable
 from ..errors import plural as plural  # the one plural helper, for the commands
 
@@ -176,11 +177,9 @@ KvDtypeOpt = Annotated[Dtype, typer.Option("--dtype", case_sensitive=False, help
 def data_names(file: str, table: str, only: Optional[str] = None) -> str:
     """The entries of a shipped data table (``links.json``'s ``links``) as help lists an option's values: each
     name, its aliases in parentheses. ``only``: just the entries another file's table of that name holds."""
-    import json
-    from importlib import resources
 
     def load(name: str) -> dict:
-        return json.loads(resources.files("cachectl.data").joinpath(name).read_text(encoding="utf-8"))[table]
+        return load_data(name)[table]
 
     entries = load(file)
     keep = load(only) if only else entries

@@ -6,6 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..datafiles import load_data
 from ..errors import UsageError
 from .common import (
     EXIT_FINDING,
@@ -103,8 +104,6 @@ def probe_cmd(prompts: Annotated[Optional[list[str]], typer.Argument(metavar="PR
     """Probe the cache with an adversarial suite of prompt variants.
 
     Variants that must not share an answer (negation, numbers, units, entities, comparisons) and paraphrases that should; flags every must-not variant that would hit. Exit 1 when any does."""
-    import json
-    from importlib import resources
 
     from ..engines import semantic
     from ..inputs import read_text
@@ -114,7 +113,7 @@ def probe_cmd(prompts: Annotated[Optional[list[str]], typer.Argument(metavar="PR
         text, _ = read_text(file)
         items += [line.strip() for line in text.splitlines() if line.strip()]
     if not items:
-        items = json.loads(resources.files("cachectl.data").joinpath("probes.json").read_text())["prompts"]
+        items = load_data("probes.json")["prompts"]
     emb, name, progress = _embedder(model, threads)
     with progress:
         report = semantic.run_probe(items, emb, threshold, name)

@@ -5,16 +5,15 @@ is given."""
 from __future__ import annotations
 
 import dataclasses
-import json
-from importlib import resources
 from typing import Any, Optional
 
+from ..datafiles import load_data
 from ..errors import UsageError
 from .common import Format, emit_json, new_figure, print_note, save_figure, stdout
 
 
 def links() -> dict:
-    return json.loads(resources.files("cachectl.data").joinpath("links.json").read_text(encoding="utf-8"))
+    return load_data("links.json")
 
 
 def write_partitions(*, read, name: str, directory: str, replicas: Optional[int], router: Optional[str],

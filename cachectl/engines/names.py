@@ -7,15 +7,10 @@ kind?" from the shipped data files, so that neither engine imports the other.
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Container, Iterable, Mapping
-from importlib import resources
 
-
-def _data(name: str) -> dict:
-    return json.loads(resources.files("cachectl.data").joinpath(name).read_text(encoding="utf-8"))
-
+from ..datafiles import load_data
 
 #: a Vertex AI snapshot id spells the date after an ``@`` (``claude-sonnet-4-5@20250929``)
 _VERTEX_DATE = re.compile(r"@(\d{8})$")
@@ -59,7 +54,7 @@ def _spellings(name: str) -> list[str]:
 
 @functools.cache
 def _shipped_prices() -> tuple[frozenset[str], dict[str, str]]:
-    models = _data("prices.json")["models"]
+    models = load_data("prices.json")["models"]
     return frozenset(models), alias_map((name, entry.get("aliases") or ()) for name, entry in models.items())
 
 
@@ -72,7 +67,7 @@ def is_price_model(name: str) -> bool:
 @functools.cache
 def architecture_names() -> frozenset[str]:
     """The model architectures of kv-inspect's catalog (``cachectl/data/models.json``)."""
-    return frozenset(_data("models.json")["models"])
+    return frozenset(load_data("models.json")["models"])
 
 
 def is_architecture(name: str) -> bool:

@@ -11,7 +11,6 @@ import contextlib
 import csv
 import hashlib
 import io
-import json
 import logging
 import math
 import os
@@ -19,10 +18,10 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..datafiles import load_data
 from ..errors import InputError, UsageError
 
 SCHEMA_VERSION = 1
@@ -342,7 +341,7 @@ def sweep_scores(cosines: Sequence[float], labels: Sequence[int], thresholds: Se
 
 
 def probe_rules() -> dict:
-    return json.loads(resources.files("cachectl.data").joinpath("probe_rules.json").read_text(encoding="utf-8"))
+    return load_data("probe_rules.json")
 
 
 def _swap_word(text: str, a: str, b: str) -> str | None:

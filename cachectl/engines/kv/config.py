@@ -14,10 +14,10 @@ import json
 import struct
 import warnings
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from ...datafiles import load_data
 from ...errors import InputError, UsageError
 
 SCHEMA_VERSION = 1
@@ -189,7 +189,7 @@ def reading_key(text: str) -> str:
 @functools.cache
 def _shipped_readings() -> dict[str, dict]:
     try:
-        return {key: entry["reading"] for key, entry in _data(READINGS)["readings"].items()}
+        return {key: entry["reading"] for key, entry in load_data(READINGS)["readings"].items()}
     except FileNotFoundError:
         return {}
 
@@ -432,7 +432,7 @@ def tied_embeddings(config: dict) -> tuple[bool, str]:
     mt = model_type(config)
     if config_note(config) is None and isinstance(_text_config(config).get("tie_word_embeddings"), bool):
         return _text_config(config)["tie_word_embeddings"], f"the {mt} default"  # its configuration class's
-    table = _data("model_defaults.json")["tie_word_embeddings"]
+    table = load_data("model_defaults.json")["tie_word_embeddings"]
     if mt in table:
         return bool(table[mt]), f"the {mt} default"
     return False, "unknown: assumed untied"
@@ -791,16 +791,13 @@ def read_gguf_config(path: str) -> dict:
 # --------------------------------------------------------------------------------------------- catalog
 
 
-def _data(name: str) -> dict:
-    return json.loads(resources.files("cachectl.data").joinpath(name).read_text(encoding="utf-8"))
-
 
 def catalog() -> dict:
-    return _data("models.json")["models"]
+    return load_data("models.json")["models"]
 
 
 def gpu_table() -> dict:
-    return _data("gpus.json")
+    return load_data("gpus.json")
 
 
 def resolve_model(spec: str) -> tuple[dict, str, dict | None]:

@@ -19,10 +19,9 @@ published figure), the whole cost on traffic with no reuse.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from importlib import resources
 
+from ...datafiles import load_data
 from ...errors import UsageError
 
 
@@ -89,7 +88,7 @@ class ServingTime:
 
 def _hash_cost(hash_fn: str) -> tuple[float, str, str]:
     """``(ns per token, where it was measured, vLLM's published figure with its source)``."""
-    table = json.loads(resources.files("cachectl.data").joinpath("block_hash_cost.json").read_text(encoding="utf-8"))
+    table = load_data("block_hash_cost.json")
     m, pub = table["measured"], table["published"]
     key = "sha256_ns_per_token" if hash_fn == "sha256" else "builtin_ns_per_token"
     what = "SHA-256 over a pickle, vLLM's default" if hash_fn == "sha256" else "Python's tuple hash"
@@ -104,7 +103,7 @@ def gpu_peak(name: str) -> tuple[str, float, str]:
     gpus = gpu_table()["gpus"]
     match = next((n for n, g in gpus.items() if name.lower() in (n.lower(), *[a.lower() for a in g.get("aliases", [])])),
                  None)
-    flops = json.loads(resources.files("cachectl.data").joinpath("gpu_flops.json").read_text(encoding="utf-8"))
+    flops = load_data("gpu_flops.json")
     if match is None or match not in flops["gpus"]:
         raise UsageError(f"no peak throughput for GPU {name!r}; known: {', '.join(flops['gpus'])}")
     return match, float(flops["gpus"][match]["dense_bf16_tflops"]), f"{flops['source']} (as of {flops['as_of']})"

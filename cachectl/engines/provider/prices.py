@@ -16,12 +16,11 @@ prompt caching: the model has no cached-input price).
 from __future__ import annotations
 
 import difflib
-import json
 import re
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any, Mapping
 
+from ...datafiles import load_data
 from ...errors import CachectlError, InputError
 from ..names import alias_map, is_architecture, match_model
 
@@ -258,7 +257,7 @@ class PriceTable:
     def load(cls, user_prices: "tuple[Any, str] | None" = None) -> "PriceTable":
         """The shipped table, overridden or extended by ``user_prices``: ``(document, source)``, a parsed price
         file in cachectl's format or LiteLLM's (read it with :func:`cachectl.inputs.read_json_file`)."""
-        raw = json.loads(resources.files("cachectl.data").joinpath("prices.json").read_text(encoding="utf-8"))
+        raw = load_data("prices.json")
         table = cls({name: _from_native(name, e, "cachectl/data/prices.json") for name, e in raw["models"].items()},
                     raw.get("not_shipped"))
         if user_prices is not None:
