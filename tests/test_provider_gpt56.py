@@ -285,13 +285,13 @@ def test_list_models_names_the_caching_rule_and_the_source_date():
     result = CliRunner().invoke(app, ["prompt-cost", "--list-models"])
     assert result.exit_code == 0
     rows = {line.split()[0]: line for line in result.output.splitlines() if line.strip()}
-    assert "openai 5.6+ breakpoints" in rows["gpt-5.6-sol"] and "2026-09-13" in rows["gpt-5.6-sol"]
+    assert "openai 5.6+ breakpoints" in rows["gpt-5.6-sol"] and "2026-12-01" in rows["gpt-5.6-sol"]
     assert "openai automatic (pre-5.6)" in rows["gpt-4.1"]
     assert "anthropic breakpoints" in rows["claude-sonnet-4-5"]
     assert "no prompt caching" in rows["gpt-4o-2024-05-13"]
     data = json.loads(CliRunner().invoke(app, ["prompt-cost", "--list-models", "--format", "json"]).output)
     sol = next(m for m in data["models"] if m["model"] == MODEL)
-    assert sol["rule"] == "openai 5.6+ breakpoints" and sol["cache_write"] == 5 and sol["as_of"] == "2026-09-13"
+    assert sol["rule"] == "openai 5.6+ breakpoints" and sol["cache_write"] == 5 and sol["as_of"] == "2026-12-01"
 
 
 def test_unknown_model_is_one_line_with_close_names_or_priced_with_model_as(tmp_path):
@@ -330,12 +330,13 @@ def test_the_dated_snapshot_with_its_own_price(table):
 
 
 CURRENT = [
-    "gpt-6-astra", "gpt-5.6", "gpt-5.6-sol", "gpt-5.6-terra", "gpt-5.6-luna", "gpt-5.5", "gpt-5.5-pro", "gpt-5.4",
+    "gpt-6.2-sol", "gpt-6.1-sol", "gpt-6-sol", "gpt-6-luna", "gpt-6-astra", "gpt-5.6", "gpt-5.6-sol", "gpt-5.6-terra", "gpt-5.6-luna", "gpt-5.5", "gpt-5.5-pro", "gpt-5.4",
     "gpt-5.4-mini", "gpt-5.4-nano", "gpt-5.4-pro", "gpt-5.3-codex", "gpt-5.2", "gpt-5.2-pro", "gpt-5.2-codex",
     "gpt-5.1", "gpt-5.1-codex", "gpt-5.1-codex-max", "gpt-5.1-codex-mini", "gpt-5", "gpt-5-mini", "gpt-5-nano",
     "gpt-5-pro", "gpt-5-codex", "codex-mini-latest", "gpt-4.1", "gpt-4.1-mini", "gpt-4.1-nano", "gpt-4o",
     "gpt-4o-mini", "o1", "o1-pro", "o3", "o3-pro", "o3-mini", "o4-mini",
-    "claude-opus-5-5", "claude-sonnet-5-5", "claude-fable-5-1", "claude-fable-5", "claude-mythos-5-1",
+    "claude-opus-5-5", "claude-sonnet-5-5", "claude-haiku-5-5", "claude-fable-5-1", "claude-fable-5",
+    "claude-mythos-5", "claude-mythos-5-1",
     "claude-opus-5", "claude-sonnet-5", "claude-opus-4-8", "claude-opus-4-7", "claude-opus-4-6", "claude-opus-4-5",
     "claude-opus-4-1", "claude-sonnet-4-6", "claude-sonnet-4-5", "claude-haiku-4-5",
     "claude-sonnet-4-5-20250929", "claude-haiku-4-5-20251001", "claude-opus-4-1-20250805", "o3-2025-04-16",
@@ -354,6 +355,10 @@ def test_no_model_of_the_current_families_is_unknown(table, name):
 #: (Anthropic 5m / OpenAI 5.6+), 1h write, output; a band above N tokens), typed in again here, apart from
 #: prices.json, and written out below in LiteLLM's format: a typo on either side shows as a difference.
 SOURCES = {
+    "gpt-6.2-sol": (2, 0.1, 2.5, None, 10, (272_000, 4, 0.2, 5, 15)),
+    "gpt-6.1-sol": (2, 0.1, 2.5, None, 10, (272_000, 4, 0.2, 5, 15)),
+    "gpt-6-sol": (2, 0.2, 2.5, None, 10, (272_000, 4, 0.4, 5, 15)),
+    "gpt-6-luna": (0.1, 0.01, 0.125, None, 0.5, (272_000, 0.2, 0.02, 0.25, 0.75)),
     "gpt-6-astra": (10, 1, 12.5, None, 50, (272_000, 20, 2, 25, 75)),
     "gpt-5.6-sol": (4, 0.4, 5, None, 20, (272_000, 8, 0.8, 10, 30)),
     "gpt-5.6-terra": (2, 0.2, 2.5, None, 12, (272_000, 4, 0.4, 5, 18)),
@@ -387,7 +392,10 @@ SOURCES = {
     "o3-pro": (20, None, None, None, 80, None),
     "o3-mini": (1.1, 0.55, None, None, 4.4, None),
     "o4-mini": (1.1, 0.275, None, None, 4.4, None),
+    "claude-haiku-5-5": (0.1, 0.01, 0.125, 0.2, 0.5, (100_000, 0.5, 0.05, 0.625, 2.5)),
+    "claude-sonnet-5": (2, 0.2, 2.5, 4, 10, None),
     "claude-fable-5": (10, 1, 12.5, 20, 50, None),
+    "claude-mythos-5": (10, 1, 12.5, 20, 50, None),
     "claude-sonnet-4-5": (3, 0.3, 3.75, 6, 15, (200_000, 6, 0.6, 7.5, 22.5)),
     "claude-sonnet-4-6": (3, 0.3, 3.75, 6, 15, None),
     "claude-opus-4-6": (5, 0.5, 6.25, 10, 25, None),
