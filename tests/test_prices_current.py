@@ -6,7 +6,8 @@ Rates in USD per million tokens (input | 5m or 30m write | 1h write | read | out
 - claude-mythos-5 (the pricing page's row): 10 | 12.50 | 20 | 1 | 50;
 - claude-sonnet-5 (its model page): 2 | 2.50 | 4 | 0.20 | 10 (not the cancelled 3 / 15);
 - gpt-6-sol 2 | 2.50 | - | 0.20 | 10; gpt-6.1-sol and gpt-6.2-sol 2 | 2.50 | - | 0.10 | 10;
-  gpt-6-luna 0.10 | 0.125 | - | 0.01 | 0.50; over 272K input tokens input and cache rates 2x, output 1.5x.
+  gpt-6-luna 0.10 | 0.125 | - | 0.01 | 0.50; gpt-6.1-terra (developers.openai.com/api/docs/models/gpt-6.1-terra)
+  1 | 1.25 | - | 0.05 | 5; over 272K input tokens input and cache rates 2x, output 1.5x.
 """
 
 from __future__ import annotations
@@ -99,6 +100,8 @@ SMALL = openai(inp=1000, write=8000, read=20_000, out=400)   # 29,000 prompt tok
     ("gpt-6.2-sol", 0.028),
     # 1,000 x 0.10 + 8,000 x 0.125 + 20,000 x 0.01 + 400 x 0.50 = 100 + 1,000 + 200 + 200
     ("gpt-6-luna", 0.0015),
+    # 1,000 x 1 + 8,000 x 1.25 + 20,000 x 0.05 + 400 x 5 = 1,000 + 10,000 + 1,000 + 2,000
+    ("gpt-6.1-terra", 0.014),
 ])
 def test_gpt_6_small_request(table, model, expected):
     p = table.lookup(model)
@@ -114,6 +117,8 @@ def test_gpt_6_small_request(table, model, expected):
     # 300,000 prompt tokens: 100,000 x 4 + 200,000 x 0.20 + 1,000 x 15 = 400,000 + 40,000 + 15,000
     ("gpt-6.1-sol", openai(inp=100_000, read=200_000, out=1000), 0.455),
     ("gpt-6.2-sol", openai(inp=100_000, read=200_000, out=1000), 0.455),
+    # 300,000 prompt tokens: 100,000 x 2 + 200,000 x 0.10 + 1,000 x 7.50 = 200,000 + 20,000 + 7,500
+    ("gpt-6.1-terra", openai(inp=100_000, read=200_000, out=1000), 0.2275),
 ])
 def test_gpt_6_long_context_band(table, model, usage, expected):
     assert cost_usd(table.lookup(model), usage) == pytest.approx(expected)
@@ -123,6 +128,22 @@ def test_gpt_6_band_edge_is_over_272000(table):
     p = table.lookup("gpt-6-sol")
     assert cost_usd(p, openai(inp=272_000)) == pytest.approx(0.544)          # 272,000 x 2
     assert cost_usd(p, openai(inp=272_001)) == pytest.approx(272_001 * 4 / 1e6)
+
+
+def test_gpt_6_1_terra_band_edge_and_half_price_reads(table):
+    p = table.lookup("gpt-6.1-terra")
+    assert cost_usd(p, openai(inp=272_000)) == pytest.approx(0.272)          # 272,000 x 1
+    assert cost_usd(p, openai(inp=272_001)) == pytest.approx(272_001 * 2 / 1e6)
+    # reads are 5% of input on this model, not the 10% of the other GPT-6.x entries: 100,000 x 0.05
+    assert cost_usd(p, openai(read=100_000)) == pytest.approx(0.005)
+    assert "gpt-6.1-terra" in p.source and "stored copy of the page" in p.source
+
+
+def test_fable_5_2_is_not_shipped_without_a_provider_price(table):
+    for name in ("claude-fable-5-2", "claude-mythos-5-2"):
+        with pytest.raises(UnknownModelError):
+            table.lookup(name)
+    assert "Fable 5.2" in (table.not_shipped or "") and "GPT-6.1 Terra" not in (table.not_shipped or "")
 
 
 def test_gpt_5_6_prices_are_the_cut_ones_with_the_launch_price_as_history(table):
@@ -138,7 +159,8 @@ def test_gpt_5_6_prices_are_the_cut_ones_with_the_launch_price_as_history(table)
 
 NEW = {"claude-haiku-5-5": "anthropic breakpoints", "claude-mythos-5": "anthropic breakpoints",
        "gpt-6-sol": "openai 5.6+ breakpoints", "gpt-6-luna": "openai 5.6+ breakpoints",
-       "gpt-6.1-sol": "openai 5.6+ breakpoints", "gpt-6.2-sol": "openai 5.6+ breakpoints"}
+       "gpt-6.1-sol": "openai 5.6+ breakpoints", "gpt-6.2-sol": "openai 5.6+ breakpoints",
+       "gpt-6.1-terra": "openai 5.6+ breakpoints"}
 
 
 def test_list_models_lists_the_new_models_with_their_rule_and_date():

@@ -330,7 +330,7 @@ def test_the_dated_snapshot_with_its_own_price(table):
 
 
 CURRENT = [
-    "gpt-6.2-sol", "gpt-6.1-sol", "gpt-6-sol", "gpt-6-luna", "gpt-6-astra", "gpt-5.6", "gpt-5.6-sol", "gpt-5.6-terra", "gpt-5.6-luna", "gpt-5.5", "gpt-5.5-pro", "gpt-5.4",
+    "gpt-6.2-sol", "gpt-6.1-sol", "gpt-6.1-terra", "gpt-6-sol", "gpt-6-luna", "gpt-6-astra", "gpt-5.6", "gpt-5.6-sol", "gpt-5.6-terra", "gpt-5.6-luna", "gpt-5.5", "gpt-5.5-pro", "gpt-5.4",
     "gpt-5.4-mini", "gpt-5.4-nano", "gpt-5.4-pro", "gpt-5.3-codex", "gpt-5.2", "gpt-5.2-pro", "gpt-5.2-codex",
     "gpt-5.1", "gpt-5.1-codex", "gpt-5.1-codex-max", "gpt-5.1-codex-mini", "gpt-5", "gpt-5-mini", "gpt-5-nano",
     "gpt-5-pro", "gpt-5-codex", "codex-mini-latest", "gpt-4.1", "gpt-4.1-mini", "gpt-4.1-nano", "gpt-4o",
@@ -357,6 +357,7 @@ def test_no_model_of_the_current_families_is_unknown(table, name):
 SOURCES = {
     "gpt-6.2-sol": (2, 0.1, 2.5, None, 10, (272_000, 4, 0.2, 5, 15)),
     "gpt-6.1-sol": (2, 0.1, 2.5, None, 10, (272_000, 4, 0.2, 5, 15)),
+    "gpt-6.1-terra": (1, 0.05, 1.25, None, 5, (272_000, 2, 0.1, 2.5, 7.5)),
     "gpt-6-sol": (2, 0.2, 2.5, None, 10, (272_000, 4, 0.4, 5, 15)),
     "gpt-6-luna": (0.1, 0.01, 0.125, None, 0.5, (272_000, 0.2, 0.02, 0.25, 0.75)),
     "gpt-6-astra": (10, 1, 12.5, None, 50, (272_000, 20, 2, 25, 75)),
