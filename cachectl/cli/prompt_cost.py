@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated, Optional
+from collections import deque
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -17,6 +18,7 @@ from .common import (
     TimeUnitOpt,
     TokenizerOpt,
     Ttl,
+    _write_bytes,
     check_price_model,
     emit_json,
     handle_errors,
@@ -87,23 +89,25 @@ def command(
                          "or --list-models")
     if model_as is not None:
         check_price_model(table, model_as, "--model-as")
+    if modes[0] == "list":
+        _render_models(table, fmt)
+        raise typer.Exit(EXIT_OK)
+    # the rows go to the output as they are priced, and are not kept (memory bounded however long the log)
+    out: _JsonOut | _TextOut = _JsonOut(modes[0]) if fmt is Format.json else _TextOut()
     match modes[0]:
-        case "list":
-            _render_models(table, fmt)
-            raise typer.Exit(EXIT_OK)
         case "what-if":
             assert prefix_tokens is not None  # the mode says so
             report = _what_if(table, model, prefix_tokens, suffix_tokens, output_tokens, calls, every, ttl)
+            for q in report.requests:
+                out.add(q)
         case "audit":
             assert usage is not None
-            report = _audit(table, usage, model, model_as)
+            report = _audit(table, usage, model, model_as, out.add)
         case _:
             assert requests is not None
-            report = _simulate(table, requests, model, model_as, tokenizer, count_with_api, every, time_unit)
-    if fmt is Format.json:
-        emit_json(report)
-    else:
-        _render_report(report)
+            report = _simulate(table, requests, model, model_as, tokenizer, count_with_api, every, time_unit,
+                               out.add)
+    out.finish(report)
     raise typer.Exit(EXIT_OK)
 
 
@@ -124,13 +128,14 @@ def _what_if(table, model: Optional[str], prefix_tokens: int, suffix_tokens: int
                                ttl=getattr(ttl, "value", ttl))
 
 
-def _audit(table, usage: str, model: Optional[str], model_as: Optional[str]):
+def _audit(table, usage: str, model: Optional[str], model_as: Optional[str], on_request):
     from ..engines.provider import cache as promptcache
     from ..inputs import display_name, iter_jsonl
 
     try:
         return promptcache.audit_usage(iter_jsonl(usage), source=display_name(usage), table=table,
-                                       default_model=model, model_as=model_as)
+                                       default_model=model, model_as=model_as, keep_requests=False,
+                                       on_request=on_request)
     except InputError as exc:
         if not exc.message.startswith("this is a request, not a response"):
             raise
@@ -140,7 +145,7 @@ def _audit(table, usage: str, model: Optional[str], model_as: Optional[str]):
 
 
 def _simulate(table, requests: str, model: Optional[str], model_as: Optional[str], tokenizer: Optional[str],
-              count_with_api: bool, every: Optional[str], time_unit: Optional[TimeUnit]):
+              count_with_api: bool, every: Optional[str], time_unit: Optional[TimeUnit], on_request):
     from ..engines.provider import cache as promptcache
     from ..inputs import display_name, read_requests
 
@@ -158,7 +163,7 @@ def _simulate(table, requests: str, model: Optional[str], model_as: Optional[str
             iter_progress(read_requests(requests, default_model=model, timestamps=stamps), progress),
             table=table, source=display_name(requests), text_counter=text_counter, api=api,
             every=promptcache.parse_duration(every) if every else None, token_source=token_source,
-            model_as=model_as)
+            model_as=model_as, keep_requests=False, on_request=on_request)
     timestamp_note(stamps)
     return report
 
@@ -219,17 +224,131 @@ _MISS_LABEL = {"cold": "cold", "content_changed": "changed", "ttl_expired": "TTL
                "implicit_breakpoint_after_change": "implicit bp after change", "breakpoint_limit": "bp limit"}
 
 
-def _render_report(r) -> None:
+#: the JSON document of a report, in this order: these first, then ``requests``, then the other fields
+_JSON_HEAD = ("schema_version", "mode")
+#: report fields that are not in the JSON document (what the rows already say)
+_JSON_LEFT_OUT = ("miss_tallies",)
+
+
+class _JsonOut:
+    """The report's JSON document (``emit_json``'s layout), its rows written as they are priced, so that none
+    is kept: ``schema_version`` and ``mode``, then ``requests``, then the totals and the rest, known at the end.
+
+    The first MiB is held back, so that an input error early in the log leaves stdout empty (as it did when the
+    whole report was built first); past it, an error leaves a document cut short (and exit code 2)."""
+
+    HOLD = 1 << 20
+    CHUNK = 1 << 16
+
+    def __init__(self, mode: str) -> None:
+        import orjson
+
+        self._dumps = orjson.dumps
+        self._opt = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
+        self._mode = mode
+        self._buf = bytearray()
+        self._held = True
+        self._rows = 0
+
+    def _write(self, data: bytes) -> None:
+        self._buf += data
+        if len(self._buf) >= (self.HOLD if self._held else self.CHUNK):
+            self._held = False
+            _write_bytes(bytes(self._buf))
+            self._buf.clear()
+
+    def _head(self) -> bytes:
+        from ..engines.provider.cache import SCHEMA_VERSION
+
+        head = self._dumps({"schema_version": SCHEMA_VERSION, "mode": self._mode}, option=self._opt)
+        return head[:-2] + b',\n  "requests": ['
+
+    def add(self, row) -> None:
+        row_json = self._dumps(row, option=self._opt).replace(b"\n", b"\n    ")
+        self._write((self._head() if not self._rows else b",") + b"\n    " + row_json)
+        self._rows += 1
+
+    def finish(self, report) -> None:
+        from dataclasses import fields
+
+        doc = _json_document(report)
+        head = [doc.pop(k) for k in _JSON_HEAD]
+        assert head == [report.schema_version, self._mode] and [f.name for f in fields(report)][:2] == list(_JSON_HEAD)
+        doc.pop("requests")
+        rest = self._dumps(doc, option=self._opt)
+        self._write((self._head() + b"]" if not self._rows else b"\n  ]") + b"," + rest[1:] + b"\n")
+        _write_bytes(bytes(self._buf))
+        self._buf.clear()
+
+
+def _json_document(report) -> dict[str, Any]:
+    """The report's fields as the JSON document has them (its rows among them, if the report kept them)."""
+    from dataclasses import fields
+
+    return {f.name: getattr(report, f.name) for f in fields(report) if f.name not in _JSON_LEFT_OUT}
+
+
+class _TextOut:
+    """What the text report shows of the rows, gathered as they are priced: the first and last
+    :data:`TABLE_ENDS` rows of a longer log in the table, and the miss and disagreement lines of the first
+    :data:`DETAILED` requests that have any (then how many more have)."""
+
+    TABLE_ENDS = 25
+    DETAILED = 100
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.head: list = []
+        self.tail: deque = deque(maxlen=self.TABLE_ENDS)
+        self.recon = self.why = self.numbered = self.lined = False
+        self.details: list[str] = []
+        self.detailed = 0
+        self.more_details = 0
+
+    def add(self, q) -> None:
+        self.count += 1
+        if len(self.head) < 2 * self.TABLE_ENDS:
+            self.head.append(q)
+        self.tail.append(q)
+        self.recon = self.recon or q.reconciliation is not None
+        self.why = self.why or q.miss is not None
+        self.numbered = self.numbered or q.line is None
+        self.lined = self.lined or q.line is not None
+        lines = _detail_lines(q)
+        if lines and self.detailed < self.DETAILED:
+            self.details += lines
+            self.detailed += 1
+        elif lines:
+            self.more_details += 1
+
+    def rows(self) -> list:
+        return self.head if self.count <= 2 * self.TABLE_ENDS else [*self.head[:self.TABLE_ENDS], *self.tail]
+
+    def finish(self, report) -> None:
+        _render_report(report, self)
+
+
+def _detail_lines(q) -> list[str]:
+    """The lines the text report prints under the totals for one request: why it missed, why its bill disagrees."""
+    out = []
+    c = q.reconciliation
+    where = f"line {q.line:,}" if q.line is not None else f"#{q.index + 1:,}"
+    if q.miss is not None and q.miss.code not in ("cold",) and (c is None or not c.agree):
+        out.append(f"miss at {where}: {q.miss.detail}")
+    if c is not None and not c.agree and c.reason:
+        out.append(f"disagree at {where}: {c.reason}")
+    return out
+
+
+def _render_report(r, seen: _TextOut) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    recon = any(q.reconciliation is not None for q in r.requests)
-    why = any(q.miss is not None for q in r.requests)
+    recon, why = seen.recon, seen.why
     t = Table(header_style="bold", box=None, pad_edge=False)
     # one index base: a row is named by its line of the log (1-based); a what-if call has no line, only its number
     # (from 1, as the lines count)
-    numbered = any(q.line is None for q in r.requests)
-    lined = any(q.line is not None for q in r.requests)
+    numbered, lined = seen.numbered, seen.lined
     cols = [*(["#"] if numbered else []), *(["line"] if lined else []), "model", "input", "cache write", "cache read", "output", "cost", "uncached"]
     if why:
         cols.append("miss")
@@ -237,12 +356,12 @@ def _render_report(r) -> None:
         cols += ["billed read/write", "agree"]
     for col in cols:
         t.add_column(col, justify="left" if col in ("model", "miss", "agree") else "right")
-    rows = r.requests
-    shown = rows if len(rows) <= 50 else rows[:25] + rows[-25:]
+    shown = seen.rows()
+    ends = seen.TABLE_ENDS
     for i, q in enumerate(shown):
-        if len(rows) > 50 and i == 25:
+        if seen.count > 2 * ends and i == ends:
             gap = [""] * len(cols)
-            gap[0], gap[cols.index("model")] = "...", f"{len(rows) - 50:,} more"
+            gap[0], gap[cols.index("model")] = "...", f"{seen.count - 2 * ends:,} more"
             t.add_row(*gap)
         write = f"{q.cache_creation_input_tokens:,}"
         if q.cache_creation.get("ephemeral_1h_input_tokens"):
@@ -271,14 +390,11 @@ def _render_report(r) -> None:
         stdout.print(f"billed {_money(r.billed_cost_usd or 0.0)}: {r.agreed:,} of {plural(r.reconciled, 'request')} agree with "
                      "the prediction", soft_wrap=True, markup=False)
     stdout.print(f"tokens from: {r.token_source}", soft_wrap=True, markup=False)
-    for q in rows:
-        c = q.reconciliation
-        if q.miss is not None and q.miss.code not in ("cold",) and (c is None or not c.agree):
-            line = f"line {q.line:,}" if q.line is not None else f"#{q.index + 1:,}"
-            stdout.print(f"miss at {line}: {q.miss.detail}", soft_wrap=True, markup=False)
-        if c is not None and not c.agree and c.reason:
-            line = f"line {q.line:,}" if q.line is not None else f"#{q.index + 1:,}"
-            stdout.print(f"disagree at {line}: {c.reason}", soft_wrap=True, markup=False)
+    for line in seen.details:
+        stdout.print(line, soft_wrap=True, markup=False)
+    if seen.more_details:
+        stdout.print(f"... and {plural(seen.more_details, 'more request')} with a miss or a disagreement (--format "
+                     "json lists every request)", soft_wrap=True, markup=False)
     for f in r.findings:
         lines = f" (lines {', '.join(map(str, f.lines[:8]))}{', ...' if len(f.lines) > 8 else ''})" if f.lines else ""
         stdout.print(f"finding {f.code}: {f.message}{lines}", soft_wrap=True, markup=False)

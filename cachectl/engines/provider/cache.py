@@ -22,9 +22,12 @@ Three entry points, one result type (:class:`CostReport`):
 from __future__ import annotations
 
 import hashlib
+import heapq
 import math
 import re
+import sys
 from array import array
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -103,7 +106,7 @@ class CostReport:
     mode: str                      # audit | simulate | what-if
     estimate: bool                 # token counts came from a tokenizer or count_tokens, not a bill
     token_source: str
-    requests: tuple[RequestCost, ...]
+    requests: tuple[RequestCost, ...]   # empty when simulated with keep_requests=False
     total_cost_usd: float
     uncached_cost_usd: float
     savings_usd: float
@@ -117,27 +120,110 @@ class CostReport:
     reconciled: int = 0
     agreed: int = 0
     billed_cost_usd: float | None = None
+    #: ``(miss code, requests, their input_tokens)`` per miss code, most requests first (then by code): the
+    #: misses in a few numbers, kept when the rows are not (``keep_requests=False``)
+    miss_tallies: tuple[tuple[str, int, int], ...] = ()
 
 
-def _report(mode: str, rows: list[RequestCost], *, estimate: bool, token_source: str,
-            notes: Iterable[str] = (), break_even: int | None = None,
-            findings: Iterable[Finding] = ()) -> CostReport:
-    totals = {k: sum(getattr(r, k) for r in rows) for k in
-              ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens")}
-    totals["ephemeral_5m_input_tokens"] = sum(r.cache_creation.get("ephemeral_5m_input_tokens", 0) for r in rows)
-    totals["ephemeral_1h_input_tokens"] = sum(r.cache_creation.get("ephemeral_1h_input_tokens", 0) for r in rows)
-    prompt = totals["input_tokens"] + totals["cache_creation_input_tokens"] + totals["cache_read_input_tokens"]
-    total = sum(r.cost_usd for r in rows)
-    uncached = sum(r.uncached_cost_usd for r in rows)
-    recs = [r.reconciliation for r in rows if r.reconciliation is not None]
-    return CostReport(mode=mode, estimate=estimate, token_source=token_source, requests=tuple(rows),
-                      total_cost_usd=round(total, 10), uncached_cost_usd=round(uncached, 10),
-                      savings_usd=round(uncached - total, 10),
-                      hit_rate=(totals["cache_read_input_tokens"] / prompt) if prompt else None, totals=totals,
-                      models=tuple(dict.fromkeys(r.model for r in rows)), notes=tuple(dict.fromkeys(notes)),
-                      break_even_reads=break_even, findings=tuple(findings), reconciled=len(recs),
-                      agreed=sum(1 for x in recs if x.agree),
-                      billed_cost_usd=round(sum(x.billed_cost_usd for x in recs), 10) if recs else None)
+class _FloatSum:
+    """A running float sum equal to the builtin ``sum`` of the same floats in the same order: plain addition up
+    to Python 3.11, Neumaier's compensated addition from 3.12 (as ``sum`` does there). A streamed total is then
+    the very total of the rows."""
+
+    __slots__ = ("hi", "lo")
+
+    def __init__(self) -> None:
+        self.hi = 0.0
+        self.lo = 0.0
+
+    def add(self, x: float) -> None:
+        if sys.version_info < (3, 12):
+            self.hi += x
+            return
+        t = self.hi + x
+        if abs(self.hi) >= abs(x):
+            self.lo += (self.hi - t) + x
+        else:
+            self.lo += (x - t) + self.hi
+        self.hi = t
+
+    @property
+    def value(self) -> float:
+        return self.hi + self.lo if self.lo and math.isfinite(self.lo) else self.hi
+
+
+class _Notes(dict):
+    """Notes in the order first said, each once (a note said on every request is kept once)."""
+
+    def append(self, note: str) -> None:
+        self[note] = None
+
+
+_TOTALS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens")
+
+
+class _Tally:
+    """What a report sums over its rows, one row at a time: the rows themselves need not be kept."""
+
+    def __init__(self, keep_requests: bool = True) -> None:
+        self.rows: list[RequestCost] | None = [] if keep_requests else None
+        self.count = 0
+        self.totals = dict.fromkeys((*_TOTALS, "ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens"), 0)
+        self.cost = _FloatSum()
+        self.uncached = _FloatSum()
+        self.billed = _FloatSum()
+        self.models: dict[str, None] = {}
+        self.reconciled = 0
+        self.agreed = 0
+        self.misses: dict[str, list[int]] = {}
+        self.first_model: str | None = None
+        self.scope_changed = False
+
+    def add(self, r: RequestCost) -> None:
+        if self.rows is not None:
+            self.rows.append(r)
+        if self.first_model is None:
+            self.first_model = r.model
+        self.count += 1
+        t = self.totals
+        for k in _TOTALS:
+            t[k] += getattr(r, k)
+        t["ephemeral_5m_input_tokens"] += r.cache_creation.get("ephemeral_5m_input_tokens", 0)
+        t["ephemeral_1h_input_tokens"] += r.cache_creation.get("ephemeral_1h_input_tokens", 0)
+        self.cost.add(r.cost_usd)
+        self.uncached.add(r.uncached_cost_usd)
+        self.models[r.model] = None
+        if r.reconciliation is not None:
+            self.reconciled += 1
+            self.agreed += r.reconciliation.agree
+            self.billed.add(r.reconciliation.billed_cost_usd)
+        if r.miss is not None:
+            m = self.misses.setdefault(r.miss.code, [0, 0])
+            m[0] += 1
+            m[1] += r.input_tokens
+            self.scope_changed = self.scope_changed or r.miss.code == "scope_changed"
+
+    @property
+    def disagreed(self) -> bool:
+        return self.agreed < self.reconciled
+
+    def report(self, mode: str, *, estimate: bool, token_source: str, notes: Iterable[str] = (),
+               break_even: int | None = None, findings: Iterable[Finding] = ()) -> CostReport:
+        totals = dict(self.totals)
+        prompt = totals["input_tokens"] + totals["cache_creation_input_tokens"] + totals["cache_read_input_tokens"]
+        total, uncached = self.cost.value, self.uncached.value
+        tallies = tuple((code, n, tokens) for code, (n, tokens) in
+                        sorted(self.misses.items(), key=lambda kv: (-kv[1][0], kv[0])))
+        return CostReport(mode=mode, estimate=estimate, token_source=token_source,
+                          requests=tuple(self.rows) if self.rows is not None else (),
+                          total_cost_usd=round(total, 10), uncached_cost_usd=round(uncached, 10),
+                          savings_usd=round(uncached - total, 10),
+                          hit_rate=(totals["cache_read_input_tokens"] / prompt) if prompt else None, totals=totals,
+                          models=tuple(self.models), notes=tuple(dict.fromkeys(notes)),
+                          break_even_reads=break_even, findings=tuple(findings), reconciled=self.reconciled,
+                          agreed=self.agreed,
+                          billed_cost_usd=round(self.billed.value, 10) if self.reconciled else None,
+                          miss_tallies=tallies)
 
 
 def _row(index: int, line: int | None, price: ModelPrice, usage: Usage, *, timestamp: float | None = None,
@@ -179,7 +265,7 @@ def _is_request_line(value: dict) -> bool:
 
 def usage_from_record(value: Any, *, default_model: str | None, table: PriceTable, source: str,
                       line: int | None, model_as: str | None = None,
-                      notes: list[str] | None = None) -> tuple[ModelPrice, LoggedUsage]:
+                      notes: list[str] | _Notes | None = None) -> tuple[ModelPrice, LoggedUsage]:
     """Read one logged response (Anthropic, OpenAI chat or Responses, a wrapper, or a bare usage object)."""
     where: dict[str, Any] = {"source": source, "line": line}
     if not isinstance(value, dict):
@@ -203,7 +289,7 @@ def usage_from_record(value: Any, *, default_model: str | None, table: PriceTabl
 
 
 def _lookup(table: PriceTable, model: str, source: str, line: int | None, model_as: str | None = None,
-            notes: list[str] | None = None) -> ModelPrice:
+            notes: list[str] | _Notes | None = None) -> ModelPrice:
     """The price entry of a line's model; an unknown model is an error located at the line, or, with
     ``model_as``, priced as that model with a note."""
     from .prices import UnknownModelError
@@ -226,21 +312,26 @@ _SPLIT_NOTE = ("some lines report cache writes without the cache_creation split:
 
 
 def audit_usage(records: Iterable[tuple[int, Any]], *, source: str, table: PriceTable,
-                default_model: str | None = None, model_as: str | None = None) -> CostReport:
+                default_model: str | None = None, model_as: str | None = None, keep_requests: bool = True,
+                on_request: Callable[[RequestCost], None] | None = None) -> CostReport:
     """Price logged responses exactly from their usage counters (writes at the model's write rate: OpenAI's
     ``cache_write_tokens`` at 1.25x input on GPT-5.6+). ``model_as``: the model to price a line's unknown model
-    as (said in a note), instead of an error."""
-    rows: list[RequestCost] = []
-    notes: list[str] = []
+    as (said in a note), instead of an error. ``on_request`` sees each row as it is priced; with
+    ``keep_requests=False`` the report keeps none (its ``requests`` is empty, all else the same)."""
+    tally = _Tally(keep_requests)
+    notes = _Notes()
     for index, (line, value) in enumerate(records):
         price, logged = usage_from_record(value, default_model=default_model, table=table, source=source,
                                           line=line, model_as=model_as, notes=notes)
         if not logged.split_known:
             notes.append(_SPLIT_NOTE)
-        rows.append(_row(index, line, price, _as_usage(logged), reported=logged.reported))
-    if not rows:
+        row = _row(index, line, price, _as_usage(logged), reported=logged.reported)
+        tally.add(row)
+        if on_request is not None:
+            on_request(row)
+    if not tally.count:
         raise InputError("no responses", source=source)
-    return _report("audit", rows, estimate=False, token_source="usage counters", notes=notes)
+    return tally.report("audit", estimate=False, token_source="usage counters", notes=notes)
 
 
 # --------------------------------------------------------------------------------------------- durations
@@ -260,19 +351,40 @@ def parse_duration(text: str) -> float:
 # ------------------------------------------------------------------------------------------ token counts
 
 
+#: about how many bytes :class:`TextTokens` spends on memoized texts and their token IDs (the texts seen last)
+TEXT_TOKENS_MEMO_BYTES = 8 << 20
+
+
 class TextTokens:
-    """Token counts (and IDs, for OpenAI's token-prefix caching) of position texts from a local tokenizer."""
+    """Token counts (and IDs, for OpenAI's token-prefix caching) of position texts from a local tokenizer.
 
-    def __init__(self, tokenizer: Any) -> None:
+    The IDs of the texts seen last are memoized (a conversation's history comes back on every turn) in about
+    ``memo_bytes`` (a text, its IDs at 4 bytes each, and 200 bytes of bookkeeping each), the least recently
+    used dropped first: memory bounded however long the log."""
+
+    def __init__(self, tokenizer: Any, memo_bytes: int = TEXT_TOKENS_MEMO_BYTES) -> None:
         self._tok = tokenizer
-        self._cache: dict[str, tuple[int, ...]] = {}
+        self._cache: OrderedDict[str, array] = OrderedDict()
+        self._held = 0
+        self._limit = memo_bytes
 
-    def ids(self, text: str) -> tuple[int, ...]:
+    @staticmethod
+    def _size(text: str, ids: array) -> int:
+        return len(text) + 4 * len(ids) + 200
+
+    def ids(self, text: str) -> Sequence[int]:
         got = self._cache.get(text)
-        if got is None:
-            got = tuple(self._tok.backend.encode(text, add_special_tokens=False).ids)
-            if len(self._cache) < 65536:
-                self._cache[text] = got
+        if got is not None:
+            self._cache.move_to_end(text)
+            return got
+        got = array("I", self._tok.backend.encode(text, add_special_tokens=False).ids)
+        size = self._size(text, got)
+        if size <= self._limit // 8:  # a huge text is counted, not kept
+            self._cache[text] = got
+            self._held += size
+            while self._held > self._limit:
+                old_text, old = self._cache.popitem(last=False)
+                self._held -= self._size(old_text, old)
         return got
 
     def count(self, text: str) -> int:
@@ -375,7 +487,7 @@ def chain_keys(model: str, req: Request) -> list[str]:
 # ------------------------------------------------------------------------------------------ simulation
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry:
     expires: float
     ttl: float
@@ -385,6 +497,8 @@ class _Entry:
     tokens: int
     written_cost: float = 0.0
     reads: int = 0
+    #: the deadline of its item in the simulator's expiry heap (at most ``expires``)
+    heaped: float = 0.0
 
 
 @dataclass
@@ -404,7 +518,11 @@ class _Seen:
 
 
 class CacheSimulator:
-    """A provider's prompt cache: entries keyed by the hash chain of the prefix, one namespace per model."""
+    """A provider's prompt cache: entries keyed by the hash chain of the prefix, one namespace per model.
+
+    Its memory is the live entries: :meth:`advance` (called before each request) drops every entry whose TTL ran
+    out, keeping only when it expired (for the ``ttl_expired`` miss reason) and, for a write never read, a
+    count, its tokens and its line."""
 
     def __init__(self, table: PriceTable, source: str | None = None):
         self.table = table
@@ -412,7 +530,44 @@ class CacheSimulator:
         self.entries: dict[str, _Entry] = {}
         self.expired: dict[str, float] = {}      # key -> when it expired (for the TTL miss reason)
         self.last: dict[str, _Seen] = {}
-        self.never_read: list[_Entry] = []
+        #: explicit writes (with a path) that expired unread: how many, their tokens, their lines
+        self.never_read = 0
+        self.never_read_tokens = 0
+        self.never_read_lines: array = array("q")
+        self._deadlines: list[tuple[float, str]] = []   # (expiry, key): one per live entry, a heap
+
+    def _put(self, key: str, entry: _Entry) -> None:
+        old = self.entries.get(key)
+        if old is not None and old.heaped <= entry.expires:
+            entry.heaped = old.heaped  # the old item comes up first, and moves on to the new deadline
+        else:
+            entry.heaped = entry.expires
+            heapq.heappush(self._deadlines, (entry.expires, key))
+        self.entries[key] = entry
+        self.expired.pop(key, None)
+
+    def _expire(self, key: str, e: _Entry) -> None:
+        del self.entries[key]
+        self.expired[key] = e.expires
+        if e.reads == 0 and e.path:
+            self.never_read += 1
+            self.never_read_tokens += e.tokens
+            if e.line is not None:
+                self.never_read_lines.append(e.line)
+
+    def advance(self, t: float) -> None:
+        """Drop the entries expired by time ``t``."""
+        heap = self._deadlines
+        while heap and heap[0][0] <= t:
+            when, key = heapq.heappop(heap)
+            e = self.entries.get(key)
+            if e is None or e.heaped != when:
+                continue  # the item of an entry gone or replaced
+            if e.expires <= t:
+                self._expire(key, e)
+            else:  # refreshed since: it stays, under its new deadline
+                e.heaped = e.expires
+                heapq.heappush(heap, (e.expires, key))
 
     def _previous(self, req: Request, keys: list[str]) -> tuple[_Seen | None, int]:
         """The previous request of ``req``'s model, and how many leading positions it shares with ``req``."""
@@ -429,10 +584,7 @@ class CacheSimulator:
         if e is None:
             return None
         if e.expires <= t:
-            del self.entries[key]
-            self.expired[key] = e.expires
-            if e.reads == 0:
-                self.never_read.append(e)
+            self._expire(key, e)
             return None
         # readable only once the writing request has started (parallel twins both miss)
         return e if e.available_from < t else None
@@ -483,9 +635,8 @@ class CacheSimulator:
         written = []
         for i, ttl in after:
             secs = price.ttl_seconds(ttl)
-            self.entries[keys[i]] = _Entry(expires=t + secs, ttl=secs, available_from=t, line=req.line,
-                                           path=req.positions[i].path, tokens=cum[i])
-            self.expired.pop(keys[i], None)
+            self._put(keys[i], _Entry(expires=t + secs, ttl=secs, available_from=t, line=req.line,
+                                      path=req.positions[i].path, tokens=cum[i]))
             written.append(i)
         usage = Usage(input_tokens=total - max(a, c), cache_creation_input_tokens=c - a, cache_read_input_tokens=a,
                       output_tokens=req.output_tokens or 0, cache_write_5m_tokens=c - b, cache_write_1h_tokens=b - a)
@@ -551,9 +702,7 @@ class CacheSimulator:
                 if n <= cached:
                     e.reads += 1
             else:
-                self.entries[k] = _Entry(expires=t + ttl, ttl=ttl, available_from=t, line=req.line, path="",
-                                         tokens=n)
-                self.expired.pop(k, None)
+                self._put(k, _Entry(expires=t + ttl, ttl=ttl, available_from=t, line=req.line, path="", tokens=n))
         return Usage(total - cached, 0, cached, req.output_tokens or 0, 0, 0), note, miss
 
     def _why_automatic(self, req: Request, price: ModelPrice, keys: list[str], bounds: list[tuple[int, str]],
@@ -650,9 +799,8 @@ class CacheSimulator:
         written = sorted(chosen)
         for i in written:
             secs = price.ttl_seconds(ttl_of(i))
-            self.entries[keys[i]] = _Entry(expires=t + secs, ttl=secs, available_from=t, line=req.line,
-                                           path=req.positions[i].path, tokens=cum[i])
-            self.expired.pop(keys[i], None)
+            self._put(keys[i], _Entry(expires=t + secs, ttl=secs, available_from=t, line=req.line,
+                                      path=req.positions[i].path, tokens=cum[i]))
         c = max((cum[i] for i in written), default=a)
         keep["dropped"] = tuple(dropped)
         usage = Usage(input_tokens=total - max(a, c), cache_creation_input_tokens=c - a, cache_read_input_tokens=a,
@@ -705,9 +853,13 @@ class CacheSimulator:
         self.last[str(req.model)] = _Seen(keys, req.positions, req.line, writes, req.scope_system, req.scope_messages,
                                           tuple(dropped), implicit_at, tuple(marked))
 
-    def finish(self) -> list[_Entry]:
-        """Entries written and never read, the ones still alive at the end included."""
-        return self.never_read + [e for e in self.entries.values() if e.reads == 0]
+    def finish(self) -> tuple[int, int, int, tuple[int, ...]]:
+        """Explicit writes never read within the log (``path`` set: automatic caching has no write fee): how
+        many, how many of them are still alive at the end, their tokens, and their lines."""
+        live = [e for e in self.entries.values() if e.reads == 0 and e.path]
+        lines = sorted({*self.never_read_lines, *(e.line for e in live if e.line is not None)})
+        return (self.never_read + len(live), len(live), self.never_read_tokens + sum(e.tokens for e in live),
+                tuple(lines))
 
 
 def _which(line: int | None) -> str:
@@ -831,19 +983,24 @@ def _reconcile(req: Request, price: ModelPrice, predicted: Usage, miss: MissReas
 def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source: str,
                       text_counter: TextTokens | Callable[[str], int] | None = None, api: Any = None,
                       every: float | None = None, token_source: str = "layout",
-                      model_as: str | None = None) -> CostReport:
+                      model_as: str | None = None, keep_requests: bool = True,
+                      on_request: Callable[[RequestCost], None] | None = None) -> CostReport:
     """Replay requests in order through the cache model and price what each would report. ``model_as``: the
-    model to price (and simulate) a line's unknown model as, with a note, instead of an error."""
+    model to price (and simulate) a line's unknown model as, with a note, instead of an error.
+
+    ``on_request`` sees each request's row as soon as it is simulated. With ``keep_requests=False`` the report
+    keeps no rows (``requests`` is empty; totals, costs, findings, notes and ``miss_tallies`` are the same), and
+    memory stays bounded by the live cache entries, not the length of the log."""
     sim = CacheSimulator(table, source)
-    rows: list[RequestCost] = []
-    notes: list[str] = []
+    tally = _Tally(keep_requests)
+    notes = _Notes()
     counter = api_counter(api) if api is not None else None
     last_t: float | None = None
     estimate = False
     unknown_output = 0
     routed = 0
-    volatile_misses: list[tuple[int | None, str]] = []
-    ttl_gaps: list[int | None] = []
+    gaps = _Misses()
+    volatile = _Misses()
     for index, req in enumerate(requests):
         if not req.model:
             raise req.error("no model on this line; pass `default_model`")
@@ -862,6 +1019,7 @@ def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source:
             raise InputError(f"timestamp {t} is earlier than the previous request's ({last_t}); sort the log by time",
                              source=req.source, line=req.line, field="timestamp")
         last_t = t
+        sim.advance(t)
         price = _lookup(table, req.model, req.source, req.line, model_as, notes)
         if req.provider == "anthropic" and price.provider != "anthropic":
             notes.append(f"{price.model} is not a Claude model but a request body is Anthropic-shaped: simulated "
@@ -893,23 +1051,26 @@ def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source:
         if note:
             notes.append(note)
         if miss is not None and miss.code == "ttl_expired":
-            ttl_gaps.append(req.line)
+            gaps.add(req.line)
         if miss is not None and miss.code == "content_changed" and miss.volatile is not None:
-            volatile_misses.append((req.line, miss.path or ""))
+            volatile.add(req.line, miss.path or "")
         recon = _reconcile(req, price, usage, miss, source, estimate)
         reported = _openai_reported(usage) if price.usage_style == "openai" else {}
-        rows.append(_row(index, req.line, price, usage, timestamp=t, reported=reported, note=note, miss=miss,
-                         reconciliation=recon))
+        row = _row(index, req.line, price, usage, timestamp=t, reported=reported, note=note, miss=miss,
+                   reconciliation=recon)
+        tally.add(row)
+        if on_request is not None:
+            on_request(row)
         sim.remember(req, keys, written, **keep)
-    if not rows:
+    if not tally.count:
         raise InputError("no requests", source=source)
     if unknown_output:
         notes.append(f"{unknown_output} request(s) give no output_tokens: their output is not priced "
                      "(add output_tokens to those lines)")
-    if any(r.reconciliation is not None and not r.reconciliation.agree for r in rows):
+    if tally.disagreed:
         notes.append("predicted and billed counters disagree on some requests: see each request's reconciliation")
-    if any(p == "anthropic" for p in (table.lookup(str(r.model)).provider for r in rows[:1])) and \
-            any(r.miss is not None and r.miss.code == "scope_changed" for r in rows):
+    if tally.first_model is not None and table.lookup(tally.first_model).provider == "anthropic" and \
+            tally.scope_changed:
         notes.append("thinking and effort changes are predicted by the documented rule (they invalidate the "
                      "messages cache); their effect is model-dependent, and an effort change was observed to miss "
                      "the system cache too")
@@ -918,8 +1079,8 @@ def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source:
                      "and is not part of the cached prefix, so it changes no prediction here")
     if estimate:
         token_source = "count_tokens API (an estimate)" if api is not None else f"{token_source} (an estimate)"
-    findings = _findings(sim, table, ttl_gaps, volatile_misses)
-    return _report("simulate", rows, estimate=estimate, token_source=token_source, notes=notes, findings=findings)
+    findings = _findings(sim, gaps, volatile)
+    return tally.report("simulate", estimate=estimate, token_source=token_source, notes=notes, findings=findings)
 
 
 def _check_cache_params(req: Request, price: ModelPrice) -> None:
@@ -942,28 +1103,41 @@ def _check_cache_params(req: Request, price: ModelPrice) -> None:
                         "prompt_cache_retention)", "prompt_cache_retention")
 
 
-def _findings(sim: CacheSimulator, table: PriceTable, ttl_gaps: list, volatile: list) -> list[Finding]:
+class _Misses:
+    """The requests that missed for one finding's cause: how many, their lines (8 bytes each), and the distinct
+    paths where the cause sat."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.lines = array("q")
+        self.paths: set[str] = set()
+
+    def add(self, line: int | None, path: str = "") -> None:
+        self.count += 1
+        if line is not None:
+            self.lines.append(line)
+        if path:
+            self.paths.add(path)
+
+
+def _findings(sim: CacheSimulator, ttl_gaps: _Misses, volatile: _Misses) -> list[Finding]:
     out = []
-    never = [e for e in sim.finish() if e.path]  # explicit writes (automatic caching has no write fee)
+    never, alive, tokens, lines = sim.finish()
     if never:
-        live = {id(e) for e in sim.entries.values()}
-        alive = sum(1 for e in never if id(e) in live)
-        out.append(Finding("write_never_read", f"{len(never)} cache write(s) were never read within the log"
+        out.append(Finding("write_never_read", f"{never} cache write(s) were never read within the log"
                            + (f" ({alive} still alive when it ends)" if alive else "")
-                           + ": a write that is never read pays its premium for nothing", len(never),
-                           tuple(sorted({e.line for e in never if e.line is not None})),
-                           tokens=sum(e.tokens for e in never)))
-    if ttl_gaps:
-        out.append(Finding("ttl_gap", f"{len(ttl_gaps)} request(s) missed because the entry expired between "
-                           "requests: space them closer than the TTL, or use the 1h TTL", len(ttl_gaps),
-                           tuple(x for x in ttl_gaps if x is not None)))
-    if volatile:
-        paths = sorted({p for _, p in volatile if p})
-        out.append(Finding("breakpoint_after_volatile", f"{len(volatile)} request(s) missed because a value that "
+                           + ": a write that is never read pays its premium for nothing", never, lines,
+                           tokens=tokens))
+    if ttl_gaps.count:
+        out.append(Finding("ttl_gap", f"{ttl_gaps.count} request(s) missed because the entry expired between "
+                           "requests: space them closer than the TTL, or use the 1h TTL", ttl_gaps.count,
+                           tuple(ttl_gaps.lines)))
+    if volatile.count:
+        paths = sorted(volatile.paths)
+        out.append(Finding("breakpoint_after_volatile", f"{volatile.count} request(s) missed because a value that "
                            f"changes per request (a date, time, id or counter) sits inside the cached prefix, at "
                            f"{', '.join(paths[:3])}: move it after the stable content (after the last breakpoint)",
-                           len(volatile),
-                           tuple(x for x, _ in volatile if x is not None)))
+                           volatile.count, tuple(volatile.lines)))
     return out
 
 
