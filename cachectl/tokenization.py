@@ -334,6 +334,22 @@ class TokenizerHandle:
                                  render_opts=opts if p.is_chat else None))
         return out
 
+    def tokenized_again(self, prompt: PromptInput, ids: Sequence[int], text: str | None, *,
+                        add_generation_prompt: bool = False, add_special_tokens: bool = True,
+                        template_vars: dict | None = None) -> Tokenized:
+        """The compact :class:`Tokenized` that ``tokenize_many([prompt], ...)[0].compact()`` returns, from the
+        IDs and rendered text that call gave before (kept on disk by a caller that tokenizes a log more than
+        once): nothing is rendered or encoded now."""
+        if prompt.ids is not None:
+            return Tokenized(prompt, array("I", ids), tokenizer=self)
+        if prompt.is_chat:
+            opts = {"add_generation_prompt": add_generation_prompt, "template_vars": dict(template_vars or {})}
+            assert text is not None
+            return Tokenized(prompt, array("I", ids), text, None, _lazy_chat_spans(self, prompt, text, opts), self,
+                             False, opts)
+        spans = (Span(0, len(prompt.text or ""), prompt.field_paths[0] if prompt.field_paths else "text"),)
+        return Tokenized(prompt, array("I", ids), text, None, spans, self, add_special_tokens, None)
+
 
 def _lazy_chat_spans(tok: TokenizerHandle, prompt: PromptInput, text: str, opts: dict) -> Callable[[], tuple]:
     def render(messages: Sequence[dict]) -> str:

@@ -126,10 +126,13 @@ def command(
     elif chat_template:
         raise UsageError("--chat-template needs --tokenizer")
     source = display_name(log)
-    raw: list[bytes] = []
+    from ..engines.repair.store import Spool
+
+    raw = Spool()  # each line's bytes, on disk: an unchanged line is copied to --out byte for byte
+
     def records():  # each line parsed and checked before the next is read: the first bad line is the one named
         for lineno, line, value in iter_log_values(log):  # one pretty-printed body is a log of one line
-            raw.append(line)
+            raw.put_bytes(line)
             progress.advance()
             yield lineno, value
 
@@ -171,7 +174,7 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _write(path: str, raw: list[bytes], values: tuple, changed: list[int]) -> None:
+def _write(path: str, raw: Any, values: Any, changed: list[int]) -> None:
     """Unchanged lines are copied byte for byte; a rewritten line keeps the input's separators style. The log
     reaches ``path`` whole or not at all (a temporary file renamed into place)."""
     import json
@@ -180,16 +183,17 @@ def _write(path: str, raw: list[bytes], values: tuple, changed: list[int]) -> No
 
     todo = set(changed)
     with atomic_write(path) as fh:
-        for i, line in enumerate(raw):
+        for i, value in enumerate(values):
+            line = raw.get_bytes(i)
             if i not in todo:
                 fh.write(line if line.endswith(b"\n") else line + b"\n")
                 continue
             spaced = b'": ' in line or b'", "' in line
-            text = json.dumps(values[i], ensure_ascii=False, separators=(", ", ": ") if spaced else (",", ":"))
+            text = json.dumps(value, ensure_ascii=False, separators=(", ", ": ") if spaced else (",", ":"))
             fh.write(text.encode("utf-8") + b"\n")
 
 
-def _render_diff(source: str, lines: list, values: tuple, changed: list[int]) -> None:
+def _render_diff(source: str, lines: Any, values: Any, changed: list[int]) -> None:
     import difflib
     import json
 

@@ -138,7 +138,7 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
             trace=iter_trace(iter_progress(_trace_records(log), progress), source=source, tokenizer=tok,
                              timestamps=stamps),
             block_size=block_size, top=top, price_model=model, text_counter=promptcache.tokenizer_counter(tok),
-            forks=safe.forks, progress=tick)
+            forks=safe.forks, progress=tick, prompt_of=lambda line: lines[lines.index_of(line)].prompt)
     if html is not None:
         from ..outputs import write_text
         from .report_html import render

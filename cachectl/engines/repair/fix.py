@@ -35,9 +35,10 @@ from typing import Any
 from ...errors import InputError, UsageError
 from ...inputs import LogRecord
 from .fixes import CODES, FIXES, REGISTRY, Fix, rewrite
-from .groups import Grouping, LogLine, group_sessions, reparse
-from .measure import Measure, measure
+from .groups import Grouping, LogLine, group_sessions, reparse_at
+from .measure import Measure, TokenMemo, measure
 from .shared_prefix import CrossRequestGain, LogForks, cross_request_gain, log_forks
+from .store import Mapped
 
 SCHEMA_VERSION = 1
 
@@ -85,7 +86,8 @@ class FixReport:
     after: Measure | None
     per_cause: tuple[CauseGain, ...] = ()
     notes: tuple[str, ...] = ()
-    output: tuple[Any, ...] = field(default=(), repr=False)
+    #: the rewritten values, one per line (a sequence read from disk for a long log: iterate it once, in order)
+    output: Sequence[Any] = field(default=(), repr=False)
     #: across requests: the forks of the log's shared prefix, the vLLM hits before and after (None: no fork with
     #: a fix, or the log was not analysed)
     cross_request: CrossRequestGain | None = None
@@ -131,7 +133,7 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     if unknown:
         raise UsageError(f"unknown fix code(s) {', '.join(unknown)}; known: {', '.join(CODES)}")
     if options.model is not None:
-        lines = [_with_model(ln, options.model) for ln in lines]
+        lines = _modelled(lines, options.model)
     grouping = (reuse.grouping if reuse is not None
                 else group_sessions(_ticking(lines, progress), key=options.key, window_s=options.window_s,
                                     tokenizer=tokenizer))
@@ -146,13 +148,11 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     rw = rewrite(lines, grouping, codes, options.unsafe, tokenizer, table, options.model, counter, forks, progress)
     values = rw.values
     # (dict equality ignores key order, which FX002 changes: every line is parsed again)
-    fixed = [reparse(ln, v) for ln, v in zip(lines, values)]
-    if options.model is not None:
-        fixed = [_with_model(ln, options.model) for ln in fixed]
+    fixed = _reparsed(lines, values, options.model)
     notes = fork_notes + list(rw.notes)
     measured = partial(measure, grouping=grouping, tokenizer=tokenizer, table=table, block_size=options.block_size,
                        capacity_blocks=options.capacity_blocks, add_generation_prompt=options.add_generation_prompt,
-                       source=source, memo={}, counter=counter, progress=progress)
+                       source=source, memo=TokenMemo(), counter=counter, progress=progress)
     n1: list[str] = []
     if reuse is not None and reuse.before is not None:
         before = reuse.before
@@ -177,7 +177,7 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
             else:
                 step = rewrite(lines, grouping, done, options.unsafe, tokenizer, table, options.model, counter, forks,
                                progress)
-                m = measured([reparse(ln, v) for ln, v in zip(lines, step.values)], causes=False)[0]
+                m = measured(_reparsed(lines, step.values, options.model), causes=False)[0]
             reused = m.pair_reused_tokens or 0
             p0, p1 = prev_provider, m.provider
             hits = _ceiling_hits(m)
@@ -194,7 +194,7 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
                                        and ln.request.model), None)
         cross = cross_request_gain(forks, before, after, table=table, model=model)
     return FixReport(source=source, requests=len(lines), grouping=grouping, fixes=fixes, before=before,
-                     after=after, per_cause=tuple(per_cause), notes=tuple(notes), output=tuple(values),
+                     after=after, per_cause=tuple(per_cause), notes=tuple(notes), output=values,
                      cross_request=cross, forks=forks)
 
 
@@ -209,6 +209,18 @@ def _ticking(lines: Iterable[LogLine], progress: Callable[[int], None] | None) -
         if progress is not None:
             progress(1)
         yield ln
+
+
+def _modelled(lines: Sequence[LogLine], model: str) -> Sequence[LogLine]:
+    """The lines, those that name no model given ``model`` (as they are read: nothing is copied)."""
+    return Mapped(len(lines), lambda i: _with_model(lines[i], model), values_of=lines)
+
+
+def _reparsed(lines: Sequence[LogLine], values: Sequence[Any], model: str | None) -> Sequence[LogLine]:
+    """Each line as its rewritten value parses (and with ``model`` where it names none), read as it is asked for."""
+    if model is None:
+        return Mapped(len(lines), lambda i: reparse_at(lines, i, values[i]))
+    return Mapped(len(lines), lambda i: _with_model(reparse_at(lines, i, values[i]), model))
 
 
 def _with_model(ln: LogLine, model: str) -> LogLine:

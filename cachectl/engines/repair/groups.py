@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from ...errors import InputError
 from ...inputs import PromptInput, Request, compact, get_path, parse_request, prompt_from_value
+from .store import LineStore
 
 # --------------------------------------------------------------------------------------------- records
 
@@ -46,19 +48,28 @@ class Grouping:
 
 
 def log_lines(records: Iterable[tuple[int, Any]], *, source: str, key: str | None = None,
-              timestamps: Any = None) -> list[LogLine]:
+              timestamps: Any = None) -> LineStore:
     """:class:`LogLine` records from ``(line, value)`` pairs (:func:`cachectl.inputs.iter_jsonl`): request bodies
     and wrappers (through :func:`cachectl.inputs.parse_request`), chat lists, raw-text and token-ID prompts
     (through :func:`cachectl.inputs.prompt_from_value`). ``timestamps``: the run's
-    :class:`~cachectl.inputs.TimestampReader`."""
-    out: list[LogLine] = []
+    :class:`~cachectl.inputs.TimestampReader`.
+
+    Every line is read and checked here (a bad line is an error now, not in a later pass); the lines are kept
+    as a :class:`~.store.LineStore`: their values on disk, parsed again when read."""
+    out = LineStore(partial(_line_again, source))
     for lineno, value in records:
         out.append(_log_line(lineno, value, source, key, timestamps))
     return out
 
 
-def _log_line(lineno: int, value: Any, source: str, key: str | None, timestamps: Any = None) -> LogLine:
-    k = None
+def _line_again(source: str, value: Any, lineno: int, key: Any, ts: float | None) -> LogLine:
+    """A line of a :class:`~.store.LineStore` parsed again: its key and time as first read."""
+    return _log_line(lineno, value, source, None, lambda _: ts, known_key=key)
+
+
+def _log_line(lineno: int, value: Any, source: str, key: str | None, timestamps: Any = None,
+              known_key: Any = None) -> LogLine:
+    k = known_key
     if key is not None:
         k = get_path(value, key) if isinstance(value, dict) else None
         if k is None:
@@ -80,10 +91,19 @@ def _log_line(lineno: int, value: Any, source: str, key: str | None, timestamps:
     return LogLine(line=lineno, value=value, prompt=prompt, request=req, key=k, timestamp=ts)
 
 
+def reparse_at(lines: Any, i: int, value: Any) -> LogLine:
+    """Line ``i`` of ``lines`` after a rewrite to ``value``, parsed again as :func:`reparse` does (a line store's
+    line is not parsed first for its number, key and time)."""
+    store = getattr(lines, "values_of", lines)
+    if isinstance(store, LineStore):
+        return store.line_again(i, value)
+    return reparse(lines[i], value)
+
+
 def reparse(ln: LogLine, value: Any) -> LogLine:
     """The line after a rewrite, parsed again (a rewrite that no longer parses is a bug: it raises); a rewrite
     leaves the time alone, so the line keeps the timestamp it was read with (in the run's unit)."""
-    return replace(_log_line(ln.line, value, ln.prompt.source, None, timestamps=lambda _: ln.timestamp), key=ln.key)
+    return _log_line(ln.line, value, ln.prompt.source, None, lambda _: ln.timestamp, known_key=ln.key)
 
 
 # -------------------------------------------------------------------------------------------- grouping

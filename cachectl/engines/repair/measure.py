@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from array import array
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 from ...errors import InputError, UsageError
 from ...inputs import PromptInput
 from .groups import Grouping, LogLine
+from .store import CACHE, Spool
 
 
 @dataclass(frozen=True)
@@ -57,22 +60,59 @@ class Measure:
 
 
 
-def _prompt_key(p: PromptInput) -> bytes:
-    """A digest of what the tokenizer sees of a prompt (its content, key order included)."""
+def _prompt_key(p: PromptInput) -> int:
+    """A 64-bit digest of what the tokenizer sees of a prompt (its content, key order included)."""
     text = json.dumps([p.kind, p.text, p.messages, p.tools, p.ids], ensure_ascii=False, default=str)
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
 
 
 #: lines tokenized at a time (the tokenizer runs a batch in parallel)
 BATCH = 256
 
 
+class TokenMemo:
+    """Prompt digest -> its compact tokenization, for a log tokenized more than once (the before/after and per-fix
+    measures share most lines): the last :data:`~.store.CACHE` in memory, every one as its IDs and rendered text
+    in a spool on disk (a dict entry of two ints in memory), made again from them when asked for."""
+
+    def __init__(self) -> None:
+        self._hot: OrderedDict[int, Any] = OrderedDict()
+        self._disk: dict[int, int] = {}
+        self._spool: Spool | None = None
+
+    def get(self, key: int, prompt: PromptInput, tokenizer: Any, add_generation_prompt: bool) -> Any:
+        got = self._hot.get(key)
+        if got is not None:
+            self._hot.move_to_end(key)
+            return got
+        k = self._disk.get(key)
+        if k is None:
+            return None
+        assert self._spool is not None
+        ids, text = self._spool.get(k)
+        got = tokenizer.tokenized_again(prompt, ids, text, add_generation_prompt=add_generation_prompt)
+        self._keep(key, got)
+        return got
+
+    def put(self, key: int, t: Any) -> None:
+        if self._spool is None:
+            self._spool = Spool()
+        self._disk[key] = self._spool.put((t.ids.tobytes() if isinstance(t.ids, array) else array("I", t.ids).tobytes(),
+                                           t.text))
+        self._keep(key, t)
+
+    def _keep(self, key: int, t: Any) -> None:
+        self._hot[key] = t
+        if len(self._hot) > CACHE:
+            self._hot.popitem(last=False)
+
+
 def _tokenized(lines: Sequence[LogLine], tokenizer: Any, add_generation_prompt: bool,
-               memo: dict | None = None) -> Iterator[Any]:
+               memo: TokenMemo | None = None) -> Iterator[Any]:
     """Tokenized prompts, one batch of lines at a time, each compacted to its IDs and rendered text (about 4 bytes
-    per token, not a full ``Encoding``'s hundred; offsets come back on first use). With ``memo`` (prompt digest ->
-    compact tokenization), a prompt tokenized before (the same content, key order included) is not tokenized
-    again: the before/after and per-fix measures share most lines."""
+    per token, not a full ``Encoding``'s hundred; offsets come back on first use). With ``memo``
+    (:class:`TokenMemo`), a prompt tokenized before (the same content, key order included) is not tokenized
+    again."""
     for start in range(0, len(lines), BATCH):
         batch = lines[start:start + BATCH]
         if memo is None:
@@ -80,18 +120,20 @@ def _tokenized(lines: Sequence[LogLine], tokenizer: Any, add_generation_prompt: 
                 yield t.compact()
             continue
         keys = [_prompt_key(ln.prompt) for ln in batch]
-        todo = {k: ln.prompt for k, ln in zip(keys, batch) if k not in memo}
+        found = {k: memo.get(k, ln.prompt, tokenizer, add_generation_prompt) for k, ln in zip(keys, batch)}
+        todo = {k: ln.prompt for k, ln in zip(keys, batch) if found[k] is None}
         if todo:
             for k, t in zip(todo, tokenizer.tokenize_many(list(todo.values()),
                                                           add_generation_prompt=add_generation_prompt)):
-                memo[k] = t.compact()
+                found[k] = t.compact()
+                memo.put(k, found[k])
         for k in keys:
-            yield memo[k]
+            yield found[k]
 
 
 def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = None, table: Any = None,
             block_size: int = 16, capacity_blocks: int | None = None, add_generation_prompt: bool = True,
-            source: str = "", causes: bool = True, memo: dict | None = None,
+            source: str = "", causes: bool = True, memo: TokenMemo | None = None,
             counter: Any = None, progress: Callable[[int], None] | None = None) -> tuple[Measure, list[str]]:
     """A log measured by the existing engines: the vLLM replay (:func:`cachectl.engines.prefix.simulate`; with
     ``capacity_blocks`` None, no eviction), the provider cache
@@ -146,23 +188,33 @@ def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = No
                                   inf.hit_rate)
         pair_reused, pair_tokens = pair["reused"], pair["tokens"]
     provider = None
-    reqs = [ln.request for ln in lines if ln.request is not None]
-    skipped = len(lines) - len(reqs)
-    if reqs and table is not None and tokenizer is None and any(p.tokens is None for r in reqs for p in r.positions):
+    counted = [0]  # the requests simulated (the lines without a request body are not)
+
+    def reqs() -> Iterator[Any]:
+        for ln in lines:
+            if ln.request is not None:
+                counted[0] += 1
+                yield ln.request
+
+    any_req = next(reqs(), None) is not None
+    if any_req and table is not None and tokenizer is None and any(p.tokens is None for r in reqs()
+                                                                   for p in r.positions):
         notes.append("the provider cache simulation needs token counts: pass `tokenizer`")
-    elif reqs and table is not None:
+    elif any_req and table is not None:
         if counter is None and tokenizer is not None:
             counter = promptcache.tokenizer_counter(tokenizer)
         try:
-            rep = promptcache.simulate_requests(reqs, table=table, source=source, text_counter=counter,
-                                                every=None, token_source="tokenizer")
+            counted[0] = 0
+            rep = promptcache.simulate_requests(reqs(), table=table, source=source, text_counter=counter,
+                                                every=None, token_source="tokenizer", keep_requests=False)
         except (InputError, UsageError) as exc:
             notes.append(f"provider cache not simulated: {exc}")
         else:
             t = rep.totals
-            provider = ProviderMeasure(len(reqs), int(t.get("cache_read_input_tokens", 0)),
+            provider = ProviderMeasure(counted[0], int(t.get("cache_read_input_tokens", 0)),
                                        int(t.get("cache_creation_input_tokens", 0)), int(t.get("input_tokens", 0)),
-                                       rep.total_cost_usd, rep.uncached_cost_usd, rep.hit_rate, skipped)
+                                       rep.total_cost_usd, rep.uncached_cost_usd, rep.hit_rate,
+                                       len(lines) - counted[0])
     return Measure(vllm, provider, pair_reused, pair_tokens, cause_count, ceiling), notes
 
 

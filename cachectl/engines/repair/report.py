@@ -270,7 +270,8 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
                  trace: Iterable[TraceRequest] | None = None, block_size: int = 16, top: int = 5,
                  context: int = 24, curve_points: int = 16, price_model: str | None = None,
                  text_counter: Any = None, fixes: BeforeAfter | None = None,
-                 forks: LogForks | None = None, progress: Callable[[int], None] | None = None) -> LogReport:
+                 forks: LogForks | None = None, progress: Callable[[int], None] | None = None,
+                 prompt_of: Callable[[int], Any] | None = None) -> LogReport:
     """Run diff-tokens' log mode over ``log``, prompt-cost's simulation over ``requests`` (with ``table``) and
     simulate-prefix's capacity curve over ``trace``, and keep what the report shows.
 
@@ -281,7 +282,9 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
     ``FixReport.forks``): its forks are listed, and the tokens they cost beyond each request's within-conversation
     loss join the headline (``total_tokens_lost``; :func:`.shared_prefix.cross_request_loss`).
     ``progress(n)``: called as pairs are compared and requests replayed (the iterables' own reading is the
-    caller's to count).
+    caller's to count). ``prompt_of(line)``: the prompt of the log's line ``line``, for a log too long to keep a
+    pair view per conversation: each conversation then keeps the line numbers of its worst pair, and the worst
+    conversations' pairs are tokenized and compared again at the end (the same comparison ``diff_log`` made).
     """
     from ..tokendiff import MISMATCH, LogSummary, diff_log
 
@@ -329,12 +332,17 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
         if cid not in conv["causes"]:
             conv["causes"].append(cid)
         if lost > conv["worst_lost"]:
-            conv["worst"], conv["worst_lost"] = _view(item), lost
+            conv["worst"] = (item.line_a, item.line_b) if prompt_of is not None else _view(item)
+            conv["worst_lost"] = lost
     assert summary is not None
     causes = tuple(sorted((CauseLoss(cause=c, label=cause_label(c), pairs=n, tokens_lost=t,
                                      usd_lost=None if rate is None else t * rate)
                            for c, (n, t) in by_cause.items()), key=lambda c: (-c.tokens_lost, str(c.cause))))
     worst_keys = heapq.nlargest(top, (k for k in convs if convs[k]["lost"] > 0), key=lambda k: convs[k]["lost"])
+    if prompt_of is not None:
+        for k in worst_keys:
+            if convs[k]["worst"] is not None:
+                convs[k]["worst"] = _view(_pair_again(k, *convs[k]["worst"], prompt_of, tokenizer, block_size, context))
     worst = tuple(ConversationLoss(key=k, requests=convs[k]["requests"], tokens_lost=convs[k]["lost"],
                                    usd_lost=None if rate is None else convs[k]["lost"] * rate,
                                    causes=tuple(c or "unexplained" for c in convs[k]["causes"]),
@@ -360,21 +368,31 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
                      forks=forks.report.forks if forks is not None else (), shared_prefix=shared)
 
 
+def _pair_again(key: Any, line_a: int, line_b: int, prompt_of: Callable[[int], Any], tokenizer: Any,
+                block_size: int, context: int) -> PairResult:
+    """The pair ``diff_log`` compared (lines ``line_a`` then ``line_b`` of conversation ``key``), compared again as
+    it compares them."""
+    from ..tokendiff import PairResult, diff_tokens
+
+    pa, pb = prompt_of(line_a), prompt_of(line_b)
+    if tokenizer is None:
+        from ...tokenization import Tokenized
+
+        ta, tb = Tokenized(pa, list(pa.ids)), Tokenized(pb, list(pb.ids))
+    else:
+        ta, tb = tokenizer.tokenize_many([pa, pb])
+    d = diff_tokens(ta, tb, block_size=block_size, context=context, tokenizer=tokenizer)
+    return PairResult(line_a=line_a, line_b=line_b, key=key, diff=d)
+
+
 def _cost_section(requests: Iterable[Request], table: PriceTable, source: str, text_counter: Any,
                   tokenizer_name: str) -> CostSection:
     from ..provider.cache import simulate_requests
 
     r = simulate_requests(requests, table=table, source=source, text_counter=text_counter,
-                          token_source=f"tokenizer {tokenizer_name}" if text_counter is not None else "layout")
-    tallies: dict[str, list[int]] = {}
-    for q in r.requests:
-        if q.miss is None:
-            continue
-        t = tallies.setdefault(q.miss.code, [0, 0])
-        t[0] += 1
-        t[1] += q.input_tokens
-    misses = tuple(MissTally(code=c, requests=n, uncached_input_tokens=tok)
-                   for c, (n, tok) in sorted(tallies.items(), key=lambda kv: -kv[1][0]))
+                          token_source=f"tokenizer {tokenizer_name}" if text_counter is not None else "layout",
+                          keep_requests=False)  # the misses in a few numbers, not a row per request
+    misses = tuple(MissTally(code=c, requests=n, uncached_input_tokens=tok) for c, n, tok in r.miss_tallies)
     return CostSection(models=r.models, token_source=r.token_source, total_usd=r.total_cost_usd,
                        uncached_usd=r.uncached_cost_usd, savings_usd=r.savings_usd, hit_rate=r.hit_rate,
                        misses=misses, findings=tuple(f.message for f in r.findings), notes=r.notes)

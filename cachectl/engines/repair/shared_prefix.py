@@ -17,7 +17,7 @@ the requests, what the forks add beyond the within-conversation loss of the same
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,15 +75,16 @@ def log_forks(lines: Sequence[LogLine], *, tokenizer: Any = None, block_size: in
     return LogForks(rep, reqs, [ln.line for ln in lines]), []
 
 
-def auto_records(lines: Sequence[LogLine], grouping: Any) -> list[Any]:
+def auto_records(lines: Sequence[LogLine], grouping: Any) -> Iterator[Any]:
     """The lines as diff-tokens' log records, each keyed by its conversation of ``grouping``
     (:func:`~cachectl.engines.repair.groups.group_sessions`; ``report`` and ``diff-tokens --log`` without ``--key``
     pair requests by them): by the key, or for conversations found automatically by the log's own id
-    (:func:`conversation_names`)."""
+    (:func:`conversation_names`). Made as they are read (one pass over ``lines``)."""
     from ...inputs import LogRecord
 
-    names = [ln.key for ln in lines] if grouping.how != "automatic" else conversation_names(lines, grouping.groups)
-    return [LogRecord(line=ln.line, key=name, prompt=ln.prompt) for ln, name in zip(lines, names)]
+    names = None if grouping.how != "automatic" else conversation_names(lines, grouping.groups)
+    for i, ln in enumerate(lines):
+        yield LogRecord(line=ln.line, key=ln.key if names is None else names[i], prompt=ln.prompt)
 
 
 #: the fields a log names its conversations by, when no --key says which (the log's own ids label what was found)
@@ -104,9 +105,12 @@ def own_id(value: Any) -> Any:
 def conversation_names(lines: Sequence[LogLine], groups: Sequence[int]) -> list[Any]:
     """A name per line for conversations found automatically: the log's own id (its first line's ``session``, ...)
     where the lines carry one, ``auto-N`` where they do not; a second conversation of the same id is ``ID (2)``."""
+    from .store import LineStore
+
     first: dict[int, Any] = {}
-    for ln, g in zip(lines, groups):
-        first.setdefault(g, own_id(ln.value))
+    for i, g in enumerate(groups):  # only each conversation's first line is read (a store's value, not parsed)
+        if g not in first:
+            first[g] = own_id(lines.value(i) if isinstance(lines, LineStore) else lines[i].value)
     names: dict[int, Any] = {}
     seen: dict[str, int] = {}
     for g in sorted(first):

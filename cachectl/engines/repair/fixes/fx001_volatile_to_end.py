@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ....inputs import Request
-from ..groups import LogLine, reparse
+from ..groups import LogLine, reparse_at
 from .body import apply_carry, body_of, get_at, messages_of, path_prefix, put_body, set_at, with_messages
 from .rewriter import FixCode, Rewriter
 
@@ -87,7 +87,7 @@ def move_lines(rw: Rewriter, fix: FixCode, confirmed: dict[str, set[str]],
                 value = with_messages(value, msgs)
             moved: list[str] = []
             edits: list[tuple[str, str, str]] = []
-            req = reparse(ln, value).request
+            req = reparse_at(rw.lines, i, value).request
             if req is None:
                 rw.values[i] = value
                 continue

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ....errors import InputError
-from ..groups import THINK, LogLine, reparse
+from ..groups import THINK, LogLine, reparse_at
 from .body import messages_of, path_prefix, with_messages
 from .rewriter import FixCode, Rewriter
 
@@ -82,7 +82,7 @@ def _render(rw: Rewriter, i: int) -> str | None:
 def _render_value(rw: Rewriter, i: int, value: Any) -> str | None:
     if rw.tok is None or rw.tok.chat_template is None:
         return None
-    ln = reparse(rw.lines[i], value)
+    ln = reparse_at(rw.lines, i, value)
     if not ln.prompt.is_chat:
         return None
     try:

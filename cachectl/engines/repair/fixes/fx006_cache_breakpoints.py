@@ -296,9 +296,9 @@ def _breakpoint_price(rw: Rewriter, req: Request | None) -> Any:
 
 
 def _reparsed(rw: Rewriter, i: int, value: Any) -> Request | None:
-    from ..groups import reparse
+    from ..groups import reparse_at
 
-    return reparse(rw.lines[i], value).request
+    return reparse_at(rw.lines, i, value).request
 
 
 def _keeps_prefix(req: Request, fixed: Request | None, t: int, added: bool, converted: bool) -> bool:

@@ -9,7 +9,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..groups import Grouping, LogLine, reparse
+from ..groups import Grouping, LogLine, reparse_at
+from ..store import LineStore, Mapped, ValueStore
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class Rewriter:
     def __init__(self, lines: Sequence[LogLine], grouping: Grouping, unsafe: bool, tokenizer: Any, table: Any,
                  model: str | None, counter: Any = None, forks: Any = None,
                  progress: Callable[[int], None] | None = None):
-        self.lines = list(lines)
+        self.lines = lines if isinstance(lines, (LineStore, list, tuple, Mapped)) else list(lines)
         self.grouping = grouping
         self.unsafe = unsafe
         self.tok = tokenizer
@@ -53,7 +54,9 @@ class Rewriter:
         self.model = model
         self.fixes: list[Fix] = []
         self.notes: list[str] = []
-        self.values = [copy.deepcopy(ln.value) for ln in lines]
+        #: the values being rewritten: a fresh copy of each line's value, made when first asked for (a line store's
+        #: values are read from its file; changed ones are kept in a file of their own)
+        self.values = _values(self.lines)
         self.counter = counter
         #: the log's shared prefix across requests (:class:`~cachectl.engines.repair.shared_prefix.LogForks`), or
         #: None: the cross-request fixes (FX001, FX007) read the lines to move from it
@@ -83,7 +86,15 @@ class Rewriter:
     def current(self, i: int) -> LogLine:
         if self.progress is not None:
             self.progress(1)
-        return reparse(self.lines[i], self.values[i])
+        return reparse_at(self.lines, i, self.values[i])
+
+
+def _values(lines: Sequence[LogLine]) -> ValueStore:
+    if isinstance(lines, Mapped) and isinstance(lines.values_of, LineStore):
+        lines = lines.values_of
+    if isinstance(lines, LineStore):
+        return ValueStore(len(lines), lines.value, lines.value_bytes)
+    return ValueStore(len(lines), lambda i: copy.deepcopy(lines[i].value))
 
 
 def _short(x: Any) -> str:

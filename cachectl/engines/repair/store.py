@@ -1,0 +1,260 @@
+"""A whole log kept out of memory: each line's JSON value pickled into a temporary file, a few bytes per line in
+memory, lines parsed again when they are read (a small cache keeps the ones in use).
+
+``fix`` and ``report`` read a log several times over (grouping, the fork analysis, each fix code's pass, the
+before/after measures). Held as Python objects a line costs about fifty times its JSON; here it costs its
+offset, its line number and its timestamp (about 24 bytes), its conversation key where there is one, and its
+pickled bytes on disk. The temporary files are deleted when the store is garbage-collected or the process ends.
+
+- :class:`Spool`: an append-only temporary file of pickled values, read back by offset.
+- :class:`LineStore`: the log's :class:`~.groups.LogLine` records as a read-only sequence.
+- :class:`ValueStore`: the values as the fix codes rewrite them (a mutable sequence: ``values[i]`` is an object
+  the caller may change in place; it is written back when the cache lets it go, so a change made through an
+  object fetched more than :data:`CACHE` fetches ago is lost: fetch again, as the fix codes do).
+- :class:`Mapped`: a sequence computed from another one item by item (the lines reparsed after a rewrite).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import tempfile
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar, overload
+
+T = TypeVar("T")
+
+#: objects a store keeps parsed (the lines a fix code is working on: a conversation, a batch to tokenize); the
+#: environment variable CACHECTL_STORE_CACHE overrides it (the tests run with 2, so that a change lost through
+#: an object held too long shows)
+CACHE = int(os.environ.get("CACHECTL_STORE_CACHE", "2048"))
+
+
+class Spool:
+    """Pickled values appended to one temporary file; ``put`` returns the index of the value stored."""
+
+    __slots__ = ("_fd", "_offsets", "_size")
+
+    def __init__(self) -> None:
+        fh = tempfile.TemporaryFile(prefix="cachectl-")  # unlinked at once on POSIX: nothing left behind
+        self._fd = os.dup(fh.fileno())
+        fh.close()
+        self._offsets = array("q", [0])
+        self._size = 0
+
+    def put_bytes(self, data: bytes) -> int:
+        os.pwrite(self._fd, data, self._size)  # noqa: kept simple: one syscall a value
+        self._size += len(data)
+        self._offsets.append(self._size)
+        return len(self._offsets) - 2
+
+    def put(self, value: Any) -> int:
+        return self.put_bytes(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def get_bytes(self, k: int) -> bytes:
+        start, end = self._offsets[k], self._offsets[k + 1]
+        return os.pread(self._fd, end - start, start)
+
+    def get(self, k: int) -> Any:
+        return pickle.loads(self.get_bytes(k))  # noqa: S301 (our own file, written by this process)
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except OSError:
+            pass
+
+
+class _Cached(Sequence[T]):
+    """A read-only sequence whose items are built on demand by ``_build`` and kept in a small LRU cache."""
+
+    def __init__(self) -> None:
+        self._cache: OrderedDict[int, T] = OrderedDict()
+
+    def __len__(self) -> int:  # pragma: no cover (abstract)
+        raise NotImplementedError
+
+    def _build(self, i: int) -> T:  # pragma: no cover (abstract)
+        raise NotImplementedError
+
+    def _item(self, i: int) -> T:
+        got = self._cache.get(i)
+        if got is not None:
+            self._cache.move_to_end(i)
+            return got
+        got = self._build(i)
+        self._cache[i] = got
+        if len(self._cache) > CACHE:
+            self._cache.popitem(last=False)
+        return got
+
+    @overload
+    def __getitem__(self, i: int) -> T: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[T]: ...
+
+    def __getitem__(self, i: int | slice) -> T | list[T]:
+        n = len(self)
+        if isinstance(i, slice):
+            return [self._item(k) for k in range(*i.indices(n))]
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(i)
+        return self._item(i)
+
+    def __iter__(self) -> Iterator[T]:
+        for k in range(len(self)):
+            yield self._item(k)
+
+
+class LineStore(_Cached[Any]):
+    """A log's lines (:class:`~.groups.LogLine`), their values on disk. ``build(value, line, key, timestamp)``
+    makes a line from its value again; ``append`` takes a line already built (its value read and checked)."""
+
+    def __init__(self, build: Callable[[Any, int, Any, float | None], Any]):
+        super().__init__()
+        self._build_line = build
+        self._spool = Spool()
+        self._lines = array("q")
+        self._ts = array("d")
+        self._keys: list[Any] | None = None   # only when a line has one
+        self._interned: dict[Any, Any] = {}
+
+    def append(self, ln: Any) -> None:
+        self._spool.put(ln.value)
+        self._lines.append(ln.line)
+        self._ts.append(math.nan if ln.timestamp is None else ln.timestamp)
+        if ln.key is not None and self._keys is None:
+            self._keys = [None] * (len(self._lines) - 1)
+        if self._keys is not None:
+            self._keys.append(self._interned.setdefault(ln.key, ln.key) if ln.key is not None else None)
+        if len(self._cache) < CACHE:  # the first lines stay parsed: a short log is never read back
+            self._cache[len(self._lines) - 1] = ln
+
+    def __len__(self) -> int:
+        return len(self._lines)
+
+    def value(self, i: int) -> Any:
+        """A fresh copy of line ``i``'s value (nobody else holds it)."""
+        return self._spool.get(i)
+
+    def value_bytes(self, i: int) -> bytes:
+        return self._spool.get_bytes(i)
+
+    def line_number(self, i: int) -> int:
+        return self._lines[i]
+
+    def index_of(self, line: int) -> int:
+        """The index of the line numbered ``line`` (line numbers only grow along a log)."""
+        from bisect import bisect_left
+
+        i = bisect_left(self._lines, line)
+        if i == len(self._lines) or self._lines[i] != line:
+            raise KeyError(line)
+        return i
+
+    def meta(self, i: int) -> tuple[int, Any, float | None]:
+        """Line ``i``'s number, conversation key and time, without parsing it."""
+        ts = self._ts[i]
+        return self._lines[i], self._keys[i] if self._keys is not None else None, None if math.isnan(ts) else ts
+
+    def line_again(self, i: int, value: Any) -> Any:
+        """Line ``i`` as ``value`` parses (a rewrite of its value), with its number, key and time."""
+        return self._build_line(value, *self.meta(i))
+
+    def _build(self, i: int) -> Any:
+        return self._build_line(self._spool.get(i), *self.meta(i))
+
+
+class ValueStore:
+    """The values of a log as fix codes rewrite them: ``values[i]`` (an object to change in place, or to replace
+    with ``values[i] = new``), ``len``, iteration. Unchanged values are read from ``base`` (a fresh copy of the
+    original value of line ``i``); changed ones are pickled into a spool of their own when the cache lets them
+    go."""
+
+    def __init__(self, n: int, base: Callable[[int], Any], base_bytes: Callable[[int], bytes] | None = None):
+        self._n = n
+        self._base = base
+        self._base_bytes = base_bytes
+        self._spool: Spool | None = None
+        self._own = array("q", [-1]) * n      # index in the spool of a value rewritten, else -1
+        self._cache: OrderedDict[int, Any] = OrderedDict()
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _index(self, i: int) -> int:
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        return i
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self._n))]
+        i = self._index(i)
+        if i in self._cache:
+            self._cache.move_to_end(i)
+            return self._cache[i]
+        k = self._own[i]
+        value = self._base(i) if k < 0 else self._spool.get(k)  # type: ignore[union-attr]
+        self._keep(i, value)
+        return value
+
+    def __setitem__(self, i: int, value: Any) -> None:
+        i = self._index(i)
+        self._cache.pop(i, None)
+        self._keep(i, value)
+
+    def __iter__(self) -> Iterator[Any]:
+        for i in range(self._n):
+            yield self[i]
+
+    def _keep(self, i: int, value: Any) -> None:
+        self._cache[i] = value
+        while len(self._cache) > CACHE:
+            self._write_back(*self._cache.popitem(last=False))
+
+    def _write_back(self, i: int, value: Any) -> None:
+        data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        k = self._own[i]
+        if k >= 0:
+            assert self._spool is not None
+            if self._spool.get_bytes(k) == data:
+                return
+        elif self._base_bytes is not None and self._base_bytes(i) == data:
+            return
+        if self._spool is None:
+            self._spool = Spool()
+        self._own[i] = self._spool.put_bytes(data)
+
+
+class Mapped(_Cached[T]):
+    """``fn(i)`` for ``i`` in ``range(n)``, as a sequence (built on demand, a few kept)."""
+
+    def __init__(self, n: int, fn: Callable[[int], T], values_of: Sequence[Any] | None = None):
+        super().__init__()
+        self._n = n
+        self._fn = fn
+        #: the line store whose values these items have, unchanged (a rewriter reads them there)
+        self.values_of = values_of.values_of if isinstance(values_of, Mapped) else values_of
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _build(self, i: int) -> T:
+        return self._fn(i)
