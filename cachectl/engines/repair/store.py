@@ -46,7 +46,7 @@ class Spool:
         self._size = 0
 
     def put_bytes(self, data: bytes) -> int:
-        os.pwrite(self._fd, data, self._size)  # noqa: kept simple: one syscall a value
+        os.pwrite(self._fd, data, self._size)  # one syscall a value
         self._size += len(data)
         self._offsets.append(self._size)
         return len(self._offsets) - 2

@@ -1,0 +1,101 @@
+"""The log kept on disk (cachectl/engines/repair/store.py): values come back equal, a change made in place survives
+the cache letting it go, and fix and report give the same output with a cache of two objects as with the default
+(so no fix code loses a change through an object it held too long)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from cachectl.engines.repair import measure, store
+from cachectl.engines.repair.groups import log_lines
+from cachectl.inputs import iter_jsonl
+
+ROOT = Path(__file__).resolve().parent.parent
+LOGS = [ROOT / "fixtures" / "prompts" / "fix_log.jsonl", ROOT / "fixtures" / "prompts" / "agent_log.jsonl"]
+
+
+def test_spool_round_trips_values_pickle_keeps_exactly():
+    sp = store.Spool()
+    values = [{"b": 1, "a": [1.5, math.inf, None, "\ud800 lone surrogate", 2**80]}, "x" * 10_000, [], {}]
+    ks = [sp.put(v) for v in values]
+    assert ks == [0, 1, 2, 3] and len(sp) == 4
+    back = [sp.get(k) for k in ks]
+    assert back[1:] == values[1:]
+    assert list(back[0]) == ["b", "a"] and back[0]["a"][1] == math.inf and back[0]["a"][4] == 2**80
+    assert back[0]["a"][3] == "\ud800 lone surrogate"
+
+
+def test_value_store_keeps_a_change_made_in_place_after_eviction(monkeypatch):
+    monkeypatch.setattr(store, "CACHE", 2)
+    originals = [{"i": i, "msgs": [{"content": f"m{i}"}]} for i in range(6)]
+    vs = store.ValueStore(len(originals), lambda i: json.loads(json.dumps(originals[i])))
+    vs[0]["msgs"][0]["content"] = "changed in place"   # the object is let go two fetches later
+    vs[3] = {"replaced": True}
+    for i in range(6):
+        vs[i]
+    assert vs[0]["msgs"][0]["content"] == "changed in place"
+    assert vs[3] == {"replaced": True}
+    assert [vs[i] for i in (1, 2, 4, 5)] == [originals[i] for i in (1, 2, 4, 5)]
+    assert vs[1:3] == originals[1:3] and list(vs)[5] == originals[5]
+    assert originals[0]["msgs"][0]["content"] == "m0"  # the base is never changed
+    with pytest.raises(IndexError):
+        vs[6]
+
+
+def test_value_store_writes_back_only_what_changed(monkeypatch):
+    monkeypatch.setattr(store, "CACHE", 1)
+    sp = store.Spool()
+    for i in range(50):
+        sp.put({"i": i})
+    vs = store.ValueStore(50, sp.get, sp.get_bytes)
+    for i in range(50):
+        vs[i]
+    assert vs._spool is None  # nothing changed: nothing written
+    vs[7]["i"] = -7
+    vs[8]
+    assert vs._spool is not None and len(vs._spool) == 1 and vs[7] == {"i": -7}
+
+
+def test_line_store_gives_back_the_lines_as_read(monkeypatch):
+    monkeypatch.setattr(store, "CACHE", 2)
+    path = str(LOGS[0])
+    lines = log_lines(iter_jsonl(path), source=path, key="session")
+    plain = [json.loads(raw) for raw in Path(path).read_text().splitlines() if raw.strip()]
+    assert len(lines) == len(plain)
+    for i, ln in enumerate(lines):
+        assert ln.value == plain[i]
+        n, key, ts = lines.meta(i)
+        assert (n, key, ts) == (ln.line, ln.key, ln.timestamp) and key == plain[i]["session"]
+        assert lines.index_of(ln.line) == i
+    again = lines[len(lines) - 1]   # parsed again from disk (the cache holds two)
+    assert again.request is not None and again.request.positions == lines[len(lines) - 1].request.positions
+    with pytest.raises(KeyError):
+        lines.index_of(10**9)
+
+
+def _run(cli, args):
+    r = cli(*args)
+    assert r.exit_code in (0, 1), r.output
+    return r.output
+
+
+@pytest.mark.parametrize("log", LOGS, ids=lambda p: p.name)
+def test_fix_and_report_are_the_same_with_a_cache_of_two(cli, tmp_path, monkeypatch, log):
+    key = ["--key", "session"] if "fix_log" in log.name else []
+    outs = []
+    for size in (store.CACHE, 2):
+        monkeypatch.setattr(store, "CACHE", size)
+        monkeypatch.setattr(measure, "CACHE", size)
+        out = tmp_path / f"out{size}.jsonl"
+        fixed = _run(cli, ["fix", str(log), "-t", str(ROOT / "fixtures" / "tok"), "--unsafe-fixes", "-o", str(out),
+                           "--format", "json", *key])
+        rep = _run(cli, ["report", str(log), "-t", str(ROOT / "fixtures" / "tok"), "--format", "json", *key])
+        outs.append((json.loads(fixed), out.read_bytes(), json.loads(rep)))
+    (f1, o1, r1), (f2, o2, r2) = outs
+    f1.pop("out"), f2.pop("out")
+    assert o1 == o2 and f1 == f2 and r1 == r2
+    assert f1["applied"] > 0  # the fixture has fixes to lose
