@@ -32,10 +32,11 @@ from benchutil import ENV, ROOT
 FORKS = """
 import json, sys
 import cachectl
-from cachectl.engines.prefix import analyze_forks, fork_requests, trace_records
+from cachectl.engines.prefix import analyze_forks, trace_records
+from cachectl.engines.prefix.forks import pack_requests
 path, mode = sys.argv[1], sys.argv[2]
 tok = cachectl.load_tokenizer("fixtures/tok") if mode == "chat" else None
-reqs = list(fork_requests(trace_records(path), source=path, tokenizer=tok))
+reqs = pack_requests(trace_records(path), source=path, tokenizer=tok)   # read once, kept packed
 rep = analyze_forks(reqs, tokenizer=tok, block_size=16)
 print(json.dumps({"hit_tokens": rep.hit_tokens, "fixed_hit_tokens": rep.fixed_hit_tokens, "passes": rep.passes,
                   "replays": rep.replays, "forks": [f.to_dict() for f in rep.forks[:4]]}))

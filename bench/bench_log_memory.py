@@ -90,6 +90,7 @@ COMMANDS: dict[str, list[str]] = {
     "fix": ["fix", "{log}", "-t", TOK, "--unsafe-fixes", "-o", "{out}", "--format", "json"],
     "prompt-cost": ["prompt-cost", "{log}", "-t", TOK, "--format", "json"],
     "diff-tokens": ["diff-tokens", "--log", "{log}", "--key", "session", "-t", TOK, "--format", "json"],
+    "diff-tokens-auto": ["diff-tokens", "--log", "{log}", "-t", TOK, "--format", "json"],
     "simulate-prefix": ["simulate-prefix", "{log}", "--policy", "infinite", "-t", TOK, "--format", "json"],
 }
 

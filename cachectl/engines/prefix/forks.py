@@ -7,7 +7,7 @@ that thousands of otherwise identical requests share, or tools listed in another
 
 Library entry::
 
-    reqs = list(fork_requests(iter_jsonl(path), source=path, tokenizer=tok))   # served tokens + text + fields
+    reqs = pack_requests(iter_jsonl(path), source=path, tokenizer=tok)   # served tokens + text + fields, packed
     report = analyze_forks(reqs, tokenizer=tok, block_size=16, capacity_blocks=None)
     report.forks          # tuple[Fork, ...], sorted by tokens_lost (descending)
     report.to_dict()      # {forks: [{path, char, cause, distinct_values, requests, tokens_lost, fixable, ...}], ...}
@@ -22,6 +22,11 @@ How it works:
   predict a per-user value (``user``, ``metadata.user_id``, a tenant field). Without a tokenizer, a provider
   request's canonical positions (tools -> system -> messages) are cut into word pieces: the same tree over
   approximate token counts.
+- **Kept packed** (:class:`RequestStore`, :mod:`.packed`): every counterfactual is a pass over the whole log, so
+  every request is kept, as one zlib stream of its IDs, starts and text (compressed against the first request's,
+  which holds what most requests share) and its prompt pickled the same way: 2 to 3 KB a request on a log of
+  400-token chat requests, where the parsed forms took some 16 KB. A pass rebuilds each request as it reaches it
+  (the tree pass as logged reads only the IDs); a tools counterfactual's re-renders are kept packed the same way.
 - **Tree** (:class:`PrefixTree`): one streaming pass over the requests' chained block keys
   (:func:`~cachectl.engines.prefix.trace.block_keys`), a radix tree of full blocks whose edges hold their keys
   in an ``array('q')`` (8 bytes a distinct block, plus one small object per edge: about two edges a request).
@@ -49,17 +54,22 @@ from __future__ import annotations
 
 import bisect
 import json
+import pickle
 import re
 from array import array
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
+from functools import partial
+from itertools import chain
 from typing import Any
 
 from ...errors import InputError, UsageError
 from ...inputs import PromptInput, Request, prompt_from_request, prompt_from_value, unwrap
 from ...inputs.prompt import check_ids
-from ...tokenization import Span, Tokenized
+from ...tokenization import Span, Tokenized, _lazy_chat_spans
 from ..tokendiff import common_prefix_length, explain
+from .packed import ObjectCodec, RenderCodec
 from .replay import simulate
 from .trace import TraceRequest, block_keys
 
@@ -248,6 +258,194 @@ def _from_tokenized(index: int, line: int | None, t: Tokenized, flds: tuple = ()
                        tokenized=t.compact(), fields=flds)
 
 
+# ---------------------------------------------------------------------------------------------- store
+
+
+class _Packed:
+    """One request in a :class:`RequestStore`: its render packed (:class:`~.packed.RenderCodec`), its prompt
+    pickled and packed (``cold``), the chat spans once an instrumented render found them, and the small fields the
+    passes read for every request (its tools' identities, interned; its log fields and cache salt)."""
+
+    __slots__ = ("cold", "fields", "hot", "index", "line", "meta", "salt", "spans", "tools", "whole")
+
+    def __init__(self, index: int, line: int | None, fields: tuple, salt: Any):
+        self.index, self.line, self.fields, self.salt = index, line, fields, salt
+        self.hot: bytes = b""
+        self.cold: bytes | None = None
+        self.spans: bytes | None = None
+        #: (offsets kind, add_special_tokens, render_opts, tokenizer handle), interned
+        self.meta: tuple | None = None
+        #: (the tools' identities in order, joined by newlines; the same sorted), interned; None without tools
+        self.tools: tuple[str, tuple[str, ...]] | None = None
+        #: a request whose parts this store does not know how to pack, kept as it is
+        self.whole: ForkRequest | None = None
+
+
+_NO_OFFSETS, _TEXT_OFFSETS, _KNOWN_OFFSETS = 0, 1, 2
+
+
+class RequestStore(Sequence[ForkRequest]):
+    """The requests of one fork analysis, packed: each counterfactual replays the whole log, so every request is
+    kept, as one zlib stream of its IDs, starts and text (:class:`~.packed.RenderCodec`, against the first request's
+    bytes) and its prompt pickled the same way; a few hundred bytes to a couple of KB a request where the parsed
+    forms take some 20 KB. Indexing rebuilds a :class:`ForkRequest` (the last few are kept); :meth:`ids` reads only
+    the IDs. Add requests in log order with :meth:`add`."""
+
+    def __init__(self, recent: int = 64):
+        self._render = RenderCodec()
+        self._objects = ObjectCodec()
+        self._recs: list[_Packed] = []
+        self._meta: dict[tuple, tuple] = {}
+        self._tools: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self._recent: OrderedDict[int, ForkRequest] = OrderedDict()
+        self._keep = recent
+        #: token count and token-ID-only requests (no text), over all requests
+        self.tokens = 0
+        self.bare = 0
+
+    def __len__(self) -> int:
+        return len(self._recs)
+
+    def add(self, r: ForkRequest) -> None:
+        rec = _Packed(r.index, r.line, r.fields, r.salt)
+        self.tokens += len(r.ids)
+        self.bare += r.text is None
+        mine = _request_tools(r)
+        if mine:
+            names = [_tool_identity(t) for t in mine]
+            order = "\n".join(names)
+            rec.tools = self._tools.get(order) or self._tools.setdefault(order, (order, tuple(sorted(names))))
+        try:
+            self._pack(rec, r)
+        except (ValueError, OverflowError, TypeError, pickle.PicklingError, AttributeError):
+            rec.whole = r
+        self._recs.append(rec)
+
+    def _pack(self, rec: _Packed, r: ForkRequest) -> None:
+        ids = r.ids if isinstance(r.ids, array) else _id_array(r.ids)
+        tok = r.tokenized
+        ends = None
+        if tok is None:
+            kind = _NO_OFFSETS
+            if r.request is not None:
+                raise ValueError("a request without its Tokenized")
+        else:
+            if tok.text != r.text or (tok.ids is not r.ids and _id_array(tok.ids) != ids):
+                raise ValueError("a Tokenized of other text or tokens")
+            if isinstance(tok.encoding, _Offsets):
+                kind = _KNOWN_OFFSETS
+                if r.starts is None or (tok.encoding.starts is not r.starts
+                                        and array("q", tok.encoding.starts) != array("q", r.starts)):
+                    raise ValueError("offsets other than the starts")
+                ends = tok.encoding.ends
+            elif tok.encoding is None:
+                kind = _TEXT_OFFSETS
+            else:
+                raise ValueError("a full tokenizers.Encoding")
+            lazy = callable(tok._spans)
+            if lazy and (tok.render_opts is None or tok.tokenizer is None):
+                raise ValueError("spans of an unknown kind")
+            handle, opts = tok.tokenizer, tok.render_opts
+            key = (kind, tok.add_special_tokens, repr(opts), id(handle), lazy)  # opts by value: one per render
+            rec.meta = self._meta.get(key) or self._meta.setdefault(key, (kind, tok.add_special_tokens, opts,
+                                                                             handle, lazy))
+            # a rendered prompt is kept without its canonical request (none of the analysis's renders, causes or
+            # spans reads it); a canonical one keeps it (its positions are its tokens)
+            prompt = tok.prompt if r.request is not None or tok.prompt.request is None else replace(tok.prompt, request=None)
+            rec.cold = self._objects.dumps((prompt, r.request, None if lazy else tok.spans))
+        rec.hot = self._render.pack(ids, r.starts, ends, r.text)
+
+    def __getitem__(self, k: int) -> ForkRequest:  # type: ignore[override]
+        got = self._recent.get(k)
+        if got is not None:
+            self._recent.move_to_end(k)
+            return got
+        rec = self._recs[k]
+        got = rec.whole if rec.whole is not None else self._unpack(rec)
+        self._recent[k] = got
+        if len(self._recent) > self._keep:
+            self._recent.popitem(last=False)
+        return got
+
+    def _unpack(self, rec: _Packed) -> ForkRequest:
+        ids, starts, ends, text = self._render.unpack(rec.hot)
+        tok = request = None
+        if rec.cold is not None:
+            prompt, request, spans = self._objects.loads(rec.cold)
+            tok = self._tokenized(rec, prompt, ids, starts, ends, text, spans)
+        return ForkRequest(index=rec.index, line=rec.line, ids=ids, text=text, starts=starts, tokenized=tok,
+                           fields=rec.fields, salt=rec.salt, request=request)
+
+    def _tokenized(self, rec: _Packed, prompt: Any, ids: array, starts: Any, ends: Any, text: str | None,
+                   spans: Any) -> Tokenized:
+        assert rec.meta is not None
+        kind, special, opts, handle, _ = rec.meta
+        enc = _Offsets(starts, ends) if kind == _KNOWN_OFFSETS else None
+        return Tokenized(prompt, ids, text, enc, spans if spans is not None else partial(self._spans, rec, prompt, text),
+                         handle, special, opts)
+
+    def _spans(self, rec: _Packed, prompt: Any, text: str | None) -> tuple[Span, ...]:
+        """A chat render's spans (an instrumented render, once per request: kept packed)."""
+        if rec.spans is not None:
+            return self._objects.loads(rec.spans)
+        assert rec.meta is not None and text is not None
+        _, _, opts, handle, _ = rec.meta
+        got = tuple(_lazy_chat_spans(handle, prompt, text, opts)())
+        rec.spans = self._objects.dumps(got)
+        return got
+
+    def ids(self, k: int) -> Sequence[int]:
+        """Request ``k``'s token IDs, without the rest."""
+        rec = self._recs[k]
+        return rec.whole.ids if rec.whole is not None else self._render.ids(rec.hot)
+
+    def line(self, k: int) -> int | None:
+        return self._recs[k].line
+
+    def salt(self, k: int) -> Any:
+        return self._recs[k].salt
+
+    def fields(self, k: int) -> tuple:
+        return self._recs[k].fields
+
+    def tool_order(self, k: int) -> str | None:
+        """Request ``k``'s tools' identities in order, joined by newlines (None without tools)."""
+        t = self._recs[k].tools
+        return t[0] if t is not None else None
+
+    def tool_set(self, k: int) -> tuple[str, ...] | None:
+        """The same, sorted (the set a tools counterfactual matches)."""
+        t = self._recs[k].tools
+        return t[1] if t is not None else None
+
+    # a re-render under a tools counterfactual (kept packed the same way) ----------------------------------
+    def pack_render(self, ids: array, text: str | None, starts: Any, tok: Tokenized | None) -> _Packed | tuple:
+        rec = _Packed(-1, None, (), None)
+        try:
+            assert tok is not None
+            probe = ForkRequest(index=-1, line=None, ids=ids, text=text, starts=starts, tokenized=tok)
+            kind = _KNOWN_OFFSETS if isinstance(tok.encoding, _Offsets) else _TEXT_OFFSETS
+            lazy = callable(tok._spans)
+            if tok.encoding is not None and kind != _KNOWN_OFFSETS or (lazy and tok.render_opts is None):
+                raise ValueError("not packable")
+            self._pack(rec, probe)
+        except (ValueError, OverflowError, TypeError, AssertionError, pickle.PicklingError, AttributeError):
+            return (ids, text, starts, tok)
+        rec.cold = None  # the prompt is the request's own, with the counterfactual's tools
+        if not lazy:
+            rec.spans = self._objects.dumps(tuple(tok.spans))
+        return rec
+
+    def unpack_render(self, rec: _Packed | tuple, prompt: Any) -> tuple:
+        """(ids, text, starts, tok) of a :meth:`pack_render`; ``prompt``: the Tokenized's prompt."""
+        if isinstance(rec, tuple):
+            return rec
+        ids, starts, ends, text = self._render.unpack(rec.hot)
+        assert rec.meta is not None
+        spans = self._objects.loads(rec.spans) if rec.spans is not None and not rec.meta[4] else None
+        return ids, text, starts, self._tokenized(rec, prompt, ids, starts, ends, text, spans)
+
+
 # ----------------------------------------------------------------------------------------------- tree
 
 
@@ -274,12 +472,13 @@ class PrefixTree:
     """A radix tree over the chained block keys of a stream of requests (one insert each, in log order).
 
     Memory: 8 bytes a distinct block (the edges' key arrays) and one edge object per branch. ``leaves`` keeps,
-    per request, the edge and block depth where its path ends (an edge split later still finds it: the walk
-    up from there goes to the edge that holds that depth)."""
+    per request, the edge where its path ends and ``depths`` its block depth (an edge split later still finds
+    it: the walk up from there goes to the edge that holds that depth); 16 bytes a request."""
 
     def __init__(self) -> None:
         self.root = _Edge(None, 0, array("q"), -1, 0)
-        self.leaves: list[tuple[_Edge, int]] = []
+        self.leaves: list[_Edge] = []
+        self.depths = array("q")
 
     def insert(self, keys: array, rep: int) -> int:
         """Add one request's keys; returns how many of its blocks an earlier request already had (the blocks a
@@ -295,7 +494,7 @@ class PrefixTree:
                 if node.children is None:
                     node.children = {}
                 node.children[keys[pos]] = new
-                self.leaves.append((new, n))
+                self._leaf(new, n)
                 return pos
             m = len(child.keys)
             seg = keys[pos:pos + m]
@@ -306,7 +505,7 @@ class PrefixTree:
             c = common_prefix_length(seg, child.keys)
             if c == len(seg):  # the request ends inside this edge
                 child.n += 1
-                self.leaves.append((child, n))
+                self._leaf(child, n)
                 return n
             upper = _Edge(node, pos, child.keys[:c], child.rep, child.n + 1)
             assert node.children is not None
@@ -318,10 +517,14 @@ class PrefixTree:
             node, pos = upper, pos + c
             new = _Edge(upper, pos, keys[pos:], rep)
             upper.children[keys[pos]] = new
-            self.leaves.append((new, n))
+            self._leaf(new, n)
             return pos
-        self.leaves.append((node, n))
+        self._leaf(node, n)
         return n
+
+    def _leaf(self, edge: _Edge, depth: int) -> None:
+        self.leaves.append(edge)
+        self.depths.append(depth)
 
     def forks(self) -> list[_Edge]:
         """Nodes with two or more children, most requests first (then the shallowest)."""
@@ -340,7 +543,7 @@ class PrefixTree:
         """For each fork (by ``id``): request index -> the child it took."""
         want = {id(f): f for f in forks}
         out: dict[int, dict[int, _Edge]] = {k: {} for k in want}
-        for r, (edge, depth) in enumerate(self.leaves):
+        for r, (edge, depth) in enumerate(zip(self.leaves, self.depths)):
             e: _Edge | None = edge
             while e is not None and e.parent is not None and e.start >= depth:
                 e = e.parent
@@ -629,7 +832,7 @@ class ForkReport:
     notes: tuple[str, ...] = ()
     #: per request (in log order): the no-eviction hit tokens it gains with every fixable fork fixed (negative
     #: where a move costs it some); they add up to ``fixed_hit_tokens - hit_tokens``
-    request_gains: tuple[int, ...] = field(default=(), repr=False)
+    request_gains: Sequence[int] = field(default=(), repr=False)
     #: the tree's top branches as logged, and with every fixable fork fixed (:func:`_summary`), for a picture
     tree: tuple[TreeNode, ...] = ()
     fixed_tree: tuple[TreeNode, ...] = ()
@@ -689,22 +892,35 @@ def fork_span(report: ForkReport, fork: Fork, request: ForkRequest) -> MoveSpan 
 # ----------------------------------------------------------------------------------------------- engine
 
 
-def _view(r: ForkRequest, tools: Sequence[_Tools], tokenizer: Any, memo: dict | None = None) -> _View:
+_UNKNOWN: Any = object()
+
+
+def _view(r: ForkRequest, tools: Sequence[_Tools], tokenizer: Any, memo: dict | None = None,
+          store: RequestStore | None = None, ident: Any = _UNKNOWN) -> _View:
     """``r`` under the tools counterfactuals in ``tools`` (re-rendered when one applies; ``memo`` keeps
-    re-renders)."""
-    mine = _request_tools(r) if tools else None
-    if mine:
-        ident = tuple(sorted(_tool_identity(t) for t in mine))
+    re-renders, packed by ``store`` when given). ``ident``: the sorted identities of ``r``'s tools, when known."""
+    if tools and ident is _UNKNOWN:
+        mine = _request_tools(r)
+        ident = tuple(sorted(_tool_identity(t) for t in mine)) if mine else None
+    if tools and ident:
         for t in tools:
             if t.identities == ident:
                 key = (r.index, id(t))
                 if memo is not None and key in memo:
-                    return _View(r, *memo[key])
+                    got = memo[key]
+                    return _View(r, *(store.unpack_render(got, _rendered_prompt(r, t)) if store is not None else got))
                 v = _rerendered(r, t.reference, tokenizer)
                 if memo is not None:
-                    memo[key] = (v.base, v.text, v.starts, v.tok)
+                    parts = (v.base, v.text, v.starts, v.tok)
+                    memo[key] = store.pack_render(*parts) if store is not None else parts
                 return v
     return _View(r, r.ids, r.text, r.starts, r.tokenized)
+
+
+def _rendered_prompt(r: ForkRequest, t: _Tools) -> Any:
+    """The prompt of ``r``'s re-render under ``t`` (what :func:`_rerendered` rendered)."""
+    assert r.tokenized is not None
+    return r.tokenized.prompt if r.request is not None else replace(r.tokenized.prompt, tools=tuple(t.reference))
 
 
 def _rerendered(r: ForkRequest, tools: Sequence[Any], tokenizer: Any) -> _View:
@@ -727,7 +943,7 @@ _VOCAB: dict[str, int] = {}
 
 
 class _Analyzer:
-    def __init__(self, requests: Sequence[ForkRequest], *, tokenizer: Any, block_size: int,
+    def __init__(self, requests: RequestStore, *, tokenizer: Any, block_size: int,
                  capacity_blocks: int | None, user_fields: Sequence[str], max_forks: int, max_values: int):
         self.reqs = requests
         self.tok = tokenizer
@@ -739,22 +955,25 @@ class _Analyzer:
         self.passes = 0
         self.replays = 0
         self.notes: list[str] = []
-        #: tools counterfactuals re-render a request once (request index, counterfactual) -> view parts
-        self.rendered: dict[tuple[int, int], tuple] = {}
+        #: tools counterfactuals re-render a request once (request index, counterfactual) -> view parts (packed)
+        self.rendered: dict[tuple[int, int], Any] = {}
 
     # one request under a plan ------------------------------------------------------------------------
-    def view(self, r: ForkRequest, plan: Sequence[Any]) -> _View:
-        v = _view(r, [t for t in plan if isinstance(t, _Tools)], self.tok, self.rendered)
+    def view(self, k: int, plan: Sequence[Any]) -> _View:
+        """Request ``k`` under ``plan``."""
+        tools = [t for t in plan if isinstance(t, _Tools)]
+        v = _view(self.reqs[k], tools, self.tok, self.rendered, self.reqs, self.reqs.tool_set(k) if tools else None)
         for t in plan:
             if isinstance(t, _LineMove):
                 t.apply(v)
         return v
 
-    def _keys(self, plan: Sequence[Any]) -> Iterator[tuple[int, ForkRequest, int, list]]:
+    def _keys(self, plan: Sequence[Any]) -> Iterator[tuple[int, int, list]]:
         bs = self.bs
-        for k, r in enumerate(self.reqs):
-            ids = self.view(r, plan).ids if plan else r.ids
-            yield k, r, len(ids), block_keys(ids, bs, r.salt)
+        reqs = self.reqs
+        for k in range(len(reqs)):
+            ids = self.view(k, plan).ids if plan else reqs.ids(k)
+            yield k, len(ids), block_keys(ids, bs, reqs.salt(k))
 
     def tree_pass(self, plan: Sequence[Any], per_request: array | None = None) -> tuple[PrefixTree, int]:
         """The tree of the log under ``plan``, and its no-eviction hits (the blocks each request finds in the tree
@@ -764,7 +983,7 @@ class _Analyzer:
         tree = PrefixTree()
         hits = 0
         bs = self.bs
-        for k, _, n, keys in self._keys(plan):
+        for k, n, keys in self._keys(plan):
             found = tree.insert(array("q", keys), k)
             h = min(found, (n - 1) // bs) * bs
             hits += h
@@ -776,8 +995,8 @@ class _Analyzer:
         """Hits of the log under ``plan`` through :func:`simulate`: no eviction, or vLLM's pool at capacity (each
         request's hits appended to ``per_request`` when given)."""
         self.replays += 1
-        trace = (TraceRequest(index=k, line=r.line, prompt_tokens=n, hash_ids=keys, hash_block_size=self.bs)
-                 for k, r, n, keys in self._keys(plan))
+        trace = (TraceRequest(index=k, line=self.reqs.line(k), prompt_tokens=n, hash_ids=keys, hash_block_size=self.bs)
+                 for k, n, keys in self._keys(plan))
         if capacity:
             rep = simulate(trace, policy="vllm", block_size=self.bs, capacity_blocks=self.cap,
                            per_request=per_request is not None)
@@ -799,6 +1018,7 @@ class _Analyzer:
             if p == 0:
                 hits0, first = hits, tree
             added = self._forks_of(tree, plan, drafts)
+            tree.leaves, tree.depths = [], array("q")  # a request's path is only needed in its own pass
             if not added:
                 break
             plan.extend(added)
@@ -808,7 +1028,7 @@ class _Analyzer:
         if plan:
             self.notes.append("tokens_lost: what keeping that one fork costs with every other fixable fork fixed, so "
                               "forks in one block each count the whole; fixed_hit_tokens has them all fixed")
-        bare = sum(1 for r in self.reqs if r.text is None)
+        bare = self.reqs.bare
         if bare:
             self.notes.append(f"{bare} request(s) are token IDs only: their forks have no cause and nothing to move")
         # a counterfactual that recovers nothing with the others applied (it moves a line the branches need, or
@@ -859,11 +1079,11 @@ class _Analyzer:
         assert first is not None
         tree0 = _summary(first, self.bs, {n: index[id(f)] for n, f in fork_at.items()})
         tree1 = _summary(self.tree_pass(plan)[0], self.bs, {}) if plan else tree0
-        return ForkReport(requests=len(self.reqs), query_tokens=sum(len(r.ids) for r in self.reqs),
+        return ForkReport(requests=len(self.reqs), query_tokens=self.reqs.tokens,
                           block_size=self.bs, capacity_blocks=self.cap, forks=tuple(forks), hit_tokens=hits0,
                           fixed_hit_tokens=fixed, hit_tokens_at_capacity=cap0, fixed_hit_tokens_at_capacity=cap_fixed,
                           passes=self.passes, replays=self.replays, notes=tuple(self.notes),
-                          request_gains=tuple(gains), tree=tree0, fixed_tree=tree1, _plan=tuple(plan),
+                          request_gains=gains, tree=tree0, fixed_tree=tree1, _plan=tuple(plan),
                           _tokenizer=self.tok, _moves=tuple(moves))
 
     def _forks_of(self, tree: PrefixTree, plan: list[Any], drafts: dict[tuple, dict]) -> list[Any]:
@@ -896,7 +1116,7 @@ class _Analyzer:
         """A fork's representatives (one request per branch), the token where they split, and the line there."""
         assert node.children is not None
         children = sorted(node.children.values(), key=lambda c: -c.n)[:self.max_values]
-        views = [self.view(self.reqs[c.rep], plan) for c in children]
+        views = [self.view(c.rep, plan) for c in children]
         cps = [common_prefix_length(views[0].ids, v.ids) for v in views[1:]]
         d = min(cps)
         other = views[1 + cps.index(d)]
@@ -922,10 +1142,8 @@ class _Analyzer:
             for r in site.took:
                 under.setdefault(r, []).append(site)
         for r, mine in under.items():
-            req = self.reqs[r]
-            v = self.view(req, plan) if any(s.mover is not None for s in mine) else None
-            tools = _request_tools(req)
-            order = "\n".join(_tool_identity(t) for t in tools) if tools else None
+            v = self.view(r, plan) if any(s.mover is not None for s in mine) else None
+            order = self.reqs.tool_order(r)
             for site in mine:
                 if order is not None:
                     site.tool_orders[r] = site.intern.setdefault(order, order)
@@ -997,7 +1215,7 @@ class _Analyzer:
             ok = True
             for r in site.took:
                 v = site.values.get(r)
-                fv = dict(self.reqs[r].fields).get(name)
+                fv = dict(self.reqs.fields(r)).get(name)
                 if v is None or fv is None or seen.setdefault(fv, v) != v:
                     ok = False
                     break
@@ -1067,30 +1285,50 @@ def _message(cause: str, distinct: int, requests: int, predictor: str | None, de
     return detail
 
 
+def pack_requests(requests: Iterable[ForkRequest] | Iterable[tuple[int, Any]], *, source: str = "",
+                  tokenizer: Any = None, user_fields: Sequence[str] = USER_FIELDS,
+                  add_generation_prompt: bool = True) -> RequestStore:
+    """A :class:`RequestStore` of ``requests`` (read once, in order): :class:`ForkRequest` records, or ``(line,
+    value)`` pairs turned into them with ``tokenizer`` (:func:`fork_requests`)."""
+    store = RequestStore()
+    it = iter(requests)
+    first = next(it, None)
+    if first is None:
+        return store
+    if isinstance(first, ForkRequest):
+        store.add(first)
+        for r in it:
+            store.add(r)  # type: ignore[arg-type]
+        return store
+    for r in fork_requests(chain((first,), it), source=source, tokenizer=tokenizer,  # type: ignore[arg-type]
+                           user_fields=user_fields, add_generation_prompt=add_generation_prompt):
+        store.add(r)
+    return store
+
+
 def analyze_forks(requests: Iterable[ForkRequest] | Iterable[tuple[int, Any]], *, tokenizer: Any = None,
                   block_size: int = 16, capacity_blocks: int | None = None, user_fields: Sequence[str] = USER_FIELDS,
                   source: str = "", max_forks: int = 32, max_passes: int = 8, max_values: int = 10_000,
                   add_generation_prompt: bool = True) -> ForkReport:
     """The shared-prefix tree of a log, its forks, their causes and costs (see the module docstring).
 
-    ``requests``: :class:`ForkRequest` records (a sequence: every counterfactual is a pass over it), or
-    ``(line, value)`` pairs, turned into them here with ``tokenizer`` (:func:`fork_requests`). ``capacity_blocks``
+    ``requests``: :class:`ForkRequest` records, or ``(line, value)`` pairs, turned into them here with
+    ``tokenizer`` (:func:`fork_requests`), read once: every counterfactual is a pass over the log, so they are
+    kept packed (:class:`RequestStore`; pass one to share it: ``LogForks`` locates the moved lines in it). ``capacity_blocks``
     adds the at-capacity (vLLM LRU) replays. ``max_forks`` bounds the forks classified per pass (most requests
     first), ``max_values`` the branches whose values are compared per fork.
     """
     if not 1 <= block_size <= 1 << 20:
         raise UsageError("`block_size` must be between 1 and 1,048,576")
-    items = list(requests) if not isinstance(requests, Sequence) else requests
-    if items and not isinstance(items[0], ForkRequest):
-        items = list(fork_requests(items, source=source, tokenizer=tokenizer, user_fields=user_fields,  # type: ignore[arg-type]
-                                   add_generation_prompt=add_generation_prompt))
-    if not items:
+    reqs = requests if isinstance(requests, RequestStore) else pack_requests(
+        requests, source=source, tokenizer=tokenizer, user_fields=user_fields, add_generation_prompt=add_generation_prompt)
+    if not reqs:
         raise InputError("no requests", source=source)
-    reqs: Sequence[ForkRequest] = items  # type: ignore[assignment]
     analyzer = _Analyzer(reqs, tokenizer=tokenizer, block_size=block_size, capacity_blocks=capacity_blocks,
                          user_fields=user_fields, max_forks=max_forks, max_values=max_values)
     return analyzer.run(max_passes)
 
 
-__all__ = ["FIX_CODES", "USER_FIELDS", "Fork", "ForkReport", "ForkRequest", "MoveSpan", "PrefixTree", "TreeNode",
-           "analyze_forks", "canonical_tokens", "fork_requests", "fork_span"]
+__all__ = ["FIX_CODES", "USER_FIELDS", "Fork", "ForkReport", "ForkRequest", "MoveSpan", "PrefixTree",
+           "RequestStore", "TreeNode", "analyze_forks", "canonical_tokens", "fork_requests", "fork_span",
+           "pack_requests"]

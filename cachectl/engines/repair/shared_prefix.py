@@ -17,27 +17,30 @@ the requests, what the forks add beyond the within-conversation loss of the same
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ...errors import CachectlError, InputError, UsageError
-from ..prefix.forks import Fork, ForkReport, ForkRequest, MoveSpan, TreeNode, analyze_forks, fork_requests
+from ..prefix.forks import Fork, ForkReport, ForkRequest, MoveSpan, RequestStore, TreeNode, analyze_forks, pack_requests
 from .groups import LogLine
 
 
 class LogForks:
-    """The fork analysis of one log (:attr:`report`) and the :class:`ForkRequest` of each of its lines, in log
-    order (what :meth:`spans` locates the moved lines in)."""
+    """The fork analysis of one log (:attr:`report`) and its requests, packed, in log order (:attr:`requests`, a
+    :class:`~cachectl.engines.prefix.forks.RequestStore`: what :meth:`spans` locates the moved lines in)."""
 
-    __slots__ = ("_codes", "_memo", "lines", "report", "requests")
+    __slots__ = ("_asked", "_codes", "_memo", "lines", "report", "requests")
 
-    def __init__(self, report: ForkReport, requests: Sequence[ForkRequest], lines: Sequence[int]):
+    def __init__(self, report: ForkReport, requests: Sequence[ForkRequest], lines: Iterable[int]):
         self.report = report
-        self.requests = tuple(requests)
-        self.lines = tuple(lines)
+        self.requests = requests if isinstance(requests, RequestStore) else pack_requests(requests)
+        self.lines = array("q", lines)
         self._codes = {f.fixable for f in report.forks if f.fixable}
-        #: line index -> its spans (the fix and its per-code measures ask for the same lines again)
+        #: the fix and its per-code measures ask for every line's spans again, code by code: each line's are found
+        #: once (a re-render under a tools fix costs a tokenization), and kept only where there are any
+        self._asked = bytearray(len(self.lines))
         self._memo: dict[int, tuple[MoveSpan, ...]] = {}
 
     @property
@@ -48,9 +51,12 @@ class LogForks:
         """The lines fix ``code`` (``FX001``/``FX007``) moves out of line ``i``'s shared prefix."""
         if code not in self._codes:
             return ()
-        got = self._memo.get(i)
-        if got is None:
-            got = self._memo[i] = self.report.spans_to_move(self.requests[i])
+        if not self._asked[i]:
+            self._asked[i] = 1
+            found = self.report.spans_to_move(self.requests[i])
+            if found:
+                self._memo[i] = found
+        got = self._memo.get(i, ())
         return tuple(s for s in got if s.code == code)
 
     def gains_by_line(self) -> dict[int, int]:
@@ -58,21 +64,28 @@ class LogForks:
         return {ln: g for ln, g in zip(self.lines, self.report.request_gains) if g > 0}
 
 
-def log_forks(lines: Sequence[LogLine], *, tokenizer: Any = None, block_size: int = 16,
+def log_forks(lines: Iterable[LogLine], *, tokenizer: Any = None, block_size: int = 16,
               capacity_blocks: int | None = None, add_generation_prompt: bool = True,
               source: str = "") -> tuple[LogForks | None, list[str]]:
     """The fork analysis of ``lines`` (served tokens rendered with ``tokenizer``, canonical positions without one);
-    None and a note when the log cannot be analysed (raw-text lines without a tokenizer)."""
-    if not lines:
-        return None, []
+    None and a note when the log cannot be analysed (raw-text lines without a tokenizer). ``lines`` is read once,
+    in order, and no line is kept: the requests are kept packed (:class:`~cachectl.engines.prefix.forks.RequestStore`)."""
+    numbers = array("q")
+
+    def records() -> Iterator[tuple[int, Any]]:
+        for ln in lines:
+            numbers.append(ln.line)
+            yield ln.line, ln.value
+
     try:
-        reqs = list(fork_requests(((ln.line, ln.value) for ln in lines), source=source, tokenizer=tokenizer,
-                                  add_generation_prompt=add_generation_prompt))
+        reqs = pack_requests(records(), source=source, tokenizer=tokenizer, add_generation_prompt=add_generation_prompt)
+        if not reqs:
+            return None, []
         rep = analyze_forks(reqs, tokenizer=tokenizer, block_size=block_size, capacity_blocks=capacity_blocks,
                             source=source, add_generation_prompt=add_generation_prompt)
     except (InputError, UsageError) as exc:
         return None, [f"the shared prefix across requests was not analysed: {exc}"]
-    return LogForks(rep, reqs, [ln.line for ln in lines]), []
+    return LogForks(rep, reqs, numbers), []
 
 
 def auto_records(lines: Sequence[LogLine], grouping: Any) -> Iterator[Any]:

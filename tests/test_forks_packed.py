@@ -1,0 +1,137 @@
+"""The fork analysis keeps every request packed (cachectl.engines.prefix.packed, RequestStore): each packed part
+round-trips exactly, a rebuilt request is the request, and the analysis and the moved spans are the same whether
+the requests come packed, as a list, or through LogForks' bounded memo."""
+
+from __future__ import annotations
+
+import random
+from array import array
+from dataclasses import replace
+
+import pytest
+
+from cachectl.engines.prefix import analyze_forks, fork_requests
+from cachectl.engines.prefix.forks import ForkRequest, RequestStore, _View, pack_requests
+from cachectl.engines.prefix.packed import ObjectCodec, RenderCodec
+from cachectl.engines.repair import groups
+from cachectl.engines.repair.shared_prefix import LogForks, log_forks
+from cachectl.inputs import iter_jsonl
+
+from .test_forks import APPS, SHARED, TOOLS
+
+LOG_AGENT = SHARED.parent / "agent_log.jsonl"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from cachectl.tokenization import load_tokenizer
+
+    from .conftest import TOK_DIR
+
+    return load_tokenizer(str(TOK_DIR))
+
+
+def test_render_codec_round_trips_every_part():
+    rng = random.Random(3)
+    codec = RenderCodec()
+    for k in range(40):
+        n = rng.randrange(0, 300)
+        code = "Q" if k % 5 == 0 else "I"
+        ids = array(code, (rng.randrange(2**40 if code == "Q" else 2**32) for _ in range(n)))
+        starts = array("I", (rng.randrange(10**6) for _ in range(n)))   # not monotonic: special tokens at 0
+        ends = array("I", (s + rng.randrange(9) for s in starts))
+        text = "".join(rng.choice("ab\n é\U0001f600\ud800") for _ in range(rng.randrange(200)))
+        for parts in ((starts, ends, text), (starts, None, text), (None, None, None), (starts, None, None)):
+            blob = codec.pack(ids, *parts)
+            got = codec.unpack(blob)
+            assert got[0] == ids and got[0].typecode == code
+            assert got[1:] == parts
+            assert codec.ids(blob) == ids
+
+
+def test_object_codec_round_trips():
+    codec = ObjectCodec()
+    values = [{"a": [1, 2.5, None]}, ("x" * 1000, {"k": "é"}), (), {"a": [1, 2.5, None]}]
+    assert [codec.loads(codec.dumps(v)) for v in values] == values
+
+
+def _same(a: ForkRequest, b: ForkRequest) -> None:
+    assert (a.index, a.line, list(a.ids), a.text, a.fields, a.salt) == (b.index, b.line, list(b.ids), b.text,
+                                                                       b.fields, b.salt)
+    assert (list(a.starts) if a.starts is not None else None) == (list(b.starts) if b.starts is not None else None)
+    assert (a.tokenized is None) == (b.tokenized is None)
+    if a.tokenized is not None and b.tokenized is not None:
+        ta, tb = a.tokenized, b.tokenized
+        assert ta.prompt == tb.prompt and ta.text == tb.text and list(ta.ids) == list(tb.ids)
+        assert ta.render_opts == tb.render_opts and ta.add_special_tokens == tb.add_special_tokens
+        assert ta.spans == tb.spans
+        assert [ta.location(i) for i in range(0, len(ta.ids), 7)] == [tb.location(i) for i in range(0, len(tb.ids), 7)]
+    assert a.request == b.request
+
+
+@pytest.mark.parametrize("path", [SHARED, TOOLS, APPS])
+@pytest.mark.parametrize("with_tok", [True, False])
+def test_a_packed_request_is_the_request(tok, path, with_tok):
+    t = tok if with_tok else None
+    reqs = list(fork_requests(iter_jsonl(str(path)), source=str(path), tokenizer=t))
+    store = pack_requests(reqs)
+    assert len(store) == len(reqs) and store.tokens == sum(len(r.ids) for r in reqs)
+    for k in (0, 1, len(reqs) // 2, len(reqs) - 1):
+        fresh = RequestStore(recent=1)   # nothing recent: rebuilt from the packed bytes
+        for r in reqs[:k + 1]:
+            fresh.add(r)
+        _same(fresh[k], reqs[k])
+        assert fresh.ids(k) == reqs[k].ids
+
+
+def test_token_id_requests_and_unknown_parts_are_kept(tok):
+    reqs = [ForkRequest(index=k, line=k + 1, ids=[1, 2, 3, k]) for k in range(3)]
+    first = next(iter(fork_requests(iter_jsonl(str(SHARED)), source=str(SHARED), tokenizer=tok)))
+    assert first.tokenized is not None
+    full = tok.tokenize_many([first.tokenized.prompt], add_generation_prompt=True)[0]
+    # a Tokenized still holding its tokenizers.Encoding is kept as it is
+    odd = ForkRequest(index=3, line=4, ids=array("I", full.ids), text=full.text,
+                      starts=array("I", (s for s, _ in full.encoding.offsets)), tokenized=full)
+    store = pack_requests([*reqs, odd])
+    assert [list(store[k].ids) for k in range(3)] == [[1, 2, 3, k] for k in range(3)]
+    assert store[3] is odd and store.bare == 3
+
+
+def test_the_analysis_is_the_same_packed_or_listed(tok):
+    reqs = list(fork_requests(iter_jsonl(str(SHARED)), source=str(SHARED), tokenizer=tok))
+    a = analyze_forks(reqs, tokenizer=tok, capacity_blocks=400)
+    b = analyze_forks(pack_requests(reqs), tokenizer=tok, capacity_blocks=400)
+    assert a.to_dict() == b.to_dict() and list(a.request_gains) == list(b.request_gains)
+    assert [a.spans_to_move(r) for r in reqs] == [b.spans_to_move(r) for r in reqs]
+
+
+@pytest.mark.parametrize("path", [SHARED, LOG_AGENT])
+def test_spans_through_the_memo_are_the_spans(tok, path):
+    forks, _ = log_forks(groups.log_lines(iter_jsonl(str(path)), source=str(path)), tokenizer=tok)
+    assert forks is not None and forks.fixable
+    reqs = list(fork_requests(iter_jsonl(str(path)), source=str(path), tokenizer=tok))
+    want = [forks.report.spans_to_move(r) for r in reqs]
+    assert any(want) and len(forks.lines) == len(reqs)
+    fresh = LogForks(forks.report, forks.requests, forks.lines)
+    codes = sorted({f.fixable for f in forks.fixable})
+    for _ in range(2):   # asked again, in another order
+        for i in list(range(len(reqs))) + [0, 3, 1, 0]:
+            for code in codes:
+                assert fresh.spans(i, code) == tuple(s for s in want[i] if s.code == code)
+    assert set(fresh._memo) == {i for i, w in enumerate(want) if w}   # lines with nothing to move keep nothing
+
+
+def test_a_re_render_kept_packed_is_the_re_render(tok):
+    """A tools counterfactual's re-render, packed and rebuilt, is the view it was."""
+    reqs = list(fork_requests(iter_jsonl(str(TOOLS)), source=str(TOOLS), tokenizer=tok))
+    store = pack_requests(reqs)
+    r = store[2]
+    assert r.tokenized is not None
+    t = tok.tokenize_many([replace(r.tokenized.prompt, tools=tuple(reversed(r.tokenized.prompt.tools)))],
+                          add_generation_prompt=True)[0].compact()
+    starts = array("I", (s for s, _ in tok.tokenize_many([t.prompt], add_generation_prompt=True)[0].encoding.offsets))
+    packed = store.pack_render(array("I", t.ids), t.text, starts, t)
+    ids, text, got_starts, got = store.unpack_render(packed, t.prompt)
+    assert (list(ids), text, list(got_starts)) == (list(t.ids), t.text, list(starts))
+    assert got.spans == t.spans and got.prompt == t.prompt
+    assert _View(r, ids, text, got_starts, got).tokenized() is got
