@@ -149,11 +149,11 @@ def command(
 
             full = fix.fix_log(lines, replace(options, unsafe=True, per_cause=False), tokenizer=tok, table=table,
                                source=source, reuse=report, progress=progress.advance)
-    changed = [i for i, (ln, v) in enumerate(zip(lines, report.output)) if _dumps(v) != _dumps(ln.value)]
+    changed = [i for i, v in enumerate(report.output) if _dumps(v) != _dumps(lines.value(i))]
     if out is not None:
         _write(out, raw, report.output, changed)
     if fmt is Format.json:
-        emit_json({**report.to_dict(), "out": out, "changed_lines": [lines[i].line for i in changed],
+        emit_json({**report.to_dict(), "out": out, "changed_lines": [lines.line_number(i) for i in changed],
                    **({"with_unsafe_fixes": _preview(full)} if full is not None else {})})
     else:
         if diff:
