@@ -99,3 +99,25 @@ def test_fix_and_report_are_the_same_with_a_cache_of_two(cli, tmp_path, monkeypa
     f1.pop("out"), f2.pop("out")
     assert o1 == o2 and f1 == f2 and r1 == r2
     assert f1["applied"] > 0  # the fixture has fixes to lose
+
+
+def test_diff_log_forgets_a_conversation_where_it_ends_and_pairs_the_same(tok):
+    from cachectl.engines.repair.groups import group_sessions
+    from cachectl.engines.repair.shared_prefix import auto_records
+    from cachectl.engines.tokendiff import diff_log
+
+    path = str(LOGS[1])
+    lines = log_lines(iter_jsonl(path), source=path)
+    grouping = group_sessions(lines, tokenizer=tok)
+    last = {g: i for i, g in enumerate(grouping.groups)}
+    ends = {lines.line_number(i) for i in last.values()}
+    plain = [x.to_dict() for x in diff_log(auto_records(lines, grouping), tok)]
+    ended = [x.to_dict() for x in diff_log(auto_records(lines, grouping), tok, ends=ends)]
+    assert plain == ended and len(plain) > grouping.count  # pairs, then the summary
+    # a line named as an end is forgotten: the next request of its key is not paired with it
+    first_key_lines = [lines.line_number(i) for i, g in enumerate(grouping.groups) if g == grouping.groups[0]]
+    cut = [x for x in diff_log(auto_records(lines, grouping), tok, ends={first_key_lines[0]})
+           if hasattr(x, "line_a")]
+    assert not any(p.line_a == first_key_lines[0] for p in cut)
+    assert any(p.line_a == first_key_lines[0] for p in diff_log(auto_records(lines, grouping), tok)
+               if hasattr(p, "line_a"))

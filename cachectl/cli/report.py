@@ -138,7 +138,8 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
             trace=iter_trace(iter_progress(_trace_records(log), progress), source=source, tokenizer=tok,
                              timestamps=stamps),
             block_size=block_size, top=top, price_model=model, text_counter=promptcache.tokenizer_counter(tok),
-            forks=safe.forks, progress=tick, prompt_of=lambda line: lines[lines.index_of(line)].prompt)
+            forks=safe.forks, progress=tick, prompt_of=lambda line: lines[lines.index_of(line)].prompt,
+            ends=_last_lines(lines, safe.grouping))
     if html is not None:
         from ..outputs import write_text
         from .report_html import render
@@ -151,6 +152,14 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
     timestamp_note(stamps)
     found = result.total_tokens_lost or result.tokens_lost or any(f.fixable for f in result.forks)
     raise typer.Exit(EXIT_FINDING if found else EXIT_OK)
+
+
+def _last_lines(lines: Any, grouping: Any) -> set[int]:
+    """The line number of each conversation's last request."""
+    last: dict[int, int] = {}
+    for i, g in enumerate(grouping.groups):
+        last[g] = i
+    return {lines.line_number(i) for i in last.values()}
 
 
 def _which_rate(r: Any) -> None:

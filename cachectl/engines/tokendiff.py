@@ -16,7 +16,7 @@ from collections import Counter
 from itertools import islice
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Container, Iterable, Iterator, Sequence
 
 from ..errors import CachectlError, UsageError
 from ..inputs import LogRecord, PromptInput
@@ -694,13 +694,15 @@ def prefetch(items: Iterator, depth: int = 2) -> Iterator:
 def diff_log(records: Iterable[LogRecord], tokenizer: TokenizerHandle | None, *, block_size: int = 16,
              context: int = 6, add_generation_prompt: bool = False, add_special_tokens: bool = True,
              template_vars: dict | None = None, batch_size: int = 128,
-             max_open: int = 10_000, keep_full: int = 64) -> Iterator[PairResult | LogSummary]:
+             max_open: int = 10_000, keep_full: int = 64,
+             ends: Container[int] | None = None) -> Iterator[PairResult | LogSummary]:
     """Stream pairs (each request vs the previous one of its conversation), then one summary.
 
     Requests are tokenized in batches of ``batch_size`` (the tokenizer runs a batch in parallel). Only
     the last request of each conversation is kept, compacted to its IDs and text, and at most
     ``max_open`` conversations are remembered (least recently seen forgotten first), so memory follows
-    the working set, not the log size.
+    the working set, not the log size. ``ends``: the line numbers that end their conversation (when the caller
+    knows them): its last request is forgotten there, not kept until ``max_open`` pushes it out.
     """
     if block_size < 1:
         raise UsageError("--block-size must be at least 1")
@@ -729,7 +731,8 @@ def diff_log(records: Iterable[LogRecord], tokenizer: TokenizerHandle | None, *,
             summary.requests += 1
             summary.keys.add(rec.key)
             prev = last.pop(rec.key, None)
-            last[rec.key] = tok
+            if ends is None or rec.line not in ends:
+                last[rec.key] = tok
             # The most recently seen conversations keep their full encoding (offsets at hand for the
             # next diff); older ones are compacted to IDs and text, and re-encoded only if they diverge.
             if len(last) > keep_full:

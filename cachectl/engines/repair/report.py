@@ -18,7 +18,7 @@ Everything here is computed by those engines; this module only groups their resu
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -271,7 +271,7 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
                  context: int = 24, curve_points: int = 16, price_model: str | None = None,
                  text_counter: Any = None, fixes: BeforeAfter | None = None,
                  forks: LogForks | None = None, progress: Callable[[int], None] | None = None,
-                 prompt_of: Callable[[int], Any] | None = None) -> LogReport:
+                 prompt_of: Callable[[int], Any] | None = None, ends: Container[int] | None = None) -> LogReport:
     """Run diff-tokens' log mode over ``log``, prompt-cost's simulation over ``requests`` (with ``table``) and
     simulate-prefix's capacity curve over ``trace``, and keep what the report shows.
 
@@ -285,6 +285,7 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
     caller's to count). ``prompt_of(line)``: the prompt of the log's line ``line``, for a log too long to keep a
     pair view per conversation: each conversation then keeps the line numbers of its worst pair, and the worst
     conversations' pairs are tokenized and compared again at the end (the same comparison ``diff_log`` made).
+    ``ends``: the line numbers that end their conversation (``diff_log`` forgets a conversation there).
     """
     from ..tokendiff import MISMATCH, LogSummary, diff_log
 
@@ -310,7 +311,7 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
     summary: LogSummary | None = None
     gains = forks.gains_by_line() if forks is not None else {}
     pair_lost: dict[int, int] = {}   # within-conversation loss of the requests that gain across requests
-    for item in diff_log(log, tokenizer, block_size=block_size, context=context):
+    for item in diff_log(log, tokenizer, block_size=block_size, context=context, ends=ends):
         if progress is not None:
             progress(1)
         if isinstance(item, LogSummary):
