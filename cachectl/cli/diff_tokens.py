@@ -90,15 +90,16 @@ def command(
     if log is not None:
         mismatches = 0
         forks = None
+        ends = None
         with Progress("requests") as progress:
             if key is None:  # fix's and report's grouping, and the log's shared prefix across requests
-                forks, records = _auto_log(log, tok, block_size, add_generation_prompt, fmt)
+                forks, records, ends = _auto_log(log, tok, block_size, add_generation_prompt, fmt)
             else:
                 records = iter_log(log, key, kind)
             for item in tokendiff.diff_log(iter_progress(records, progress), tok, block_size=block_size,
                                            context=context, add_generation_prompt=add_generation_prompt,
                                            add_special_tokens=special_tokens, template_vars=tvars,
-                                           max_open=max_open):
+                                           max_open=max_open, ends=ends):
                 if isinstance(item, tokendiff.LogSummary):
                     if fmt is Format.json and forks is not None:
                         emit_jsonl({"record": "forks", **forks.report.to_dict()})
@@ -259,7 +260,7 @@ def _auto_log(log: str, tok, block_size: int, add_generation_prompt: bool, fmt: 
                      f"automatically ({how})", soft_wrap=True, markup=False)
         for note in notes:
             print_note(note)
-    return forks, auto_records(lines, grouping)
+    return forks, auto_records(lines, grouping), grouping.end_lines(lines)
 
 
 def _render_forks(forks) -> None:

@@ -139,7 +139,7 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
                              timestamps=stamps),
             block_size=block_size, top=top, price_model=model, text_counter=promptcache.tokenizer_counter(tok),
             forks=safe.forks, progress=tick, prompt_of=lambda line: lines[lines.index_of(line)].prompt,
-            ends=_last_lines(lines, safe.grouping))
+            ends=safe.grouping.end_lines(lines))
     if html is not None:
         from ..outputs import write_text
         from .report_html import render
@@ -152,14 +152,6 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
     timestamp_note(stamps)
     found = result.total_tokens_lost or result.tokens_lost or any(f.fixable for f in result.forks)
     raise typer.Exit(EXIT_FINDING if found else EXIT_OK)
-
-
-def _last_lines(lines: Any, grouping: Any) -> set[int]:
-    """The line number of each conversation's last request."""
-    last: dict[int, int] = {}
-    for i, g in enumerate(grouping.groups):
-        last[g] = i
-    return {lines.line_number(i) for i in last.values()}
 
 
 def _which_rate(r: Any) -> None:

@@ -43,6 +43,18 @@ class Grouping:
     how: str                      # "key FIELD" | "automatic"
     window_s: float | None = None
 
+    def last_indices(self) -> list[int]:
+        """The index of each conversation's last line, by conversation number."""
+        ends = [0] * self.count
+        for i, g in enumerate(self.groups):
+            ends[g] = i
+        return ends
+
+    def end_lines(self, lines: Any) -> set[int]:
+        """The line numbers that end their conversation (``diff_log``'s ``ends``), of ``lines`` as grouped."""
+        number = lines.line_number if isinstance(lines, LineStore) else (lambda i: lines[i].line)
+        return {number(i) for i in self.last_indices()}
+
 
 # --------------------------------------------------------------------------------------------- reading
 

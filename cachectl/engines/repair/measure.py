@@ -152,7 +152,7 @@ def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = No
     if tokenizer is not None:
         # one pass: each request replayed and compared as it is tokenized; a conversation's last request is
         # kept only until its conversation has no line left
-        ends = _last_lines(grouping)
+        ends = grouping.last_indices()
         pair = {"reused": 0, "tokens": 0}
         last: dict[int, Any] = {}
 
@@ -216,11 +216,3 @@ def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = No
                                        rep.total_cost_usd, rep.uncached_cost_usd, rep.hit_rate,
                                        len(lines) - counted[0])
     return Measure(vllm, provider, pair_reused, pair_tokens, cause_count, ceiling), notes
-
-
-def _last_lines(grouping: Grouping) -> list[int]:
-    """The index of each conversation's last line."""
-    ends = [0] * grouping.count
-    for i, g in enumerate(grouping.groups):
-        ends[g] = i
-    return ends
