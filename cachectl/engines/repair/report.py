@@ -343,7 +343,8 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
     if prompt_of is not None:
         for k in worst_keys:
             if convs[k]["worst"] is not None:
-                convs[k]["worst"] = _view(_pair_again(k, *convs[k]["worst"], prompt_of, tokenizer, block_size, context))
+                line_a, line_b = convs[k]["worst"]
+                convs[k]["worst"] = _view(_pair_again(k, line_a, line_b, prompt_of, tokenizer, block_size, context))
     worst = tuple(ConversationLoss(key=k, requests=convs[k]["requests"], tokens_lost=convs[k]["lost"],
                                    usd_lost=None if rate is None else convs[k]["lost"] * rate,
                                    causes=tuple(c or "unexplained" for c in convs[k]["causes"]),

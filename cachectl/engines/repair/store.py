@@ -179,7 +179,7 @@ class LineStore(_Cached[Any]):
         return self._build_line(self._spool.get(i), *self.meta(i))
 
 
-class ValueStore:
+class ValueStore(Sequence[Any]):
     """The values of a log as fix codes rewrite them: ``values[i]`` (an object to change in place, or to replace
     with ``values[i] = new``), ``len``, iteration. Unchanged values are read from ``base`` (a fresh copy of the
     original value of line ``i``); changed ones are pickled into a spool of their own when the cache lets them
@@ -251,7 +251,7 @@ class Mapped(_Cached[T]):
         self._n = n
         self._fn = fn
         #: the line store whose values these items have, unchanged (a rewriter reads them there)
-        self.values_of = values_of.values_of if isinstance(values_of, Mapped) else values_of
+        self.values_of: Sequence[Any] | None = values_of.values_of if isinstance(values_of, Mapped) else values_of
 
     def __len__(self) -> int:
         return self._n
