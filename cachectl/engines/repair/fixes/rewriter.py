@@ -13,7 +13,7 @@ from ..groups import Grouping, LogLine, reparse_at
 from ..store import LineStore, Mapped, ValueStore
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Fix:
     code: str
     name: str
@@ -53,6 +53,7 @@ class Rewriter:
         self.table = table
         self.model = model
         self.fixes: list[Fix] = []
+        self._strings: dict[str, str] = {}
         self.notes: list[str] = []
         #: the values being rewritten: a fresh copy of each line's value, made when first asked for (a line store's
         #: values are read from its file; changed ones are kept in a file of their own)
@@ -73,8 +74,11 @@ class Rewriter:
         it is applied."""
         safe = fix.safe if safe is None else safe
         applied = self.allowed(safe)
-        self.fixes.append(Fix(fix.code, fix.name, safe, applied, ln.line, path, message,
-                              None if before is None else _short(before), None if after is None else _short(after)))
+        same = self._strings  # one copy of a text many fixes repeat (a path, a message, a value moved)
+        self.fixes.append(Fix(fix.code, fix.name, safe, applied, ln.line, same.setdefault(path, path),
+                              same.setdefault(message, message),
+                              None if before is None else same.setdefault(b := _short(before), b),
+                              None if after is None else same.setdefault(a := _short(after), a)))
         return applied
 
     def members(self) -> list[list[int]]:
