@@ -30,7 +30,12 @@ T = TypeVar("T")
 #: objects a store keeps parsed (the lines a fix code is working on: a conversation, a batch to tokenize); the
 #: environment variable CACHECTL_STORE_CACHE overrides it (the tests run with 2, so that a change lost through
 #: an object held too long shows)
-CACHE = int(os.environ.get("CACHECTL_STORE_CACHE", "2048"))
+def _cache_size(default: int = 2048) -> int:
+    got = os.environ.get("CACHECTL_STORE_CACHE", "")
+    return max(2, int(got)) if got.isdigit() else default
+
+
+CACHE = _cache_size()
 
 
 class Spool:
