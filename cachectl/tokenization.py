@@ -300,7 +300,7 @@ class TokenizerHandle:
         """Tokenize prompts in one batch (the Rust backend runs the batch in parallel)."""
         texts: list[str | None] = []
         spans: list[Any] = []
-        opts = {"add_generation_prompt": add_generation_prompt, "template_vars": dict(template_vars or {})}
+        opts = _render_opts(add_generation_prompt, template_vars)
         for p in prompts:
             if p.ids is not None:
                 texts.append(None)
@@ -312,7 +312,7 @@ class TokenizerHandle:
                 spans.append(_lazy_chat_spans(self, p, text, opts))
             else:
                 texts.append(p.text)
-                spans.append((Span(0, len(p.text or ""), p.field_paths[0] if p.field_paths else "text"),))
+                spans.append(_text_spans(p))
         # Chat renders are encoded without special tokens (the template wrote them), like
         # apply_chat_template(tokenize=True); raw text gets them when asked.
         for t, p in zip(texts, prompts):
@@ -343,12 +343,21 @@ class TokenizerHandle:
         if prompt.ids is not None:
             return Tokenized(prompt, array("I", ids), tokenizer=self)
         if prompt.is_chat:
-            opts = {"add_generation_prompt": add_generation_prompt, "template_vars": dict(template_vars or {})}
+            opts = _render_opts(add_generation_prompt, template_vars)
             assert text is not None
             return Tokenized(prompt, array("I", ids), text, None, _lazy_chat_spans(self, prompt, text, opts), self,
                              False, opts)
-        spans = (Span(0, len(prompt.text or ""), prompt.field_paths[0] if prompt.field_paths else "text"),)
-        return Tokenized(prompt, array("I", ids), text, None, spans, self, add_special_tokens, None)
+        return Tokenized(prompt, array("I", ids), text, None, _text_spans(prompt), self, add_special_tokens, None)
+
+
+def _render_opts(add_generation_prompt: bool, template_vars: dict | None) -> dict:
+    """How a chat prompt is rendered (``Tokenized.render_opts``)."""
+    return {"add_generation_prompt": add_generation_prompt, "template_vars": dict(template_vars or {})}
+
+
+def _text_spans(p: PromptInput) -> tuple[Span, ...]:
+    """A raw-text prompt's one span: all of it, in its one field."""
+    return (Span(0, len(p.text or ""), p.field_paths[0] if p.field_paths else "text"),)
 
 
 def _lazy_chat_spans(tok: TokenizerHandle, prompt: PromptInput, text: str, opts: dict) -> Callable[[], tuple]:

@@ -183,13 +183,13 @@ def _write(path: str, raw: Any, values: Any, changed: list[int]) -> None:
 
     todo = set(changed)
     with atomic_write(path) as fh:
-        for i, value in enumerate(values):
+        for i in range(len(raw)):
             line = raw.get_bytes(i)
             if i not in todo:
                 fh.write(line if line.endswith(b"\n") else line + b"\n")
                 continue
             spaced = b'": ' in line or b'", "' in line
-            text = json.dumps(value, ensure_ascii=False, separators=(", ", ": ") if spaced else (",", ":"))
+            text = json.dumps(values[i], ensure_ascii=False, separators=(", ", ": ") if spaced else (",", ":"))
             fh.write(text.encode("utf-8") + b"\n")
 
 

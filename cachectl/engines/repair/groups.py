@@ -16,7 +16,7 @@ from typing import Any
 
 from ...errors import InputError
 from ...inputs import PromptInput, Request, compact, get_path, parse_request, prompt_from_value
-from .store import LineStore
+from .store import LineStore, store_of
 
 # --------------------------------------------------------------------------------------------- records
 
@@ -52,7 +52,8 @@ class Grouping:
 
     def end_lines(self, lines: Any) -> set[int]:
         """The line numbers that end their conversation (``diff_log``'s ``ends``), of ``lines`` as grouped."""
-        number = lines.line_number if isinstance(lines, LineStore) else (lambda i: lines[i].line)
+        store = store_of(lines)
+        number = store.line_number if store is not None else (lambda i: lines[i].line)
         return {number(i) for i in self.last_indices()}
 
 
@@ -106,8 +107,8 @@ def _log_line(lineno: int, value: Any, source: str, key: str | None, timestamps:
 def reparse_at(lines: Any, i: int, value: Any) -> LogLine:
     """Line ``i`` of ``lines`` after a rewrite to ``value``, parsed again as :func:`reparse` does (a line store's
     line is not parsed first for its number, key and time)."""
-    store = getattr(lines, "values_of", lines)
-    if isinstance(store, LineStore):
+    store = store_of(lines)
+    if store is not None:
         return store.line_again(i, value)
     return reparse(lines[i], value)
 

@@ -118,12 +118,13 @@ def own_id(value: Any) -> Any:
 def conversation_names(lines: Sequence[LogLine], groups: Sequence[int]) -> list[Any]:
     """A name per line for conversations found automatically: the log's own id (its first line's ``session``, ...)
     where the lines carry one, ``auto-N`` where they do not; a second conversation of the same id is ``ID (2)``."""
-    from .store import LineStore
+    from .store import store_of
 
+    store = store_of(lines)
     first: dict[int, Any] = {}
     for i, g in enumerate(groups):  # only each conversation's first line is read (a store's value, not parsed)
         if g not in first:
-            first[g] = own_id(lines.value(i) if isinstance(lines, LineStore) else lines[i].value)
+            first[g] = own_id(store.value(i) if store is not None else lines[i].value)
     names: dict[int, Any] = {}
     seen: dict[str, int] = {}
     for g in sorted(first):

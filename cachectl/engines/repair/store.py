@@ -248,6 +248,14 @@ class ValueStore(Sequence[Any]):
         self._own[i] = self._spool.put_bytes(data)
 
 
+def store_of(lines: Any) -> LineStore | None:
+    """The line store behind ``lines`` (itself, or the one a :class:`Mapped` view of it reads its values from),
+    or None for lines held in memory."""
+    if isinstance(lines, Mapped):
+        lines = lines.values_of
+    return lines if isinstance(lines, LineStore) else None
+
+
 class Mapped(_Cached[T]):
     """``fn(i)`` for ``i`` in ``range(n)``, as a sequence (built on demand, a few kept)."""
 

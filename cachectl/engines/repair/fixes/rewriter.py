@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..groups import Grouping, LogLine, reparse_at
-from ..store import LineStore, Mapped, ValueStore
+from ..store import ValueStore, store_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +46,7 @@ class Rewriter:
     def __init__(self, lines: Sequence[LogLine], grouping: Grouping, unsafe: bool, tokenizer: Any, table: Any,
                  model: str | None, counter: Any = None, forks: Any = None,
                  progress: Callable[[int], None] | None = None):
-        self.lines = lines if isinstance(lines, (LineStore, list, tuple, Mapped)) else list(lines)
+        self.lines = lines if isinstance(lines, Sequence) else list(lines)
         self.grouping = grouping
         self.unsafe = unsafe
         self.tok = tokenizer
@@ -94,10 +94,9 @@ class Rewriter:
 
 
 def _values(lines: Sequence[LogLine]) -> ValueStore:
-    if isinstance(lines, Mapped) and isinstance(lines.values_of, LineStore):
-        lines = lines.values_of
-    if isinstance(lines, LineStore):
-        return ValueStore(len(lines), lines.value, lines.value_bytes)
+    store = store_of(lines)
+    if store is not None:
+        return ValueStore(len(store), store.value, store.value_bytes)
     return ValueStore(len(lines), lambda i: copy.deepcopy(lines[i].value))
 
 
