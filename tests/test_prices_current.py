@@ -143,7 +143,10 @@ def test_fable_5_2_is_not_shipped_without_a_provider_price(table):
     for name in ("claude-fable-5-2", "claude-mythos-5-2"):
         with pytest.raises(UnknownModelError):
             table.lookup(name)
-    assert "Fable 5.2" in (table.not_shipped or "") and "GPT-6.1 Terra" not in (table.not_shipped or "")
+    reason = table.not_shipped or ""
+    assert "Fable 5.2" in reason and "GPT-6.1 Terra" not in reason
+    # the base rates are the provider's (release notes, models overview); the cache rates are not, so no entry
+    assert "release-notes" in reason and "$8 input and $40 output" in reason and "cache rates" in reason
 
 
 def test_gpt_5_6_prices_are_the_cut_ones_with_the_launch_price_as_history(table):
