@@ -60,6 +60,30 @@ def test_value_store_writes_back_only_what_changed(monkeypatch):
     assert vs._spool is not None and len(vs._spool) == 1 and vs[7] == {"i": -7}
 
 
+@pytest.mark.parametrize("cache", [1, 2, 2048])
+def test_value_store_snapshot_keeps_the_values_as_they_were(monkeypatch, cache):
+    """What fix's tokens-reused-per-cause measures: the values as one fix code left them, whatever later codes
+    change in place or replace, with or without the cache letting the objects go in between."""
+    monkeypatch.setattr(store, "CACHE", cache)
+    originals = [{"i": i, "msgs": [{"content": f"m{i}"}]} for i in range(6)]
+    vs = store.ValueStore(len(originals), lambda i: json.loads(json.dumps(originals[i])))
+    vs[1]["msgs"][0]["content"] = "first code"
+    vs[2] = {"replaced": 1}
+    snap = vs.snapshot()
+    vs[1]["msgs"][0]["content"] = "second code"     # in place, after the snapshot
+    vs[2] = {"replaced": 2}
+    vs[4]["i"] = -4
+    for i in range(6):
+        vs[i]
+    got = [snap[i] for i in range(6)]
+    assert got[1]["msgs"][0]["content"] == "first code" and got[2] == {"replaced": 1}
+    assert [got[i] for i in (0, 3, 4, 5)] == [originals[i] for i in (0, 3, 4, 5)]
+    assert snap[-1] == originals[5] and snap[0:2] == got[0:2] and len(snap) == 6
+    snap[4]["i"] = 99                                # a snapshot's values are fresh copies
+    assert snap[4] == originals[4]
+    assert vs[1]["msgs"][0]["content"] == "second code" and vs[2] == {"replaced": 2} and vs[4]["i"] == -4
+
+
 def test_line_store_gives_back_the_lines_as_read(monkeypatch):
     monkeypatch.setattr(store, "CACHE", 2)
     path = str(LOGS[0])

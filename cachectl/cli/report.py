@@ -126,7 +126,9 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
         # fix's reader and grouping: conversations by --key, else found automatically
         lines = log_lines(iter_progress(iter_jsonl(log), progress), source=source, key=key, timestamps=stamps)
         tick = progress.advance
-        safe = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source, progress=tick)
+        # (the report shows the tokens reused per fix code of the full run only)
+        safe = fix.fix_log(lines, replace(options, per_cause=False), tokenizer=tok, table=table, source=source,
+                           progress=tick)
         full = fix.fix_log(lines, replace(options, unsafe=True), tokenizer=tok, table=table, source=source,
                            reuse=safe, progress=tick)
         records = auto_records(lines, safe.grouping)  # named by the log's own ids where it has them

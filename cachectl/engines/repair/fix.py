@@ -145,7 +145,20 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     forks, fork_notes = (reuse.forks, []) if reuse is not None and reuse.forks is not None else log_forks(
         lines, tokenizer=tokenizer, block_size=options.block_size, capacity_blocks=options.capacity_blocks,
         add_generation_prompt=options.add_generation_prompt, source=source)
-    rw = rewrite(lines, grouping, codes, options.unsafe, tokenizer, table, options.model, counter, forks, progress)
+    per_cause_wanted = options.per_cause and tokenizer is not None
+    # the values as each code that applied a fix left them: what applying the codes one after another gives (a
+    # code that applied nothing changed nothing), measured below for the tokens reused per cause
+    steps: dict[str, Sequence[Any]] = {}
+
+    def _step(code: str, rw: Any) -> None:
+        applied = sum(1 for f in rw.fixes if f.applied)
+        if applied > seen[0]:
+            seen[0] = applied
+            steps[code] = rw.values.snapshot()
+
+    seen = [0]
+    rw = rewrite(lines, grouping, codes, options.unsafe, tokenizer, table, options.model, counter, forks, progress,
+                 after=_step if per_cause_wanted else None)
     values = rw.values
     # (dict equality ignores key order, which FX002 changes: every line is parsed again)
     fixed = _reparsed(lines, values, options.model)
@@ -164,7 +177,7 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
         notes.append("no tokenizer: the vLLM hit rate and the tokens reused per cause need --tokenizer")
     per_cause: list[CauseGain] = []
     applied_codes = [c for c in codes if any(f.code == c and f.applied for f in rw.fixes)]
-    if options.per_cause and tokenizer is not None and applied_codes:
+    if per_cause_wanted and applied_codes:
         prev_reused = before.pair_reused_tokens or 0
         prev_provider = before.provider
         prev_hits = _ceiling_hits(before)
@@ -175,9 +188,7 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
             if len(done) == len(order):
                 m = after
             else:
-                step = rewrite(lines, grouping, done, options.unsafe, tokenizer, table, options.model, counter, forks,
-                               progress)
-                m = measured(_reparsed(lines, step.values, options.model), causes=False)[0]
+                m = measured(_reparsed(lines, steps[c], options.model), causes=False)[0]
             reused = m.pair_reused_tokens or 0
             p0, p1 = prev_provider, m.provider
             hits = _ceiling_hits(m)

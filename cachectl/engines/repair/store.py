@@ -234,6 +234,14 @@ class ValueStore(Sequence[Any]):
         while len(self._cache) > CACHE:
             self._write_back(*self._cache.popitem(last=False))
 
+    def snapshot(self) -> Sequence[Any]:
+        """The values as they are now, read-only, unaffected by later changes here (a fix code applied after it):
+        each held value is written back first (the spool is append-only, so the indices copied now keep their
+        bytes); a line's value is a fresh copy each time it is read."""
+        for i, value in self._cache.items():
+            self._write_back(i, value)
+        return _Frozen(self._n, self._base, self._spool, array("q", self._own))
+
     def _write_back(self, i: int, value: Any) -> None:
         data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         k = self._own[i]
@@ -246,6 +254,23 @@ class ValueStore(Sequence[Any]):
         if self._spool is None:
             self._spool = Spool()
         self._own[i] = self._spool.put_bytes(data)
+
+
+class _Frozen(Sequence[Any]):
+    """A :class:`ValueStore`'s values at one moment (:meth:`ValueStore.snapshot`): nothing is kept in memory but
+    the index of each rewritten value in the store's spool."""
+
+    def __init__(self, n: int, base: Callable[[int], Any], spool: Spool | None, own: array):
+        self._n, self._base, self._spool, self._own = n, base, spool, own
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self._n))]
+        k = self._own[i]
+        return self._base(i if i >= 0 else i + self._n) if k < 0 else self._spool.get(k)  # type: ignore[union-attr]
 
 
 def store_of(lines: Any) -> LineStore | None:

@@ -31,14 +31,18 @@ CAUSES: dict[str, tuple[str, ...]] = {c: f.causes for c, f in FIXES.items()}
 
 def rewrite(lines: Sequence[LogLine], grouping: Grouping, codes: Sequence[str], unsafe: bool, tokenizer: Any,
             table: Any, model: str | None, counter: Any = None, forks: Any = None,
-            progress: Callable[[int], None] | None = None) -> Rewriter:
+            progress: Callable[[int], None] | None = None,
+            after: Callable[[str, Rewriter], None] | None = None) -> Rewriter:
     """The enabled fix codes applied to the whole log (a fresh deep copy), in :data:`REGISTRY`'s order; the
     rewritten values, the fixes and the notes are the returned rewriter's. ``forks``: the log's shared prefix
-    across requests (:func:`cachectl.engines.repair.shared_prefix.log_forks`), for the cross-request fixes."""
+    across requests (:func:`cachectl.engines.repair.shared_prefix.log_forks`), for the cross-request fixes.
+    ``after(code, rw)``: called when each enabled code has been applied, before the next one is."""
     rw = Rewriter(lines, grouping, unsafe, tokenizer, table, model, counter, forks, progress)
     for fix in REGISTRY:
         if fix.code in codes:
             fix.apply(rw)
+            if after is not None:
+                after(fix.code, rw)
     return rw
 
 
