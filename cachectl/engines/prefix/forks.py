@@ -25,8 +25,10 @@ How it works:
 - **Kept packed** (:class:`RequestStore`, :mod:`.packed`): every counterfactual is a pass over the whole log, so
   every request is kept, as one zlib stream of its IDs, starts and text (compressed against the first request's,
   which holds what most requests share) and its prompt pickled the same way: 2 to 3 KB a request on a log of
-  400-token chat requests, where the parsed forms took some 16 KB. A pass rebuilds each request as it reaches it
-  (the tree pass as logged reads only the IDs); a tools counterfactual's re-renders are kept packed the same way.
+  400-token chat requests, where the parsed forms took some 16 KB, written to a temporary file (a
+  :class:`~.packed.Spool`; in memory, an object of small fields a request). A pass rebuilds each request as it
+  reaches it (the tree pass as logged reads only the IDs); a tools counterfactual's re-renders are kept packed the
+  same way.
 - **Tree** (:class:`PrefixTree`): one streaming pass over the requests' chained block keys
   (:func:`~cachectl.engines.prefix.trace.block_keys`), a radix tree of full blocks whose edges hold their keys
   in an ``array('q')`` (8 bytes a distinct block, plus one small object per edge: about two edges a request).
@@ -69,7 +71,7 @@ from ...inputs import PromptInput, Request, prompt_from_request, prompt_from_val
 from ...inputs.prompt import check_ids
 from ...tokenization import Span, Tokenized, _lazy_chat_spans
 from ..tokendiff import common_prefix_length, explain
-from .packed import ObjectCodec, RenderCodec
+from .packed import ObjectCodec, RenderCodec, Spool
 from .replay import simulate
 from .trace import TraceRequest, block_keys
 
@@ -270,9 +272,10 @@ class _Packed:
 
     def __init__(self, index: int, line: int | None, fields: tuple, salt: Any):
         self.index, self.line, self.fields, self.salt = index, line, fields, salt
-        self.hot: bytes = b""
-        self.cold: bytes | None = None
-        self.spans: bytes | None = None
+        #: indices in the store's spool (on disk) of the packed render, the packed prompt and the packed spans
+        self.hot: int = -1
+        self.cold: int = -1
+        self.spans: int = -1
         #: (offsets kind, add_special_tokens, render_opts, tokenizer handle), interned
         self.meta: tuple | None = None
         #: (the tools' identities in order, joined by newlines; the same sorted), interned; None without tools
@@ -288,12 +291,14 @@ class RequestStore(Sequence[ForkRequest]):
     """The requests of one fork analysis, packed: each counterfactual replays the whole log, so every request is
     kept, as one zlib stream of its IDs, starts and text (:class:`~.packed.RenderCodec`, against the first request's
     bytes) and its prompt pickled the same way; a few hundred bytes to a couple of KB a request where the parsed
-    forms take some 20 KB. Indexing rebuilds a :class:`ForkRequest` (the last few are kept); :meth:`ids` reads only
+    forms take some 20 KB, on disk (in memory: a small object a request). Indexing rebuilds a :class:`ForkRequest` (the last few are kept); :meth:`ids` reads only
     the IDs. Add requests in log order with :meth:`add`."""
 
     def __init__(self, recent: int = 64):
         self._render = RenderCodec()
         self._objects = ObjectCodec()
+        #: the packed bytes, in a temporary file (a pass reads each request's once)
+        self._disk = Spool()
         self._recs: list[_Packed] = []
         self._meta: dict[tuple, tuple] = {}
         self._tools: dict[str, tuple[str, tuple[str, ...]]] = {}
@@ -352,8 +357,8 @@ class RequestStore(Sequence[ForkRequest]):
             # a rendered prompt is kept without its canonical request (none of the analysis's renders, causes or
             # spans reads it); a canonical one keeps it (its positions are its tokens)
             prompt = tok.prompt if r.request is not None or tok.prompt.request is None else replace(tok.prompt, request=None)
-            rec.cold = self._objects.dumps((prompt, r.request, None if lazy else tok.spans))
-        rec.hot = self._render.pack(ids, r.starts, ends, r.text)
+            rec.cold = self._disk.put_bytes(self._objects.dumps((prompt, r.request, None if lazy else tok.spans)))
+        rec.hot = self._disk.put_bytes(self._render.pack(ids, r.starts, ends, r.text))
 
     def __getitem__(self, k: int) -> ForkRequest:  # type: ignore[override]
         got = self._recent.get(k)
@@ -368,10 +373,10 @@ class RequestStore(Sequence[ForkRequest]):
         return got
 
     def _unpack(self, rec: _Packed) -> ForkRequest:
-        ids, starts, ends, text = self._render.unpack(rec.hot)
+        ids, starts, ends, text = self._render.unpack(self._disk.get_bytes(rec.hot))
         tok = request = None
-        if rec.cold is not None:
-            prompt, request, spans = self._objects.loads(rec.cold)
+        if rec.cold >= 0:
+            prompt, request, spans = self._objects.loads(self._disk.get_bytes(rec.cold))
             tok = self._tokenized(rec, prompt, ids, starts, ends, text, spans)
         return ForkRequest(index=rec.index, line=rec.line, ids=ids, text=text, starts=starts, tokenized=tok,
                            fields=rec.fields, salt=rec.salt, request=request)
@@ -386,18 +391,18 @@ class RequestStore(Sequence[ForkRequest]):
 
     def _spans(self, rec: _Packed, prompt: Any, text: str | None) -> tuple[Span, ...]:
         """A chat render's spans (an instrumented render, once per request: kept packed)."""
-        if rec.spans is not None:
-            return self._objects.loads(rec.spans)
+        if rec.spans >= 0:
+            return self._objects.loads(self._disk.get_bytes(rec.spans))
         assert rec.meta is not None and text is not None
         _, _, opts, handle, _ = rec.meta
         got = tuple(_lazy_chat_spans(handle, prompt, text, opts)())
-        rec.spans = self._objects.dumps(got)
+        rec.spans = self._disk.put_bytes(self._objects.dumps(got))
         return got
 
     def ids(self, k: int) -> Sequence[int]:
         """Request ``k``'s token IDs, without the rest."""
         rec = self._recs[k]
-        return rec.whole.ids if rec.whole is not None else self._render.ids(rec.hot)
+        return rec.whole.ids if rec.whole is not None else self._render.ids(self._disk.get_bytes(rec.hot))
 
     def line(self, k: int) -> int | None:
         return self._recs[k].line
@@ -431,18 +436,18 @@ class RequestStore(Sequence[ForkRequest]):
             self._pack(rec, probe)
         except (ValueError, OverflowError, TypeError, AssertionError, pickle.PicklingError, AttributeError):
             return (ids, text, starts, tok)
-        rec.cold = None  # the prompt is the request's own, with the counterfactual's tools
+        rec.cold = -1  # the prompt is the request's own, with the counterfactual's tools
         if not lazy:
-            rec.spans = self._objects.dumps(tuple(tok.spans))
+            rec.spans = self._disk.put_bytes(self._objects.dumps(tuple(tok.spans)))
         return rec
 
     def unpack_render(self, rec: _Packed | tuple, prompt: Any) -> tuple:
         """(ids, text, starts, tok) of a :meth:`pack_render`; ``prompt``: the Tokenized's prompt."""
         if isinstance(rec, tuple):
             return rec
-        ids, starts, ends, text = self._render.unpack(rec.hot)
+        ids, starts, ends, text = self._render.unpack(self._disk.get_bytes(rec.hot))
         assert rec.meta is not None
-        spans = self._objects.loads(rec.spans) if rec.spans is not None and not rec.meta[4] else None
+        spans = self._objects.loads(self._disk.get_bytes(rec.spans)) if rec.spans >= 0 and not rec.meta[4] else None
         return ids, text, starts, self._tokenized(rec, prompt, ids, starts, ends, text, spans)
 
 
@@ -770,9 +775,15 @@ class TreeNode:
     fork: int | None = None
 
 
-def _summary(tree: PrefixTree, bs: int, fork_at: dict[int, int], max_nodes: int = 40) -> tuple[TreeNode, ...]:
+#: the nodes a tree summary shows, at most
+SUMMARY_NODES = 40
+
+
+def _summary(tree: PrefixTree, bs: int, fork_at: dict[int, int], max_nodes: int = SUMMARY_NODES,
+             expanded: list[_Edge] | None = None) -> tuple[TreeNode, ...]:
     """The tree's branches that two or more requests share, most requests first (at most ``max_nodes``), each
-    node's single-request branches bundled into one."""
+    node's single-request branches bundled into one. ``expanded``: the edges whose children it reads are appended
+    there."""
     import heapq
 
     out: list[TreeNode] = []
@@ -781,6 +792,8 @@ def _summary(tree: PrefixTree, bs: int, fork_at: dict[int, int], max_nodes: int 
 
     def children(e: _Edge, at: int) -> None:
         nonlocal seq
+        if expanded is not None:
+            expanded.append(e)
         kids = list(e.children.values()) if e.children else []
         alone = [c for c in kids if c.n < 2]
         if alone:
@@ -796,6 +809,19 @@ def _summary(tree: PrefixTree, bs: int, fork_at: dict[int, int], max_nodes: int 
         out.append(TreeNode(parent, e.start * bs, e.end * bs, e.n, 0, fork_at.get(id(e))))
         children(e, len(out) - 1)
     return tuple(out)
+
+
+def _prune_to_summary(tree: PrefixTree) -> None:
+    """Cut the tree below the edges :func:`_summary` does not expand: the summary of what is left is the same
+    (it reads the children of the edges it expands only, and the length and request count of those children), and
+    the rest of the tree (most of it, on a long log) is freed."""
+    expanded: list[_Edge] = []
+    _summary(tree, 1, {}, expanded=expanded)
+    keep = {id(e) for e in expanded}
+    for e in expanded:
+        for c in (e.children or {}).values():
+            if id(c) not in keep:
+                c.children = None
 
 
 @dataclass(frozen=True)
@@ -1015,10 +1041,12 @@ class _Analyzer:
         first: PrefixTree | None = None
         for p in range(max_passes):
             tree, hits = self.tree_pass(plan, base if p == 0 else None)
-            if p == 0:
-                hits0, first = hits, tree
             added = self._forks_of(tree, plan, drafts)
+            if p == 0:  # the first tree is summarized at the end: only the part the summary reads is kept
+                hits0, first = hits, tree
+                _prune_to_summary(first)
             tree.leaves, tree.depths = [], array("q")  # a request's path is only needed in its own pass
+            del tree  # (not alive while the next pass builds its own)
             if not added:
                 break
             plan.extend(added)

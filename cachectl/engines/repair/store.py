@@ -6,7 +6,8 @@ before/after measures). Held as Python objects a line costs about fifty times it
 offset, its line number and its timestamp (about 24 bytes), its conversation key where there is one, and its
 pickled bytes on disk. The temporary files are deleted when the store is garbage-collected or the process ends.
 
-- :class:`Spool`: an append-only temporary file of pickled values, read back by offset.
+- :class:`Spool` (from :mod:`cachectl.engines.prefix.packed`): an append-only temporary file of pickled values,
+  read back by offset.
 - :class:`LineStore`: the log's :class:`~.groups.LogLine` records as a read-only sequence.
 - :class:`ValueStore`: the values as the fix codes rewrite them (a mutable sequence: ``values[i]`` is an object
   the caller may change in place; it is written back when the cache lets it go, so a change made through an
@@ -19,11 +20,14 @@ from __future__ import annotations
 import math
 import os
 import pickle
-import tempfile
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, overload
+
+from ..prefix.packed import Spool
+
+__all__ = ["CACHE", "LineStore", "Mapped", "Spool", "ValueStore", "store_of"]
 
 T = TypeVar("T")
 
@@ -36,49 +40,6 @@ def _cache_size(default: int = 2048) -> int:
 
 
 CACHE = _cache_size()
-
-
-class Spool:
-    """Pickled values appended to one temporary file; ``put`` returns the index of the value stored."""
-
-    __slots__ = ("_fd", "_offsets", "_size")
-
-    def __init__(self) -> None:
-        fh = tempfile.TemporaryFile(prefix="cachectl-")  # unlinked at once on POSIX: nothing left behind
-        self._fd = os.dup(fh.fileno())
-        fh.close()
-        self._offsets = array("q", [0])
-        self._size = 0
-
-    def put_bytes(self, data: bytes) -> int:
-        os.pwrite(self._fd, data, self._size)  # one syscall a value
-        self._size += len(data)
-        self._offsets.append(self._size)
-        return len(self._offsets) - 2
-
-    def put(self, value: Any) -> int:
-        return self.put_bytes(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
-
-    def get_bytes(self, k: int) -> bytes:
-        start, end = self._offsets[k], self._offsets[k + 1]
-        return os.pread(self._fd, end - start, start)
-
-    def get(self, k: int) -> Any:
-        return pickle.loads(self.get_bytes(k))  # noqa: S301 (our own file, written by this process)
-
-    def __len__(self) -> int:
-        return len(self._offsets) - 1
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except OSError:
-            pass
 
 
 class _Cached(Sequence[T]):
