@@ -135,3 +135,37 @@ def test_a_re_render_kept_packed_is_the_re_render(tok):
     assert (list(ids), text, list(got_starts)) == (list(t.ids), t.text, list(starts))
     assert got.spans == t.spans and got.prompt == t.prompt
     assert _View(r, ids, text, got_starts, got).tokenized() is got
+
+
+def _edges(tree) -> int:
+    n, stack = 0, [tree.root]
+    while stack:
+        e = stack.pop()
+        n += 1
+        stack.extend((e.children or {}).values())
+    return n
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_first_tree_pruned_to_its_summary_summarizes_the_same(seed):
+    """The fork analysis keeps its first tree only for the summary at the end: cut to the edges the summary
+    expands, the summary (nodes, spans, request counts, forks marked) is the same, and most edges are gone (the
+    children of the expanded edges stay, each without its own subtree)."""
+    from cachectl.engines.prefix.forks import PrefixTree, _prune_to_summary, _summary
+
+    rng = random.Random(seed)
+    tree = PrefixTree()
+    stems = [array("q", [rng.randrange(1 << 40) for _ in range(rng.randint(1, 6))]) for _ in range(30)]
+    for k in range(3000):  # shared heads of several depths, then a tail of their own
+        head = array("q")
+        for s in rng.sample(stems, rng.randint(1, 3)):
+            head.extend(s)
+        tree.insert(head + array("q", [rng.randrange(1 << 40) for _ in range(rng.randint(0, 4))]), k)
+    forks = tree.forks()
+    fork_at = {id(e): i for i, e in enumerate(forks)}
+    want = _summary(tree, 16, fork_at)
+    before = _edges(tree)
+    _prune_to_summary(tree)
+    assert _summary(tree, 16, fork_at) == want
+    assert any(n.fork is not None for n in want)
+    assert _edges(tree) < before / 2
