@@ -866,6 +866,10 @@ class ForkReport:
     _tokenizer: Any = field(default=None, repr=False, compare=False)
     #: (id of a fork, its line move)
     _moves: tuple = field(default=(), repr=False, compare=False)
+    #: the analysis's re-renders under the plan's tools counterfactuals and the store they are packed in, for
+    #: :meth:`spans_to_move` on the analysed requests (None: re-rendered when asked)
+    _rendered: Any = field(default=None, repr=False, compare=False)
+    _store: Any = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")
@@ -876,11 +880,15 @@ class ForkReport:
         d["notes"] = list(self.notes)
         return d
 
-    def spans_to_move(self, request: ForkRequest) -> tuple[MoveSpan, ...]:
+    def spans_to_move(self, request: ForkRequest, *, analysed: bool = False) -> tuple[MoveSpan, ...]:
         """For one request of the analysed log, every line that a fixable line fork moves out of its shared
-        prefix, in the order the analysis moved them, located in the request's own fields."""
+        prefix, in the order the analysis moved them, located in the request's own fields. ``analysed``: the
+        request is the analysis's own (its store's, by index): its re-render under a tools fix is the analysis's."""
         tools = [t for t in self._plan if isinstance(t, _Tools)]
-        v = _view(request, tools, self._tokenizer)
+        if analysed and self._rendered is not None:
+            v = _view(request, tools, self._tokenizer, self._rendered, self._store)
+        else:
+            v = _view(request, tools, self._tokenizer)
         out = []
         for t in self._plan:
             if not isinstance(t, _LineMove):
@@ -1112,7 +1120,15 @@ class _Analyzer:
                           fixed_hit_tokens=fixed, hit_tokens_at_capacity=cap0, fixed_hit_tokens_at_capacity=cap_fixed,
                           passes=self.passes, replays=self.replays, notes=tuple(self.notes),
                           request_gains=gains, tree=tree0, fixed_tree=tree1, _plan=tuple(plan),
-                          _tokenizer=self.tok, _moves=tuple(moves))
+                          _tokenizer=self.tok, _moves=tuple(moves), _rendered=self._kept_renders(plan),
+                          _store=self.reqs)
+
+    def _kept_renders(self, plan: Sequence[Any]) -> dict | None:
+        """The re-renders under the plan's tools counterfactuals (the others' are dropped)."""
+        ids = {id(t) for t in plan if isinstance(t, _Tools)}
+        if not ids:
+            return None
+        return {k: v for k, v in self.rendered.items() if k[1] in ids}
 
     def _forks_of(self, tree: PrefixTree, plan: list[Any], drafts: dict[tuple, dict]) -> list[Any]:
         """Classify the tree's new forks; the counterfactuals of the new fixable ones. A fork below one that gets a

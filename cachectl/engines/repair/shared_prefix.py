@@ -53,7 +53,7 @@ class LogForks:
             return ()
         if not self._asked[i]:
             self._asked[i] = 1
-            found = self.report.spans_to_move(self.requests[i])
+            found = self.report.spans_to_move(self.requests[i], analysed=True)
             if found:
                 self._memo[i] = found
         got = self._memo.get(i, ())
