@@ -105,10 +105,13 @@ def test_the_analysis_is_the_same_packed_or_listed(tok):
     assert [a.spans_to_move(r) for r in reqs] == [b.spans_to_move(r) for r in reqs]
 
 
-@pytest.mark.parametrize("path", [SHARED, LOG_AGENT])
+@pytest.mark.parametrize("path", [SHARED, LOG_AGENT, SHARED.parent / "fix_log.jsonl"])
 def test_spans_through_the_memo_are_the_spans(tok, path):
+    """LogForks' spans (each line's once, and read from the analysis's own re-render under a tools fix where
+    the plan has one: the agent and fix logs) are the spans of a fresh re-render."""
     forks, _ = log_forks(groups.log_lines(iter_jsonl(str(path)), source=str(path)), tokenizer=tok)
     assert forks is not None and forks.fixable
+    assert (forks.report._rendered is not None) == (path != SHARED)
     reqs = list(fork_requests(iter_jsonl(str(path)), source=str(path), tokenizer=tok))
     want = [forks.report.spans_to_move(r) for r in reqs]
     assert any(want) and len(forks.lines) == len(reqs)
