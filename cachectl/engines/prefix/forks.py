@@ -26,7 +26,7 @@ How it works:
   every request is kept, as one zlib stream of its IDs, starts and text (compressed against the first request's,
   which holds what most requests share) and its prompt pickled the same way: 2 to 3 KB a request on a log of
   400-token chat requests, where the parsed forms took some 16 KB, written to a temporary file (a
-  :class:`~.packed.Spool`; in memory, an object of small fields a request). A pass rebuilds each request as it
+  :class:`cachectl.spool.Spool`; in memory, an object of small fields a request). A pass rebuilds each request as it
   reaches it (the tree pass as logged reads only the IDs); a tools counterfactual's re-renders are kept packed the
   same way.
 - **Tree** (:class:`PrefixTree`): one streaming pass over the requests' chained block keys
@@ -69,9 +69,10 @@ from typing import Any
 from ...errors import InputError, UsageError
 from ...inputs import PromptInput, Request, prompt_from_request, prompt_from_value, unwrap
 from ...inputs.prompt import check_ids
+from ...spool import Spool
 from ...tokenization import Span, Tokenized, _lazy_chat_spans
 from ..tokendiff import common_prefix_length, explain
-from .packed import ObjectCodec, RenderCodec, Spool
+from .packed import ObjectCodec, RenderCodec
 from .replay import simulate
 from .trace import TraceRequest, block_keys
 

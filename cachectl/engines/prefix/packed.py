@@ -6,8 +6,8 @@ its first copy is roughly what it says that the first one did not.
 - :class:`RenderCodec`: a render (token IDs, the character each token starts and ends at, the rendered text) in one
   stream; :meth:`RenderCodec.ids` decompresses only the IDs (they come first).
 - :class:`ObjectCodec`: any picklable value (a parsed prompt), the same way.
-- :class:`Spool`: bytes (or pickled values) appended to an unlinked temporary file and read back by index, for
-  what a whole-log analysis keeps of every request but reads only once a pass.
+- what a whole-log analysis keeps of every request but reads only once a pass goes to a
+  :class:`cachectl.spool.Spool` (a temporary file).
 
 Both round-trip exactly (``tests/test_forks_packed.py``).
 """
@@ -15,10 +15,8 @@ Both round-trip exactly (``tests/test_forks_packed.py``).
 from __future__ import annotations
 
 import operator
-import os
 import pickle
 import struct
-import tempfile
 import zlib
 from array import array
 from collections.abc import Sequence
@@ -131,46 +129,3 @@ class ObjectCodec:
 
 
 __all__ = ["ObjectCodec", "RenderCodec"]
-
-
-class Spool:
-    """Pickled values appended to one temporary file; ``put`` returns the index of the value stored."""
-
-    __slots__ = ("_fd", "_offsets", "_size")
-
-    def __init__(self) -> None:
-        fh = tempfile.TemporaryFile(prefix="cachectl-")  # unlinked at once on POSIX: nothing left behind
-        self._fd = os.dup(fh.fileno())
-        fh.close()
-        self._offsets = array("q", [0])
-        self._size = 0
-
-    def put_bytes(self, data: bytes) -> int:
-        os.pwrite(self._fd, data, self._size)  # one syscall a value
-        self._size += len(data)
-        self._offsets.append(self._size)
-        return len(self._offsets) - 2
-
-    def put(self, value: Any) -> int:
-        return self.put_bytes(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
-
-    def get_bytes(self, k: int) -> bytes:
-        start, end = self._offsets[k], self._offsets[k + 1]
-        return os.pread(self._fd, end - start, start)
-
-    def get(self, k: int) -> Any:
-        return pickle.loads(self.get_bytes(k))  # noqa: S301 (our own file, written by this process)
-
-    def __len__(self) -> int:
-        return len(self._offsets) - 1
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except OSError:
-            pass

@@ -17,6 +17,7 @@ from typing import Any
 
 from ...errors import InputError, UsageError
 from ...inputs import PromptInput
+from ...spool import DigestTable
 from .groups import Grouping, LogLine
 from .store import CACHE, Spool
 
@@ -73,11 +74,12 @@ BATCH = 256
 class TokenMemo:
     """Prompt digest -> its compact tokenization, for a log tokenized more than once (the before/after and per-fix
     measures share most lines): the last :data:`~.store.CACHE` in memory, every one as its IDs and rendered text
-    in a spool on disk (a dict entry of two ints in memory), made again from them when asked for."""
+    in a spool on disk (a :class:`~cachectl.spool.DigestTable` entry in memory, about 32 bytes), made again from
+    them when asked for."""
 
     def __init__(self) -> None:
         self._hot: OrderedDict[int, Any] = OrderedDict()
-        self._disk: dict[int, int] = {}
+        self._disk = DigestTable()
         self._spool: Spool | None = None
 
     def get(self, key: int, prompt: PromptInput, tokenizer: Any, add_generation_prompt: bool) -> Any:

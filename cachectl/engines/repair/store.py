@@ -6,8 +6,8 @@ before/after measures). Held as Python objects a line costs about fifty times it
 offset, its line number and its timestamp (about 24 bytes), its conversation key where there is one, and its
 pickled bytes on disk. The temporary files are deleted when the store is garbage-collected or the process ends.
 
-- :class:`Spool` (from :mod:`cachectl.engines.prefix.packed`): an append-only temporary file of pickled values,
-  read back by offset.
+- :class:`Spool` (from :mod:`cachectl.spool`): an append-only temporary file of pickled values, read back by
+  offset.
 - :class:`LineStore`: the log's :class:`~.groups.LogLine` records as a read-only sequence.
 - :class:`ValueStore`: the values as the fix codes rewrite them (a mutable sequence: ``values[i]`` is an object
   the caller may change in place; it is written back when the cache lets it go, so a change made through an
@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, overload
 
-from ..prefix.packed import Spool
+from ...spool import Spool
 
 __all__ = ["CACHE", "LineStore", "Mapped", "Spool", "ValueStore", "store_of"]
 

@@ -1,0 +1,114 @@
+"""Kept on disk, not in memory, by the whole-log commands: :class:`Spool`, values appended to a temporary file
+and read back by index, and :class:`DigestTable`, a compact map from a 64-bit digest to such an index (about 32
+bytes an entry, where a dict of ints takes about a hundred).
+
+Nothing here imports an engine: the tokenizer's render memo, the fork analysis and the log store all use it.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+from array import array
+from typing import Any
+
+
+class Spool:
+    """Pickled values appended to one temporary file; ``put`` returns the index of the value stored."""
+
+    __slots__ = ("_fd", "_offsets", "_size")
+
+    def __init__(self) -> None:
+        fh = tempfile.TemporaryFile(prefix="cachectl-")  # unlinked at once on POSIX: nothing left behind
+        self._fd = os.dup(fh.fileno())
+        fh.close()
+        self._offsets = array("q", [0])
+        self._size = 0
+
+    def put_bytes(self, data: bytes) -> int:
+        os.pwrite(self._fd, data, self._size)  # one syscall a value
+        self._size += len(data)
+        self._offsets.append(self._size)
+        return len(self._offsets) - 2
+
+    def put(self, value: Any) -> int:
+        return self.put_bytes(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def get_bytes(self, k: int) -> bytes:
+        start, end = self._offsets[k], self._offsets[k + 1]
+        return os.pread(self._fd, end - start, start)
+
+    def get(self, k: int) -> Any:
+        return pickle.loads(self.get_bytes(k))  # noqa: S301 (our own file, written by this process)
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except OSError:
+            pass
+
+
+class DigestTable:
+    """A map from 64-bit digests (ints in ``[0, 2**64)``) to non-negative ints below 2**63, in two arrays (open
+    addressing, linear probing, at most half full): 16 bytes a slot. ``get(d)`` is None for an unknown digest."""
+
+    __slots__ = ("_keys", "_mask", "_n", "_vals")
+
+    def __init__(self, slots: int = 1024):
+        size = 1
+        while size < slots:
+            size *= 2
+        self._mask = size - 1
+        self._keys = array("Q", bytes(8 * size))
+        self._vals = array("q", [-1]) * size      # -1: an empty slot
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def get(self, digest: int) -> int | None:
+        keys, vals, mask = self._keys, self._vals, self._mask
+        i = digest & mask
+        while True:
+            v = vals[i]
+            if v < 0:
+                return None
+            if keys[i] == digest:
+                return v
+            i = (i + 1) & mask
+
+    def __setitem__(self, digest: int, value: int) -> None:
+        if value < 0:
+            raise ValueError("values are non-negative")
+        if 2 * (self._n + 1) > len(self._vals):
+            self._grow()
+        keys, vals, mask = self._keys, self._vals, self._mask
+        i = digest & mask
+        while vals[i] >= 0 and keys[i] != digest:
+            i = (i + 1) & mask
+        if vals[i] < 0:
+            self._n += 1
+        keys[i] = digest
+        vals[i] = value
+
+    def __contains__(self, digest: int) -> bool:
+        return self.get(digest) is not None
+
+    def _grow(self) -> None:
+        old = [(k, v) for k, v in zip(self._keys, self._vals) if v >= 0]
+        size = 2 * len(self._vals)
+        self._mask = size - 1
+        self._keys = array("Q", bytes(8 * size))
+        self._vals = array("q", [-1]) * size
+        self._n = 0
+        for k, v in old:
+            self[k] = v
