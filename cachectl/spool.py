@@ -1,5 +1,5 @@
 """Kept on disk, not in memory, by the whole-log commands: :class:`Spool`, values appended to a temporary file
-and read back by index, and :class:`DigestTable`, a compact map from a 64-bit digest to such an index (about 32
+and read back by index, and :class:`DigestTable`, a compact map from a 64-bit digest to such an index (16 to 24
 bytes an entry, where a dict of ints takes about a hundred).
 
 Nothing here imports an engine: the tokenizer's render memo, the fork analysis and the log store all use it.
@@ -58,8 +58,9 @@ class Spool:
 
 
 class DigestTable:
-    """A map from 64-bit digests (ints in ``[0, 2**64)``) to non-negative ints below 2**63, in two arrays (open
-    addressing, linear probing, at most half full): 16 bytes a slot. ``get(d)`` is None for an unknown digest."""
+    """A map from 64-bit digests (ints in ``[0, 2**64)``) to non-negative ints below 2**31 (a spool's indices), in
+    two arrays (open addressing, linear probing, at most three quarters full): 12 bytes a slot, 16 to 24 an
+    entry. ``get(d)`` is None for an unknown digest."""
 
     __slots__ = ("_keys", "_mask", "_n", "_vals")
 
@@ -69,7 +70,7 @@ class DigestTable:
             size *= 2
         self._mask = size - 1
         self._keys = array("Q", bytes(8 * size))
-        self._vals = array("q", [-1]) * size      # -1: an empty slot
+        self._vals = array("i", [-1]) * size      # -1: an empty slot
         self._n = 0
 
     def __len__(self) -> int:
@@ -87,9 +88,11 @@ class DigestTable:
             i = (i + 1) & mask
 
     def __setitem__(self, digest: int, value: int) -> None:
-        if value < 0:
-            raise ValueError("values are non-negative")
-        if 2 * (self._n + 1) > len(self._vals):
+        if not 0 <= value < 2**31:
+            raise ValueError(f"a value in [0, 2**31), not {value}")
+        if not 0 <= digest < 2**64:
+            raise ValueError(f"a 64-bit digest, not {digest}")
+        if 4 * (self._n + 1) > 3 * len(self._vals):
             self._grow()
         keys, vals, mask = self._keys, self._vals, self._mask
         i = digest & mask
@@ -108,7 +111,7 @@ class DigestTable:
         size = 2 * len(self._vals)
         self._mask = size - 1
         self._keys = array("Q", bytes(8 * size))
-        self._vals = array("q", [-1]) * size
+        self._vals = array("i", [-1]) * size
         self._n = 0
         for k, v in old:
             self[k] = v

@@ -15,16 +15,21 @@ to; that is where a doubled BOS shows up.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
+import pickle
 import re
+import zlib
 from array import array
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from .errors import InputError, TokenizerError
 from .inputs import PromptInput
+from .spool import DigestTable, Spool
 
 if TYPE_CHECKING:  # pragma: no cover
     import tokenizers
@@ -219,12 +224,76 @@ class _SizedBackend:
         setattr(self._backend, name, value)
 
 
+class RenderMemo:
+    """Chat renders asked for again (a whole-log command's passes render many prompts more than once): each text by
+    a 128-bit digest of everything the render reads (the template, the messages and tools, key order and types
+    included, the options), compressed in a spool on disk against the first text kept (the system prompt and
+    tools most renders share); in memory a :class:`~cachectl.spool.DigestTable` entry a render (16 to 24 bytes)
+    and the last :data:`HOT` texts. The first half of the digest finds the entry, the second half, kept with the
+    text, confirms it."""
+
+    HOT = 256
+
+    __slots__ = ("_hot", "_spool", "_table", "_zdict", "hits", "misses")
+
+    def __init__(self) -> None:
+        self._table = DigestTable()
+        self._spool: Spool | None = None
+        self._hot: OrderedDict[bytes, str] = OrderedDict()
+        self._zdict: bytes | None = None
+        self.hits = self.misses = 0
+
+    @staticmethod
+    def key(*parts: Any) -> bytes | None:
+        """The digest of ``parts`` (None when they do not pickle: such a render is not kept)."""
+        try:
+            raw = pickle.dumps(parts, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # an object a template may read that pickle refuses
+            return None
+        return hashlib.blake2b(raw, digest_size=16).digest()
+
+    def get(self, key: bytes) -> str | None:
+        got = self._hot.get(key)
+        if got is not None:
+            self._hot.move_to_end(key)
+            self.hits += 1
+            return got
+        k = self._table.get(int.from_bytes(key[:8], "little"))
+        if k is None or self._spool is None:
+            return None
+        blob = self._spool.get_bytes(k)
+        if blob[:8] != key[8:]:  # another render under the same first half: not this one
+            return None
+        d = zlib.decompressobj(zdict=self._zdict) if self._zdict else zlib.decompressobj()
+        text = (d.decompress(blob[8:]) + d.flush()).decode("utf-8", "surrogatepass")
+        self._keep(key, text)
+        self.hits += 1
+        return text
+
+    def put(self, key: bytes, text: str) -> None:
+        self.misses += 1
+        raw = text.encode("utf-8", "surrogatepass")
+        if self._spool is None:
+            self._spool = Spool()
+            self._zdict = raw[-32768:] or None
+        c = zlib.compressobj(1, zdict=self._zdict) if self._zdict else zlib.compressobj(1)
+        self._table[int.from_bytes(key[:8], "little")] = self._spool.put_bytes(key[8:] + c.compress(raw) + c.flush())
+        self._keep(key, text)
+
+    def _keep(self, key: bytes, text: str) -> None:
+        self._hot[key] = text
+        if len(self._hot) > self.HOT:
+            self._hot.popitem(last=False)
+
+
 class TokenizerHandle:
     """A loaded tokenizer: the transformers tokenizer (for chat templates) and its fast backend."""
 
     def __init__(self, name: str, hf: Any, chat_template: str | None = None):
         #: the file a --chat-template came from (its syntax errors name it, not the prompt)
         self.template_source: str | None = None
+        #: chat renders kept for a run that renders prompts again (:meth:`remember_renders`); None: not kept
+        self.render_memo: RenderMemo | None = None
         self.name = name
         self.hf = hf
         backend = getattr(hf, "backend_tokenizer", None) or getattr(hf, "_tokenizer", None)
@@ -249,6 +318,13 @@ class TokenizerHandle:
             return tmpl.get("default") or next(iter(tmpl.values()), None)
         return tmpl
 
+    def remember_renders(self) -> RenderMemo:
+        """Keep every chat render from now on, and give it back when the same prompt is rendered again (for a run
+        that renders prompts more than once: ``fix`` and ``report``'s passes); the memo, or the one already kept."""
+        if self.render_memo is None:
+            self.render_memo = RenderMemo()
+        return self.render_memo
+
     def id_text(self, token_id: int) -> str:
         text = self.backend.decode([token_id], skip_special_tokens=False)
         if text == "":
@@ -272,10 +348,21 @@ class TokenizerHandle:
             # apply_chat_template(tokenize=False), in the bounded environment: the template transformers
             # would pick (a "tool_use" one when there are tools), the values it passes, under the render budget
             source = self.hf.get_chat_template(None, tools)
-            return render_chat_template(_compiled_chat_template(source), msgs, tools=tools,
+            memo = self.render_memo
+            key = memo.key(source, msgs, tools, add_generation_prompt, template_vars) if memo is not None else None
+            if key is not None:
+                assert memo is not None
+                got = memo.get(key)
+                if got is not None:
+                    return got
+            text = render_chat_template(_compiled_chat_template(source), msgs, tools=tools,
                                         add_generation_prompt=add_generation_prompt,
                                         special_tokens=dict(getattr(self.hf, "special_tokens_map", {}) or {}),
                                         **(template_vars or {}))
+            if key is not None:
+                assert memo is not None
+                memo.put(key, text)
+            return text
         except Exception as exc:  # jinja2 TemplateError, TypeError from a filter, the budget, ...
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             if len(msg) > 300:  # e.g. an undefined name thousands of characters long

@@ -125,7 +125,8 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     ``reuse``: an earlier report on the same lines, tokenizer, table and options except ``unsafe`` and
     ``select``: its conversations and its measure of the log before the fixes are taken as they are (``cachectl
     report`` runs the safe and the full fix on one log). ``progress(n)``: called as lines are grouped, rewritten
-    and measured (each pass over the log counts its lines again)."""
+    and measured (each pass over the log counts its lines again). The tokenizer keeps its chat renders from then
+    on (:meth:`~cachectl.tokenization.TokenizerHandle.remember_renders`)."""
     if not lines:
         raise InputError("no requests", source=source)
     codes = tuple(options.select) if options.select else CODES
@@ -134,6 +135,9 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
         raise UsageError(f"unknown fix code(s) {', '.join(unknown)}; known: {', '.join(CODES)}")
     if options.model is not None:
         lines = _modelled(lines, options.model)
+    if tokenizer is not None and hasattr(tokenizer, "remember_renders"):
+        # the passes below render most prompts several times: each render is kept (on disk) from here on
+        tokenizer.remember_renders()
     grouping = (reuse.grouping if reuse is not None
                 else group_sessions(_ticking(lines, progress), key=options.key, window_s=options.window_s,
                                     tokenizer=tokenizer))

@@ -74,7 +74,7 @@ BATCH = 256
 class TokenMemo:
     """Prompt digest -> its compact tokenization, for a log tokenized more than once (the before/after and per-fix
     measures share most lines): the last :data:`~.store.CACHE` in memory, every one as its IDs and rendered text
-    in a spool on disk (a :class:`~cachectl.spool.DigestTable` entry in memory, about 32 bytes), made again from
+    in a spool on disk (a :class:`~cachectl.spool.DigestTable` entry in memory, 16 to 24 bytes), made again from
     them when asked for."""
 
     def __init__(self) -> None:

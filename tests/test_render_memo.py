@@ -1,0 +1,68 @@
+"""The chat-render memo (TokenizerHandle.remember_renders, used by fix and report): a render given back is the
+render the template makes, for every prompt that differs in a way the template can see (key order, types, tools,
+options, the template itself), across the spool on disk; a digest whose second half differs is not a hit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cachectl.inputs import PromptInput
+from cachectl.tokenization import RenderMemo, load_tokenizer
+
+from .conftest import TOK_DIR
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "fixtures" / "chat_templates"
+TOOL = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}
+
+
+def _prompts(parts: bool = True) -> list[PromptInput]:
+    base = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hi"}]
+    variants = [
+        base,
+        [{"content": "You are terse.", "role": "system"}, {"role": "user", "content": "hi"}],  # key order
+        [base[0], {"role": "user", "content": "hi "}],
+        [base[0], {"role": "user", "content": "1"}],
+        [{"role": "user", "content": "hi"}],
+    ]
+    if parts:  # content as a list of parts (templates that read only strings refuse it)
+        variants.append([base[0], {"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+    out = [PromptInput(source="memo", kind="chat", messages=tuple(v)) for v in variants]
+    out.append(PromptInput(source="memo", kind="chat", messages=tuple(base), tools=(TOOL,)))
+    out.append(PromptInput(source="memo", kind="chat", messages=tuple(base), tools=({"function": TOOL["function"], "type": "function"},)))
+    return out
+
+
+@pytest.mark.parametrize("template", [None, "Qwen-Qwen2.5-7B-Instruct.jinja", "Qwen-Qwen3-0.6B.jinja"])
+def test_a_remembered_render_is_the_render(monkeypatch, template):
+    path = None if template is None else TEMPLATES / template
+    if path is not None and not path.exists():
+        pytest.skip(f"no {template}")
+    fresh = load_tokenizer(str(TOK_DIR), chat_template_file=None if path is None else str(path))
+    memo_tok = load_tokenizer(str(TOK_DIR), chat_template_file=None if path is None else str(path))
+    monkeypatch.setattr(RenderMemo, "HOT", 1)   # every hit but the last one read back from the spool
+    memo = memo_tok.remember_renders()
+    assert memo_tok.remember_renders() is memo
+    cases = [(p, agp, tv) for p in _prompts(template is None) for agp in (False, True) for tv in (None, {"x": 1})]
+    want = [fresh.render_chat(p, add_generation_prompt=agp, template_vars=tv) for p, agp, tv in cases]
+    for _ in range(3):
+        got = [memo_tok.render_chat(p, add_generation_prompt=agp, template_vars=tv) for p, agp, tv in cases]
+        assert got == want
+    distinct = len(set(want))
+    assert memo.misses == len(cases) and memo.hits == 2 * len(cases) and distinct > len(_prompts(template is None))
+    marked = [{"role": "user", "content": "\U000f0000hi\U000f0001"}]   # an instrumented render: its own entry
+    assert memo_tok.render_chat(_prompts()[0], messages=marked) == fresh.render_chat(_prompts()[0], messages=marked)
+
+
+def test_a_digest_whose_second_half_differs_is_not_a_hit(monkeypatch):
+    monkeypatch.setattr(RenderMemo, "HOT", 1)
+    memo = RenderMemo()
+    a = memo.key("template", [{"role": "user", "content": "a"}])
+    b = memo.key("template", [{"role": "user", "content": "b"}])
+    assert a is not None and b is not None and a != b
+    memo.put(a, "text of a")
+    memo.put(b, "text of b")
+    clash = a[:8] + bytes(8)    # the same table slot as a, another render
+    assert memo.get(clash) is None and memo.get(a) == "text of a" and memo.get(b) == "text of b"
+    assert memo.key(object()) is not None and memo.key(lambda: 0) is None   # what pickle refuses is not kept
