@@ -153,14 +153,14 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     # the values as each code that applied a fix left them: what applying the codes one after another gives (a
     # code that applied nothing changed nothing), measured below for the tokens reused per cause
     steps: dict[str, Sequence[Any]] = {}
+    seen = [0]  # fixes applied so far
 
     def _step(code: str, rw: Any) -> None:
         applied = sum(1 for f in rw.fixes if f.applied)
         if applied > seen[0]:
             seen[0] = applied
-            steps[code] = rw.values.snapshot()
+            steps[code] = rw.values.snapshot()  # 8 bytes a line in memory
 
-    seen = [0]
     rw = rewrite(lines, grouping, codes, options.unsafe, tokenizer, table, options.model, counter, forks, progress,
                  after=_step if per_cause_wanted else None)
     values = rw.values
