@@ -292,8 +292,9 @@ class RequestStore(Sequence[ForkRequest]):
     """The requests of one fork analysis, packed: each counterfactual replays the whole log, so every request is
     kept, as one zlib stream of its IDs, starts and text (:class:`~.packed.RenderCodec`, against the first request's
     bytes) and its prompt pickled the same way; a few hundred bytes to a couple of KB a request where the parsed
-    forms take some 20 KB, on disk (in memory: a small object a request). Indexing rebuilds a :class:`ForkRequest` (the last few are kept); :meth:`ids` reads only
-    the IDs. Add requests in log order with :meth:`add`."""
+    forms take some 20 KB, on disk (in memory: a small object a request). Indexing rebuilds a
+    :class:`ForkRequest` (the last few are kept); :meth:`ids` reads only the IDs. Add requests in log order with
+    :meth:`add`."""
 
     def __init__(self, recent: int = 64):
         self._render = RenderCodec()
