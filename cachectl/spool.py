@@ -7,6 +7,7 @@ Nothing here imports an engine: the tokenizer's render memo, the fork analysis a
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import tempfile
@@ -20,14 +21,24 @@ class Spool:
     __slots__ = ("_fd", "_offsets", "_size")
 
     def __init__(self) -> None:
-        fh = tempfile.TemporaryFile(prefix="cachectl-")  # unlinked at once on POSIX: nothing left behind
+        self._fd = -1
+        try:
+            fh = tempfile.TemporaryFile(prefix="cachectl-")  # unlinked at once on POSIX: nothing left behind
+        except OSError as exc:
+            raise _where(exc) from None
         self._fd = os.dup(fh.fileno())
         fh.close()
         self._offsets = array("q", [0])
         self._size = 0
 
     def put_bytes(self, data: bytes) -> int:
-        os.pwrite(self._fd, data, self._size)  # one syscall a value
+        view, at = memoryview(data), self._size
+        try:
+            while view:  # one syscall a value, unless the kernel writes less than asked
+                n = os.pwrite(self._fd, view, at)
+                view, at = view[n:], at + n
+        except OSError as exc:
+            raise _where(exc) from None
         self._size += len(data)
         self._offsets.append(self._size)
         return len(self._offsets) - 2
@@ -37,7 +48,13 @@ class Spool:
 
     def get_bytes(self, k: int) -> bytes:
         start, end = self._offsets[k], self._offsets[k + 1]
-        return os.pread(self._fd, end - start, start)
+        try:
+            got = os.pread(self._fd, end - start, start)
+        except OSError as exc:
+            raise _where(exc) from None
+        if len(got) != end - start:  # the file was cut under us: never a short value
+            raise _where(OSError(errno.EIO, f"read {len(got)} of {end - start} bytes"))
+        return got
 
     def get(self, k: int) -> Any:
         return pickle.loads(self.get_bytes(k))  # noqa: S301 (our own file, written by this process)
@@ -55,6 +72,13 @@ class Spool:
             self.close()
         except OSError:
             pass
+
+
+def _where(exc: OSError) -> OSError:
+    """``exc`` naming where the temporary files are (the spool's own file is already unlinked), so that the
+    command's one line says which disk filled or failed, and what to set."""
+    where = f"{tempfile.gettempdir()} (cachectl's temporary files; set TMPDIR to another directory)"
+    return OSError(exc.errno, exc.strerror or str(exc), where)
 
 
 class DigestTable:

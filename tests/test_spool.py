@@ -4,6 +4,7 @@ probe chains that wrap around its end), and refuses what it cannot hold."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +43,39 @@ def test_digest_table_refuses_what_it_cannot_hold():
         with pytest.raises(ValueError):
             table[digest] = value
     assert len(table) == 0 and table.get(5) is None
+
+
+def test_a_full_disk_under_the_spool_is_one_line_naming_tmpdir(cli, monkeypatch, tmp_path):
+    """report keeps the log on disk: a full disk there is one line saying where and what to set, exit 2, not an
+    internal error; a write the kernel cuts short is finished, not lost."""
+    import errno
+    import os
+
+    from cachectl import spool
+
+    root = Path(__file__).resolve().parent.parent
+    log, tok = root / "fixtures" / "prompts" / "fix_log.jsonl", root / "fixtures" / "tok"
+    real = os.pwrite
+    calls = []
+
+    def short(fd, data, offset):   # the kernel writes at most 7 bytes a call
+        calls.append(len(data))
+        return real(fd, bytes(data[:7]), offset)
+
+    monkeypatch.setattr(spool.os, "pwrite", short)
+    ok = cli("report", str(log), "-t", str(tok), "--format", "json")
+    monkeypatch.setattr(spool.os, "pwrite", real)
+    want = cli("report", str(log), "-t", str(tok), "--format", "json")
+    assert ok.exit_code == want.exit_code == 1 and ok.stdout == want.stdout and max(calls) > 7
+
+    def full(fd, data, offset):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(spool.os, "pwrite", full)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(spool.tempfile, "tempdir", None)
+    got = cli("report", str(log), "-t", str(tok))
+    assert got.exit_code == 2 and got.stdout == ""
+    line = got.stderr.strip()
+    assert "\n" not in line and "internal error" not in line
+    assert str(tmp_path) in line and "no space left on device" in line and "TMPDIR" in line

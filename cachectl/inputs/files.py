@@ -198,10 +198,10 @@ def spooled(path: str) -> Iterator[str]:
     Errors about the copy name the original (:func:`display_name` knows the copy); it is removed at the end."""
     if path != "-":
         try:
-            if stat.S_ISREG(os.stat(path).st_mode):
-                yield path
-                return
+            regular = stat.S_ISREG(os.stat(path).st_mode)
         except OSError:  # missing, unreadable: the reader names the problem
+            regular = True
+        if regular:  # (an OSError of the body's own passes through: not caught here)
             yield path
             return
     fh, source = _open_raw(path)
