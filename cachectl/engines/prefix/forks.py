@@ -269,7 +269,7 @@ class _Packed:
     pickled and packed (``cold``), the chat spans once an instrumented render found them, and the small fields the
     passes read for every request (its tools' identities, interned; its log fields and cache salt)."""
 
-    __slots__ = ("cold", "fields", "hot", "index", "line", "meta", "salt", "spans", "tools", "whole")
+    __slots__ = ("cold", "fields", "hot", "index", "line", "meta", "salt", "spans", "tools", "where", "whole")
 
     def __init__(self, index: int, line: int | None, fields: tuple, salt: Any):
         self.index, self.line, self.fields, self.salt = index, line, fields, salt
@@ -283,6 +283,8 @@ class _Packed:
         self.tools: tuple[str, tuple[str, ...]] | None = None
         #: a request whose parts this store does not know how to pack, kept as it is
         self.whole: ForkRequest | None = None
+        #: a re-render's place in a :class:`_RenderTable` and its key there (its spans, found later, are kept there)
+        self.where: tuple[_RenderTable, tuple[int, int]] | None = None
 
 
 _NO_OFFSETS, _TEXT_OFFSETS, _KNOWN_OFFSETS = 0, 1, 2
@@ -399,6 +401,9 @@ class RequestStore(Sequence[ForkRequest]):
         _, _, opts, handle, _ = rec.meta
         got = tuple(_lazy_chat_spans(handle, prompt, text, opts)())
         rec.spans = self._disk.put_bytes(self._objects.dumps(got))
+        if rec.where is not None:
+            table, key = rec.where
+            table.set_spans(key, rec.spans)
         return got
 
     def ids(self, k: int) -> Sequence[int]:
@@ -451,6 +456,59 @@ class RequestStore(Sequence[ForkRequest]):
         assert rec.meta is not None
         spans = self._objects.loads(self._disk.get_bytes(rec.spans)) if rec.spans >= 0 and not rec.meta[4] else None
         return ids, text, starts, self._tokenized(rec, prompt, ids, starts, ends, text, spans)
+
+
+class _RenderTable:
+    """The re-renders of a fork analysis (request index, id of a tools counterfactual) -> a
+    :meth:`RequestStore.pack_render`, as the memo :func:`_view` reads and writes: per counterfactual, arrays of the
+    packed parts' spool indices and a list of their (interned) render options, 24 bytes a request where a dict of
+    the packed objects took some 400; a re-render the store could not pack is kept as it is."""
+
+    __slots__ = ("_odd", "_slots")
+
+    def __init__(self) -> None:
+        self._slots: dict[int, tuple[array, array, list]] = {}   # id -> (hot, spans, meta), by request index
+        self._odd: dict[tuple[int, int], Any] = {}
+
+    def __contains__(self, key: tuple[int, int]) -> bool:
+        k, slot = key
+        got = self._slots.get(slot)
+        return key in self._odd or (got is not None and k < len(got[0]) and got[0][k] >= 0)
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        if key in self._odd:
+            return self._odd[key]
+        k, slot = key
+        hot, spans, meta = self._slots[slot]
+        if k >= len(hot) or hot[k] < 0:
+            raise KeyError(key)
+        rec = _Packed(-1, None, (), None)
+        rec.hot, rec.spans, rec.meta, rec.where = hot[k], spans[k], meta[k], (self, key)
+        return rec
+
+    def __setitem__(self, key: tuple[int, int], rec: Any) -> None:
+        if not isinstance(rec, _Packed):
+            self._odd[key] = rec
+            return
+        k, slot = key
+        hot, spans, meta = self._slots.setdefault(slot, (array("q"), array("q"), []))
+        if k >= len(hot):
+            grow = k + 1 - len(hot)
+            hot.extend(array("q", [-1]) * grow)
+            spans.extend(array("q", [-1]) * grow)
+            meta.extend([None] * grow)
+        hot[k], spans[k], meta[k] = rec.hot, rec.spans, rec.meta
+
+    def set_spans(self, key: tuple[int, int], index: int) -> None:
+        k, slot = key
+        if slot in self._slots and k < len(self._slots[slot][1]):
+            self._slots[slot][1][k] = index
+
+    def keep(self, slots: set[int]) -> _RenderTable | None:
+        """Only the re-renders under these counterfactuals (None if that leaves none)."""
+        self._slots = {s: v for s, v in self._slots.items() if s in slots}
+        self._odd = {k: v for k, v in self._odd.items() if k[1] in slots}
+        return self if self._slots or self._odd else None
 
 
 # ----------------------------------------------------------------------------------------------- tree
@@ -931,7 +989,7 @@ def fork_span(report: ForkReport, fork: Fork, request: ForkRequest) -> MoveSpan 
 _UNKNOWN: Any = object()
 
 
-def _view(r: ForkRequest, tools: Sequence[_Tools], tokenizer: Any, memo: dict | None = None,
+def _view(r: ForkRequest, tools: Sequence[_Tools], tokenizer: Any, memo: Any = None,
           store: RequestStore | None = None, ident: Any = _UNKNOWN) -> _View:
     """``r`` under the tools counterfactuals in ``tools`` (re-rendered when one applies; ``memo`` keeps
     re-renders, packed by ``store`` when given). ``ident``: the sorted identities of ``r``'s tools, when known."""
@@ -992,7 +1050,7 @@ class _Analyzer:
         self.replays = 0
         self.notes: list[str] = []
         #: tools counterfactuals re-render a request once (request index, counterfactual) -> view parts (packed)
-        self.rendered: dict[tuple[int, int], Any] = {}
+        self.rendered = _RenderTable()
 
     # one request under a plan ------------------------------------------------------------------------
     def view(self, k: int, plan: Sequence[Any]) -> _View:
@@ -1125,12 +1183,10 @@ class _Analyzer:
                           _tokenizer=self.tok, _moves=tuple(moves), _rendered=self._kept_renders(plan),
                           _store=self.reqs)
 
-    def _kept_renders(self, plan: Sequence[Any]) -> dict | None:
+    def _kept_renders(self, plan: Sequence[Any]) -> _RenderTable | None:
         """The re-renders under the plan's tools counterfactuals (the others' are dropped)."""
         ids = {id(t) for t in plan if isinstance(t, _Tools)}
-        if not ids:
-            return None
-        return {k: v for k, v in self.rendered.items() if k[1] in ids}
+        return self.rendered.keep(ids) if ids else None
 
     def _forks_of(self, tree: PrefixTree, plan: list[Any], drafts: dict[tuple, dict]) -> list[Any]:
         """Classify the tree's new forks; the counterfactuals of the new fixable ones. A fork below one that gets a
