@@ -131,11 +131,16 @@ class DigestTable:
         return self.get(digest) is not None
 
     def _grow(self) -> None:
-        old = [(k, v) for k, v in zip(self._keys, self._vals) if v >= 0]
-        size = 2 * len(self._vals)
-        self._mask = size - 1
-        self._keys = array("Q", bytes(8 * size))
-        self._vals = array("i", [-1]) * size
-        self._n = 0
-        for k, v in old:
-            self[k] = v
+        """Twice the slots, the entries moved one at a time (no list of them: the table is most of what it holds)."""
+        old_keys, old_vals = self._keys, self._vals
+        size = 2 * len(old_vals)
+        mask = self._mask = size - 1
+        keys = self._keys = array("Q", bytes(8 * size))
+        vals = self._vals = array("i", [-1]) * size
+        for k, v in zip(old_keys, old_vals):
+            if v >= 0:
+                i = k & mask
+                while vals[i] >= 0:
+                    i = (i + 1) & mask
+                keys[i] = k
+                vals[i] = v
