@@ -1,5 +1,5 @@
 """Kept on disk, not in memory, by the whole-log commands: :class:`Spool`, values appended to a temporary file
-and read back by index, and :class:`DigestTable`, a compact map from a 64-bit digest to such an index (16 to 24
+and read back by index, :class:`ZlibStreams`, payloads compressed against the first one, and :class:`DigestTable`, a compact map from a 64-bit digest to such an index (16 to 24
 bytes an entry, where a dict of ints takes about a hundred).
 
 Nothing here imports an engine: the tokenizer's render memo, the fork analysis and the log store all use it.
@@ -11,6 +11,7 @@ import errno
 import os
 import pickle
 import tempfile
+import zlib
 from array import array
 from typing import Any
 
@@ -72,6 +73,32 @@ class Spool:
             self.close()
         except OSError:
             pass
+
+
+#: zlib's window: a preset dictionary longer than this is cut to its tail
+_WINDOW = 32 * 1024
+
+
+class ZlibStreams:
+    """zlib streams against one preset dictionary: the first payload's bytes (what most of a log's payloads share:
+    its system prompt and tools), so that each stream costs roughly what it says that the first did not."""
+
+    __slots__ = ("_zdict", "level")
+
+    def __init__(self, level: int = 6):
+        self.level = level
+        self._zdict: bytes | None = None
+
+    def compress(self, raw: bytes) -> bytes:
+        if self._zdict is None:
+            self._zdict = raw[-_WINDOW:] or b"\0"
+        c = zlib.compressobj(self.level, zdict=self._zdict)
+        return c.compress(raw) + c.flush()
+
+    def decompress(self, blob: bytes, limit: int = 0) -> bytes:
+        assert self._zdict is not None
+        d = zlib.decompressobj(zdict=self._zdict)
+        return d.decompress(blob, limit) if limit else d.decompress(blob) + d.flush()
 
 
 def _where(exc: OSError) -> OSError:

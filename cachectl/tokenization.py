@@ -20,7 +20,6 @@ import json
 import os
 import pickle
 import re
-import zlib
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from .errors import InputError, TokenizerError
 from .inputs import PromptInput
-from .spool import DigestTable, Spool
+from .spool import DigestTable, Spool, ZlibStreams
 
 if TYPE_CHECKING:  # pragma: no cover
     import tokenizers
@@ -234,13 +233,13 @@ class RenderMemo:
 
     HOT = 256
 
-    __slots__ = ("_hot", "_spool", "_table", "_zdict", "hits", "misses")
+    __slots__ = ("_hot", "_spool", "_table", "_z", "hits", "misses")
 
     def __init__(self) -> None:
         self._table = DigestTable()
         self._spool: Spool | None = None
         self._hot: OrderedDict[bytes, str] = OrderedDict()
-        self._zdict: bytes | None = None
+        self._z = ZlibStreams(1)
         self.hits = self.misses = 0
 
     @staticmethod
@@ -264,20 +263,17 @@ class RenderMemo:
         blob = self._spool.get_bytes(k)
         if blob[:8] != key[8:]:  # another render under the same first half: not this one
             return None
-        d = zlib.decompressobj(zdict=self._zdict) if self._zdict else zlib.decompressobj()
-        text = (d.decompress(blob[8:]) + d.flush()).decode("utf-8", "surrogatepass")
+        text = self._z.decompress(blob[8:]).decode("utf-8", "surrogatepass")
         self._keep(key, text)
         self.hits += 1
         return text
 
     def put(self, key: bytes, text: str) -> None:
         self.misses += 1
-        raw = text.encode("utf-8", "surrogatepass")
         if self._spool is None:
             self._spool = Spool()
-            self._zdict = raw[-32768:] or None
-        c = zlib.compressobj(1, zdict=self._zdict) if self._zdict else zlib.compressobj(1)
-        self._table[int.from_bytes(key[:8], "little")] = self._spool.put_bytes(key[8:] + c.compress(raw) + c.flush())
+        blob = key[8:] + self._z.compress(text.encode("utf-8", "surrogatepass"))
+        self._table[int.from_bytes(key[:8], "little")] = self._spool.put_bytes(blob)
         self._keep(key, text)
 
     def _keep(self, key: bytes, text: str) -> None:
@@ -350,17 +346,14 @@ class TokenizerHandle:
             source = self.hf.get_chat_template(None, tools)
             memo = self.render_memo
             key = memo.key(source, msgs, tools, add_generation_prompt, template_vars) if memo is not None else None
-            if key is not None:
-                assert memo is not None
-                got = memo.get(key)
-                if got is not None:
-                    return got
+            got = memo.get(key) if memo is not None and key is not None else None
+            if got is not None:
+                return got
             text = render_chat_template(_compiled_chat_template(source), msgs, tools=tools,
                                         add_generation_prompt=add_generation_prompt,
                                         special_tokens=dict(getattr(self.hf, "special_tokens_map", {}) or {}),
                                         **(template_vars or {}))
-            if key is not None:
-                assert memo is not None
+            if memo is not None and key is not None:
                 memo.put(key, text)
             return text
         except Exception as exc:  # jinja2 TemplateError, TypeError from a filter, the budget, ...

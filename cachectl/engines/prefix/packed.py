@@ -17,38 +17,16 @@ from __future__ import annotations
 import operator
 import pickle
 import struct
-import zlib
 from array import array
 from collections.abc import Sequence
 from itertools import accumulate, chain
 from typing import Any
 
-#: zlib's window: a preset dictionary longer than this is cut to its tail
-_WINDOW = 32 * 1024
+from ...spool import ZlibStreams
+
 #: flags, ids typecode, ids count, starts count, ends count
 _HEAD = struct.Struct("<BcIII")
 _STARTS, _ENDS, _TEXT = 1, 2, 4
-
-
-class _Zlib:
-    """zlib streams against one preset dictionary: the first payload's bytes."""
-
-    __slots__ = ("_zdict", "level")
-
-    def __init__(self, level: int = 6):
-        self.level = level
-        self._zdict: bytes | None = None
-
-    def compress(self, raw: bytes) -> bytes:
-        if self._zdict is None:
-            self._zdict = raw[-_WINDOW:] or b"\0"
-        c = zlib.compressobj(self.level, zdict=self._zdict)
-        return c.compress(raw) + c.flush()
-
-    def decompress(self, blob: bytes, limit: int = 0) -> bytes:
-        assert self._zdict is not None
-        d = zlib.decompressobj(zdict=self._zdict)
-        return d.decompress(blob, limit) if limit else d.decompress(blob) + d.flush()
 
 
 def _deltas(values: Sequence[int], base: Sequence[int] | None = None) -> array:
@@ -64,7 +42,7 @@ class RenderCodec:
     __slots__ = ("_z",)
 
     def __init__(self, level: int = 6):
-        self._z = _Zlib(level)
+        self._z = ZlibStreams(level)
 
     def pack(self, ids: array, starts: Sequence[int] | None = None, ends: Sequence[int] | None = None,
              text: str | None = None) -> bytes:
@@ -119,7 +97,7 @@ class ObjectCodec:
     __slots__ = ("_z",)
 
     def __init__(self, level: int = 6):
-        self._z = _Zlib(level)
+        self._z = ZlibStreams(level)
 
     def dumps(self, value: Any) -> bytes:
         return self._z.compress(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
