@@ -58,6 +58,10 @@ MAX_ITEMS = 1_000_000
 POLL_S = 0.01
 #: how long past its deadline a render stuck in one operation is given before the hard stop
 GRACE_S = 2.0
+#: how long the watchdog goes on polling after the last render ended, before it sleeps until the next one: a
+#: whole-log command renders thousands of prompts a second, and waking the thread for each cost some tenth of
+#: their time (a Condition.notify and the thread switch it causes)
+LINGER_S = 1.0
 
 _BUDGET: contextvars.ContextVar[RenderBudget] = contextvars.ContextVar("cachectl_render_budget",
                                                                          default=DEFAULT_BUDGET)
@@ -138,17 +142,17 @@ class _Watchdog:
         self._active: dict[int, _Watch] = {}
         self._thread: threading.Thread | None = None
         self._rss = _rss_reader()
+        self._sleeping = False    # the thread waits for a render to start (not polling): start() wakes it
         self.hard_stop: Callable[[str], None] | None = None
 
     def start(self, value: RenderBudget, label: str | None) -> _Watch:
         watch = _Watch(threading.get_ident(), value, self._rss(), label)
         with self._cond:
-            idle = not self._active
             self._active[watch.thread] = watch
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="cachectl-render-watchdog", daemon=True)
                 self._thread.start()
-            elif idle:
+            elif self._sleeping:
                 self._cond.notify()
         return watch
 
@@ -166,10 +170,20 @@ class _Watchdog:
         raise RenderBudgetExceeded(watch.reason)
 
     def _run(self) -> None:
+        idle_since: float | None = None
         while True:
             with self._cond:
-                while not self._active:
-                    self._cond.wait()
+                if not self._active:  # polls on for LINGER_S (a render starting then is seen at the next poll)
+                    now = time.monotonic()
+                    idle_since = idle_since if idle_since is not None else now
+                    if now - idle_since < LINGER_S:
+                        self._cond.wait(POLL_S)
+                        continue
+                    self._sleeping = True
+                    while not self._active:
+                        self._cond.wait()
+                    self._sleeping = False
+                idle_since = None
                 now = time.monotonic()
                 rss = self._rss() if any(now - w.started >= POLL_S for w in self._active.values()) else None
                 stuck = None

@@ -223,8 +223,10 @@ def test_prefix_tree_forks_agree_with_a_naive_trie(seed):
         prefix = tuple(rep[:f.end])
         assert f.children is not None
         got[prefix] = (len(took[id(f)]), len(f.children))
-        for r, child in took[id(f)].items():   # the child a request took holds its next block
-            assert tuple(seqs[r][:f.end]) == prefix and seqs[child.rep][f.end] == seqs[r][f.end]
+        nexts = {seqs[c.rep][f.end] for c in f.children.values()}
+        assert list(took[id(f)]) == sorted(took[id(f)])  # in log order
+        for r in took[id(f)]:   # a request under the fork goes on into one of its children
+            assert tuple(seqs[r][:f.end]) == prefix and len(seqs[r]) > f.end and seqs[r][f.end] in nexts
     assert got == naive
 
 

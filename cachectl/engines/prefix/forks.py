@@ -55,6 +55,7 @@ How it works:
 from __future__ import annotations
 
 import bisect
+import heapq
 import json
 import pickle
 import re
@@ -63,7 +64,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import partial
-from itertools import chain
+from itertools import chain, groupby, repeat
 from typing import Any
 
 from ...errors import InputError, UsageError
@@ -604,10 +605,10 @@ class PrefixTree:
         out.sort(key=lambda e: (-sum(c.n for c in e.children.values()), e.end))  # type: ignore[union-attr]
         return out
 
-    def branches(self, forks: Sequence[_Edge]) -> dict[int, dict[int, _Edge]]:
-        """For each fork (by ``id``): request index -> the child it took."""
+    def branches(self, forks: Sequence[_Edge]) -> dict[int, array]:
+        """For each fork (by ``id``): the requests that take one of its children, ascending (8 bytes each)."""
         want = {id(f): f for f in forks}
-        out: dict[int, dict[int, _Edge]] = {k: {} for k in want}
+        out: dict[int, array] = {k: array("q") for k in want}
         for r, (edge, depth) in enumerate(zip(self.leaves, self.depths)):
             e: _Edge | None = edge
             while e is not None and e.parent is not None and e.start >= depth:
@@ -615,7 +616,7 @@ class PrefixTree:
             while e is not None and e.parent is not None:
                 p = e.parent
                 if id(p) in want:
-                    out[id(p)][r] = e
+                    out[id(p)].append(r)
                 e = p
         return out
 
@@ -1214,19 +1215,24 @@ class _Analyzer:
                 moved.add(id(site.node))
         return added
 
-    def _site(self, node: _Edge, took: dict[int, _Edge], plan: Sequence[Any]) -> _Site | None:
+    def _site(self, node: _Edge, took: array, plan: Sequence[Any]) -> _Site | None:
         """A fork's representatives (one request per branch), the token where they split, and the line there."""
         assert node.children is not None
         children = sorted(node.children.values(), key=lambda c: -c.n)[:self.max_values]
-        views = [self.view(c.rep, plan) for c in children]
-        cps = [common_prefix_length(views[0].ids, v.ids) for v in views[1:]]
-        d = min(cps)
-        other = views[1 + cps.index(d)]
-        site = _Site(node, took, d, views[0].ids[:d], views[0], other)
-        a = views[0].tokenized()
+        # the first branch against each other one in turn (two views alive, not one a branch): the shortest common
+        # prefix, with the first branch that has it
+        first = self.view(children[0].rep, plan)
+        d, other = -1, first
+        for c in children[1:]:
+            v = self.view(c.rep, plan)
+            cp = common_prefix_length(first.ids, v.ids)
+            if d < 0 or cp < d:
+                d, other = cp, v
+        site = _Site(node, took, d, first.ids[:d], first, other)
+        a = first.tokenized()
         if a is None or a.text is None:
             return site
-        vstarts = a.encoding.starts if isinstance(a.encoding, _Offsets) else views[0].starts
+        vstarts = a.encoding.starts if isinstance(a.encoding, _Offsets) else first.starts
         assert vstarts is not None
         c = vstarts[d] if d < len(vstarts) else len(a.text)
         ls = a.text.rfind("\n", 0, c) + 1
@@ -1239,27 +1245,26 @@ class _Analyzer:
     def _values(self, sites: Sequence[_Site], plan: Sequence[Any]) -> None:
         """Each request's diverging value at each fork it passes through (one pass over those requests): the line
         at the fork, or the order of its tools."""
-        under: dict[int, list[_Site]] = {}
-        for site in sites:
-            for r in site.took:
-                under.setdefault(r, []).append(site)
-        for r, mine in under.items():
+        # the requests in log order, each with the sites it passes through (in their order): a site sees its own
+        # requests in log order, its values kept in arrays beside them (16 bytes a request and site)
+        tagged = heapq.merge(*(zip(site.took, repeat(k)) for k, site in enumerate(sites)))
+        for r, group in groupby(tagged, key=lambda x: x[0]):
+            mine = [sites[k] for _, k in group]
             v = self.view(r, plan) if any(s.mover is not None for s in mine) else None
             order = self.reqs.tool_order(r)
             for site in mine:
-                if order is not None:
-                    site.tool_orders[r] = site.intern.setdefault(order, order)
+                site.tool_orders.append(site.orders.add(order) if order is not None else -1)
+                val = None
                 if site.mover is not None and v is not None:
                     sp = site.mover.span(v)
                     val = _value_text(v, sp) if sp is not None else None
-                    if val is not None:
-                        site.values[r] = site.intern.setdefault(val, val)
+                site.values.append(site.distinct.add(val) if val is not None else -1)
 
     def _classify(self, site: _Site) -> tuple[dict, Any]:
         node, d = site.node, site.d
         assert node.children is not None
         requests = len(site.took)
-        distinct = len(set(site.values.values()))
+        distinct = len(site.distinct)
         base: dict[str, Any] = {"shared_tokens": d, "branches": len(node.children), "requests": requests,
                                 "distinct_values": distinct, "keep": True}
         a, b = site.a.tokenized(), site.b.tokenized()
@@ -1280,16 +1285,16 @@ class _Analyzer:
             ref = _request_tools(self.reqs[site.a.req.index]) if code in ("FX002", "FX003") else None
             tools = _Tools(tuple(sorted(_tool_identity(x) for x in ref)), ref, code, cid) if ref and code else None
             if cid in ("tool_order", "tool_schema_key_order", "tools_changed"):
-                base["distinct_values"] = len(set(site.tool_orders.values()))
+                base["distinct_values"] = len(site.orders)
             return {**base, "cause": cid, "fixable": code, "message": detail}, tools
-        base["examples"] = tuple(_short(x) for x in tuple(dict.fromkeys(site.values.values()))[:3])
+        base["examples"] = tuple(_short(x) for x in site.distinct.texts[:3])
         mover = site.mover
         if mover is None or not _shares_after(mover, site.a, site.b):
             return {**base, "cause": "different_prompt", "fixable": None,
                     "keep": sum(1 for c in node.children.values() if c.n >= 2) >= 2,
                     "message": "the branches share nothing after the fork (different apps or prompts): legitimate, "
                                "nothing to move"}, None
-        if any(len(v) > MAX_VALUE_CHARS for v in site.values.values()):
+        if any(len(v) > MAX_VALUE_CHARS for v in site.distinct.texts):
             # the line at the fork is a paragraph in some branch (a line inserted in the others, or text that is
             # not a value): moving it would move what the branches share
             return {**base, "cause": cid or "unexplained", "fixable": None, "keep": False, "message": detail}, None
@@ -1315,8 +1320,8 @@ class _Analyzer:
         for rank, name in enumerate(self.user_fields):
             seen: dict[Any, str] = {}
             ok = True
-            for r in site.took:
-                v = site.values.get(r)
+            for r, at in zip(site.took, site.values):
+                v = site.distinct.texts[at] if at >= 0 else None
                 fv = dict(self.reqs.fields(r)).get(name)
                 if v is None or fv is None or seen.setdefault(fv, v) != v:
                     ok = False
@@ -1331,13 +1336,36 @@ class _Site:
     """A fork under analysis: its node, the child each request under it took, the token where the branches
     split, two representatives that split there, the line move that would fix it, each request's value."""
 
-    def __init__(self, node: _Edge, took: dict[int, _Edge], d: int, prefix: array, a: _View, b: _View):
+    def __init__(self, node: _Edge, took: array, d: int, prefix: array, a: _View, b: _View):
         self.node, self.took, self.d, self.prefix, self.a, self.b = node, took, d, prefix, a, b
         self.key = (d, hash(prefix.tobytes()))
         self.mover: _LineMove | None = None
-        self.values: dict[int, str] = {}          # request -> the line at the fork
-        self.tool_orders: dict[int, str] = {}     # request -> its tools, in order
-        self.intern: dict[str, str] = {}
+        #: beside ``took`` (the requests, in log order): each one's line at the fork and its tools in order, as
+        #: indices into the distinct ones (-1: none)
+        self.values = array("i")
+        self.tool_orders = array("i")
+        self.distinct = _Distinct()
+        self.orders = _Distinct()
+
+
+class _Distinct:
+    """Distinct texts in the order first seen, each numbered."""
+
+    __slots__ = ("_at", "texts")
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self._at: dict[str, int] = {}
+
+    def add(self, text: str) -> int:
+        k = self._at.get(text)
+        if k is None:
+            k = self._at[text] = len(self.texts)
+            self.texts.append(text)
+        return k
+
+    def __len__(self) -> int:
+        return len(self.texts)
 
 
 def _below(node: _Edge, marked: set[int]) -> bool:
