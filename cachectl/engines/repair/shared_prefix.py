@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import CachectlError, InputError, UsageError
+from ...spool import Spool
 from ..prefix.forks import Fork, ForkReport, ForkRequest, MoveSpan, RequestStore, TreeNode, analyze_forks, pack_requests
 from .groups import LogLine
 
@@ -31,7 +32,7 @@ class LogForks:
     """The fork analysis of one log (:attr:`report`) and its requests, packed, in log order (:attr:`requests`, a
     :class:`~cachectl.engines.prefix.forks.RequestStore`: what :meth:`spans` locates the moved lines in)."""
 
-    __slots__ = ("_asked", "_codes", "_memo", "lines", "report", "requests")
+    __slots__ = ("_at", "_codes", "_moves", "_spool", "lines", "report", "requests")
 
     def __init__(self, report: ForkReport, requests: Sequence[ForkRequest], lines: Iterable[int]):
         self.report = report
@@ -39,9 +40,11 @@ class LogForks:
         self.lines = array("q", lines)
         self._codes = {f.fixable for f in report.forks if f.fixable}
         #: the fix and its per-code measures ask for every line's spans again, code by code: each line's are found
-        #: once (a re-render under a tools fix costs a tokenization), and kept only where there are any
-        self._asked = bytearray(len(self.lines))
-        self._memo: dict[int, tuple[MoveSpan, ...]] = {}
+        #: once (a re-render under a tools fix costs a tokenization) and kept, where there are any, in a spool on
+        #: disk: per line, its index there (-1: nothing to move, -2: not asked yet), 4 bytes in memory
+        self._at = array("i", [-2]) * len(self.lines)
+        self._spool: Spool | None = None
+        self._moves = {id(t): k for k, t in enumerate(report._plan)}  # a span's move, by its place in the plan
 
     @property
     def fixable(self) -> tuple[Fork, ...]:
@@ -51,13 +54,27 @@ class LogForks:
         """The lines fix ``code`` (``FX001``/``FX007``) moves out of line ``i``'s shared prefix."""
         if code not in self._codes:
             return ()
-        if not self._asked[i]:
-            self._asked[i] = 1
-            found = self.report.spans_to_move(self.requests[i], analysed=True)
-            if found:
-                self._memo[i] = found
-        got = self._memo.get(i, ())
+        at = self._at[i]
+        if at == -2:
+            got = self.report.spans_to_move(self.requests[i], analysed=True)
+            if got:
+                if self._spool is None:
+                    self._spool = Spool()
+                at = self._spool.put(tuple((s.code, s.cause, s.path, s.start, s.end, s.text, self._moves[id(s.move)])
+                                           for s in got))
+            self._at[i] = at if got else -1
+        elif at == -1:
+            return ()
+        else:
+            assert self._spool is not None
+            plan = self.report._plan
+            got = tuple(MoveSpan(c, cause, path, start, end, text, plan[m])
+                        for c, cause, path, start, end, text, m in self._spool.get(at))
         return tuple(s for s in got if s.code == code)
+
+    def asked(self) -> set[int]:
+        """The lines whose spans were asked for and that have some (kept on disk)."""
+        return {i for i, at in enumerate(self._at) if at >= 0}
 
     def gains_by_line(self) -> dict[int, int]:
         """Line number -> the no-eviction hit tokens that request gains with the forks fixed (positive only)."""
