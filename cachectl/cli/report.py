@@ -129,12 +129,17 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
         # (the report shows the tokens reused per fix code of the full run only)
         safe = fix.fix_log(lines, replace(options, per_cause=False), tokenizer=tok, table=table, source=source,
                            progress=tick)
+        # the report shows how many safe fixes applied, not each one, nor the rewritten log: let them go
+        safe_applied = safe.applied
+        safe = replace(safe, fixes=(), output=())
         full = fix.fix_log(lines, replace(options, unsafe=True), tokenizer=tok, table=table, source=source,
                            reuse=safe, progress=tick)
+        before_after = report.before_after(safe, full, safe_applied=safe_applied)
+        del full  # (its fixes and rewritten log are not alive while the report is built)
         records = auto_records(lines, safe.grouping)  # named by the log's own ids where it has them
         result = report.build_report(
             source=source, log=records, tokenizer=tok, tokenizer_name=tokenizer,
-            fixes=report.before_after(safe, full),
+            fixes=before_after,
             requests=iter_progress(read_requests(log, default_model=model, timestamps=stamps), progress),
             table=table,
             trace=iter_trace(iter_progress(_trace_records(log), progress), source=source, tokenizer=tok,

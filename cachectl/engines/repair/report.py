@@ -183,8 +183,9 @@ class BeforeAfter:
     notes: tuple[str, ...] = ()
 
 
-def before_after(safe: FixReport, full: FixReport) -> BeforeAfter:
-    """The fix engine's two runs (safe fixes only; unsafe ones too) as the report's before/after section."""
+def before_after(safe: FixReport, full: FixReport, *, safe_applied: int | None = None) -> BeforeAfter:
+    """The fix engine's two runs (safe fixes only; unsafe ones too) as the report's before/after section.
+    ``safe_applied``: the safe run's applied fixes, when its ``fixes`` were let go (``safe.applied`` otherwise)."""
     from .fixes import FIXES
 
     def column(label: str, m, applied: int) -> FixColumn:
@@ -198,7 +199,8 @@ def before_after(safe: FixReport, full: FixReport) -> BeforeAfter:
                          pair_tokens=m.pair_tokens if m is not None else None,
                          causes=dict(m.causes) if m is not None else {})
 
-    cols = (column("before", safe.before, 0), column("safe fixes", safe.after, safe.applied),
+    cols = (column("before", safe.before, 0),
+            column("safe fixes", safe.after, safe.applied if safe_applied is None else safe_applied),
             column("all fixes", full.after, full.applied))
     gains = tuple(FixGain(code=g.code, name=g.name, safe=FIXES[g.code].safe, fixes=g.fixes,
                           reused_tokens=g.reused_tokens, provider_saved_usd=g.provider_saved_usd)
