@@ -1333,8 +1333,8 @@ class _Analyzer:
 
 
 class _Site:
-    """A fork under analysis: its node, the child each request under it took, the token where the branches
-    split, two representatives that split there, the line move that would fix it, each request's value."""
+    """A fork under analysis: its node, the requests that go on into one of its children, the token where the
+    branches split, two representatives that split there, the line move that would fix it, each request's value."""
 
     def __init__(self, node: _Edge, took: array, d: int, prefix: array, a: _View, b: _View):
         self.node, self.took, self.d, self.prefix, self.a, self.b = node, took, d, prefix, a, b
