@@ -499,3 +499,30 @@ def test_a_library_user_builds_a_request_in_memory_and_calls_the_engines(tok, ta
     assert d.kind == "mismatch" and d.first_diff_index > 0
     r = simulate_requests([a, b], table=table, source="memory", text_counter=tokenizer_counter(tok), every=1.0)
     assert len(r.requests) == 2
+
+
+# ------------------------------------------------------------------------ compact: the exact content, fast
+
+
+_JSON_LEAVES = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
+                | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12))
+_JSON = st.recursive(_JSON_LEAVES, lambda kids: st.lists(kids, max_size=4)
+                     | st.dictionaries(st.text(max_size=6), kids, max_size=4), max_leaves=20)
+
+
+@settings(max_examples=600, deadline=None)
+@given(_JSON)
+def test_compact_writes_what_json_writes(value):
+    """compact() takes orjson's path where orjson writes json's bytes; floats, NaN, big integers and lone
+    surrogates (all generated here) must still come out as json writes them."""
+    from cachectl.inputs.request import compact
+
+    assert compact(value) == json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+@pytest.mark.parametrize("value", [1e-05, -1e-05, 1e-07, 1e16, float("nan"), float("-inf"), [None, 0.5],
+                                   {"n": 2**64}, "\ud800", {1: "key not a string"}, "a:1.5,b"])
+def test_compact_on_what_orjson_writes_otherwise(value):
+    from cachectl.inputs.request import compact
+
+    assert compact(value) == json.dumps(value, ensure_ascii=False, separators=(",", ":"))
