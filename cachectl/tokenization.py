@@ -229,14 +229,16 @@ class RenderMemo:
     included, the options), compressed in a spool on disk against the first text kept (the system prompt and
     tools most renders share); in memory a :class:`~cachectl.spool.DigestTable` entry a render (16 to 24 bytes)
     and the last :data:`HOT` texts. The first half of the digest finds the entry, the second half, kept with the
-    text, confirms it."""
+    text, confirms it. The spans of a render (where each field landed: an instrumented render of their own) are
+    kept the same way, by a digest of the same parts and the fields' paths."""
 
     HOT = 256
 
-    __slots__ = ("_hot", "_spool", "_table", "_z", "hits", "misses")
+    __slots__ = ("_hot", "_spans", "_spool", "_table", "_z", "hits", "misses")
 
     def __init__(self) -> None:
         self._table = DigestTable()
+        self._spans = DigestTable()  # the spans of a render (:meth:`put_spans`), by their own digest
         self._spool: Spool | None = None
         self._hot: OrderedDict[bytes, str] = OrderedDict()
         self._z = ZlibStreams(1)
@@ -275,6 +277,23 @@ class RenderMemo:
         blob = key[8:] + self._z.compress(text.encode("utf-8", "surrogatepass"))
         self._table[int.from_bytes(key[:8], "little")] = self._spool.put_bytes(blob)
         self._keep(key, text)
+
+    def get_spans(self, key: bytes) -> tuple[Span, ...] | None:
+        """The spans kept under ``key`` (:meth:`put_spans`), or None."""
+        k = self._spans.get(int.from_bytes(key[:8], "little"))
+        if k is None or self._spool is None:
+            return None
+        blob = self._spool.get_bytes(k)
+        if blob[:8] != key[8:]:
+            return None
+        return tuple(Span(*f) for f in pickle.loads(blob[8:]))  # noqa: S301 (our own file)
+
+    def put_spans(self, key: bytes, spans: Sequence[Span]) -> None:
+        if self._spool is None:
+            self._spool = Spool()
+        rows = tuple((s.start, s.end, s.field, s.message_index, s.role, s.offset) for s in spans)
+        blob = key[8:] + pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL)
+        self._spans[int.from_bytes(key[:8], "little")] = self._spool.put_bytes(blob)
 
     def _keep(self, key: bytes, text: str) -> None:
         self._hot[key] = text
@@ -331,7 +350,8 @@ class TokenizerHandle:
     # ------------------------------------------------------------------------------ chat rendering
 
     def render_chat(self, prompt: PromptInput, *, add_generation_prompt: bool = False,
-                    template_vars: dict | None = None, messages: Sequence[dict] | None = None) -> str:
+                    template_vars: dict | None = None, messages: Sequence[dict] | None = None,
+                    remember: bool = True) -> str:
         if self.chat_template is None:
             raise TokenizerError(
                 f"tokenizer {self.name} has no chat template; pass a model directory whose "
@@ -345,7 +365,8 @@ class TokenizerHandle:
             # would pick (a "tool_use" one when there are tools), the values it passes, under the render budget
             source = self.hf.get_chat_template(None, tools)
             memo = self.render_memo
-            key = memo.key(source, msgs, tools, add_generation_prompt, template_vars) if memo is not None else None
+            key = (memo.key(source, msgs, tools, add_generation_prompt, template_vars)
+                   if memo is not None and remember else None)
             got = memo.get(key) if memo is not None and key is not None else None
             if got is not None:
                 return got
@@ -442,10 +463,27 @@ def _text_spans(p: PromptInput) -> tuple[Span, ...]:
 
 def _lazy_chat_spans(tok: TokenizerHandle, prompt: PromptInput, text: str, opts: dict) -> Callable[[], tuple]:
     def render(messages: Sequence[dict]) -> str:
+        # (an instrumented render is read once for its spans, which the memo keeps: not itself kept)
         return tok.render_chat(prompt, messages=messages, add_generation_prompt=opts["add_generation_prompt"],
-                               template_vars=opts["template_vars"])
+                               template_vars=opts["template_vars"], remember=False)
 
-    return lambda: chat_spans(prompt, text, render=render)
+    def spans() -> tuple[Span, ...]:
+        memo = tok.render_memo
+        if memo is None:
+            return chat_spans(prompt, text, render=render)
+        # the spans follow from what the render reads (``text`` is that render) and the fields' paths: kept
+        # beside the renders, so that a prompt asked for again costs no instrumented render
+        tools = list(prompt.tools) if prompt.tools else None
+        key = memo.key("spans", tok.hf.get_chat_template(None, tools), list(prompt.messages or ()), tools,
+                       opts["add_generation_prompt"], opts["template_vars"] or None, tuple(prompt.field_paths))
+        got = memo.get_spans(key) if key is not None else None
+        if got is None:
+            got = chat_spans(prompt, text, render=render)
+            if key is not None:
+                memo.put_spans(key, got)
+        return got
+
+    return spans
 
 
 # Markers from Unicode's supplementary private use area A (plane 15): message i's content is wrapped in

@@ -4,6 +4,7 @@ options, the template itself), across the spool on disk; a digest whose second h
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,38 @@ def test_a_digest_whose_second_half_differs_is_not_a_hit(monkeypatch):
     clash = a[:8] + bytes(8)    # the same table slot as a, another render
     assert memo.get(clash) is None and memo.get(a) == "text of a" and memo.get(b) == "text of b"
     assert memo.key(object()) is not None and memo.key(lambda: 0) is None   # what pickle refuses is not kept
+
+
+@pytest.mark.parametrize("template", [None, "Qwen-Qwen3-0.6B.jinja", "mistralai-Mistral-Nemo-Instruct-2407.jinja"])
+def test_remembered_spans_are_the_spans(template):
+    """A prompt's spans (one instrumented render each) are kept beside the renders: a prompt tokenized again gives
+    the spans a tokenizer without the memo finds, and renders nothing more for them."""
+    path = None if template is None else TEMPLATES / template
+    if path is not None and not path.exists():
+        pytest.skip(f"no {template}")
+    ct = None if path is None else str(path)
+    fresh = load_tokenizer(str(TOK_DIR), chat_template_file=ct)
+    memo_tok = load_tokenizer(str(TOK_DIR), chat_template_file=ct)
+    memo_tok.remember_renders()
+    prompts = [replace(p, field_paths=tuple(f"messages[{i}].content" for i in range(len(p.messages))))
+               for p in _prompts(template is None)]
+    renders = {"n": 0}
+    real = memo_tok.render_chat
+
+    def counted(*a, **kw):
+        renders["n"] += 1
+        return real(*a, **kw)
+
+    memo_tok.render_chat = counted  # type: ignore[method-assign]
+    for agp in (False, True):
+        try:
+            want = [t.spans for t in fresh.tokenize_many(prompts, add_generation_prompt=agp)]
+        except Exception:  # a template that refuses one of these prompts
+            pytest.skip(f"{template} refuses a prompt")
+        first = [t.spans for t in memo_tok.tokenize_many(prompts, add_generation_prompt=agp)]
+        assert first == want
+        before = renders["n"]
+        again = [t.spans for t in memo_tok.tokenize_many(prompts, add_generation_prompt=agp)]
+        assert again == want
+        assert renders["n"] - before == len(prompts)  # the plain renders (memo hits), no instrumented one
+    assert any(len(s) > 1 for s in want)

@@ -68,7 +68,7 @@ from itertools import chain, groupby, repeat
 from typing import Any
 
 from ...errors import InputError, UsageError
-from ...inputs import PromptInput, Request, prompt_from_request, prompt_from_value, unwrap
+from ...inputs import PromptInput, Request, compact, prompt_from_request, prompt_from_value, unwrap
 from ...inputs.prompt import check_ids
 from ...spool import Spool
 from ...tokenization import Span, Tokenized, _lazy_chat_spans
@@ -1000,6 +1000,8 @@ def _view(r: ForkRequest, tools: Sequence[_Tools], tokenizer: Any, memo: Any = N
     if tools and ident:
         for t in tools:
             if t.identities == ident:
+                if r.request is None and _as_given(r, t.reference):
+                    break  # the re-render would be the request's own render: nothing to render
                 key = (r.index, id(t))
                 if memo is not None and key in memo:
                     got = memo[key]
@@ -1010,6 +1012,15 @@ def _view(r: ForkRequest, tools: Sequence[_Tools], tokenizer: Any, memo: Any = N
                     memo[key] = store.pack_render(*parts) if store is not None else parts
                 return v
     return _View(r, r.ids, r.text, r.starts, r.tokenized)
+
+
+def _as_given(r: ForkRequest, reference: Sequence[Any]) -> bool:
+    """Whether a chat request already lists ``reference``'s tools in its order, each serialized to the same bytes
+    (key order and value types included): then the template reads the same tools and renders the same text."""
+    mine = r.tokenized.prompt.tools if r.tokenized is not None else None
+    if not mine or len(mine) != len(reference):
+        return False
+    return all(a is b or compact(a) == compact(b) for a, b in zip(mine, reference))
 
 
 def _rendered_prompt(r: ForkRequest, t: _Tools) -> Any:

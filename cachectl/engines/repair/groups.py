@@ -104,6 +104,17 @@ def _log_line(lineno: int, value: Any, source: str, key: str | None, timestamps:
     return LogLine(line=lineno, value=value, prompt=prompt, request=req, key=k, timestamp=ts)
 
 
+def line_facts(lines: Any, i: int) -> tuple[str, str | None, str | None]:
+    """Line ``i``'s prompt kind, its request's provider and model (None, None without a request), unchanged by
+    the fix codes' rewrites: from a line store without parsing the line (:meth:`~.store.LineStore.facts`)."""
+    store = store_of(lines)
+    if store is not None:
+        return store.facts(i)
+    ln = lines[i]
+    req = ln.request
+    return (ln.prompt.kind, req.provider, req.model) if req is not None else (ln.prompt.kind, None, None)
+
+
 def reparse_at(lines: Any, i: int, value: Any) -> LogLine:
     """Line ``i`` of ``lines`` after a rewrite to ``value``, parsed again as :func:`reparse` does (a line store's
     line is not parsed first for its number, key and time)."""

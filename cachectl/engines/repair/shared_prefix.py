@@ -26,6 +26,7 @@ from ...errors import CachectlError, InputError, UsageError
 from ...spool import Spool
 from ..prefix.forks import Fork, ForkReport, ForkRequest, MoveSpan, RequestStore, TreeNode, analyze_forks, pack_requests
 from .groups import LogLine
+from .store import store_of
 
 
 class LogForks:
@@ -89,7 +90,14 @@ def log_forks(lines: Iterable[LogLine], *, tokenizer: Any = None, block_size: in
     in order, and no line is kept: the requests are kept packed (:class:`~cachectl.engines.prefix.forks.RequestStore`)."""
     numbers = array("q")
 
+    store = store_of(lines) if isinstance(lines, Sequence) else None
+
     def records() -> Iterator[tuple[int, Any]]:
+        if store is not None:  # the values as read, without parsing each line again
+            for i in range(len(store)):
+                numbers.append(store.line_number(i))
+                yield numbers[-1], store.value(i)
+            return
         for ln in lines:
             numbers.append(ln.line)
             yield ln.line, ln.value

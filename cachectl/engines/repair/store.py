@@ -98,6 +98,7 @@ class LineStore(_Cached[Any]):
         self._ts = array("d")
         self._keys: list[Any] | None = None   # only when a line has one
         self._interned: dict[Any, Any] = {}
+        self._facts: list[tuple] = []         # per line: (prompt kind, provider, model), interned
 
     def append(self, ln: Any) -> None:
         self._spool.put(ln.value)
@@ -107,6 +108,9 @@ class LineStore(_Cached[Any]):
             self._keys = [None] * (len(self._lines) - 1)
         if self._keys is not None:
             self._keys.append(self._interned.setdefault(ln.key, ln.key) if ln.key is not None else None)
+        req = ln.request
+        facts = (ln.prompt.kind, req.provider, req.model) if req is not None else (ln.prompt.kind, None, None)
+        self._facts.append(self._interned.setdefault(("facts", facts), facts))
         if len(self._cache) < CACHE:  # the first lines stay parsed: a short log is never read back
             self._cache[len(self._lines) - 1] = ln
 
@@ -136,6 +140,11 @@ class LineStore(_Cached[Any]):
         """Line ``i``'s number, conversation key and time, without parsing it."""
         ts = self._ts[i]
         return self._lines[i], self._keys[i] if self._keys is not None else None, None if math.isnan(ts) else ts
+
+    def facts(self, i: int) -> tuple[str, str | None, str | None]:
+        """Line ``i``'s prompt kind (chat, text, ids), its request's provider and model (None, None: no request
+        body), without parsing it: a fix code's rewrites keep them."""
+        return self._facts[i]
 
     def line_again(self, i: int, value: Any) -> Any:
         """Line ``i`` as ``value`` parses (a rewrite of its value), with its number, key and time."""

@@ -18,7 +18,7 @@ def apply(rw: Rewriter) -> None:
     unstable = {k for k, v in forms.items() if len(v) > 1}
     if not unstable:
         return
-    for i, ln in enumerate(rw.lines):
+    for i in range(len(rw.lines)):
         got = tools_of(rw.values[i])
         if got is None:
             continue
@@ -26,7 +26,7 @@ def apply(rw: Rewriter) -> None:
         for j, t in enumerate(tools):
             canon = json.dumps(t, sort_keys=True)
             if canon in unstable and json.dumps(t) != canon:
-                if rw.record(FX002, ln, path_prefix(rw.values[i]) + f"tools[{j}]",
+                if rw.record(FX002, rw.lines[i], path_prefix(rw.values[i]) + f"tools[{j}]",
                              f"tool {tool_name(t)!r} is sent with its keys in another order elsewhere: keys "
                              "sorted", json.dumps(t)[:60], canon[:60]):
                     tools[j] = json.loads(canon)

@@ -22,7 +22,7 @@ def apply(rw: Rewriter) -> None:
             first.setdefault(n, len(first))
         orders.setdefault(tuple(sorted(names)), set()).add(names)
     unstable = {k for k, v in orders.items() if len(v) > 1}
-    for i, ln in enumerate(rw.lines):
+    for i in range(len(rw.lines)):
         got = tools_of(rw.values[i])
         if got is None:
             continue
@@ -33,7 +33,7 @@ def apply(rw: Rewriter) -> None:
         want = sorted(range(len(tools)), key=lambda j: first[idents[j]])
         if want == list(range(len(tools))):
             continue
-        if rw.record(FX003, ln, path_prefix(rw.values[i]) + "tools",
+        if rw.record(FX003, rw.lines[i], path_prefix(rw.values[i]) + "tools",
                      "the same tools are listed in another order elsewhere: put in the order first seen",
                      [tool_name(t) for t in tools], [tool_name(tools[j]) for j in want]):
             body["tools"] = [tools[j] for j in want]

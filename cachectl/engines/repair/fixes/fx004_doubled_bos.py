@@ -4,6 +4,7 @@ two."""
 
 from __future__ import annotations
 
+from ..groups import line_facts
 from .body import set_at
 from .rewriter import FixCode, Rewriter
 
@@ -11,11 +12,14 @@ from .rewriter import FixCode, Rewriter
 def apply(rw: Rewriter) -> None:
     tok = rw.tok
     if tok is None or tok.bos_token_id is None:
-        if tok is None and any(ln.request is None for ln in rw.lines):
+        if tok is None and any(line_facts(rw.lines, i)[1] is None for i in range(len(rw.lines))):
             rw.notes.append("doubled BOS (FX004) is checked only with a tokenizer")
         return
     bos_id, bos = tok.bos_token_id, tok.bos_token
-    for i, ln in enumerate(rw.lines):
+    for i in range(len(rw.lines)):
+        if line_facts(rw.lines, i)[0] not in ("text", "ids"):  # (a chat prompt: nothing to parse)
+            continue
+        ln = rw.lines[i]
         p = ln.prompt
         if p.kind == "text" and p.text is not None and bos and p.text.startswith(bos):
             ids = tok.backend.encode(p.text, add_special_tokens=True).ids

@@ -29,18 +29,22 @@ def apply(rw: Rewriter) -> None:
                     seen.setdefault(m, set()).add(_reasoning_of(msg))
         if rw.tok is not None and rw.tok.chat_template is not None:
             for i in members:
-                ln = rw.current(i)
                 msgs = messages_of(rw.values[i])
-                if msgs is None or not ln.prompt.is_chat:
+                if msgs is None:
+                    continue
+                held = [(m, r) for m, msg in enumerate(msgs)
+                        if isinstance(msg, dict) and msg.get("role") == "assistant" and (r := _reasoning_of(msg))]
+                if not held:  # no reasoning to look for in the render: nothing to render
+                    continue
+                ln = rw.current(i)
+                if not ln.prompt.is_chat:
                     continue
                 try:
                     text = rw.tok.render_chat(ln.prompt, add_generation_prompt=True)
                 except InputError:
                     continue
-                for m, msg in enumerate(msgs):
-                    r = _reasoning_of(msg) if isinstance(msg, dict) and msg.get("role") == "assistant" else ""
-                    if r:
-                        rendered.setdefault(m, set()).add(r in text)
+                for m, r in held:
+                    rendered.setdefault(m, set()).add(r in text)
         bad = {m for m, s in seen.items() if len(s) > 1} | {m for m, s in rendered.items() if len(s) > 1}
         if not bad:
             continue

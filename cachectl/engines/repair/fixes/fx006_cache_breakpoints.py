@@ -26,6 +26,7 @@ import json
 from typing import Any
 
 from ....inputs import Request
+from ..groups import line_facts
 from .body import apply_carry, body_of, get_at, messages_of, path_prefix, put_body, set_at, steps, with_messages
 from .rewriter import FixCode, Rewriter
 
@@ -36,6 +37,8 @@ def apply(rw: Rewriter) -> None:
     counter = rw.counter or (tokenizer_counter(rw.tok) if rw.tok is not None else None)
     noted = False
     for members in rw.members():
+        if len(members) < 2 or not any(line_facts(rw.lines, i)[1] == "anthropic" for i in members):
+            continue  # (no line of it would be looked at: nothing to parse)
         reqs = [rw.current(i) for i in members]
         for k, i in enumerate(members):
             ln = reqs[k]
@@ -175,8 +178,9 @@ def _apply_openai(rw: Rewriter, counter: Any) -> None:
     from ....inputs.request import BREAKPOINT_PARTS
 
     prices: dict[int, Any] = {}
-    for i, ln in enumerate(rw.lines):
-        price = _breakpoint_price(rw, ln.request)
+    for i in range(len(rw.lines)):
+        _, provider, model = line_facts(rw.lines, i)
+        price = _breakpoint_price(rw, provider, model)
         if price is not None:
             prices[i] = price
     if not prices:
@@ -281,11 +285,12 @@ def _apply_openai(rw: Rewriter, counter: Any) -> None:
                         rw.values[x] = with_messages(rw.values[x], msgs[:idx] + [copy.deepcopy(plain)] + msgs[idx + 1:])
 
 
-def _breakpoint_price(rw: Rewriter, req: Request | None) -> Any:
-    """The price entry of an OpenAI request whose model caches at breakpoints (GPT-5.6+), else None."""
-    if req is None or req.provider != "openai" or rw.table is None:
+def _breakpoint_price(rw: Rewriter, provider: str | None, model: str | None) -> Any:
+    """The price entry of an OpenAI request (``provider``, ``model``: a line's facts) whose model caches at
+    breakpoints (GPT-5.6+), else None."""
+    if provider != "openai" or rw.table is None:
         return None
-    model = req.model or rw.model
+    model = model or rw.model
     if model is None:
         return None
     try:
