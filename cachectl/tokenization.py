@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import json
 import os
 import pickle
 import re
+import threading
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -234,11 +236,12 @@ class RenderMemo:
 
     HOT = 256
 
-    __slots__ = ("_hot", "_spans", "_spool", "_table", "_z", "hits", "misses")
+    __slots__ = ("_hot", "_lock", "_spans", "_spool", "_table", "_z", "hits", "misses")
 
     def __init__(self) -> None:
         self._table = DigestTable()
         self._spans = DigestTable()  # the spans of a render (:meth:`put_spans`), by their own digest
+        self._lock = threading.Lock()
         self._spool: Spool | None = None
         self._hot: OrderedDict[bytes, str] = OrderedDict()
         self._z = ZlibStreams(1)
@@ -246,14 +249,23 @@ class RenderMemo:
 
     @staticmethod
     def key(*parts: Any) -> bytes | None:
-        """The digest of ``parts`` (None when they do not pickle: such a render is not kept)."""
+        """The digest of ``parts`` (None when they do not pickle: such a render is not kept): of their content,
+        whichever objects it is made of (pickle's memo is off, so a string two fields share pickles as two
+        equal strings do, and the same prompt read by two readers has one key)."""
+        buf = io.BytesIO()
+        pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+        pickler.fast = True
         try:
-            raw = pickle.dumps(parts, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception:  # an object a template may read that pickle refuses
+            pickler.dump(parts)
+        except Exception:  # an object a template may read that pickle refuses, a structure that holds itself
             return None
-        return hashlib.blake2b(raw, digest_size=16).digest()
+        return hashlib.blake2b(buf.getbuffer(), digest_size=16).digest()
 
     def get(self, key: bytes) -> str | None:
+        with self._lock:  # (diff_log renders in a thread of its own while its consumer reads spans)
+            return self._get(key)
+
+    def _get(self, key: bytes) -> str | None:
         got = self._hot.get(key)
         if got is not None:
             self._hot.move_to_end(key)
@@ -271,6 +283,10 @@ class RenderMemo:
         return text
 
     def put(self, key: bytes, text: str) -> None:
+        with self._lock:
+            self._put(key, text)
+
+    def _put(self, key: bytes, text: str) -> None:
         self.misses += 1
         if self._spool is None:
             self._spool = Spool()
@@ -280,20 +296,23 @@ class RenderMemo:
 
     def get_spans(self, key: bytes) -> tuple[Span, ...] | None:
         """The spans kept under ``key`` (:meth:`put_spans`), or None."""
-        k = self._spans.get(int.from_bytes(key[:8], "little"))
-        if k is None or self._spool is None:
-            return None
-        blob = self._spool.get_bytes(k)
+        with self._lock:
+            k = self._spans.get(int.from_bytes(key[:8], "little"))
+            if k is None or self._spool is None:
+                return None
+            blob = self._spool.get_bytes(k)
         if blob[:8] != key[8:]:
             return None
         return tuple(Span(*f) for f in pickle.loads(blob[8:]))  # noqa: S301 (our own file)
 
     def put_spans(self, key: bytes, spans: Sequence[Span]) -> None:
-        if self._spool is None:
-            self._spool = Spool()
+        with self._lock:
+            if self._spool is None:
+                self._spool = Spool()
         rows = tuple((s.start, s.end, s.field, s.message_index, s.role, s.offset) for s in spans)
         blob = key[8:] + pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL)
-        self._spans[int.from_bytes(key[:8], "little")] = self._spool.put_bytes(blob)
+        with self._lock:
+            self._spans[int.from_bytes(key[:8], "little")] = self._spool.put_bytes(blob)
 
     def _keep(self, key: bytes, text: str) -> None:
         self._hot[key] = text
