@@ -44,8 +44,9 @@ def _confirmed(rw: Rewriter) -> tuple[dict[str, set[str]], dict[tuple[int, str],
     confirmed: dict[str, set[str]] = {}                 # position path -> families
     spans: dict[tuple[int, str], list[tuple[int, int]]] = {}  # (line index, slot path) -> char spans
     for members in rw.members():
+        lb = None
         for a, b in zip(members, members[1:]):
-            la, lb = rw.current(a), rw.current(b)
+            la, lb = lb if lb is not None else rw.current(a), rw.current(b)  # (each line parsed once)
             if la.request is None or lb.request is None:
                 continue
             pa, pb = _prefix_positions(la.request), _prefix_positions(lb.request)
@@ -79,7 +80,6 @@ def move_lines(rw: Rewriter, fix: FixCode, confirmed: dict[str, set[str]],
     for members in rw.members():
         carry: list[tuple[int, str, Any]] = []   # (message index, original message json, rewritten messages)
         for i in members:
-            ln = rw.lines[i]
             value = rw.values[i]
             msgs = messages_of(value)
             if msgs is not None and carry:
@@ -115,6 +115,7 @@ def move_lines(rw: Rewriter, fix: FixCode, confirmed: dict[str, set[str]],
                 rw.values[i] = value
                 continue
             note = "\n".join(dict.fromkeys(moved))
+            ln = rw.lines[i]  # (read only for a line with something to move)
             where, new_value, carried = _append_note(value, note, ln)
             if where is None:
                 rw.notes.append(f"line {ln.line}: a {'per-user' if fix.code == 'FX007' else 'volatile'} value was "
