@@ -22,6 +22,7 @@ import os
 import pickle
 import re
 import threading
+import zlib
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -231,16 +232,18 @@ class RenderMemo:
     included, the options), compressed in a spool on disk against the first text kept (the system prompt and
     tools most renders share); in memory a :class:`~cachectl.spool.DigestTable` entry a render (16 to 24 bytes)
     and the last :data:`HOT` texts. The first half of the digest finds the entry, the second half, kept with the
-    text, confirms it. The spans of a render (where each field landed: an instrumented render of their own) are
-    kept the same way, by a digest of the same parts and the fields' paths."""
+    text, confirms it. The token IDs a render was encoded to are kept beside it (zlib, about 2 bytes a token on
+    disk), and so are the spans of a render (where each field landed: an instrumented render of their own), by a
+    digest of the same parts and the fields' paths."""
 
     HOT = 256
 
-    __slots__ = ("_hot", "_lock", "_spans", "_spool", "_table", "_z", "hits", "misses")
+    __slots__ = ("_hot", "_ids", "_lock", "_spans", "_spool", "_table", "_z", "hits", "misses")
 
     def __init__(self) -> None:
         self._table = DigestTable()
         self._spans = DigestTable()  # the spans of a render (:meth:`put_spans`), by their own digest
+        self._ids = DigestTable()    # the token IDs of a render (:meth:`put_ids`), by the render's digest
         self._lock = threading.Lock()
         self._spool: Spool | None = None
         self._hot: OrderedDict[bytes, str] = OrderedDict()
@@ -293,6 +296,28 @@ class RenderMemo:
         blob = key[8:] + self._z.compress(text.encode("utf-8", "surrogatepass"))
         self._table[int.from_bytes(key[:8], "little")] = self._spool.put_bytes(blob)
         self._keep(key, text)
+
+    def get_ids(self, key: bytes) -> array | None:
+        """The token IDs a render's text (kept under ``key``) was encoded to (:meth:`put_ids`), or None."""
+        with self._lock:
+            k = self._ids.get(int.from_bytes(key[:8], "little"))
+            if k is None or self._spool is None:
+                return None
+            blob = self._spool.get_bytes(k)
+        if blob[:8] != key[8:]:
+            return None
+        ids = array("I")
+        ids.frombytes(zlib.decompress(blob[8:]))
+        return ids
+
+    def put_ids(self, key: bytes, ids: Sequence[int]) -> None:
+        """Keep the token IDs of the render kept under ``key`` (encoded as chat renders are: no special tokens
+        added), compressed."""
+        blob = key[8:] + zlib.compress(array("I", ids).tobytes(), 1)
+        with self._lock:
+            if self._spool is None:
+                self._spool = Spool()
+            self._ids[int.from_bytes(key[:8], "little")] = self._spool.put_bytes(blob)
 
     def get_spans(self, key: bytes) -> tuple[Span, ...] | None:
         """The spans kept under ``key`` (:meth:`put_spans`), or None."""
@@ -371,6 +396,12 @@ class TokenizerHandle:
     def render_chat(self, prompt: PromptInput, *, add_generation_prompt: bool = False,
                     template_vars: dict | None = None, messages: Sequence[dict] | None = None,
                     remember: bool = True) -> str:
+        return self._render_keyed(prompt, add_generation_prompt, template_vars, messages, remember)[0]
+
+    def _render_keyed(self, prompt: PromptInput, add_generation_prompt: bool = False,
+                      template_vars: dict | None = None, messages: Sequence[dict] | None = None,
+                      remember: bool = True) -> tuple[str, bytes | None]:
+        """:meth:`render_chat`'s text, and its key in the render memo (None: no memo, or not kept)."""
         if self.chat_template is None:
             raise TokenizerError(
                 f"tokenizer {self.name} has no chat template; pass a model directory whose "
@@ -388,14 +419,14 @@ class TokenizerHandle:
                    if memo is not None and remember else None)
             got = memo.get(key) if memo is not None and key is not None else None
             if got is not None:
-                return got
+                return got, key
             text = render_chat_template(_compiled_chat_template(source), msgs, tools=tools,
                                         add_generation_prompt=add_generation_prompt,
                                         special_tokens=dict(getattr(self.hf, "special_tokens_map", {}) or {}),
                                         **(template_vars or {}))
             if memo is not None and key is not None:
                 memo.put(key, text)
-            return text
+            return text, key
         except Exception as exc:  # jinja2 TemplateError, TypeError from a filter, the budget, ...
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             if len(msg) > 300:  # e.g. an undefined name thousands of characters long
@@ -420,35 +451,46 @@ class TokenizerHandle:
         """Tokenize prompts in one batch (the Rust backend runs the batch in parallel)."""
         texts: list[str | None] = []
         spans: list[Any] = []
+        keys: list[bytes | None] = []     # a chat render's key in the render memo
+        known: list[Any] = []             # its IDs, when the memo has them
+        memo = self.render_memo
         opts = _render_opts(add_generation_prompt, template_vars)
         for p in prompts:
+            key = got = None
             if p.ids is not None:
                 texts.append(None)
                 spans.append(())
             elif p.is_chat:
-                text = self.render_chat(p, add_generation_prompt=add_generation_prompt,
-                                        template_vars=template_vars)
+                text, key = self._render_keyed(p, add_generation_prompt, template_vars)
                 texts.append(text)
                 spans.append(_lazy_chat_spans(self, p, text, opts))
+                got = memo.get_ids(key) if memo is not None and key is not None else None
             else:
                 texts.append(p.text)
                 spans.append(_text_spans(p))
+            keys.append(key)
+            known.append(got)
         # Chat renders are encoded without special tokens (the template wrote them), like
         # apply_chat_template(tokenize=True); raw text gets them when asked.
         for t, p in zip(texts, prompts):
             if t is not None:
                 check_text_size(t, p)
-        chat_batch = [t for t, p in zip(texts, prompts) if t is not None and p.is_chat]
+        chat_batch = [t for t, p, k in zip(texts, prompts, known) if t is not None and p.is_chat and k is None]
         text_batch = [t for t, p in zip(texts, prompts) if t is not None and not p.is_chat]
         enc_chat = iter(self.backend.encode_batch(chat_batch, add_special_tokens=False) if chat_batch else ())
         enc_text = iter(self.backend.encode_batch(text_batch, add_special_tokens=add_special_tokens)
                         if text_batch else ())
         out: list[Tokenized] = []
-        for p, rendered, sp in zip(prompts, texts, spans):
+        for p, rendered, sp, key, ids in zip(prompts, texts, spans, keys, known):
             if rendered is None:
                 out.append(Tokenized(p, list(p.ids or ()), tokenizer=self))
                 continue
+            if ids is not None:  # encoded before: the IDs kept, offsets found again if a location is asked for
+                out.append(Tokenized(p, ids, rendered, None, sp, self, False, opts))
+                continue
             enc = next(enc_chat) if p.is_chat else next(enc_text)
+            if key is not None and memo is not None:
+                memo.put_ids(key, enc.ids)
             out.append(Tokenized(p, enc.ids, text=rendered, encoding=enc, spans=sp, tokenizer=self,
                                  add_special_tokens=add_special_tokens and not p.is_chat,
                                  render_opts=opts if p.is_chat else None))

@@ -71,8 +71,8 @@ def test_a_digest_whose_second_half_differs_is_not_a_hit(monkeypatch):
 
 @pytest.mark.parametrize("template", [None, "Qwen-Qwen3-0.6B.jinja", "mistralai-Mistral-Nemo-Instruct-2407.jinja"])
 def test_remembered_spans_are_the_spans(template):
-    """A prompt's spans (one instrumented render each) are kept beside the renders: a prompt tokenized again gives
-    the spans a tokenizer without the memo finds, and renders nothing more for them."""
+    """A prompt's token IDs and spans (one instrumented render each) are kept beside the renders: a prompt tokenized
+    again gives the IDs and spans a tokenizer without the memo finds, and renders and encodes nothing more."""
     path = None if template is None else TEMPLATES / template
     if path is not None and not path.exists():
         pytest.skip(f"no {template}")
@@ -82,23 +82,35 @@ def test_remembered_spans_are_the_spans(template):
     memo_tok.remember_renders()
     prompts = [replace(p, field_paths=tuple(f"messages[{i}].content" for i in range(len(p.messages))))
                for p in _prompts(template is None)]
-    renders = {"n": 0}
-    real = memo_tok.render_chat
+    calls = {"render": 0, "encode": 0}
+    real_render, real_backend = memo_tok.render_chat, memo_tok.backend
 
-    def counted(*a, **kw):
-        renders["n"] += 1
-        return real(*a, **kw)
+    def rendered(*a, **kw):  # (the instrumented renders: the plain ones go through the memo)
+        calls["render"] += 1
+        return real_render(*a, **kw)
 
-    memo_tok.render_chat = counted  # type: ignore[method-assign]
+    class Counted:
+        def encode_batch(self, texts, **kw):
+            calls["encode"] += len(texts)
+            return real_backend.encode_batch(texts, **kw)
+
+        def __getattr__(self, name):
+            return getattr(real_backend, name)
+
+    memo_tok.render_chat = rendered  # type: ignore[method-assign]
+    memo_tok.backend = Counted()  # type: ignore[assignment]
     for agp in (False, True):
         try:
-            want = [t.spans for t in fresh.tokenize_many(prompts, add_generation_prompt=agp)]
+            want = [(list(t.ids), t.spans) for t in fresh.tokenize_many(prompts, add_generation_prompt=agp)]
         except Exception:  # a template that refuses one of these prompts
             pytest.skip(f"{template} refuses a prompt")
-        first = [t.spans for t in memo_tok.tokenize_many(prompts, add_generation_prompt=agp)]
+        first = [(list(t.ids), t.spans) for t in memo_tok.tokenize_many(prompts, add_generation_prompt=agp)]
         assert first == want
-        before = renders["n"]
-        again = [t.spans for t in memo_tok.tokenize_many(prompts, add_generation_prompt=agp)]
-        assert again == want
-        assert renders["n"] - before == len(prompts)  # the plain renders (memo hits), no instrumented one
-    assert any(len(s) > 1 for s in want)
+        before = dict(calls)
+        again = memo_tok.tokenize_many(prompts, add_generation_prompt=agp)
+        assert [(list(t.ids), t.spans) for t in again] == want
+        assert calls == before  # nothing rendered, nothing encoded
+        fresh_t = fresh.tokenize_many(prompts, add_generation_prompt=agp)
+        assert [[t.location(i) for i in range(len(t))] for t in again] == \
+            [[t.location(i) for i in range(len(t))] for t in fresh_t]  # offsets found again from the text
+    assert any(len(s) > 1 for _, s in want)
