@@ -149,6 +149,32 @@ def test_fable_5_2_is_not_shipped_without_a_provider_price(table):
     assert "release-notes" in reason and "$8 input and $40 output" in reason and "cache rates" in reason
 
 
+def test_a_withheld_model_says_why_and_what_to_pass(table, tmp_path):
+    """A current model the table knows of but cannot price is not just "unknown": the error says what is known,
+    what is missing, and the two ways on; a price file that adds it prices it."""
+    import json as _json
+
+    from typer.testing import CliRunner
+
+    from cachectl.cli import app
+
+    with pytest.raises(UnknownModelError, match=r"not priced by cachectl: released 2026-11-09 at \$8 input"):
+        table.lookup("claude-fable-5-2")
+    run = CliRunner().invoke(app, ["prompt-cost", "--model", "claude-mythos-5-2", "--prefix-tokens", "10000",
+                                   "--calls", "3", "--every", "1m"])
+    assert run.exit_code == 2
+    line = run.output.strip()
+    assert "cache write and read rates" in line and "--prices FILE" in line and "--model-as" in line
+    assert "`" not in line and "\n" not in line
+    own = tmp_path / "prices.json"
+    own.write_text(_json.dumps({"models": {"claude-mythos-5-2": {
+        "provider": "anthropic", "input": 8, "output": 40, "cache_write_5m": 10, "cache_write_1h": 16,
+        "cache_read": 0.8, "min_cacheable_tokens": 512}}}))
+    run = CliRunner().invoke(app, ["prompt-cost", "--model", "claude-mythos-5-2", "--prefix-tokens", "10000",
+                                   "--calls", "3", "--every", "1m", "--prices", str(own), "--format", "json"])
+    assert run.exit_code == 0, run.output
+
+
 def test_gpt_5_6_prices_are_the_cut_ones_with_the_launch_price_as_history(table):
     got = {m: (table.lookup(m).input, table.lookup(m).output, table.lookup(m).cache_read)
            for m in ("gpt-5.6-sol", "gpt-5.6-terra", "gpt-5.6-luna")}

@@ -196,7 +196,7 @@ def _render_models(table, fmt: Format) -> None:
         from dataclasses import asdict
 
         emit_json({"schema_version": 1, "models": [{**asdict(p), "rule": p.rule} for p in table.models.values()],
-                   "not_shipped": table.not_shipped})
+                   "not_shipped": table.not_shipped, "withheld": table.withheld})
         return
     from rich.table import Table
 
@@ -214,6 +214,8 @@ def _render_models(table, fmt: Format) -> None:
                                                            p.cache_write), f(p.cache_write_1h), f(p.cache_read),
                   f(p.output), f"{p.min_cacheable_tokens:,}", p.as_of)
     stdout.print(t)
+    for name, why in table.withheld.items():
+        stdout.print(f"{name}: not priced: {why}", soft_wrap=True, markup=False)
     if table.not_shipped:
         stdout.print(f"not shipped: {table.not_shipped}", soft_wrap=True, markup=False)
 

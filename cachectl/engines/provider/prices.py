@@ -252,6 +252,8 @@ def _from_litellm(model: str, entry: dict, source: str, known: ModelPrice | None
 class PriceTable:
     models: dict[str, ModelPrice]
     not_shipped: str | None = None
+    #: models the table knows of and does not price (no verified cache rates), with the reason: a lookup says it
+    withheld: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def load(cls, user_prices: "tuple[Any, str] | None" = None) -> "PriceTable":
@@ -259,7 +261,7 @@ class PriceTable:
         file in cachectl's format or LiteLLM's (read it with :func:`cachectl.inputs.read_json_file`)."""
         raw = load_data("prices.json")
         table = cls({name: _from_native(name, e, "cachectl/data/prices.json") for name, e in raw["models"].items()},
-                    raw.get("not_shipped"))
+                    raw.get("not_shipped"), dict(raw.get("withheld") or {}))
         if user_prices is not None:
             table.merge_document(*user_prices)
         return table
@@ -297,6 +299,10 @@ class PriceTable:
         if found is not None:
             return self.models[found]
         shown = name if len(name) <= 80 else f"{name[:60]}... ({len(name):,} characters)"
+        why = self.withheld.get(name)
+        if why is not None:
+            raise UnknownModelError(f"{name!r} is not priced by cachectl: {why}; pass its rates with `prices` "
+                                    "(cachectl's format or LiteLLM's), or price it as another model with `model_as`")
         close = [] if len(name) > 200 else \
             difflib.get_close_matches(name.rsplit("/", 1)[-1], list(self.models), n=4, cutoff=0.5)
         hint = f"; close names: {', '.join(close)}" if close else ""
