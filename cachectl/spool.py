@@ -8,12 +8,28 @@ Nothing here imports an engine: the tokenizer's render memo, the fork analysis a
 from __future__ import annotations
 
 import errno
+import hashlib
+import io
 import os
 import pickle
 import tempfile
 import zlib
 from array import array
 from typing import Any
+
+
+def content_digest(*parts: Any, size: int = 16) -> bytes | None:
+    """A ``size``-byte digest of what ``parts`` hold, whichever objects hold it (pickled with pickle's memo off, so
+    a string two fields share pickles as two equal strings do: the same content read twice has one digest; a list
+    and a tuple, 1 and 1.0 and True differ); None when they do not pickle, or hold themselves."""
+    buf = io.BytesIO()
+    pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler.fast = True
+    try:
+        pickler.dump(parts)
+    except Exception:  # an object pickle refuses, a structure that holds itself
+        return None
+    return hashlib.blake2b(buf.getbuffer(), digest_size=size).digest()
 
 
 class Spool:

@@ -15,8 +15,6 @@ to; that is where a doubled BOS shows up.
 from __future__ import annotations
 
 import functools
-import hashlib
-import io
 import json
 import os
 import pickle
@@ -31,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from .errors import InputError, TokenizerError
 from .inputs import PromptInput
-from .spool import DigestTable, Spool, ZlibStreams
+from .spool import DigestTable, Spool, ZlibStreams, content_digest
 
 if TYPE_CHECKING:  # pragma: no cover
     import tokenizers
@@ -255,14 +253,7 @@ class RenderMemo:
         """The digest of ``parts`` (None when they do not pickle: such a render is not kept): of their content,
         whichever objects it is made of (pickle's memo is off, so a string two fields share pickles as two
         equal strings do, and the same prompt read by two readers has one key)."""
-        buf = io.BytesIO()
-        pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
-        pickler.fast = True
-        try:
-            pickler.dump(parts)
-        except Exception:  # an object a template may read that pickle refuses, a structure that holds itself
-            return None
-        return hashlib.blake2b(buf.getbuffer(), digest_size=16).digest()
+        return content_digest(*parts)
 
     def get(self, key: bytes) -> str | None:
         with self._lock:  # (diff_log renders in a thread of its own while its consumer reads spans)

@@ -79,3 +79,18 @@ def test_a_full_disk_under_the_spool_is_one_line_naming_tmpdir(cli, monkeypatch,
     line = got.stderr.strip()
     assert "\n" not in line and "internal error" not in line
     assert str(tmp_path) in line and "no space left on device" in line and "TMPDIR" in line
+
+
+def test_content_digest_reads_content_not_object_identity():
+    from cachectl.spool import content_digest
+
+    shared = "You are terse." * 3
+    a = [{"role": "system", "content": shared}, {"role": "user", "content": shared}]   # one string object twice
+    b = [{"role": "system", "content": "You are terse." * 3}, {"role": "user", "content": "".join(["You are terse."] * 3)}]
+    assert a == b and a[0]["content"] is a[1]["content"] and b[0]["content"] is not b[1]["content"]
+    assert content_digest(a) == content_digest(b)  # (plain pickle writes a memo reference for the shared one)
+    assert len({content_digest(x) for x in ([1], [1.0], [True], (1,), ["1"])}) == 5
+    assert content_digest([{"a": 1, "b": 2}]) != content_digest([{"b": 2, "a": 1}])  # key order is content
+    loop: list = []
+    loop.append(loop)
+    assert content_digest(loop) is None and len(content_digest(a, size=8) or b"") == 8

@@ -17,7 +17,7 @@ from typing import Any
 
 from ...errors import InputError, UsageError
 from ...inputs import PromptInput
-from ...spool import DigestTable
+from ...spool import DigestTable, content_digest
 from .groups import Grouping, LogLine
 from .store import CACHE, Spool
 
@@ -62,9 +62,12 @@ class Measure:
 
 
 def _prompt_key(p: PromptInput) -> int:
-    """A 64-bit digest of what the tokenizer sees of a prompt (its content, key order included)."""
-    text = json.dumps([p.kind, p.text, p.messages, p.tools, p.ids], ensure_ascii=False, default=str)
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+    """A 64-bit digest of what the tokenizer sees of a prompt (its content, key order and types included)."""
+    got = content_digest(p.kind, p.text, p.messages, p.tools, p.ids, size=8)
+    if got is None:  # (a value pickle refuses: its JSON, as far as it goes)
+        text = json.dumps([p.kind, p.text, p.messages, p.tools, p.ids], ensure_ascii=False, default=str)
+        got = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(got, "little")
 
 
 #: lines tokenized at a time (the tokenizer runs a batch in parallel)
