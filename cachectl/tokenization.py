@@ -265,70 +265,61 @@ class RenderMemo:
             self._hot.move_to_end(key)
             self.hits += 1
             return got
-        k = self._table.get(int.from_bytes(key[:8], "little"))
-        if k is None or self._spool is None:
+        blob = self._read(self._table, key)
+        if blob is None:
             return None
-        blob = self._spool.get_bytes(k)
-        if blob[:8] != key[8:]:  # another render under the same first half: not this one
-            return None
-        text = self._z.decompress(blob[8:]).decode("utf-8", "surrogatepass")
+        text = self._z.decompress(blob).decode("utf-8", "surrogatepass")
         self._keep(key, text)
         self.hits += 1
         return text
 
     def put(self, key: bytes, text: str) -> None:
         with self._lock:
-            self._put(key, text)
-
-    def _put(self, key: bytes, text: str) -> None:
-        self.misses += 1
-        if self._spool is None:
-            self._spool = Spool()
-        blob = key[8:] + self._z.compress(text.encode("utf-8", "surrogatepass"))
-        self._table[int.from_bytes(key[:8], "little")] = self._spool.put_bytes(blob)
-        self._keep(key, text)
+            self.misses += 1
+            self._write(self._table, key, self._z.compress(text.encode("utf-8", "surrogatepass")))
+            self._keep(key, text)
 
     def get_ids(self, key: bytes) -> array | None:
         """The token IDs a render's text (kept under ``key``) was encoded to (:meth:`put_ids`), or None."""
         with self._lock:
-            k = self._ids.get(int.from_bytes(key[:8], "little"))
-            if k is None or self._spool is None:
-                return None
-            blob = self._spool.get_bytes(k)
-        if blob[:8] != key[8:]:
+            blob = self._read(self._ids, key)
+        if blob is None:
             return None
         ids = array("I")
-        ids.frombytes(zlib.decompress(blob[8:]))
+        ids.frombytes(zlib.decompress(blob))
         return ids
 
     def put_ids(self, key: bytes, ids: Sequence[int]) -> None:
         """Keep the token IDs of the render kept under ``key`` (encoded as chat renders are: no special tokens
         added), compressed."""
-        blob = key[8:] + zlib.compress(array("I", ids).tobytes(), 1)
+        blob = zlib.compress(array("I", ids).tobytes(), 1)
         with self._lock:
-            if self._spool is None:
-                self._spool = Spool()
-            self._ids[int.from_bytes(key[:8], "little")] = self._spool.put_bytes(blob)
+            self._write(self._ids, key, blob)
 
     def get_spans(self, key: bytes) -> tuple[Span, ...] | None:
         """The spans kept under ``key`` (:meth:`put_spans`), or None."""
         with self._lock:
-            k = self._spans.get(int.from_bytes(key[:8], "little"))
-            if k is None or self._spool is None:
-                return None
-            blob = self._spool.get_bytes(k)
-        if blob[:8] != key[8:]:
-            return None
-        return tuple(Span(*f) for f in pickle.loads(blob[8:]))  # noqa: S301 (our own file)
+            blob = self._read(self._spans, key)
+        return None if blob is None else tuple(Span(*f) for f in pickle.loads(blob))  # noqa: S301 (our own file)
 
     def put_spans(self, key: bytes, spans: Sequence[Span]) -> None:
-        with self._lock:
-            if self._spool is None:
-                self._spool = Spool()
         rows = tuple((s.start, s.end, s.field, s.message_index, s.role, s.offset) for s in spans)
-        blob = key[8:] + pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL)
+        blob = pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL)
         with self._lock:
-            self._spans[int.from_bytes(key[:8], "little")] = self._spool.put_bytes(blob)
+            self._write(self._spans, key, blob)
+
+    def _read(self, table: DigestTable, key: bytes) -> bytes | None:
+        """What ``table`` keeps under ``key`` (the first half of the digest finds it, the second confirms it)."""
+        k = table.get(int.from_bytes(key[:8], "little"))
+        if k is None or self._spool is None:
+            return None
+        blob = self._spool.get_bytes(k)
+        return blob[8:] if blob[:8] == key[8:] else None  # (else another entry under the same first half)
+
+    def _write(self, table: DigestTable, key: bytes, payload: bytes) -> None:
+        if self._spool is None:
+            self._spool = Spool()
+        table[int.from_bytes(key[:8], "little")] = self._spool.put_bytes(key[8:] + payload)
 
     def _keep(self, key: bytes, text: str) -> None:
         self._hot[key] = text
