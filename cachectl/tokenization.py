@@ -120,15 +120,26 @@ class Tokenized:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def _encoded(self) -> Any:
+        """The encoding, made again from the text when this one was compacted or its IDs were remembered (None for
+        ID inputs)."""
+        if self.encoding is None and self.text is not None and self._tokenizer is not None:
+            self.encoding = self._tokenizer.backend.encode(self.text, add_special_tokens=self.add_special_tokens)
+        return self.encoding
+
+    def offsets(self) -> Sequence[tuple[int, int]] | None:
+        """Each token's (start, end) in ``text``; None for ID inputs."""
+        enc = self._encoded()
+        return None if enc is None else enc.offsets
+
     def char_range(self, i: int) -> tuple[int, int] | None:
         """Character range of token ``i`` in ``text``; None for added special tokens and ID inputs."""
         if not (0 <= i < len(self.ids)):
             return None
-        if self.encoding is None:
-            if self.text is None or self._tokenizer is None:
-                return None
-            self.encoding = self._tokenizer.backend.encode(self.text, add_special_tokens=self.add_special_tokens)
-        rng = self.encoding.token_to_chars(i)
+        enc = self._encoded()
+        if enc is None:
+            return None
+        rng = enc.token_to_chars(i)
         if rng is None:
             return None
         start, end = rng

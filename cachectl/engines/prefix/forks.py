@@ -257,7 +257,8 @@ def fork_requests(records: Iterable[tuple], *, source: str, tokenizer: Any = Non
 
 
 def _from_tokenized(index: int, line: int | None, t: Tokenized, flds: tuple = ()) -> ForkRequest:
-    starts = array("I", (s for s, _ in t.encoding.offsets)) if t.encoding is not None else None
+    offsets = t.offsets()  # (encoded again from the text when the tokenizer's memo gave the IDs back)
+    starts = array("I", (s for s, _ in offsets)) if offsets is not None else None
     return ForkRequest(index=index, line=line, ids=array("I", t.ids), text=t.text, starts=starts,
                        tokenized=t.compact(), fields=flds)
 
