@@ -479,7 +479,7 @@ class TokenizerHandle:
                 out.append(Tokenized(p, list(p.ids or ()), tokenizer=self))
                 continue
             if ids is not None:  # encoded before: the IDs kept, offsets found again if a location is asked for
-                out.append(Tokenized(p, ids, rendered, None, sp, self, False, opts))
+                out.append(Tokenized(p, ids.tolist(), rendered, None, sp, self, False, opts))  # (a list, as encoded)
                 continue
             enc = next(enc_chat) if p.is_chat else next(enc_text)
             if key is not None and memo is not None:
