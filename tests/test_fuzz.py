@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import struct
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -32,8 +31,8 @@ def _assert_holds(name: str, outcome, expect) -> None:
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.name)
-def test_generated_inputs(target):
-    work = Path(tempfile.mkdtemp(prefix="cachectl-fuzz-"))
+def test_generated_inputs(target, tmp_path):
+    work = tmp_path  # (pytest's, which it prunes: nothing left in the system's temporary folder)
 
     @CI
     @given(target.strategy(size(long=False)))

@@ -195,8 +195,8 @@ def semantic_log_seeds() -> list:
 
 @lru_cache(None)
 def gguf_seeds() -> list[bytes]:
-    tmp = Path(tempfile.mkdtemp(prefix="cachectl-gguf-"))
-    return [S.gguf_seed(str(tmp / "a.gguf")), S.gguf_seed(str(tmp / "b.gguf"), per_layer_kv=True)]
+    with tempfile.TemporaryDirectory(prefix="cachectl-gguf-") as tmp:  # (the bytes are the seeds: nothing kept)
+        return [S.gguf_seed(str(Path(tmp) / "a.gguf")), S.gguf_seed(str(Path(tmp) / "b.gguf"), per_layer_kv=True)]
 
 
 # ------------------------------------------------------------------------------------------ targets
