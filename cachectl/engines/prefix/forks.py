@@ -629,7 +629,7 @@ class _View:
     """A request under a counterfactual: its base render (the request, or re-rendered with other tools) and the
     order of the base's tokens (segments of base token indices; moved spans at the end)."""
 
-    __slots__ = ("base", "ids", "req", "segs", "starts", "text", "tok")
+    __slots__ = ("base", "ids", "req", "segs", "starts", "text", "tok", "tools")
 
     def __init__(self, req: ForkRequest, ids: Sequence[int], text: str | None, starts: Sequence[int] | None,
                  tok: Tokenized | None):
@@ -638,6 +638,8 @@ class _View:
         self.ids: array = self.base
         self.text, self.starts, self.tok = text, starts, tok
         self.segs: list[tuple[int, int]] | None = None
+        #: the tools counterfactual this view is a re-render under (None: the request's own render)
+        self.tools: _Tools | None = None
 
     def orig(self, i: int) -> tuple[int, int]:
         """(base index of view token ``i``, end of its segment in base indices)."""
@@ -1006,11 +1008,13 @@ def _view(r: ForkRequest, tools: Sequence[_Tools], tokenizer: Any, memo: Any = N
                 key = (r.index, id(t))
                 if memo is not None and key in memo:
                     got = memo[key]
-                    return _View(r, *(store.unpack_render(got, _rendered_prompt(r, t)) if store is not None else got))
-                v = _rerendered(r, t.reference, tokenizer)
-                if memo is not None:
-                    parts = (v.base, v.text, v.starts, v.tok)
-                    memo[key] = store.pack_render(*parts) if store is not None else parts
+                    v = _View(r, *(store.unpack_render(got, _rendered_prompt(r, t)) if store is not None else got))
+                else:
+                    v = _rerendered(r, t.reference, tokenizer)
+                    if memo is not None:
+                        parts = (v.base, v.text, v.starts, v.tok)
+                        memo[key] = store.pack_render(*parts) if store is not None else parts
+                v.tools = t
                 return v
     return _View(r, r.ids, r.text, r.starts, r.tokenized)
 
@@ -1049,6 +1053,32 @@ def _rerendered(r: ForkRequest, tools: Sequence[Any], tokenizer: Any) -> _View:
 _VOCAB: dict[str, int] = {}
 
 
+class _PlanKeys:
+    """Each request's block keys under one plan (8 bytes a key, in a temporary file), its token count, and a bit
+    per counterfactual of the plan that changed its view (8 bytes a request in memory, plus the count's 8)."""
+
+    #: counterfactuals a record tells apart (a bit each); a longer plan is not recorded
+    MAX_PLAN = 64
+
+    def __init__(self) -> None:
+        self._disk = Spool()
+        self.tokens = array("q")
+        self.masks = array("Q")
+
+    def add(self, tokens: int, keys: Sequence[int], changed: Iterable[int]) -> None:
+        self._disk.put_bytes(array("q", keys).tobytes())
+        self.tokens.append(tokens)
+        mask = 0
+        for j in changed:
+            mask |= 1 << j
+        self.masks.append(mask)
+
+    def keys(self, k: int) -> array:
+        got = array("q")
+        got.frombytes(self._disk.get_bytes(k))
+        return got
+
+
 class _Analyzer:
     def __init__(self, requests: RequestStore, *, tokenizer: Any, block_size: int,
                  capacity_blocks: int | None, user_fields: Sequence[str], max_forks: int, max_values: int):
@@ -1066,21 +1096,38 @@ class _Analyzer:
         self.rendered = _RenderTable()
 
     # one request under a plan ------------------------------------------------------------------------
-    def view(self, k: int, plan: Sequence[Any]) -> _View:
-        """Request ``k`` under ``plan``."""
+    def view(self, k: int, plan: Sequence[Any], changed: list[int] | None = None) -> _View:
+        """Request ``k`` under ``plan``; ``changed`` gets the index in ``plan`` of each counterfactual that changed
+        it (the tools one it was re-rendered under, each line move that moved something)."""
         tools = [t for t in plan if isinstance(t, _Tools)]
         v = _view(self.reqs[k], tools, self.tok, self.rendered, self.reqs, self.reqs.tool_set(k) if tools else None)
-        for t in plan:
-            if isinstance(t, _LineMove):
-                t.apply(v)
+        if changed is not None and v.tools is not None:
+            changed.append(next(j for j, t in enumerate(plan) if t is v.tools))
+        for j, t in enumerate(plan):
+            if isinstance(t, _LineMove) and t.apply(v) and changed is not None:
+                changed.append(j)
         return v
 
-    def _keys(self, plan: Sequence[Any]) -> Iterator[tuple[int, int, list]]:
+    def _keys(self, plan: Sequence[Any], record: _PlanKeys | None = None,
+              reuse: _PlanKeys | None = None, without: int = -1) -> Iterator[tuple[int, int, Sequence[int]]]:
+        """Each request's token count and block keys under ``plan``. ``record`` (a fresh :class:`_PlanKeys`) keeps
+        them and which counterfactuals changed each request. ``reuse`` (one recorded under a plan that is
+        ``plan`` with the counterfactual at index ``without`` added back, or ``plan`` itself with ``without``
+        -1) gives them for the requests that counterfactual did not change: its removal leaves their views as
+        they were (the others apply in the same order to the same tokens)."""
         bs = self.bs
         reqs = self.reqs
+        bit = 1 << without if without >= 0 else 0
         for k in range(len(reqs)):
-            ids = self.view(k, plan).ids if plan else reqs.ids(k)
-            yield k, len(ids), block_keys(ids, bs, reqs.salt(k))
+            if reuse is not None and not reuse.masks[k] & bit:
+                yield k, reuse.tokens[k], reuse.keys(k)
+                continue
+            changed: list[int] | None = [] if record is not None else None
+            ids = self.view(k, plan, changed).ids if plan else reqs.ids(k)
+            keys = block_keys(ids, bs, reqs.salt(k))
+            if record is not None:
+                record.add(len(ids), keys, changed or ())
+            yield k, len(ids), keys
 
     def tree_pass(self, plan: Sequence[Any], per_request: array | None = None) -> tuple[PrefixTree, int]:
         """The tree of the log under ``plan``, and its no-eviction hits (the blocks each request finds in the tree
@@ -1098,12 +1145,14 @@ class _Analyzer:
                 per_request.append(h)
         return tree, hits
 
-    def replay(self, plan: Sequence[Any], capacity: bool = False, per_request: array | None = None) -> int:
+    def replay(self, plan: Sequence[Any], capacity: bool = False, per_request: array | None = None,
+               record: _PlanKeys | None = None, reuse: _PlanKeys | None = None, without: int = -1) -> int:
         """Hits of the log under ``plan`` through :func:`simulate`: no eviction, or vLLM's pool at capacity (each
-        request's hits appended to ``per_request`` when given)."""
+        request's hits appended to ``per_request`` when given). ``record``, ``reuse``, ``without``: as
+        :meth:`_keys` reads them."""
         self.replays += 1
         trace = (TraceRequest(index=k, line=self.reqs.line(k), prompt_tokens=n, hash_ids=keys, hash_block_size=self.bs)
-                 for k, n, keys in self._keys(plan))
+                 for k, n, keys in self._keys(plan, record, reuse, without))
         if capacity:
             rep = simulate(trace, policy="vllm", block_size=self.bs, capacity_blocks=self.cap,
                            per_request=per_request is not None)
@@ -1142,29 +1191,35 @@ class _Analyzer:
             self.notes.append(f"{bare} request(s) are token IDs only: their forks have no cause and nothing to move")
         # a counterfactual that recovers nothing with the others applied (it moves a line the branches need, or
         # costs a conversation its own reuse) leaves the plan, and the rest is measured again without it
+        # each replay without one counterfactual views again only the requests that one changed: the others' keys
+        # are read back from the replay under the whole plan
         lost: dict[int, int] = {}
         fixed = hits0
+        per_fixed = array("q")
+        rec: _PlanKeys | None = None
         while plan:
-            fixed = self.replay(plan)
-            lost = {id(t): fixed - self.replay([x for x in plan if x is not t]) for t in plan}
+            per_fixed = array("q")
+            rec = _PlanKeys() if len(plan) <= _PlanKeys.MAX_PLAN else None
+            fixed = self.replay(plan, per_request=per_fixed, record=rec)
+            lost = {id(t): fixed - self.replay([x for x in plan if x is not t], reuse=rec, without=j)
+                    for j, t in enumerate(plan)}
             keep = [t for t in plan if lost[id(t)] > 0]
             if len(keep) == len(plan):
                 break
             plan = keep
         if not plan:
             fixed = hits0
-        per_fixed = array("q")
-        if plan:
-            self.replay(plan, per_request=per_fixed)
         gains = array("q", (f - b for f, b in zip(per_fixed, base))) if plan else array("q", bytes(8 * len(base)))
         lost_cap: dict[int, int] = {}
         cap0 = cap_fixed = None
         if self.cap is not None:
             cap0 = self.replay([], capacity=True)
-            cap_fixed = self.replay(plan, capacity=True) if plan else cap0
-            for t in plan:
+            cap_fixed = self.replay(plan, capacity=True, reuse=rec) if plan else cap0
+            for j, t in enumerate(plan):
                 assert cap_fixed is not None
-                lost_cap[id(t)] = cap_fixed - self.replay([x for x in plan if x is not t], capacity=True)
+                lost_cap[id(t)] = cap_fixed - self.replay([x for x in plan if x is not t], capacity=True, reuse=rec,
+                                                          without=j)
+        del rec
         forks = []
         moves: list[tuple[int, _LineMove]] = []
         fork_at: dict[int, Fork] = {}    # id of a node of the first tree -> its fork
