@@ -77,6 +77,10 @@ def move_lines(rw: Rewriter, fix: FixCode, confirmed: dict[str, set[str]],
     of its conversation. ``what`` says what the moved lines are, for the fix's message."""
     from ....volatile import find_volatile
 
+    # with no value family to look for (FX007 moves only the spans it is given), a line without a span has
+    # nothing to move: it is not parsed, and only takes the turns carried from earlier in its conversation
+    searched = any(confirmed.values())
+    given = {i for i, _ in spans}
     for members in rw.members():
         carry: list[tuple[int, str, Any]] = []   # (message index, original message json, rewritten messages)
         for i in members:
@@ -85,6 +89,9 @@ def move_lines(rw: Rewriter, fix: FixCode, confirmed: dict[str, set[str]],
             if msgs is not None and carry:
                 msgs = apply_carry(msgs, carry)
                 value = with_messages(value, msgs)
+            if not searched and i not in given:
+                rw.values[i] = value
+                continue
             moved: list[str] = []
             edits: list[tuple[str, str, str]] = []
             req = reparse_at(rw.lines, i, value).request
@@ -102,7 +109,7 @@ def move_lines(rw: Rewriter, fix: FixCode, confirmed: dict[str, set[str]],
                     continue
                 if not isinstance(text, str):
                     continue
-                found = [(v.start, v.end) for v in find_volatile(text, weekdays=True) if _family(v) in fams]
+                found = [(v.start, v.end) for v in find_volatile(text, weekdays=True) if _family(v) in fams] if fams else []
                 found += spans.get((i, slot), [])
                 if not found:
                     continue
