@@ -80,7 +80,6 @@ def move_lines(rw: Rewriter, fix: FixCode, confirmed: dict[str, set[str]],
     # with no value family to look for (FX007 moves only the spans it is given), a line without a span has
     # nothing to move: it is not parsed, and only takes the turns carried from earlier in its conversation
     searched = any(confirmed.values())
-    given = {i for i, _ in spans}
     for members in rw.members():
         carry: list[tuple[int, str, Any]] = []   # (message index, original message json, rewritten messages)
         for i in members:
@@ -89,7 +88,7 @@ def move_lines(rw: Rewriter, fix: FixCode, confirmed: dict[str, set[str]],
             if msgs is not None and carry:
                 msgs = apply_carry(msgs, carry)
                 value = with_messages(value, msgs)
-            if not searched and i not in given:
+            if not searched and not any((i, slot) in spans for slot in confirmed):
                 rw.values[i] = value
                 continue
             moved: list[str] = []
