@@ -15,6 +15,7 @@ import pickle
 import tempfile
 import zlib
 from array import array
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -172,6 +173,51 @@ class DigestTable:
 
     def __contains__(self, digest: int) -> bool:
         return self.get(digest) is not None
+
+    def leading(self, digests: Sequence[int], limit: int) -> list[int]:
+        """The values of the first ``limit`` digests, up to the first one absent (a prefix lookup in one call)."""
+        keys, vals, mask = self._keys, self._vals, self._mask
+        out: list[int] = []
+        for n in range(min(limit, len(digests))):
+            d = digests[n]
+            i = d & mask
+            while True:
+                v = vals[i]
+                if v < 0:
+                    return out
+                if keys[i] == d:
+                    break
+                i = (i + 1) & mask
+            out.append(v)
+        return out
+
+    def fill(self, digests: Sequence[int], value: int) -> None:
+        """Each digest that has no value gets ``value`` (``dict.setdefault`` on each)."""
+        if not 0 <= value < 2**31:
+            raise ValueError(f"a value in [0, 2**31), not {value}")
+        if digests and not (0 <= min(digests) and max(digests) < 2**64):
+            raise ValueError("64-bit digests only")
+        keys, vals, mask = self._keys, self._vals, self._mask
+        room = 3 * len(vals) // 4 - self._n   # entries that fit before the table grows (at most 3/4 full)
+        for d in digests:
+            i = d & mask
+            while True:
+                v = vals[i]
+                if v < 0:
+                    if room <= 0:
+                        self._grow()
+                        keys, vals, mask = self._keys, self._vals, self._mask
+                        room = 3 * len(vals) // 4 - self._n
+                        i = d & mask
+                        continue
+                    keys[i] = d
+                    vals[i] = value
+                    self._n += 1
+                    room -= 1
+                    break
+                if keys[i] == d:
+                    break
+                i = (i + 1) & mask
 
     def _grow(self) -> None:
         """Twice the slots, the entries moved one at a time (no list of them: the table is most of what it holds)."""

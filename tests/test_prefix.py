@@ -147,6 +147,33 @@ def test_policy_ordering_on_unbounded_memory(trace, bs):
     assert all(r <= len(t) - 1 for r, t in zip(radix, trace))
 
 
+@given(token_lists, st.sampled_from([1, 4, 16]), st.lists(st.sampled_from([None, "a", "b", 7]), min_size=25, max_size=25),
+       st.sampled_from(["builtin", "sha256", "big_ids"]))
+@settings(max_examples=150, deadline=None)
+def test_compact_infinite_keys_replay_as_the_dict_does(trace, bs, tenants, keys):
+    # the compact key table (fix and report's replays) against the dict simulate-prefix keeps: the same hits,
+    # cross-tenant hits and peak, over builtin keys, sha256 digests, and hash IDs past 64 bits beside small ones
+    trace = [t if i == 0 or i % 3 else trace[i - 1] + t for i, t in enumerate(trace)]
+
+    def requests():
+        for i, t in enumerate(trace):
+            if keys == "big_ids":  # Mooncake-style hash IDs, some past 64 bits, some negative
+                n = len(t) // bs
+                ids = [(sum(t[:(j + 1) * bs]) * (-1) ** j) << (70 * (j % 2)) for j in range(n)]
+                yield TraceRequest(index=i, line=i + 1, prompt_tokens=len(t), hash_ids=ids, hash_block_size=bs,
+                                   tenant=tenants[i])
+            else:
+                yield TraceRequest(index=i, line=i + 1, prompt_tokens=len(t), tokens=list(t), tenant=tenants[i])
+
+    hash_fn = "sha256" if keys == "sha256" else "builtin"
+    plain = simulate(requests(), policy="infinite", block_size=bs, per_request=True, hash_fn=hash_fn)
+    compact = simulate(requests(), policy="infinite", block_size=bs, per_request=True, hash_fn=hash_fn, compact=True)
+    assert hits(compact) == hits(plain)
+    assert compact.peak_blocks_in_use == plain.peak_blocks_in_use
+    assert compact.cross_tenant_shared_blocks == plain.cross_tenant_shared_blocks
+    assert compact == plain
+
+
 # ----------------------------------------------------------------------------------------- other policies
 
 

@@ -1157,7 +1157,8 @@ class _Analyzer:
             rep = simulate(trace, policy="vllm", block_size=self.bs, capacity_blocks=self.cap,
                            per_request=per_request is not None)
         else:
-            rep = simulate(trace, policy="infinite", block_size=self.bs, per_request=per_request is not None)
+            rep = simulate(trace, policy="infinite", block_size=self.bs, per_request=per_request is not None,
+                           compact=True)
         if per_request is not None:
             per_request.extend(int(h.hit_tokens) for h in rep.per_request or ())
         return int(rep.hit_tokens)

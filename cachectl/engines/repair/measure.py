@@ -182,13 +182,14 @@ def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = No
                     cause_count[cid] = cause_count.get(cid, 0) + 1
 
         policy = "vllm" if capacity_blocks is not None else "infinite"
-        r = simulate(trace(), policy=policy, block_size=block_size, capacity_blocks=capacity_blocks, source=source)
+        r = simulate(trace(), policy=policy, block_size=block_size, capacity_blocks=capacity_blocks, source=source,
+                     compact=True)
         vllm = VllmMeasure(policy, r.block_size, r.capacity_blocks, r.requests, r.query_tokens, r.hit_tokens,
                            r.hit_rate)
         if capacity_blocks is not None:  # the ceiling too: what the log's shared prefix is worth without eviction
             again = (TraceRequest(index=k, line=ln.line, prompt_tokens=len(t.ids), tokens=t.ids, timestamp=ln.timestamp)
                      for k, (ln, t) in enumerate(zip(lines, _tokenized(lines, tokenizer, add_generation_prompt, memo))))
-            inf = simulate(again, policy="infinite", block_size=block_size, source=source)
+            inf = simulate(again, policy="infinite", block_size=block_size, source=source, compact=True)
             ceiling = VllmMeasure("infinite", inf.block_size, None, inf.requests, inf.query_tokens, inf.hit_tokens,
                                   inf.hit_rate)
         pair_reused, pair_tokens = pair["reused"], pair["tokens"]
