@@ -37,6 +37,36 @@ def test_digest_table_collisions_in_one_small_table():
     assert [table.get(k) for k in keys] == [0, 1, 2] and table.get(7 + 16 * 3) is None
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_digest_table_prefix_lookup_and_fill_are_dict_setdefault(seed):
+    # leading(): the values of a run of digests up to the first absent; fill(): setdefault on each, growing from a
+    # two-slot table, with digests that share slots and the extremes
+    rng = random.Random(seed)
+    table, want = DigestTable(2), {}
+    pool = [rng.getrandbits(64) for _ in range(3_000)] + [0, 2**64 - 1, 7, 7 + 2**40]
+    for step in range(400):
+        run = [rng.choice(pool) for _ in range(rng.randrange(0, 40))]
+        limit = rng.randrange(0, 45)
+        got = table.leading(run, limit)
+        expect = []
+        for d in run[:limit]:
+            if d not in want:
+                break
+            expect.append(want[d])
+        assert got == expect
+        table.fill(run[len(got):], step)
+        for d in run[len(got):]:
+            want.setdefault(d, step)
+        assert len(table) == len(want)
+    assert all(table.get(k) == v for k, v in want.items())
+    for bad in ([2**64], [-1], [1, 2**64 + 5]):
+        with pytest.raises(ValueError):
+            table.fill(bad, 1)
+    with pytest.raises(ValueError):
+        table.fill([1], 2**31)
+    assert len(table) == len(want)
+
+
 def test_digest_table_refuses_what_it_cannot_hold():
     table = DigestTable()
     for digest, value in [(5, -1), (5, 2**31), (2**64, 1), (-1, 1)]:
