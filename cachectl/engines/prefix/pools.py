@@ -321,10 +321,11 @@ class SequentialVllmPool:
 
 
 class _KeyTable:
-    """Block key -> tenant as a dict holds them, in about a fifth of the memory: signed 64-bit keys (the builtin
-    hash's) in a :class:`~cachectl.spool.DigestTable` (16 to 24 bytes a key, no objects), each tenant by its
-    number; any other key (sha256 digests, hash IDs past 64 bits) in a dict beside it. Lookups run in Python,
-    several times slower than a dict's."""
+    """Block key -> tenant as a dict holds them, in about half the memory: signed 64-bit keys (the builtin
+    hash's) in a :class:`~cachectl.spool.DigestTable` (12 bytes a slot, no int objects), each tenant by its
+    number; any other key (sha256 digests, hash IDs past 64 bits) in a dict beside it. A no-eviction replay of
+    100,000 generated requests peaked at 58 bytes a distinct block against the dict's 106 (tracemalloc, the
+    replay's own allocations), and took 2 to 2.7 times as long: the lookups run in Python."""
 
     __slots__ = ("_names", "_other", "_table", "_tenants")
 
@@ -390,7 +391,7 @@ def _digests(keys: Sequence) -> list[int] | None:
 
 
 class InfiniteCache:
-    """The vLLM lookup rules with unlimited memory. ``compact``: the keys in a :class:`_KeyTable` (a fifth of a
+    """The vLLM lookup rules with unlimited memory. ``compact``: the keys in a :class:`_KeyTable` (about half a
     dict's memory, slower), for the whole-log commands that replay a long log many times."""
 
     def __init__(self, block_size: int, compact: bool = False):

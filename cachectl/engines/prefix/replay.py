@@ -99,8 +99,8 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
 
     The first ``warmup`` requests fill the cache but are not counted. ``per_request``: one row per counted
     request; rows are kept without it for the requests that carry a served count (:mod:`.served` compares
-    them), and then ``per_request`` holds those. ``compact``: the infinite policy keeps its keys in a fifth of
-    the memory, at several times the time a lookup (``fix`` and ``report`` replay a whole log many times).
+    them), and then ``per_request`` holds those. ``compact``: the infinite policy keeps its keys in about half
+    the memory, at two to three times the time (``fix`` and ``report`` replay a whole log many times).
     """
     if policy not in POLICIES:
         raise UsageError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
