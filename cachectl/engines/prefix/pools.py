@@ -327,7 +327,7 @@ class _KeyTable:
     100,000 generated requests peaked at 58 bytes a distinct block against the dict's 106 (tracemalloc, the
     replay's own allocations), and took 2 to 2.7 times as long: the lookups run in Python."""
 
-    __slots__ = ("_names", "_other", "_table", "_tenants")
+    __slots__ = ("_other", "_table", "_tenants")
 
     def __init__(self) -> None:
         from ...spool import DigestTable
@@ -335,14 +335,9 @@ class _KeyTable:
         self._table = DigestTable()
         self._other: dict = {}
         self._tenants: dict[Any, int] = {}
-        self._names: list[Any] = []
 
     def tenant_number(self, tenant: Any) -> int:
-        got = self._tenants.get(tenant)
-        if got is None:
-            got = self._tenants[tenant] = len(self._names)
-            self._names.append(tenant)
-        return got
+        return self._tenants.setdefault(tenant, len(self._tenants))
 
     def get(self, key: Any) -> int | None:
         """The number of the tenant that cached ``key`` first, or None."""
