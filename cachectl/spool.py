@@ -176,18 +176,12 @@ class DigestTable:
 
     def leading(self, digests: Sequence[int], limit: int) -> list[int]:
         """The values of the first ``limit`` digests, up to the first one absent (a prefix lookup in one call)."""
-        keys, vals, mask = self._keys, self._vals, self._mask
+        get = self.get
         out: list[int] = []
-        for n in range(min(limit, len(digests))):
-            d = digests[n]
-            i = d & mask
-            while True:
-                v = vals[i]
-                if v < 0:
-                    return out
-                if keys[i] == d:
-                    break
-                i = (i + 1) & mask
+        for d in digests[:limit]:
+            v = get(d)
+            if v is None:
+                break
             out.append(v)
         return out
 

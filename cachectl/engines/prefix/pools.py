@@ -399,9 +399,9 @@ class InfiniteCache:
 
     def run(self, keys: Sequence, num_tokens: int, tenant: Any) -> int:
         limit = min(len(keys), (num_tokens - 1) // self.block_size)
-        hits = 0
         if self.table is not None:
             return self._run_compact(self.table, keys, limit, num_tokens, tenant)
+        hits = 0
         cached = self.cached
         while hits < limit and keys[hits] in cached:
             if cached[keys[hits]] != tenant:
@@ -417,8 +417,7 @@ class InfiniteCache:
         mine = table.tenant_number(tenant)
         found = table.run(keys, limit, mine)
         hits = len(found)
-        if found.count(mine) != hits:
-            self.cross_tenant_hits += hits - found.count(mine)
+        self.cross_tenant_hits += hits - found.count(mine)
         self.peak_in_use = max(self.peak_in_use, len(table) + (1 if num_tokens % self.block_size else 0))
         return hits * self.block_size
 
