@@ -207,6 +207,17 @@ class _Watchdog:
 
 
 _WATCHDOG = _Watchdog()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (:mod:`cachectl.workers`) has no watchdog thread, and its lock may have been held at the fork:
+    it starts afresh (with the first render), without the parent's hard stop (which would print)."""
+    _WATCHDOG.__init__()  # type: ignore[misc]
+    _tripped.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 _SITE: contextvars.ContextVar[str | None] = contextvars.ContextVar("cachectl_render_site", default=None)
 
 

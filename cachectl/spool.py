@@ -13,6 +13,7 @@ import io
 import os
 import pickle
 import tempfile
+import weakref
 import zlib
 from array import array
 from collections.abc import Sequence
@@ -34,23 +35,26 @@ def content_digest(*parts: Any, size: int = 16) -> bytes | None:
 
 
 class Spool:
-    """Pickled values appended to one temporary file; ``put`` returns the index of the value stored."""
+    """Pickled values appended to one temporary file; ``put`` returns the index of the value stored.
 
-    __slots__ = ("_fd", "_offsets", "_size")
+    In a process forked from the one that made it (:mod:`cachectl.workers`), a spool reads what was there at the
+    fork from the shared file and appends to a file of its own: the two processes never write to one file."""
+
+    __slots__ = ("_fd", "_offsets", "_size", "_old", "_base", "__weakref__")
 
     def __init__(self) -> None:
         self._fd = -1
-        try:
-            fh = tempfile.TemporaryFile(prefix="cachectl-")  # unlinked at once on POSIX: nothing left behind
-        except OSError as exc:
-            raise _where(exc) from None
-        self._fd = os.dup(fh.fileno())
-        fh.close()
+        self._old: tuple[tuple[int, int], ...] = ()  # after a fork: (base, fd) of the files before ``_base``
+        self._base = 0    # after a fork: the size the file had then (offsets from there are in ``_fd``)
+        self._fd = _temporary_fd()
         self._offsets = array("q", [0])
         self._size = 0
+        _LIVE.add(self)
 
     def put_bytes(self, data: bytes) -> int:
-        view, at = memoryview(data), self._size
+        view, at = memoryview(data), self._size - self._base
+        if self._fd == -2:
+            self._fd = _temporary_fd()
         try:
             while view:  # one syscall a value, unless the kernel writes less than asked
                 n = os.pwrite(self._fd, view, at)
@@ -67,7 +71,10 @@ class Spool:
     def get_bytes(self, k: int) -> bytes:
         start, end = self._offsets[k], self._offsets[k + 1]
         try:
-            got = os.pread(self._fd, end - start, start)
+            if start >= self._base:
+                got = os.pread(self._fd, end - start, start - self._base)
+            else:
+                got = self._read_old(start, end - start)
         except OSError as exc:
             raise _where(exc) from None
         if len(got) != end - start:  # the file was cut under us: never a short value
@@ -80,16 +87,56 @@ class Spool:
     def __len__(self) -> int:
         return len(self._offsets) - 1
 
+    def _forked(self) -> None:
+        """In a forked child: what the parent wrote stays readable; what this process writes goes to a new file."""
+        if self._fd == -1:  # closed
+            return
+        if self._fd >= 0:  # (-2: forked twice with nothing written between: no file of that generation)
+            self._old = (*self._old, (self._base, self._fd))
+        self._base = self._size
+        self._fd = -2  # made on the first write
+
+    def _read_old(self, start: int, n: int) -> bytes:
+        for base, fd in reversed(self._old):  # (a process forked from a fork: one file each generation)
+            if start >= base:
+                return os.pread(fd, n, start - base)
+        raise AssertionError("an offset before the spool's first file")  # pragma: no cover
+
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        fds = [fd for _, fd in self._old] + [self._fd]  # (-2: a child's file not made yet)
+        self._fd, self._old = -1, ()
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
 
     def __del__(self) -> None:
         try:
             self.close()
         except OSError:
             pass
+
+
+def _temporary_fd() -> int:
+    try:
+        fh = tempfile.TemporaryFile(prefix="cachectl-")  # unlinked at once on POSIX: nothing left behind
+    except OSError as exc:
+        raise _where(exc) from None
+    fd = os.dup(fh.fileno())
+    fh.close()
+    return fd
+
+
+#: every open spool of this process (made anew in a forked child by :func:`_after_fork`)
+_LIVE: weakref.WeakSet[Spool] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    for spool in list(_LIVE):
+        spool._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 #: zlib's window: a preset dictionary longer than this is cut to its tail

@@ -159,6 +159,10 @@ def parse_window(text: str) -> float:
         raise UsageError(f"--window: {exc}") from None
 
 
+JobsOpt = Annotated[Optional[int], typer.Option(
+    "--jobs", "-j", min=1, metavar="N",
+    help="Processes to use: parts of the run are computed side by side in forked children, with the same result "
+         "(default: the cores available; 1: one process; Linux only).")]
 BlockSizeOpt = Annotated[int, typer.Option("--block-size", min=1, metavar="N", help="KV-cache block size in tokens (vLLM: 16).")]
 AsOpt = Annotated[Optional[InputKind], typer.Option("--as", help="Force the input kind instead of detecting it.",
                                                     case_sensitive=False)]
@@ -934,7 +938,9 @@ class CachectlGroup(TyperGroup):
         sys.exit(code if isinstance(code, int) else EXIT_OK)
 
 
-def iter_progress(items: Iterator, progress: Progress) -> Iterator:
+def iter_progress(items: Iterator, progress: Progress | Callable[[int], None]) -> Iterator:
+    """``items``, each one counted by ``progress`` (a :class:`Progress`, or a function of the count)."""
+    advance = progress.advance if isinstance(progress, Progress) else progress
     for item in items:
-        progress.advance()
+        advance(1)
         yield item

@@ -17,6 +17,7 @@ from .common import (
     Dtype,
     Format,
     FormatOpt,
+    JobsOpt,
     KvCapacity,
     KvDtypeOpt,
     Progress,
@@ -29,6 +30,7 @@ from .common import (
     handle_errors,
     parse_window,
     plural,
+    print_note,
     run_inputs,
     stdout,
     timestamp_note,
@@ -94,12 +96,14 @@ def command(
         "--no-generation-prompt", help="Tokenize chat requests without the assistant header (completion-style "
                                        "logs).")] = False,
     fmt: FormatOpt = Format.text,
+    jobs: JobsOpt = None,
 ) -> None:
     from ..engines.provider.prices import PriceTable
     from ..engines.repair import fix, fixes
     from ..engines.repair.groups import log_lines
     from ..inputs import display_name, read_json_file
     from ..inputs.files import iter_log_values
+    from ..workers import Workers
 
     if diff and out:
         raise UsageError("--diff shows the changes without writing: drop --out (or --diff)")
@@ -141,14 +145,16 @@ def command(
                              capacity_blocks=capacity.blocks(block_size), model=model,
                              add_generation_prompt=not no_generation_prompt)
     full = None  # what --unsafe-fixes would add, measured as report measures it (the log is not written so)
-    with Progress("fix: lines read, rewritten and measured") as progress:
+    with Progress("fix: lines read, rewritten and measured") as progress, \
+            Workers(jobs, progress=progress.advance, say=print_note) as workers:
         lines = log_lines(records(), source=source, key=key, timestamps=stamps)
-        report = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source, progress=progress.advance)
+        report = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source, progress=workers.tick,
+                             workers=workers)
         if not unsafe_fixes and report.unsafe_skipped:
             from dataclasses import replace
 
             full = fix.fix_log(lines, replace(options, unsafe=True, per_cause=False), tokenizer=tok, table=table,
-                               source=source, reuse=report, progress=progress.advance)
+                               source=source, reuse=report, progress=workers.tick, workers=workers)
     changed = [i for i, v in enumerate(report.output) if _dumps(v) != _dumps(lines.value(i))]
     if out is not None:
         _write(out, raw, report.output, changed)

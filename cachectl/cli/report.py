@@ -17,6 +17,7 @@ from .common import (
     ChatTemplateOpt,
     Format,
     FormatOpt,
+    JobsOpt,
     Progress,
     TimeUnit,
     TimeUnitOpt,
@@ -87,6 +88,7 @@ def command(
     block_size: BlockSizeOpt = 16,
     top: Annotated[int, typer.Option("--top", min=1, help="Worst conversations shown.")] = 5,
     fmt: FormatOpt = Format.text,
+    jobs: JobsOpt = None,
 ) -> None:
     from ..inputs.files import spooled
 
@@ -96,7 +98,7 @@ def command(
         check_output(html, "--html", run_inputs(log, tokenizer=tokenizer, chat_template=chat_template))
     # the log is read three times (token diff, provider cache, prefix replay): stdin or a pipe is copied once
     with spooled(log) as path:
-        _report(path, tokenizer, key, window, chat_template, model, html, block_size, top, fmt, time_unit)
+        _report(path, tokenizer, key, window, chat_template, model, html, block_size, top, fmt, time_unit, jobs)
 
 
 command.__doc__ = HELP
@@ -104,17 +106,14 @@ command.__doc__ = HELP
 
 def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_template: Optional[str],
             model: Optional[str], html: Optional[str], block_size: int, top: int, fmt: Format,
-            time_unit: Optional[TimeUnit] = None) -> None:
-    from dataclasses import replace
-
+            time_unit: Optional[TimeUnit] = None, jobs: Optional[int] = None) -> None:
     from ..engines.prefix.trace import iter_trace
-    from ..engines.provider import cache as promptcache
     from ..engines.provider.prices import PriceTable
     from ..engines.repair import fix, report
     from ..engines.repair.groups import log_lines
-    from ..engines.repair.shared_prefix import auto_records
     from ..inputs import display_name, iter_jsonl, read_requests
     from ..tokenization import load_tokenizer
+    from ..workers import Workers
 
     tok = load_tokenizer(tokenizer, chat_template_file=chat_template)
     table = PriceTable.load()
@@ -122,31 +121,17 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
     source = display_name(log)
     options = fix.FixOptions(key=key, window_s=parse_window(window), block_size=block_size, model=model)
     stamps = timestamp_reader(time_unit)
-    with Progress("report: lines read, rewritten, compared and replayed") as progress:
+    with Progress("report: lines read, rewritten, compared and replayed") as progress, \
+            Workers(jobs, progress=progress.advance, say=print_note) as workers:
         # fix's reader and grouping: conversations by --key, else found automatically
         lines = log_lines(iter_progress(iter_jsonl(log), progress), source=source, key=key, timestamps=stamps)
-        tick = progress.advance
-        # (the report shows the tokens reused per fix code of the full run only)
-        safe = fix.fix_log(lines, replace(options, per_cause=False), tokenizer=tok, table=table, source=source,
-                           progress=tick)
-        # the report shows how many safe fixes applied, not each one, nor the rewritten log: let them go
-        safe_applied = safe.applied
-        safe = replace(safe, fixes=(), output=())
-        full = fix.fix_log(lines, replace(options, unsafe=True), tokenizer=tok, table=table, source=source,
-                           reuse=safe, progress=tick)
-        before_after = report.before_after(safe, full, safe_applied=safe_applied)
-        del full  # (its fixes and rewritten log are not alive while the report is built)
-        records = auto_records(lines, safe.grouping)  # named by the log's own ids where it has them
-        result = report.build_report(
-            source=source, log=records, tokenizer=tok, tokenizer_name=tokenizer,
-            fixes=before_after,
-            requests=iter_progress(read_requests(log, default_model=model, timestamps=stamps), progress),
-            table=table,
-            trace=iter_trace(iter_progress(_trace_records(log), progress), source=source, tokenizer=tok,
+        tick = workers.tick  # (a part computed in a child process ticks through its parent)
+        result = report.log_report(
+            lines, options, tokenizer=tok, tokenizer_name=tokenizer, table=table, source=source,
+            requests=iter_progress(read_requests(log, default_model=model, timestamps=stamps), tick),
+            trace=iter_trace(iter_progress(_trace_records(log), tick), source=source, tokenizer=tok,
                              timestamps=stamps),
-            block_size=block_size, top=top, price_model=model, text_counter=promptcache.tokenizer_counter(tok),
-            forks=safe.forks, progress=tick, prompt_of=lambda line: lines[lines.index_of(line)].prompt,
-            ends=safe.grouping.end_lines(lines))
+            top=top, price_model=model, progress=tick, workers=workers)
     if html is not None:
         from ..outputs import write_text
         from .report_html import render

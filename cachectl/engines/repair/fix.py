@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import InputError, UsageError
 from ...inputs import LogRecord
@@ -39,6 +39,9 @@ from .groups import Grouping, LogLine, group_sessions, reparse_at
 from .measure import Measure, TokenMemo, measure
 from .shared_prefix import CrossRequestGain, LogForks, cross_request_gain, log_forks
 from .store import Mapped
+
+if TYPE_CHECKING:
+    from ...workers import Workers
 
 SCHEMA_VERSION = 1
 
@@ -119,14 +122,44 @@ class FixReport:
 
 def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tokenizer: Any = None,
             table: Any = None, source: str = "", reuse: FixReport | None = None,
-            progress: Callable[[int], None] | None = None) -> FixReport:
+            progress: Callable[[int], None] | None = None, workers: Workers | None = None) -> FixReport:
     """Find and apply the fixes on a log, and measure the log before and after (see the module docstring).
 
     ``reuse``: an earlier report on the same lines, tokenizer, table and options except ``unsafe`` and
     ``select``: its conversations and its measure of the log before the fixes are taken as they are (``cachectl
     report`` runs the safe and the full fix on one log). ``progress(n)``: called as lines are grouped, rewritten
     and measured (each pass over the log counts its lines again). The tokenizer keeps its chat renders from then
-    on (:meth:`~cachectl.tokenization.TokenizerHandle.remember_renders`)."""
+    on (:meth:`~cachectl.tokenization.TokenizerHandle.remember_renders`). ``workers``
+    (:class:`cachectl.workers.Workers`): the log before the fixes is measured in a child process while this one
+    finds the forks and rewrites, and the log as each code left it while this one measures the log after them (the
+    same report; pass ``workers.tick`` as ``progress``)."""
+    lines = prepared(lines, options, tokenizer, source)
+    grouping = (reuse.grouping if reuse is not None
+                else group_sessions(_ticking(lines, progress), key=options.key, window_s=options.window_s,
+                                    tokenizer=tokenizer))
+    counter = measure_counter(tokenizer)
+    measured = _measurer(grouping, options, tokenizer, table, source, counter, progress)
+    before_job = None
+    if (reuse is None or reuse.before is None) and workers is not None:
+        before_job = workers.submit(measured, lines)  # beside the forks analysis and the rewrite
+    forks, fork_notes = (reuse.forks, []) if reuse is not None and reuse.forks is not None else log_forks(
+        lines, tokenizer=tokenizer, block_size=options.block_size, capacity_blocks=options.capacity_blocks,
+        add_generation_prompt=options.add_generation_prompt, source=source)
+    done = fix_pass(lines, grouping, forks, options, tokenizer=tokenizer, table=table, source=source,
+                    counter=counter, progress=progress, measured=measured, workers=workers)
+    if reuse is not None and reuse.before is not None:
+        before, n1 = reuse.before, list[str]()
+    elif before_job is not None:
+        before, n1 = before_job.result()
+    else:
+        before, n1 = measured(lines)
+    return assembled(lines, options, grouping, forks, fork_notes, before, n1, done, table=table, source=source,
+                     tokenizer=tokenizer)
+
+
+def prepared(lines: Sequence[LogLine], options: FixOptions, tokenizer: Any, source: str = "") -> Sequence[LogLine]:
+    """The options checked against the lines (no lines, unknown codes: an error), the lines with ``options.model``
+    where they name none, and the tokenizer told to keep its renders (every pass renders most prompts again)."""
     if not lines:
         raise InputError("no requests", source=source)
     codes = tuple(options.select) if options.select else CODES
@@ -138,17 +171,54 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     if tokenizer is not None and hasattr(tokenizer, "remember_renders"):
         # the passes below render most prompts several times: each render is kept (on disk) from here on
         tokenizer.remember_renders()
-    grouping = (reuse.grouping if reuse is not None
-                else group_sessions(_ticking(lines, progress), key=options.key, window_s=options.window_s,
-                                    tokenizer=tokenizer))
-    counter = None
-    if tokenizer is not None:  # one counter (and its cache of position token IDs) for every measure
-        from ..provider.cache import tokenizer_counter
+    return lines
 
-        counter = tokenizer_counter(tokenizer)
-    forks, fork_notes = (reuse.forks, []) if reuse is not None and reuse.forks is not None else log_forks(
-        lines, tokenizer=tokenizer, block_size=options.block_size, capacity_blocks=options.capacity_blocks,
-        add_generation_prompt=options.add_generation_prompt, source=source)
+
+def measure_counter(tokenizer: Any) -> Any:
+    """One provider token counter (and its cache of position token IDs) for every measure of a run."""
+    if tokenizer is None:
+        return None
+    from ..provider.cache import tokenizer_counter
+
+    return tokenizer_counter(tokenizer)
+
+
+def _measurer(grouping: Grouping, options: FixOptions, tokenizer: Any, table: Any, source: str, counter: Any,
+              progress: Callable[[int], None] | None) -> Callable[..., tuple[Measure, list[str]]]:
+    return partial(measure, grouping=grouping, tokenizer=tokenizer, table=table, block_size=options.block_size,
+                   capacity_blocks=options.capacity_blocks, add_generation_prompt=options.add_generation_prompt,
+                   source=source, memo=TokenMemo(), counter=counter, progress=progress)
+
+
+@dataclass(frozen=True)
+class FixPass:
+    """One rewrite of the log and its measures: what ``fix_log`` does once the conversations and the forks are
+    known (``cachectl report`` runs two, the safe one and the full one, one beside the other)."""
+
+    fixes: tuple[Fix, ...]      # sorted by line and code (``examples_only``: the first applied fix of each code)
+    applied: int
+    unsafe_skipped: int
+    notes: tuple[str, ...]      # the rewriter's
+    after: Measure
+    after_notes: tuple[str, ...]
+    #: (code, fixes applied, the log measured with this code's fixes and those of the codes before it), the codes
+    #: that applied a fix in the order they are applied; the last one's measure is ``after``
+    steps: tuple[tuple[str, int, Measure], ...]
+    output: Sequence[Any] = field(default=(), repr=False)
+
+
+def fix_pass(lines: Sequence[LogLine], grouping: Grouping, forks: LogForks | None, options: FixOptions, *,
+             tokenizer: Any = None, table: Any = None, source: str = "", counter: Any = None,
+             progress: Callable[[int], None] | None = None, measured: Callable[..., Any] | None = None,
+             examples_only: bool = False, workers: Workers | None = None) -> FixPass:
+    """The codes of ``options`` applied to ``lines`` (as :func:`prepared` left them), the rewritten log measured,
+    and (``options.per_cause``, with a tokenizer) the log as each code left it. ``examples_only``: keep the first
+    applied fix of each code and no rewritten log (what a report shows; a pass computed in a child process sends
+    back that much). ``workers``: the log as each code left it is measured in a child process while this one
+    measures the rewritten log."""
+    codes = tuple(options.select) if options.select else CODES
+    if measured is None:
+        measured = _measurer(grouping, options, tokenizer, table, source, counter, progress)
     per_cause_wanted = options.per_cause and tokenizer is not None
     # the values as each code that applied a fix left them: what applying the codes one after another gives (a
     # code that applied nothing changed nothing), measured below for the tokens reused per cause
@@ -164,52 +234,58 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     rw = rewrite(lines, grouping, codes, options.unsafe, tokenizer, table, options.model, counter, forks, progress,
                  after=_step if per_cause_wanted else None)
     values = rw.values
+    applied_codes = [c for c in codes if any(f.code == c and f.applied for f in rw.fixes)]
+    order = [f.code for f in REGISTRY if f.code in applied_codes] if per_cause_wanted else []
+
+    def measure_steps() -> list[Measure]:  # the log as each code but the last left it
+        return [measured(_reparsed(lines, steps[c], options.model), causes=False)[0] for c in order[:-1]]
+
+    steps_job = workers.submit(measure_steps) if workers is not None and len(order) > 1 else None
     # (dict equality ignores key order, which FX002 changes: every line is parsed again)
-    fixed = _reparsed(lines, values, options.model)
-    notes = fork_notes + list(rw.notes)
-    measured = partial(measure, grouping=grouping, tokenizer=tokenizer, table=table, block_size=options.block_size,
-                       capacity_blocks=options.capacity_blocks, add_generation_prompt=options.add_generation_prompt,
-                       source=source, memo=TokenMemo(), counter=counter, progress=progress)
-    n1: list[str] = []
-    if reuse is not None and reuse.before is not None:
-        before = reuse.before
-    else:
-        before, n1 = measured(lines)
-    after, n2 = measured(fixed)
-    notes += list(dict.fromkeys(n1 + n2))
+    after, n2 = measured(_reparsed(lines, values, options.model))
+    stepped = [*(steps_job.result() if steps_job is not None else measure_steps()), after] if order else []
+    measures = [(c, sum(1 for f in rw.fixes if f.code == c and f.applied), m) for c, m in zip(order, stepped)]
+    fixes = tuple(sorted(rw.fixes, key=lambda f: (f.line, CODES.index(f.code))))
+    applied = sum(f.applied for f in fixes)
+    unsafe_skipped = sum(1 for f in fixes if not f.applied and not f.safe)
+    if examples_only:
+        first: dict[str, Fix] = {}
+        for f in fixes:
+            if f.applied:
+                first.setdefault(f.code, f)
+        fixes = tuple(first.values())
+    return FixPass(fixes=fixes, applied=applied, unsafe_skipped=unsafe_skipped, notes=tuple(rw.notes), after=after,
+                   after_notes=tuple(n2), steps=tuple(measures), output=() if examples_only else values)
+
+
+def assembled(lines: Sequence[LogLine], options: FixOptions, grouping: Grouping, forks: LogForks | None,
+              fork_notes: Sequence[str], before: Measure, before_notes: Sequence[str], done: FixPass, *,
+              table: Any = None, source: str = "", tokenizer: Any = None) -> FixReport:
+    """The report of one fix pass: the tokens reused per fix code against ``before``, the gain across requests."""
+    notes = list(fork_notes) + list(done.notes)
+    notes += list(dict.fromkeys(list(before_notes) + list(done.after_notes)))
     if tokenizer is None:
         notes.append("no tokenizer: the vLLM hit rate and the tokens reused per cause need --tokenizer")
     per_cause: list[CauseGain] = []
-    applied_codes = [c for c in codes if any(f.code == c and f.applied for f in rw.fixes)]
-    if per_cause_wanted and applied_codes:
-        prev_reused = before.pair_reused_tokens or 0
-        prev_provider = before.provider
-        prev_hits = _ceiling_hits(before)
-        done: list[str] = []
-        order = [f.code for f in REGISTRY if f.code in applied_codes]
-        for c in order:
-            done.append(c)
-            if len(done) == len(order):
-                m = after
-            else:
-                m = measured(_reparsed(lines, steps[c], options.model), causes=False)[0]
-            reused = m.pair_reused_tokens or 0
-            p0, p1 = prev_provider, m.provider
-            hits = _ceiling_hits(m)
-            per_cause.append(CauseGain(c, FIXES[c].name, sum(1 for f in rw.fixes if f.code == c and f.applied),
-                                       reused - prev_reused,
-                                       None if p0 is None or p1 is None else p1.cache_read_tokens - p0.cache_read_tokens,
-                                       None if p0 is None or p1 is None else round(p0.cost_usd - p1.cost_usd, 10),
-                                       None if hits is None or prev_hits is None else int(hits - prev_hits)))
-            prev_reused, prev_provider, prev_hits = reused, p1, hits
-    fixes = tuple(sorted(rw.fixes, key=lambda f: (f.line, CODES.index(f.code))))
+    prev_reused = before.pair_reused_tokens or 0
+    prev_provider = before.provider
+    prev_hits = _ceiling_hits(before)
+    for c, n, m in done.steps:
+        reused = m.pair_reused_tokens or 0
+        p0, p1 = prev_provider, m.provider
+        hits = _ceiling_hits(m)
+        per_cause.append(CauseGain(c, FIXES[c].name, n, reused - prev_reused,
+                                   None if p0 is None or p1 is None else p1.cache_read_tokens - p0.cache_read_tokens,
+                                   None if p0 is None or p1 is None else round(p0.cost_usd - p1.cost_usd, 10),
+                                   None if hits is None or prev_hits is None else int(hits - prev_hits)))
+        prev_reused, prev_provider, prev_hits = reused, p1, hits
     cross = None
     if forks is not None and forks.fixable:
         model = options.model or next((ln.request.model for ln in lines if ln.request is not None
                                        and ln.request.model), None)
-        cross = cross_request_gain(forks, before, after, table=table, model=model)
-    return FixReport(source=source, requests=len(lines), grouping=grouping, fixes=fixes, before=before,
-                     after=after, per_cause=tuple(per_cause), notes=tuple(notes), output=values,
+        cross = cross_request_gain(forks, before, done.after, table=table, model=model)
+    return FixReport(source=source, requests=len(lines), grouping=grouping, fixes=done.fixes, before=before,
+                     after=done.after, per_cause=tuple(per_cause), notes=tuple(notes), output=done.output,
                      cross_request=cross, forks=forks)
 
 

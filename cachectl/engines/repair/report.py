@@ -18,19 +18,23 @@ Everything here is computed by those engines; this module only groups their resu
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Container, Iterable
-from dataclasses import asdict, dataclass, field
+from array import array
+from collections.abc import Callable, Container, Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ...errors import CachectlError, InputError
 
 if TYPE_CHECKING:
     from ...inputs import LogRecord, Request
+    from ...workers import Workers
     from ..prefix.forks import Fork
     from ..prefix.trace import TraceRequest
     from ..provider.prices import PriceTable
     from ..tokendiff import PairResult
-    from .fix import FixReport
+    from .fix import FixOptions, FixReport
+    from .groups import LogLine
     from .shared_prefix import LogForks, SharedPrefixSection
 
 SCHEMA_VERSION = 1
@@ -183,9 +187,11 @@ class BeforeAfter:
     notes: tuple[str, ...] = ()
 
 
-def before_after(safe: FixReport, full: FixReport, *, safe_applied: int | None = None) -> BeforeAfter:
+def before_after(safe: FixReport, full: FixReport, *, safe_applied: int | None = None,
+                 full_applied: int | None = None) -> BeforeAfter:
     """The fix engine's two runs (safe fixes only; unsafe ones too) as the report's before/after section.
-    ``safe_applied``: the safe run's applied fixes, when its ``fixes`` were let go (``safe.applied`` otherwise)."""
+    ``safe_applied``, ``full_applied``: a run's applied fixes, when its ``fixes`` were let go (all but the first of
+    each code; ``.applied`` otherwise)."""
     from .fixes import FIXES
 
     def column(label: str, m, applied: int) -> FixColumn:
@@ -201,7 +207,7 @@ def before_after(safe: FixReport, full: FixReport, *, safe_applied: int | None =
 
     cols = (column("before", safe.before, 0),
             column("safe fixes", safe.after, safe.applied if safe_applied is None else safe_applied),
-            column("all fixes", full.after, full.applied))
+            column("all fixes", full.after, full.applied if full_applied is None else full_applied))
     gains = tuple(FixGain(code=g.code, name=g.name, safe=FIXES[g.code].safe, fixes=g.fixes,
                           reused_tokens=g.reused_tokens, provider_saved_usd=g.provider_saved_usd)
                   for g in full.per_cause)
@@ -289,6 +295,41 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
     conversations' pairs are tokenized and compared again at the end (the same comparison ``diff_log`` made).
     ``ends``: the line numbers that end their conversation (``diff_log`` forgets a conversation there).
     """
+    r, rate, losses = pairs_report(source=source, log=log, tokenizer=tokenizer, tokenizer_name=tokenizer_name,
+                                   requests=requests, table=table, trace=trace, block_size=block_size, top=top,
+                                   context=context, curve_points=curve_points, price_model=price_model,
+                                   text_counter=text_counter, fixes=fixes, progress=progress, prompt_of=prompt_of,
+                                   ends=ends, lines_of_losses=forks.gains_by_line() if forks is not None else ())
+    return with_forks(r, forks, losses, rate) if forks is not None else r
+
+
+@dataclass(frozen=True)
+class PairLosses:
+    """The within-conversation loss of requests (by line), for the shared-prefix section: two arrays, 16 bytes a
+    request, where a dict takes about a hundred."""
+
+    lines: array = field(default_factory=lambda: array("q"))
+    lost: array = field(default_factory=lambda: array("q"))
+
+    def add(self, line: int, lost: int) -> None:
+        self.lines.append(line)
+        self.lost.append(lost)
+
+    def of(self, lines: Container[int]) -> dict[int, int]:
+        return {ln: n for ln, n in zip(self.lines, self.lost) if ln in lines}
+
+
+def pairs_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, tokenizer_name: str,
+                 requests: Iterable[Request] | None = None, table: PriceTable | None = None,
+                 trace: Iterable[TraceRequest] | None = None, block_size: int = 16, top: int = 5,
+                 context: int = 24, curve_points: int = 16, price_model: str | None = None,
+                 text_counter: Any = None, fixes: BeforeAfter | None = None,
+                 progress: Callable[[int], None] | None = None, prompt_of: Callable[[int], Any] | None = None,
+                 ends: Container[int] | None = None,
+                 lines_of_losses: Container[int] | None = None) -> tuple[LogReport, float | None, PairLosses]:
+    """:func:`build_report` without the forks of the log's shared prefix (which :func:`with_forks` adds): the
+    report, the dollars a lost token costs (None without prices), and the within-conversation loss of the requests
+    on ``lines_of_losses`` (None: of every request that lost tokens)."""
     from ..tokendiff import MISMATCH, LogSummary, diff_log
 
     if top < 1:
@@ -311,8 +352,7 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
     by_cause: dict[str | None, list[int]] = {}
     convs: dict[Any, dict] = {}
     summary: LogSummary | None = None
-    gains = forks.gains_by_line() if forks is not None else {}
-    pair_lost: dict[int, int] = {}   # within-conversation loss of the requests that gain across requests
+    pair_lost = PairLosses()   # within-conversation loss of the requests that gain across requests
     for item in diff_log(log, tokenizer, block_size=block_size, context=context, ends=ends):
         if progress is not None:
             progress(1)
@@ -325,8 +365,8 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
         if d.kind != MISMATCH:
             continue
         lost = _lost(d)
-        if item.line_b in gains:
-            pair_lost[item.line_b] = lost
+        if lines_of_losses is None or item.line_b in lines_of_losses:
+            pair_lost.add(item.line_b, lost)
         cid = d.cause.id if d.cause else None
         tally = by_cause.setdefault(cid, [0, 0])
         tally[0] += 1
@@ -356,20 +396,82 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
     if rate is not None:
         notes.append(f"dollars lost: tokens not reused, at {price_model}'s input price less its cache-read price, "
                      f"counted with {tokenizer_name}: an estimate of what a provider cache could have read")
-    shared = None
-    if forks is not None:
-        from .shared_prefix import shared_prefix_section
-
-        shared = shared_prefix_section(forks, pair_lost, rate)
-    total = lost_total + (shared.tokens_lost if shared is not None else 0)
     return LogReport(source=source, requests=summary.requests, conversations=summary.conversations,
                      pairs=summary.pairs, block_size=block_size, reusable_tokens=summary.reusable_tokens,
                      reused_tokens=summary.reused_tokens, tokens_lost=lost_total, reuse_ratio=summary.reuse_ratio,
                      usd_lost=None if rate is None else sum(c.tokens_lost for c in causes) * rate,
                      price_model=price_model if rate is not None else None, causes=causes, worst=worst, cost=cost,
-                     curve=curve, fixes=fixes, tokenizer=tokenizer_name, notes=tuple(notes), total_tokens_lost=total,
-                     total_usd_lost=None if rate is None else total * rate,
-                     forks=forks.report.forks if forks is not None else (), shared_prefix=shared)
+                     curve=curve, fixes=fixes, tokenizer=tokenizer_name, notes=tuple(notes), total_tokens_lost=lost_total,
+                     total_usd_lost=None if rate is None else lost_total * rate), rate, pair_lost
+
+
+def with_forks(r: LogReport, forks: LogForks, losses: PairLosses, rate: float | None) -> LogReport:
+    """The report with the forks of the log's shared prefix (:func:`.shared_prefix.log_forks`): listed, and the
+    tokens they cost beyond each request's within-conversation loss (``losses``) joined to the headline."""
+    from .shared_prefix import shared_prefix_section
+
+    shared = shared_prefix_section(forks, losses.of(forks.gains_by_line()), rate)
+    total = r.tokens_lost + shared.tokens_lost
+    return replace(r, total_tokens_lost=total, total_usd_lost=None if rate is None else total * rate,
+                   forks=forks.report.forks, shared_prefix=shared)
+
+
+def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any, tokenizer_name: str,
+               table: PriceTable | None = None, source: str = "", requests: Iterable[Request] | None = None,
+               trace: Iterable[TraceRequest] | None = None, top: int = 5, price_model: str | None = None,
+               progress: Callable[[int], None] | None = None, workers: Workers | None = None) -> LogReport:
+    """What ``cachectl report`` shows of a log (``lines``: :func:`.groups.log_lines`' store): :func:`build_report`
+    over the log, with the fix engine's two runs (safe fixes only; unsafe ones too, with the tokens each code gains)
+    as its before/after section and the forks of the log's shared prefix.
+
+    With ``workers`` (:class:`cachectl.workers.Workers` of more than one job) the parts run side by side: a child
+    measures the log as it is and builds the token diff, provider and curve sections while this process finds the
+    forks; then a child runs the safe fix while this process runs the full one (and a child measures the log as
+    each code left it while this process measures the log with all of them). The report is the same as in one
+    process (``workers`` None or of one job), where the parts run one after another. ``progress``: pass
+    ``workers.tick`` (it is called in the children too)."""
+    from ...workers import Workers
+    from ..provider.cache import tokenizer_counter
+    from .fix import _measurer, _ticking, assembled, fix_pass, measure_counter, prepared
+    from .groups import group_sessions
+    from .shared_prefix import auto_records, log_forks
+
+    workers = workers if workers is not None else Workers(jobs=1)
+    fixed_lines = prepared(lines, options, tokenizer, source)
+    grouping = group_sessions(_ticking(fixed_lines, progress), key=options.key, window_s=options.window_s,
+                              tokenizer=tokenizer)
+    counter = measure_counter(tokenizer)
+    measured = _measurer(grouping, options, tokenizer, table, source, counter, progress)
+    records = auto_records(lines, grouping)  # named by the log's own ids where it has them
+    ends = grouping.end_lines(lines)
+
+    def side() -> tuple:
+        before = measured(fixed_lines)
+        return before, pairs_report(
+            source=source, log=records, tokenizer=tokenizer, tokenizer_name=tokenizer_name, requests=requests,
+            table=table, trace=trace, block_size=options.block_size, top=top, price_model=price_model,
+            text_counter=tokenizer_counter(tokenizer) if tokenizer is not None else None, progress=progress,
+            prompt_of=lambda line: lines[lines.index_of(line)].prompt,  # type: ignore[attr-defined]
+            ends=ends, lines_of_losses=None)
+
+    side_job = workers.submit(side)  # beside the forks analysis
+    forks, fork_notes = log_forks(fixed_lines, tokenizer=tokenizer, block_size=options.block_size,
+                                  capacity_blocks=options.capacity_blocks,
+                                  add_generation_prompt=options.add_generation_prompt, source=source)
+    run = partial(fix_pass, fixed_lines, grouping, forks, tokenizer=tokenizer, table=table, source=source,
+                  counter=counter, progress=progress, examples_only=True)
+    # (the report shows the tokens reused per fix code of the full run only)
+    safe_options, full_options = replace(options, per_cause=False), replace(options, unsafe=True)
+    safe_job = workers.submit(run, safe_options, measured=measured)  # beside the full run (and its per-code measures)
+    full_pass = run(full_options, workers=workers)
+    safe_pass = safe_job.result()
+    (before, before_notes), (r, rate, losses) = side_job.result()
+    safe = assembled(fixed_lines, safe_options, grouping, forks, fork_notes, before, before_notes, safe_pass,
+                     table=table, source=source, tokenizer=tokenizer)
+    full = assembled(fixed_lines, full_options, grouping, forks, (), before, (), full_pass, table=table,
+                     source=source, tokenizer=tokenizer)
+    r = replace(r, fixes=before_after(safe, full, safe_applied=safe_pass.applied, full_applied=full_pass.applied))
+    return with_forks(r, forks, losses, rate) if forks is not None else r
 
 
 def _pair_again(key: Any, line_a: int, line_b: int, prompt_of: Callable[[int], Any], tokenizer: Any,
