@@ -179,6 +179,7 @@ class Workers:
         self._say_to = say
         self._running: list[Job] = []
         self._last_drain = 0.0
+        self._parent = os.getpid()
 
     def __enter__(self) -> Workers:
         return self
@@ -272,7 +273,9 @@ def _child(job: Job, r: int, w: int) -> None:  # pragma: no cover - runs in the 
         job._workers._running = []
         _CHILD_PIPE = w
         os.set_blocking(w, False)  # (ticks: never wait for a busy parent)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)  # an interrupt ends the child; the parent says what happened
+        for sig in (signal.SIGINT, signal.SIGTERM):  # an interrupt ends the child; the parent says what happened
+            signal.signal(sig, signal.SIG_DFL)
+        _die_with_parent(job._workers._parent)
         assert job._call is not None
         fn, args, kwargs = job._call
         try:
@@ -287,6 +290,18 @@ def _child(job: Job, r: int, w: int) -> None:  # pragma: no cover - runs in the 
         code = 1
     finally:
         os._exit(code)
+
+
+def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the forked child
+    """Linux: the child is killed when its parent dies (killed itself, it cannot kill its children)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # (the parent died before the call)
+        os._exit(1)
 
 
 def _error_payload(exc: BaseException) -> bytes:  # pragma: no cover - runs in the forked child

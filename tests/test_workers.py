@@ -193,3 +193,34 @@ def test_a_child_forked_while_the_watchdog_holds_its_lock_still_renders():
         time.sleep(0.05)
     assert job.result() == "ababab"
     w.close()
+
+
+@forks
+def test_a_child_dies_with_its_parent(tmp_path):
+    """A parent killed outright (SIGKILL: no handler runs) leaves no child computing on."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "from cachectl.workers import Workers\n"
+        "w = Workers(jobs=2)\n"
+        "job = w.submit(time.sleep, 60)\n"
+        "print(job.pid, flush=True)\n"
+        "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{child}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":  # (dead, not yet reaped by its new parent)
+                    return
+        except OSError:
+            return
+        time.sleep(0.05)
+    os.kill(child, signal.SIGKILL)
+    pytest.fail("the child outlived its parent")
