@@ -99,11 +99,11 @@ def _progress_output(args: list[str], tty: bool) -> str:
     return out.decode(errors="replace")
 
 
-@pytest.mark.parametrize("command", ["prompt-cost", "fix"])
+@pytest.mark.parametrize("command", ["prompt-cost", "fix", "report"])
 def test_progress_shows_on_a_terminal_and_not_on_a_pipe(tmp_path, command):
     log = tmp_path / "log.jsonl"
     make_log(log, 1500 if command == "prompt-cost" else 300)
     args = [command, str(log), "-t", str(TOK_DIR), "--format", "json"]
-    label = {"prompt-cost": "prompt-cost: requests", "fix": "fix: lines read"}[command]
+    label = {"prompt-cost": "prompt-cost: requests", "fix": "fix: lines read", "report": "report: lines read"}[command]
     assert label in _progress_output(args, tty=True)
     assert _progress_output(args, tty=False) == ""

@@ -199,3 +199,17 @@ def test_diff_tokens_log_groups_as_fix_and_summarizes_forks(cli, tok):
     assert first["conversations"] == g.count == 6
     rep = fix.fix_log(lines, replace(fix.FixOptions(), per_cause=False), tokenizer=tok)
     assert rep.grouping == g
+
+
+def test_the_fork_analysis_reports_its_progress(tok):
+    """Each line as it is packed, then each request as a pass or a replay views it (a batch of 256 at a time): on a long log
+    the fork analysis is minutes of work, and the progress of `fix` and `report` moves through it."""
+    lines = _lines(SHARED)
+    ticks: list[int] = []
+    forks, _ = log_forks(lines, tokenizer=tok, progress=ticks.append)
+    quiet, _ = log_forks(lines, tokenizer=tok)
+    assert forks is not None and quiet is not None and forks.report == quiet.report
+    assert ticks[:len(lines)] == [1] * len(lines)              # packed, line by line
+    assert set(ticks[len(lines):]) == {256}                     # viewed by the passes and replays
+    viewed = sum(ticks[len(lines):])
+    assert viewed >= 256 and viewed >= forks.report.replays * len(lines) // 256 * 256

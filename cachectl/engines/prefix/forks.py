@@ -61,7 +61,7 @@ import pickle
 import re
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import partial
 from itertools import chain, groupby, repeat
@@ -1081,8 +1081,11 @@ class _PlanKeys:
 
 class _Analyzer:
     def __init__(self, requests: RequestStore, *, tokenizer: Any, block_size: int,
-                 capacity_blocks: int | None, user_fields: Sequence[str], max_forks: int, max_values: int):
+                 capacity_blocks: int | None, user_fields: Sequence[str], max_forks: int, max_values: int,
+                 progress: Callable[[int], None] | None = None):
         self.reqs = requests
+        self.progress = progress
+        self._viewed = 0  # requests viewed since the last progress call
         self.tok = tokenizer
         self.bs = block_size
         self.cap = capacity_blocks
@@ -1099,6 +1102,11 @@ class _Analyzer:
     def view(self, k: int, plan: Sequence[Any], changed: list[int] | None = None) -> _View:
         """Request ``k`` under ``plan``; ``changed`` gets the index in ``plan`` of each counterfactual that changed
         it (the tools one it was re-rendered under, each line move that moved something)."""
+        if self.progress is not None:
+            self._viewed += 1
+            if self._viewed >= 256:  # (a replay views every request: its progress, counted a batch at a time)
+                self.progress(self._viewed)
+                self._viewed = 0
         tools = [t for t in plan if isinstance(t, _Tools)]
         v = _view(self.reqs[k], tools, self.tok, self.rendered, self.reqs, self.reqs.tool_set(k) if tools else None)
         if changed is not None and v.tools is not None:
@@ -1507,14 +1515,15 @@ def pack_requests(requests: Iterable[ForkRequest] | Iterable[tuple[int, Any]], *
 def analyze_forks(requests: Iterable[ForkRequest] | Iterable[tuple[int, Any]], *, tokenizer: Any = None,
                   block_size: int = 16, capacity_blocks: int | None = None, user_fields: Sequence[str] = USER_FIELDS,
                   source: str = "", max_forks: int = 32, max_passes: int = 8, max_values: int = 10_000,
-                  add_generation_prompt: bool = True) -> ForkReport:
+                  add_generation_prompt: bool = True, progress: Callable[[int], None] | None = None) -> ForkReport:
     """The shared-prefix tree of a log, its forks, their causes and costs (see the module docstring).
 
     ``requests``: :class:`ForkRequest` records, or ``(line, value)`` pairs, turned into them here with
     ``tokenizer`` (:func:`fork_requests`), read once: every counterfactual is a pass over the log, so they are
     kept packed (:class:`RequestStore`; pass one to share it: ``LogForks`` locates the moved lines in it). ``capacity_blocks``
     adds the at-capacity (vLLM LRU) replays. ``max_forks`` bounds the forks classified per pass (most requests
-    first), ``max_values`` the branches whose values are compared per fork.
+    first), ``max_values`` the branches whose values are compared per fork. ``progress(n)``: called as the
+    replays view the requests (each replay counts them again).
     """
     if not 1 <= block_size <= 1 << 20:
         raise UsageError("`block_size` must be between 1 and 1,048,576")
@@ -1523,7 +1532,7 @@ def analyze_forks(requests: Iterable[ForkRequest] | Iterable[tuple[int, Any]], *
     if not reqs:
         raise InputError("no requests", source=source)
     analyzer = _Analyzer(reqs, tokenizer=tokenizer, block_size=block_size, capacity_blocks=capacity_blocks,
-                         user_fields=user_fields, max_forks=max_forks, max_values=max_values)
+                         user_fields=user_fields, max_forks=max_forks, max_values=max_values, progress=progress)
     return analyzer.run(max_passes)
 
 

@@ -144,7 +144,7 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
         before_job = workers.submit(measured, lines)  # beside the forks analysis and the rewrite
     forks, fork_notes = (reuse.forks, []) if reuse is not None and reuse.forks is not None else log_forks(
         lines, tokenizer=tokenizer, block_size=options.block_size, capacity_blocks=options.capacity_blocks,
-        add_generation_prompt=options.add_generation_prompt, source=source)
+        add_generation_prompt=options.add_generation_prompt, source=source, progress=progress)
     done = fix_pass(lines, grouping, forks, options, tokenizer=tokenizer, table=table, source=source,
                     counter=counter, progress=progress, measured=measured, workers=workers)
     if reuse is not None and reuse.before is not None:

@@ -457,7 +457,8 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     side_job = workers.submit(side)  # beside the forks analysis
     forks, fork_notes = log_forks(fixed_lines, tokenizer=tokenizer, block_size=options.block_size,
                                   capacity_blocks=options.capacity_blocks,
-                                  add_generation_prompt=options.add_generation_prompt, source=source)
+                                  add_generation_prompt=options.add_generation_prompt, source=source,
+                                  progress=progress)
     run = partial(fix_pass, fixed_lines, grouping, forks, tokenizer=tokenizer, table=table, source=source,
                   counter=counter, progress=progress, examples_only=True)
     # (the report shows the tokens reused per fix code of the full run only)

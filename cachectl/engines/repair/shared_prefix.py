@@ -18,7 +18,7 @@ the requests, what the forks add beyond the within-conversation loss of the same
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,10 +84,11 @@ class LogForks:
 
 def log_forks(lines: Iterable[LogLine], *, tokenizer: Any = None, block_size: int = 16,
               capacity_blocks: int | None = None, add_generation_prompt: bool = True,
-              source: str = "") -> tuple[LogForks | None, list[str]]:
+              source: str = "", progress: Callable[[int], None] | None = None) -> tuple[LogForks | None, list[str]]:
     """The fork analysis of ``lines`` (served tokens rendered with ``tokenizer``, canonical positions without one);
     None and a note when the log cannot be analysed (raw-text lines without a tokenizer). ``lines`` is read once,
-    in order, and no line is kept: the requests are kept packed (:class:`~cachectl.engines.prefix.forks.RequestStore`)."""
+    in order, and no line is kept: the requests are kept packed (:class:`~cachectl.engines.prefix.forks.RequestStore`).
+    ``progress(n)``: called as lines are packed and as the replays view them."""
     numbers = array("q")
 
     store = store_of(lines) if isinstance(lines, Sequence) else None
@@ -96,10 +97,14 @@ def log_forks(lines: Iterable[LogLine], *, tokenizer: Any = None, block_size: in
         if store is not None:  # the values as read, without parsing each line again
             for i in range(len(store)):
                 numbers.append(store.line_number(i))
+                if progress is not None:
+                    progress(1)
                 yield numbers[-1], store.value(i)
             return
         for ln in lines:
             numbers.append(ln.line)
+            if progress is not None:
+                progress(1)
             yield ln.line, ln.value
 
     try:
@@ -107,7 +112,7 @@ def log_forks(lines: Iterable[LogLine], *, tokenizer: Any = None, block_size: in
         if not reqs:
             return None, []
         rep = analyze_forks(reqs, tokenizer=tokenizer, block_size=block_size, capacity_blocks=capacity_blocks,
-                            source=source, add_generation_prompt=add_generation_prompt)
+                            source=source, add_generation_prompt=add_generation_prompt, progress=progress)
     except (InputError, UsageError) as exc:
         return None, [f"the shared prefix across requests was not analysed: {exc}"]
     return LogForks(rep, reqs, numbers), []
