@@ -207,8 +207,7 @@ class Workers:
         if _CHILD_PIPE is not None:
             _child_tick(n)
             return
-        if self._progress is not None:
-            self._progress(n)
+        self._forward(n)
         if self._running:
             now = time.monotonic()
             if now - self._last_drain >= TICK_S:

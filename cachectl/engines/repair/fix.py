@@ -133,12 +133,9 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     (:class:`cachectl.workers.Workers`): the log before the fixes is measured in a child process while this one
     finds the forks and rewrites, and the log as each code left it while this one measures the log after them (the
     same report; pass ``workers.tick`` as ``progress``)."""
-    lines = prepared(lines, options, tokenizer, source)
-    grouping = (reuse.grouping if reuse is not None
-                else group_sessions(_ticking(lines, progress), key=options.key, window_s=options.window_s,
-                                    tokenizer=tokenizer))
-    counter = measure_counter(tokenizer)
-    measured = _measurer(grouping, options, tokenizer, table, source, counter, progress)
+    lines, grouping, counter, measured = started(lines, options, tokenizer=tokenizer, table=table, source=source,
+                                                 progress=progress,
+                                                 grouping=reuse.grouping if reuse is not None else None)
     before_job = None
     if (reuse is None or reuse.before is None) and workers is not None:
         before_job = workers.submit(measured, lines)  # beside the forks analysis and the rewrite
@@ -172,6 +169,19 @@ def prepared(lines: Sequence[LogLine], options: FixOptions, tokenizer: Any, sour
         # the passes below render most prompts several times: each render is kept (on disk) from here on
         tokenizer.remember_renders()
     return lines
+
+
+def started(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any = None, table: Any = None,
+            source: str = "", progress: Callable[[int], None] | None = None, grouping: Grouping | None = None,
+            ) -> tuple[Sequence[LogLine], Grouping, Any, Callable[..., tuple[Measure, list[str]]]]:
+    """What every run on a log starts with: the lines :func:`prepared`, their conversations (``grouping``, or
+    grouped here), one provider token counter, and the measure of a version of the log (``measured(lines)``)."""
+    lines = prepared(lines, options, tokenizer, source)
+    if grouping is None:
+        grouping = group_sessions(_ticking(lines, progress), key=options.key, window_s=options.window_s,
+                                  tokenizer=tokenizer)
+    counter = measure_counter(tokenizer)
+    return lines, grouping, counter, _measurer(grouping, options, tokenizer, table, source, counter, progress)
 
 
 def measure_counter(tokenizer: Any) -> Any:

@@ -432,16 +432,12 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     ``workers.tick`` (it is called in the children too)."""
     from ...workers import Workers
     from ..provider.cache import tokenizer_counter
-    from .fix import _measurer, _ticking, assembled, fix_pass, measure_counter, prepared
-    from .groups import group_sessions
+    from .fix import assembled, fix_pass, started
     from .shared_prefix import auto_records, log_forks
 
     workers = workers if workers is not None else Workers(jobs=1)
-    fixed_lines = prepared(lines, options, tokenizer, source)
-    grouping = group_sessions(_ticking(fixed_lines, progress), key=options.key, window_s=options.window_s,
-                              tokenizer=tokenizer)
-    counter = measure_counter(tokenizer)
-    measured = _measurer(grouping, options, tokenizer, table, source, counter, progress)
+    fixed_lines, grouping, counter, measured = started(lines, options, tokenizer=tokenizer, table=table,
+                                                       source=source, progress=progress)
     records = auto_records(lines, grouping)  # named by the log's own ids where it has them
     ends = grouping.end_lines(lines)
 
