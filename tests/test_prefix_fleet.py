@@ -494,6 +494,7 @@ def test_partition_dir_must_be_new_or_empty_and_ray_needs_partitions(cli, tmp_pa
     assert r.exit_code == 2 and "partition file replica-00001.parquet is missing" in r.stderr, r.stderr
 
 
+@pytest.mark.ray
 def test_partitions_replayed_as_ray_tasks_in_a_local_ray(cli, tmp_path):
     """Ray's own API (ray.remote, ray.get) on a local two-CPU Ray: the numbers of one process."""
     pytest.importorskip("pyarrow")
@@ -575,6 +576,7 @@ def test_a_folder_without_a_manifest_is_not_a_partition_directory(cli, tmp_path)
         assert "no manifest.json: not a partition directory (write one with --partition-dir)" in r.stderr
 
 
+@pytest.mark.ray
 def test_an_unreachable_ray_address_is_one_line_soon(cli, tmp_path):
     pytest.importorskip("pyarrow")
     pytest.importorskip("ray")

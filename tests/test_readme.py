@@ -33,7 +33,20 @@ def test_ci_runs_the_oldest_versions_job_on_the_declared_floors():
     oldest = (ROOT / ".ci" / "oldest").read_text(encoding="utf-8")
     # the pins come from pyproject.toml itself, and the job checks they were installed
     assert 'tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]' in oldest
-    assert "--system-site-packages" in oldest and "floors installed" in oldest
+    assert "zz-cachectl-parent.pth" in oldest and "floors installed" in oldest
+
+
+def test_ci_runs_the_readme_commands_in_a_virtualenv_of_its_own():
+    """A fresh machine, for real: .ci/run makes a new virtualenv and activates it before the README's commands, so
+    nothing from the machine's site-packages can hide a missing dependency."""
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    setup, _ = readme_commands()
+    made = next(i for i, line in enumerate(ci) if line.startswith('python3 -m venv "$VENV"'))
+    active = ci.index('source "$VENV/bin/activate"')
+    assert made < active < ci.index(setup)
+    assert not any("--system-site-packages" in line for line in ci)
+    assert 'python3 -m pytest -q -m ray' in ci and ci.index(setup) < ci.index("python3 -m pytest -q -m ray")
+    assert any(line.startswith("python3 -m mkdocs build --strict") for line in ci)
 
 
 def test_the_setup_installs_the_tour_and_tests_without_ray_and_ci_adds_it():

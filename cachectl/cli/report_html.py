@@ -7,8 +7,9 @@ import math
 from collections.abc import Sequence
 from html import escape
 
+from ..engines.causes import cause_label
 from ..engines.prefix.forks import Fork, TreeNode
-from ..engines.repair.report import BeforeAfter, CurveSection, LogReport, PairView, cause_label
+from ..engines.repair.report import BeforeAfter, CurveSection, LogReport, PairView
 from .common import flags_for_params
 
 CSS = """

@@ -25,6 +25,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ...errors import CachectlError, InputError
+from ..causes import cause_label
 
 if TYPE_CHECKING:
     from ...inputs import LogRecord, Request
@@ -38,33 +39,6 @@ if TYPE_CHECKING:
     from .shared_prefix import LogForks, SharedPrefixSection
 
 SCHEMA_VERSION = 1
-
-#: a one-line name for each cause id of the token diff (tokendiff.explain)
-CAUSE_LABELS = {
-    "date_time": "a date or time in the prompt",
-    "volatile_id": "a per-request id in the prompt",
-    "counter": "a counter in the prompt",
-    "tool_schema_key_order": "tool schema keys in another order",
-    "tool_order": "tools listed in another order",
-    "tools_changed": "the tool list changed",
-    "json_key_order": "JSON keys in another order",
-    "think_stripped": "reasoning stripped from earlier turns",
-    "doubled_bos": "a doubled BOS token",
-    "bos_mismatch": "BOS present in one and not the other",
-    "default_system_prompt": "the template's default system prompt",
-    "system_prompt_changed": "the system prompt changed",
-    "history_edited": "earlier turns edited",
-    "message_relocated": "a message moved",
-    "last_turn_closed_differently": "the last turn closed differently",
-    "unicode_normalization": "Unicode normalized differently",
-    "whitespace": "whitespace changed",
-    "token_boundary": "a token boundary moved",
-    None: "no cause identified",
-}
-
-
-def cause_label(cause: str | None) -> str:
-    return CAUSE_LABELS.get(cause, (cause or "").replace("_", " "))
 
 
 @dataclass(frozen=True)
