@@ -1,97 +1,36 @@
-"""The log shapes cachectl reads: one entry each, with how a file of that shape is recognized, what its lines
-carry, the commands that read it, and an example in this repository that the tests run every listed command on.
+"""The log shapes cachectl reads: one module each, found by itself from the first lines of a file.
 
-This is the registry the docs' "What can I feed it?" reference is generated from, and the home where each shape
-gets its own module (a cheap ``detect`` from the first lines and a reader of records) as the shapes users' tools
-write are added. Containers (gzip, zstd, Parquet, stdin) are orthogonal: any JSONL shape may come in one.
+Every whole-log command reads a log through :func:`log_values`: it detects the shape (``--log-format NAME``
+forces one), and yields each record as cachectl's own wrapper line ``{timestamp, body, usage, model, ...keys}``
+with the line it came from. cachectl's own shapes (:mod:`.native`: the wrapper, bare bodies, token layouts,
+usage lines, traces) are read as they stand; a foreign shape's module turns each of its calls into a
+:class:`~.base.Record`.
+
+A new shape is one module here (``SHAPE``, ``detect``, ``read``: see :mod:`.base`) and one line in
+:data:`MODULES`. Containers (gzip, zstd, Parquet, stdin) are orthogonal: any JSONL shape may come in one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from collections.abc import Iterable, Iterator
+from types import ModuleType
+from typing import Any
 
+from ...errors import InputError, UsageError
+from . import native
+from .base import HEAD_BYTES, HEAD_LINES, Head, HeadLine, LogShape, Record, Verdict, json_value
 
-@dataclass(frozen=True)
-class LogShape:
-    #: the stable name (what ``--log-format`` will take)
-    name: str
-    title: str
-    #: how cachectl tells a line of this shape from the others
-    recognized: str
-    #: what a line carries that the commands use
-    carries: str
-    #: the commands that read a log of this shape
-    commands: tuple[str, ...]
-    #: an example in this repository (relative to its root)
-    example: str
-    #: where the shape is specified
-    spec: str
+#: the foreign shapes' modules, in the order their detectors are asked (the more specific first); cachectl's
+#: own shapes (native) are asked last
+MODULES: tuple[ModuleType, ...] = ()
 
-
-SHAPES: dict[str, LogShape] = {s.name: s for s in (
-    LogShape("wrapper", "cachectl's request log: {timestamp, body, usage}",
-             "a JSON object per line whose `body` (or `request`) holds a request body",
-             "the request body, its timestamp, the billed `usage` (or `response.usage`), `output_tokens`, and any "
-             "other top-level field as a key (`--key session`, `--tenant-field`)",
-             ("prompt-cost", "report", "fix", "diff-tokens", "simulate-prefix"),
-             "fixtures/prompts/openai_requests.jsonl",
-             "cachectl's own; the OpenAI Batch API input line (`custom_id`, `method`, `url`, `body`) is read as one"),
-    LogShape("openai-chat", "OpenAI Chat Completions request bodies",
-             "a JSON document (or a log line's body) with `messages`"
-             " whose model or fields are not Anthropic's",
-             "`messages`, `tools`, `response_format`, `prompt_cache_key`, GPT-5.6+ `prompt_cache_breakpoint` and "
-             "`prompt_cache_options`",
-             ("diff-tokens", "lint"),
-             "fixtures/prompts/openai_tools_a.json",
-             "https://platform.openai.com/docs/api-reference/chat/create"),
-    LogShape("openai-responses", "OpenAI Responses request bodies",
-             "a body with `input` and no `messages`",
-             "`instructions`, `input` items, `tools`, cache options; in a wrapper, the timestamp and usage",
-             ("prompt-cost", "report", "fix", "diff-tokens", "simulate-prefix"),
-             "fixtures/logs/openai_responses.jsonl",
-             "https://platform.openai.com/docs/api-reference/responses/create"),
-    LogShape("anthropic-messages", "Anthropic Messages request bodies",
-             "a JSON document (or a log line's body) with `messages` and a Claude"
-             " model, top-level `system`, or `cache_control` markers",
-             "`tools`, `system`, `messages` with their content blocks and `cache_control` breakpoints (TTL)",
-             ("diff-tokens", "lint"),
-             "fixtures/prompts/anthropic_body.json",
-             "https://docs.anthropic.com/en/api/messages"),
-    LogShape("token-layout", "token layouts: request blocks as counts",
-             "a body with `blocks`, each an `id` and a token count",
-             "the cacheable blocks by id and length, `cache_control`, the model, timestamp and output tokens: "
-             "a what-if without text or tokenizer",
-             ("prompt-cost",),
-             "fixtures/logs/token_layout.jsonl",
-             "cachectl's own"),
-    LogShape("provider-usage", "provider responses with their billed usage",
-             "a JSON object with `usage` and no request (`messages`/`input`): an Anthropic message or an OpenAI "
-             "response",
-             "the billed counters (input, cache read, cache write by TTL, output) and the model: the bill audited "
-             "line by line",
-             ("prompt-cost",),
-             "fixtures/prompts/responses.jsonl",
-             "https://docs.anthropic.com/en/api/messages ; https://platform.openai.com/docs/api-reference/responses"),
-    LogShape("token-ids", "token-ID traces",
-             "a JSON object per line with `tokens`, `prompt_token_ids`, `input_ids` or `token_ids`",
-             "the prompt's token IDs, optional timestamp, output tokens, salt, tenant and session fields",
-             ("simulate-prefix",),
-             "fixtures/traces/rag.jsonl",
-             "cachectl's own; vLLM's `prompt_token_ids`"),
-    LogShape("mooncake", "Mooncake traces: pre-hashed blocks",
-             "a JSON object per line with `hash_ids` (and `input_length`, `output_length`, `timestamp`)",
-             "the chained block ids of 512-token blocks, prompt and output lengths, arrival time",
-             ("simulate-prefix",),
-             "fixtures/traces/mooncake_conv.jsonl",
-             "https://github.com/kvcache-ai/Mooncake (FAST'25 traces)"),
-    LogShape("served", "served logs: token IDs with the server's cached-token counters",
-             "token IDs plus vLLM's `usage.prompt_tokens_details.cached_tokens` or SGLang's `meta_info.cached_tokens`",
-             "what the server says it served from its prefix cache, beside the prompt: the simulator checked "
-             "against the server",
-             ("simulate-prefix",),
-             "fixtures/traces/served.jsonl",
-             "vLLM's OpenAI-compatible server usage; SGLang's meta_info"),
-)}
+#: every shape, by name: the foreign modules' and cachectl's own
+SHAPES: dict[str, LogShape] = {s.name: s for s in (*(m.SHAPE for m in MODULES), *native.SHAPES)}
+#: a shape name -> the module that reads it (None: read as cachectl's own lines)
+READERS: dict[str, ModuleType | None] = {**{m.SHAPE.name: m for m in MODULES}, **{s.name: None for s in native.SHAPES}}
+#: the names ``--log-format`` takes: ``auto`` and every shape a log can be (documents are not logs)
+LOG_FORMATS: tuple[str, ...] = ("auto", *(m.SHAPE.name for m in MODULES), "native")
 
 #: containers any JSONL shape may come in
 CONTAINERS: dict[str, str] = {
@@ -101,4 +40,70 @@ CONTAINERS: dict[str, str] = {
     "stdin": "`-` reads standard input",
 }
 
-__all__ = ["CONTAINERS", "SHAPES", "LogShape"]
+
+def _head(lines: Iterable[tuple[int, bytes, str]], source: str) -> tuple[Head, list[tuple[int, bytes, str]]]:
+    taken = list(itertools.islice(lines, HEAD_LINES))
+    heads = tuple(HeadLine(n, raw[:HEAD_BYTES], json_value(raw) if len(raw) <= HEAD_BYTES else None)
+                  for n, raw, _ in taken)
+    text = b"".join(raw for _, raw, _ in taken)[:HEAD_BYTES]
+    return Head(source, heads, text), taken
+
+
+def detect(head: Head) -> tuple[str, ModuleType | None]:
+    """``(shape name, its reader)`` of a file from its head: the first foreign module that says yes, else
+    cachectl's own shapes; a file in no known shape is one line naming the closest shape and what it lacked, or
+    the shapes cachectl reads."""
+    best: tuple[Verdict, str] | None = None
+    for module in MODULES:
+        verdict = module.detect(head)
+        if verdict.score == 2:
+            return module.SHAPE.name, module
+        if verdict.score == 1 and best is None:
+            best = (verdict, module.SHAPE.title)
+    if native.detect(head).score == 2:
+        return "native", None
+    line = head.lines[0].line if head.lines else None
+    if best is not None:
+        raise InputError(f"looks like {best[1]} but {best[0].lacks}", source=head.source, line=line)
+    names = ", ".join(SHAPES)
+    raise InputError(f"not a log shape cachectl reads (it reads: {names}; see `--log-format`)",
+                     source=head.source, line=line)
+
+
+def log_values(path: str, log_format: str | None = None) -> Iterator[tuple[int, Any]]:
+    """``(line, value)`` of each record of a log in any shape, as cachectl's own wrapper line; cachectl's own
+    shapes pass through as they stand. ``log_format``: a name of :data:`LOG_FORMATS` (None or ``auto``: found by
+    itself)."""
+    from ..files import display_name, iter_raw_lines, parse_jsonl_line
+
+    source = display_name(path)
+    lines = iter_raw_lines(path)
+    head, taken = _head(lines, source)
+    if log_format in (None, "auto"):
+        _, module = detect(head)
+    elif log_format == "native":
+        module = None
+    elif log_format in READERS:
+        module = READERS[log_format]
+    else:
+        raise UsageError(f"unknown log format {log_format!r} (known: {', '.join(LOG_FORMATS)})")
+    rest = itertools.chain(taken, lines)
+    if module is None:
+        for n, raw, src in rest:
+            yield n, parse_jsonl_line(raw, src, n)
+        return
+    records: Iterator[Record] = module.read(((n, raw) for n, raw, _ in rest), source)
+    for record in records:
+        yield record.line, record.value()
+
+
+def shape_of(path: str) -> str:
+    """The shape name of the log ``path`` (``native`` for cachectl's own), from its first lines."""
+    from ..files import display_name, iter_raw_lines
+
+    head, _ = _head(iter_raw_lines(path), display_name(path))
+    return detect(head)[0]
+
+
+__all__ = ["CONTAINERS", "LOG_FORMATS", "MODULES", "READERS", "SHAPES", "LogShape", "Record", "detect",
+           "log_values", "shape_of"]
