@@ -14,6 +14,7 @@ if TYPE_CHECKING:  # pragma: no cover
 from .common import (EXIT_FINDING, EXIT_OK, AsOpt, BlockSizeOpt, ChatTemplateOpt, Format, FormatOpt, Progress,
                      TemplateVarOpt, TokenizerOpt, emit_json, emit_jsonl, handle_errors, iter_progress,
                      parse_template_vars, plural, print_note, stdout)
+from .logformat import LogFormatOpt, log_format_name
 
 HELP = """Where two prompts stop matching in token space, and why.
 
@@ -63,6 +64,7 @@ def command(
         "--stability", metavar="CONVERSATION.json",
         help="Check that rendering turns[:k] is a token prefix of rendering turns[:k+1] for every k.")] = None,
     fmt: FormatOpt = Format.text,
+    log_format: LogFormatOpt = None,
 ) -> None:
     # Imported here, not at the top: `cachectl --help` and the other commands start without them.
     from ..engines import tokendiff
@@ -93,9 +95,9 @@ def command(
         ends = None
         with Progress("requests") as progress:
             if key is None:  # fix's and report's grouping, and the log's shared prefix across requests
-                forks, records, ends = _auto_log(log, tok, block_size, add_generation_prompt, fmt)
+                forks, records, ends = _auto_log(log, tok, block_size, add_generation_prompt, fmt, log_format_name(log_format))
             else:
-                records = iter_log(log, key, kind)
+                records = iter_log(log, key, kind, log_format_name(log_format))
             for item in tokendiff.diff_log(iter_progress(records, progress), tok, block_size=block_size,
                                            context=context, add_generation_prompt=add_generation_prompt,
                                            add_special_tokens=special_tokens, template_vars=tvars,
@@ -238,15 +240,17 @@ def _render_pair(p: "PairResult", fmt: Format) -> None:
         stdout.print(f"line {p.line_b}{key}: [green]{_KIND_TEXT[d.kind]}[/] ({plural(d.common_prefix_tokens, 'token')} reused)")
 
 
-def _auto_log(log: str, tok, block_size: int, add_generation_prompt: bool, fmt: Format):
+def _auto_log(log: str, tok, block_size: int, add_generation_prompt: bool, fmt: Format,
+              log_format: Optional[str] = None):
     """Without --key: the conversations found as fix and report find them (one grouping for the three), said
     before the pairs, and the log's shared-prefix analysis (its forks, summarized after the pairs)."""
     from ..engines.repair.groups import group_sessions, log_lines
     from ..engines.repair.shared_prefix import auto_records, log_forks
-    from ..inputs import display_name, iter_jsonl
+    from ..inputs import display_name
+    from ..inputs.formats import log_values
 
     source = display_name(log)
-    lines = log_lines(iter_jsonl(log), source=source)
+    lines = log_lines(log_values(log, log_format), source=source)
     grouping = group_sessions(lines, tokenizer=tok)
     forks, notes = log_forks(lines, tokenizer=tok, block_size=block_size, add_generation_prompt=add_generation_prompt,
                              source=source)

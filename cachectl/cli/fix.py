@@ -36,6 +36,7 @@ from .common import (
     timestamp_note,
     timestamp_reader,
 )
+from .logformat import LogFormatOpt, log_format_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engines.repair.fix import FixReport
@@ -97,12 +98,13 @@ def command(
                                        "logs).")] = False,
     fmt: FormatOpt = Format.text,
     jobs: JobsOpt = None,
+    log_format: LogFormatOpt = None,
 ) -> None:
     from ..engines.provider.prices import PriceTable
     from ..engines.repair import fix, fixes
     from ..engines.repair.groups import log_lines
     from ..inputs import display_name, read_json_file
-    from ..inputs.files import iter_log_values
+    from ..inputs.formats import raw_log_values
     from ..workers import Workers
 
     if diff and out:
@@ -135,7 +137,8 @@ def command(
     raw = Spool()  # each line's bytes, on disk: an unchanged line is copied to --out byte for byte
 
     def records():  # each line parsed and checked before the next is read: the first bad line is the one named
-        for lineno, line, value in iter_log_values(log):  # one pretty-printed body is a log of one line
+        # one pretty-printed body is a log of one line; a shape whose lines are not requests is refused
+        for lineno, line, value in raw_log_values(log, log_format_name(log_format), command="fix"):
             raw.put_bytes(line)
             progress.advance()
             yield lineno, value

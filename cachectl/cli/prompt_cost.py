@@ -29,6 +29,7 @@ from .common import (
     timestamp_note,
     timestamp_reader,
 )
+from .logformat import LogFormatOpt, log_format_name
 
 HELP = """What provider prompt caching costs and saves.
 
@@ -76,6 +77,7 @@ def command(
                                             "lines without a timestamp.")] = None,
     ttl: Annotated[Ttl, typer.Option("--ttl", help="What-if: cache TTL of the prefix breakpoint.")] = Ttl.m5,
     time_unit: TimeUnitOpt = None,
+    log_format: LogFormatOpt = None,
     fmt: FormatOpt = Format.text,
 ) -> None:
     from ..engines.provider.prices import PriceTable
@@ -102,11 +104,11 @@ def command(
                 out.add(q)
         case "audit":
             assert usage is not None
-            report = _audit(table, usage, model, model_as, out.add)
+            report = _audit(table, usage, model, model_as, out.add, log_format_name(log_format))
         case _:
             assert requests is not None
             report = _simulate(table, requests, model, model_as, tokenizer, count_with_api, every, time_unit,
-                               out.add)
+                               out.add, log_format_name(log_format))
     out.finish(report)
     raise typer.Exit(EXIT_OK)
 
@@ -128,12 +130,14 @@ def _what_if(table, model: Optional[str], prefix_tokens: int, suffix_tokens: int
                                ttl=getattr(ttl, "value", ttl))
 
 
-def _audit(table, usage: str, model: Optional[str], model_as: Optional[str], on_request):
+def _audit(table, usage: str, model: Optional[str], model_as: Optional[str], on_request,
+           log_format: Optional[str] = None):
     from ..engines.provider import cache as promptcache
-    from ..inputs import display_name, iter_jsonl
+    from ..inputs import display_name
+    from ..inputs.formats import log_values
 
     try:
-        return promptcache.audit_usage(iter_jsonl(usage), source=display_name(usage), table=table,
+        return promptcache.audit_usage(log_values(usage, log_format), source=display_name(usage), table=table,
                                        default_model=model, model_as=model_as, keep_requests=False,
                                        on_request=on_request)
     except InputError as exc:
@@ -145,7 +149,8 @@ def _audit(table, usage: str, model: Optional[str], model_as: Optional[str], on_
 
 
 def _simulate(table, requests: str, model: Optional[str], model_as: Optional[str], tokenizer: Optional[str],
-              count_with_api: bool, every: Optional[str], time_unit: Optional[TimeUnit], on_request):
+              count_with_api: bool, every: Optional[str], time_unit: Optional[TimeUnit], on_request,
+              log_format: Optional[str] = None):
     from ..engines.provider import cache as promptcache
     from ..inputs import display_name, read_requests
 
@@ -160,7 +165,8 @@ def _simulate(table, requests: str, model: Optional[str], model_as: Optional[str
     stamps = timestamp_reader(time_unit)
     with Progress("prompt-cost: requests") as progress:
         report = promptcache.simulate_requests(
-            iter_progress(read_requests(requests, default_model=model, timestamps=stamps), progress),
+            iter_progress(read_requests(requests, default_model=model, timestamps=stamps, log_format=log_format),
+                          progress),
             table=table, source=display_name(requests), text_counter=text_counter, api=api,
             every=promptcache.parse_duration(every) if every else None, token_source=token_source,
             model_as=model_as, keep_requests=False, on_request=on_request)

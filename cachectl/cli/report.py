@@ -35,6 +35,7 @@ from .common import (
     timestamp_note,
     timestamp_reader,
 )
+from .logformat import LogFormatOpt, log_format_name
 
 HELP = """One page over a request log: what its caches missed.
 
@@ -56,12 +57,12 @@ its conversation and no fork has a fix, 1 when prefix tokens were lost or a fork
 """
 
 
-def _trace_records(path: str) -> Iterator[tuple]:
+def _trace_records(path: str, log_format: Optional[str] = None) -> Iterator[tuple]:
     """simulate-prefix's trace records, bare chat lists as ``{"messages": [...]}`` (diff-tokens' logs are often
     those); timestamps are read by the trace reader (ISO 8601 too)."""
     from ..engines.prefix.trace import trace_records
 
-    for line, value, *rest in trace_records(path):
+    for line, value, *rest in trace_records(path, log_format):
         if isinstance(value, list):  # a bare chat list: the trace reader wants an object
             value = {"messages": value}
         yield (line, value, *rest)
@@ -89,8 +90,10 @@ def command(
     top: Annotated[int, typer.Option("--top", min=1, help="Worst conversations shown.")] = 5,
     fmt: FormatOpt = Format.text,
     jobs: JobsOpt = None,
+    log_format: LogFormatOpt = None,
 ) -> None:
     from ..inputs.files import spooled
+    from ..inputs.formats import shape_of
 
     if not tokenizer:
         raise UsageError("report needs --tokenizer (requests become tokens through its chat template)")
@@ -98,7 +101,10 @@ def command(
         check_output(html, "--html", run_inputs(log, tokenizer=tokenizer, chat_template=chat_template))
     # the log is read three times (token diff, provider cache, prefix replay): stdin or a pipe is copied once
     with spooled(log) as path:
-        _report(path, tokenizer, key, window, chat_template, model, html, block_size, top, fmt, time_unit, jobs)
+        shape = log_format_name(log_format)
+        shape = shape if shape not in (None, "auto") else shape_of(path)  # found once, read three times
+        _report(path, tokenizer, key, window, chat_template, model, html, block_size, top, fmt, time_unit, jobs,
+                shape)
 
 
 command.__doc__ = HELP
@@ -106,12 +112,13 @@ command.__doc__ = HELP
 
 def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_template: Optional[str],
             model: Optional[str], html: Optional[str], block_size: int, top: int, fmt: Format,
-            time_unit: Optional[TimeUnit] = None, jobs: Optional[int] = None) -> None:
+            time_unit: Optional[TimeUnit] = None, jobs: Optional[int] = None, shape: str = "native") -> None:
     from ..engines.prefix.trace import iter_trace
     from ..engines.provider.prices import PriceTable
     from ..engines.repair import fix, report
     from ..engines.repair.groups import log_lines
-    from ..inputs import display_name, iter_jsonl, read_requests
+    from ..inputs import display_name, read_requests
+    from ..inputs.formats import log_values
     from ..tokenization import load_tokenizer
     from ..workers import Workers
 
@@ -124,12 +131,14 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
     with Progress("report: lines read, rewritten, compared and replayed") as progress, \
             Workers(jobs, progress=progress.advance, say=print_note) as workers:
         # fix's reader and grouping: conversations by --key, else found automatically
-        lines = log_lines(iter_progress(iter_jsonl(log), progress), source=source, key=key, timestamps=stamps)
+        lines = log_lines(iter_progress(log_values(log, shape), progress), source=source, key=key,
+                          timestamps=stamps)
         tick = workers.tick  # (a part computed in a child process ticks through its parent)
         result = report.log_report(
             lines, options, tokenizer=tok, tokenizer_name=tokenizer, table=table, source=source,
-            requests=iter_progress(read_requests(log, default_model=model, timestamps=stamps), tick),
-            trace=iter_trace(iter_progress(_trace_records(log), tick), source=source, tokenizer=tok,
+            requests=iter_progress(read_requests(log, default_model=model, timestamps=stamps, log_format=shape),
+                                   tick),
+            trace=iter_trace(iter_progress(_trace_records(log, shape), tick), source=source, tokenizer=tok,
                              timestamps=stamps),
             top=top, price_model=model, progress=tick, workers=workers)
     if html is not None:

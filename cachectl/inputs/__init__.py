@@ -94,11 +94,13 @@ def read_json_file(path: str) -> tuple:
 
 
 def read_requests(path: str, *, default_model: str | None = None, provider: str | None = None,
-                  timestamps: TimestampReader | None = None):
-    """Stream canonical requests from a JSONL log (``-`` for stdin, ``.gz`` too), one per non-blank line;
-    ``timestamps`` reads their timestamps (the run's unit rule)."""
+                  timestamps: TimestampReader | None = None, log_format: str | None = None):
+    """Stream canonical requests from a log in any shape (``-`` for stdin, ``.gz`` too), one per record;
+    ``timestamps`` reads their timestamps (the run's unit rule); ``log_format`` forces the log's shape."""
+    from .formats import log_values
+
     source = display_name(path)
-    for lineno, value in iter_jsonl(path):
+    for lineno, value in log_values(path, log_format):
         yield parse_request(value, source=source, line=lineno, default_model=default_model, provider=provider,
                             timestamps=timestamps)
 

@@ -522,11 +522,13 @@ def iter_jsonl(path: str) -> Iterator[tuple[int, Any]]:
 PRETTY_JSON = "this is pretty-printed JSON over several lines"
 
 
-def iter_log_values(path: str) -> Iterator[tuple[int, bytes, Any]]:
+def iter_log_values(path: str, lines: Iterator[tuple[int, bytes, str]] | None = None
+                    ) -> Iterator[tuple[int, bytes, Any]]:
     """``(line_number, raw_line, value)`` of a JSONL log, as :func:`iter_jsonl` reads it; a file that holds one
     pretty-printed JSON document instead (a request body saved from an editor) is a log of one line: line 1,
-    the document compacted. Errors in it name the line and column of the document."""
-    lines = iter_raw_lines(path)
+    the document compacted. Errors in it name the line and column of the document. ``lines``: the file's
+    lines when a caller has started reading them (:func:`iter_raw_lines`)."""
+    lines = iter_raw_lines(path) if lines is None else lines
     for lineno, raw, source in lines:
         try:
             value = parse_jsonl_line(raw, source, lineno)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError
-from .files import JSONL_NOT_JSON, display_name, iter_jsonl, parse_json_document, read_text
+from .files import JSONL_NOT_JSON, display_name, parse_json_document, read_text
 from .jsonpos import Locator
 from .request import Request, is_request_body, parse_request, unwrap
 
@@ -222,12 +222,14 @@ class LogRecord:
     prompt: PromptInput
 
 
-def iter_log(path: str, key_field: str | None = None, as_kind: str | None = None) -> Iterator[LogRecord]:
-    """Stream prompts from a JSONL log, one record per non-blank line."""
+def iter_log(path: str, key_field: str | None = None, as_kind: str | None = None,
+             log_format: str | None = None) -> Iterator[LogRecord]:
+    """Stream prompts from a log in any shape (``log_format``, or found from its first lines), one per record."""
     from .files import get_path
+    from .formats import log_values
 
     source = display_name(path)
-    for lineno, value in iter_jsonl(path):
+    for lineno, value in log_values(path, log_format):
         if key_field is not None:
             key = get_path(value, key_field)
             if key is None:

@@ -108,15 +108,22 @@ def request_tokens(req: TraceRequest) -> Sequence[int]:
 # --------------------------------------------------------------------------------------------- reading
 
 
-def trace_records(path: str) -> Iterator[tuple[int, Any, bool]]:
-    """``(line, value, has_bool_literal)`` for each line of a JSONL trace, parsed with orjson.
+def trace_records(path: str, log_format: str | None = None) -> Iterator[tuple[int, Any, bool]]:
+    """``(line, value, has_bool_literal)`` for each line of a JSONL trace, parsed with orjson; a log of another
+    shape (``log_format``, or found from its first lines) as its records read it.
 
     The flag (a ``true``/``false`` that may be on the line) lets token lists be checked at C speed: a bool
     would otherwise pass as 0 or 1.
     """
-    from ...inputs import iter_raw_lines, parse_jsonl_line
+    from ...inputs import display_name, parse_jsonl_line
+    from ...inputs.formats import open_log
 
-    for lineno, raw, source in iter_raw_lines(path):
+    _, module, lines = open_log(path, log_format)
+    if module is not None:
+        for record in module.read(((n, raw) for n, raw, _ in lines), display_name(path)):
+            yield record.line, record.value(), True
+        return
+    for lineno, raw, source in lines:
         yield lineno, parse_jsonl_line(raw, source, lineno), _may_hold_bool(raw)
 
 

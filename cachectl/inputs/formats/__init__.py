@@ -51,8 +51,9 @@ def _head(lines: Iterable[tuple[int, bytes, str]], source: str) -> tuple[Head, l
 
 def detect(head: Head) -> tuple[str, ModuleType | None]:
     """``(shape name, its reader)`` of a file from its head: the first foreign module that says yes, else
-    cachectl's own shapes; a file in no known shape is one line naming the closest shape and what it lacked, or
-    the shapes cachectl reads."""
+    cachectl's own shapes (read as they stand, whose readers name any problem on its line). A file that one
+    shape almost fits is one line naming that shape and what it lacked; one that is no JSON and that no shape
+    reads is one line listing the shapes cachectl reads."""
     best: tuple[Verdict, str] | None = None
     for module in MODULES:
         verdict = module.detect(head)
@@ -65,36 +66,61 @@ def detect(head: Head) -> tuple[str, ModuleType | None]:
     line = head.lines[0].line if head.lines else None
     if best is not None:
         raise InputError(f"looks like {best[1]} but {best[0].lacks}", source=head.source, line=line)
-    names = ", ".join(SHAPES)
-    raise InputError(f"not a log shape cachectl reads (it reads: {names}; see `--log-format`)",
-                     source=head.source, line=line)
+    text = head.text.lstrip()
+    if head.lines and head.first is None and text[:1] not in (b"{", b"[") and not text.startswith(b"PAR1") \
+            and b"\0" not in text:  # JSON over several lines, and binary files, are named by their readers
+        raise InputError(f"not a log shape cachectl reads (it reads: {', '.join(SHAPES)}; JSONL, gzip, zstd or "
+                         "Parquet)", source=head.source, line=line)
+    return "native", None
+
+
+def open_log(path: str, log_format: str | None = None) -> tuple[str, ModuleType | None,
+                                                                Iterator[tuple[int, bytes, str]]]:
+    """``(shape name, its reader or None for cachectl's own, the file's non-empty lines)``: the shape forced by
+    ``log_format`` (None or ``auto``: found from the first lines, read once from the same stream, so a pipe or
+    stdin works)."""
+    from ..files import display_name, iter_raw_lines
+
+    lines = iter_raw_lines(path)
+    if log_format not in (None, "auto"):
+        if log_format == "native":
+            return "native", None, lines
+        if log_format not in READERS:
+            raise UsageError(f"unknown log format {log_format!r} (known: {', '.join(LOG_FORMATS)})")
+        return log_format, READERS[log_format], lines
+    head, taken = _head(lines, display_name(path))
+    name, module = detect(head)
+    return name, module, itertools.chain(taken, lines)
 
 
 def log_values(path: str, log_format: str | None = None) -> Iterator[tuple[int, Any]]:
     """``(line, value)`` of each record of a log in any shape, as cachectl's own wrapper line; cachectl's own
     shapes pass through as they stand. ``log_format``: a name of :data:`LOG_FORMATS` (None or ``auto``: found by
     itself)."""
-    from ..files import display_name, iter_raw_lines, parse_jsonl_line
+    from ..files import display_name, parse_jsonl_line
 
-    source = display_name(path)
-    lines = iter_raw_lines(path)
-    head, taken = _head(lines, source)
-    if log_format in (None, "auto"):
-        _, module = detect(head)
-    elif log_format == "native":
-        module = None
-    elif log_format in READERS:
-        module = READERS[log_format]
-    else:
-        raise UsageError(f"unknown log format {log_format!r} (known: {', '.join(LOG_FORMATS)})")
-    rest = itertools.chain(taken, lines)
+    _, module, lines = open_log(path, log_format)
     if module is None:
-        for n, raw, src in rest:
+        for n, raw, src in lines:
             yield n, parse_jsonl_line(raw, src, n)
         return
-    records: Iterator[Record] = module.read(((n, raw) for n, raw, _ in rest), source)
-    for record in records:
+    for record in module.read(((n, raw) for n, raw, _ in lines), display_name(path)):
         yield record.line, record.value()
+
+
+def raw_log_values(path: str, log_format: str | None = None, *, command: str) -> Iterator[tuple[int, bytes, Any]]:
+    """``(line, raw_line, value)`` of a log whose lines are themselves the requests (cachectl's own shapes: the
+    raw bytes are what an unchanged line is written back as; one pretty-printed body is a log of one line); any
+    other shape is one line saying that ``command`` rewrites logs whose lines hold request bodies, and naming
+    ``report`` for the shape."""
+    from ..files import display_name, iter_log_values
+
+    name, module, lines = open_log(path, log_format)
+    if module is not None:
+        raise InputError(f"{command} rewrites logs whose lines are request bodies (cachectl's wrapper, bare bodies, "
+                         f"OpenAI Batch input); this is {SHAPES[name].title}: `cachectl report` reads it",
+                         source=display_name(path))
+    yield from iter_log_values(path, lines)
 
 
 def shape_of(path: str) -> str:
@@ -106,4 +132,4 @@ def shape_of(path: str) -> str:
 
 
 __all__ = ["CONTAINERS", "LOG_FORMATS", "MODULES", "READERS", "SHAPES", "LogShape", "Record", "detect",
-           "log_values", "shape_of"]
+           "log_values", "open_log", "raw_log_values", "shape_of"]
