@@ -1,6 +1,6 @@
 """The house: the package's import graph has no cycle (module-level, function-level and TYPE_CHECKING imports
 all count), the layers point one way (engines never reach the CLI, typer or rich; inputs and tokenization never
-reach an engine), and the README's Architecture section names every engine package, and only real ones."""
+reach an engine), and the Architecture page (docs/architecture.md) names every engine package, and only real ones."""
 
 from __future__ import annotations
 
@@ -139,11 +139,10 @@ def test_inputs_tokenization_and_the_detector_sit_below_the_engines():
 
 
 def readme_entries() -> dict[str, str]:
-    """Each path the README's tree names (from its indentation: two spaces a level), with its entry: its line and
-    its description's further lines (not the lines of the paths nested under it)."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("## Architecture", 1)[1].split("\n## ", 1)[0]
-    blocks = section.split("```")[1::2]
+    """Each path the Architecture page's tree names (from its indentation: two spaces a level), with its entry: its
+    line and its description's further lines (not the lines of the paths nested under it)."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    blocks = text.split("```")[1::2]
     tree = next(b for b in blocks if b.lstrip("\n").startswith("cachectl/"))
     entries: dict[str, str] = {}
     stack: list[str] = []
@@ -160,7 +159,7 @@ def readme_entries() -> dict[str, str]:
 
 
 def readme_tree() -> tuple[set[str], str]:
-    """The paths the README's tree names, and the tree's text."""
+    """The paths the Architecture page's tree names, and the tree's text."""
     entries = readme_entries()
     return set(entries), "\n".join(entries.values())
 
@@ -181,18 +180,18 @@ def test_the_readme_architecture_names_every_engine_package():
     # each path named in the tree is a real file or package folder
     for path in sorted(named):
         p = ROOT / path
-        assert p.is_file() or (p.is_dir() if path.endswith("/") else False), f"README names {path}, which does not exist"
+        assert p.is_file() or (p.is_dir() if path.endswith("/") else False), f"docs/architecture.md names {path}, which does not exist"
     # each engine package, nested ones too (and each engine module beside them), has its line in the tree
     engines = PKG / "engines"
     packages = sorted(p.parent for p in engines.rglob("__init__.py") if p.parent != engines)
     wanted = {f"{p.relative_to(ROOT).as_posix()}/" for p in packages}
     wanted |= {f"cachectl/engines/{p.name}" for p in engines.glob("*.py") if p.name != "__init__.py"}
     missing = sorted(wanted - named)
-    assert not missing, f"README's Architecture does not name {missing}"
+    assert not missing, f"docs/architecture.md does not name {missing}"
     # and each module of an engine package is named in its package's own entry
     for pkg in packages:
         path = f"{pkg.relative_to(ROOT).as_posix()}/"
         for mod in sorted(pkg.glob("*.py")):
             if mod.name != "__init__.py":
                 assert re.search(rf"\b{re.escape(mod.name)}\b", entries[path]), \
-                    f"README's tree does not name {mod.relative_to(engines)} in {path}'s entry"
+                    f"docs/architecture.md's tree does not name {mod.relative_to(engines)} in {path}'s entry"

@@ -59,9 +59,13 @@ def test_distribution_name_is_llm_cachectl_and_the_command_cachectl():
     assert PROJECT["scripts"] == {"cachectl": "cachectl.cli:main"}
     extras = PROJECT["optional-dependencies"]
     assert all(_name(r) == "llm-cachectl" for r in extras["all"])
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "pip install llm-cachectl" in readme
-    assert not re.search(r"pip install ['\"]?cachectl\b", readme)
+    # the README and the documentation site say how to install the distribution, never the other project's name
+    pages = [ROOT / "README.md", ROOT / "mkdocs.yml", *sorted((ROOT / "docs").rglob("*.md"))]
+    docs = {path: path.read_text(encoding="utf-8") for path in pages if path.is_file()}
+    assert "pip install llm-cachectl" in docs[ROOT / "README.md"]
+    assert "pip install llm-cachectl" in docs[ROOT / "docs" / "index.md"]
+    for path, text in docs.items():
+        assert not re.search(r"pip install ['\"]?cachectl\b", text), path
     for path in (ROOT / "cachectl").rglob("*.py"):
         assert not re.search(r"pip install ['\"]?cachectl\[", path.read_text(encoding="utf-8")), path
 
