@@ -29,9 +29,12 @@ COMMANDS = {
     "semantic-probe": "semantic_probe",
 }
 
+#: the commands whose module holds a Typer app of subcommands (``app``), not one command function (``command``)
+GROUPS = ("simulate-prefix", "semantic-probe")
+
 
 class _Root(CachectlGroup):
-    lazy_commands = {name: lazy_command(name, f"{__name__}.{module}", "app" if name == "semantic-probe" else "command")
+    lazy_commands = {name: lazy_command(name, f"{__name__}.{module}", "app" if name in GROUPS else "command")
                      for name, module in COMMANDS.items()}
 
 

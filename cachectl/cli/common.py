@@ -868,15 +868,21 @@ class CachectlCommand(TyperCommand):
             panel = "Arguments" if p.param_type_name == "argument" else getattr(p, "rich_help_panel", None)
             sections.setdefault(panel or "Options", []).append(record)
         sections["Options"] = sections.pop("Options", [])  # the options in no panel last
-        # click's write_dl sizes the flag column per list (at most 30): pad to the width one list would have
-        terms = [term for title, rows in sections.items() if title != "Arguments" for term, _ in rows]
-        width = min(max(map(len, terms), default=0), 30)
-        for title, rows in sections.items():
-            if title != "Arguments":
-                rows = [(term.ljust(width) if text else term, text) for term, text in rows]
-            if rows:
-                with formatter.section(title):
-                    formatter.write_dl(rows)
+        write_sections(formatter, sections)
+
+
+def write_sections(formatter: Any, sections: dict[str, list[tuple[str, str]]]) -> None:
+    """Help sections of (term, text) rows, title by title, the text in one column after every section's terms
+    but the arguments' (as in one list)."""
+    # click's write_dl sizes the flag column per list (at most 30): pad to the width one list would have
+    terms = [term for title, rows in sections.items() if title != "Arguments" for term, _ in rows]
+    width = min(max(map(len, terms), default=0), 30)
+    for title, rows in sections.items():
+        if title != "Arguments":
+            rows = [(term.ljust(width) if text else term, text) for term, text in rows]
+        if rows:
+            with formatter.section(title):
+                formatter.write_dl(rows)
 
 
 def _no_options() -> None:

@@ -1,11 +1,18 @@
-"""``cachectl simulate-prefix``: replay traffic through a vLLM-faithful prefix cache."""
+"""``cachectl simulate-prefix``: replay traffic through a vLLM-faithful prefix cache.
+
+One command per mode (``replay``, ``served``, ``curve``, ``fleet``, ``partition``), each taking the options of
+its mode; and the plain spelling ``simulate-prefix TRACE [OPTIONS]``, which takes every option and picks the
+mode from them, as the single command did before the modes were split.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from difflib import get_close_matches
 from typing import Annotated, Any, Literal, Optional
 
 import typer
@@ -15,6 +22,7 @@ from .common import (
     EXIT_OK,
     AsOpt,
     BlockSizeOpt,
+    CachectlGroup,
     CapacityBlocksOpt,
     CapacityGibOpt,
     ChatTemplateOpt,
@@ -35,16 +43,28 @@ from .common import (
     emit_json,
     handle_errors,
     in_panel,
+    lazy_command,
     new_figure,
     print_note,
     run_inputs,
     save_figure,
     stdout,
+    tidy_help,
     timestamp_note,
     timestamp_reader,
+    write_sections,
 )
 
 HELP = """Replay a request trace through a server prefix cache.
+
+Hits are counted the way vLLM counts them. Each command runs one mode; its --help lists its options.
+Without a command, simulate-prefix TRACE [OPTIONS] takes every option and picks the mode, as it always did
+(simulate-prefix TRACE --help lists them all).
+"""
+
+TRACE_HELP = "JSONL trace (- for stdin), Parquet trace, or a partition directory written by --partition-dir."
+
+PLAIN_HELP = """Replay a request trace through a server prefix cache.
 
 Hits are counted the way vLLM counts them.
 
@@ -61,6 +81,121 @@ or a partition directory written by --partition-dir (replayed as routed, see its
 INPUT, CACHE, CURVE, FLEET = "Input", "Cache", "Curve and sweeps", "Fleet and tiers"
 PARTITIONS, WORTH, OUTPUT = "Partitions", "What the hits are worth", "Output"
 
+# ------------------------------------------------------------------------ the options, declared once
+
+TraceArg = Annotated[str, typer.Argument(metavar="TRACE", help=TRACE_HELP, show_default=False)]
+# input: the trace and how its lines become requests
+AsKindOpt = Annotated[Optional[InputKind], in_panel(AsOpt, INPUT)]
+HashBlockSizeOpt = Annotated[int, typer.Option("--hash-block-size", min=1, metavar="N",
+                                               help="Tokens per hash_ids entry in Mooncake traces.", rich_help_panel=INPUT)]
+TokOpt = Annotated[Optional[str], in_panel(TokenizerOpt, INPUT)]
+TemplateOpt = Annotated[Optional[str], in_panel(ChatTemplateOpt, INPUT)]
+NoGenerationPromptOpt = Annotated[bool, typer.Option("--no-generation-prompt",
+                                                     help="Tokenize chat requests without the assistant header "
+                                                          "(completion-style logs); by default they are rendered "
+                                                          "as vLLM's chat endpoint does.", rich_help_panel=INPUT)]
+SaltFieldOpt = Annotated[Optional[str], typer.Option("--salt-field", metavar="FIELD",
+                                                     help="Field holding the per-tenant cache salt (default: salt "
+                                                          "or cache_salt).", rich_help_panel=INPUT)]
+TenantFieldOpt = Annotated[Optional[str], typer.Option("--tenant-field", metavar="FIELD",
+                                                       help="Field naming the tenant without salting, to measure "
+                                                            "cross-tenant sharing.", rich_help_panel=INPUT)]
+NoSaltOpt = Annotated[bool, typer.Option("--no-salt", help="Ignore cache salts: what sharing would happen "
+                                                            "without them (with --tenant-field).", rich_help_panel=INPUT)]
+TimeOpt = Annotated[Optional[TimeUnit], in_panel(TimeUnitOpt, INPUT)]
+ReadJobsOpt = Annotated[Optional[int], typer.Option("--read-jobs", min=1, metavar="N",
+                                                    help="Processes that read and key a large token trace (a "
+                                                         "JSONL file of 8 MiB or more) for one replay or a curve; "
+                                                         "the results are the same. Default: one per CPU, up to "
+                                                         "8; 1 reads in this process.", rich_help_panel=INPUT)]
+# the cache: one server's pool
+PolicyOpt = Annotated[Policy, typer.Option("--policy", case_sensitive=False,
+                                           help="vllm, radix (SGLang), chunk (LMCache/CacheBlend), infinite (no "
+                                                "eviction: the ceiling).", rich_help_panel=CACHE)]
+BlockOpt = Annotated[int, in_panel(BlockSizeOpt, CACHE)]
+CapBlocksOpt = Annotated[Optional[int], in_panel(CapacityBlocksOpt, CACHE)]
+CapGibOpt = Annotated[Optional[float], in_panel(CapacityGibOpt, CACHE)]
+ModelOpt = Annotated[Optional[str], typer.Option("--model", metavar="MODEL", help="For --capacity-gib: a catalog name, cached HF id, "
+                                                 "model directory, config.json or .gguf (as kv-inspect).", rich_help_panel=CACHE)]
+DtypeOpt = Annotated[Dtype, in_panel(KvDtypeOpt, CACHE)]
+HashOpt = Annotated[HashFn, typer.Option("--hash", case_sensitive=False,
+                                         help="Block key: builtin (fast) or sha256 (vLLM's).", rich_help_panel=CACHE)]
+ChunkSizeOpt = Annotated[int, typer.Option("--chunk-size", min=1, metavar="N", help="chunk policy: tokens per chunk.", rich_help_panel=CACHE)]
+RecomputeOpt = Annotated[float, typer.Option("--recompute-ratio", metavar="SHARE",
+                                             help="chunk policy: share of a reused non-prefix chunk that is "
+                                                  "recomputed.", rich_help_panel=CACHE)]
+ConcurrencyOpt = Annotated[int, typer.Option("--concurrency", min=1, metavar="N", help="Requests in flight at once.", rich_help_panel=CACHE)]
+DecodeMsOpt = Annotated[float, typer.Option("--decode-ms-per-token", min=0.0, metavar="MS",
+                                            help="With --concurrency: how long a request holds its blocks per "
+                                                 "output token.", rich_help_panel=CACHE)]
+WarmupOpt = Annotated[Optional[str], typer.Option("--warmup", metavar="N|SHARE",
+                                                  help="Requests that fill the cache but are not counted: a "
+                                                       "number (50) or a share of the trace (0.5).", rich_help_panel=CACHE)]
+# curve and sweeps
+CurveOpt = Annotated[bool, typer.Option("--curve", help="The whole hit-rate-vs-capacity curve: about --curve-points "
+                                                        "log-spaced capacities from the smallest that fits to the "
+                                                        "no-eviction ceiling, from one read.", rich_help_panel=CURVE)]
+CurvePointsOpt = Annotated[int, typer.Option("--curve-points", min=2, help="Points of --curve.", rich_help_panel=CURVE)]
+OptimalOpt = Annotated[bool, typer.Option("--optimal", help="With --curve/--sweep-capacity: also the offline optimal "
+                                                            "bound (Belady) at each capacity.", rich_help_panel=CURVE)]
+SweepCapacityOpt = Annotated[Optional[str], typer.Option("--sweep-capacity", metavar="N,N,...",
+                                                         help="Capacities in blocks to sweep.", rich_help_panel=CURVE)]
+SweepBlockSizeOpt = Annotated[Optional[str], typer.Option("--sweep-block-size", metavar="B,B,...",
+                                                          help="Block sizes to sweep.", rich_help_panel=CURVE)]
+# fleet and tiers
+ReplicasOpt = Annotated[Optional[int], typer.Option("--replicas", min=1, help="Replicas behind a router, each an "
+                                                    "independent pool of --capacity-blocks.", rich_help_panel=FLEET)]
+RouterOpt = Annotated[Optional[str], typer.Option("--router", metavar="R",
+                                                  help="round-robin, random, session, prefix-hash, least-loaded, "
+                                                       "cache-aware (SGLang's rule), or all (side by side).", rich_help_panel=FLEET)]
+SessionFieldOpt = Annotated[Optional[str], typer.Option("--session-field", metavar="FIELD",
+                                                        help="session router: the field to hash (default: the first "
+                                                             "of conversation, session_id, chat_id present).", rich_help_panel=FLEET)]
+PrefixBlocksOpt = Annotated[int, typer.Option("--prefix-blocks", min=1, help="prefix-hash router: full blocks hashed.",
+                                              rich_help_panel=FLEET)]
+SeedOpt = Annotated[int, typer.Option("--seed", help="random router: the seed.", rich_help_panel=FLEET)]
+CacheThresholdOpt = Annotated[float, typer.Option("--cache-threshold", help="cache-aware: least match ratio for "
+                                                                            "prefix routing.", rich_help_panel=FLEET)]
+BalanceAbsOpt = Annotated[int, typer.Option("--balance-abs-threshold", min=0, help="cache-aware: load gap that may "
+                                                                                   "mean imbalance.", rich_help_panel=FLEET)]
+BalanceRelOpt = Annotated[float, typer.Option("--balance-rel-threshold", help="cache-aware: load ratio that may mean "
+                                                                              "imbalance.", rich_help_panel=FLEET)]
+RouterEvictionOpt = Annotated[float, typer.Option("--router-eviction-interval", min=0.0,
+                                                  help="cache-aware: seconds between tree prunings.", rich_help_panel=FLEET)]
+RouterTreeOpt = Annotated[int, typer.Option("--router-max-tree-tokens", min=0,
+                                            help="cache-aware: tree size kept at each pruning.", rich_help_panel=FLEET)]
+FleetJobsOpt = Annotated[int, typer.Option("--jobs", min=1, help="Fleet: replicas replayed in this many processes.", rich_help_panel=FLEET)]
+CpuGibOpt = Annotated[Optional[float], typer.Option("--cpu-offload-gib", help="CPU tier per replica in GiB (needs "
+                                                                              "--model).", rich_help_panel=FLEET)]
+CpuBlocksOpt = Annotated[Optional[int], typer.Option("--cpu-offload-blocks", min=1,
+                                                     help="CPU tier per replica in blocks.", rich_help_panel=FLEET)]
+LinkOpt = Annotated[str, typer.Option("--link", metavar="LINK", help="Host link for CPU-tier transfers: "
+                                      f"{data_names('links.json', 'links')} (data/links.json).", rich_help_panel=FLEET)]
+# partitions
+PartitionDirOpt = Annotated[Optional[str], typer.Option("--partition-dir", metavar="DIR",
+                                                        help="Route the trace once (--replicas N, --router "
+                                                             "round-robin|random|session|prefix-hash) and write one "
+                                                             "Parquet partition per replica to DIR; replay them with "
+                                                             "TRACE = DIR.", rich_help_panel=PARTITIONS)]
+RayOpt = Annotated[bool, typer.Option("--ray", help="Replay a partition directory on Ray, one task per partition (a "
+                                                    "local Ray unless --ray-address or RAY_ADDRESS).", rich_help_panel=PARTITIONS)]
+RayAddressOpt = Annotated[Optional[str], typer.Option("--ray-address", metavar="ADDRESS",
+                                                      help="With --ray: the cluster to connect to.", rich_help_panel=PARTITIONS)]
+# what the hits are worth
+GpuOpt = Annotated[Optional[str], typer.Option("--gpu", metavar="GPU", help="With --model: what the hits are worth on "
+                                               f"this GPU: {data_names('gpus.json', 'gpus', only='gpu_flops.json')}.",
+                                               rich_help_panel=WORTH)]
+GpuHourOpt = Annotated[Optional[float], typer.Option("--gpu-hour-usd", min=0.0, help="With --gpu: dollars.", rich_help_panel=WORTH)]
+UtilizationOpt = Annotated[float, typer.Option("--utilization", help="With --gpu: share of peak FLOPs prefill "
+                                                                     "reaches.", rich_help_panel=WORTH)]
+BatchOpt = Annotated[int, typer.Option("--batch", min=1, metavar="N", help="With --gpu: sequences decoded per step, "
+                                       "for the decode roofline and the throughput figure.", rich_help_panel=WORTH)]
+# output
+PerRequestOpt = Annotated[bool, typer.Option("--per-request", help="List each request's hit tokens.", rich_help_panel=OUTPUT)]
+PlotOpt = Annotated[Optional[str], typer.Option("--plot", metavar="FILE.png",
+                                                help="Draw hit rate against capacity per block size.", rich_help_panel=OUTPUT)]
+FmtOpt = Annotated[Format, in_panel(FormatOpt, OUTPUT)]
+
 
 def _ints(text: Optional[str], name: str, most: int) -> list[int]:
     if not text:
@@ -75,6 +210,8 @@ def _ints(text: Optional[str], name: str, most: int) -> list[int]:
 
 
 Mode = Literal["replay", "sweep", "fleet", "write partitions", "replay partitions"]
+#: the commands: each runs one mode (``served`` is a replay that compares with the server's counts)
+Command = Literal["replay", "served", "curve", "fleet", "partition"]
 
 
 @dataclass(frozen=True)
@@ -139,126 +276,192 @@ class Options:
     per_request: bool
     plot: Optional[str]
     fmt: Format
+    served_only: bool = False      # the served command: the trace must carry the server's cached tokens
+
+
+# --------------------------------------------------------------------------------------- the commands
+# Each command takes the options of its mode and hands them, as given, to _start (``**locals()``: the
+# command's parameters, nothing else, since it is the first statement).
 
 
 @handle_errors
-def command(
-    ctx: typer.Context,
-    trace: Annotated[str, typer.Argument(metavar="TRACE", help="JSONL trace (- for stdin), Parquet trace, or a partition directory written by --partition-dir.", show_default=False)],
-    # input
-    as_kind: Annotated[Optional[InputKind], in_panel(AsOpt, INPUT)] = None,
-    hash_block_size: Annotated[int, typer.Option("--hash-block-size", min=1, metavar="N",
-                                                 help="Tokens per hash_ids entry in Mooncake traces.", rich_help_panel=INPUT)] = 512,
-    tokenizer: Annotated[Optional[str], in_panel(TokenizerOpt, INPUT)] = None,
-    chat_template: Annotated[Optional[str], in_panel(ChatTemplateOpt, INPUT)] = None,
-    no_generation_prompt: Annotated[bool, typer.Option("--no-generation-prompt",
-                                                       help="Tokenize chat requests without the assistant header "
-                                                            "(completion-style logs); by default they are rendered "
-                                                            "as vLLM's chat endpoint does.", rich_help_panel=INPUT)] = False,
-    salt_field: Annotated[Optional[str], typer.Option("--salt-field", metavar="FIELD",
-                                                      help="Field holding the per-tenant cache salt (default: salt "
-                                                           "or cache_salt).", rich_help_panel=INPUT)] = None,
-    tenant_field: Annotated[Optional[str], typer.Option("--tenant-field", metavar="FIELD",
-                                                        help="Field naming the tenant without salting, to measure "
-                                                             "cross-tenant sharing.", rich_help_panel=INPUT)] = None,
-    no_salt: Annotated[bool, typer.Option("--no-salt", help="Ignore cache salts: what sharing would happen "
-                                                              "without them (with --tenant-field).", rich_help_panel=INPUT)] = False,
-    time_unit: Annotated[Optional[TimeUnit], in_panel(TimeUnitOpt, INPUT)] = None,
-    read_jobs: Annotated[Optional[int], typer.Option("--read-jobs", min=1, metavar="N",
-                                                     help="Processes that read and key a large token trace (a "
-                                                          "JSONL file of 8 MiB or more) for one replay or a curve; "
-                                                          "the results are the same. Default: one per CPU, up to "
-                                                          "8; 1 reads in this process.", rich_help_panel=INPUT)] = None,
-    # cache
-    policy: Annotated[Policy, typer.Option("--policy", case_sensitive=False,
-                                           help="vllm, radix (SGLang), chunk (LMCache/CacheBlend), infinite (no "
-                                                "eviction: the ceiling).", rich_help_panel=CACHE)] = Policy.vllm,
-    block_size: Annotated[int, in_panel(BlockSizeOpt, CACHE)] = 16,
-    capacity_blocks: Annotated[Optional[int], in_panel(CapacityBlocksOpt, CACHE)] = None,
-    capacity_gib: Annotated[Optional[float], in_panel(CapacityGibOpt, CACHE)] = None,
-    model: Annotated[Optional[str], typer.Option("--model", metavar="MODEL", help="For --capacity-gib: a catalog name, cached HF id, "
-                                                                 "model directory, config.json or .gguf (as kv-inspect).", rich_help_panel=CACHE)] = None,
-    dtype: Annotated[Dtype, in_panel(KvDtypeOpt, CACHE)] = Dtype.bf16,
-    hash_fn: Annotated[HashFn, typer.Option("--hash", case_sensitive=False,
-                                            help="Block key: builtin (fast) or sha256 (vLLM's).", rich_help_panel=CACHE)] = HashFn.builtin,
-    chunk_size: Annotated[int, typer.Option("--chunk-size", min=1, metavar="N", help="chunk policy: tokens per chunk.", rich_help_panel=CACHE)] = 256,
-    recompute_ratio: Annotated[float, typer.Option("--recompute-ratio", metavar="SHARE",
-                                                   help="chunk policy: share of a reused non-prefix chunk "
-                                                        "that is recomputed.", rich_help_panel=CACHE)] = 0.15,
-    concurrency: Annotated[int, typer.Option("--concurrency", min=1, metavar="N", help="Requests in flight at once.", rich_help_panel=CACHE)] = 1,
-    decode_ms: Annotated[float, typer.Option("--decode-ms-per-token", min=0.0, metavar="MS",
-                                             help="With --concurrency: how long a request holds its blocks "
-                                                  "per output token.", rich_help_panel=CACHE)] = 20.0,
-    warmup: Annotated[Optional[str], typer.Option("--warmup", metavar="N|SHARE",
-                                                  help="Requests that fill the cache but are not counted: a "
-                                                       "number (50) or a share of the trace (0.5).", rich_help_panel=CACHE)] = None,
-    # curve and sweeps
-    curve: Annotated[bool, typer.Option("--curve", help="The whole hit-rate-vs-capacity curve: about "
-                                                        "--curve-points log-spaced capacities from the smallest "
-                                                        "that fits to the no-eviction ceiling, from one read.", rich_help_panel=CURVE)] = False,
-    curve_points: Annotated[int, typer.Option("--curve-points", min=2, help="Points of --curve.", rich_help_panel=CURVE)] = 32,
-    optimal: Annotated[bool, typer.Option("--optimal", help="With --curve/--sweep-capacity: also the offline "
-                                                            "optimal bound (Belady) at each capacity.", rich_help_panel=CURVE)] = False,
-    sweep_capacity: Annotated[Optional[str], typer.Option("--sweep-capacity", metavar="N,N,...",
-                                                          help="Capacities in blocks to sweep.", rich_help_panel=CURVE)] = None,
-    sweep_block_size: Annotated[Optional[str], typer.Option("--sweep-block-size", metavar="B,B,...",
-                                                            help="Block sizes to sweep.", rich_help_panel=CURVE)] = None,
-    # fleet and tiers
-    replicas: Annotated[Optional[int], typer.Option("--replicas", min=1, help="Replicas behind a router, each an "
-                                                   "independent pool of --capacity-blocks.", rich_help_panel=FLEET)] = None,
-    router: Annotated[Optional[str], typer.Option("--router", metavar="R",
-                                                  help="round-robin, random, session, prefix-hash, least-loaded, "
-                                                       "cache-aware (SGLang's rule), or all (side by side).", rich_help_panel=FLEET)] = None,
-    session_field: Annotated[Optional[str], typer.Option("--session-field", metavar="FIELD",
-                                                         help="session router: the field to hash (default: the first "
-                                                              "of conversation, session_id, chat_id present).", rich_help_panel=FLEET)] = None,
-    prefix_blocks: Annotated[int, typer.Option("--prefix-blocks", min=1, help="prefix-hash router: full blocks "
-                                                                                 "hashed.", rich_help_panel=FLEET)] = 4,
-    seed: Annotated[int, typer.Option("--seed", help="random router: the seed.", rich_help_panel=FLEET)] = 0,
-    cache_threshold: Annotated[float, typer.Option("--cache-threshold", help="cache-aware: least match ratio for "
-                                                                                  "prefix routing.", rich_help_panel=FLEET)] = 0.5,
-    balance_abs: Annotated[int, typer.Option("--balance-abs-threshold", min=0, help="cache-aware: load gap that "
-                                                                                     "may mean imbalance.", rich_help_panel=FLEET)] = 32,
-    balance_rel: Annotated[float, typer.Option("--balance-rel-threshold", help="cache-aware: load ratio that may "
-                                                                                "mean imbalance.", rich_help_panel=FLEET)] = 1.1,
-    router_eviction_s: Annotated[float, typer.Option("--router-eviction-interval", min=0.0,
-                                                     help="cache-aware: seconds between tree prunings.", rich_help_panel=FLEET)] = 30.0,
-    router_tree_tokens: Annotated[int, typer.Option("--router-max-tree-tokens", min=0,
-                                                    help="cache-aware: tree size kept at each pruning.", rich_help_panel=FLEET)] = 10000,
-    jobs: Annotated[int, typer.Option("--jobs", min=1, help="Fleet: replicas replayed in this many processes.", rich_help_panel=FLEET)] = 1,
-    cpu_offload_gib: Annotated[Optional[float], typer.Option("--cpu-offload-gib", help="CPU tier per replica in "
-                                                                                       "GiB (needs --model).", rich_help_panel=FLEET)] = None,
-    cpu_offload_blocks: Annotated[Optional[int], typer.Option("--cpu-offload-blocks", min=1,
-                                                              help="CPU tier per replica in blocks.", rich_help_panel=FLEET)] = None,
-    link: Annotated[str, typer.Option("--link", metavar="LINK", help="Host link for CPU-tier transfers: "
-                                                f"{data_names('links.json', 'links')} (data/links.json).",
-                                      rich_help_panel=FLEET)] = "pcie5-x16",
-    # partitions
-    partition_dir: Annotated[Optional[str], typer.Option("--partition-dir", metavar="DIR",
-                                                         help="Route the trace once (--replicas N, --router "
-                                                              "round-robin|random|session|prefix-hash) and write one "
-                                                              "Parquet partition per replica to DIR; replay them with "
-                                                              "TRACE = DIR.", rich_help_panel=PARTITIONS)] = None,
-    ray: Annotated[bool, typer.Option("--ray", help="Replay a partition directory on Ray, one task per partition "
-                                                    "(a local Ray unless --ray-address or RAY_ADDRESS).", rich_help_panel=PARTITIONS)] = False,
-    ray_address: Annotated[Optional[str], typer.Option("--ray-address", metavar="ADDRESS",
-                                                       help="With --ray: the cluster to connect to.", rich_help_panel=PARTITIONS)] = None,
-    # worth
-    gpu: Annotated[Optional[str], typer.Option("--gpu", metavar="GPU", help="With --model: what the hits are worth on this GPU: "
-                                              f"{data_names('gpus.json', 'gpus', only='gpu_flops.json')}.",
-                                     rich_help_panel=WORTH)] = None,
-    gpu_hour_usd: Annotated[Optional[float], typer.Option("--gpu-hour-usd", min=0.0, help="With --gpu: dollars.", rich_help_panel=WORTH)] = None,
-    utilization: Annotated[float, typer.Option("--utilization", help="With --gpu: share of peak FLOPs prefill "
-                                                                      "reaches.", rich_help_panel=WORTH)] = 0.4,
-    batch: Annotated[int, typer.Option("--batch", min=1, metavar="N",
-                                       help="With --gpu: sequences decoded per step, for the decode roofline and "
-                                            "the throughput figure.", rich_help_panel=WORTH)] = 32,
-    # output
-    per_request: Annotated[bool, typer.Option("--per-request", help="List each request's hit tokens.", rich_help_panel=OUTPUT)] = False,
-    plot: Annotated[Optional[str], typer.Option("--plot", metavar="FILE.png",
-                                                help="Draw hit rate against capacity per block size.", rich_help_panel=OUTPUT)] = None,
-    fmt: Annotated[Format, in_panel(FormatOpt, OUTPUT)] = Format.text,
+def replay_command(
+    ctx: typer.Context, trace: TraceArg,
+    as_kind: AsKindOpt = None, hash_block_size: HashBlockSizeOpt = 512, tokenizer: TokOpt = None,
+    chat_template: TemplateOpt = None, no_generation_prompt: NoGenerationPromptOpt = False,
+    salt_field: SaltFieldOpt = None, tenant_field: TenantFieldOpt = None, no_salt: NoSaltOpt = False,
+    time_unit: TimeOpt = None, read_jobs: ReadJobsOpt = None,
+    policy: PolicyOpt = Policy.vllm, block_size: BlockOpt = 16, capacity_blocks: CapBlocksOpt = None,
+    capacity_gib: CapGibOpt = None, model: ModelOpt = None, dtype: DtypeOpt = Dtype.bf16,
+    hash_fn: HashOpt = HashFn.builtin, chunk_size: ChunkSizeOpt = 256, recompute_ratio: RecomputeOpt = 0.15,
+    concurrency: ConcurrencyOpt = 1, decode_ms: DecodeMsOpt = 20.0, warmup: WarmupOpt = None,
+    gpu: GpuOpt = None, gpu_hour_usd: GpuHourOpt = None, utilization: UtilizationOpt = 0.4, batch: BatchOpt = 32,
+    per_request: PerRequestOpt = False, fmt: FmtOpt = Format.text,
 ) -> None:
+    """One server at one capacity: the hit rate.
+
+    Hits are counted the way vLLM counts them; per tenant with --tenant-field, per request with
+    --per-request; --model with --gpu prices them. A log that carries the server's cached tokens is also
+    compared with them (see served).
+    """
+    _start("replay", **locals())
+
+
+@handle_errors
+def served_command(
+    ctx: typer.Context, trace: TraceArg,
+    as_kind: AsKindOpt = None, hash_block_size: HashBlockSizeOpt = 512, tokenizer: TokOpt = None,
+    chat_template: TemplateOpt = None, no_generation_prompt: NoGenerationPromptOpt = False,
+    salt_field: SaltFieldOpt = None, tenant_field: TenantFieldOpt = None, no_salt: NoSaltOpt = False,
+    time_unit: TimeOpt = None, read_jobs: ReadJobsOpt = None,
+    policy: PolicyOpt = Policy.vllm, block_size: BlockOpt = 16, capacity_blocks: CapBlocksOpt = None,
+    capacity_gib: CapGibOpt = None, model: ModelOpt = None, dtype: DtypeOpt = Dtype.bf16,
+    hash_fn: HashOpt = HashFn.builtin, chunk_size: ChunkSizeOpt = 256, recompute_ratio: RecomputeOpt = 0.15,
+    concurrency: ConcurrencyOpt = 1, decode_ms: DecodeMsOpt = 20.0, warmup: WarmupOpt = None,
+    gpu: GpuOpt = None, gpu_hour_usd: GpuHourOpt = None, utilization: UtilizationOpt = 0.4, batch: BatchOpt = 32,
+    per_request: PerRequestOpt = False, fmt: FmtOpt = Format.text,
+) -> None:
+    """Predicted hits beside the server's cached tokens.
+
+    TRACE is a log whose responses carry the prompt tokens the server served from its cache (vLLM's
+    usage.prompt_tokens_details.cached_tokens, SGLang's meta_info.cached_tokens). Each request the replay
+    disagrees on gets its likely reason (another capacity, block size, template, preemption) and how sure
+    that is; --per-request lists every request.
+    """
+    _start("served", **locals())
+
+
+@handle_errors
+def curve_command(
+    ctx: typer.Context, trace: TraceArg,
+    as_kind: AsKindOpt = None, hash_block_size: HashBlockSizeOpt = 512, tokenizer: TokOpt = None,
+    chat_template: TemplateOpt = None, no_generation_prompt: NoGenerationPromptOpt = False,
+    salt_field: SaltFieldOpt = None, tenant_field: TenantFieldOpt = None, no_salt: NoSaltOpt = False,
+    time_unit: TimeOpt = None, read_jobs: ReadJobsOpt = None,
+    policy: PolicyOpt = Policy.vllm, block_size: BlockOpt = 16, capacity_blocks: CapBlocksOpt = None,
+    capacity_gib: CapGibOpt = None, model: ModelOpt = None, dtype: DtypeOpt = Dtype.bf16,
+    hash_fn: HashOpt = HashFn.builtin, chunk_size: ChunkSizeOpt = 256, recompute_ratio: RecomputeOpt = 0.15,
+    concurrency: ConcurrencyOpt = 1, decode_ms: DecodeMsOpt = 20.0, warmup: WarmupOpt = None,
+    curve: CurveOpt = False, curve_points: CurvePointsOpt = 32, optimal: OptimalOpt = False,
+    sweep_capacity: SweepCapacityOpt = None, sweep_block_size: SweepBlockSizeOpt = None,
+    plot: PlotOpt = None, fmt: FmtOpt = Format.text,
+) -> None:
+    """Hit rate against capacity: a curve or a sweep.
+
+    Unless --sweep-capacity or a capacity picks the points, the whole curve (--curve): about --curve-points
+    log-spaced capacities from the smallest that fits to the no-eviction ceiling, from one read of the trace.
+    --sweep-block-size repeats it per block size, --optimal adds the offline optimal bound, --plot draws it.
+    """
+    if not (sweep_capacity or capacity_blocks is not None or capacity_gib is not None):
+        if policy is not Policy.vllm:
+            raise UsageError(f"the whole curve follows the vllm policy's block rules: use --policy vllm, or give "
+                             f"the {policy} policy's capacities with --sweep-capacity N,N,...")
+        curve = True
+    _start("curve", **locals())
+
+
+@handle_errors
+def fleet_command(
+    ctx: typer.Context, trace: TraceArg,
+    as_kind: AsKindOpt = None, hash_block_size: HashBlockSizeOpt = 512, tokenizer: TokOpt = None,
+    chat_template: TemplateOpt = None, no_generation_prompt: NoGenerationPromptOpt = False,
+    salt_field: SaltFieldOpt = None, tenant_field: TenantFieldOpt = None, no_salt: NoSaltOpt = False,
+    time_unit: TimeOpt = None,
+    policy: PolicyOpt = Policy.vllm, block_size: BlockOpt = 16, capacity_blocks: CapBlocksOpt = None,
+    capacity_gib: CapGibOpt = None, model: ModelOpt = None, dtype: DtypeOpt = Dtype.bf16,
+    hash_fn: HashOpt = HashFn.builtin, concurrency: ConcurrencyOpt = 1, decode_ms: DecodeMsOpt = 20.0,
+    warmup: WarmupOpt = None,
+    replicas: ReplicasOpt = None, router: RouterOpt = None, session_field: SessionFieldOpt = None,
+    prefix_blocks: PrefixBlocksOpt = 4, seed: SeedOpt = 0, cache_threshold: CacheThresholdOpt = 0.5,
+    balance_abs: BalanceAbsOpt = 32, balance_rel: BalanceRelOpt = 1.1, router_eviction_s: RouterEvictionOpt = 30.0,
+    router_tree_tokens: RouterTreeOpt = 10000, jobs: FleetJobsOpt = 1, cpu_offload_gib: CpuGibOpt = None,
+    cpu_offload_blocks: CpuBlocksOpt = None, link: LinkOpt = "pcie5-x16",
+    ray: RayOpt = False, ray_address: RayAddressOpt = None,
+    gpu: GpuOpt = None, gpu_hour_usd: GpuHourOpt = None, utilization: UtilizationOpt = 0.4, batch: BatchOpt = 32,
+    plot: PlotOpt = None, fmt: FmtOpt = Format.text,
+) -> None:
+    """Replicas behind a router, and a CPU tier.
+
+    --replicas N --router R (or all, side by side) routes the trace over N servers of --capacity-blocks
+    each; --cpu-offload-blocks (or --cpu-offload-gib with --model) adds a CPU tier to each; --model with
+    --gpu prices the hits. TRACE may be a partition directory (see partition), replayed as it was routed,
+    in --jobs processes or on Ray (--ray).
+    """
+    _start("fleet", **locals())
+
+
+@handle_errors
+def partition_command(
+    ctx: typer.Context, trace: TraceArg,
+    partition_dir: Annotated[str, typer.Option("--partition-dir", metavar="DIR", help="Where to write the partitions "
+                                               "and their manifest.json.", rich_help_panel=PARTITIONS)],
+    as_kind: AsKindOpt = None, hash_block_size: HashBlockSizeOpt = 512, tokenizer: TokOpt = None,
+    chat_template: TemplateOpt = None, no_generation_prompt: NoGenerationPromptOpt = False,
+    salt_field: SaltFieldOpt = None, tenant_field: TenantFieldOpt = None, no_salt: NoSaltOpt = False,
+    time_unit: TimeOpt = None, block_size: BlockOpt = 16,
+    replicas: ReplicasOpt = None, router: RouterOpt = None, session_field: SessionFieldOpt = None,
+    prefix_blocks: PrefixBlocksOpt = 4, seed: SeedOpt = 0,
+    fmt: FmtOpt = Format.text,
+) -> None:
+    """Route a trace once into one partition per replica.
+
+    --replicas N --router round-robin|random|session|prefix-hash routes the trace up front and writes one
+    Parquet partition per replica, and a manifest.json, to --partition-dir DIR; the fleet command replays
+    DIR as it was routed, in --jobs processes or on Ray.
+    """
+    _start("partition", **locals())
+
+
+@handle_errors
+def plain_command(
+    ctx: typer.Context, trace: TraceArg,
+    as_kind: AsKindOpt = None, hash_block_size: HashBlockSizeOpt = 512, tokenizer: TokOpt = None,
+    chat_template: TemplateOpt = None, no_generation_prompt: NoGenerationPromptOpt = False,
+    salt_field: SaltFieldOpt = None, tenant_field: TenantFieldOpt = None, no_salt: NoSaltOpt = False,
+    time_unit: TimeOpt = None, read_jobs: ReadJobsOpt = None,
+    policy: PolicyOpt = Policy.vllm, block_size: BlockOpt = 16, capacity_blocks: CapBlocksOpt = None,
+    capacity_gib: CapGibOpt = None, model: ModelOpt = None, dtype: DtypeOpt = Dtype.bf16,
+    hash_fn: HashOpt = HashFn.builtin, chunk_size: ChunkSizeOpt = 256, recompute_ratio: RecomputeOpt = 0.15,
+    concurrency: ConcurrencyOpt = 1, decode_ms: DecodeMsOpt = 20.0, warmup: WarmupOpt = None,
+    curve: CurveOpt = False, curve_points: CurvePointsOpt = 32, optimal: OptimalOpt = False,
+    sweep_capacity: SweepCapacityOpt = None, sweep_block_size: SweepBlockSizeOpt = None,
+    replicas: ReplicasOpt = None, router: RouterOpt = None, session_field: SessionFieldOpt = None,
+    prefix_blocks: PrefixBlocksOpt = 4, seed: SeedOpt = 0, cache_threshold: CacheThresholdOpt = 0.5,
+    balance_abs: BalanceAbsOpt = 32, balance_rel: BalanceRelOpt = 1.1, router_eviction_s: RouterEvictionOpt = 30.0,
+    router_tree_tokens: RouterTreeOpt = 10000, jobs: FleetJobsOpt = 1, cpu_offload_gib: CpuGibOpt = None,
+    cpu_offload_blocks: CpuBlocksOpt = None, link: LinkOpt = "pcie5-x16",
+    partition_dir: PartitionDirOpt = None, ray: RayOpt = False, ray_address: RayAddressOpt = None,
+    gpu: GpuOpt = None, gpu_hour_usd: GpuHourOpt = None, utilization: UtilizationOpt = 0.4, batch: BatchOpt = 32,
+    per_request: PerRequestOpt = False, plot: PlotOpt = None, fmt: FmtOpt = Format.text,
+) -> None:
+    _start(None, **locals())
+
+
+plain_command.__doc__ = PLAIN_HELP
+
+
+def _start(command: Optional[Command], ctx: typer.Context, trace: str, *,
+           as_kind: Optional[InputKind] = None, hash_block_size: int = 512, tokenizer: Optional[str] = None,
+           chat_template: Optional[str] = None, no_generation_prompt: bool = False, salt_field: Optional[str] = None,
+           tenant_field: Optional[str] = None, no_salt: bool = False, time_unit: Optional[TimeUnit] = None,
+           read_jobs: Optional[int] = None,
+           policy: Policy = Policy.vllm, block_size: int = 16, capacity_blocks: Optional[int] = None,
+           capacity_gib: Optional[float] = None, model: Optional[str] = None, dtype: Dtype = Dtype.bf16,
+           hash_fn: HashFn = HashFn.builtin, chunk_size: int = 256, recompute_ratio: float = 0.15,
+           concurrency: int = 1, decode_ms: float = 20.0, warmup: Optional[str] = None,
+           curve: bool = False, curve_points: int = 32, optimal: bool = False, sweep_capacity: Optional[str] = None,
+           sweep_block_size: Optional[str] = None,
+           replicas: Optional[int] = None, router: Optional[str] = None, session_field: Optional[str] = None,
+           prefix_blocks: int = 4, seed: int = 0, cache_threshold: float = 0.5, balance_abs: int = 32,
+           balance_rel: float = 1.1, router_eviction_s: float = 30.0, router_tree_tokens: int = 10000,
+           jobs: int = 1, cpu_offload_gib: Optional[float] = None, cpu_offload_blocks: Optional[int] = None,
+           link: str = "pcie5-x16", partition_dir: Optional[str] = None, ray: bool = False,
+           ray_address: Optional[str] = None, gpu: Optional[str] = None, gpu_hour_usd: Optional[float] = None,
+           utilization: float = 0.4, batch: int = 32, per_request: bool = False, plot: Optional[str] = None,
+           fmt: Format = Format.text) -> None:
+    """A run: the options checked, parsed into one :class:`Options` and handed to the mode's function.
+    ``command``: the command run; None for the plain spelling, which picks it from the options. The
+    defaults are the commands' (a test checks that they agree)."""
     check_plot(plot, run_inputs(trace, log_label="the input trace", tokenizer=tokenizer, chat_template=chat_template,
                                 models=(model,)))  # before anything is read
     capacity = KvCapacity(capacity_blocks, capacity_gib, model, dtype.value, block_size)
@@ -270,30 +473,24 @@ def command(
     partitions = _partition_input(ctx, trace, name, writes=partition_dir is not None, ray=ray, ray_address=ray_address,
                                   read_options=bool(tokenizer or salt_field or tenant_field or session_field or no_salt
                                                     or as_kind))
-    # the mode, its flags checked in this order (the first error found is the one reported)
-    sweeps = bool(sweep_block_size or sweep_capacity or curve or optimal or per_request)
+    if command is None:
+        fleet = (partitions is not None or replicas is not None or router is not None or cpu_offload_gib is not None
+                 or cpu_offload_blocks is not None)
+        command = _plain_mode(partition_dir=partition_dir, fleet=fleet, plot=plot, per_request=per_request,
+                              sweeps=bool(sweep_block_size or sweep_capacity or curve or optimal))
+    elif partitions is not None and command != "fleet":
+        raise UsageError(f"{name} is a partition directory: cachectl simulate-prefix fleet {name} replays it")
     sizes: list[int] = [block_size]
     caps: list[int] = []
-    mode: Mode
-    if partition_dir is not None:
-        if sweeps or plot:
-            raise UsageError("--partition-dir writes partitions and replays nothing: drop --sweep-*, --curve, "
-                             "--optimal, --per-request and --plot")
-        mode = "write partitions"
-    elif (partitions is not None or replicas is not None or router is not None or cpu_offload_gib is not None
-            or cpu_offload_blocks is not None):
-        if sweeps:
-            raise UsageError("--replicas/--router/--cpu-offload-* replay one capacity: drop --sweep-*, --curve, "
-                             "--optimal and --per-request")
-        mode = "replay partitions" if partitions is not None else "fleet"
-    else:
+    if command in ("replay", "served", "curve"):
         sizes, caps = _sizes_and_capacities(sweep_block_size, sweep_capacity, block_size, curve=curve,
                                             optimal=optimal, policy=policy.value)
-        mode = "replay" if len(sizes) == 1 and not caps and not curve else "sweep"
-        if mode == "sweep" and (gpu is not None or gpu_hour_usd is not None):
-            raise UsageError("--gpu/--gpu-hour-usd price one replay or a fleet run: drop --sweep-*/--curve")
-        if mode == "sweep" and per_request:
-            raise UsageError("--per-request lists one replay: drop it from sweeps")
+        if len(sizes) > 1 or caps or curve:
+            command = "curve"
+    if command == "curve" and (gpu is not None or gpu_hour_usd is not None):
+        raise UsageError("--gpu/--gpu-hour-usd price one replay or a fleet run: drop --sweep-*/--curve")
+    if command == "curve" and per_request:
+        raise UsageError("--per-request lists one replay: drop it from sweeps")
     o = Options(
         trace=trace, name=name, tok=tok, salt_field=salt_field, tenant_field=tenant_field, no_salt=no_salt,
         as_kind=as_kind.value if as_kind else None, add_generation_prompt=not no_generation_prompt,
@@ -306,7 +503,35 @@ def command(
         router_eviction_s=router_eviction_s, router_tree_tokens=router_tree_tokens, cpu_offload_gib=cpu_offload_gib,
         cpu_offload_blocks=cpu_offload_blocks, link=link, jobs=jobs, partition_dir=partition_dir,
         partitions=partitions, ray=ray, ray_address=ray_address, model=model, dtype=dtype.value, gpu=gpu,
-        gpu_hour_usd=gpu_hour_usd, utilization=utilization, batch=batch, per_request=per_request, plot=plot, fmt=fmt)
+        gpu_hour_usd=gpu_hour_usd, utilization=utilization, batch=batch, per_request=per_request, plot=plot, fmt=fmt,
+        served_only=command == "served")
+    _run(_MODES[command] if partitions is None else "replay partitions", o)
+
+
+#: the mode each command runs (a fleet command given a partition directory replays the partitions)
+_MODES: dict[str, Mode] = {"replay": "replay", "served": "replay", "curve": "sweep", "fleet": "fleet",
+                           "partition": "write partitions"}
+
+
+def _plain_mode(*, partition_dir: Optional[str], fleet: bool, sweeps: bool, plot: Optional[str],
+                per_request: bool) -> Command:
+    """The plain spelling's command, from the options given (the first conflict found is the one reported):
+    a replay unless the sweep options make it a curve (decided once the sweeps are read)."""
+    sweeps = sweeps or per_request
+    if partition_dir is not None:
+        if sweeps or plot:
+            raise UsageError("--partition-dir writes partitions and replays nothing: drop --sweep-*, --curve, "
+                             "--optimal, --per-request and --plot")
+        return "partition"
+    if fleet:
+        if sweeps:
+            raise UsageError("--replicas/--router/--cpu-offload-* replay one capacity: drop --sweep-*, --curve, "
+                             "--optimal and --per-request")
+        return "fleet"
+    return "replay"
+
+
+def _run(mode: Mode, o: Options) -> None:
     match mode:
         case "replay":
             _replay_one(o)
@@ -322,7 +547,82 @@ def command(
     raise typer.Exit(EXIT_OK)
 
 
-command.__doc__ = HELP
+# ---------------------------------------------------------------------------------------- the group
+
+#: the commands in the order help lists them, each with the help panel of its mode, under which
+#: ``simulate-prefix --help`` lists it
+COMMANDS: dict[str, tuple[str, str]] = {"replay": ("replay_command", CACHE), "served": ("served_command", CACHE),
+                                        "curve": ("curve_command", CURVE), "fleet": ("fleet_command", FLEET),
+                                        "partition": ("partition_command", PARTITIONS)}
+
+#: ``simulate-prefix --help``: beside the commands, an option to know of the panels no command stands for
+#: (each command's --help lists all of its options)
+OVERVIEW_OPTIONS = {
+    INPUT: ("-t, --tokenizer T", "Text and chat requests, tokenized (token IDs and Mooncake lines need none)."),
+    CACHE: ("--capacity-blocks N", "The pool in blocks, or --capacity-gib GIB with --model."),
+    FLEET: ("--link LINK", f"CPU-tier transfers over {data_names('links.json', 'links')}."),
+    WORTH: ("--gpu GPU", "With --model: what the hits save (replay, served, fleet) on "
+                         f"{data_names('gpus.json', 'gpus', only='gpu_flops.json')}."),
+    OUTPUT: ("-f, --format", "text or json (every command); --plot FILE.png draws curves and fleets."),
+}
+
+#: the plain spelling's command as the group resolves it: no argument can be this name (argv holds no NUL)
+PLAIN = "\0plain"
+
+
+class _PlainContext(typer.Context):
+    """The plain spelling's context: its path is its group's, ``cachectl simulate-prefix``, so that its usage
+    line and errors name the command as it was typed."""
+
+    @property
+    def command_path(self) -> str:
+        return self.parent.command_path if self.parent is not None else super().command_path
+
+
+@functools.cache
+def _plain() -> Any:
+    cmd = lazy_command("simulate-prefix", __name__, "plain_command")()
+    cmd.context_class = _PlainContext
+    tidy_help(cmd)
+    return cmd
+
+
+class SimulatePrefixGroup(CachectlGroup):
+    """The commands, built on first use, and the plain spelling: arguments whose first is no command's name
+    (a trace, an option) go to the command of every option, which picks the mode as it always did."""
+
+    lazy_commands = {name: lazy_command(name, __name__, function) for name, (function, _) in COMMANDS.items()}
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
+            if not os.path.exists(args[0]) and get_close_matches(args[0], list(self.commands), n=1):
+                ctx.fail(f"No such command {args[0]!r}. Did you mean "
+                         f"{get_close_matches(args[0], list(self.commands), n=1)[0]!r}?")
+            args = [PLAIN, *args]
+        return super().parse_args(ctx, args)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        return _plain() if cmd_name == PLAIN else super().get_command(ctx, cmd_name)
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return ["[COMMAND]", "TRACE", "[OPTIONS]"]
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        """The panels of the options, each with the commands of its mode (their summaries) or an option."""
+        sections: dict[str, list[tuple[str, str]]] = {"Arguments": [("TRACE", TRACE_HELP)]}
+        for panel in (INPUT, CACHE, CURVE, FLEET, PARTITIONS, WORTH, OUTPUT):
+            rows = sections.setdefault(panel, [])
+            rows += [(name, self.commands[name].get_short_help_str(limit=200))
+                     for name, (_, where) in COMMANDS.items() if where == panel]
+            if panel in OVERVIEW_OPTIONS:
+                rows.append(OVERVIEW_OPTIONS[panel])
+        sections["Options"] = [("-h, --help", "Show this message and exit.")]
+        write_sections(formatter, sections)
+
+
+app = typer.Typer(cls=SimulatePrefixGroup, help=HELP, no_args_is_help=True, rich_markup_mode=None,
+                  add_completion=False, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 
 
 # ----------------------------------------------------------------------------------------------- modes
@@ -350,6 +650,10 @@ def _replay_one(o: Options) -> None:
         largest.drain()                        # read on: the true minimum is the largest request's
         raise UsageError(f"{exc}; the whole trace needs {largest.need:,} blocks of {bs} (its largest request, "
                          f"line {largest.line}): --capacity-blocks {largest.need} or more, or --curve") from None
+    if o.served_only and not report.served_requests:
+        raise InputError("no request carries the server's cached tokens (vLLM's usage.prompt_tokens_details."
+                         "cached_tokens, SGLang's meta_info.cached_tokens): nothing to compare (cachectl "
+                         "simulate-prefix replay replays the trace alone)", source=o.name)
     if o.plot:
         raise UsageError("--plot draws sweeps: add --curve, --sweep-capacity and/or --sweep-block-size")
     worth = _worth(o, report)
