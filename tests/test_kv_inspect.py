@@ -511,7 +511,9 @@ def test_tied_embeddings_default_per_model_type():
     untied = kvmath.estimate_params({**gemma, "tie_word_embeddings": False})
     assert kvmath.estimate_params(gemma) == untied - 256000 * 3584     # one embedding matrix fewer
     r = kvmath.inspect_config(gemma, model="g", source="s")
-    assert any("tie_word_embeddings is not in the config: tied (the gemma2 default)" in n for n in r.notes)
+    # said with the other values the file leaves to transformers (it was a note of its own)
+    assert kvmath.DefaultUsed("tie_word_embeddings", True, "transformers Gemma2Config default",
+                              "transformers Gemma2Config") in r.defaults_used
 
 
 def test_gpu_memory_is_what_the_driver_reports(cli):
@@ -602,3 +604,180 @@ def test_a_batch_that_does_not_fit_is_said_so(cli):
     alone = json.loads(cli("kv-inspect", "llama-3.1-8b", "-f", "json").stdout)
     assert all(c["batch_fits"] is None for c in alone["contexts"])
     assert not any("does not fit the KV budget" in n for n in alone["notes"])
+
+
+# ------------------------------------------------------------------ fields a config leaves to transformers
+
+#: configs that leave fields out, each filled in by its model type's configuration class
+PARTIAL = {
+    "llama": {"model_type": "llama", "hidden_size": 2048, "num_attention_heads": 16},
+    "llama-head-dim": {"model_type": "llama", "hidden_size": 2048, "num_attention_heads": 16, "head_dim": 64,
+                       "num_hidden_layers": 4},
+    "mistral": {"model_type": "mistral", "hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 32,
+                "vocab_size": 32000, "intermediate_size": 14336},
+    "qwen2": {"model_type": "qwen2", "hidden_size": 3584, "num_attention_heads": 28, "num_hidden_layers": 28,
+              "num_key_value_heads": 4},
+    "gpt2": {"model_type": "gpt2", "n_layer": 6, "n_embd": 768},             # n_head left to GPT2Config
+}
+
+
+def _transformers_reading(config: dict) -> dict:
+    """What the model's attention modules use, from transformers itself: the configuration class built from
+    the partial dict (attribute_map included), then what the attention modules derive where it has no field."""
+    import transformers
+
+    kw = {k: v for k, v in config.items() if k != "model_type"}
+    hf = transformers.AutoConfig.for_model(config["model_type"], **kw)
+    heads = hf.num_attention_heads
+    return {"num_hidden_layers": hf.num_hidden_layers, "num_attention_heads": heads,
+            "num_key_value_heads": getattr(hf, "num_key_value_heads", None) or heads,   # GPT-2 attention: MHA
+            "head_dim": getattr(hf, "head_dim", None) or hf.hidden_size // heads,       # Qwen2Attention, GPT-2
+            "hidden_size": hf.hidden_size, "vocab_size": hf.vocab_size,
+            "max_position_embeddings": hf.max_position_embeddings, "tie_word_embeddings": hf.tie_word_embeddings,
+            "class": type(hf).__name__, "attribute_map": dict(type(hf).attribute_map)}
+
+
+@pytest.mark.parametrize("name", sorted(PARTIAL))
+def test_a_config_that_lacks_fields_is_filled_as_transformers_fills_it(name):
+    config = PARTIAL[name]
+    hf = _transformers_reading(config)
+    shape = kvmath.kv_shape(config)
+    assert (shape.layers, shape.kv_heads, shape.head_dim) == \
+        (hf["num_hidden_layers"], hf["num_key_value_heads"], hf["head_dim"])
+    r = kvmath.inspect_config(config, model=name, source="/models/x/config.json")
+    said = {d.field: d for d in r.defaults_used}
+    for field in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size",
+                  "vocab_size", "max_position_embeddings", "tie_word_embeddings"):
+        given = field in config or hf["attribute_map"].get(field) in config
+        if given:
+            assert field not in said, field                        # what the file gives is not a default
+        else:
+            assert field in said and said[field].value == hf[field], field
+            assert said[field].source.startswith((f"transformers {hf['class']} default", "derived: ")), said[field]
+    lines = kvmath.describe_defaults(r.defaults_used, r.source)
+    text = "\n".join(lines)
+    assert all(f"{d.field}={json.dumps(d.value)}" in text for d in r.defaults_used)
+    assert all("(absent in config.json)" in line for line in lines)
+
+
+def test_which_values_came_from_the_configuration_class_and_which_it_derived():
+    r = kvmath.inspect_config(PARTIAL["llama"], model="m", source="/m/config.json")
+    by = {d.field: d for d in r.defaults_used}
+    assert by["num_hidden_layers"] == kvmath.DefaultUsed("num_hidden_layers", 32, "transformers LlamaConfig default",
+                                                         "transformers LlamaConfig")
+    assert by["num_key_value_heads"].source == "derived: num_attention_heads" and by["num_key_value_heads"].value == 16
+    assert by["head_dim"].source == "derived: hidden_size / num_attention_heads" and by["head_dim"].value == 128
+    assert kvmath.describe_defaults(r.defaults_used, r.source)[0].startswith(
+        "from transformers' LlamaConfig defaults (absent in config.json): num_hidden_layers=32, "
+        "num_key_value_heads=16 (= num_attention_heads), head_dim=128 (= hidden_size / num_attention_heads), ")
+    # Mistral's class gives 8 KV heads, not as many as the attention heads, and a 4,096-token window
+    m = {d.field: d for d in kvmath.inspect_config(PARTIAL["mistral"], model="m", source="s").defaults_used}
+    assert (m["num_key_value_heads"].value, m["num_key_value_heads"].source) == (8, "transformers MistralConfig default")
+    assert m["sliding_window"].value == 4096
+    # GPT-2: the class's own names (attribute_map), and what its attention derives (no such fields in GPT2Config)
+    g = {d.field: d for d in kvmath.inspect_config(PARTIAL["gpt2"], model="m", source="s").defaults_used}
+    assert "num_hidden_layers" not in g and "hidden_size" not in g                # n_layer, n_embd given
+    assert (g["num_attention_heads"].value, g["num_attention_heads"].attribute) == (12, "n_head")
+    assert g["head_dim"] == kvmath.DefaultUsed("head_dim", 64, "derived: hidden_size / num_attention_heads", "cachectl")
+    # an explicit head_dim is the file's
+    h = {d.field for d in kvmath.inspect_config(PARTIAL["llama-head-dim"], model="m", source="s").defaults_used}
+    assert "head_dim" not in h and "num_hidden_layers" not in h and "num_key_value_heads" in h
+
+
+def test_a_composite_config_names_the_text_configs_defaults():
+    config = {"model_type": "gemma3", "text_config": {"hidden_size": 2560, "num_hidden_layers": 34}}
+    import transformers
+
+    text = transformers.AutoConfig.for_model("gemma3", text_config=config["text_config"]).get_text_config()
+    r = kvmath.inspect_config(config, model="g", source="s")
+    by = {d.field: d for d in r.defaults_used}
+    assert by["num_key_value_heads"].value == text.num_key_value_heads == r.kv_heads
+    assert by["head_dim"].value == text.head_dim == r.head_dim
+    assert by["num_attention_heads"].source == "transformers Gemma3TextConfig default"
+    assert "num_hidden_layers" not in by and "hidden_size" not in by
+
+
+def test_kv_inspect_says_which_values_came_from_transformers_defaults(cli, write):
+    path = write("config.json", PARTIAL["llama"])
+    r = cli("kv-inspect", path, "--context", "4k")
+    assert r.exit_code == 0, r.stderr
+    assert ("from transformers' LlamaConfig defaults (absent in config.json): num_hidden_layers=32, "
+            "num_key_value_heads=16 (= num_attention_heads), head_dim=128 (= hidden_size / num_attention_heads), "
+            "intermediate_size=11008, vocab_size=32000, max_position_embeddings=2048, tie_word_embeddings=false"
+            ) in r.stdout.splitlines()
+    assert "tie_word_embeddings is not in the config" not in r.stdout      # said once, with the others
+    d = json.loads(cli("kv-inspect", path, "--context", "4k", "-f", "json").stdout)
+    assert {"schema_version", "model", "layers", "kv_heads", "head_dim", "bytes_per_token", "contexts",
+            "layer_types", "weights_bytes", "notes", "findings"} <= set(d)
+    assert d["defaults_used"][0] == {"field": "num_hidden_layers", "value": 32,
+                                     "source": "transformers LlamaConfig default", "by": "transformers LlamaConfig",
+                                     "attribute": None}
+    assert [x["field"] for x in d["defaults_used"]] == [
+        "num_hidden_layers", "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size",
+        "max_position_embeddings", "tie_word_embeddings"]
+    # a complete config uses no default
+    full = write("full.json", {**PARTIAL["llama-head-dim"], "num_key_value_heads": 4, "intermediate_size": 512,
+                               "vocab_size": 1000, "max_position_embeddings": 4096, "tie_word_embeddings": False})
+    d = json.loads(cli("kv-inspect", full, "-f", "json").stdout)
+    assert d["defaults_used"] == []
+    assert "defaults" not in cli("kv-inspect", full).stdout
+
+
+def test_a_field_nothing_can_fill_is_one_line_naming_file_and_field(cli, write):
+    unknown = write("config.json", {"model_type": "not-a-model", "hidden_size": 512, "num_attention_heads": 8})
+    r = cli("kv-inspect", unknown)
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1
+    assert str(unknown) in r.stderr and "field 'num_hidden_layers'" in r.stderr
+    assert "does not know model_type 'not-a-model'" in r.stderr and "add num_hidden_layers" in r.stderr
+    # with the fields it needs, an unknown model type reads field by field and says what it derived
+    ok = write("ok.json", {"model_type": "not-a-model", "hidden_size": 512, "num_attention_heads": 8,
+                           "num_hidden_layers": 2})
+    r = cli("kv-inspect", ok, "--context", "4k")
+    assert r.exit_code == 0, r.stderr
+    assert ("derived as transformers' attention does (absent in ok.json): num_key_value_heads=8 "
+            "(= num_attention_heads), head_dim=64 (= hidden_size / num_attention_heads)") in r.stdout.splitlines()
+    # a default that does not fit is named in the error: Qwen2Config's 32 KV heads do not divide 28 heads
+    qwen = write("qwen.json", {k: v for k, v in PARTIAL["qwen2"].items() if k != "num_key_value_heads"})
+    r = cli("kv-inspect", qwen)
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "field 'num_key_value_heads'" in r.stderr
+    assert "num_key_value_heads 32 is the transformers Qwen2Config default" in r.stderr
+    gpt2 = write("gpt2.json", {"model_type": "gpt2", "n_layer": 2, "n_embd": 512})
+    r = cli("kv-inspect", gpt2)
+    assert r.exit_code == 2 and "num_attention_heads 12 is the transformers GPT2Config default (n_head" in r.stderr
+
+
+def test_without_transformers_the_shipped_defaults_are_said_and_agree_with_transformers():
+    import transformers
+
+    gemma = {k: v for k, v in kvmath.catalog()["gemma-2-9b"]["config"].items() if k != "tie_word_embeddings"}
+    code = ("import sys, json; sys.modules['transformers'] = None\n"
+            "from cachectl.engines.kv import config as c\n"
+            f"r = c.inspect_config({gemma!r}, model='g', source='s')\n"
+            "print(json.dumps([[d.field, d.value, d.by] for d in r.defaults_used]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    shipped = {f: (v, by) for f, v, by in json.loads(out.stdout)}
+    assert shipped["tie_word_embeddings"] == (True, "cachectl model_defaults.json")
+    assert transformers.AutoConfig.for_model("gemma2").tie_word_embeddings is True
+    # with transformers installed, its class answers (and agrees)
+    r = kvmath.inspect_config(gemma, model="g", source="s")
+    assert {d.field: d.by for d in r.defaults_used}["tie_word_embeddings"] == "transformers Gemma2Config"
+
+
+def test_a_catalog_config_says_its_defaults_without_importing_transformers():
+    code = ("import sys; from cachectl.engines.kv import config as c\n"
+            "cfg, src, _ = c.resolve_model('qwen2.5-7b'); r = c.inspect_config(cfg, model='q', source=src)\n"
+            "print(c.describe_defaults(r.defaults_used, src)); print('transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "[\"derived as transformers' attention does (absent in the catalog's config): head_dim=128 "
+        "(= hidden_size / num_attention_heads)\"]", "False"]
+
+
+def test_importing_the_cli_imports_neither_torch_nor_transformers():
+    code = ("import sys; import cachectl.cli, cachectl.cli.kv_inspect, cachectl.engines.kv.config; "
+            "print('transformers' in sys.modules, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]

@@ -280,6 +280,10 @@ def _render(r, hb) -> None:
     stdout.print(f"[bold]{escape(r.model)}[/]: {r.layers} layers, {shape}, {r.dtype}: "
                  f"{r.bytes_per_token:,.0f} bytes per token ({hb(r.bytes_per_token)})", soft_wrap=True)
     stdout.print(f"from: {r.source}", markup=False, soft_wrap=True)
+    from ..engines.kv.config import describe_defaults
+
+    for line in describe_defaults(r.defaults_used, r.source):
+        stdout.print(line, markup=False, soft_wrap=True)
     t = Table(header_style="bold", box=None, pad_edge=False)
     for col in ("layer type", "layers", "KV heads", "head dim", "window", "bytes/token"):
         t.add_column(col, justify="left" if col == "layer type" else "right")

@@ -88,11 +88,25 @@ def load_config(path: str) -> tuple[dict, str]:
     return config, str(p)
 
 
-def _int(config: dict, key: str, source: str) -> int:
+def _int(config: dict, key: str, source: str, whole: dict | None = None) -> int:
+    """A positive integer field of the (text) config ``config``; ``whole``: the config as the file gives it, to say
+    why a field absent from the file has no default either."""
     value = config.get(key)
+    if value is None and whole is not None:
+        raise InputError(f"absent, and needed: {_why_no_default(whole)} (add {key} to the config)", source=source,
+                         field=key)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InputError(f"expected a positive integer, got {value!r:.60}", source=source, field=key)
     return value
+
+
+def _why_no_default(config: dict) -> str:
+    note = config_note(config)
+    if note is None:
+        mt = model_type(config)
+        return f"transformers' {mt} configuration class has no default for it"
+    # "transformers 5.24.0 does not know model_type 'foo'", "the config has no model_type", ...
+    return note.rsplit(": ", 1)[0]
 
 
 _OPTIONAL_INTS = ("num_key_value_heads", "head_dim", "sliding_window", "kv_lora_rank", "qk_rope_head_dim",
@@ -115,17 +129,33 @@ def check_config(config: dict, source: str = "config.json") -> None:
         return
     if not kinds - _NO_KV:
         return
-    heads = _int(cfg, "num_attention_heads", source)
+    heads = _int(cfg, "num_attention_heads", source, config)
     kv_heads = cfg.get("num_key_value_heads") or heads
     if heads % kv_heads:
         raise InputError(f"{kv_heads} KV heads do not divide the {heads} attention heads (grouped-query attention "
-                         "shares each KV head among a whole number of query heads)", source=source,
+                         "shares each KV head among a whole number of query heads)"
+                         f"{_defaulted(config, 'num_key_value_heads', 'num_attention_heads')}", source=source,
                          field="num_key_value_heads")
     if not cfg.get("head_dim"):
-        hidden = _int(cfg, "hidden_size", source)
+        hidden = _int(cfg, "hidden_size", source, config)
         if hidden % heads:
             raise InputError(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads} and there is "
-                             "no head_dim", source=source, field="hidden_size")
+                             f"no head_dim{_defaulted(config, 'hidden_size', 'num_attention_heads')}", source=source,
+                             field="hidden_size")
+
+
+def _defaulted(config: dict, *fields: str) -> str:
+    """``; num_attention_heads 12 is the transformers GPT2Config default (n_head is absent from the config)`` for
+    each of ``fields`` the configuration class filled in: an error about a value the file does not give says so."""
+    filled = {d.field: d for d in _filled(config)}
+    said = []
+    for f in (f for f in fields if f in filled):
+        d = filled[f]
+        how = (f"is derived {d.source.removeprefix('derived: ')}" if d.source.startswith("derived: as ") else
+               f"is derived from {d.source.removeprefix('derived: ')} by {d.by}" if d.source.startswith("derived: ")
+               else f"is the {d.source}")
+        said.append(f"; {f} {d.value} {how} ({d.attribute or f} is absent from the config)")
+    return "".join(said)
 
 
 def _raw_text_config(config: dict) -> dict:
@@ -166,7 +196,7 @@ def _kv_heads_as_the_model_builds_them(model_type: str, d: dict) -> int | None:
 
 def _legacy_reading(cfg: dict) -> dict:
     """Today's field-by-field reading, with the legacy names of older configs (RefinedWeb, GPT-2 style)."""
-    out = dict(cfg)
+    out = {k: v for k, v in cfg.items() if k != DEFAULTS_KEY}  # cachectl's own record, never the file's
     for old, new in _LEGACY_ALIASES.items():
         if old in cfg and out.get(new) is None:
             out[new] = cfg[old]
@@ -251,7 +281,95 @@ def _read_through_transformers(text: str) -> tuple[dict, str | None]:
     if kv is not None:
         d["num_key_value_heads"] = kv
     d["model_type"] = text_type
+    d[DEFAULTS_KEY] = _filled_by_the_class(hf, sub, config, d, kv_override=kv is not None)
     return d, None
+
+
+# --------------------------------------------------------------------------- values the file does not give
+
+#: the fields a reading reports when the file leaves them to transformers (in this order): the KV arithmetic's,
+#: the weights estimate's and the context limit
+_REPORTED = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size",
+             "sliding_window", "kv_lora_rank", "qk_rope_head_dim", "intermediate_size", "vocab_size",
+             "max_position_embeddings", "tie_word_embeddings")
+#: where a reading through transformers records the fields its configuration class filled in, absent from the file:
+#: ``{field: {"source", "by", "attribute"}}`` (shipped in catalog_readings.json, so that a catalog name says it
+#: without importing transformers)
+DEFAULTS_KEY = "cachectl_defaults"
+_NO_DEFAULT = object()
+
+
+def _class_default(cls: type, attribute: str) -> Any:
+    """The default a configuration class gives ``attribute``: its dataclass field's (transformers 5), else its
+    ``__init__`` parameter's (transformers 4)."""
+    import dataclasses
+    import inspect
+
+    if dataclasses.is_dataclass(cls):
+        for f in dataclasses.fields(cls):
+            if f.name == attribute:
+                if f.default is not dataclasses.MISSING:
+                    return f.default
+                if f.default_factory is not dataclasses.MISSING:
+                    return f.default_factory()
+                return _NO_DEFAULT
+    try:
+        param = inspect.signature(cls).parameters.get(attribute)
+    except (TypeError, ValueError):
+        return _NO_DEFAULT
+    return _NO_DEFAULT if param is None or param.default is inspect.Parameter.empty else param.default
+
+
+def _gives(raw: dict, field: str, attribute_map: dict, reading: dict) -> bool:
+    """Whether the file gives ``field``: under its name, the class's own name for it (GPT-2's ``n_layer``), or a
+    legacy name the class read into it (a null counts as absent: the class fills it)."""
+    if raw.get(field) is not None or raw.get(attribute_map.get(field, field)) is not None:
+        return True
+    return any(new == field and raw.get(old) is not None and raw.get(old) == reading.get(field)
+               for old, new in _LEGACY_ALIASES.items())
+
+
+def _filled_by_the_class(hf: Any, sub: Any, config: dict, d: dict, *, kv_override: bool) -> dict[str, dict]:
+    """The reported fields the file leaves out and the configuration class fills in, each with where its value
+    comes from: the class's default (``LlamaConfig.num_hidden_layers = 32``), or a value it derives from others
+    (``head_dim = hidden_size // num_attention_heads``, ``num_key_value_heads = num_attention_heads``)."""
+    raw = {k: v for k, v in config.items() if k != "model_type"}
+    if sub is not hf:  # a composite config: the text model's fields are those of its sub-config in the file
+        key = next((k for k in (getattr(type(hf), "sub_configs", None) or {}) if getattr(hf, k, None) is sub),
+                   "text_config")
+        sub_raw = config.get(key)
+        raw = sub_raw if isinstance(sub_raw, dict) else {}
+    cls = type(sub)
+    name = cls.__name__
+    amap = dict(getattr(cls, "attribute_map", None) or {})
+    out: dict[str, dict] = {}
+    for field in _REPORTED:
+        value = d.get(field)
+        if value is None or isinstance(value, (list, dict)) or _gives(raw, field, amap, d):
+            continue
+        if field == "tie_word_embeddings" and config.get(field) is not None:  # a composite's top-level flag
+            continue
+        attribute = amap.get(field, field)
+        default = _class_default(cls, attribute)
+        heads, hidden = d.get("num_attention_heads"), d.get("hidden_size")
+        entry: dict[str, Any] = {"by": f"transformers {name}"}
+        if field == "num_key_value_heads" and kv_override:
+            entry["source"] = f"derived: as transformers' {d.get('model_type')} attention builds its K/V heads"
+        elif default is not _NO_DEFAULT and default is not None and default == value:
+            entry["source"] = f"transformers {name} default"
+        elif field == "num_key_value_heads" and value == heads:
+            entry["source"] = "derived: num_attention_heads"
+        elif (field == "head_dim" and isinstance(heads, int) and isinstance(hidden, int) and heads > 0
+              and value == hidden // heads):
+            entry["source"] = "derived: hidden_size / num_attention_heads"
+        elif field == "head_dim" and value == d.get("qk_rope_head_dim"):  # DeepSeek's MLA configs
+            entry["source"] = "derived: qk_rope_head_dim"
+        else:
+            entry["source"] = f"transformers {name} (set when the class is built)"
+        if attribute != field:
+            entry["attribute"] = attribute
+        out[field] = entry
+    return out
 
 
 def _normalized(config: dict) -> tuple[dict, str | None]:
@@ -293,7 +411,7 @@ def is_encoder_only(config: dict) -> bool:
 def layer_types(config: dict, source: str = "config.json") -> list[str]:
     """The attention kind of every layer: from ``layer_types`` when the config lists them, else derived."""
     cfg = _text_config(config)
-    n = _int(cfg, "num_hidden_layers", source)
+    n = _int(cfg, "num_hidden_layers", source, config)
     if n > MAX_LAYERS:
         raise InputError(f"{n:,} layers is more than any model has ({MAX_LAYERS:,})", source=source,
                          field="num_hidden_layers")
@@ -340,9 +458,9 @@ def _layers(config: dict, source: str) -> list[_Layer]:
                 raise InputError(f"expected layer indices as keys, got {key!r}", source=source,
                                  field="per_layer_config") from None
     if any(t not in _NO_KV and t not in ("mla", "shared_kv") for t in types):
-        heads = _int(cfg, "num_attention_heads", source)
+        heads = _int(cfg, "num_attention_heads", source, config)
         base_kv = cfg.get("num_key_value_heads") or heads
-        base_hd = cfg.get("head_dim") or _int(cfg, "hidden_size", source) // heads
+        base_hd = cfg.get("head_dim") or _int(cfg, "hidden_size", source, config) // heads
         base_vd = cfg.get("value_head_dim") or None
     out = []
     for i, t in enumerate(types):
@@ -391,7 +509,7 @@ def layer_groups(config: dict, dtype: str = "bf16", source: str = "config.json")
         if layer.type in ("no_kv", "shared_kv"):
             groups.append(LayerGroup(layer.type, n, None, 0.0))
         elif layer.type == "mla":
-            per = (_int(cfg, "kv_lora_rank", source) + _int(cfg, "qk_rope_head_dim", source)) * nbytes
+            per = (_int(cfg, "kv_lora_rank", source) + _int(cfg, "qk_rope_head_dim", source, config)) * nbytes
             groups.append(LayerGroup("mla", n, None, n * per))
         else:
             assert layer.kv_heads is not None and layer.head_dim is not None and layer.value_dim is not None
@@ -436,6 +554,130 @@ def tied_embeddings(config: dict) -> tuple[bool, str]:
     if mt in table:
         return bool(table[mt]), f"the {mt} default"
     return False, "unknown: assumed untied"
+
+
+@dataclass(frozen=True)
+class DefaultUsed:
+    """A value the KV arithmetic, the weights estimate or the context limit used that the file does not give."""
+
+    field: str
+    value: Any
+    #: ``transformers LlamaConfig default`` | ``derived: num_attention_heads`` | ``derived: hidden_size /
+    #: num_attention_heads`` | ``cachectl model_defaults.json (...)`` | ...
+    source: str
+    #: who filled it in: ``transformers LlamaConfig`` (its configuration class), ``cachectl`` (a config read field by
+    #: field), ``cachectl model_defaults.json`` or ``cachectl assumption``
+    by: str
+    #: the configuration class's own name for the field, where it differs (GPT-2's ``n_layer``)
+    attribute: str | None = None
+
+
+def defaults_used(config: dict, source: str = "config.json", *, weights_estimated: bool = True
+                  ) -> tuple[DefaultUsed, ...]:
+    """The values the file leaves out that kv-inspect used: those transformers' configuration class filled in (its
+    defaults, and the values it derives), and those cachectl derives as transformers' attention does (a head
+    size from ``hidden_size / num_attention_heads``, as many KV heads as attention heads) where the class has no
+    such field or the config is read field by field. Only the fields the output depends on: the weights' fields
+    when the weights are estimated from the config."""
+    cfg = _text_config(config)
+    recorded = _recorded(cfg)
+    kinds = set(layer_types(config, source))
+    attention = bool(kinds - _NO_KV - {"mla", "shared_kv"})
+    relevant = {"num_hidden_layers", "max_position_embeddings"}
+    if attention:
+        relevant |= {"num_attention_heads", "num_key_value_heads", "head_dim"}
+        if not cfg.get("head_dim"):
+            relevant.add("hidden_size")
+    if "sliding_attention" in kinds:
+        relevant.add("sliding_window")
+    if "mla" in kinds:
+        relevant |= {"kv_lora_rank", "qk_rope_head_dim"}
+    if weights_estimated:
+        relevant |= {"hidden_size", "intermediate_size", "vocab_size", "tie_word_embeddings", "num_attention_heads"}
+    per_layer = isinstance(cfg.get("per_layer_config"), dict)
+    out = []
+    for field in _REPORTED:
+        if field not in relevant:
+            continue
+        how = recorded.get(field)
+        if isinstance(how, dict) and cfg.get(field) is not None:
+            out.append(DefaultUsed(field, cfg[field], str(how.get("source")), str(how.get("by")), how.get("attribute")))
+        elif attention and not per_layer and field == "num_key_value_heads" and not cfg.get(field):
+            heads = cfg.get("num_attention_heads")
+            if isinstance(heads, int):
+                out.append(DefaultUsed(field, heads, "derived: num_attention_heads", "cachectl"))
+        elif attention and not per_layer and field == "head_dim" and not cfg.get(field):
+            heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
+            if isinstance(heads, int) and isinstance(hidden, int) and heads > 0:
+                out.append(DefaultUsed(field, hidden // heads, "derived: hidden_size / num_attention_heads",
+                                       "cachectl"))
+        if (field == "head_dim" and not per_layer and "full_attention" in kinds and not cfg.get("global_head_dim")
+                and model_type(config) in _GEMMA4):  # _layers' 512: Gemma4TextConfig's global_head_dim default
+            out.append(DefaultUsed("global_head_dim", 512, "derived: as transformers' Gemma4TextConfig sizes its "
+                                   "global layers by default", "cachectl"))
+        elif field == "tie_word_embeddings":
+            tied, tied_from = tied_embeddings(config)
+            if tied_from == "config" or isinstance(cfg.get(field), bool) and config_note(config) is None:
+                continue
+            if tied_from.startswith("unknown"):
+                out.append(DefaultUsed(field, tied, "assumed untied: no default known for the model type",
+                                       "cachectl assumption"))
+            else:
+                out.append(DefaultUsed(field, tied, f"cachectl model_defaults.json ({tied_from} of transformers' "
+                                       "configuration class)", "cachectl model_defaults.json"))
+    return tuple(out)
+
+
+def _recorded(cfg: dict) -> dict:
+    """What a reading through transformers recorded of the fields its configuration class filled in."""
+    recorded = cfg.get(DEFAULTS_KEY)
+    return recorded if isinstance(recorded, dict) else {}
+
+
+def _filled(config: dict) -> list[DefaultUsed]:
+    """The fields transformers' configuration class filled in (from the reading, without reading the layers)."""
+    cfg = _text_config(config)
+    recorded = _recorded(cfg)
+    return [DefaultUsed(f, cfg[f], str(h.get("source")), str(h.get("by")), h.get("attribute"))
+            for f, h in recorded.items() if isinstance(h, dict) and cfg.get(f) is not None]
+
+
+def describe_defaults(defaults: tuple[DefaultUsed, ...], source: str) -> list[str]:
+    """One line per filler of the values the file leaves out: ``from transformers' LlamaConfig defaults (absent in
+    config.json): num_hidden_layers=32, num_key_value_heads=32 (= num_attention_heads), ...``."""
+    if not defaults:
+        return []
+    if source.lower().endswith(".gguf"):
+        where = "absent in the GGUF metadata"
+    elif source.startswith("cachectl catalog:"):
+        where = "absent in the catalog's config"
+    else:
+        where = f"absent in {Path(source).name}"
+    lines = []
+    rank = {"cachectl model_defaults.json": 1, "cachectl": 2, "cachectl assumption": 3}  # transformers' first
+    for by in sorted(dict.fromkeys(d.by for d in defaults), key=lambda by: rank.get(by, 0)):
+        items = []
+        for d in defaults:
+            if d.by != by:
+                continue
+            item = f"{d.field}={json.dumps(d.value)}"
+            if d.attribute:
+                item += f" ({d.attribute})"
+            if d.source.startswith("derived: as "):
+                item += f" ({d.source.removeprefix('derived: ')})"
+            elif d.source.startswith("derived: "):
+                item += f" (= {d.source.removeprefix('derived: ')})"
+            items.append(item)
+        if by.startswith("transformers "):
+            head = f"from transformers' {by.removeprefix('transformers ')} defaults ({where})"
+        elif by == "cachectl model_defaults.json":
+            head = f"from cachectl's model_defaults.json, transformers' defaults per model type ({where})"
+        elif by == "cachectl assumption":
+            head = f"assumed ({where}, and no default known for the model type)"
+        else:
+            head = f"derived as transformers' attention does ({where})"
+        lines.append(f"{head}: {', '.join(items)}")
+    return lines
 
 
 def estimate_params(config: dict) -> int | None:
@@ -907,6 +1149,8 @@ class KvReport:
     shared_prefix: Any = None
     #: a quantized cache against full precision (kvlive.QuantizedRun) with --quantized
     quantized: Any = None
+    #: the values used that the file does not give: transformers' defaults and the values derived from others
+    defaults_used: tuple[DefaultUsed, ...] = ()
 
 
 def inspect_config(config: dict, *, model: str, source: str, dtype: str = "bf16", contexts=(4096, 32768, 131072),
@@ -1010,9 +1254,9 @@ def inspect_config(config: dict, *, model: str, source: str, dtype: str = "bf16"
                      f"contexts {', '.join(f'{t:,}' for t in beyond_max)} are")
             notes.append(f"{which} beyond the model's maximum of {limit:,} tokens (max_position_embeddings): sizes "
                          "shown for arithmetic only")
-    tied, tied_from = tied_embeddings(config)
-    if weights_source and weights_source.startswith("estimated") and tied_from != "config":
-        notes.append(f"tie_word_embeddings is not in the config: {'tied' if tied else 'untied'} ({tied_from})")
+    # what the file leaves out and the output used (tie_word_embeddings among them when the weights are estimated)
+    defaults = defaults_used(config, source, weights_estimated=bool(weights_source
+                                                                     and weights_source.startswith("estimated")))
     if any(g.window for g in groups):
         notes.append("sliding-window layers hold at most their window (transformers keeps window - 1 tokens "
                      "while get_seq_length() reports the full count)")
@@ -1028,7 +1272,7 @@ def inspect_config(config: dict, *, model: str, source: str, dtype: str = "bf16"
                     block_size=block_size, notes=tuple(notes), findings=tuple(findings),
                     params=published_params if published_params is not None else counted.total if counted else None,
                     active_params=active_params if active_params is not None else counted.active if counted else None,
-                    weights_fit=None if budget is None else not findings)
+                    weights_fit=None if budget is None else not findings, defaults_used=defaults)
 
 
 def _size(params: int) -> str:
