@@ -1,0 +1,181 @@
+"""VCR cassettes (vcrpy / pytest-recording): detection, the LLM calls' bodies and usage (plain, gzip, base64,
+SSE streams), and the bad input refused in one line."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from cachectl.errors import InputError
+from cachectl.inputs import parse_request
+from cachectl.inputs.formats import log_values, shape_of
+from cachectl.inputs.usage import parse_usage
+
+ROOT = Path(__file__).resolve().parent.parent
+LOGS = ROOT / "fixtures" / "logs"
+CASSETTES = sorted(LOGS.glob("vcr_*.yaml"))
+
+
+def _values(path):
+    return list(log_values(str(path)))
+
+
+@pytest.mark.parametrize("path", CASSETTES, ids=lambda p: p.name)
+def test_real_cassettes_are_found_by_themselves(path):
+    assert shape_of(str(path)) == "vcr"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "fixtures" / "prompts").glob("*.json*")) + sorted(
+    p for p in LOGS.glob("*.jsonl")), ids=lambda p: p.name)
+def test_other_files_are_not_cassettes(path):
+    from cachectl.inputs.files import display_name, iter_raw_lines
+    from cachectl.inputs.formats import _head, vcr
+
+    head, _ = _head(iter_raw_lines(str(path)), display_name(str(path)))
+    assert vcr.detect(head).score == 0
+
+
+def test_pydantic_ai_anthropic_cassette_carries_the_cache_counters():
+    values = _values(LOGS / "vcr_anthropic_cache.yaml")
+    assert [n for n, _ in values] == [2, 165]
+    first, second = (v for _, v in values)
+    assert first["usage"]["cache_read_input_tokens"] == 1111 and first["usage"]["output_tokens"] == 406
+    assert second["usage"]["cache_creation_input_tokens"] == 418
+    assert second["usage"]["cache_creation"]["ephemeral_5m_input_tokens"] == 418
+    assert first["request_id"] == "msg_01UUPT9QdZnZSRzcQJkjG25U"
+    assert "timestamp" not in first  # vcrpy records no time
+    for n, v in values:
+        req = parse_request(v["body"], source="c", line=n)
+        assert req is not None
+        parse_usage(v["usage"], source="c", line=n)
+    assert second["body"]["messages"][-1]["content"][0]["text"] == "Can you summarize that in one sentence?"
+
+
+def test_anthropic_stream_usage_is_message_start_updated_by_message_delta():
+    (_, v), = _values(LOGS / "vcr_anthropic_stream.yaml")
+    # message_start says input 1128, output 2; message_delta's cumulative counters replace them
+    assert v["usage"]["input_tokens"] == 2411 and v["usage"]["output_tokens"] == 145
+    assert "iterations" not in v["usage"]
+    parse_usage(v["usage"], source="c", line=1)
+
+
+def test_openai_stream_usage_is_the_final_chunks():
+    values = _values(LOGS / "vcr_openai_stream.yaml")
+    assert [v["usage"]["prompt_tokens"] for _, v in values] == [53, 78]
+    assert [v["usage"]["completion_tokens"] for _, v in values] == [15, 9]
+    assert values[0][1]["body"]["stream_options"] == {"include_usage": True}
+
+
+def _cassette(tmp_path, interactions, name="c.yaml"):
+    import yaml
+
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump({"interactions": interactions, "version": 1}))
+    return path
+
+
+def _anthropic_request(**extra):
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
+    return {"method": "POST", "uri": "https://api.anthropic.com/v1/messages", "headers": {},
+            "body": json.dumps(body), **extra}
+
+
+USAGE = {"input_tokens": 5, "cache_read_input_tokens": 2048, "cache_creation_input_tokens": 0, "output_tokens": 7}
+
+
+def test_a_gzip_binary_body_is_inflated(tmp_path):
+    raw = gzip.compress(json.dumps({"id": "msg_1", "usage": USAGE}).encode())
+    path = _cassette(tmp_path, [{"request": _anthropic_request(), "response": {
+        "status": {"code": 200, "message": "OK"}, "headers": {"Content-Encoding": ["gzip"]},
+        "body": {"string": raw}}}])
+    assert "!!binary" in path.read_text()
+    (_, v), = _values(path)
+    assert v["usage"]["cache_read_input_tokens"] == 2048
+
+
+def test_a_base64_request_body_and_a_json_serialized_cassette(tmp_path):
+    req = _anthropic_request()
+    req["body"] = req["body"].encode()  # !!binary: base64 in the YAML
+    path = _cassette(tmp_path, [{"request": req, "response": {"status": {"code": 200}, "headers": {},
+                                                             "body": {"string": json.dumps({"usage": USAGE})}}}])
+    (_, v), = _values(path)
+    assert v["body"]["model"] == "claude-sonnet-4-5"
+    jpath = tmp_path / "c.json"
+    jpath.write_text(json.dumps({"version": 1, "interactions": [
+        {"request": _anthropic_request(), "response": {"status": {"code": 200}, "headers": {},
+                                                       "body": {"string": json.dumps({"usage": USAGE})}}}]}, indent=4))
+    assert shape_of(str(jpath)) == "vcr"
+    (n, v), = _values(jpath)
+    assert n == 5 and v["usage"]["output_tokens"] == 7  # the interaction's "request" line
+
+
+def test_old_httpx_layout_keeps_its_decoded_content_despite_the_gzip_header(tmp_path):
+    path = _cassette(tmp_path, [{"request": _anthropic_request(), "response": {
+        "status_code": 200, "http_version": "HTTP/1.1", "headers": {"Content-Encoding": ["gzip"]},
+        "content": json.dumps({"usage": USAGE})}}])
+    (_, v), = _values(path)
+    assert v["usage"]["input_tokens"] == 5
+
+
+def test_non_llm_interactions_are_skipped_and_typed_bodies_read(tmp_path):
+    sse = ("event: message_start\ndata: " + json.dumps({"type": "message_start", "message": {
+        "id": "msg_2", "model": "claude-sonnet-4-5", "usage": {**USAGE, "output_tokens": 1}}}) +
+        "\n\nevent: message_delta\ndata: " + json.dumps({"type": "message_delta", "usage": {"output_tokens": 99}})
+        + "\n\n")
+    req = _anthropic_request()
+    req["body"] = {"type": "json", "content": json.loads(req["body"])}
+    path = _cassette(tmp_path, [
+        {"request": {"method": "GET", "uri": "https://api.anthropic.com/v1/models", "body": None},
+         "response": {"status": {"code": 200}, "body": {"string": "{}"}}},
+        {"request": req, "response": {"status": {"code": 200}, "body": {"type": "text", "content": sse}},
+         "recorded_at": "2026-03-06T19:26:02+00:00"}])
+    (_, v), = _values(path)
+    assert v["usage"]["output_tokens"] == 99 and v["usage"]["cache_read_input_tokens"] == 2048
+    assert v["timestamp"] == "2026-03-06T19:26:02+00:00"
+
+
+def test_a_python_tag_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("interactions:\n- request:\n    body: !!python/object/apply:os.system ['echo pwned']\n"
+                    "    method: POST\n    uri: https://api.openai.com/v1/chat/completions\n")
+    with pytest.raises(InputError) as err:
+        _values(path)
+    msg = str(err.value)
+    assert "python/object/apply:os.system" in msg and "\n" not in msg
+    assert err.value.line == 3
+
+
+def test_bad_cassettes_name_file_line_and_field(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("interactions:\n- request: [1, 2\n")
+    with pytest.raises(InputError) as err:
+        _values(path)
+    assert "invalid YAML" in str(err.value)
+    path = _cassette(tmp_path, [{"request": {"method": "POST", "uri": "https://api.openai.com/v1/chat/completions",
+                                             "body": "not json"}}])
+    with pytest.raises(InputError) as err:
+        _values(path)
+    assert err.value.field == "interactions[0].request.body"
+    path = _cassette(tmp_path, [{"request": _anthropic_request(), "response": {
+        "status": {"code": 200}, "body": {"string": b"\x1f\x8b\x08\x00broken"}}}])
+    with pytest.raises(InputError, match="gzip"):
+        _values(path)
+
+
+def test_an_oversized_cassette_is_refused(tmp_path, monkeypatch):
+    from cachectl.inputs.formats import vcr
+
+    monkeypatch.setattr(vcr, "MAX_BYTES", 100)
+    path = _cassette(tmp_path, [{"request": _anthropic_request()}])
+    with pytest.raises(InputError, match="MiB"):
+        _values(path)
+
+
+def test_base64_helper_roundtrip_is_standard_yaml():
+    import yaml
+
+    assert yaml.safe_load("b: !!binary " + base64.b64encode(b"ab").decode()) == {"b": b"ab"}
