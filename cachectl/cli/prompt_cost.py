@@ -84,8 +84,10 @@ def command(
     from ..inputs import read_json_file
 
     table = PriceTable.load(read_json_file(prices) if prices else None)
-    modes = [m for m, on in (("list", list_models), ("audit", usage is not None), ("simulate", requests is not None),
-                             ("what-if", prefix_tokens is not None)) if on]
+    # REQUESTS.jsonl --usage OUTPUT.jsonl: a batch input joined to its output's usage by custom_id (simulate)
+    joined = requests is not None and usage is not None
+    modes = [m for m, on in (("list", list_models), ("audit", usage is not None and not joined),
+                             ("simulate", requests is not None), ("what-if", prefix_tokens is not None)) if on]
     if len(modes) != 1:
         raise UsageError("choose one mode: --usage RESPONSES.jsonl, REQUESTS.jsonl, --prefix-tokens N (what-if), "
                          "or --list-models")
@@ -108,7 +110,7 @@ def command(
         case _:
             assert requests is not None
             report = _simulate(table, requests, model, model_as, tokenizer, count_with_api, every, time_unit,
-                               out.add, log_format_name(log_format))
+                               out.add, log_format_name(log_format), usage)
     out.finish(report)
     raise typer.Exit(EXIT_OK)
 
@@ -148,9 +150,21 @@ def _audit(table, usage: str, model: Optional[str], model_as: Optional[str], on_
                          source=exc.source, line=exc.line) from None
 
 
+def _joined(requests: str, usage: str, model: Optional[str], stamps, log_format: Optional[str] = None):
+    """A batch input's requests, each with its billed usage from the batch output (joined by custom_id)."""
+    from ..inputs import display_name, parse_request
+    from ..inputs.formats import log_values
+    from ..inputs.formats.openai_batch_output import join, usage_index
+
+    source = display_name(requests)
+    for line, value in join(log_values(requests, log_format), usage_index(usage), source=source,
+                            output=display_name(usage)):
+        yield parse_request(value, source=source, line=line, default_model=model, timestamps=stamps)
+
+
 def _simulate(table, requests: str, model: Optional[str], model_as: Optional[str], tokenizer: Optional[str],
               count_with_api: bool, every: Optional[str], time_unit: Optional[TimeUnit], on_request,
-              log_format: Optional[str] = None):
+              log_format: Optional[str] = None, usage: Optional[str] = None):
     from ..engines.provider import cache as promptcache
     from ..inputs import display_name, read_requests
 
@@ -165,7 +179,8 @@ def _simulate(table, requests: str, model: Optional[str], model_as: Optional[str
     stamps = timestamp_reader(time_unit)
     with Progress("prompt-cost: requests") as progress:
         report = promptcache.simulate_requests(
-            iter_progress(read_requests(requests, default_model=model, timestamps=stamps, log_format=log_format),
+            iter_progress(_joined(requests, usage, model, stamps, log_format) if usage is not None else
+                          read_requests(requests, default_model=model, timestamps=stamps, log_format=log_format),
                           progress),
             table=table, source=display_name(requests), text_counter=text_counter, api=api,
             every=promptcache.parse_duration(every) if every else None, token_source=token_source,

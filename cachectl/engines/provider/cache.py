@@ -228,15 +228,15 @@ class _Tally:
 
 def _row(index: int, line: int | None, price: ModelPrice, usage: Usage, *, timestamp: float | None = None,
          reported: dict | None = None, note: str | None = None, miss: MissReason | None = None,
-         reconciliation: Reconciliation | None = None) -> RequestCost:
+         reconciliation: Reconciliation | None = None, batch: bool = False) -> RequestCost:
     return RequestCost(
         index=index, line=line, model=price.model, input_tokens=usage.input_tokens,
         cache_creation_input_tokens=usage.cache_creation_input_tokens,
         cache_read_input_tokens=usage.cache_read_input_tokens, output_tokens=usage.output_tokens,
         cache_creation={"ephemeral_5m_input_tokens": usage.cache_write_5m_tokens,
                         "ephemeral_1h_input_tokens": usage.cache_write_1h_tokens},
-        cost_usd=round(cost_usd(price, usage), 10), uncached_cost_usd=round(uncached_cost_usd(price, usage), 10),
-        timestamp=timestamp, usage_reported=reported or {}, note=note, miss=miss, reconciliation=reconciliation)
+        cost_usd=round(cost_usd(price, usage, batch=batch), 10),
+        uncached_cost_usd=round(uncached_cost_usd(price, usage, batch=batch), 10), timestamp=timestamp, usage_reported=reported or {}, note=note, miss=miss, reconciliation=reconciliation)
 
 
 def _openai_reported(usage: Usage) -> dict:
@@ -307,6 +307,21 @@ def _lookup(table: PriceTable, model: str, source: str, line: int | None, model_
     return price
 
 
+def is_batch_line(value: Any) -> bool:
+    """A call made through a provider's Batch API: a record a batch shape marked (``"batch": true``), or an
+    OpenAI Batch output line (``custom_id`` with a ``response``)."""
+    return isinstance(value, dict) and (value.get("batch") is True or (
+        "custom_id" in value and isinstance(value.get("response"), dict)))
+
+
+def _batch_note(price: ModelPrice) -> str:
+    if price.batch_discount is None:
+        return (f"{price.model}: Batch API calls priced at the standard rates: the price table has no batch rate "
+                "for it (add batch_discount with `prices`)")
+    return (f"{price.model}: Batch API calls priced at {price.batch_discount:g}x the standard rates (cache reads "
+            "and writes included)")
+
+
 _SPLIT_NOTE = ("some lines report cache writes without the cache_creation split: priced as 5-minute writes "
                "(1-hour writes cost 2x base input, not 1.25x)")
 
@@ -325,7 +340,10 @@ def audit_usage(records: Iterable[tuple[int, Any]], *, source: str, table: Price
                                           line=line, model_as=model_as, notes=notes)
         if not logged.split_known:
             notes.append(_SPLIT_NOTE)
-        row = _row(index, line, price, _as_usage(logged), reported=logged.reported)
+        batch = is_batch_line(value)
+        if batch:
+            notes.append(_batch_note(price))
+        row = _row(index, line, price, _as_usage(logged), reported=logged.reported, batch=batch)
         tally.add(row)
         if on_request is not None:
             on_request(row)
@@ -946,7 +964,7 @@ def _outcome(read: int, write: int) -> str:
 
 
 def _reconcile(req: Request, price: ModelPrice, predicted: Usage, miss: MissReason | None, source: str,
-               estimate: bool) -> Reconciliation | None:
+               estimate: bool, *, batch: bool = False) -> Reconciliation | None:
     if req.usage is None:
         return None
     logged = parse_usage(req.usage, source=source, line=req.line, path="usage.", model=price.model,
@@ -976,7 +994,7 @@ def _reconcile(req: Request, price: ModelPrice, predicted: Usage, miss: MissReas
                                   "cache_creation_input_tokens": billed.cache_creation_input_tokens,
                                   "cache_read_input_tokens": billed.cache_read_input_tokens,
                                   "output_tokens": billed.output_tokens},
-                          billed_cost_usd=round(cost_usd(price, billed), 10), agree=agree, predicted_outcome=po,
+                          billed_cost_usd=round(cost_usd(price, billed, batch=batch), 10), agree=agree, predicted_outcome=po,
                           billed_outcome=bo, reason=reason)
 
 
@@ -1054,10 +1072,13 @@ def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source:
             gaps.add(req.line)
         if miss is not None and miss.code == "content_changed" and miss.volatile is not None:
             volatile.add(req.line, miss.path or "")
-        recon = _reconcile(req, price, usage, miss, source, estimate)
+        batch = req.meta.get("batch") is True
+        if batch:
+            notes.append(_batch_note(price))
+        recon = _reconcile(req, price, usage, miss, source, estimate, batch=batch)
         reported = _openai_reported(usage) if price.usage_style == "openai" else {}
         row = _row(index, req.line, price, usage, timestamp=t, reported=reported, note=note, miss=miss,
-                   reconciliation=recon)
+                   reconciliation=recon, batch=batch)
         tally.add(row)
         if on_request is not None:
             on_request(row)

@@ -91,6 +91,9 @@ class ModelPrice:
     cache_write: float | None = None
     #: breakpoints: whether a read renews an entry's lifetime (the provider documents a minimum lifetime per write)
     read_refreshes_ttl: bool = True
+    #: the factor every token of a call made through the provider's Batch API is priced at (0.5: half the
+    #: standard rates, cache reads and writes included); None when the table has no batch rate for the model
+    batch_discount: float | None = None
 
     @property
     def rule(self) -> str:
@@ -196,7 +199,8 @@ def _from_native(model: str, entry: Any, source: str) -> ModelPrice:
         cache_granularity=_whole({"cache_granularity": 1, **base}, "cache_granularity", model, source, lowest=1),
         aliases=tuple(aliases), bands=tuple(bands), notes=notes, history=tuple(history),
         cache_write=_num(base, "cache_write", model, source, optional=True),
-        read_refreshes_ttl=bool(base.get("read_refreshes_ttl", True)))
+        read_refreshes_ttl=bool(base.get("read_refreshes_ttl", True)),
+        batch_discount=_num(base, "batch_discount", model, source, optional=True))
 
 
 def _rules_of(price: ModelPrice) -> dict:
@@ -333,8 +337,15 @@ class Usage:
         return self.input_tokens + self.cache_creation_input_tokens + self.cache_read_input_tokens
 
 
-def cost_usd(price: ModelPrice, usage: Usage) -> float:
-    """What the usage costs; writes are priced at their own TTL's rate."""
+def batch_factor(price: ModelPrice, batch: bool) -> float:
+    """The factor a call's cost is multiplied by: the model's batch discount for a call made through the
+    provider's Batch API (the discount stacks with the cache multipliers: each cache rate is halved too), else 1."""
+    return price.batch_discount if batch and price.batch_discount is not None else 1.0
+
+
+def cost_usd(price: ModelPrice, usage: Usage, *, batch: bool = False) -> float:
+    """What the usage costs; writes are priced at their own TTL's rate; ``batch``: the call came through the
+    provider's Batch API (priced at its batch rates where the table has them)."""
     r = price.rates(usage.prompt_tokens)
     read_rate = r.cache_read if r.cache_read is not None else r.input
     w5 = r.cache_write_5m if r.cache_write_5m is not None else r.cache_write if r.cache_write is not None else r.input
@@ -344,10 +355,11 @@ def cost_usd(price: ModelPrice, usage: Usage) -> float:
     total = (usage.input_tokens * r.input + usage.cache_write_5m_tokens * w5
              + usage.cache_write_1h_tokens * (w1 or 0.0) + usage.cache_read_input_tokens * read_rate
              + usage.output_tokens * r.output)
-    return total / PER_MTOK
+    return total * batch_factor(price, batch) / PER_MTOK
 
 
-def uncached_cost_usd(price: ModelPrice, usage: Usage) -> float:
-    """The same request with no caching at all: every prompt token at the base input price."""
+def uncached_cost_usd(price: ModelPrice, usage: Usage, *, batch: bool = False) -> float:
+    """The same request with no caching at all: every prompt token at the base input price (the batch rate for a
+    Batch API call)."""
     r = price.rates(usage.prompt_tokens)
-    return (usage.prompt_tokens * r.input + usage.output_tokens * r.output) / PER_MTOK
+    return (usage.prompt_tokens * r.input + usage.output_tokens * r.output) * batch_factor(price, batch) / PER_MTOK

@@ -18,12 +18,19 @@ from types import ModuleType
 from typing import Any
 
 from ...errors import InputError, UsageError
-from . import native, otel, vcr
+from . import codex, native, openai_batch_input, openai_batch_output, otel, vcr, vllm_log
 from .base import HEAD_BYTES, HEAD_LINES, Head, HeadLine, LogShape, Record, Verdict, json_value
 
 #: the foreign shapes' modules, in the order their detectors are asked (the more specific first); cachectl's
 #: own shapes (native) are asked last
-MODULES: tuple[ModuleType, ...] = (otel, vcr)
+MODULES: tuple[ModuleType, ...] = (
+    openai_batch_output,
+    openai_batch_input,
+    codex,
+    otel,
+    vcr,
+    vllm_log,
+)
 
 #: every shape, by name: the foreign modules' and cachectl's own
 SHAPES: dict[str, LogShape] = {s.name: s for s in (*(m.SHAPE for m in MODULES), *native.SHAPES)}

@@ -1,0 +1,240 @@
+"""vLLM server logs written with ``--enable-log-requests`` (``vllm serve ... > server.log``).
+
+Read from vLLM's own code (github.com/vllm-project/vllm): the line prefix is ``vllm/logger.py``'s ``_FORMAT``,
+``"%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"`` with ``_DATE_FORMAT = "%m-%d %H:%M:%S"``
+(before about v0.6: ``%(filename)s:%(lineno)d]`` without the bracket; later ``%(fileinfo)s``; an optional
+``VLLM_LOGGING_PREFIX`` before it, and ``(APIServer pid=N)`` where vLLM prefixes a child process's output). The
+request line is ``vllm/entrypoints/logger.py`` ``RequestLogger.log_inputs``, in these versions:
+
+- v0.4-v0.10 (one INFO line): ``Received request %s: prompt: %r, params: %s, prompt_token_ids: %s,
+  [prompt_embeds shape: %s, ]lora_request: %s[, prompt_adapter_request: %s].`` (commits 01ff1262 and earlier);
+  before ``RequestLogger`` (``async_llm_engine.py``, v0.3): ``Received request %s: prompt: %r,
+  [prefix_pos: %s,]sampling_params: %s, prompt_token_ids: %s, lora_request: %s.``;
+- v0.11.2 and later (commit 63c2b7ab): the prompt moved to DEBUG, ``Request %s details: prompt: %r,
+  prompt_token_ids: %s, prompt_embeds shape: %s.`` then INFO ``Received request %s: params: %s, lora_request:
+  %s.``: the prompt is in the log only with ``VLLM_LOGGING_LEVEL=DEBUG`` (vllm-project/vllm#29208, #34503).
+
+``--max-log-len N`` cuts the prompt to N characters and the token IDs to N IDs, silently. A record's prompt is
+flagged as cut (``missing``) where the log shows it: the text and the ID list both end at the same length, or, in
+the first 64 requests, two different prompts stop at the same largest length (then every prompt of that length is
+flagged).
+
+The prompt is a Python ``repr``: its literal is found by scanning for its closing quote and read with
+``ast.literal_eval`` on that literal alone (never ``eval``); the token IDs are a list of integers. What vLLM's
+logger never writes: the model (one server serves one; pass ``--model``), a cache salt (``cache_salt`` is not in
+any version's request line read), the output length (``max_tokens`` is a limit, not the output).
+
+Timestamps: the prefix has month, day and time, no year and no zone (the server's local time). A record's
+``timestamp`` is the seconds since the file's first request line (a relative time: gaps and TTLs are exact, the
+date is not claimed); the logged ``MM-DD HH:MM:SS`` is kept as ``logged_at``. A date earlier than the previous
+one by more than a day is read as the next year (a log across New Year). Lines that are not request lines
+(startup, metrics, access logs, NCCL) are skipped.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from ...errors import InputError
+from .base import Head, LogShape, Record, Verdict
+
+SHAPE = LogShape(
+    "vllm-log", "vLLM server logs with --enable-log-requests",
+    "text lines in vLLM's logging format (`INFO 05-14 10:11:12 [logger.py:39] ...`)",
+    "one record per `Received request` (or DEBUG `Request ... details`) line: the prompt text and its "
+    "`prompt_token_ids` when logged (no tokenizer needed then), the request id, the time since the first request, "
+    "the LoRA adapter; prompts cut by `--max-log-len` flagged",
+    ("simulate-prefix",),
+    "fixtures/logs/vllm_requests.log",
+    "github.com/vllm-project/vllm vllm/entrypoints/logger.py (RequestLogger.log_inputs), vllm/logger.py",
+)
+
+_PREFIX = re.compile(rb"(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:[.,]\d+)? "
+                     rb"\[?[\w./<>-]+:\d+\] ")
+_RECEIVED = re.compile(r"Received request (\S+?): ")
+_DETAILS = re.compile(r"Request (\S+?) details: ")
+_IDS = re.compile(r"prompt[_ ]token[_ ]ids: (None|\[[0-9, ]*\])")
+_LORA = re.compile(r"lora_request: (None|LoRARequest\(.*?\))(?:, prompt_adapter_request|\.?$)")
+_LORA_NAME = re.compile(r"lora_name='([^']*)'")
+#: requests whose prompt lengths are looked at to infer a --max-log-len cap
+_CAP_WINDOW = 64
+#: DEBUG details lines waiting for their INFO line (they are adjacent; the bound only guards odd logs)
+_PENDING = 4096
+
+
+def detect(head: Head) -> Verdict:
+    if head.values:
+        return Verdict.no()
+    lines = [h.raw for h in head.lines]
+    if any(_PREFIX.search(raw[:400]) for raw in lines):
+        return Verdict.yes()
+    return Verdict.no()
+
+
+def _literal(text: str, start: int, where: dict[str, Any]) -> tuple[str | None, int]:
+    """The Python string literal (or ``None``) at ``text[start:]``, and the index after it."""
+    if text.startswith("None", start):
+        return None, start + 4
+    quote = text[start:start + 1]
+    if quote not in ("'", '"'):
+        raise InputError("expected the prompt's Python string literal", field="prompt", **where)
+    i = start + 1
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == quote:
+            try:
+                value = ast.literal_eval(text[start:i + 1])
+            except (ValueError, SyntaxError):
+                break
+            if not isinstance(value, str):
+                break
+            return value, i + 1
+        i += 1
+    raise InputError("the prompt's string literal does not end on this line", field="prompt", **where)
+
+
+def _ids(text: str, where: dict[str, Any]) -> list[int] | None:
+    m = _IDS.search(text)
+    if m is None or m.group(1) == "None":
+        return None
+    try:
+        ids = orjson.loads(m.group(1))
+    except orjson.JSONDecodeError:
+        raise InputError("expected a list of token IDs", field="prompt_token_ids", **where) from None
+    return ids
+
+
+def _lora(text: str) -> str | None:
+    m = _LORA.search(text)
+    if m is None or m.group(1) == "None":
+        return None
+    name = _LORA_NAME.search(m.group(1))
+    return name.group(1) if name else m.group(1)
+
+
+class _Clock:
+    """Seconds since the first request line, from month-day-time prefixes without a year."""
+
+    def __init__(self) -> None:
+        self.first: datetime | None = None
+        self.prev: datetime | None = None
+        self.year = 2000  # a leap year, so 02-29 reads; only differences are used
+
+    def seconds(self, m: re.Match) -> float:
+        month, day, hh, mm, ss = (int(g) for g in m.groups()[1:6])
+        when = datetime(self.year, month, day, hh, mm, ss)
+        if self.prev is not None and (self.prev - when).total_seconds() > 86400:
+            self.year += 1
+            when = when.replace(year=self.year)
+        self.prev = when
+        if self.first is None:
+            self.first = when
+        return (when - self.first).total_seconds()
+
+
+def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
+    clock = _Clock()
+    pending: OrderedDict[str, Record] = OrderedDict()
+    window: list[Record] = []
+    cap: int | None = None
+    skipped = info_only = emitted = 0
+    capped = False
+
+    def length(r: Record) -> int:
+        return len(r.prompt) if r.prompt is not None else len(r.tokens or ())
+
+    def flagged(r: Record) -> Record:
+        cut = r.prompt is not None and r.tokens is not None and len(r.prompt) == len(r.tokens) > 0
+        if cut or (cap is not None and length(r) == cap):
+            return replace(r, missing=(*r.missing, "the whole prompt (cut by --max-log-len)"))
+        return r
+
+    def emit(r: Record) -> Iterator[Record]:
+        nonlocal emitted
+        emitted += 1
+        if capped:
+            yield flagged(r)
+            return
+        window.append(r)
+        if len(window) < _CAP_WINDOW:
+            return
+        yield from close_window()
+
+    def close_window() -> Iterator[Record]:
+        nonlocal cap, capped
+        capped = True
+        lengths = [length(r) for r in window if r.prompt is not None or r.tokens]
+        if lengths:
+            top = max(lengths)
+            shapes = {(r.prompt, tuple(r.tokens or ())) for r in window if length(r) == top}
+            cap = top if top >= 16 and len(shapes) >= 2 else None
+        for r in window:
+            yield flagged(r)
+        window.clear()
+
+    for n, raw in lines:
+        head = _PREFIX.search(raw[:400])
+        if head is None:
+            skipped += 1
+            continue
+        text = raw[head.end():].decode("utf-8", "replace")
+        where: dict[str, Any] = {"source": source, "line": n}
+        details = _DETAILS.match(text)
+        received = _RECEIVED.match(text) if details is None else None
+        if details is None and received is None:
+            skipped += 1
+            continue
+        match = details or received
+        assert match is not None
+        rid = match.group(1)
+        rest = text[match.end():]
+        stamp = clock.seconds(head)
+        logged_at = "{}-{} {}:{}:{}".format(*(g.decode() for g in head.groups()[1:6]))
+        if received is not None and rid in pending:  # v0.11.2+: the INFO line after the DEBUG details
+            r = pending.pop(rid)
+            lora = _lora(rest)
+            yield from emit(replace(r, keys={**r.keys, "lora": lora}) if lora else r)
+            continue
+        if rest.startswith("prompt: "):
+            prompt, end = _literal(rest, len("prompt: "), where)
+            tail = rest[end:]
+        elif received is not None:
+            info_only += 1  # v0.11.2+ at INFO: the prompt is not in the log
+            continue
+        else:
+            raise InputError("expected `prompt: ` after the request id", **where)
+        tokens = _ids(tail, where)
+        if prompt is None and tokens is None:
+            skipped += 1  # prompt embeddings only
+            continue
+        record = Record(shape=SHAPE.name, source=source, line=n, timestamp=stamp, tokens=tokens, prompt=prompt,
+                        keys={"request_id": rid, "logged_at": logged_at, "lora": _lora(tail)},
+                        missing=("model (vLLM's request line does not name it)",))
+        if details is not None:
+            pending[rid] = record
+            while len(pending) > _PENDING:
+                yield from emit(pending.popitem(last=False)[1])
+            continue
+        yield from emit(record)
+    for r in pending.values():
+        yield from emit(r)
+    if not capped:
+        yield from close_window()
+    if not emitted:
+        if info_only:
+            raise InputError(f"{info_only:,} request lines, none with its prompt: vLLM 0.11.2 and later log the "
+                             "prompt and its token IDs only at DEBUG (run the server with VLLM_LOGGING_LEVEL=DEBUG "
+                             "and --enable-log-requests)", source=source)
+        raise InputError(f"no request lines among {skipped:,} vLLM log lines: start the server with "
+                         "--enable-log-requests", source=source)

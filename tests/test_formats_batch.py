@@ -1,0 +1,73 @@
+"""OpenAI Batch API files: the output's usage joined to the input by custom_id, priced at batch rates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cachectl.engines.provider.cache import audit_usage
+from cachectl.engines.provider.prices import PriceTable, Usage, cost_usd
+from cachectl.errors import InputError
+from cachectl.inputs.formats import log_values, shape_of
+from cachectl.inputs.formats.openai_batch_output import join, usage_index
+
+LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+IN, OUT = str(LOGS / "openai_batch_input.jsonl"), str(LOGS / "openai_batch_output.jsonl")
+VIN, VOUT = str(LOGS / "vllm_batch_input.jsonl"), str(LOGS / "vllm_batch_output.jsonl")
+
+
+def test_detection():
+    assert shape_of(IN) == shape_of(VIN) == "openai-batch-input"
+    assert shape_of(OUT) == shape_of(VOUT) == "openai-batch-output"
+    assert shape_of(str(LOGS / "openai_responses.jsonl")) == "native"
+
+
+def test_output_records_skip_failed_requests():
+    values = list(log_values(OUT))
+    assert [v["custom_id"] for _, v in values] == ["request-2", "request-1"]  # request-3 expired: not billed
+    assert all(v["batch"] is True for _, v in values)
+    assert values[0][1]["request_id"] == "req_c187b3" and values[0][1]["usage"]["prompt_tokens"] == 24
+
+
+@pytest.mark.parametrize("inp,out,expected", [(IN, OUT, {"request-1": 23, "request-2": 24, "request-3": None}),
+                                              (VIN, VOUT, {"request-1": 25, "request-2": 27})])
+def test_input_joined_to_output_by_custom_id(inp, out, expected):
+    joined = list(join(log_values(inp), usage_index(out), source=inp, output=out))
+    got = {v["custom_id"]: (v.get("usage") or {}).get("prompt_tokens") for _, v in joined}
+    assert got == expected
+    assert all(v["batch"] is True and v["body"]["messages"] for _, v in joined)
+
+
+def test_join_refuses_another_batch_and_duplicates(tmp_path):
+    other = tmp_path / "out.jsonl"
+    other.write_text(json.dumps({"custom_id": "zzz", "response": {"status_code": 200, "body": {
+        "model": "gpt-4o-mini", "usage": {"prompt_tokens": 1, "completion_tokens": 1}}}}) + "\n")
+    with pytest.raises(InputError, match="not the same batch"):
+        list(join(log_values(IN), usage_index(str(other)), source=IN, output=str(other)))
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text(Path(OUT).read_text().splitlines()[0] + "\n" + Path(OUT).read_text().splitlines()[0] + "\n")
+    with pytest.raises(InputError) as e:
+        usage_index(str(dup))
+    assert e.value.line == 2 and e.value.field == "custom_id"
+
+
+def test_batch_prices_half_the_standard():
+    table = PriceTable.load()
+    for model in ("gpt-4o-mini", "claude-sonnet-4-5"):
+        price = table.lookup(model)
+        u = Usage(1000, 2000, 30000, 500, cache_write_5m_tokens=2000)
+        assert cost_usd(price, u, batch=True) == pytest.approx(cost_usd(price, u) / 2)
+    report = audit_usage(log_values(OUT), source=OUT, table=table)
+    p = table.lookup("gpt-4o-mini")
+    standard = ((24 + 23) * p.input + (5 + 9) * p.output) / 1e6
+    assert report.total_cost_usd == pytest.approx(standard / 2)
+    assert any("Batch API" in n for n in report.notes)
+
+
+def test_prompt_cost_joins_input_and_output(cli):
+    tok = str(LOGS.parent / "tok")
+    r = cli("prompt-cost", IN, "--usage", OUT, "-t", tok, "--every", "1s")
+    assert r.exit_code == 0, r.stderr
+    assert "2 of 2 requests agree" in r.stdout and "0.5x the standard rates" in r.stdout

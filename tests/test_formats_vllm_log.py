@@ -1,0 +1,81 @@
+"""vLLM request logs: prompt and token IDs from RequestLogger's lines, both layouts, cut prompts flagged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cachectl.errors import InputError
+from cachectl.inputs.formats import log_values, shape_of, vllm_log
+
+ROOT = Path(__file__).resolve().parents[1]
+LOG = str(ROOT / "fixtures" / "logs" / "vllm_requests.log")
+DEBUG = str(ROOT / "fixtures" / "logs" / "vllm_requests_debug.log")
+SP = "SamplingParams(n=1, temperature=0.7, max_tokens=16)"
+
+
+def test_detected_and_not_on_json_logs():
+    assert shape_of(LOG) == "vllm-log" and shape_of(DEBUG) == "vllm-log"
+    for other in (ROOT / "fixtures" / "logs").glob("*.jsonl"):
+        assert shape_of(str(other)) != "vllm-log", other
+
+
+def test_one_line_layout():
+    values = list(log_values(LOG))
+    assert [line for line, _ in values] == [4, 7]  # startup, access, metrics lines skipped
+    v = values[0][1]
+    assert v["request_id"] == "chatcmpl-6bef81cb4de24787a00de2ff383b76e1"
+    assert len(v["prompt_token_ids"]) == 31 and v["prompt_token_ids"][0] == 151644
+    assert v["timestamp"] == 0.0 and values[1][1]["timestamp"] == 208.0  # 10:11:12 -> 10:14:40
+    assert values[1][1]["lora"] == "manuals" and "lora" not in v
+
+
+def test_split_debug_layout_joins_the_info_line():
+    records = list(vllm_log.read(((i + 1, raw) for i, raw in enumerate(Path(DEBUG).read_bytes().splitlines())
+                                  if raw.strip()), DEBUG))
+    assert [r.keys["request_id"] for r in records] == ["chatcmpl-a269fdcb7c6ce890", "cmpl-7f0c2e1d9b8a4c3e"]
+    assert records[0].prompt is not None and records[0].prompt.startswith("<|im_start|>system\n")
+    assert records[1].prompt is None and len(records[1].tokens or []) == 30
+    assert records[1].keys["lora"] == "manuals" and records[1].timestamp == 302.0
+
+
+def _log(tmp_path, lines):
+    p = tmp_path / "server.log"
+    p.write_text("\n".join(lines) + "\n")
+    return str(p)
+
+
+def test_prompt_literal_with_quotes_and_escapes(tmp_path):
+    prompt = "it's a \"quoted\" line\nwith a tab\t and a backslash \\ , params: x"
+    path = _log(tmp_path, [f"INFO 12-31 23:59:50 [logger.py:39] Received request r1: prompt: {prompt!r}, "
+                           f"params: {SP}, prompt_token_ids: None, lora_request: None.",
+                           f"INFO 01-01 00:00:10 [logger.py:39] Received request r2: prompt: 'b', params: {SP}, "
+                           "prompt_token_ids: [1, 2], lora_request: None."])
+    values = [v for _, v in log_values(path)]
+    assert values[0]["prompt"] == prompt
+    assert values[1]["timestamp"] == 20.0  # across New Year: the next year
+
+
+def test_max_log_len_cut_is_flagged(tmp_path):
+    lines = [f"INFO 05-14 10:11:{i:02d} [logger.py:39] Received request r{i}: prompt: {f'{i:02d}' * 10!r:.22}, "
+             f"params: {SP}, prompt_token_ids: None, lora_request: None." for i in range(3)]
+    lines.append(f"INFO 05-14 10:12:00 [logger.py:39] Received request r9: prompt: 'abcd', params: {SP}, "
+                 "prompt_token_ids: [1, 2, 3, 4], lora_request: None.")
+    records = list(vllm_log.read(((i + 1, s.encode()) for i, s in enumerate(lines)), "server.log"))
+    flagged = [r.keys["request_id"] for r in records if any("max-log-len" in m for m in r.missing)]
+    assert flagged == ["r0", "r1", "r2", "r9"]
+
+
+def test_bad_lines(tmp_path):
+    cut = _log(tmp_path, [f"INFO 05-14 10:11:12 [logger.py:39] Received request r1: prompt: 'never ends, params: {SP}"])
+    with pytest.raises(InputError) as e:
+        list(log_values(cut))
+    assert e.value.line == 1 and e.value.field == "prompt"
+    info_only = _log(tmp_path, [f"(APIServer pid=1) INFO 02-13 11:33:33 [logger.py:49] Received request r1: "
+                                f"params: {SP}, lora_request: None."])
+    with pytest.raises(InputError, match="only at DEBUG"):
+        list(log_values(info_only))
+    none = _log(tmp_path, ["INFO 05-14 10:11:02 [api_server.py:1090] vLLM API server version 0.9.2"])
+    with pytest.raises(InputError, match="--enable-log-requests"):
+        list(log_values(none))
