@@ -53,6 +53,11 @@ cost beyond each request's within-conversation loss (a request's tokens are coun
 --html FILE writes one self-contained page (inline CSS and SVG, no script, no network). The text summary goes
 to stdout (--format json: the report's data). Exit codes: 0 when every request extends the previous one of
 its conversation and no fork has a fix, 1 when prefix tokens were lost or a fork has a fix, 2 on bad input.
+
+A Claude Code transcript (~/.claude/projects/<project>/<session>.jsonl, or a folder of them) gets its cache
+timeline instead, without a tokenizer: per session, where cache reads broke and why (cold start, model switch,
+compaction, a gap past the TTL, or a prefix rewritten mid-session), what each break cost, the hit rate, and
+whether the 1-hour TTL would have been cheaper; exit 1 when breaks other than cold starts cost money.
 """
 
 
@@ -91,7 +96,10 @@ def command(
     jobs: JobsOpt = None,
 ) -> None:
     from ..inputs.files import spooled
+    from .transcript_view import is_transcript_log, report_transcript
 
+    if is_transcript_log(log):  # Claude Code transcripts (a file or a folder of them): their cache timeline
+        report_transcript(log, fmt=fmt, model_as=model, top=top)
     if not tokenizer:
         raise UsageError("report needs --tokenizer (requests become tokens through its chat template)")
     if html is not None:  # before anything is read

@@ -18,12 +18,12 @@ from types import ModuleType
 from typing import Any
 
 from ...errors import InputError, UsageError
-from . import native
+from . import claude_code, native
 from .base import HEAD_BYTES, HEAD_LINES, Head, HeadLine, LogShape, Record, Verdict, json_value
 
 #: the foreign shapes' modules, in the order their detectors are asked (the more specific first); cachectl's
 #: own shapes (native) are asked last
-MODULES: tuple[ModuleType, ...] = ()
+MODULES: tuple[ModuleType, ...] = (claude_code,)
 
 #: every shape, by name: the foreign modules' and cachectl's own
 SHAPES: dict[str, LogShape] = {s.name: s for s in (*(m.SHAPE for m in MODULES), *native.SHAPES)}
@@ -70,10 +70,11 @@ def detect(head: Head) -> tuple[str, ModuleType | None]:
                      source=head.source, line=line)
 
 
-def log_values(path: str, log_format: str | None = None) -> Iterator[tuple[int, Any]]:
+def log_values(path: str, log_format: str | None = None, *, need_body: bool = False) -> Iterator[tuple[int, Any]]:
     """``(line, value)`` of each record of a log in any shape, as cachectl's own wrapper line; cachectl's own
     shapes pass through as they stand. ``log_format``: a name of :data:`LOG_FORMATS` (None or ``auto``: found by
-    itself)."""
+    itself). ``need_body``: the command needs request bodies (fix, diff-tokens): a shape whose record has none is
+    one line saying so (the module's ``NO_BODY``, naming the command that reads it)."""
     from ..files import display_name, iter_raw_lines, parse_jsonl_line
 
     source = display_name(path)
@@ -94,6 +95,9 @@ def log_values(path: str, log_format: str | None = None) -> Iterator[tuple[int, 
         return
     records: Iterator[Record] = module.read(((n, raw) for n, raw, _ in rest), source)
     for record in records:
+        if need_body and record.body is None:
+            raise InputError(getattr(module, "NO_BODY", f"{module.SHAPE.title}: this record has no request body"),
+                             source=source, line=record.line)
         yield record.line, record.value()
 
 
