@@ -250,7 +250,7 @@ def _auto_log(log: str, tok, block_size: int, add_generation_prompt: bool, fmt: 
     from ..inputs.formats import log_values
 
     source = display_name(log)
-    lines = log_lines(log_values(log, log_format), source=source)
+    lines = log_lines(log_values(log, log_format, need_body=True), source=source)
     grouping = group_sessions(lines, tokenizer=tok)
     forks, notes = log_forks(lines, tokenizer=tok, block_size=block_size, add_generation_prompt=add_generation_prompt,
                              source=source)

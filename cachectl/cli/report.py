@@ -54,6 +54,11 @@ cost beyond each request's within-conversation loss (a request's tokens are coun
 --html FILE writes one self-contained page (inline CSS and SVG, no script, no network). The text summary goes
 to stdout (--format json: the report's data). Exit codes: 0 when every request extends the previous one of
 its conversation and no fork has a fix, 1 when prefix tokens were lost or a fork has a fix, 2 on bad input.
+
+A Claude Code transcript (~/.claude/projects/<project>/<session>.jsonl, or a folder of them) gets its cache
+timeline instead, without a tokenizer: per session, where cache reads broke and why (cold start, model switch,
+compaction, a gap past the TTL, or a prefix rewritten mid-session), what each break cost, the hit rate, and
+whether the 1-hour TTL would have been cheaper; exit 1 when breaks other than cold starts cost money.
 """
 
 
@@ -94,15 +99,19 @@ def command(
 ) -> None:
     from ..inputs.files import spooled
     from ..inputs.formats import shape_of
+    from .transcript_view import is_transcript_log, report_transcript
 
+    forced = log_format_name(log_format)
+    if forced == "claude-code" or (forced in (None, "auto") and is_transcript_log(log)):
+        # Claude Code transcripts (a file or a folder of them): their cache timeline
+        report_transcript(log, fmt=fmt, model_as=model, top=top)
     if not tokenizer:
         raise UsageError("report needs --tokenizer (requests become tokens through its chat template)")
     if html is not None:  # before anything is read
         check_output(html, "--html", run_inputs(log, tokenizer=tokenizer, chat_template=chat_template))
     # the log is read three times (token diff, provider cache, prefix replay): stdin or a pipe is copied once
     with spooled(log) as path:
-        shape = log_format_name(log_format)
-        shape = shape if shape not in (None, "auto") else shape_of(path)  # found once, read three times
+        shape = forced if forced not in (None, "auto") else shape_of(path)  # found once, read three times
         _report(path, tokenizer, key, window, chat_template, model, html, block_size, top, fmt, time_unit, jobs,
                 shape)
 

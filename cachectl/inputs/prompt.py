@@ -229,7 +229,7 @@ def iter_log(path: str, key_field: str | None = None, as_kind: str | None = None
     from .formats import log_values
 
     source = display_name(path)
-    for lineno, value in log_values(path, log_format):
+    for lineno, value in log_values(path, log_format, need_body=True):
         if key_field is not None:
             key = get_path(value, key_field)
             if key is None:

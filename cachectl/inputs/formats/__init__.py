@@ -18,12 +18,13 @@ from types import ModuleType
 from typing import Any
 
 from ...errors import InputError, UsageError
-from . import codex, native, openai_batch_input, openai_batch_output, otel, vcr, vllm_log
+from . import claude_code, codex, native, openai_batch_input, openai_batch_output, otel, vcr, vllm_log
 from .base import HEAD_BYTES, HEAD_LINES, Head, HeadLine, LogShape, Record, Verdict, json_value
 
 #: the foreign shapes' modules, in the order their detectors are asked (the more specific first); cachectl's
 #: own shapes (native) are asked last
 MODULES: tuple[ModuleType, ...] = (
+    claude_code,
     openai_batch_output,
     openai_batch_input,
     codex,
@@ -100,10 +101,11 @@ def open_log(path: str, log_format: str | None = None) -> tuple[str, ModuleType 
     return name, module, itertools.chain(taken, lines)
 
 
-def log_values(path: str, log_format: str | None = None) -> Iterator[tuple[int, Any]]:
+def log_values(path: str, log_format: str | None = None, *, need_body: bool = False) -> Iterator[tuple[int, Any]]:
     """``(line, value)`` of each record of a log in any shape, as cachectl's own wrapper line; cachectl's own
     shapes pass through as they stand. ``log_format``: a name of :data:`LOG_FORMATS` (None or ``auto``: found by
-    itself)."""
+    itself). ``need_body``: the command needs request bodies (diff-tokens --log): a shape whose record has none
+    is one line saying so (the module's ``NO_BODY``, naming the command that reads it)."""
     from ..files import display_name, parse_jsonl_line
 
     _, module, lines = open_log(path, log_format)
@@ -111,7 +113,11 @@ def log_values(path: str, log_format: str | None = None) -> Iterator[tuple[int, 
         for n, raw, src in lines:
             yield n, parse_jsonl_line(raw, src, n)
         return
-    for record in module.read(((n, raw) for n, raw, _ in lines), display_name(path)):
+    source = display_name(path)
+    for record in module.read(((n, raw) for n, raw, _ in lines), source):
+        if need_body and record.body is None:
+            raise InputError(getattr(module, "NO_BODY", f"{module.SHAPE.title}: this record has no request body"),
+                             source=source, line=record.line)
         yield record.line, record.value()
 
 
@@ -124,7 +130,8 @@ def raw_log_values(path: str, log_format: str | None = None, *, command: str) ->
 
     name, module, lines = open_log(path, log_format)
     if module is not None:
-        raise InputError(f"{command} rewrites logs whose lines are request bodies (cachectl's wrapper, bare bodies, "
+        raise InputError(getattr(module, "NO_BODY", None) or
+                         f"{command} rewrites logs whose lines are request bodies (cachectl's wrapper, bare bodies, "
                          f"OpenAI Batch input); this is {SHAPES[name].title}: `cachectl report` reads it",
                          source=display_name(path))
     yield from iter_log_values(path, lines)
