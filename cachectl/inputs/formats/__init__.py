@@ -18,12 +18,15 @@ from types import ModuleType
 from typing import Any
 
 from ...errors import InputError, UsageError
-from . import native
+from . import langfuse, litellm, native
 from .base import HEAD_BYTES, HEAD_LINES, Head, HeadLine, LogShape, Record, Verdict, json_value
 
 #: the foreign shapes' modules, in the order their detectors are asked (the more specific first); cachectl's
 #: own shapes (native) are asked last
-MODULES: tuple[ModuleType, ...] = ()
+MODULES: tuple[ModuleType, ...] = (
+    litellm,
+    langfuse,
+)
 
 #: every shape, by name: the foreign modules' and cachectl's own
 SHAPES: dict[str, LogShape] = {s.name: s for s in (*(m.SHAPE for m in MODULES), *native.SHAPES)}
