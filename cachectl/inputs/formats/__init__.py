@@ -18,13 +18,15 @@ from types import ModuleType
 from typing import Any
 
 from ...errors import InputError, UsageError
-from . import claude_code, codex, native, openai_batch_input, openai_batch_output, otel, vcr, vllm_log
+from . import claude_code, codex, langfuse, litellm, native, openai_batch_input, openai_batch_output, otel, vcr, vllm_log
 from .base import HEAD_BYTES, HEAD_LINES, Head, HeadLine, LogShape, Record, Verdict, json_value
 
 #: the foreign shapes' modules, in the order their detectors are asked (the more specific first); cachectl's
 #: own shapes (native) are asked last
 MODULES: tuple[ModuleType, ...] = (
     claude_code,
+    litellm,
+    langfuse,
     openai_batch_output,
     openai_batch_input,
     codex,
