@@ -27,3 +27,23 @@ with tempfile.TemporaryDirectory() as tmp:
     if errors:
         raise SystemExit(f"console errors: {errors}")
     print(f"docs/report.png: {v.height} px tall, {len(v.console)} console message(s)")
+
+# docs/shared-prefix-icicle.png: the icicle of the shared-prefix tree, as logged, of the three-apps log (report's
+# HTML page draws it: each bar a prefix that many requests share, red where a fork with a fix splits)
+with tempfile.TemporaryDirectory() as tmp:
+    page = Path(tmp) / "report.html"
+    subprocess.run([sys.executable, "-m", "cachectl", "report", "fixtures/prompts/shared_prefix_log.jsonl",
+                    "-t", "fixtures/tok", "--html", str(page)], cwd=ROOT, check=False, stdout=subprocess.DEVNULL)
+    from selenium.webdriver.common.by import By
+
+    from tests.browser import _driver  # noqa: E402
+
+    driver = _driver(1100)
+    try:
+        driver.get(page.resolve().as_uri())
+        icicle = driver.find_element(By.CSS_SELECTOR, 'svg[aria-label="the shared-prefix tree as logged"]')
+        shot = ROOT / "docs" / "shared-prefix-icicle.png"
+        icicle.screenshot(str(shot))
+    finally:
+        driver.quit()
+    print(f"docs/shared-prefix-icicle.png written")

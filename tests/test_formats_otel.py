@@ -26,7 +26,8 @@ def test_found_by_itself_and_not_on_the_others():
     from cachectl.inputs.formats import _head, otel
 
     assert shape_of(str(EXAMPLE)) == "otel"
-    others = [p for p in sorted((ROOT / "fixtures" / "logs").iterdir()) if p != EXAMPLE and p.suffix != ".md"]
+    others = [p for p in sorted((ROOT / "fixtures" / "logs").iterdir())
+              if p != EXAMPLE and p.suffix != ".md" and p.is_file()]
     others += sorted((ROOT / "fixtures" / "prompts").glob("*.json*"))
     for p in others:
         head, _ = _head(iter_raw_lines(str(p)), display_name(str(p)))
@@ -48,7 +49,7 @@ def test_newer_convention_openai():
                                      {"role": "user", "content": "Tell me a joke about OpenTelemetry"}]
     assert v["usage"] == {"prompt_tokens": 52, "completion_tokens": 47}
     assert v["session"] == "conv_5j66UpCpwteGg4YSxUnt7lPY"
-    assert v["timestamp"] == 1767225600.0 and v["model"] == "gpt-4"
+    assert v["timestamp"] == 1767225600.0 and v["model"] == "gpt-4o"
 
 
 def test_anthropic_structured_messages_and_cache_tokens_taken_out_of_input():

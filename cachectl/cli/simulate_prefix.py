@@ -54,6 +54,7 @@ from .common import (
     timestamp_reader,
     write_sections,
 )
+from .logformat import LogFormat, LogFormatOpt, log_format_name
 
 HELP = """Replay a request trace through a server prefix cache.
 
@@ -86,6 +87,7 @@ PARTITIONS, WORTH, OUTPUT = "Partitions", "What the hits are worth", "Output"
 TraceArg = Annotated[str, typer.Argument(metavar="TRACE", help=TRACE_HELP, show_default=False)]
 # input: the trace and how its lines become requests
 AsKindOpt = Annotated[Optional[InputKind], in_panel(AsOpt, INPUT)]
+LogFmtOpt = Annotated[Optional[LogFormat], in_panel(LogFormatOpt, INPUT)]
 HashBlockSizeOpt = Annotated[int, typer.Option("--hash-block-size", min=1, metavar="N",
                                                help="Tokens per hash_ids entry in Mooncake traces.", rich_help_panel=INPUT)]
 TokOpt = Annotated[Optional[str], in_panel(TokenizerOpt, INPUT)]
@@ -226,6 +228,7 @@ class Options:
     tenant_field: Optional[str]
     no_salt: bool
     as_kind: Optional[str]
+    log_format: Optional[str]      # --log-format (None: found from the first lines)
     add_generation_prompt: bool    # chat requests rendered as vLLM's chat endpoint does
     hash_block_size: int
     read_jobs: Optional[int]
@@ -287,7 +290,7 @@ class Options:
 @handle_errors
 def replay_command(
     ctx: typer.Context, trace: TraceArg,
-    as_kind: AsKindOpt = None, hash_block_size: HashBlockSizeOpt = 512, tokenizer: TokOpt = None,
+    as_kind: AsKindOpt = None, log_format: LogFmtOpt = None, hash_block_size: HashBlockSizeOpt = 512, tokenizer: TokOpt = None,
     chat_template: TemplateOpt = None, no_generation_prompt: NoGenerationPromptOpt = False,
     salt_field: SaltFieldOpt = None, tenant_field: TenantFieldOpt = None, no_salt: NoSaltOpt = False,
     time_unit: TimeOpt = None, read_jobs: ReadJobsOpt = None,
@@ -310,7 +313,7 @@ def replay_command(
 @handle_errors
 def served_command(
     ctx: typer.Context, trace: TraceArg,
-    as_kind: AsKindOpt = None, hash_block_size: HashBlockSizeOpt = 512, tokenizer: TokOpt = None,
+    as_kind: AsKindOpt = None, log_format: LogFmtOpt = None, hash_block_size: HashBlockSizeOpt = 512, tokenizer: TokOpt = None,
     chat_template: TemplateOpt = None, no_generation_prompt: NoGenerationPromptOpt = False,
     salt_field: SaltFieldOpt = None, tenant_field: TenantFieldOpt = None, no_salt: NoSaltOpt = False,
     time_unit: TimeOpt = None, read_jobs: ReadJobsOpt = None,
@@ -334,7 +337,7 @@ def served_command(
 @handle_errors
 def curve_command(
     ctx: typer.Context, trace: TraceArg,
-    as_kind: AsKindOpt = None, hash_block_size: HashBlockSizeOpt = 512, tokenizer: TokOpt = None,
+    as_kind: AsKindOpt = None, log_format: LogFmtOpt = None, hash_block_size: HashBlockSizeOpt = 512, tokenizer: TokOpt = None,
     chat_template: TemplateOpt = None, no_generation_prompt: NoGenerationPromptOpt = False,
     salt_field: SaltFieldOpt = None, tenant_field: TenantFieldOpt = None, no_salt: NoSaltOpt = False,
     time_unit: TimeOpt = None, read_jobs: ReadJobsOpt = None,
@@ -363,7 +366,7 @@ def curve_command(
 @handle_errors
 def fleet_command(
     ctx: typer.Context, trace: TraceArg,
-    as_kind: AsKindOpt = None, hash_block_size: HashBlockSizeOpt = 512, tokenizer: TokOpt = None,
+    as_kind: AsKindOpt = None, log_format: LogFmtOpt = None, hash_block_size: HashBlockSizeOpt = 512, tokenizer: TokOpt = None,
     chat_template: TemplateOpt = None, no_generation_prompt: NoGenerationPromptOpt = False,
     salt_field: SaltFieldOpt = None, tenant_field: TenantFieldOpt = None, no_salt: NoSaltOpt = False,
     time_unit: TimeOpt = None,
@@ -395,7 +398,7 @@ def partition_command(
     ctx: typer.Context, trace: TraceArg,
     partition_dir: Annotated[str, typer.Option("--partition-dir", metavar="DIR", help="Where to write the partitions "
                                                "and their manifest.json.", rich_help_panel=PARTITIONS)],
-    as_kind: AsKindOpt = None, hash_block_size: HashBlockSizeOpt = 512, tokenizer: TokOpt = None,
+    as_kind: AsKindOpt = None, log_format: LogFmtOpt = None, hash_block_size: HashBlockSizeOpt = 512, tokenizer: TokOpt = None,
     chat_template: TemplateOpt = None, no_generation_prompt: NoGenerationPromptOpt = False,
     salt_field: SaltFieldOpt = None, tenant_field: TenantFieldOpt = None, no_salt: NoSaltOpt = False,
     time_unit: TimeOpt = None, block_size: BlockOpt = 16,
@@ -415,7 +418,7 @@ def partition_command(
 @handle_errors
 def plain_command(
     ctx: typer.Context, trace: TraceArg,
-    as_kind: AsKindOpt = None, hash_block_size: HashBlockSizeOpt = 512, tokenizer: TokOpt = None,
+    as_kind: AsKindOpt = None, log_format: LogFmtOpt = None, hash_block_size: HashBlockSizeOpt = 512, tokenizer: TokOpt = None,
     chat_template: TemplateOpt = None, no_generation_prompt: NoGenerationPromptOpt = False,
     salt_field: SaltFieldOpt = None, tenant_field: TenantFieldOpt = None, no_salt: NoSaltOpt = False,
     time_unit: TimeOpt = None, read_jobs: ReadJobsOpt = None,
@@ -441,7 +444,7 @@ plain_command.__doc__ = PLAIN_HELP
 
 
 def _start(command: Optional[Command], ctx: typer.Context, trace: str, *,
-           as_kind: Optional[InputKind] = None, hash_block_size: int = 512, tokenizer: Optional[str] = None,
+           as_kind: Optional[InputKind] = None, log_format: Optional[Any] = None, hash_block_size: int = 512, tokenizer: Optional[str] = None,
            chat_template: Optional[str] = None, no_generation_prompt: bool = False, salt_field: Optional[str] = None,
            tenant_field: Optional[str] = None, no_salt: bool = False, time_unit: Optional[TimeUnit] = None,
            read_jobs: Optional[int] = None,
@@ -493,7 +496,8 @@ def _start(command: Optional[Command], ctx: typer.Context, trace: str, *,
         raise UsageError("--per-request lists one replay: drop it from sweeps")
     o = Options(
         trace=trace, name=name, tok=tok, salt_field=salt_field, tenant_field=tenant_field, no_salt=no_salt,
-        as_kind=as_kind.value if as_kind else None, add_generation_prompt=not no_generation_prompt,
+        as_kind=as_kind.value if as_kind else None, log_format=log_format_name(log_format),
+        add_generation_prompt=not no_generation_prompt,
         hash_block_size=hash_block_size, read_jobs=read_jobs, timestamps=timestamp_reader(time_unit),
         policy=policy.value, hash_fn=hash_fn.value, block_size=block_size, capacity=capacity, warm=warm,
         concurrency=concurrency, decode_s=decode_ms / 1000.0, chunk_size=chunk_size, recompute_ratio=recompute_ratio,
@@ -838,6 +842,7 @@ def _read(o: Options, label: str, session_fields: tuple = (), keyed_at: Optional
     from ..engines.prefix import read as prefix_read
     from ..engines.prefix.trace import iter_trace, trace_records
     from ..inputs import parquet
+    from ..inputs.formats import shape_of
 
     trace_opts: dict[str, Any] = {
         "salt_field": o.salt_field, "tenant_field": o.tenant_field, "hash_block_size": o.hash_block_size,
@@ -846,7 +851,8 @@ def _read(o: Options, label: str, session_fields: tuple = (), keyed_at: Optional
     columnar = parquet.is_parquet(o.trace)
     requests: Any
     jobs = o.read_jobs or prefix_read.default_jobs()
-    if keyed_at is not None and o.tok is None and not columnar and prefix_read.can_read_in_parallel(o.trace, jobs):
+    if keyed_at is not None and o.tok is None and not columnar and prefix_read.can_read_in_parallel(o.trace, jobs) \
+            and (o.log_format or shape_of(o.trace)) == "native":  # cachectl's own lines, read in chunks
         from ..inputs.files import JsonlChunks
 
         requests = prefix_read.KeyedTrace(JsonlChunks(o.trace), block_size=keyed_at, hash_fn=o.hash_fn, jobs=jobs,
@@ -857,7 +863,7 @@ def _read(o: Options, label: str, session_fields: tuple = (), keyed_at: Optional
             records = parquet.parquet_records(o.trace, parquet.trace_columns(o.salt_field, o.tenant_field,
                                                                              *session_fields))
         else:
-            records = trace_records(o.trace)
+            records = trace_records(o.trace, o.log_format)
         requests = iter_trace(records, source=o.name, tokenizer=o.tok, **trace_opts)
         if columnar:
             requests = parquet.located_rows(requests, o.name)

@@ -55,7 +55,7 @@ SHAPE = LogShape(
     "usage with the 5m/1h write split, model, timestamp, session, request and message ids, sidechain (subagent), "
     "cwd, compactions; no request body: `report` audits the cache timeline (breaks and their causes, the 1-hour "
     "TTL what-if)",
-    ("report",),
+    ("report", "prompt-cost"),
     "fixtures/logs/claude_code/4d5611e5-241a-462a-8d15-5122611a9569.jsonl",
     "no official schema; Claude Code 2.1.x transcripts as written (see fixtures/logs/SOURCES.md), ccusage's "
     "reader (https://github.com/ryoppippi/ccusage)")
