@@ -213,6 +213,7 @@ def spooled(path: str) -> Iterator[str]:
                          f"{exc.strerror or exc})", source=source) from None
     try:
         with out:
+            run = 0  # bytes since the last line end: the copy stops at a line no reader would take
             while True:
                 try:
                     block = fh.read(_BUFFER)
@@ -220,6 +221,11 @@ def spooled(path: str) -> Iterator[str]:
                     raise _read_error(exc, source) from None
                 if not block:
                     break
+                first, last = block.find(b"\n"), block.rfind(b"\n")
+                if (run + (len(block) if first < 0 else first)) > MAX_LINE_BYTES:
+                    raise InputError(f"a line over {MAX_LINE_BYTES // 2**20} MiB: not a log line (a stream that never "
+                                     "ends its line?)", source=source)
+                run = run + len(block) if last < 0 else len(block) - last - 1
                 try:
                     out.write(block)
                 except OSError as exc:
@@ -420,10 +426,31 @@ class Lines:
         self.count = lineno - self.first + 1
 
 
+#: the longest line any log reader takes (a request body with a long context is a few MiB; past this, a stream
+#: that never ends a line, or a file that is no log, is refused after reading this much, not held whole)
+MAX_LINE_BYTES = 64 * 2**20
+
+
+def bounded_lines(fh: Any, source: str, limit: int = MAX_LINE_BYTES) -> Iterator[bytes]:
+    """The lines of ``fh``, each read with a bound: a line longer than ``limit`` bytes is one located error,
+    raised once ``limit`` bytes of it were read (memory stays bounded whatever the stream)."""
+    number = 0
+    while True:
+        line = fh.readline(limit + 1)
+        if not line:
+            return
+        number += 1
+        if len(line) > limit:
+            raise InputError(f"a line over {limit // 2**20} MiB: not a log line (a stream that never ends its line?)",
+                             source=source, line=number)
+        yield line
+
+
 def iter_raw_lines(path: str) -> Iterator[tuple[int, bytes, str]]:
-    """Stream ``(line_number, raw_line, source)`` of non-blank lines; an empty file is an error."""
+    """Stream ``(line_number, raw_line, source)`` of non-blank lines; an empty file is an error, and so is a line
+    over :data:`MAX_LINE_BYTES`."""
     fh, source = open_binary(path)
-    lines = Lines(fh)
+    lines = Lines(bounded_lines(fh, source))
     try:
         for lineno, raw in lines:
             yield lineno, raw, source
