@@ -44,7 +44,8 @@ def causes() -> str:
     out = ["# Causes\n",
            "Every cause a finding can name: why two prompts stop sharing a token prefix. `diff-tokens`, `report` "
            "and `fix` give the id in their JSON (`cause`). *diff*: told from two prompts; *fork*: told only "
-           "across the requests of a whole log. The fix codes that remove a cause are listed beside it "
+           "across the requests of a whole log; *transcript*: a break in the cache reads of a Claude Code "
+           "transcript (`report` on one). The fix codes that remove a cause are listed beside it "
            "([fix codes](fix-codes.md)).\n"]
     for c in CAUSES.values():
         fixes = ", ".join(f"`{code}`" for code in fixed_by.get(c.id, [])) or "none"

@@ -103,6 +103,9 @@ def test_every_cause_the_code_can_name_is_in_the_registry():
     for fix in FIXES.values():
         assert set(fix.causes) <= set(CAUSES), fix.code
     assert set(forks.FIX_CODES) <= set(CAUSES)
+    from cachectl.engines.provider import transcript
+
+    assert set(transcript.CAUSES) <= set(CAUSES)
     assert set(forks._LINE_CAUSES + forks._STRUCTURAL + forks._TEXTUAL) <= set(CAUSES)
 
 

@@ -20,7 +20,8 @@ class CauseInfo:
     label: str
     what: str
     remedy: str
-    #: who tells it: "diff" (two prompts, diff-tokens and every pair of a log) or "fork" (across requests only)
+    #: who tells it: "diff" (two prompts, diff-tokens and every pair of a log), "fork" (across requests only) or
+    #: "transcript" (a break in a Claude Code transcript's cache reads)
     found_by: str = "diff"
 
 
@@ -97,6 +98,25 @@ CAUSES: dict[str, CauseInfo] = {c.id: c for c in (
               "The requests share nothing after the diverging line: different applications or prompt families, "
               "never a cache fault.",
               "Nothing to fix; route such families apart if they compete for the same cache.", found_by="fork"),
+    CauseInfo("cold_start", "the first call of a session",
+              "The first call of a session (or of a subagent's thread) writes what no earlier call of it could "
+              "have cached; it may still read a prefix other sessions cached.",
+              "Nothing to fix for one call; keep the shared prefix (system prompt, tools) identical across "
+              "sessions so that cold starts read it.", found_by="transcript"),
+    CauseInfo("model_switch", "the model changed",
+              "The call went to another model than the previous one: each model has its own cache, so nothing "
+              "cached for the other is read.",
+              "Switch models rarely within a session, or at a point where the prefix would be rewritten anyway.",
+              found_by="transcript"),
+    CauseInfo("compaction", "the history was compacted",
+              "The conversation was compacted (summarized) before the call, so its prefix after the system prompt "
+              "is new.",
+              "Compact rarely; each compaction rewrites the prefix once.", found_by="transcript"),
+    CauseInfo("ttl_expired", "the cache entry expired",
+              "The gap since the previous call was longer than the entry's lifetime (5 minutes, or 1 hour for "
+              "1-hour writes), so the prefix was written again.",
+              "Space calls closer than the TTL, or write with the 1-hour TTL when gaps of 5 to 60 minutes are "
+              "common (the report's 1-hour what-if prices it).", found_by="transcript"),
     CauseInfo("unexplained", "no cause identified",
               "The prompts differ and no rule tells why.",
               "Look at the token diff (`cachectl diff-tokens`) of the two requests."),
