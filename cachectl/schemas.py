@@ -1,7 +1,7 @@
 """JSON Schemas (draft 2020-12) of the documents that ``--format json`` writes, derived from the code.
 
 :func:`json_schemas` returns one schema per output document, keyed by a stable name (``"diff-tokens"``,
-``"simulate-prefix (fleet)"``, ``"semantic-probe sweep"``...). Each is built from the frozen result dataclasses
+``"simulate-prefix fleet"``, ``"semantic-probe sweep"``...). Each is built from the frozen result dataclasses
 that the command writes (their fields, type hints, ``#:`` comments and trailing ``# comments``), following how
 the output is serialized:
 
@@ -654,16 +654,20 @@ DOCUMENTS: dict[str, tuple[str, Callable[[_Builder], Schema]]] = {
                           _diff_log),
     "diff-tokens --stability": ("cachectl diff-tokens --stability CONVERSATION.json --format json: whether each "
                                 "turn's render is a token prefix of the next.", _stability),
-    "simulate-prefix": ("cachectl simulate-prefix TRACE --format json with one block size and capacity (served "
-                        "when the log has served counts, worth with --gpu).", _simulate_prefix),
-    "simulate-prefix (sweep)": ("cachectl simulate-prefix TRACE --sweep-capacity/--sweep-block-size --format json: "
-                                "a row per block size and capacity.", lambda b: _sweep(b, "sweep")),
-    "simulate-prefix (curve)": ("cachectl simulate-prefix TRACE --curve --format json: the hit rate against the "
-                                "capacity (vllm policy).", lambda b: _sweep(b, "curve")),
-    "simulate-prefix (fleet)": ("cachectl simulate-prefix TRACE --replicas N [--router R] --format json, or a "
-                                "partition directory as TRACE: replicas behind a router.", _fleet),
-    "simulate-prefix --partition-dir": ("cachectl simulate-prefix TRACE --partition-dir DIR --replicas N --router R "
-                                        "--format json: the manifest of the partitions written.", _partitions),
+    "simulate-prefix replay": ("cachectl simulate-prefix replay TRACE --format json (the plain spelling "
+                               "simulate-prefix TRACE too): one block size and capacity (served when the log has "
+                               "served counts, worth with --gpu).", _simulate_prefix),
+    "simulate-prefix served": ("cachectl simulate-prefix served TRACE --format json: the replay's document, with "
+                               "served: the predicted hits beside the server's cached tokens.", _simulate_prefix),
+    "simulate-prefix curve (sweep)": ("cachectl simulate-prefix curve TRACE --sweep-capacity/--sweep-block-size "
+                                      "--format json: a row per block size and capacity.",
+                                      lambda b: _sweep(b, "sweep")),
+    "simulate-prefix curve": ("cachectl simulate-prefix curve TRACE --format json (simulate-prefix TRACE --curve): "
+                              "the hit rate against the capacity (vllm policy).", lambda b: _sweep(b, "curve")),
+    "simulate-prefix fleet": ("cachectl simulate-prefix fleet TRACE --replicas N [--router R] --format json, or a "
+                              "partition directory as TRACE: replicas behind a router.", _fleet),
+    "simulate-prefix partition": ("cachectl simulate-prefix partition TRACE --partition-dir DIR --replicas N "
+                                  "--router R --format json: the manifest of the partitions written.", _partitions),
     "prompt-cost": ("cachectl prompt-cost LOG --format json (also --usage, --model, --count-with-api): the "
                     "provider prompt-cache cost, a row per request.", _prompt_cost),
     "prompt-cost --list-models": ("cachectl prompt-cost --list-models --format json: the shipped price table.",

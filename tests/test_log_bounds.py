@@ -24,9 +24,14 @@ def _run_fed(args: list[str], total: int) -> tuple[int, str, float, int]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("CACHECTL_DEBUG", None)
     start = time.monotonic()
-    # the command in a process that says its own peak RSS as it exits (a last stderr line, taken off below)
-    code = ("import atexit, resource, sys\n"
-            "atexit.register(lambda: sys.stderr.write('PEAK %d\\n' % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))\n"
+    # the command in a process that says its own peak RSS as it exits (a last stderr line, taken off below):
+    # VmHWM, the high-water mark of its own memory (ru_maxrss would count the forking parent's RSS: Linux keeps it
+    # across exec)
+    code = ("import atexit, sys\n"
+            "def peak():\n"
+            "    hwm = next(l for l in open('/proc/self/status') if l.startswith('VmHWM:')).split()[1]\n"
+            "    sys.stderr.write('PEAK %s\\n' % hwm)\n"
+            "atexit.register(peak)\n"
             "from cachectl.cli import main\n"
             f"sys.argv = ['cachectl', *{args!r}]\n"
             "main()\n")
@@ -46,7 +51,7 @@ def _run_fed(args: list[str], total: int) -> tuple[int, str, float, int]:
     seconds = time.monotonic() - start
     lines = raw.decode().splitlines()
     assert lines and lines[-1].startswith("PEAK "), raw[-2000:]
-    peak = int(lines[-1].split()[1]) * 1024  # Linux: ru_maxrss in KiB
+    peak = int(lines[-1].split()[1]) * 1024  # kB
     return proc.returncode, "\n".join(lines[:-1]) + "\n", seconds, peak
 
 

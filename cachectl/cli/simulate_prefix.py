@@ -54,7 +54,7 @@ from .common import (
     timestamp_reader,
     write_sections,
 )
-from .logformat import LogFormat, LogFormatOpt, log_format_name
+from .logformat import LogFormatOpt, log_format_name
 
 HELP = """Replay a request trace through a server prefix cache.
 
@@ -87,7 +87,7 @@ PARTITIONS, WORTH, OUTPUT = "Partitions", "What the hits are worth", "Output"
 TraceArg = Annotated[str, typer.Argument(metavar="TRACE", help=TRACE_HELP, show_default=False)]
 # input: the trace and how its lines become requests
 AsKindOpt = Annotated[Optional[InputKind], in_panel(AsOpt, INPUT)]
-LogFmtOpt = Annotated[Optional[LogFormat], in_panel(LogFormatOpt, INPUT)]
+LogFmtOpt = Annotated[Optional[str], in_panel(LogFormatOpt, INPUT)]
 HashBlockSizeOpt = Annotated[int, typer.Option("--hash-block-size", min=1, metavar="N",
                                                help="Tokens per hash_ids entry in Mooncake traces.", rich_help_panel=INPUT)]
 TokOpt = Annotated[Optional[str], in_panel(TokenizerOpt, INPUT)]
@@ -444,7 +444,7 @@ plain_command.__doc__ = PLAIN_HELP
 
 
 def _start(command: Optional[Command], ctx: typer.Context, trace: str, *,
-           as_kind: Optional[InputKind] = None, log_format: Optional[Any] = None, hash_block_size: int = 512, tokenizer: Optional[str] = None,
+           as_kind: Optional[InputKind] = None, log_format: Optional[str] = None, hash_block_size: int = 512, tokenizer: Optional[str] = None,
            chat_template: Optional[str] = None, no_generation_prompt: bool = False, salt_field: Optional[str] = None,
            tenant_field: Optional[str] = None, no_salt: bool = False, time_unit: Optional[TimeUnit] = None,
            read_jobs: Optional[int] = None,

@@ -77,8 +77,8 @@ def detect(head: Head) -> tuple[str, ModuleType | None]:
     if best is not None:
         raise InputError(f"looks like {best[1]} but {best[0].lacks}", source=head.source, line=line)
     text = head.text.lstrip()
-    if head.lines and head.first is None and text[:1] not in (b"{", b"[") and not text.startswith(b"PAR1") \
-            and b"\0" not in text:  # JSON over several lines, and binary files, are named by their readers
+    if head.lines and not head.values and text[:1] not in (b"{", b"[") and not text.startswith(b"PAR1") \
+            and b"\0" not in text:  # JSON over several lines, binary files, a bad JSON line: named by their readers
         raise InputError(f"not a log shape cachectl reads (it reads: {', '.join(SHAPES)}; JSONL, gzip, zstd or "
                          "Parquet)", source=head.source, line=line)
     return "native", None

@@ -264,8 +264,8 @@ def is_transcript(path: str) -> bool:
     from ..files import iter_raw_lines
 
     try:
-        if path == "-" or not os.path.exists(path):
-            return False
+        if path == "-" or not (os.path.isdir(path) or os.path.isfile(path)):
+            return False  # stdin, a pipe, /dev/stdin: read once, by the reader (never peeked here)
         first = transcript_files(path)[0]
         heads = []
         for n, raw, _ in iter_raw_lines(first):
