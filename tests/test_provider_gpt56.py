@@ -451,3 +451,19 @@ def test_the_shipped_table_matches_a_litellm_file_built_from_its_sources(table, 
             for f in ("above_tokens", "input", "output", "cache_read"):
                 want = getattr(o, f)
                 assert (getattr(t, f) is None) if want is None else getattr(t, f) == pytest.approx(want), (name, f)
+
+
+@pytest.mark.parametrize("opts, messages", [
+    ({"prompt_cache_options": {"mode": "explicit"}}, [developer(marked=True), user(0)]),
+    ({}, [developer(marked=True), user(0), {"role": "assistant", "content": words(5, "p")}]),
+    ({}, [developer(), user(0), {"role": "assistant", "content": words(5, "p")}]),
+])
+def test_an_identical_request_that_reads_its_whole_breakpoint_prefix_has_no_miss(table, opts, messages):
+    # content after the last breakpoint (a user message in explicit mode, an assistant prefill after the implicit
+    # breakpoint) is never cached; an identical second request reads everything its breakpoints cover: no miss,
+    # not content_changed (the recorded pair: tests/test_provider_recorded.py)
+    r = run([chat(messages, 60 * i, **opts) for i in range(2)], table)
+    first, second = r.requests
+    assert second.cache_read_input_tokens == first.cache_creation_input_tokens > 0
+    assert second.cache_creation_input_tokens == 0
+    assert second.miss is None

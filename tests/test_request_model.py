@@ -135,8 +135,8 @@ def test_openai_chat_and_responses_orders():
 
 
 @pytest.mark.parametrize("body, match", [
-    ({"model": SONNET, "messages": [{"role": "user", "content": [{"type": "hologram"}]}]},
-     r"field 'messages\[0\].content\[0\].type': unknown content block type 'hologram'"),
+    ({"model": SONNET, "messages": [{"role": "user", "content": [{"text": "no type"}]}]},
+     r"field 'messages\[0\].content\[0\].type': a content block needs a string 'type'"),
     ({"model": "gpt-4o", "messages": [{"role": "user"}]}, r"field 'messages\[0\]': missing 'content'"),
     ({"model": SONNET, "system": "x", "messages": [{"role": "user", "content": "a",}],
       "cache_control": {"type": "ephemeral", "ttl": "10m"}}, r"field 'cache_control.ttl'"),

@@ -43,6 +43,10 @@ ANTHROPIC_BLOCKS = {
     "mcp_tool_use": True, "mcp_tool_result": True, "container_upload": False, "tool_search_tool_result": True,
 }
 _RUNS = ("tool_use", "tool_result")
+#: roles an Anthropic ``messages`` entry may have: a ``system`` entry is a mid-conversation system prompt, which the
+#: API accepts (behind a user turn, ahead of an assistant turn or the end) and caches in place, as recorded:
+#: fixtures/logs/vcr_anthropic_inline_system.yaml (a breakpoint on it writes, then reads, the whole prefix)
+ANTHROPIC_ROLES = ("user", "assistant", "system")
 OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 OPENAI_PARTS = {"text", "input_text", "output_text", "refusal", "image_url", "input_image", "input_audio",
                 "input_file", "file"}
@@ -90,6 +94,23 @@ def compact(obj: Any) -> str:
 
 def _strip_cc(obj: dict) -> dict:
     return {k: v for k, v in obj.items() if k != "cache_control"}
+
+
+def _block(b: dict) -> dict:
+    """An Anthropic content block as the provider reads it: without its cache_control and, for a text block,
+    ``type`` then ``text`` first. The Messages API: "Using a string for content is shorthand for an array of one
+    content block of type "text"": a string, a one-block list and the same block with its keys in another order
+    are the same content, so the same prefix."""
+    if b.get("type") == "text" and "text" in b:
+        return {"type": "text", "text": b["text"], **{k: v for k, v in b.items()
+                                                      if k not in ("type", "text", "cache_control")}}
+    return _strip_cc(b)
+
+
+def unknown_block_note(btype: str) -> str:
+    """The note said once per run for each content block type cachectl does not know."""
+    return (f"content block type {btype!r:.60} is not one cachectl knows: read as a position whose exact JSON "
+            "is its content (its tokens estimated from that JSON)")
 
 
 @dataclass(frozen=True)
@@ -155,6 +176,8 @@ class Request:
     timestamp: float | None = None
     output_tokens: int | None = None
     usage: Any = None                     # the usage logged next to the request (wrapper), as given
+    #: content block types cachectl does not know, read as positions whose exact JSON is their content
+    unknown_blocks: tuple[str, ...] = ()
     body: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     chat: ChatView | None = field(default=None, compare=False, repr=False)
     meta: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -310,7 +333,7 @@ def _ttl(cc: Any, ctx: _Ctx, path: str) -> str | None:
     return ttl
 
 
-def _text_of_result(content: Any, ctx: _Ctx, path: str) -> str:
+def _text_of_result(content: Any, ctx: _Ctx, path: str, unknown: list[str] | None = None) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
@@ -326,9 +349,11 @@ def _text_of_result(content: Any, ctx: _Ctx, path: str) -> str:
             if not isinstance(b.get("text"), str):
                 raise ctx.err("expected a string", f"{path}[{i}].text")
             texts.append(b["text"])
-        elif not isinstance(btype, str) or btype not in ANTHROPIC_BLOCKS:
-            raise ctx.err(f"unknown content block type {btype!r}", f"{path}[{i}].type")
+        elif not isinstance(btype, str):
+            raise ctx.err(f"a content block needs a string 'type', got {btype!r:.60}", f"{path}[{i}].type")
         else:
+            if btype not in ANTHROPIC_BLOCKS and unknown is not None and btype not in unknown:
+                unknown.append(btype)
             texts.append(compact(_strip_cc(b)))
     return "\n".join(texts)
 
@@ -394,7 +419,7 @@ def _anthropic(body: dict, ctx: _Ctx) -> dict:
                 if b.get("type", "text") != "text" or not isinstance(b.get("text"), str):
                     raise ctx.err("system blocks must be {\"type\": \"text\", \"text\": ...}", path)
                 ttl = _ttl(b.get("cache_control"), ctx, f"{path}.cache_control")
-                positions.append(Position("system", path, "text", "system", compact(_strip_cc(b)), b["text"], ttl,
+                positions.append(Position("system", path, "text", "system", compact(_block(b)), b["text"], ttl,
                                           cache_path=f"{path}.cache_control" if ttl else None,
                                           markers=int(ttl is not None)))
                 texts.append(b["text"])
@@ -410,19 +435,21 @@ def _anthropic(body: dict, ctx: _Ctx) -> dict:
     images = 0
     citations = False
     unrenderable: list[str] = []
+    unknown: list[str] = []
     for i, msg in enumerate(messages):
         mpath = f"messages[{i}]"
         if not isinstance(msg, dict):
             raise ctx.err("expected a message object", mpath)
         role = msg.get("role")
-        if not isinstance(role, str) or role not in ("user", "assistant"):
-            raise ctx.err(f"role must be 'user' or 'assistant', got {role!r}", f"{mpath}.role")
+        if not isinstance(role, str) or role not in ANTHROPIC_ROLES:
+            raise ctx.err(f"role must be 'user', 'assistant' or 'system', got {role!r:.60}", f"{mpath}.role")
         if "content" not in msg:
             raise ctx.err("missing 'content'", mpath)
         content = msg["content"]
         if isinstance(content, str):
+            # the shorthand for one text block: the same content as that block
             positions.append(Position("messages", f"{mpath}.content", "text", role,
-                                      compact([{"type": "text", "text": content}]), content,
+                                      compact({"type": "text", "text": content}), content,
                                       last_path=f"{mpath}.content"))
             chat_msgs.append({"role": role, "content": content})
             chat_paths.append(f"{mpath}.content")
@@ -435,9 +462,10 @@ def _anthropic(body: dict, ctx: _Ctx) -> dict:
             if not isinstance(b, dict):
                 raise ctx.err("expected a content block object", bpath)
             btype = b.get("type")
-            if not isinstance(btype, str) or btype not in ANTHROPIC_BLOCKS:
-                raise ctx.err(f"unknown content block type {btype!r:.60} (known: {', '.join(ANTHROPIC_BLOCKS)})",
-                              f"{bpath}.type")
+            if not isinstance(btype, str):
+                raise ctx.err(f"a content block needs a string 'type', got {btype!r:.60}", f"{bpath}.type")
+            if btype not in ANTHROPIC_BLOCKS and btype not in unknown:
+                unknown.append(btype)  # a type the API took that cachectl does not know: its JSON is its content
             if btype == "text" and not isinstance(b.get("text"), str):
                 raise ctx.err("expected a string", f"{bpath}.text")
             if btype == "tool_use" and not isinstance(b.get("name"), str):
@@ -460,12 +488,12 @@ def _anthropic(body: dict, ctx: _Ctx) -> dict:
                     ttl, cache_path = t, f"{mpath}.content[{j}].cache_control"
                     markers += 1
             first, kind = run[0][0], str(run[0][1].get("type"))
-            items = [_strip_cc(b) for _, b in run]
+            items = [_block(b) for _, b in run]
             positions.append(Position("messages", f"{mpath}.content[{first}]", kind, role,
                                       compact(items if len(items) > 1 else items[0]),
                                       "\n".join(_anthropic_block_text(b) for b in items), ttl, cache_path=cache_path,
                                       last_path=f"{mpath}.content[{run[-1][0]}]", markers=markers))
-        _anthropic_chat(role, mpath, content, ctx, chat_msgs, chat_paths, unrenderable)
+        _anthropic_chat(role, mpath, content, ctx, chat_msgs, chat_paths, unrenderable, unknown)
     auto = _ttl(body.get("cache_control"), ctx, "cache_control")
     params = {k: body[k] for k in ("tool_choice", "thinking", "speed", "output_config", "service_tier",
                                    "inference_geo", "metadata", "container", "mcp_servers") if k in body}
@@ -479,12 +507,13 @@ def _anthropic(body: dict, ctx: _Ctx) -> dict:
                               if isinstance(body.get("output_config"), dict) else None})
     return {"provider": "anthropic", "api": "messages", "positions": tuple(positions), "params": params,
             "scope_system": scope_system, "scope_messages": scope_messages, "auto_ttl": auto,
+            "unknown_blocks": tuple(unknown),
             "chat": ChatView(tuple(chat_msgs), tuple(chat_tools) if tools is not None else None, tuple(chat_paths),
                              tuple(unrenderable))}
 
 
 def _anthropic_chat(role: str, mpath: str, content: list, ctx: _Ctx, msgs: list[dict], paths: list[str],
-                    unrenderable: list[str]) -> None:
+                    unrenderable: list[str], unknown: list[str] | None = None) -> None:
     """The chat-template view of one Anthropic message (tool_result blocks become tool messages)."""
     texts: list[str] = []
     reasoning: list[str] = []
@@ -503,7 +532,7 @@ def _anthropic_chat(role: str, mpath: str, content: list, ctx: _Ctx, msgs: list[
                           "function": {"name": b.get("name"), "arguments": b.get("input", {})}})
         elif btype == "tool_result":
             msgs.append({"role": "tool", "tool_call_id": b.get("tool_use_id"),
-                         "content": _text_of_result(b.get("content"), ctx, f"{bpath}.content")})
+                         "content": _text_of_result(b.get("content"), ctx, f"{bpath}.content", unknown)})
             paths.append(f"{bpath}.content")
         elif not ANTHROPIC_BLOCKS.get(str(btype), False):
             unrenderable.append(bpath)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ...errors import InputError, UsageError
-from ...inputs.request import Position, Request, layout_request
+from ...inputs.request import Position, Request, layout_request, unknown_block_note
 from ...inputs.usage import LoggedUsage, find_usage, parse_usage, record_model
 from .prices import ModelPrice, PriceTable, Usage, cost_usd, uncached_cost_usd
 
@@ -661,8 +661,9 @@ class CacheSimulator:
         return usage, note, miss, written
 
     def _why_explicit(self, req: Request, price: ModelPrice, keys: list[str], bps: list[int], hit: int,
-                      t: float) -> MissReason:
-        """Why the last breakpoint was not read: the first rule of the provider's that explains it."""
+                      t: float) -> MissReason | None:
+        """Why the last breakpoint was not read: the first rule of the provider's that explains it (None: it read
+        all it shares with the previous request, and what it did not read is new)."""
         top = max(bps)
         for j in range(top, hit, -1):
             k = keys[j]
@@ -688,6 +689,8 @@ class CacheSimulator:
             return MissReason("breakpoint_moved", f"the prefix up to {req.positions[top].path} is the same as line "
                               f"{prev.line}'s, but that request wrote its entries at {where} (entries are written "
                               "only at breakpoints)", req.positions[top].path)
+        if hit >= 0 and same == len(prev.keys) and hit >= same - 1:
+            return None  # a growing conversation: it read all of the previous request, and writes what is new
         return _changed(req, prev, same)
 
     # ---------------------------------------------------------------------------- OpenAI (automatic)
@@ -834,6 +837,11 @@ class CacheSimulator:
             return MissReason("cold", "first request for this model in the log: nothing cached yet") if hit < 0 \
                 else None
         if hit >= 0 and hit >= same - 1:
+            return None
+        if hit >= 0 and same == len(keys) and not any(
+                j in window or j in prev.dropped or j == prev.implicit_at for j in range(hit + 1, same)):
+            # the request is the previous one (or a prefix of it) and read at its last breakpoint: what follows
+            # was never a breakpoint of either request, so nothing was there to read (nothing changed)
             return None
         for j in range(same - 1, hit, -1):
             k, path = keys[j], req.positions[j].path
@@ -1042,6 +1050,8 @@ def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source:
         if req.provider == "anthropic" and price.provider != "anthropic":
             notes.append(f"{price.model} is not a Claude model but a request body is Anthropic-shaped: simulated "
                          f"with {price.model}'s rules")
+        for btype in req.unknown_blocks:
+            notes.append(unknown_block_note(btype))
         keys = chain_keys(price.model, req)
         unknown_output += req.output_tokens is None
         routed += "prompt_cache_key" in req.params
