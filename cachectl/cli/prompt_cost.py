@@ -235,10 +235,43 @@ def _render_models(table, fmt: Format) -> None:
                                                            p.cache_write), f(p.cache_write_1h), f(p.cache_read),
                   f(p.output), f"{p.min_cacheable_tokens:,}", p.as_of)
     stdout.print(t)
+    history = [line for p in table.models.values() for line in _history_lines(p)]
+    if history:
+        stdout.print("price history (a call with a date is priced at the rates in force that day, UTC; one without, "
+                     "at today's):", soft_wrap=True, markup=False)
+        for line in history:
+            stdout.print(f"  {line}", soft_wrap=True, markup=False)
     for name, why in table.withheld.items():
         stdout.print(f"{name}: not priced: {why}", soft_wrap=True, markup=False)
     if table.not_shipped:
         stdout.print(f"not shipped: {table.not_shipped}", soft_wrap=True, markup=False)
+
+
+def _history_lines(p) -> list[str]:
+    """``--list-models``' lines of one entry's history: each earlier price set with its window and source, the
+    day today's rates began, and the records that priced nothing (a cancelled change, an earlier docs revision)."""
+    from datetime import date, timedelta
+
+    def f(v):
+        return "-" if v is None else f"{v:g}"
+
+    lines = []
+    for s in p.price_sets:
+        last = (date.fromisoformat(s.effective_to) - timedelta(days=1)).isoformat()
+        write = s.cache_write_5m if s.cache_write is None else s.cache_write
+        what = (f"{p.model}: {s.effective_from} to {last}: input {f(s.input)}, write {f(write)}"
+                + (f", 1h write {f(s.cache_write_1h)}" if s.cache_write_1h is not None else "")
+                + f", read {f(s.cache_read)}, output {f(s.output)}")
+        lines.append(what + "".join(f"; {x}" for x in (s.note, s.source) if x))
+    if p.price_sets or p.effective_from:
+        since = p.effective_from or p.price_sets[-1].effective_to
+        lines.append(f"{p.model}: since {since}: today's rates (the table above)")
+    for h in p.history:
+        if "from" not in h:
+            rest = ", ".join(f"{k} {v}" for k, v in h.items() if k not in ("note", "source"))
+            lines.append(f"{p.model}: no date, not used to price calls: {h.get('note') or ''}"
+                         + (f" ({rest})" if rest else ""))
+    return lines
 
 
 _MISS_LABEL = {"cold": "cold", "content_changed": "changed", "ttl_expired": "TTL expired",

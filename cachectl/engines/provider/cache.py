@@ -35,7 +35,16 @@ from typing import Any
 from ...errors import InputError, UsageError
 from ...inputs.request import Position, Request, layout_request, unknown_block_note
 from ...inputs.usage import LoggedUsage, find_usage, parse_usage, record_model
-from .prices import ModelPrice, PriceTable, Usage, cost_usd, uncached_cost_usd
+from .prices import (
+    ModelPrice,
+    PriceTable,
+    Usage,
+    call_day,
+    cost_usd,
+    priced_at,
+    uncached_cost_usd,
+    undated_note,
+)
 
 SCHEMA_VERSION = 1
 
@@ -307,6 +316,33 @@ def _lookup(table: PriceTable, model: str, source: str, line: int | None, model_
     return price
 
 
+def _dated(price: ModelPrice, when: float | None, notes: list[str] | _Notes) -> ModelPrice:
+    """The rates in force on the day of a call (:func:`~.prices.priced_at`), with a note when they are not
+    today's, or when a call without a date is priced at today's rates of a model whose price changed."""
+    dated, note = priced_at(price, when)
+    if note is not None:
+        notes.append(note)
+    elif price.price_sets and call_day(when) is None:
+        notes.append(undated_note(price))
+    return dated
+
+
+def record_time(value: Any) -> float | None:
+    """When a logged response was made: its line's ``timestamp`` (a log wrapper's), else the response's own
+    ``created_at`` (Responses API) or ``created`` (Chat Completions), epoch seconds; None when it gives none that
+    can be read (the call is then priced at today's rates, with a note)."""
+    from ...inputs.timestamps import parse_timestamp
+
+    _, _, rec = find_usage(value)
+    for key in ("timestamp", "created_at", "created"):
+        if rec.get(key) is not None:
+            try:
+                return parse_timestamp(rec[key])
+            except ValueError:
+                return None
+    return None
+
+
 def is_batch_line(value: Any) -> bool:
     """A call made through a provider's Batch API: a record a batch shape marked (``"batch": true``), or an
     OpenAI Batch output line (``custom_id`` with a ``response``)."""
@@ -338,6 +374,7 @@ def audit_usage(records: Iterable[tuple[int, Any]], *, source: str, table: Price
     for index, (line, value) in enumerate(records):
         price, logged = usage_from_record(value, default_model=default_model, table=table, source=source,
                                           line=line, model_as=model_as, notes=notes)
+        price = _dated(price, record_time(value), notes)
         if not logged.split_known:
             notes.append(_SPLIT_NOTE)
         batch = is_batch_line(value)
@@ -1046,7 +1083,7 @@ def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source:
                              source=req.source, line=req.line, field="timestamp")
         last_t = t
         sim.advance(t)
-        price = _lookup(table, req.model, req.source, req.line, model_as, notes)
+        price = _dated(_lookup(table, req.model, req.source, req.line, model_as, notes), req.timestamp, notes)
         if req.provider == "anthropic" and price.provider != "anthropic":
             notes.append(f"{price.model} is not a Claude model but a request body is Anthropic-shaped: simulated "
                          f"with {price.model}'s rules")

@@ -11,13 +11,22 @@ Cache rules (``cache_mode``): ``explicit`` (Anthropic: ``cache_control`` breakpo
 ``breakpoints`` (OpenAI GPT-5.6 and later: an implicit breakpoint on the newest eligible message plus explicit
 ``prompt_cache_breakpoint`` markers, exact matching at breakpoints, writes at ``cache_write``), ``none`` (no
 prompt caching: the model has no cached-input price).
+
+Prices as of a date: an entry's ``effective_from`` is the first day (UTC) its rates were billed, and each
+``history`` entry with a ``from`` date is an earlier price set (``from``, ``to`` exclusive, the rates, a ``source``):
+a call with a date is priced at the set in force on that day (:func:`priced_at`); a call without one (no
+timestamp, or seconds counted from the start of a log) at today's rates. A rate a set leaves out is the same
+multiple of the set's input (output, for a band's output) as the current entry's. ``history`` entries without a
+``from`` are records that priced nothing (a change that was announced and cancelled, a rule an earlier revision of
+the docs stated).
 """
 
 from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, date, datetime, timedelta
 from typing import Any, Mapping
 
 from ...datafiles import load_data
@@ -64,6 +73,23 @@ class Band:
 
 
 @dataclass(frozen=True)
+class PriceSet:
+    """The rates a model was billed at from ``effective_from`` (a UTC day) to the day before ``effective_to``."""
+
+    effective_from: str             # YYYY-MM-DD, the first day billed at these rates
+    effective_to: str               # YYYY-MM-DD, the first day billed at the next rates
+    input: float
+    output: float
+    cache_read: float | None = None
+    cache_write_5m: float | None = None
+    cache_write_1h: float | None = None
+    cache_write: float | None = None
+    bands: tuple[Band, ...] = ()
+    source: str | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True)
 class ModelPrice:
     model: str
     provider: str
@@ -94,6 +120,12 @@ class ModelPrice:
     #: the factor every token of a call made through the provider's Batch API is priced at (0.5: half the
     #: standard rates, cache reads and writes included); None when the table has no batch rate for the model
     batch_discount: float | None = None
+    #: the first day (UTC, YYYY-MM-DD) the current rates were billed; None: not recorded (no earlier rates known)
+    effective_from: str | None = None
+    #: where the ``aliases`` (dated snapshot ids, ``-latest``) were read: the provider page that lists them
+    aliases_source: str | None = None
+    #: the earlier rates, oldest first, each over its window of days (the entry's dated ``history``)
+    price_sets: tuple[PriceSet, ...] = field(default=(), compare=False)
 
     @property
     def rule(self) -> str:
@@ -149,6 +181,80 @@ def _choice(entry: dict, key: str, model: str, source: str, choices: tuple[str, 
     return value
 
 
+def _day(value: Any, model: str, source: str, where: str) -> str:
+    if isinstance(value, str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", value):
+        try:
+            return date.fromisoformat(value).isoformat()
+        except ValueError:
+            pass
+    raise InputError(f"expected a date (YYYY-MM-DD), got {value!r:.60}", source=source, field=f"models.{model}.{where}")
+
+
+def _bands(raw_bands: Any, model: str, source: str, where: str) -> tuple[Band, ...]:
+    if not isinstance(raw_bands, (list, tuple)):
+        raise InputError("expected a list of bands", source=source, field=f"models.{model}.{where}")
+    bands = []
+    for i, b in enumerate(raw_bands):
+        if not isinstance(b, dict) or isinstance(b.get("above_tokens"), bool) \
+                or not isinstance(b.get("above_tokens"), int) or b["above_tokens"] < 0:
+            raise InputError("a band needs an integer above_tokens", source=source, field=f"models.{model}.{where}[{i}]")
+        bands.append(Band(above_tokens=b["above_tokens"], input=_price(b, "input", model, source),
+                          output=_price(b, "output", model, source),
+                          cache_write_5m=_num(b, "cache_write_5m", model, source, optional=True),
+                          cache_write_1h=_num(b, "cache_write_1h", model, source, optional=True),
+                          cache_read=_num(b, "cache_read", model, source, optional=True),
+                          cache_write=_num(b, "cache_write", model, source, optional=True)))
+    return tuple(bands)
+
+
+_CACHE_RATES = ("cache_read", "cache_write_5m", "cache_write_1h", "cache_write")
+
+
+def _scaled(rate: float | None, factor: float) -> float | None:
+    return None if rate is None else round(rate * factor, 10)
+
+
+def _price_sets(history: tuple[dict, ...], current: dict, model: str, source: str,
+                effective_from: str | None) -> tuple[PriceSet, ...]:
+    """The dated entries of ``history`` as price sets, oldest first, their windows checked: each ends where the
+    next begins at the latest (``to`` defaults to the next set's ``from``, then to ``effective_from``)."""
+    dated = [(i, h) for i, h in enumerate(history) if "from" in h]
+    dated.sort(key=lambda ih: _day(ih[1]["from"], model, source, f"history[{ih[0]}].from"))
+    sets: list[PriceSet] = []
+    for n, (i, h) in enumerate(dated):
+        where = f"history[{i}]"
+        start = _day(h["from"], model, source, f"{where}.from")
+        following = dated[n + 1][1]["from"] if n + 1 < len(dated) else effective_from
+        if h.get("to") is None and following is None:
+            raise InputError("a dated price set needs 'to' (the first day of the next rates), or the entry an "
+                             "effective_from", source=source, field=f"models.{model}.{where}")
+        end = _day(h["to"] if h.get("to") is not None else following, model, source, f"{where}.to")
+        if end <= start:
+            raise InputError(f"'to' ({end}) must be after 'from' ({start})", source=source,
+                             field=f"models.{model}.{where}")
+        if following is not None and end > following:
+            raise InputError(f"this price set runs to {end}, past {following}, when the next rates begin",
+                             source=source, field=f"models.{model}.{where}")
+        inp, out = _price(h, "input", model, source), _price(h, "output", model, source)
+        f_in = inp / current["input"] if current["input"] else 1.0
+        f_out = out / current["output"] if current["output"] else 1.0
+        rates = {k: _num(h, k, model, source, optional=True) if k in h else _scaled(current[k], f_in)
+                 for k in _CACHE_RATES}
+        if "bands" in h:
+            bands = _bands(h["bands"] or (), model, source, f"{where}.bands")
+        else:
+            bands = tuple(Band(above_tokens=b.above_tokens, input=round(b.input * f_in, 10),
+                               output=round(b.output * f_out, 10),
+                               **{k: _scaled(getattr(b, k), f_in) for k in _CACHE_RATES})
+                          for b in current["bands"])
+        note, src = h.get("note"), h.get("source")
+        if (note is not None and not isinstance(note, str)) or (src is not None and not isinstance(src, str)):
+            raise InputError("expected a string for 'note' and 'source'", source=source, field=f"models.{model}.{where}")
+        sets.append(PriceSet(effective_from=start, effective_to=end, input=inp, output=out, bands=bands,
+                             source=src, note=note, **rates))
+    return tuple(sets)
+
+
 def _from_native(model: str, entry: Any, source: str) -> ModelPrice:
     if not isinstance(entry, dict):
         raise InputError("expected an object", source=source, field=f"models.{model}")
@@ -157,20 +263,7 @@ def _from_native(model: str, entry: Any, source: str) -> ModelPrice:
         raise InputError(f"expected a provider name, got {provider!r:.60}", source=source,
                          field=f"models.{model}.provider")
     base = {**_DEFAULTS.get(provider, _DEFAULTS["openai"]), **entry}
-    bands = []
-    raw_bands = base.get("bands") or ()
-    if not isinstance(raw_bands, (list, tuple)):
-        raise InputError("expected a list of bands", source=source, field=f"models.{model}.bands")
-    for i, b in enumerate(raw_bands):
-        if not isinstance(b, dict) or isinstance(b.get("above_tokens"), bool) \
-                or not isinstance(b.get("above_tokens"), int) or b["above_tokens"] < 0:
-            raise InputError("a band needs an integer above_tokens", source=source, field=f"models.{model}.bands[{i}]")
-        bands.append(Band(above_tokens=b["above_tokens"], input=_price(b, "input", model, source),
-                          output=_price(b, "output", model, source),
-                          cache_write_5m=_num(b, "cache_write_5m", model, source, optional=True),
-                          cache_write_1h=_num(b, "cache_write_1h", model, source, optional=True),
-                          cache_read=_num(b, "cache_read", model, source, optional=True),
-                          cache_write=_num(b, "cache_write", model, source, optional=True)))
+    bands = _bands(base.get("bands") or (), model, source, "bands")
     ttls = base.get("ttls") or {}
     if not isinstance(ttls, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 10 ** 9
                                              for v in ttls.values()):
@@ -184,6 +277,12 @@ def _from_native(model: str, entry: Any, source: str) -> ModelPrice:
     notes = base.get("notes")
     if notes is not None and not isinstance(notes, str):
         raise InputError("expected a string", source=source, field=f"models.{model}.notes")
+    effective_from = base.get("effective_from")
+    if effective_from is not None:
+        effective_from = _day(effective_from, model, source, "effective_from")
+    current = {"input": _price(base, "input", model, source), "output": _price(base, "output", model, source),
+               "bands": bands, **{k: _num(base, k, model, source, optional=True) for k in _CACHE_RATES}}
+    sets = _price_sets(tuple(history), current, model, source, effective_from)
     return ModelPrice(
         model=model, provider=provider,
         input=_price(base, "input", model, source), output=_price(base, "output", model, source),
@@ -197,10 +296,12 @@ def _from_native(model: str, entry: Any, source: str) -> ModelPrice:
         usage_style=_choice(base, "usage_style", model, source, ("anthropic", "openai")),
         source=str(base.get("source", source)), as_of=str(base.get("as_of", "unknown")),
         cache_granularity=_whole({"cache_granularity": 1, **base}, "cache_granularity", model, source, lowest=1),
-        aliases=tuple(aliases), bands=tuple(bands), notes=notes, history=tuple(history),
+        aliases=tuple(aliases), bands=bands, notes=notes, history=tuple(history),
         cache_write=_num(base, "cache_write", model, source, optional=True),
         read_refreshes_ttl=bool(base.get("read_refreshes_ttl", True)),
-        batch_discount=_num(base, "batch_discount", model, source, optional=True))
+        batch_discount=_num(base, "batch_discount", model, source, optional=True),
+        effective_from=effective_from, price_sets=sets,
+        aliases_source=None if base.get("aliases_source") is None else str(base["aliases_source"]))
 
 
 def _rules_of(price: ModelPrice) -> dict:
@@ -209,7 +310,7 @@ def _rules_of(price: ModelPrice) -> dict:
             "max_breakpoints": price.max_breakpoints, "lookback_blocks": price.lookback_blocks,
             "usage_style": price.usage_style, "min_cacheable_tokens": price.min_cacheable_tokens,
             "cache_granularity": price.cache_granularity, "read_refreshes_ttl": price.read_refreshes_ttl,
-            "aliases": list(price.aliases)}
+            "aliases": list(price.aliases), "aliases_source": price.aliases_source}
 
 
 def _from_litellm(model: str, entry: dict, source: str, known: ModelPrice | None = None) -> ModelPrice | None:
@@ -335,6 +436,53 @@ class Usage:
     @property
     def prompt_tokens(self) -> int:
         return self.input_tokens + self.cache_creation_input_tokens + self.cache_read_input_tokens
+
+
+#: a timestamp below this (2000-01-01T00:00Z) counts seconds from the start of a log, not a date
+DATED_SINCE = 946_684_800.0
+
+
+def call_day(when: float | None) -> str | None:
+    """The UTC day (YYYY-MM-DD) of a call's timestamp; None for none, or for seconds counted from a log's start."""
+    if when is None or when < DATED_SINCE:
+        return None
+    return datetime.fromtimestamp(when, UTC).date().isoformat()
+
+
+def priced_at(price: ModelPrice, when: float | None) -> tuple[ModelPrice, str | None]:
+    """``price`` with the rates in force on the UTC day of ``when``, and a note saying which when they are not
+    today's. A call with no date (``when`` None, or seconds from the start of a log) gets today's rates, and so
+    does a day on or after the current rates' ``effective_from``; a day before the first known price set gets that
+    set (the earliest rates known), said in the note."""
+    day = call_day(when)
+    if day is None or not price.price_sets:
+        return price, None
+    chosen = next((s for s in price.price_sets if s.effective_from <= day < s.effective_to), None)
+    first = price.price_sets[0]
+    before = chosen is None and day < first.effective_from
+    if before:
+        chosen = first
+    if chosen is None:
+        return price, None
+    dated = replace(price, input=chosen.input, output=chosen.output, cache_read=chosen.cache_read,
+                    cache_write_5m=chosen.cache_write_5m, cache_write_1h=chosen.cache_write_1h,
+                    cache_write=chosen.cache_write, bands=chosen.bands)
+    last = (date.fromisoformat(chosen.effective_to) - timedelta(days=1)).isoformat()
+    why = f": {chosen.note}" if chosen.note else ""
+    if before:
+        return dated, (f"{price.model}: calls dated before {first.effective_from}, the first day of the earliest "
+                       f"rates the table knows, priced at those (${chosen.input:g} input, ${chosen.output:g} output "
+                       f"per MTok{why})")
+    return dated, (f"{price.model}: calls dated {chosen.effective_from} to {last} priced at the rates in force then "
+                   f"(${chosen.input:g} input, ${chosen.output:g} output per MTok{why}), not today's")
+
+
+def undated_note(price: ModelPrice) -> str:
+    """What a report says of a call without a date to a model whose price changed."""
+    since = price.effective_from or price.price_sets[-1].effective_to
+    return (f"{price.model}: calls without a date (no timestamp, or seconds from the start of the log) priced at "
+            f"today's rates, in force since {since}; earlier calls were billed at other rates (prompt-cost "
+            "--list-models shows its history): give each line an ISO 8601 or epoch timestamp")
 
 
 def batch_factor(price: ModelPrice, batch: bool) -> float:
