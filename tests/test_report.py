@@ -206,3 +206,19 @@ def test_page_in_headless_chromium(cli, tmp_path):
     bad = tmp_path / "bad.html"
     bad.write_text("<!doctype html><title>x</title><script>undefinedFunction()</script>", encoding="utf-8")
     assert [e for e in visit(bad).console if e.get("level") == "SEVERE"]
+
+
+def test_report_shows_the_billed_usage_beside_the_prediction(cli):
+    """A log whose lines carry the provider's usage (any shape that has it): report reconciles as prompt-cost does,
+    the same requests, agreements and billed dollars."""
+    log = PROMPTS / "anthropic_billed.jsonl"
+    r = cli("report", log, "-t", TOK_DIR, "-f", "json")
+    assert r.exit_code in (0, 1), r.stderr
+    cost = json.loads(r.stdout)["cost"]
+    p = cli("prompt-cost", log, "-t", TOK_DIR, "-f", "json")
+    want = json.loads(p.stdout)
+    assert cost["reconciled"] == want["reconciled"] == 5
+    assert cost["agreed"] == want["agreed"] and cost["billed_usd"] == pytest.approx(want["billed_cost_usd"])
+    text = cli("report", log, "-t", TOK_DIR)
+    assert f"against the logged usage: ${want['billed_cost_usd']:.4f} billed for 5 requests" in text.stdout
+    assert f"the prediction agrees on {want['agreed']}" in text.stdout

@@ -221,6 +221,10 @@ def _render_text(r, html: str | None) -> None:
         hit = f"{c.hit_rate:.1%}" if c.hit_rate is not None else "n/a"
         stdout.print(f"provider cache ({', '.join(c.models)}): {_usd(c.total_usd)} vs {_usd(c.uncached_usd)} without "
                      f"caching, hit rate {hit}", soft_wrap=True, markup=False)
+        if c.reconciled:
+            billed = f"{_usd(c.billed_usd)} billed" if c.billed_usd is not None else "billed"
+            stdout.print(f"  against the logged usage: {billed} for {plural(c.reconciled, 'request')}; the prediction "
+                         f"agrees on {c.agreed:,} (read or not, written or not)", soft_wrap=True, markup=False)
     if r.curve is not None:
         cv = r.curve
         ceil = f"{cv.ceiling_hit_rate:.1%}" if cv.ceiling_hit_rate is not None else "n/a"

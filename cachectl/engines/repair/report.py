@@ -100,6 +100,11 @@ class CostSection:
     misses: tuple[MissTally, ...]
     findings: tuple[str, ...]
     notes: tuple[str, ...]
+    #: with billed usage on the log's lines (any shape that carries it): the requests reconciled, how many of them
+    #: agree with the prediction (read / no read, write / no write), and what the provider billed for them
+    reconciled: int = 0
+    agreed: int = 0
+    billed_usd: float | None = None
 
 
 @dataclass(frozen=True)
@@ -472,7 +477,8 @@ def _cost_section(requests: Iterable[Request], table: PriceTable, source: str, t
     misses = tuple(MissTally(code=c, requests=n, uncached_input_tokens=tok) for c, n, tok in r.miss_tallies)
     return CostSection(models=r.models, token_source=r.token_source, total_usd=r.total_cost_usd,
                        uncached_usd=r.uncached_cost_usd, savings_usd=r.savings_usd, hit_rate=r.hit_rate,
-                       misses=misses, findings=tuple(f.message for f in r.findings), notes=r.notes)
+                       misses=misses, findings=tuple(f.message for f in r.findings), notes=r.notes,
+                       reconciled=r.reconciled, agreed=r.agreed, billed_usd=r.billed_cost_usd)
 
 
 def _curve_section(trace: Iterable[TraceRequest], block_size: int, points: int, source: str,
