@@ -446,7 +446,10 @@ def call_day(when: float | None) -> str | None:
     """The UTC day (YYYY-MM-DD) of a call's timestamp; None for none, or for seconds counted from a log's start."""
     if when is None or when < DATED_SINCE:
         return None
-    return datetime.fromtimestamp(when, UTC).date().isoformat()
+    try:
+        return datetime.fromtimestamp(when, UTC).date().isoformat()
+    except (OverflowError, OSError, ValueError):  # past year 9999 (a what-if's --every of centuries): no known day
+        return "9999-12-31"
 
 
 def priced_at(price: ModelPrice, when: float | None) -> tuple[ModelPrice, str | None]:
