@@ -1,7 +1,8 @@
 """Reading a log in each shape against reading the same calls in cachectl's own wrapper, side by side.
 
 For each log shape with a module (``cachectl.inputs.formats.MODULES``), its example log in the repository is
-grown to N calls (its lines repeated, the JSONL ones; a cassette's interactions repeated), read through
+grown to N calls (its lines repeated with their ids made distinct per copy; a cassette's interactions repeated;
+at most --max-mb of log: a shape whose calls are large gets fewer, said in the calls column), read through
 ``log_values`` (detection, the shape's reader, the record turned into cachectl's wrapper line), and each value
 parsed into the canonical request where it has a body. The baseline: the same calls written as cachectl's own
 wrapper lines (``Record.value()``), read and parsed the same way. Printed: seconds for each and their ratio
@@ -24,21 +25,40 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def _grow(example: Path, out: Path, calls: int, module) -> int:
-    """Write ``example`` grown to about ``calls`` calls; returns the calls written."""
+#: keys whose string values identify a call, a response, a session or a span: made distinct in each copy, so
+#: that a grown log holds distinct calls (readers that join or count once by id would otherwise fold the copies)
+_ID_KEYS = {"id", "uuid", "parentuuid", "leafuuid", "requestid", "request_id", "custom_id", "traceid", "spanid",
+            "parentspanid", "sessionid", "session_id", "message_id", "observationid", "parentobservationid"}
+
+
+def _distinct(value, suffix: str):
+    if isinstance(value, dict):
+        return {k: (v + suffix if isinstance(v, str) and k.lower() in _ID_KEYS else _distinct(v, suffix))
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_distinct(v, suffix) for v in value]
+    return value
+
+
+def _grow(example: Path, out: Path, calls: int, max_bytes: int, module) -> None:
+    """``example`` repeated to about ``calls`` calls (at most ``max_bytes``), each copy's ids made distinct."""
     from cachectl.inputs.formats import log_values
 
     per_copy = sum(1 for _ in log_values(str(example), module.SHAPE.name))
-    copies = max(1, calls // max(1, per_copy))
     data = example.read_bytes()
-    if example.suffix in (".yaml", ".yml", ".json") and hasattr(module, "grow"):
-        out.write_bytes(module.grow(data, copies))
-    else:
-        body = data if data.endswith(b"\n") else data + b"\n"
-        with open(out, "wb") as fh:
-            for _ in range(copies):
-                fh.write(body)
-    return per_copy * copies
+    copies = max(1, min(calls // max(1, per_copy), max_bytes // max(1, len(data))))
+    if example.suffix in (".yaml", ".yml"):  # a cassette: one document, its interactions repeated
+        import yaml
+
+        doc = yaml.safe_load(data)
+        doc["interactions"] = [i for _ in range(copies) for i in doc["interactions"]]
+        out.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+        return
+    lines = [orjson.loads(line) if line.strip()[:1] in (b"{", b"[") else line for line in data.splitlines()]
+    with open(out, "wb") as fh:
+        for k in range(copies):
+            for line in lines:
+                fh.write(line + b"\n" if isinstance(line, bytes) else orjson.dumps(_distinct(line, f"-{k}")) + b"\n")
 
 
 def _read(path: Path, log_format: str | None) -> tuple[int, float]:
@@ -61,11 +81,12 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=100_000)
     ap.add_argument("--repeat", type=int, default=2, help="runs of each, the best kept")
     ap.add_argument("--only", help="comma-separated shape names")
+    ap.add_argument("--max-mb", type=int, default=300, help="the most a grown log may take (fewer calls then)")
     args = ap.parse_args()
     from cachectl.inputs.formats import MODULES, SHAPES, log_values
 
     only = set(args.only.split(",")) if args.only else None
-    print(f"{'shape':24} {'calls':>8} {'shape s':>9} {'wrapper s':>9} {'ratio':>6}")
+    print(f"{'shape':24} {'calls':>8} {'size':>9} {'shape s':>9} {'wrapper s':>9} {'ratio':>6}")
     worst = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         for module in MODULES:
@@ -74,16 +95,22 @@ def main() -> int:
                 continue
             example = ROOT / SHAPES[name].example
             grown = Path(tmp) / f"{name}{example.suffix}"
-            calls = _grow(example, grown, args.calls, module)
+            _grow(example, grown, args.calls, args.max_mb << 20, module)
             wrapper = Path(tmp) / f"{name}.wrapper.jsonl"
             with open(wrapper, "wb") as fh:
                 for _, value in log_values(str(grown), name):
                     fh.write(orjson.dumps(value) + b"\n")
-            shape_s = min(_read(grown, None)[1] for _ in range(args.repeat))
-            wrap_s = min(_read(wrapper, "native")[1] for _ in range(args.repeat))
+            runs = [_read(grown, None) for _ in range(args.repeat)]
+            wraps = [_read(wrapper, "native") for _ in range(args.repeat)]
+            calls = runs[0][0]
+            assert calls == wraps[0][0], (name, calls, wraps[0][0])
+            shape_s, wrap_s = min(t for _, t in runs), min(t for _, t in wraps)
             ratio = shape_s / wrap_s if wrap_s else float("inf")
             worst = max(worst, ratio)
-            print(f"{name:24} {calls:>8,} {shape_s:>9.2f} {wrap_s:>9.2f} {ratio:>5.2f}x", flush=True)
+            print(f"{name:24} {calls:>8,} {grown.stat().st_size >> 20:>6} MB {shape_s:>9.2f} {wrap_s:>9.2f} "
+                  f"{ratio:>5.2f}x", flush=True)
+            grown.unlink()
+            wrapper.unlink()
     print(f"worst ratio {worst:.2f}x (bar: 1.5x)")
     return 0
 

@@ -99,3 +99,19 @@ def test_prompt_cost_audits_a_rollout(cli):
     r = cli("prompt-cost", "--usage", REAL)
     assert r.exit_code == 0, r.stderr
     assert "gpt-5.3-codex" in r.stdout and "80.1%" in r.stdout
+
+
+def test_concatenated_rollouts_start_each_session_afresh(tmp_path):
+    """`cat rollout-a.jsonl rollout-b.jsonl`: the second session's calls carry only its own history and its own
+    usage (totals restart), as two files read apart give."""
+    data = Path(REAL).read_bytes()
+    other = data.replace(b'"session_meta","payload":{"id":"', b'"session_meta","payload":{"id":"other-', 1)
+    assert other != data
+    both = tmp_path / "both.jsonl"
+    both.write_bytes(data + other)
+    alone = [v for _, v in log_values(str(REAL), "codex")]
+    together = [v for _, v in log_values(str(both), "codex")]
+    assert len(together) == 2 * len(alone)
+    for a, b in zip(alone, together[len(alone):]):
+        assert b["usage"] == a["usage"] and len(b["body"]["input"]) == len(a["body"]["input"])
+        assert b["session"] != a["session"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cachectl.errors import InputError
 from cachectl.inputs.formats import log_values, shape_of, vllm_log
@@ -79,3 +81,14 @@ def test_bad_lines(tmp_path):
     none = _log(tmp_path, ["INFO 05-14 10:11:02 [api_server.py:1090] vLLM API server version 0.9.2"])
     with pytest.raises(InputError, match="--enable-log-requests"):
         list(log_values(none))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_a_logged_prompt_literal_reads_back_as_its_text(text):
+    """vLLM logs the prompt as repr(); reading the literal back (fast paths and literal_eval alike) gives the text."""
+    from cachectl.inputs.formats.vllm_log import _literal
+
+    literal = repr(text)
+    value, end = _literal(f"prompt: {literal}, params: SamplingParams()", len("prompt: "), {"source": "s", "line": 1})
+    assert value == text and end == len("prompt: ") + len(literal)

@@ -150,6 +150,10 @@ def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
             raise InputError("expected an object", source=source, line=n, field="payload")
         if kind == "session_meta":
             sid = payload.get("id", payload.get("session_id"))
+            if isinstance(sid, str) and session is not None and sid != session:
+                # another session's rollout follows (rollouts concatenated): its history and totals start afresh
+                items, boundary, sent_at, total, compacted = [], None, None, None, False
+                model = instructions = turn = None
             session = sid if isinstance(sid, str) else session
             instructions = _text(payload.get("instructions")) or _text(payload.get("base_instructions")) \
                 or instructions
