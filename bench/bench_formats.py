@@ -52,7 +52,11 @@ def _grow(example: Path, out: Path, calls: int, max_bytes: int, module) -> None:
 
         doc = yaml.safe_load(data)
         doc["interactions"] = [i for _ in range(copies) for i in doc["interactions"]]
-        out.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+        class Plain(yaml.SafeDumper):  # each interaction written out whole, not as an alias of the first copy
+            def ignore_aliases(self, data) -> bool:
+                return True
+
+        out.write_text(yaml.dump(doc, Dumper=Plain, sort_keys=False), encoding="utf-8")
         return
     lines = [orjson.loads(line) if line.strip()[:1] in (b"{", b"[") else line for line in data.splitlines()]
     with open(out, "wb") as fh:
