@@ -116,12 +116,12 @@ def trace_records(path: str, log_format: str | None = None) -> Iterator[tuple[in
     would otherwise pass as 0 or 1.
     """
     from ...inputs import display_name, parse_jsonl_line
-    from ...inputs.formats import open_log
+    from ...inputs.formats import open_log, record_values
 
     _, module, lines = open_log(path, log_format)
     if module is not None:
-        for record in module.read(((n, raw) for n, raw, _ in lines), display_name(path)):
-            yield record.line, record.value(), True
+        for lineno, value in record_values(module, lines, display_name(path)):
+            yield lineno, value, True
         return
     for lineno, raw, source in lines:
         yield lineno, parse_jsonl_line(raw, source, lineno), _may_hold_bool(raw)

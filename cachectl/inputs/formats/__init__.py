@@ -115,7 +115,13 @@ def log_values(path: str, log_format: str | None = None, *, need_body: bool = Fa
         for n, raw, src in lines:
             yield n, parse_jsonl_line(raw, src, n)
         return
-    source = display_name(path)
+    yield from record_values(module, lines, display_name(path), need_body=need_body)
+
+
+def record_values(module: ModuleType, lines: Iterator[tuple[int, bytes, str]], source: str, *,
+                  need_body: bool = False) -> Iterator[tuple[int, Any]]:
+    """``(line, value)`` of each record ``module`` reads from ``lines`` (as :func:`open_log` gives them), each as
+    cachectl's own wrapper line."""
     for record in module.read(((n, raw) for n, raw, _ in lines), source):
         if need_body and record.body is None:
             raise InputError(getattr(module, "NO_BODY", f"{module.SHAPE.title}: this record has no request body"),
@@ -141,11 +147,8 @@ def raw_log_values(path: str, log_format: str | None = None, *, command: str) ->
 
 def shape_of(path: str) -> str:
     """The shape name of the log ``path`` (``native`` for cachectl's own), from its first lines."""
-    from ..files import display_name, iter_raw_lines
-
-    head, _ = _head(iter_raw_lines(path), display_name(path))
-    return detect(head)[0]
+    return open_log(path)[0]
 
 
 __all__ = ["CONTAINERS", "LOG_FORMATS", "MODULES", "READERS", "SHAPES", "LogShape", "Record", "detect",
-           "log_values", "open_log", "raw_log_values", "shape_of"]
+           "log_values", "open_log", "raw_log_values", "record_values", "shape_of"]
