@@ -259,3 +259,48 @@ def test_tree_pass_hits_are_simulate_infinite(seed):
     ref = simulate([TraceRequest(index=k, line=k + 1, prompt_tokens=len(s), tokens=s, salt=salt)
                     for k, (s, salt) in enumerate(zip(seqs, salts))], policy="infinite", block_size=bs)
     assert rep.hit_tokens == ref.hit_tokens
+
+
+def _clock_on_some(n: int = 42, every: int = 7) -> list[dict]:
+    """A support log whose system prompt opens with a clock line in one request of ``every``: the rest start
+    with the stable text itself (the bench's log does this)."""
+    rng = random.Random(3)
+    words = (ROOT / "fixtures" / "corpus.txt").read_text(encoding="utf-8").split()
+    stable = "You are a support agent for a cache diagnostics product.\n" + " ".join(rng.choice(words) for _ in range(120))
+    rows = []
+    for i in range(n):
+        top = f"Current time: 2026-11-30T10:{i:02d}:{(i * 7) % 60:02d}Z\n\n" if i % every == 3 else ""
+        rows.append({"timestamp": 1796032800 + 60 * i, "session": f"s{i}", "body": {"model": "gpt-4.1", "messages": [
+            {"role": "system", "content": top + stable},
+            {"role": "user", "content": " ".join(rng.choice(words) for _ in range(12))}]}})
+    return rows
+
+
+def test_a_line_on_top_of_some_requests_only_is_the_value_not_the_stable_text_below_it(tok):
+    """The requests without the clock line hold the stable text at the fork: that text is not a value (it is what
+    the clock requests have one line later), so they are not moved and the fork is the clock's (date_time,
+    FX001), not a per-user value over every request (what the fork analysis said of the bench's log)."""
+    from cachectl.engines.repair import fix, groups
+
+    rows = _clock_on_some()
+    clocked = [i + 1 for i, r in enumerate(rows) if r["body"]["messages"][0]["content"].startswith("Current time:")]
+    rep = analyze_forks(list(enumerate(rows, 1)), tokenizer=tok, source="<test>")
+    fork = next(f for f in rep.forks if f.fixable)
+    assert (fork.cause, fork.fixable, fork.requests, fork.distinct_values) == ("date_time", "FX001", len(clocked),
+                                                                               len(clocked))
+    assert all(e.startswith("Current time: ") for e in fork.examples)
+    # fix moves the clock lines only, and reaches the hits the analysis promised
+    lines = groups.log_lines(list(enumerate(rows, 1)), source="<test>", key="session")
+    report = fix.fix_log(lines, fix.FixOptions(unsafe=True, key="session"), tokenizer=tok)
+    assert sorted(f.line for f in report.fixes if f.applied) == clocked
+    assert {f.code for f in report.fixes} == {"FX001"}
+    assert report.after.vllm.hit_tokens == rep.fixed_hit_tokens > rep.hit_tokens
+    out = list(report.output)
+    for i in clocked:  # the stable text starts the system prompt as in the requests that never had the clock
+        system = out[i - 1]["body"]["messages"][0]["content"]
+        assert system == rows[0]["body"]["messages"][0]["content"]
+    # independent: the hand-fixed log (clock lines and the blank line after them cut) replayed naively
+    fixed = [{**r["body"], "messages": [{"role": "system", "content": o["body"]["messages"][0]["content"]},
+                                         r["body"]["messages"][1] | {"content": o["body"]["messages"][1]["content"]}]}
+             for r, o in zip(rows, out)]
+    assert rep.fixed_hit_tokens == _naive_hits(_served(tok, fixed))

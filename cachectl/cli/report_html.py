@@ -230,6 +230,15 @@ def prefix_tree_svg(nodes: Sequence[TreeNode], forks: Sequence[Fork], label: str
                          f'stroke-width="3"><title>{escape(f.fixable + " " + f.cause)}</title></line>')
             parts.append(f'<text x="{x1 + 4:.1f}" y="{y + 13:.1f}" font-size="12" fill="#c8372d">'
                          f"{escape(f.fixable)} {escape(f.cause)}</text>")
+    # a fork in the first block splits at the root, which has no bar: its mark is the left edge
+    drawn = {n.fork for n in nodes}
+    first = min((nodes[k].end for k in roots), default=0)
+    for k, f in enumerate(forks):
+        if k not in drawn and f.fixable and f.shared_tokens < first:
+            parts.append(f'<line x1="{left:.1f}" y1="{top:.1f}" x2="{left:.1f}" y2="{top + ph:.1f}" stroke="#c8372d" '
+                         f'stroke-width="3"><title>{escape(f.fixable + " " + f.cause)}</title></line>')
+            parts.append(f'<text x="{left + 4:.1f}" y="{top + ph - 4:.1f}" font-size="12" fill="#c8372d">'
+                         f"{escape(f.fixable)} {escape(f.cause)}</text>")
     step = next(m * 10 ** e for e in range(12) for m in (1, 2, 5) if m * 10 ** e >= span / 6)
     for k in range(1, int(span // step) + 1):
         parts.append(f'<text x="{x(k * step):.1f}" y="{height - 10}" font-size="12" text-anchor="middle" '

@@ -72,6 +72,7 @@ from ...inputs import PromptInput, Request, compact, prompt_from_request, prompt
 from ...inputs.prompt import check_ids
 from ...spool import Spool
 from ...tokenization import Span, Tokenized, _lazy_chat_spans
+from ...volatile import classify_change
 from ..tokendiff import common_prefix_length, explain
 from .packed import ObjectCodec, RenderCodec
 from .replay import simulate
@@ -719,6 +720,9 @@ class _LineMove:
     prefix: array
     code: str
     cause: str
+    #: lines at the fork that are not values but the text the branches share (:meth:`_Analyzer._shared_text`):
+    #: a request that holds one of them there is not moved
+    keep: frozenset = frozenset()
 
     def span(self, v: _View) -> tuple[int, int, int, int] | None:
         """(view token start, view token end, base char start, base char end) of the line in ``v``."""
@@ -734,8 +738,15 @@ class _LineMove:
             limit = min(limit, field_end)
         nl = text.find("\n", c, limit)
         end_char = limit if nl < 0 else nl + 1
-        ob = bisect.bisect_left(starts, end_char, od, seg_end)
         ls = starts[v.orig(self.a)[0]]
+        if nl >= 0 and _opens_field(v, ls):
+            # the field's first line: the blank lines that set it apart go with it (what is left starts as the
+            # branches that never had it do)
+            while end_char < limit and text[end_char] == "\n":
+                end_char += 1
+        ob = bisect.bisect_left(starts, end_char, od, seg_end)
+        if self.keep and text[ls:end_char].rstrip("\n") in self.keep:
+            return None
         return self.a, self.d + (ob - od), ls, end_char
 
     def apply(self, v: _View) -> bool:
@@ -744,6 +755,12 @@ class _LineMove:
             return False
         v.move(sp[0], sp[1])
         return True
+
+
+def _opens_field(v: _View, c: int) -> bool:
+    """Whether base char ``c`` is where a field's text starts (a system prompt's first line)."""
+    tok = v.tok
+    return tok is not None and any(sp.start == c and sp.offset == 0 for sp in tok.spans)
 
 
 def _field_end(v: _View, c: int) -> int | None:
@@ -1370,11 +1387,23 @@ class _Analyzer:
                     "keep": sum(1 for c in node.children.values() if c.n >= 2) >= 2,
                     "message": "the branches share nothing after the fork (different apps or prompts): legitimate, "
                                "nothing to move"}, None
-        if any(len(v) > MAX_VALUE_CHARS for v in site.distinct.texts):
+        kept = self._shared_text(site, mover)
+        moving = [t for t in site.distinct.texts if t not in kept]
+        if kept:
+            # some branches hold the shared text itself at the fork (a line inserted above it in the others): only
+            # the inserted lines are values, and only their requests move
+            distinct = len(moving)
+            requests = sum(1 for at in site.values if at >= 0 and site.distinct.texts[at] not in kept)
+            base.update(distinct_values=distinct, requests=requests, examples=tuple(_short(x) for x in moving[:3]))
+            pair = classify_change(moving[0], moving[1]) if len(moving) >= 2 else None
+            if pair is not None:
+                va = pair[0]
+                cid = "date_time" if va.is_date_time else "counter" if va.kind == "counter" else "volatile_id"
+        if any(len(v) > MAX_VALUE_CHARS for v in moving):
             # the line at the fork is a paragraph in some branch (a line inserted in the others, or text that is
             # not a value): moving it would move what the branches share
             return {**base, "cause": cid or "unexplained", "fixable": None, "keep": False, "message": detail}, None
-        predictor = self._predictor(site)
+        predictor = self._predictor(site, kept)
         repeats = distinct < requests
         if predictor is not None:
             final = "per_user_value"
@@ -1385,19 +1414,36 @@ class _Analyzer:
         else:
             final = cid or "unexplained"
         code = FIX_CODES.get(final)
-        move = replace(mover, code=code, cause=final) if code in ("FX001", "FX007") else None
+        move = replace(mover, code=code, cause=final, keep=kept) if code in ("FX001", "FX007") else None
         return {**base, "cause": final, "fixable": code, "predicted_by": predictor,
                 "message": _message(final, distinct, requests, predictor, detail)}, move
 
-    def _predictor(self, site: _Site) -> str | None:
+    def _shared_text(self, site: _Site, mover: _LineMove) -> frozenset[str]:
+        """The lines at a fork that are the text the branches share, not values: a branch's line that the other
+        representative holds a few lines further on (:data:`MAX_SKIPPED_LINES`), where lines were inserted above
+        it (a clock line on top of some requests' system prompt). Empty when every value would be one."""
+        out: set[str] = set()
+        for v in (site.a, site.b):
+            sp = mover.span(v)
+            if sp is None or v.text is None:
+                continue
+            own = _value_text(v, sp)
+            after = set(v.text[sp[3]:sp[3] + 20000].split("\n")[:MAX_SKIPPED_LINES])
+            out.update(t for t in site.distinct.texts if t != own and t.strip() and t in after)
+        return frozenset(out) if len(out) < len(site.distinct) else frozenset()
+
+    def _predictor(self, site: _Site, kept: frozenset[str] = frozenset()) -> str | None:
         """The coarsest log field whose value decides the diverging value (every request has it, each of its
-        values goes with one diverging value, and it repeats), or None."""
+        values goes with one diverging value, and it repeats), or None. The requests that hold a line of
+        ``kept`` there are left out."""
         best: tuple[int, int, str] | None = None
         for rank, name in enumerate(self.user_fields):
             seen: dict[Any, str] = {}
             ok = True
             for r, at in zip(site.took, site.values):
                 v = site.distinct.texts[at] if at >= 0 else None
+                if v is not None and v in kept:
+                    continue
                 fv = dict(self.reqs.fields(r)).get(name)
                 if v is None or fv is None or seen.setdefault(fv, v) != v:
                     ok = False

@@ -268,6 +268,15 @@ def _cut_lines(text: str, spans: list[tuple[int, int]]) -> tuple[str, list[str]]
             # a blank line on both sides: keep one
             if n > 0 and n + 1 < len(lines) and not lines[n - 1].strip() and not lines[n + 1].strip():
                 out_lines[n + 1] = None if out_lines[n + 1] == "" else out_lines[n + 1]
+    # a text whose first lines were cut starts where the rest starts, not with the blank lines that set them apart
+    # (as the requests that never had them do)
+    k = 0
+    while k < len(out_lines) and out_lines[k] is None:
+        k += 1
+    if k:
+        while k < len(out_lines) and out_lines[k] == "":
+            out_lines[k] = None
+            k += 1
     kept = [x for x in out_lines if x is not None]
     return "\n".join(kept), pieces
 
