@@ -18,7 +18,8 @@ from typing import Any
 
 from ....inputs import Request
 from ..groups import LogLine, reparse_at
-from .body import apply_carry, body_of, get_at, messages_of, path_prefix, put_body, set_at, with_messages
+from .body import (apply_carry, body_of, drop_emptied_parts, get_at, messages_of, path_prefix, put_body, set_at,
+                   text_parts, with_messages)
 from .rewriter import FixCode, Rewriter
 
 
@@ -128,8 +129,11 @@ def move_lines(rw: Rewriter, fix: FixCode, confirmed: dict[str, set[str]],
                                 "found but the request has no place after its prefix to move it to")
                 rw.values[i] = value
                 continue
+            new_body = body_of(new_value)[0]
             for slot, _old, new in edits:
-                set_at(body_of(new_value)[0], slot, new)
+                set_at(new_body, slot, new)
+            # a text block that held only the moved lines goes with them (an empty block is not a valid request)
+            drop_emptied_parts(new_body, [slot for slot, _old, new in edits if not new.strip()])
             for slot, _old, _new in edits:
                 rw.record(fix, ln, path_prefix(value) + slot,
                           f"{what(', '.join(repr(x) for x in dict.fromkeys(moved)))}: moved to {where}", note, where)
@@ -160,13 +164,23 @@ def cross_spans(rw: Rewriter, code: str) -> dict[tuple[int, str], list[tuple[int
             continue
         for ms in todo:
             slot = ms.path[len(pre):] if pre and ms.path.startswith(pre) else ms.path
-            if not _in_head(req, slot):
-                continue
             try:
                 text = get_at(body, slot)
             except (KeyError, IndexError, TypeError):
                 continue
-            at = _locate(text, ms.start, ms.text) if isinstance(text, str) else None
+            start, piece = ms.start, ms.text
+            parts = text_parts(text)
+            if parts is not None:
+                # a list of text blocks (an Anthropic system, an OpenAI message's content parts): the analysis
+                # counts in their texts joined by newlines; the line is in the block where it starts
+                part = next(((sub, s0, t) for sub, s0, t in reversed(parts) if s0 <= start), None)
+                if part is None:
+                    continue
+                sub, s0, text = part
+                slot, start, piece = slot + sub, start - s0, piece[:max(len(text) - (start - s0), 0)]
+            if not _in_head(req, slot):
+                continue
+            at = _locate(text, start, piece) if isinstance(text, str) else None
             if at is not None:
                 out.setdefault((i, slot), []).append(at)
     return out
