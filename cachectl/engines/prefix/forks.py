@@ -42,7 +42,9 @@ How it works:
   values; a value that repeats and that a log field predicts is a ``per_user_value``), and whether the branches
   share anything after that line (``different_prompt`` when they do not: different apps, never a fix).
 - **Cost**: a fixable fork becomes a counterfactual: its diverging line moved after the part the branches
-  share (to the end of the served tokens), or the tools put in one order (re-rendered). The moved log is
+  share (to the end of the served tokens), or the tools put in one order (re-rendered). A line fork is offered
+  a fix (FX001, FX007) only in the request's head (tools, and the system and developer messages before the first
+  turn), what ``fix`` rewrites: a turn of the conversation is history in its later requests, kept append-only. The moved log is
   replayed through the existing replays (:func:`~cachectl.engines.prefix.replay.simulate`, policy ``infinite``,
   and vLLM's pool at ``capacity_blocks``, the keys passed as pre-hashed ids), and its tree is built again (the next line of a system prompt that
   opens with three per-request lines is a fork only once the first is moved), until no new fixable fork

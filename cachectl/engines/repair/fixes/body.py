@@ -143,8 +143,8 @@ def drop_emptied_parts(body: dict, slots: list[str]) -> list[str]:
     """After a fix emptied the text of the parts at ``slots`` (``system[0].text``, ``messages[0].content[1]``):
     each such part removed from its list (the request stays valid: Anthropic refuses an empty text block); a
     ``cache_control`` it carried goes to the part before it, when that one has none. A list left with no part
-    becomes an empty string content (OpenAI), or the key is removed (an Anthropic ``system``). The slots whose
-    part was removed."""
+    becomes an empty string content (OpenAI), or the key is removed (an Anthropic ``system``, as is an Anthropic
+    ``system`` string left empty). The slots whose part was removed."""
     gone: dict[str, list[int]] = {}
     for slot in slots:
         m = _PART_TEXT.match(slot)
@@ -158,6 +158,9 @@ def drop_emptied_parts(body: dict, slots: list[str]) -> list[str]:
         text = part if isinstance(part, str) else part.get("text", part.get("refusal")) if isinstance(part, dict) else None
         if isinstance(parent, list) and isinstance(text, str) and not text.strip():
             gone.setdefault(m.group(1), []).append(int(m.group(2)))
+    for slot in slots:  # an Anthropic system prompt left empty: no system prompt (an empty one is refused)
+        if slot == "system" and isinstance(body.get("system"), str) and not body["system"].strip():
+            del body["system"]
     removed: list[str] = []
     for parent_path, idxs in gone.items():
         parent = get_at(body, parent_path)

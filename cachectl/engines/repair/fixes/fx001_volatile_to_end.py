@@ -7,7 +7,10 @@ tools, and the system and developer messages before its first turn). Where it go
 turn when the request ends with one; otherwise a trailing system message (OpenAI Chat, Responses: the provider
 allows system messages anywhere) or a text block after the tool results (Anthropic, whose messages have no system
 role). The same rewritten turn is carried into the later requests of the conversation, where it is history, so
-the conversation stays append-only."""
+the conversation stays append-only. In a list of text blocks (an Anthropic ``system`` of blocks, an OpenAI or
+Responses message's content parts) the line is cut from its own block, and a block that held nothing else is
+removed whole (its ``cache_control``, if any, goes to the block before it): an empty text block is not a valid
+request."""
 
 from __future__ import annotations
 
@@ -18,8 +21,18 @@ from typing import Any
 
 from ....inputs import Request
 from ..groups import LogLine, reparse_at
-from .body import (apply_carry, body_of, drop_emptied_parts, get_at, messages_of, path_prefix, put_body, set_at,
-                   text_parts, with_messages)
+from .body import (
+    apply_carry,
+    body_of,
+    drop_emptied_parts,
+    get_at,
+    messages_of,
+    path_prefix,
+    put_body,
+    set_at,
+    text_parts,
+    with_messages,
+)
 from .rewriter import FixCode, Rewriter
 
 
