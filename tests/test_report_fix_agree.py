@@ -144,6 +144,26 @@ def test_a_fork_report_offers_a_fix_for_is_fixed_by_fix(cli, tmp_path, shape):
     assert not [f for f in again["forks"] if f["cause"] in ("volatile_id", "date_time", "counter")], again["forks"]
 
 
+@pytest.mark.parametrize("shape", ["anthropic_system_blocks", "openai_system_parts", "responses_instructions"])
+def test_a_per_user_fork_report_offers_fx007_for_is_fixed_by_fix(cli, tmp_path, shape):
+    """The same with a per-user line (five users, four requests each, the log's ``user`` field predicting it):
+    FX007 moves it."""
+    log, out = tmp_path / "log.jsonl", tmp_path / "fixed.jsonl"
+    with open(log, "w") as f:
+        for k in range(N):
+            body = json.loads(json.dumps(_body(shape, "x", k)).replace("request_id: x", f"user: customer{k % 5}@example.com"))
+            f.write(json.dumps({"timestamp": f"2026-11-30T10:{k:02d}:00Z", "session": f"s{k}",
+                                "user": f"u{k % 5}", "body": body}) + "\n")
+    offered = _offered(_report(cli, log))
+    assert [f["fixable"] for f in offered] == ["FX007"], offered
+    fixed = _fix(cli, log, out)
+    done = [x for x in fixed["fixes"] if x["code"] == "FX007" and x["applied"] and _at(x["path"], offered[0]["path"])]
+    assert len({x["line"] for x in done}) == N, fixed["fixes"][:3]
+    for x in out.read_text().splitlines():
+        _check_valid(json.loads(x)["body"])
+    assert not _offered(_report(cli, out))
+
+
 def test_a_breakpoint_on_the_removed_block_goes_to_the_block_before(cli, tmp_path):
     log, out = tmp_path / "log.jsonl", tmp_path / "fixed.jsonl"
     _log(log, "anthropic_system_blocks_marked")
