@@ -46,6 +46,12 @@ def _body(shape: str, rid: str, k: int) -> dict:
                                      {"type": "text", "text": head, "cache_control": {"type": "ephemeral"}},
                                      {"type": "text", "text": STABLE, "cache_control": {"type": "ephemeral"}}],
                 "messages": [{"role": "user", "content": [{"type": "text", "text": q}]}]}
+    if shape == "anthropic_system_id_and_user_blocks":
+        # two blocks to move, one per fix code: FX007 finds its block after FX001 removed the one above it
+        return {**claude, "metadata": {"user_id": f"u{k % 4}"},
+                "system": [{"type": "text", "text": head}, {"type": "text", "text": f"user: customer{k % 4}@example.com"},
+                           {"type": "text", "text": STABLE}],
+                "messages": [{"role": "user", "content": q}]}
     if shape == "openai_system":
         return {"model": "gpt-4.1", "messages": [{"role": "system", "content": f"{head}\n{STABLE}"},
                                                  {"role": "user", "content": q}]}
@@ -68,7 +74,8 @@ def _body(shape: str, rid: str, k: int) -> dict:
     raise AssertionError(shape)
 
 
-SHAPES = ["anthropic_system_string", "anthropic_system_blocks", "anthropic_system_blocks_marked", "openai_system",
+SHAPES = ["anthropic_system_string", "anthropic_system_blocks", "anthropic_system_blocks_marked",
+          "anthropic_system_id_and_user_blocks", "openai_system",
           "openai_developer", "openai_system_parts", "responses_instructions", "responses_instructions_string_input",
           "responses_developer_parts"]
 

@@ -181,21 +181,29 @@ def cross_spans(rw: Rewriter, code: str) -> dict[tuple[int, str], list[tuple[int
                 text = get_at(body, slot)
             except (KeyError, IndexError, TypeError):
                 continue
-            start, piece = ms.start, ms.text
-            parts = text_parts(text)
-            if parts is not None:
-                # a list of text blocks (an Anthropic system, an OpenAI message's content parts): the analysis
-                # counts in their texts joined by newlines; the line is in the block where it starts
-                part = next(((sub, s0, t) for sub, s0, t in reversed(parts) if s0 <= start), None)
-                if part is None:
-                    continue
-                sub, s0, text = part
-                slot, start, piece = slot + sub, start - s0, piece[:max(len(text) - (start - s0), 0)]
-            if not _in_head(req, slot):
-                continue
-            at = _locate(text, start, piece) if isinstance(text, str) else None
-            if at is not None:
-                out.setdefault((i, slot), []).append(at)
+            found = _in_parts(text, slot, ms.start, ms.text) if isinstance(text, list) else (
+                [(slot, _locate(text, ms.start, ms.text))] if isinstance(text, str) else [])
+            for at_slot, at in found:
+                if at is not None and _in_head(req, at_slot):
+                    out.setdefault((i, at_slot), []).append(at)
+                    break
+    return out
+
+
+def _in_parts(parts_value: list, slot: str, start: int, piece: str) -> list[tuple[str, tuple[int, int] | None]]:
+    """A line of a list of text blocks (an Anthropic system, an OpenAI message's content parts), which the analysis
+    counts in their texts joined by newlines: ``(block slot, span in that block)`` where it is found, the block
+    where it starts first, then any other block holding it at a line start (an earlier fix may have removed a
+    block above it)."""
+    parts = text_parts(parts_value) or []
+    at = next((k for k in range(len(parts) - 1, -1, -1) if parts[k][1] <= start), None)
+    order = ([at] if at is not None else []) + [k for k in range(len(parts)) if k != at]
+    out: list[tuple[str, tuple[int, int] | None]] = []
+    for k in order:
+        sub, s0, text = parts[k]
+        local = start - s0 if k == at else 0
+        bit = piece[:max(len(text) - local, 0)] if k == at else piece.rstrip("\n")
+        out.append((slot + sub, _locate(text, local, bit)))
     return out
 
 
