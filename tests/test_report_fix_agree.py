@@ -52,6 +52,13 @@ def _body(shape: str, rid: str, k: int) -> dict:
                 "system": [{"type": "text", "text": head}, {"type": "text", "text": f"user: customer{k % 4}@example.com"},
                            {"type": "text", "text": STABLE}],
                 "messages": [{"role": "user", "content": q}]}
+    if shape == "anthropic_prefill":
+        # the request ends with an assistant prefill: the line goes to the user turn before it
+        return {**claude, "system": [{"type": "text", "text": head}, {"type": "text", "text": STABLE}],
+                "messages": [{"role": "user", "content": q}, {"role": "assistant", "content": "{"}]}
+    if shape == "openai_prefill":
+        return {"model": "gpt-4.1", "messages": [{"role": "system", "content": f"{head}\n{STABLE}"},
+                                                 {"role": "user", "content": q}, {"role": "assistant", "content": "{"}]}
     if shape == "openai_system":
         return {"model": "gpt-4.1", "messages": [{"role": "system", "content": f"{head}\n{STABLE}"},
                                                  {"role": "user", "content": q}]}
@@ -75,7 +82,7 @@ def _body(shape: str, rid: str, k: int) -> dict:
 
 
 SHAPES = ["anthropic_system_string", "anthropic_system_blocks", "anthropic_system_blocks_marked",
-          "anthropic_system_id_and_user_blocks", "openai_system",
+          "anthropic_system_id_and_user_blocks", "anthropic_prefill", "openai_prefill", "openai_system",
           "openai_developer", "openai_system_parts", "responses_instructions", "responses_instructions_string_input",
           "responses_developer_parts"]
 
@@ -144,7 +151,10 @@ def test_a_fork_report_offers_a_fix_for_is_fixed_by_fix(cli, tmp_path, shape):
         body = row["body"]
         head = {k: v for k, v in body.items() if k not in ("messages", "input")}
         turns = body.get("messages", body.get("input"))
-        head["earlier turns"] = turns[:-1] if isinstance(turns, list) else []
+        if isinstance(turns, list):  # the turns before the last user turn, and an assistant prefill after it
+            last_user = max(k for k, m in enumerate(turns) if m.get("role") == "user")
+            head["earlier turns"] = turns[:last_user] + turns[last_user + 1:]
+            assert turns[-1].get("role") == "user" or turns[-1] == {"role": "assistant", "content": "{"}, turns
         assert "request_id" not in json.dumps(head) and "request_id: req_" in json.dumps(body), body
     again = _report(cli, out)
     assert not _offered(again), again["forks"]

@@ -6,8 +6,9 @@ requests, by the log's shared-prefix tree (:mod:`cachectl.engines.prefix.forks`)
 tools, and the system and developer messages before its first turn). Where it goes: appended to the last user
 turn when the request ends with one; otherwise a trailing system message (OpenAI Chat, Responses: the provider
 allows system messages anywhere) or a text block after the tool results (Anthropic, whose messages have no system
-role). The same rewritten turn is carried into the later requests of the conversation, where it is history, so
-the conversation stays append-only. In a list of text blocks (an Anthropic ``system`` of blocks, an OpenAI or
+role); a request that ends with an assistant prefill has it at the end of the user turn before the prefill,
+which the model continues. The same rewritten turn is carried into the later requests of the conversation, where
+it is history, so the conversation stays append-only. In a list of text blocks (an Anthropic ``system`` of blocks, an OpenAI or
 Responses message's content parts) the line is cut from its own block, and a block that held nothing else is
 removed whole (its ``cache_control``, if any, goes to the block before it): an empty text block is not a valid
 request."""
@@ -323,8 +324,12 @@ def _append_note(value: Any, note: str, ln: LogLine) -> tuple[str | None, Any, t
     msgs = body[key]
     if not msgs:
         return None, value, None
-    last = msgs[-1]
     idx = len(msgs) - 1
+    prefill = (len(msgs) >= 2 and isinstance(msgs[-1], dict) and msgs[-1].get("role") == "assistant"
+               and isinstance(msgs[-2], dict) and msgs[-2].get("role") == "user")
+    if prefill:  # an assistant prefill ends the request: the note goes to the user turn before it
+        idx -= 1
+    last = msgs[idx]
     original = json.dumps(last, sort_keys=True)
     if isinstance(last, dict) and last.get("role") == "user":
         new = dict(last)
@@ -339,9 +344,9 @@ def _append_note(value: Any, note: str, ln: LogLine) -> tuple[str | None, Any, t
             new["content"] = [*c, part]
         else:
             return None, value, None
-        msgs[-1] = new
+        msgs[idx] = new
         where = ("a text block after the tool results of the last user turn" if only_results
-                 else "the end of the last user turn")
+                 else "the end of the last user turn") + (", before the assistant's prefill" if prefill else "")
         return where, put_body(value, body, bp), (idx, original, [new])
     if anthropic:
         return None, value, None
