@@ -42,7 +42,9 @@ How it works:
   values; a value that repeats and that a log field predicts is a ``per_user_value``), and whether the branches
   share anything after that line (``different_prompt`` when they do not: different apps, never a fix).
 - **Cost**: a fixable fork becomes a counterfactual: its diverging line moved after the part the branches
-  share (to the end of the served tokens), or the tools put in one order (re-rendered). The moved log is
+  share (to the end of the served tokens), or the tools put in one order (re-rendered). A line fork is offered
+  a fix (FX001, FX007) only in the request's head (tools, and the system and developer messages before the first
+  turn), what ``fix`` rewrites: a turn of the conversation is history in its later requests, kept append-only. The moved log is
   replayed through the existing replays (:func:`~cachectl.engines.prefix.replay.simulate`, policy ``infinite``,
   and vLLM's pool at ``capacity_blocks``, the keys passed as pre-hashed ids), and its tree is built again (the next line of a system prompt that
   opens with three per-request lines is a fork only once the first is moved), until no new fixable fork
@@ -1414,6 +1416,11 @@ class _Analyzer:
         else:
             final = cid or "unexplained"
         code = FIX_CODES.get(final)
+        if code in ("FX001", "FX007") and not _in_head(a, loc):
+            # a line of the conversation's turns: history in the later requests of its conversation, which FX001
+            # and FX007 keep append-only (they move lines of the request's head only): no fix to offer
+            return {**base, "cause": final, "fixable": None, "predicted_by": predictor,
+                    "message": _message(final, distinct, requests, predictor, detail, head=False)}, None
         move = replace(mover, code=code, cause=final, keep=kept) if code in ("FX001", "FX007") else None
         return {**base, "cause": final, "fixable": code, "predicted_by": predictor,
                 "message": _message(final, distinct, requests, predictor, detail)}, move
@@ -1525,7 +1532,20 @@ def _shares_after(mover: _LineMove, va: _View, vb: _View) -> bool:
     return False
 
 
-def _message(cause: str, distinct: int, requests: int, predictor: str | None, detail: str) -> str:
+def _in_head(t: Tokenized, loc: Any) -> bool:
+    """Whether ``loc`` is in the request's head, what FX001 and FX007 rewrite: not in a message, or in a system or
+    developer message before the first turn of the conversation."""
+    if loc.message_index is None:
+        return True
+    msgs = t.prompt.messages or ()
+    return all(isinstance(m, dict) and m.get("role") in ("system", "developer") for m in msgs[:loc.message_index + 1])
+
+
+def _message(cause: str, distinct: int, requests: int, predictor: str | None, detail: str, head: bool = True) -> str:
+    if not head and cause in ("per_user_value", "date_time", "volatile_id", "counter"):
+        return (f"a value that differs between requests ({distinct} values over {requests} requests) sits in a turn "
+                "of the conversation, not in its system prompt or tools: the turns are history in later requests, "
+                f"so nothing is moved. {detail}").strip()
     if cause == "per_user_value":
         by = f", predicted by the log field {predictor!r}" if predictor else ""
         return (f"a value that differs between requests but repeats for the same user or tenant ({distinct} values "

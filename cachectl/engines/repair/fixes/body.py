@@ -107,3 +107,72 @@ def tool_name(t: Any) -> str:
         if isinstance(t.get("name"), str):
             return t["name"]
     return "?"
+
+
+# ------------------------------------------------------------------------------------- text blocks and parts
+
+
+def text_parts(x: Any) -> list[tuple[str, int, str]] | None:
+    """A list of text blocks or content parts (an Anthropic ``system``, an OpenAI message's ``content``) as the
+    request parser reads it, its texts joined by newlines: ``(sub-path, start in the joined text, text)`` for each
+    text part (``[j].text``, or ``[j]`` for a bare string part); None when ``x`` is not such a list. Parts without
+    text (images, files) are left out of the joined text, as the parser leaves them."""
+    if not isinstance(x, list):
+        return None
+    out: list[tuple[str, int, str]] = []
+    at = 0
+    for j, part in enumerate(x):
+        if isinstance(part, str):
+            sub, text = f"[{j}]", part
+        elif isinstance(part, dict) and isinstance(part.get("text"), str) and part.get("type", "text") in (
+                "text", "input_text", "output_text"):
+            sub, text = f"[{j}].text", part["text"]
+        elif isinstance(part, dict) and part.get("type") == "refusal" and isinstance(part.get("refusal"), str):
+            sub, text = f"[{j}].refusal", part["refusal"]
+        else:
+            continue
+        out.append((sub, at, text))
+        at += len(text) + 1
+    return out
+
+
+_PART_TEXT = re.compile(r"^(.*)\[(\d+)\](?:\.(?:text|refusal))?$")
+
+
+def drop_emptied_parts(body: dict, slots: list[str]) -> list[str]:
+    """After a fix emptied the text of the parts at ``slots`` (``system[0].text``, ``messages[0].content[1]``):
+    each such part removed from its list (the request stays valid: Anthropic refuses an empty text block); a
+    ``cache_control`` it carried goes to the part before it, when that one has none. A list left with no part
+    becomes an empty string content (OpenAI), or the key is removed (an Anthropic ``system``, as is an Anthropic
+    ``system`` string left empty). The slots whose part was removed."""
+    gone: dict[str, list[int]] = {}
+    for slot in slots:
+        m = _PART_TEXT.match(slot)
+        if m is None:
+            continue
+        try:
+            parent = get_at(body, m.group(1))
+            part = parent[int(m.group(2))]
+        except (KeyError, IndexError, TypeError):
+            continue
+        text = part if isinstance(part, str) else part.get("text", part.get("refusal")) if isinstance(part, dict) else None
+        if isinstance(parent, list) and isinstance(text, str) and not text.strip():
+            gone.setdefault(m.group(1), []).append(int(m.group(2)))
+    for slot in slots:  # an Anthropic system prompt left empty: no system prompt (an empty one is refused)
+        if slot == "system" and isinstance(body.get("system"), str) and not body["system"].strip():
+            del body["system"]
+    removed: list[str] = []
+    for parent_path, idxs in gone.items():
+        parent = get_at(body, parent_path)
+        for j in sorted(set(idxs), reverse=True):
+            part = parent.pop(j)
+            mark = part.get("cache_control") if isinstance(part, dict) else None
+            if mark is not None and j > 0 and isinstance(parent[j - 1], dict) and "cache_control" not in parent[j - 1]:
+                parent[j - 1]["cache_control"] = mark
+        removed.extend(s for s in slots if (m := _PART_TEXT.match(s)) and m.group(1) == parent_path)
+        if not parent:
+            if parent_path == "system":
+                del body["system"]
+            else:
+                set_at(body, parent_path, "")
+    return removed

@@ -6,8 +6,12 @@ requests, by the log's shared-prefix tree (:mod:`cachectl.engines.prefix.forks`)
 tools, and the system and developer messages before its first turn). Where it goes: appended to the last user
 turn when the request ends with one; otherwise a trailing system message (OpenAI Chat, Responses: the provider
 allows system messages anywhere) or a text block after the tool results (Anthropic, whose messages have no system
-role). The same rewritten turn is carried into the later requests of the conversation, where it is history, so
-the conversation stays append-only."""
+role); a request that ends with an assistant prefill has it at the end of the user turn before the prefill,
+which the model continues. The same rewritten turn is carried into the later requests of the conversation, where
+it is history, so the conversation stays append-only. In a list of text blocks (an Anthropic ``system`` of blocks, an OpenAI or
+Responses message's content parts) the line is cut from its own block, and a block that held nothing else is
+removed whole (its ``cache_control``, if any, goes to the block before it): an empty text block is not a valid
+request."""
 
 from __future__ import annotations
 
@@ -18,7 +22,18 @@ from typing import Any
 
 from ....inputs import Request
 from ..groups import LogLine, reparse_at
-from .body import apply_carry, body_of, get_at, messages_of, path_prefix, put_body, set_at, with_messages
+from .body import (
+    apply_carry,
+    body_of,
+    drop_emptied_parts,
+    get_at,
+    messages_of,
+    path_prefix,
+    put_body,
+    set_at,
+    text_parts,
+    with_messages,
+)
 from .rewriter import FixCode, Rewriter
 
 
@@ -128,8 +143,11 @@ def move_lines(rw: Rewriter, fix: FixCode, confirmed: dict[str, set[str]],
                                 "found but the request has no place after its prefix to move it to")
                 rw.values[i] = value
                 continue
+            new_body = body_of(new_value)[0]
             for slot, _old, new in edits:
-                set_at(body_of(new_value)[0], slot, new)
+                set_at(new_body, slot, new)
+            # a text block that held only the moved lines goes with them (an empty block is not a valid request)
+            drop_emptied_parts(new_body, [slot for slot, _old, new in edits if not new.strip()])
             for slot, _old, _new in edits:
                 rw.record(fix, ln, path_prefix(value) + slot,
                           f"{what(', '.join(repr(x) for x in dict.fromkeys(moved)))}: moved to {where}", note, where)
@@ -160,15 +178,33 @@ def cross_spans(rw: Rewriter, code: str) -> dict[tuple[int, str], list[tuple[int
             continue
         for ms in todo:
             slot = ms.path[len(pre):] if pre and ms.path.startswith(pre) else ms.path
-            if not _in_head(req, slot):
-                continue
             try:
                 text = get_at(body, slot)
             except (KeyError, IndexError, TypeError):
                 continue
-            at = _locate(text, ms.start, ms.text) if isinstance(text, str) else None
-            if at is not None:
-                out.setdefault((i, slot), []).append(at)
+            found = _in_parts(text, slot, ms.start, ms.text) if isinstance(text, list) else (
+                [(slot, _locate(text, ms.start, ms.text))] if isinstance(text, str) else [])
+            for at_slot, at in found:
+                if at is not None and _in_head(req, at_slot):
+                    out.setdefault((i, at_slot), []).append(at)
+                    break
+    return out
+
+
+def _in_parts(parts_value: list, slot: str, start: int, piece: str) -> list[tuple[str, tuple[int, int] | None]]:
+    """A line of a list of text blocks (an Anthropic system, an OpenAI message's content parts), which the analysis
+    counts in their texts joined by newlines: ``(block slot, span in that block)`` where it is found, the block
+    where it starts first, then any other block holding it at a line start (an earlier fix may have removed a
+    block above it)."""
+    parts = text_parts(parts_value) or []
+    at = next((k for k in range(len(parts) - 1, -1, -1) if parts[k][1] <= start), None)
+    order = ([at] if at is not None else []) + [k for k in range(len(parts)) if k != at]
+    out: list[tuple[str, tuple[int, int] | None]] = []
+    for k in order:
+        sub, s0, text = parts[k]
+        local = start - s0 if k == at else 0
+        bit = piece[:max(len(text) - local, 0)] if k == at else piece.rstrip("\n")
+        out.append((slot + sub, _locate(text, local, bit)))
     return out
 
 
@@ -297,8 +333,12 @@ def _append_note(value: Any, note: str, ln: LogLine) -> tuple[str | None, Any, t
     msgs = body[key]
     if not msgs:
         return None, value, None
-    last = msgs[-1]
     idx = len(msgs) - 1
+    prefill = (len(msgs) >= 2 and isinstance(msgs[-1], dict) and msgs[-1].get("role") == "assistant"
+               and isinstance(msgs[-2], dict) and msgs[-2].get("role") == "user")
+    if prefill:  # an assistant prefill ends the request: the note goes to the user turn before it
+        idx -= 1
+    last = msgs[idx]
     original = json.dumps(last, sort_keys=True)
     if isinstance(last, dict) and last.get("role") == "user":
         new = dict(last)
@@ -313,9 +353,9 @@ def _append_note(value: Any, note: str, ln: LogLine) -> tuple[str | None, Any, t
             new["content"] = [*c, part]
         else:
             return None, value, None
-        msgs[-1] = new
+        msgs[idx] = new
         where = ("a text block after the tool results of the last user turn" if only_results
-                 else "the end of the last user turn")
+                 else "the end of the last user turn") + (", before the assistant's prefill" if prefill else "")
         return where, put_body(value, body, bp), (idx, original, [new])
     if anthropic:
         return None, value, None
