@@ -39,7 +39,7 @@ def causes() -> str:
 
     fixed_by: dict[str, list[str]] = {}
     for code, fix in FIXES.items():
-        for cause in fix.causes:
+        for cause in dict.fromkeys(fix.causes + fix.across):
             fixed_by.setdefault(cause, []).append(code)
     out = ["# Causes\n",
            "Every cause a finding can name: why two prompts stop sharing a token prefix. `diff-tokens`, `report` "
@@ -65,8 +65,10 @@ def fix_codes() -> str:
            "shown by *order*, each to the log as the ones before it left it.\n"]
     for code, f in FIXES.items():
         causes = ", ".join(f"[`{c}`](causes.md#{c})" for c in f.causes) or "none"
+        across = ", ".join(f"[`{c}`](causes.md#{c})" for c in f.across) or "none"
         out.append(f"## {code} `{f.name}`\n\n{'safe' if f.safe else 'unsafe'}; order {order[code] + 1}. "
-                   f"{f.description}\n\n*Causes addressed:* {causes}\n")
+                   f"{f.description}\n\n*Causes addressed:* {causes}\n\n"
+                   f"*Offered for forks across requests (`report`'s shared prefix) of cause:* {across}\n")
     return "\n".join(out)
 
 

@@ -86,13 +86,27 @@ SCHEMA_VERSION = 1
 USER_FIELDS = ("user", "user_id", "metadata.user_id", "metadata.user", "safety_identifier", "metadata.tenant_id",
                "metadata.tenant", "tenant_id", "tenant", "prompt_cache_key")
 
-#: cause -> the fix code that removes it across requests (None: nothing to rewrite)
-FIX_CODES: dict[str, str] = {
-    "date_time": "FX001", "volatile_id": "FX001", "counter": "FX001",
-    "per_user_value": "FX007",
-    "tool_schema_key_order": "FX002", "tool_order": "FX003",
-    "doubled_bos": "FX004", "think_stripped": "FX005",
-}
+
+def fix_codes() -> dict[str, str]:
+    """Cause -> the fix code that removes it across requests, from the fix registry (each code's ``across``
+    causes; a cause with none has nothing to rewrite)."""
+    global _FIX_CODES
+    if _FIX_CODES is None:
+        from ..repair.fixes import REGISTRY  # (not at import: the fix codes' package imports this module)
+
+        _FIX_CODES = {cause: f.code for f in REGISTRY for cause in f.across}
+    return _FIX_CODES
+
+
+_FIX_CODES: dict[str, str] | None = None
+
+
+def __getattr__(name: str) -> Any:
+    if name == "FIX_CODES":  # the map under its old name
+        return fix_codes()
+    raise AttributeError(name)
+
+
 #: causes that are about tools or the template: taken from diff-tokens as they are
 _STRUCTURAL = ("tool_order", "tool_schema_key_order", "tools_changed", "doubled_bos", "bos_mismatch",
                "default_system_prompt", "think_stripped", "message_relocated", "last_turn_closed_differently")
@@ -1376,7 +1390,7 @@ class _Analyzer:
         cid = cause.id if cause is not None else None
         detail = cause.message if cause is not None else ""
         if cid in _STRUCTURAL:
-            code = FIX_CODES.get(cid)
+            code = fix_codes().get(cid)
             ref = _request_tools(self.reqs[site.a.req.index]) if code in ("FX002", "FX003") else None
             tools = _Tools(tuple(sorted(_tool_identity(x) for x in ref)), ref, code, cid) if ref and code else None
             if cid in ("tool_order", "tool_schema_key_order", "tools_changed"):
@@ -1415,7 +1429,7 @@ class _Analyzer:
             final = "per_user_value"
         else:
             final = cid or "unexplained"
-        code = FIX_CODES.get(final)
+        code = fix_codes().get(final)
         if code in ("FX001", "FX007") and not _in_head(a, loc):
             # a line of the conversation's turns: history in the later requests of its conversation, which FX001
             # and FX007 keep append-only (they move lines of the request's head only): no fix to offer
@@ -1602,6 +1616,6 @@ def analyze_forks(requests: Iterable[ForkRequest] | Iterable[tuple[int, Any]], *
     return analyzer.run(max_passes)
 
 
-__all__ = ["FIX_CODES", "USER_FIELDS", "Fork", "ForkReport", "ForkRequest", "MoveSpan", "PrefixTree",
+__all__ = ["fix_codes", "USER_FIELDS", "Fork", "ForkReport", "ForkRequest", "MoveSpan", "PrefixTree",
            "RequestStore", "TreeNode", "analyze_forks", "canonical_tokens", "fork_requests", "fork_span",
            "pack_requests"]

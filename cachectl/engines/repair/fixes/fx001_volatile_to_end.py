@@ -367,4 +367,5 @@ def _append_note(value: Any, note: str, ln: LogLine) -> tuple[str | None, Any, t
 
 FX001 = FixCode("FX001", "volatile_to_end", safe=False,
                 description="move a per-request value out of the cached prefix to the end",
-                causes=("date_time", "counter", "volatile_id", "system_prompt_changed"), apply=apply)
+                causes=("date_time", "counter", "volatile_id", "system_prompt_changed"), apply=apply,
+                across=("date_time", "volatile_id", "counter"))

@@ -33,4 +33,5 @@ def apply(rw: Rewriter) -> None:
 
 
 FX002 = FixCode("FX002", "tool_schema_sorted_keys", safe=True, description="serialize tool definitions with sorted keys",
-                causes=("tool_schema_key_order",), apply=apply)
+                causes=("tool_schema_key_order",), apply=apply,
+                across=("tool_schema_key_order",))

@@ -44,4 +44,5 @@ def _tool_ident(t: Any) -> str:
 
 
 FX003 = FixCode("FX003", "tool_order", safe=False, description="list the same tools in one order",
-                causes=("tool_order",), apply=apply)
+                causes=("tool_order",), apply=apply,
+                across=("tool_order",))

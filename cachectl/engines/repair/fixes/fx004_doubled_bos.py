@@ -40,4 +40,5 @@ def apply(rw: Rewriter) -> None:
 
 
 FX004 = FixCode("FX004", "doubled_bos", safe=False, description="remove a doubled BOS from a raw-text prompt",
-                causes=("doubled_bos", "bos_mismatch"), apply=apply)
+                causes=("doubled_bos", "bos_mismatch"), apply=apply,
+                across=("doubled_bos",))

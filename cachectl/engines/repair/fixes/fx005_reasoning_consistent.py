@@ -154,4 +154,5 @@ def _tool_loop_start(msgs: list) -> int:
 
 FX005 = FixCode("FX005", "reasoning_consistent", safe=False,
                 description="drop reasoning from an assistant turn consistently", causes=("think_stripped",),
-                apply=apply)
+                apply=apply,
+                across=("think_stripped",))

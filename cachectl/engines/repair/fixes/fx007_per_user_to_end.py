@@ -32,4 +32,5 @@ def _why(rw: Rewriter) -> str:
 
 FX007 = FixCode("FX007", "per_user_to_end", safe=False,
                 description="move a per-user value out of the prefix requests share to the end",
-                causes=("per_user_value",), apply=apply)
+                causes=("per_user_value",), apply=apply,
+                across=("per_user_value",))

@@ -29,7 +29,9 @@ class Fix:
 @dataclass(frozen=True)
 class FixCode:
     """One fix code: its stable code and name, whether it is safe by default (the model sees the same content),
-    what it does, the diff-tokens causes it addresses, and the function that applies it to the whole log."""
+    what it does, the diff-tokens causes it addresses, the function that applies it to the whole log, and the
+    causes of the log's shared-prefix forks it removes across requests (the fork analysis offers it for those:
+    :func:`cachectl.engines.prefix.forks.fix_codes`)."""
 
     code: str
     name: str
@@ -37,6 +39,7 @@ class FixCode:
     description: str
     causes: tuple[str, ...]
     apply: Callable[[Rewriter], None]
+    across: tuple[str, ...] = ()
 
 
 class Rewriter:
