@@ -1,6 +1,6 @@
-"""The log kept on disk (cachectl/engines/repair/store.py): values come back equal, a change made in place survives
-the cache letting it go, and fix and report give the same output with a cache of two objects as with the default
-(so no fix code loses a change through an object it held too long)."""
+"""The log kept on disk (cachectl/engines/repair/store.py): values come back equal, a rewrite is kept when it is
+set (never through an object held), and fix and report give the same output with a line cache of two objects as
+with the default."""
 
 from __future__ import annotations
 
@@ -29,16 +29,18 @@ def test_spool_round_trips_values_pickle_keeps_exactly():
     assert back[0]["a"][3] == "\ud800 lone surrogate"
 
 
-def test_value_store_keeps_a_change_made_in_place_after_eviction(monkeypatch):
-    monkeypatch.setattr(store, "CACHE", 2)
+def test_value_store_reads_fresh_copies_and_keeps_each_rewrite_at_once():
+    """No object is held: a change made to a value read changes nothing until it is set back, and a rewrite is
+    kept the moment it is set (nothing is written back later, so nothing can be lost)."""
     originals = [{"i": i, "msgs": [{"content": f"m{i}"}]} for i in range(6)]
     vs = store.ValueStore(len(originals), lambda i: json.loads(json.dumps(originals[i])))
-    vs[0]["msgs"][0]["content"] = "changed in place"   # the object is let go two fetches later
+    v = vs[0]
+    v["msgs"][0]["content"] = "changed in place"
+    assert vs[0] == originals[0] and not vs.changed(0)     # not set back: nothing changed
+    vs[0] = v
     vs[3] = {"replaced": True}
-    for i in range(6):
-        vs[i]
-    assert vs[0]["msgs"][0]["content"] == "changed in place"
-    assert vs[3] == {"replaced": True}
+    assert vs[0]["msgs"][0]["content"] == "changed in place" and vs.changed(0)
+    assert vs[3] == {"replaced": True} and vs[3] is not vs[3]
     assert [vs[i] for i in (1, 2, 4, 5)] == [originals[i] for i in (1, 2, 4, 5)]
     assert vs[1:3] == originals[1:3] and list(vs)[5] == originals[5]
     assert originals[0]["msgs"][0]["content"] == "m0"  # the base is never changed
@@ -46,39 +48,42 @@ def test_value_store_keeps_a_change_made_in_place_after_eviction(monkeypatch):
         vs[6]
 
 
-def test_value_store_writes_back_only_what_changed(monkeypatch):
-    monkeypatch.setattr(store, "CACHE", 1)
+def test_value_store_keeps_only_what_changed():
     sp = store.Spool()
     for i in range(50):
         sp.put({"i": i})
     vs = store.ValueStore(50, sp.get, sp.get_bytes)
     for i in range(50):
-        vs[i]
-    assert vs._spool is None  # nothing changed: nothing written
-    vs[7]["i"] = -7
-    vs[8]
-    assert vs._spool is not None and len(vs._spool) == 1 and vs[7] == {"i": -7}
+        vs[i] = vs[i]          # set back unchanged: nothing written
+    assert vs._spool is None and not any(vs.changed(i) for i in range(50))
+    v = vs[7]
+    v["i"] = -7
+    vs[7] = v
+    vs[7] = v                  # the same rewrite again: written once
+    assert vs._spool is not None and len(vs._spool) == 1 and vs[7] == {"i": -7} and vs.changed(7)
 
 
-@pytest.mark.parametrize("cache", [1, 2, 2048])
-def test_value_store_snapshot_keeps_the_values_as_they_were(monkeypatch, cache):
+def test_value_store_snapshot_keeps_the_values_as_they_were():
     """What fix's tokens-reused-per-cause measures: the values as one fix code left them, whatever later codes
-    change in place or replace, with or without the cache letting the objects go in between."""
-    monkeypatch.setattr(store, "CACHE", cache)
+    rewrite."""
     originals = [{"i": i, "msgs": [{"content": f"m{i}"}]} for i in range(6)]
     vs = store.ValueStore(len(originals), lambda i: json.loads(json.dumps(originals[i])))
-    vs[1]["msgs"][0]["content"] = "first code"
+    v = vs[1]
+    v["msgs"][0]["content"] = "first code"
+    vs[1] = v
     vs[2] = {"replaced": 1}
     snap = vs.snapshot()
-    vs[1]["msgs"][0]["content"] = "second code"     # in place, after the snapshot
+    v["msgs"][0]["content"] = "second code"
+    vs[1] = v
     vs[2] = {"replaced": 2}
-    vs[4]["i"] = -4
-    for i in range(6):
-        vs[i]
+    v4 = vs[4]
+    v4["i"] = -4
+    vs[4] = v4
     got = [snap[i] for i in range(6)]
     assert got[1]["msgs"][0]["content"] == "first code" and got[2] == {"replaced": 1}
     assert [got[i] for i in (0, 3, 4, 5)] == [originals[i] for i in (0, 3, 4, 5)]
     assert snap[-1] == originals[5] and snap[0:2] == got[0:2] and len(snap) == 6
+    assert [snap.changed(i) for i in range(6)] == [False, True, True, False, False, False]
     snap[4]["i"] = 99                                # a snapshot's values are fresh copies
     assert snap[4] == originals[4]
     assert vs[1]["msgs"][0]["content"] == "second code" and vs[2] == {"replaced": 2} and vs[4]["i"] == -4

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import InputError, UsageError
 from ...inputs import LogRecord
 from .fixes import CODES, FIXES, REGISTRY, Fix, rewrite
-from .groups import Grouping, LogLine, group_sessions, reparse_at
+from .groups import Grouping, LogLine, group_sessions, original_at, reparse_at
 from .measure import Measure, TokenMemo, measure
 from .shared_prefix import CrossRequestGain, LogForks, cross_request_gain, log_forks
 from .store import Mapped
@@ -319,9 +319,12 @@ def _modelled(lines: Sequence[LogLine], model: str) -> Sequence[LogLine]:
 
 def _reparsed(lines: Sequence[LogLine], values: Sequence[Any], model: str | None) -> Sequence[LogLine]:
     """Each line as its rewritten value parses (and with ``model`` where it names none), read as it is asked for."""
+    def line(i: int) -> LogLine:  # (parsed again only where a fix code rewrote it)
+        return original_at(lines, i) if not values.changed(i) else reparse_at(lines, i, values[i])  # type: ignore[attr-defined]
+
     if model is None:
-        return Mapped(len(lines), lambda i: reparse_at(lines, i, values[i]))
-    return Mapped(len(lines), lambda i: _with_model(reparse_at(lines, i, values[i]), model))
+        return Mapped(len(lines), line)
+    return Mapped(len(lines), lambda i: _with_model(line(i), model))
 
 
 def _with_model(ln: LogLine, model: str) -> LogLine:

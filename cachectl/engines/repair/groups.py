@@ -124,6 +124,20 @@ def reparse_at(lines: Any, i: int, value: Any) -> LogLine:
     return reparse(lines[i], value)
 
 
+def original_at(lines: Any, i: int) -> LogLine:
+    """Line ``i`` of ``lines`` as :func:`reparse_at` gives it for its original value, without parsing it again where
+    it is at hand: a line store's own line; the line under a :class:`~.store.Mapped` view (which
+    :func:`reparse_at` reads the value of, not the view's changes)."""
+    store = store_of(lines)
+    if store is not None:
+        return store[i]
+    from .store import Mapped
+
+    if isinstance(lines, Mapped) and lines.values_of is not None:
+        return reparse(lines.values_of[i], lines.values_of[i].value)
+    return lines[i]
+
+
 def reparse(ln: LogLine, value: Any) -> LogLine:
     """The line after a rewrite, parsed again (a rewrite that no longer parses is a bug: it raises); a rewrite
     leaves the time alone, so the line keeps the timestamp it was read with (in the run's unit)."""

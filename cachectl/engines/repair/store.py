@@ -9,9 +9,8 @@ pickled bytes on disk. The temporary files are deleted when the store is garbage
 - :class:`Spool` (from :mod:`cachectl.spool`): an append-only temporary file of pickled values, read back by
   offset.
 - :class:`LineStore`: the log's :class:`~.groups.LogLine` records as a read-only sequence.
-- :class:`ValueStore`: the values as the fix codes rewrite them (a mutable sequence: ``values[i]`` is an object
-  the caller may change in place; it is written back when the cache lets it go, so a change made through an
-  object fetched more than :data:`CACHE` fetches ago is lost: fetch again, as the fix codes do).
+- :class:`ValueStore`: the values as the fix codes rewrite them (``values[i]`` a fresh copy, ``values[i] = new`` a
+  rewrite, kept on disk at once).
 - :class:`Mapped`: a sequence computed from another one item by item (the lines reparsed after a rewrite).
 """
 
@@ -155,10 +154,11 @@ class LineStore(_Cached[Any]):
 
 
 class ValueStore(Sequence[Any]):
-    """The values of a log as fix codes rewrite them: ``values[i]`` (an object to change in place, or to replace
-    with ``values[i] = new``), ``len``, iteration. Unchanged values are read from ``base`` (a fresh copy of the
-    original value of line ``i``); changed ones are pickled into a spool of their own when the cache lets them
-    go."""
+    """The values of a log as fix codes rewrite them: ``values[i]`` is a fresh copy of line ``i``'s value as
+    rewritten so far (changing it changes nothing here), ``values[i] = new`` is a rewrite. Unchanged values are
+    read from ``base`` (a fresh copy of the original value of line ``i``); a rewrite is pickled into a spool of
+    its own at once, unless it pickles as the original does. Nothing is held in memory but the index of each
+    rewritten value (8 bytes a line): nothing written back later, nothing lost."""
 
     def __init__(self, n: int, base: Callable[[int], Any], base_bytes: Callable[[int], bytes] | None = None):
         self._n = n
@@ -166,7 +166,6 @@ class ValueStore(Sequence[Any]):
         self._base_bytes = base_bytes
         self._spool: Spool | None = None
         self._own = array("q", [-1]) * n      # index in the spool of a value rewritten, else -1
-        self._cache: OrderedDict[int, Any] = OrderedDict()
 
     def __len__(self) -> int:
         return self._n
@@ -182,48 +181,34 @@ class ValueStore(Sequence[Any]):
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(self._n))]
         i = self._index(i)
-        if i in self._cache:
-            self._cache.move_to_end(i)
-            return self._cache[i]
         k = self._own[i]
-        value = self._base(i) if k < 0 else self._spool.get(k)  # type: ignore[union-attr]
-        self._keep(i, value)
-        return value
+        return self._base(i) if k < 0 else self._spool.get(k)  # type: ignore[union-attr]
 
     def __setitem__(self, i: int, value: Any) -> None:
         i = self._index(i)
-        self._cache.pop(i, None)
-        self._keep(i, value)
+        data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        k = self._own[i]
+        if k < 0 and self._base_bytes is not None and self._base_bytes(i) == data:
+            return  # (the original, as it was)
+        if k >= 0 and self._spool is not None and self._spool.get_bytes(k) == data:
+            return
+        if self._spool is None:
+            self._spool = Spool()
+        self._own[i] = self._spool.put_bytes(data)
 
     def __iter__(self) -> Iterator[Any]:
         for i in range(self._n):
             yield self[i]
 
-    def _keep(self, i: int, value: Any) -> None:
-        self._cache[i] = value
-        while len(self._cache) > CACHE:
-            self._write_back(*self._cache.popitem(last=False))
+    def changed(self, i: int) -> bool:
+        """Whether line ``i`` was rewritten (to a value that pickles otherwise than its original)."""
+        return self._own[self._index(i)] >= 0
 
     def snapshot(self) -> Sequence[Any]:
-        """The values as they are now, read-only, unaffected by later changes here (a fix code applied after it):
-        each held value is written back first (the spool is append-only, so the indices copied now keep their
-        bytes); a line's value is a fresh copy each time it is read."""
-        for i, value in self._cache.items():
-            self._write_back(i, value)
+        """The values as they are now, read-only, unaffected by later rewrites here (a fix code applied after it):
+        the spool is append-only, so the indices copied now keep their bytes; a line's value is a fresh copy each
+        time it is read."""
         return _Frozen(self._n, self._base, self._spool, array("q", self._own))
-
-    def _write_back(self, i: int, value: Any) -> None:
-        data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        k = self._own[i]
-        if k >= 0:
-            assert self._spool is not None
-            if self._spool.get_bytes(k) == data:
-                return
-        elif self._base_bytes is not None and self._base_bytes(i) == data:
-            return
-        if self._spool is None:
-            self._spool = Spool()
-        self._own[i] = self._spool.put_bytes(data)
 
 
 class _Frozen(Sequence[Any]):
@@ -241,6 +226,9 @@ class _Frozen(Sequence[Any]):
             return [self[k] for k in range(*i.indices(self._n))]
         k = self._own[i]
         return self._base(i if i >= 0 else i + self._n) if k < 0 else self._spool.get(k)  # type: ignore[union-attr]
+
+    def changed(self, i: int) -> bool:
+        return self._own[i] >= 0
 
 
 def store_of(lines: Any) -> LineStore | None:

@@ -19,17 +19,22 @@ def apply(rw: Rewriter) -> None:
     if not unstable:
         return
     for i in range(len(rw.lines)):
-        got = tools_of(rw.values[i])
+        value = rw.values[i]
+        got = tools_of(value)
         if got is None:
             continue
         body, tools = got
+        changed = False
         for j, t in enumerate(tools):
             canon = json.dumps(t, sort_keys=True)
             if canon in unstable and json.dumps(t) != canon:
-                if rw.record(FX002, rw.lines[i], path_prefix(rw.values[i]) + f"tools[{j}]",
+                if rw.record(FX002, rw.lines[i], path_prefix(value) + f"tools[{j}]",
                              f"tool {tool_name(t)!r} is sent with its keys in another order elsewhere: keys "
                              "sorted", json.dumps(t)[:60], canon[:60]):
                     tools[j] = json.loads(canon)
+                    changed = True
+        if changed:
+            rw.values[i] = value
 
 
 FX002 = FixCode("FX002", "tool_schema_sorted_keys", safe=True, description="serialize tool definitions with sorted keys",

@@ -23,7 +23,8 @@ def apply(rw: Rewriter) -> None:
         orders.setdefault(tuple(sorted(names)), set()).add(names)
     unstable = {k for k, v in orders.items() if len(v) > 1}
     for i in range(len(rw.lines)):
-        got = tools_of(rw.values[i])
+        value = rw.values[i]
+        got = tools_of(value)
         if got is None:
             continue
         body, tools = got
@@ -33,10 +34,11 @@ def apply(rw: Rewriter) -> None:
         want = sorted(range(len(tools)), key=lambda j: first[idents[j]])
         if want == list(range(len(tools))):
             continue
-        if rw.record(FX003, rw.lines[i], path_prefix(rw.values[i]) + "tools",
+        if rw.record(FX003, rw.lines[i], path_prefix(value) + "tools",
                      "the same tools are listed in another order elsewhere: put in the order first seen",
                      [tool_name(t) for t in tools], [tool_name(tools[j]) for j in want]):
             body["tools"] = [tools[j] for j in want]
+            rw.values[i] = value
 
 
 def _tool_ident(t: Any) -> str:

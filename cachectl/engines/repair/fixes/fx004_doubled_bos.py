@@ -28,15 +28,19 @@ def apply(rw: Rewriter) -> None:
                 if rw.record(FX004, ln, path, f"the text starts with {bos!r} and encoding adds BOS "
                              "again: the text's copy removed", p.text[:len(bos) + 20],
                              p.text[len(bos):len(bos) + 20]):
-                    set_at(rw.values[i], path, p.text[len(bos):])
+                    value = rw.values[i]
+                    set_at(value, path, p.text[len(bos):])
+                    rw.values[i] = value
         elif p.kind == "ids" and p.ids is not None and len(p.ids) > 1 and p.ids[0] == p.ids[1] == bos_id:
+            value = rw.values[i]
             fieldname = next((k for k in ("tokens", "prompt_token_ids", "input_ids", "token_ids", "prompt")
-                              if isinstance(rw.values[i], dict) and k in rw.values[i]), None)
+                              if isinstance(value, dict) and k in value), None)
             if fieldname is None:
                 continue
             if rw.record(FX004, ln, fieldname, "the token IDs start with BOS twice: one is removed",
                          list(p.ids[:3]), list(p.ids[1:3])):
-                rw.values[i][fieldname] = list(p.ids[1:])
+                value[fieldname] = list(p.ids[1:])
+                rw.values[i] = value
 
 
 FX004 = FixCode("FX004", "doubled_bos", safe=False, description="remove a doubled BOS from a raw-text prompt",

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..groups import Grouping, LogLine, reparse_at
+from ..groups import Grouping, LogLine, original_at, reparse_at
 from ..store import ValueStore, store_of
 
 
@@ -43,8 +43,9 @@ class FixCode:
 
 
 class Rewriter:
-    """The whole log as the fix codes rewrite it (a fresh deep copy of each line's value, in ``values``), and the
-    fixes and notes they record."""
+    """The whole log as the fix codes rewrite it (``values``: ``values[i]`` a fresh copy of line ``i``'s value as
+    rewritten so far, ``values[i] = new`` a rewrite: a code that changes a value sets it back), and the fixes and
+    notes they record."""
 
     def __init__(self, lines: Sequence[LogLine], grouping: Grouping, unsafe: bool, tokenizer: Any, table: Any,
                  model: str | None, counter: Any = None, forks: Any = None,
@@ -91,8 +92,11 @@ class Rewriter:
         return out
 
     def current(self, i: int) -> LogLine:
+        """Line ``i`` as rewritten so far (parsed again only where a fix code rewrote it)."""
         if self.progress is not None:
             self.progress(1)
+        if not self.values.changed(i):
+            return original_at(self.lines, i)
         return reparse_at(self.lines, i, self.values[i])
 
 
