@@ -14,8 +14,9 @@ Where this differs from the paper's public code (vcache-project/vCache, ``Verifi
 - the logistic fit is a few Newton steps of our own with a weak ridge penalty on ``gamma``, so it stays finite
   when the observations separate perfectly; the public code fits with scikit-learn without a penalty and, on
   separated observations, takes the variance of ``t`` from a table it measured;
-- a fit is made when an entry's observations change, not on every lookup (the same numbers, less work);
-- similarities are not rounded to three decimals;
+- an entry is fitted anew after each of its first 10 observations, then whenever they have grown by a tenth,
+  not on every lookup; and the probability of serving is remembered per fit and similarity (rounded to three
+  decimals, as the public code rounds it);
 - labels come from the log (the response actually produced, or a pair's label) at once, not from a judge in a
   background thread, so a replay is deterministic for a given seed.
 Both explore until an entry has at least ``MIN_OBSERVATIONS`` observations of both outcomes.
@@ -25,9 +26,11 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Hashable
+from array import array
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Any
 
 #: observations an entry needs (with both outcomes among them) before the policy may serve it
 MIN_OBSERVATIONS = 6
@@ -35,6 +38,10 @@ MIN_OBSERVATIONS = 6
 GRID = 50
 #: ridge penalty on gamma (the slope), which keeps the fit finite on perfectly separated observations
 RIDGE = 1e-2
+#: an entry is fitted anew after each of its first REFIT_EACH observations, then whenever they have grown by
+#: REFIT_GROWTH since its last fit
+REFIT_EACH = 10
+REFIT_GROWTH = 1.1
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,7 @@ class Fit:
     t: float
     gamma: float
     var_t: float
+    b0: float = 0.0   # the intercept, where the next fit of the entry starts
 
 
 def _sigmoid(z: float) -> float:
@@ -53,38 +61,109 @@ def _sigmoid(z: float) -> float:
     return e / (1.0 + e)
 
 
-def fit_logistic(obs: list[tuple[float, int]], ridge: float = RIDGE, steps: int = 30) -> Fit | None:
+def _log_sigmoid(z: float) -> float:
+    return -math.log1p(math.exp(-z)) if z > -30.0 else z - math.log1p(math.exp(z))
+
+
+def best_lower_bound(gamma: float, t_primes: Sequence[float], log_keep: Sequence[float], s: float) -> float:
+    """``max_i exp(log_keep[i]) * sigmoid(gamma * (s - t_primes[i]))`` over the grid, in about 2 log2(50)
+    evaluations.
+
+    With ``x = Phi^-1(eps)`` the terms are ``Q(x) * sigmoid(a + b x)`` (``b = gamma * sd(t) >= 0``): both factors
+    are log-concave in ``x``, so the terms rise then fall, and a binary search on their differences finds the
+    largest. ``t'`` clipped at 1 (the first terms) gives a falling run whose largest is its first term; clipped
+    at 0 keeps log-concavity."""
+    n = len(t_primes)
+    lo, hi = 0, n                       # t_primes falls with i: find the first t' below 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if t_primes[mid] >= 1.0:
+            lo = mid + 1
+        else:
+            hi = mid
+    best = -math.inf
+    if lo > 0:
+        best = log_keep[0] + _log_sigmoid(gamma * (s - t_primes[0]))
+    if lo < n:
+        a, b = lo, n - 1
+        while a < b:
+            m = (a + b) // 2
+            z0, z1 = gamma * (s - t_primes[m]), gamma * (s - t_primes[m + 1])
+            h0 = log_keep[m] + (-math.log1p(math.exp(-z0)) if z0 > -30.0 else z0)
+            h1 = log_keep[m + 1] + (-math.log1p(math.exp(-z1)) if z1 > -30.0 else z1)
+            if h0 < h1:
+                a = m + 1
+            else:
+                b = m
+        best = max(best, log_keep[a] + _log_sigmoid(gamma * (s - t_primes[a])))
+    return math.exp(best)
+
+
+def fit_logistic(obs: Sequence[tuple[float, int]] | tuple[Any, Any], ridge: float = RIDGE, steps: int = 25,
+                 start: tuple[float, float] = (0.0, 0.0)) -> Fit | None:
     """Maximum-likelihood ``logit P(correct) = b0 + b1 * s`` by Newton's method, with ``ridge/2 * b1**2`` as a
     penalty; ``t = -b0 / b1``, ``gamma = b1``, and ``var(t)`` by the delta method from the inverse of the
     (penalized) information matrix. None when the slope is not positive (more similar is not more right)."""
-    import numpy as np
-
-    s = np.fromiter((o[0] for o in obs), dtype=np.float64, count=len(obs))
-    y = np.fromiter((o[1] for o in obs), dtype=np.float64, count=len(obs))
-    b0 = b1 = 0.0
+    if isinstance(obs, tuple) and len(obs) == 2 and isinstance(obs[0], array):
+        s_seq, y_seq = obs
+    else:
+        s_seq, y_seq = [o[0] for o in obs], [float(o[1]) for o in obs]
+    n = len(s_seq)
+    b0, b1 = start
     h00 = h01 = h11 = 0.0
-    for _ in range(steps):
-        p = 1.0 / (1.0 + np.exp(-np.clip(b0 + b1 * s, -500, 500)))
-        w = p * (1.0 - p)
-        r = y - p
-        g0, g1 = float(r.sum()), float(r @ s) - ridge * b1
-        h00, h01, h11 = float(w.sum()) + 1e-9 * len(obs), float(w @ s), float(w @ (s * s)) + ridge
-        det = h00 * h11 - h01 * h01
-        if not det > 0:
-            return None
-        d0 = (h11 * g0 - h01 * g1) / det
-        d1 = (h00 * g1 - h01 * g0) / det
-        b0 += d0
-        b1 += d1
-        if abs(d0) < 1e-8 and abs(d1) < 1e-8:
-            break
+    if n <= 64:   # small: plain floats beat numpy's per-call overhead
+        pairs = list(zip(s_seq, y_seq))
+        for _ in range(steps):
+            g0 = g1 = h00 = h01 = h11 = 0.0
+            for s, y in pairs:
+                z = b0 + b1 * s
+                p = 1.0 / (1.0 + math.exp(-z)) if z > -500 else 0.0
+                w = p * (1.0 - p)
+                r = y - p
+                g0 += r
+                g1 += r * s
+                h00 += w
+                h01 += w * s
+                h11 += w * s * s
+            g1 -= ridge * b1
+            h00 += 1e-9 * n
+            h11 += ridge
+            det = h00 * h11 - h01 * h01
+            if not det > 0:
+                return None
+            d0 = (h11 * g0 - h01 * g1) / det
+            d1 = (h00 * g1 - h01 * g0) / det
+            b0 += d0
+            b1 += d1
+            if abs(d1) < 1e-6 * (1.0 + abs(b1)) and abs(d0) < 1e-6 * (1.0 + abs(b0)):
+                break
+    else:
+        import numpy as np
+
+        sa = np.frombuffer(s_seq) if isinstance(s_seq, array) else np.asarray(s_seq, dtype=np.float64)
+        ya = np.frombuffer(y_seq) if isinstance(y_seq, array) else np.asarray(y_seq, dtype=np.float64)
+        for _ in range(steps):
+            pa = 1.0 / (1.0 + np.exp(-np.clip(b0 + b1 * sa, -500, 500)))
+            w = pa * (1.0 - pa)
+            r = ya - pa
+            g0, g1 = float(r.sum()), float(r @ sa) - ridge * b1
+            h00, h01, h11 = float(w.sum()) + 1e-9 * n, float(w @ sa), float(w @ (sa * sa)) + ridge
+            det = h00 * h11 - h01 * h01
+            if not det > 0:
+                return None
+            d0 = (h11 * g0 - h01 * g1) / det
+            d1 = (h00 * g1 - h01 * g0) / det
+            b0 += d0
+            b1 += d1
+            if abs(d1) < 1e-6 * (1.0 + abs(b1)) and abs(d0) < 1e-6 * (1.0 + abs(b0)):
+                break
     det = h00 * h11 - h01 * h01
     if not b1 > 1e-6 or not math.isfinite(b0) or not det > 0:
         return None
     c00, c01, c11 = h11 / det, -h01 / det, h00 / det   # the inverse of the information matrix
     d_b0, d_b1 = -1.0 / b1, b0 / (b1 * b1)              # d t / d (b0, b1), with t = -b0 / b1
     var_t = max(0.0, d_b0 * d_b0 * c00 + 2 * d_b0 * d_b1 * c01 + d_b1 * d_b1 * c11)
-    return Fit(t=min(1.0, max(0.0, -b0 / b1)), gamma=b1, var_t=var_t)
+    return Fit(t=min(1.0, max(0.0, -b0 / b1)), gamma=b1, var_t=var_t, b0=b0)
 
 
 class AdaptivePolicy:
@@ -94,6 +173,7 @@ class AdaptivePolicy:
     key for the whole cache (its global variant)."""
 
     def __init__(self, delta: float, seed: int = 0, min_observations: int = MIN_OBSERVATIONS):
+
         if not 0 < delta < 1:
             raise ValueError("delta must be between 0 and 1")
         self.delta = delta
@@ -101,26 +181,48 @@ class AdaptivePolicy:
         self.min_observations = min_observations
         eps = [1e-6 + i * (1 - 2e-6) / (GRID - 1) for i in range(GRID)]
         self._keep = [1.0 - e for e in eps]                       # 1 - eps
+        self._log_keep = [math.log(k) for k in self._keep]
         self._z = [NormalDist().inv_cdf(1.0 - e) for e in eps]   # the 1 - eps quantile of a standard normal
-        self.observations: dict[Hashable, list[tuple[float, int]]] = {}
+        self._obs: dict[Hashable, tuple[array, array]] = {}   # similarities, outcomes (1.0 right, 0.0 wrong)
+        self._correct: dict[Hashable, int] = {}
         self._fits: dict[Hashable, Fit | None] = {}
-        self._bounds: dict[Hashable, tuple[float, list[tuple[float, float]]] | None] = {}
+        self._last: dict[Hashable, Fit] = {}
+        self._refit_at: dict[Hashable, int] = {}
+        self._bounds: dict[Hashable, tuple[float, Any, dict[int, float]] | None] = {}
         self.explored = 0
         self.exploited = 0
 
     def exploit_probability(self, key: Hashable, s: float) -> float:
-        """The chance that the policy serves entry ``key`` to a request at similarity ``s``."""
+        """The chance that the policy serves entry ``key`` to a request at similarity ``s`` (rounded to three
+        decimals, as the public code does; remembered per fit)."""
         bounds = self._bounds_of(key)
         if bounds is None:
             return 0.0
-        gamma = bounds[0]
-        best = max(keep * _sigmoid(gamma * (s - t_prime)) for t_prime, keep in bounds[1])
-        return 1.0 if best >= 1.0 else min(1.0, self.delta / (1.0 - best))
+        gamma, t_primes, memo = bounds
+        milli = round(s * 1000)
+        p = memo.get(milli)
+        if p is None:
+            s_r = milli / 1000
+            best = best_lower_bound(gamma, t_primes, self._log_keep, s_r)
+            p = memo[milli] = 1.0 if best >= 1.0 else min(1.0, self.delta / (1.0 - best))
+        return p
 
     def decide(self, key: Hashable, s: float) -> bool:
         """True: serve the cached entry (exploit); False: answer afresh and observe (explore)."""
         u = self.rng.random()
-        hit = u < self.exploit_probability(key, s)
+        bounds = self._bounds_of(key)
+        if bounds is None:
+            hit = False
+        elif u < self.delta:   # a fitted entry is served with probability delta at least
+            hit = True
+        else:
+            # served when u < delta / (1 - best), i.e. best > 1 - delta / u; best is at most the sigmoid at the
+            # lowest t', which often settles it without the search
+            gamma, t_primes, _ = bounds
+            if _sigmoid(gamma * (round(s, 3) - t_primes[-1])) <= 1.0 - self.delta / u:
+                hit = False
+            else:
+                hit = u < self.exploit_probability(key, s)
         if hit:
             self.exploited += 1
         else:
@@ -128,26 +230,45 @@ class AdaptivePolicy:
         return hit
 
     def observe(self, key: Hashable, s: float, correct: bool) -> None:
-        self.observations.setdefault(key, []).append((s, int(correct)))
+        obs = self._obs.get(key)
+        if obs is None:
+            obs = self._obs[key] = (array("d"), array("d"))
+        obs[0].append(round(s, 3))
+        obs[1].append(1.0 if correct else 0.0)
+        self._correct[key] = self._correct.get(key, 0) + int(correct)
+        if self._fits.get(key) is not None and len(obs[0]) < self._refit_at.get(key, 0):
+            return  # the fit stands until the observations have grown enough
         self._fits.pop(key, None)
         self._bounds.pop(key, None)
 
+    def observations(self, key: Hashable) -> list[tuple[float, int]]:
+        """The (similarity, correct) observations of entry ``key``, oldest first."""
+        obs = self._obs.get(key)
+        return [] if obs is None else [(s, int(y)) for s, y in zip(*obs)]
+
     def fit(self, key: Hashable) -> Fit | None:
         if key not in self._fits:
-            obs = self.observations.get(key, ())
-            ones = sum(y for _, y in obs)
-            ok = len(obs) >= self.min_observations and 0 < ones < len(obs)
-            self._fits[key] = fit_logistic(list(obs)) if ok else None
+            obs = self._obs.get(key)
+            n = len(obs[0]) if obs is not None else 0
+            ones = self._correct.get(key, 0)
+            f = None
+            if obs is not None and n >= self.min_observations and 0 < ones < n:
+                last = self._last.get(key)
+                f = fit_logistic(obs, start=(last.b0, last.gamma) if last else (0.0, 0.0))
+                if f is not None:
+                    self._last[key] = f
+                    self._refit_at[key] = n + 1 if n < REFIT_EACH else math.ceil(n * REFIT_GROWTH)
+            self._fits[key] = f
         return self._fits[key]
 
-    def _bounds_of(self, key: Hashable) -> tuple[float, list[tuple[float, float]]] | None:
-        """gamma, and per eps ``(t'_eps, 1 - eps)``: computed once per fit."""
+    def _bounds_of(self, key: Hashable) -> tuple[float, Any, dict[int, float]] | None:
+        """gamma, ``t'_eps`` per eps (an array), and the exploit probabilities worked out so far: once per fit."""
         if key in self._bounds:
             return self._bounds[key]
         f = self.fit(key)
         if f is None:
             return None
         sd = math.sqrt(f.var_t)
-        bounds = (f.gamma, [(min(1.0, max(0.0, f.t + z * sd)), keep) for z, keep in zip(self._z, self._keep)])
+        bounds = (f.gamma, [min(1.0, max(0.0, f.t + z * sd)) for z in self._z], {})
         self._bounds[key] = bounds
         return bounds

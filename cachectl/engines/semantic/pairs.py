@@ -119,6 +119,45 @@ def _check_threshold(t: float) -> None:
         raise UsageError(f"a cosine threshold must be between -1 and 1, got {t}")
 
 
+def _beta_cf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the incomplete beta function (modified Lentz's method)."""
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 10_000):
+        m2 = 2 * m
+        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _beta_cf(a, b, x) / a
+    return 1.0 - front * _beta_cf(b, a, 1.0 - x) / b
+
+
+def _binom_cdf(k: int, n: int, p: float) -> float:
+    """P(X <= k) for X ~ Binomial(n, p): I_{1-p}(n - k, k + 1)."""
+    if k >= n:
+        return 1.0
+    return _betainc(n - k, k + 1, 1.0 - p)
+
+
 def clopper_pearson_upper(k: int, n: int, confidence: float = 0.95) -> float:
     """One-sided upper confidence bound on a binomial proportion (exact, by bisection on the CDF)."""
     if n == 0:
@@ -126,20 +165,13 @@ def clopper_pearson_upper(k: int, n: int, confidence: float = 0.95) -> float:
     if k >= n:
         return 1.0
     alpha = 1.0 - confidence
-
-    def cdf(p: float) -> float:  # P(X <= k) for X ~ Binomial(n, p)
-        if p <= 0.0:
-            return 1.0
-        if p >= 1.0:
-            return 0.0
-        lp, lq = math.log(p), math.log1p(-p)
-        return sum(math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq)
-                   for i in range(k + 1))
-
     lo, hi = k / n, 1.0
-    for _ in range(80):
+    guess = min(1.0, k / n + 8 * math.sqrt((k + 1) * (n - k + 1)) / n ** 1.5 + 8 / n)  # far past the bound
+    if _binom_cdf(k, n, guess) <= alpha:
+        hi = guess
+    for _ in range(50):
         mid = (lo + hi) / 2
-        if cdf(mid) > alpha:
+        if _binom_cdf(k, n, mid) > alpha:
             lo = mid
         else:
             hi = mid
