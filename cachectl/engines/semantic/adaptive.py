@@ -144,10 +144,10 @@ def fit_logistic(obs: Sequence[tuple[float, int]] | tuple[Any, Any], ridge: floa
         ya = np.frombuffer(y_seq) if isinstance(y_seq, array) else np.asarray(y_seq, dtype=np.float64)
         for _ in range(steps):
             pa = 1.0 / (1.0 + np.exp(-np.clip(b0 + b1 * sa, -500, 500)))
-            w = pa * (1.0 - pa)
-            r = ya - pa
-            g0, g1 = float(r.sum()), float(r @ sa) - ridge * b1
-            h00, h01, h11 = float(w.sum()) + 1e-9 * n, float(w @ sa), float(w @ (sa * sa)) + ridge
+            wa = pa * (1.0 - pa)
+            ra = ya - pa
+            g0, g1 = float(ra.sum()), float(ra @ sa) - ridge * b1
+            h00, h01, h11 = float(wa.sum()) + 1e-9 * n, float(wa @ sa), float(wa @ (sa * sa)) + ridge
             det = h00 * h11 - h01 * h01
             if not det > 0:
                 return None
@@ -269,6 +269,6 @@ class AdaptivePolicy:
         if f is None:
             return None
         sd = math.sqrt(f.var_t)
-        bounds = (f.gamma, [min(1.0, max(0.0, f.t + z * sd)) for z in self._z], {})
+        bounds: tuple[float, Any, dict[int, float]] = (f.gamma, [min(1.0, max(0.0, f.t + z * sd)) for z in self._z], {})
         self._bounds[key] = bounds
         return bounds

@@ -339,7 +339,7 @@ def _context(value: dict, messages: list | None, last_user: int | None) -> dict[
         ctx["system"] = _canonical(system)
     if value.get("tools") is not None:
         ctx["tools"] = _canonical(value["tools"])
-    meta = value.get("metadata") if isinstance(value.get("metadata"), dict) else {}
+    meta: dict = value["metadata"] if isinstance(value.get("metadata"), dict) else {}
     user = value.get("user") or value.get("safety_identifier") or meta.get("user_id") or meta.get("user")
     if user is not None:
         ctx["user"] = _canonical(user)
