@@ -196,14 +196,13 @@ class AdaptivePolicy:
         """The chance that the policy serves entry ``key`` to a request at similarity ``s`` (rounded to three
         decimals, as the public code does; remembered per fit)."""
         bounds = self._bounds_of(key)
-        if bounds is None:
-            return 0.0
+        return 0.0 if bounds is None else self._probability(bounds, round(s * 1000))
+
+    def _probability(self, bounds: tuple[float, Any, dict[int, float]], milli: int) -> float:
         gamma, t_primes, memo = bounds
-        milli = round(s * 1000)
         p = memo.get(milli)
         if p is None:
-            s_r = milli / 1000
-            best = best_lower_bound(gamma, t_primes, self._log_keep, s_r)
+            best = best_lower_bound(gamma, t_primes, self._log_keep, milli / 1000)
             p = memo[milli] = 1.0 if best >= 1.0 else min(1.0, self.delta / (1.0 - best))
         return p
 
@@ -218,11 +217,11 @@ class AdaptivePolicy:
         else:
             # served when u < delta / (1 - best), i.e. best > 1 - delta / u; best is at most the sigmoid at the
             # lowest t', which often settles it without the search
-            gamma, t_primes, _ = bounds
-            if _sigmoid(gamma * (round(s, 3) - t_primes[-1])) <= 1.0 - self.delta / u:
+            milli = round(s * 1000)
+            if _sigmoid(bounds[0] * (milli / 1000 - bounds[1][-1])) <= 1.0 - self.delta / u:
                 hit = False
             else:
-                hit = u < self.exploit_probability(key, s)
+                hit = u < self._probability(bounds, milli)
         if hit:
             self.exploited += 1
         else:
@@ -233,7 +232,7 @@ class AdaptivePolicy:
         obs = self._obs.get(key)
         if obs is None:
             obs = self._obs[key] = (array("d"), array("d"))
-        obs[0].append(round(s, 3))
+        obs[0].append(round(s * 1000) / 1000)
         obs[1].append(1.0 if correct else 0.0)
         self._correct[key] = self._correct.get(key, 0) + int(correct)
         if self._fits.get(key) is not None and len(obs[0]) < self._refit_at.get(key, 0):
@@ -267,6 +266,7 @@ class AdaptivePolicy:
             return self._bounds[key]
         f = self.fit(key)
         if f is None:
+            self._bounds[key] = None
             return None
         sd = math.sqrt(f.var_t)
         bounds: tuple[float, Any, dict[int, float]] = (f.gamma, [min(1.0, max(0.0, f.t + z * sd)) for z in self._z], {})
