@@ -166,6 +166,23 @@ def fit_logistic(obs: Sequence[tuple[float, int]] | tuple[Any, Any], ridge: floa
     return Fit(t=min(1.0, max(0.0, -b0 / b1)), gamma=b1, var_t=var_t, b0=b0)
 
 
+class _Entry:
+    """What the policy knows of one cached entry: its observations, its fit, and what follows from the fit."""
+
+    __slots__ = ("s", "y", "ones", "fit", "last", "refit_at", "bounds", "stale")
+
+    def __init__(self) -> None:
+        self.s = array("d")          # similarities, rounded to three decimals
+        self.y = array("d")          # 1.0 right, 0.0 wrong
+        self.ones = 0
+        self.fit: Fit | None = None
+        self.last: Fit | None = None   # the latest fit, where the next one starts
+        self.refit_at = 0
+        #: gamma, t'_eps per eps, and the probabilities of serving worked out so far (per similarity)
+        self.bounds: tuple[float, list[float], dict[int, float]] | None = None
+        self.stale = True
+
+
 class AdaptivePolicy:
     """Decides, per request, whether a cached entry may answer, and learns from the answers it sees.
 
@@ -173,7 +190,6 @@ class AdaptivePolicy:
     key for the whole cache (its global variant)."""
 
     def __init__(self, delta: float, seed: int = 0, min_observations: int = MIN_OBSERVATIONS):
-
         if not 0 < delta < 1:
             raise ValueError("delta must be between 0 and 1")
         self.delta = delta
@@ -183,22 +199,28 @@ class AdaptivePolicy:
         self._keep = [1.0 - e for e in eps]                       # 1 - eps
         self._log_keep = [math.log(k) for k in self._keep]
         self._z = [NormalDist().inv_cdf(1.0 - e) for e in eps]   # the 1 - eps quantile of a standard normal
-        self._obs: dict[Hashable, tuple[array, array]] = {}   # similarities, outcomes (1.0 right, 0.0 wrong)
-        self._correct: dict[Hashable, int] = {}
-        self._fits: dict[Hashable, Fit | None] = {}
-        self._last: dict[Hashable, Fit] = {}
-        self._refit_at: dict[Hashable, int] = {}
-        self._bounds: dict[Hashable, tuple[float, Any, dict[int, float]] | None] = {}
+        self._entries: dict[Hashable, _Entry] = {}
         self.explored = 0
         self.exploited = 0
 
-    def exploit_probability(self, key: Hashable, s: float) -> float:
-        """The chance that the policy serves entry ``key`` to a request at similarity ``s`` (rounded to three
-        decimals, as the public code does; remembered per fit)."""
-        bounds = self._bounds_of(key)
-        return 0.0 if bounds is None else self._probability(bounds, round(s * 1000))
+    def _refresh(self, e: _Entry) -> None:
+        """Fit the entry anew (when it has enough observations of both outcomes) and derive its bounds."""
+        e.stale = False
+        n = len(e.s)
+        f = None
+        if n >= self.min_observations and 0 < e.ones < n:
+            last = e.last
+            f = fit_logistic((e.s, e.y), start=(last.b0, last.gamma) if last else (0.0, 0.0))
+        e.fit = f
+        if f is None:
+            e.bounds = None
+            return
+        e.last = f
+        e.refit_at = n + 1 if n < REFIT_EACH else math.ceil(n * REFIT_GROWTH)
+        sd = math.sqrt(f.var_t)
+        e.bounds = (f.gamma, [min(1.0, max(0.0, f.t + z * sd)) for z in self._z], {})
 
-    def _probability(self, bounds: tuple[float, Any, dict[int, float]], milli: int) -> float:
+    def _probability(self, bounds: tuple[float, list[float], dict[int, float]], milli: int) -> float:
         gamma, t_primes, memo = bounds
         p = memo.get(milli)
         if p is None:
@@ -206,10 +228,31 @@ class AdaptivePolicy:
             p = memo[milli] = 1.0 if best >= 1.0 else min(1.0, self.delta / (1.0 - best))
         return p
 
+    def fit(self, key: Hashable) -> Fit | None:
+        e = self._entries.get(key)
+        if e is None:
+            return None
+        if e.stale:
+            self._refresh(e)
+        return e.fit
+
+    def exploit_probability(self, key: Hashable, s: float) -> float:
+        """The chance that the policy serves entry ``key`` to a request at similarity ``s`` (rounded to three
+        decimals, as the public code does; remembered per fit)."""
+        e = self._entries.get(key)
+        if e is None:
+            return 0.0
+        if e.stale:
+            self._refresh(e)
+        return 0.0 if e.bounds is None else self._probability(e.bounds, round(s * 1000))
+
     def decide(self, key: Hashable, s: float) -> bool:
         """True: serve the cached entry (exploit); False: answer afresh and observe (explore)."""
         u = self.rng.random()
-        bounds = self._bounds_of(key)
+        e = self._entries.get(key)
+        if e is not None and e.stale:
+            self._refresh(e)
+        bounds = None if e is None else e.bounds
         if bounds is None:
             hit = False
         elif u < self.delta:   # a fitted entry is served with probability delta at least
@@ -229,46 +272,19 @@ class AdaptivePolicy:
         return hit
 
     def observe(self, key: Hashable, s: float, correct: bool) -> None:
-        obs = self._obs.get(key)
-        if obs is None:
-            obs = self._obs[key] = (array("d"), array("d"))
-        obs[0].append(round(s * 1000) / 1000)
-        obs[1].append(1.0 if correct else 0.0)
-        self._correct[key] = self._correct.get(key, 0) + int(correct)
-        if self._fits.get(key) is not None and len(obs[0]) < self._refit_at.get(key, 0):
-            return  # the fit stands until the observations have grown enough
-        self._fits.pop(key, None)
-        self._bounds.pop(key, None)
+        e = self._entries.get(key)
+        if e is None:
+            e = self._entries[key] = _Entry()
+        e.s.append(round(s * 1000) / 1000)
+        if correct:
+            e.y.append(1.0)
+            e.ones += 1
+        else:
+            e.y.append(0.0)
+        if e.fit is None or len(e.s) >= e.refit_at:
+            e.stale = True   # else the fit stands until the observations have grown enough
 
     def observations(self, key: Hashable) -> list[tuple[float, int]]:
         """The (similarity, correct) observations of entry ``key``, oldest first."""
-        obs = self._obs.get(key)
-        return [] if obs is None else [(s, int(y)) for s, y in zip(*obs)]
-
-    def fit(self, key: Hashable) -> Fit | None:
-        if key not in self._fits:
-            obs = self._obs.get(key)
-            n = len(obs[0]) if obs is not None else 0
-            ones = self._correct.get(key, 0)
-            f = None
-            if obs is not None and n >= self.min_observations and 0 < ones < n:
-                last = self._last.get(key)
-                f = fit_logistic(obs, start=(last.b0, last.gamma) if last else (0.0, 0.0))
-                if f is not None:
-                    self._last[key] = f
-                    self._refit_at[key] = n + 1 if n < REFIT_EACH else math.ceil(n * REFIT_GROWTH)
-            self._fits[key] = f
-        return self._fits[key]
-
-    def _bounds_of(self, key: Hashable) -> tuple[float, Any, dict[int, float]] | None:
-        """gamma, ``t'_eps`` per eps (an array), and the exploit probabilities worked out so far: once per fit."""
-        if key in self._bounds:
-            return self._bounds[key]
-        f = self.fit(key)
-        if f is None:
-            self._bounds[key] = None
-            return None
-        sd = math.sqrt(f.var_t)
-        bounds: tuple[float, Any, dict[int, float]] = (f.gamma, [min(1.0, max(0.0, f.t + z * sd)) for z in self._z], {})
-        self._bounds[key] = bounds
-        return bounds
+        e = self._entries.get(key)
+        return [] if e is None else [(s, int(y)) for s, y in zip(e.s, e.y)]
