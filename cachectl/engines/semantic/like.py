@@ -9,10 +9,13 @@
   0.8, about cosine 0.6 on unit vectors); the in-memory LRU eviction keeps ``max_size`` entries (default 1000) and,
   when full, evicts the ``clean_size`` least recently used at once (default 20% of max_size), where a hit counts
   as a use.
-- ``redisvl`` (``SemanticCache``): a Redis vector index with the COSINE metric, whose distance is ``1 - cosine``
-  (Redis normalizes); a hit when the nearest entry's distance is at most ``distance_threshold`` (default 0.1,
-  cosine 0.9); the FLAT (exact) index; no eviction but an optional TTL, which a replay without timestamps cannot
-  model.
+- ``redisvl`` (``SemanticCache`` in ``redisvl/extensions/cache/llm/semantic.py`` and ``schema.py``, read
+  2026-12-03): a Redis vector index with ``distance_metric`` cosine and ``algorithm`` flat (exact), whose
+  distance is ``1 - cosine`` (Redis normalizes); ``check`` runs a ``VectorRangeQuery`` with
+  ``distance_threshold`` (default 0.1, cosine 0.9; 0 to 2 allowed) and ``num_results`` 1, so a hit is the
+  nearest entry within the threshold; ``filterable_fields`` with a ``filter_expression`` scope a lookup as
+  ``--key-fields`` does; no eviction but an optional TTL (refreshed on each hit), which a replay without
+  timestamps cannot model.
 """
 
 from __future__ import annotations
