@@ -68,9 +68,11 @@ if TYPE_CHECKING:  # the same names, typed, for type checkers (tests/test_packag
     from .engines.repair.groups import group_sessions, log_lines
     from .engines.repair.report import LogReport, build_report
     from .engines.semantic import (
+        AdaptivePolicy,
         DupesReport,
         Embedder,
         PairsReport,
+        PolicyRow,
         ProbeReport,
         ReplayReport,
         SweepReport,
@@ -80,6 +82,7 @@ if TYPE_CHECKING:  # the same names, typed, for type checkers (tests/test_packag
         replay,
         run_probe,
         score_pairs,
+        sweep_policies,
         sweep_scores,
     )
     from .engines.tokendiff import (
@@ -197,6 +200,9 @@ _EXPORTS = {
     "ProbeReport": "cachectl.engines.semantic",
     "ReplayReport": "cachectl.engines.semantic",
     "DupesReport": "cachectl.engines.semantic",
+    "AdaptivePolicy": "cachectl.engines.semantic",
+    "PolicyRow": "cachectl.engines.semantic",
+    "sweep_policies": "cachectl.engines.semantic",
     "lint_paths": "cachectl.engines.lint.run",
     "lint_template": "cachectl.engines.lint.templates",
     "lint_body": "cachectl.engines.lint.body",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Optional
 
 import typer
@@ -11,6 +12,7 @@ from ..errors import UsageError
 from .common import (
     EXIT_FINDING,
     EXIT_OK,
+    Choice,
     Format,
     FormatOpt,
     Normalize,
@@ -25,6 +27,23 @@ from .common import (
     status,
     stdout,
 )
+
+
+class Policy(Choice):
+    static = "static"
+    adaptive = "adaptive"
+
+
+class Scope(Choice):
+    prompt = "prompt"
+    globally = "global"
+
+
+class LikeCache(Choice):
+    cachectl = "cachectl"
+    gptcache = "gptcache"
+    redisvl = "redisvl"
+
 
 app = typer.Typer(
     help="How often a semantic cache would answer wrongly. The threshold that keeps it rare, and exact-match "
@@ -43,6 +62,44 @@ ThresholdOpt = Annotated[float, typer.Option("--threshold", metavar="COSINE", he
                                                                  "answers.")]
 ColumnsOpt = Annotated[Optional[str], typer.Option("--columns", metavar="A,B[,LABEL]",
                                                    help="Column names for the two texts (and the label).")]
+PolicyOpt = Annotated[Policy, typer.Option("--policy", case_sensitive=False,
+                                           help="static: one cosine threshold; adaptive: also the learned per-prompt "
+                                                "policy with an error bound (after vCache), side by side.")]
+DeltaOpt = Annotated[str, typer.Option("--delta", metavar="RATE[,RATE]",
+                                       help="Error bounds of the adaptive policy (the rate of wrong answers it "
+                                            "keeps under), comma-separated.")]
+SeedOpt = Annotated[int, typer.Option("--seed", metavar="N", help="Seed of the adaptive policy's random choices "
+                                                                  "(and of the order of the pairs).")]
+
+
+def _rates(text: str, flag: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise UsageError(f"{flag} expects comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise UsageError(f"{flag} needs at least one value")
+    for v in values:
+        if not 0 < v < 1:
+            raise UsageError(f"{flag} values must be between 0 and 1, got {v:g}")
+    return values
+
+
+def _policy_table(rows, unit: str = "cosine") -> None:
+    from rich.table import Table
+
+    def pct(x, lo, hi):
+        return "-" if x is None else f"{x:.1%} [{lo:.1%}, {hi:.1%}]"
+
+    t = Table(header_style="bold", box=None, pad_edge=False)
+    for col in ("policy", "hits", "hit rate [95%]", "wrong hits", "wrong-hit rate [95%]"):
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    for r in rows:
+        name = (f"static {r.threshold:g}" + (f" (cosine {r.threshold_cosine:g})" if unit != "cosine" else "")
+                if r.policy == "static" else f"adaptive δ={r.delta:g}")
+        t.add_row(name, f"{r.hits:,}", pct(r.hit_rate, r.hit_rate_low, r.hit_rate_high), f"{r.wrong_hits:,}",
+                  pct(r.wrong_hit_rate, r.wrong_hit_low, r.wrong_hit_high))
+    stdout.print(t)
 
 
 def _embedder(model: Optional[str], threads: Optional[int]):
@@ -162,10 +219,15 @@ def sweep_cmd(file: Annotated[str, typer.Argument(metavar="PAIRS", help="Labeled
               plot: Annotated[Optional[str], typer.Option("--plot", metavar="FILE.png",
                                                           help="Draw recall and false-hit rate against the "
                                                                "threshold.")] = None,
-              fmt: FormatOpt = Format.text) -> None:
+              policy: PolicyOpt = Policy.static, delta: DeltaOpt = "0.01,0.05",
+              scope: Annotated[Scope, typer.Option("--scope", case_sensitive=False,
+                                                   help="Whose observations the adaptive policy learns from: all "
+                                                        "pairs together (global), or each first text's own "
+                                                        "(prompt).")] = Scope.globally,
+              seed: SeedOpt = 0, fmt: FormatOpt = Format.text) -> None:
     """Recall, false-hit rate and precision per threshold.
 
-    On labeled pairs; the threshold that keeps the false-hit rate's upper confidence bound under the target, or a plain statement that none does."""
+    On labeled pairs; the threshold that keeps the false-hit rate's upper confidence bound under the target, or a plain statement that none does. With --policy adaptive, the pairs also run as a stream of requests through the static thresholds and the adaptive policy at each --delta: hit rate and wrong-hit rate side by side."""
     from ..engines import semantic
 
     check_plot(plot, run_inputs(file, log_label="the input pairs", models=(model,)))  # before anything is read
@@ -174,8 +236,13 @@ def sweep_cmd(file: Annotated[str, typer.Argument(metavar="PAIRS", help="Labeled
     with progress:
         scored = semantic.score_pairs(pairs, emb, 0.0, name)
     # read_pairs(need_label=True) guarantees a label on every pair
-    report = semantic.sweep_scores([p.cosine for p in scored.pairs], [int(p.label or 0) for p in scored.pairs],
-                                   _thresholds(thresholds), target_false_hit, confidence, name)
+    cosines, labels = [p.cosine for p in scored.pairs], [int(p.label or 0) for p in scored.pairs]
+    ts = _thresholds(thresholds)
+    report = semantic.sweep_scores(cosines, labels, ts, target_false_hit, confidence, name)
+    if policy is Policy.adaptive:
+        rows = semantic.sweep_policies(cosines, labels, ts, _rates(delta, "--delta"), scope.value, seed,
+                                       keys=[p.text_a for p in scored.pairs])
+        report = dataclasses.replace(report, policies=rows, policy=policy.value, scope=scope.value, seed=seed)
     if plot:
         _plot(report, plot)
     if fmt is Format.json:
@@ -195,6 +262,10 @@ def sweep_cmd(file: Annotated[str, typer.Argument(metavar="PAIRS", help="Labeled
         stdout.print(t)
         stdout.print(f"{plural(report.pairs, 'pair')} ({report.positives:,} same-answer, {report.negatives:,} not); target false-hit "
                      f"rate {report.target_false_hit:.2%}: {report.statement}", soft_wrap=True, markup=False)
+        if report.policies:
+            stdout.print(f"as a stream of requests (shuffled with seed {seed}; wrong hits per pair; adaptive scope "
+                         f"{report.scope}):", soft_wrap=True, markup=False)
+            _policy_table(report.policies)
     raise typer.Exit(EXIT_OK)
 
 
@@ -212,36 +283,88 @@ def _plot(report, path: str) -> None:
 @app.command("replay")
 @handle_errors
 def replay_cmd(log: Annotated[str, typer.Argument(metavar="LOG", help="JSONL log of prompts (and responses), in order.")],
-               threshold: ThresholdOpt = 0.9,
+               threshold: Annotated[Optional[float], typer.Option(
+                   "--threshold", metavar="T", help="The threshold in the unit of the cache replayed: a cosine "
+                                                    "(default 0.9); GPTCache's similarity_threshold (default 0.8); "
+                                                    "redisvl's distance_threshold (default 0.1).",
+                   show_default=False)] = None,
                field: Annotated[str, typer.Option("--prompt-field", "--field", metavar="FIELD",
                                                   help="Prompt field (dotted); chat logs use the last user message. "
                                                        "--field is the older name.")] = "prompt",
                response_field: Annotated[str, typer.Option("--response-field", metavar="FIELD",
                                                            help="Response field (dotted), to count hits that would "
                                                                 "have served another answer.")] = "response",
-               model: ModelOpt = None, threads: ThreadsOpt = None, fmt: FormatOpt = Format.text) -> None:
+               like: Annotated[LikeCache, typer.Option("--like", case_sensitive=False,
+                                                       help="Replay as this cache runs: its distance, normalization, "
+                                                            "search and eviction.")] = LikeCache.cachectl,
+               policy: PolicyOpt = Policy.static, delta: DeltaOpt = "0.01",
+               thresholds: Annotated[Optional[str], typer.Option(
+                   "--thresholds", metavar="T,T,...", help="Static thresholds to replay side by side (default: "
+                                                           "--threshold; with --policy adaptive and cosines also "
+                                                           "0.8,0.85,0.95).", show_default=False)] = None,
+               scope: Annotated[Scope, typer.Option("--scope", case_sensitive=False,
+                                                    help="Whose observations the adaptive policy learns from: each "
+                                                         "cached prompt's (prompt, as vCache) or all (global).")]
+               = Scope.prompt,
+               key_fields: Annotated[Optional[str], typer.Option(
+                   "--key-fields", metavar="FIELD,...", help="Context that is part of the cache key: system, tools, "
+                                                             "user, history (a hit never crosses them).",
+                   show_default=False)] = None,
+               max_size: Annotated[Optional[int], typer.Option(
+                   "--max-size", min=1, metavar="N", help="Entries the cache keeps (LRU); GPTCache's default "
+                                                          "1000 with --like gptcache.", show_default=False)] = None,
+               seed: SeedOpt = 0, model: ModelOpt = None, threads: ThreadsOpt = None,
+               fmt: FormatOpt = Format.text) -> None:
     """Replay a prompt log through a simulated semantic cache.
 
-    It stores on a miss and looks up before: the hit rate, and how many hits would have returned another stored response than the one actually produced. Exit 1 when any
-    would."""
+    It stores on a miss and looks up before: the hit rate, and how many hits would have returned another stored response than the one actually produced, and how many crossed a system prompt, tools, end user or earlier turns. Exit 1 when any would (for the adaptive policy: when its wrong-hit rate is above its bound)."""
     from ..engines import semantic
 
+    options = _replay_options(threshold, like, policy, delta, thresholds, scope, key_fields, max_size, seed)
     emb, name, progress = _embedder(model, threads)
     with progress:
-        report = semantic.replay(semantic.iter_log_prompts(log, field, response_field), emb, threshold, name)
+        report = semantic.replay(semantic.iter_log_prompts(log, field, response_field), emb, model=name, **options)
     if fmt is Format.json:
         emit_json(report)
     else:
-        stdout.print(f"{plural(report.requests, 'request')} at {threshold:g}: {plural(report.hits, 'hit')} "
-                     f"({report.hit_rate:.1%}); {plural(report.exact_duplicates, 'exact duplicate')}", soft_wrap=True, markup=False)
-        if report.with_response:
-            stdout.print(f"{plural(report.wrong_hits, 'hit')} would have returned a different stored response than the "
-                         f"one produced (of {plural(report.with_response, 'request')} with a response)", soft_wrap=True, markup=False)
-        for e in report.examples:
-            stdout.print(f"  line {e['line']}: {e['prompt']!r} served the answer of {e['matched']!r} "
-                         f"(cosine {e['cosine']:.3f})", soft_wrap=True, markup=False)
-    # wrong hits are a finding, as in probe
-    raise typer.Exit(EXIT_FINDING if report.wrong_hits else EXIT_OK)
+        _replay_text(report)
+    breached = any(r.policy == "adaptive" and (r.wrong_hit_low or 0) > (r.delta or 0) for r in report.policies)
+    finding = (report.wrong_hits if report.policy == "static" else breached) or report.cross_context
+    raise typer.Exit(EXIT_FINDING if finding else EXIT_OK)
+
+
+def _replay_options(threshold, like, policy, delta, thresholds, scope, key_fields, max_size, seed) -> dict:
+    ts = _thresholds(thresholds) if thresholds else None
+    if ts is None and policy is Policy.adaptive and like is LikeCache.cachectl:
+        ts = sorted({0.8, 0.85, 0.9, 0.95, 0.9 if threshold is None else threshold})
+    if ts is not None and threshold is not None and threshold not in ts:
+        ts = sorted({*ts, threshold})
+    fields = [f.strip() for f in key_fields.split(",") if f.strip()] if key_fields else []
+    return {"threshold": threshold, "like": like.value, "policy": policy.value,
+            "deltas": _rates(delta, "--delta") if policy is Policy.adaptive else (), "thresholds": ts,
+            "scope": scope.value, "key_fields": fields, "max_size": max_size, "seed": seed}
+
+
+def _replay_text(report) -> None:
+    def say(text: str) -> None:
+        stdout.print(text, soft_wrap=True, markup=False)
+
+    unit = "" if report.like == "cachectl" else f" ({report.like} {report.threshold_unit}, cosine {report.threshold_cosine:g})"
+    head = f"at {report.threshold:g}{unit}" if report.policy == "static" else f"adaptive ({report.like})"
+    say(f"{plural(report.requests, 'request')} {head}: {plural(report.hits, 'hit')} ({report.hit_rate:.1%}); "
+        f"{plural(report.exact_duplicates, 'exact duplicate')}" + (f"; {report.evicted:,} evicted" if report.evicted else ""))
+    if report.with_response:
+        say(f"{plural(report.wrong_hits, 'hit')} would have returned a different stored response than the one produced "
+            f"(of {plural(report.with_response, 'request')} with a response)")
+    for e in report.examples:
+        say(f"  line {e['line']}: {e['prompt']!r} served the answer of {e['matched']!r} (cosine {e['cosine']:.3f})")
+    if len(report.policies) > 1 or report.policy == "adaptive":
+        _policy_table(report.policies, report.threshold_unit)
+    for c in report.cross_context:
+        say(f"{plural(c['hits'], 'hit')} crossed a {c['field']} boundary: served from an entry stored under another "
+            f"{c['field']} (make it part of the key: --key-fields {c['field']})")
+    for e in report.cross_context_examples[:5]:
+        say(f"  line {e['line']}: {e['prompt']!r} served the entry of line {e['matched_line']} (another {e['field']})")
 
 
 @app.command("dupes")

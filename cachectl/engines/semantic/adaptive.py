@@ -1,0 +1,290 @@
+"""A learned, per-prompt threshold with a user-set error bound, after vCache (Schroeder et al., "vCache: Verified
+Semantic Prompt Caching", ICLR 2026), written from the paper's description of the policy.
+
+For each cached entry the policy keeps the (similarity, correct) observations of the requests that found the entry
+as their nearest neighbour and were answered afresh ("explored"): correct means the fresh response was the one the
+entry would have served. It models the chance that serving the entry is right as a sigmoid of the similarity,
+``P(correct | s) = sigmoid(gamma * (s - t))``, fits ``t`` and ``gamma`` by maximum likelihood, and takes the
+uncertainty of ``t`` from the fit (delta method). A request at similarity ``s`` is served from the cache
+("exploited") with probability ``max_eps delta / (1 - (1 - eps) * sigmoid(gamma * (s - t'_eps)))`` (capped at 1),
+where ``t'_eps`` is the upper ``1 - eps`` quantile of the estimate of ``t``; otherwise it is answered afresh, and the
+answer becomes a new observation. The paper shows that this keeps the rate of wrong answers under ``delta``.
+
+Where this differs from the paper's public code (vcache-project/vCache, ``VerifiedDecisionPolicy``):
+- the logistic fit is a few Newton steps of our own with a weak ridge penalty on ``gamma``, so it stays finite
+  when the observations separate perfectly; the public code fits with scikit-learn without a penalty and, on
+  separated observations, takes the variance of ``t`` from a table it measured;
+- an entry is fitted anew after each of its first 10 observations, then whenever they have grown by a tenth,
+  not on every lookup; and the probability of serving is remembered per fit and similarity (rounded to three
+  decimals, as the public code rounds it);
+- labels come from the log (the response actually produced, or a pair's label) at once, not from a judge in a
+  background thread, so a replay is deterministic for a given seed.
+Both explore until an entry has at least ``MIN_OBSERVATIONS`` observations of both outcomes.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from array import array
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any
+
+#: observations an entry needs (with both outcomes among them) before the policy may serve it
+MIN_OBSERVATIONS = 6
+#: the confidence levels searched: eps from 1e-6 to 1 - 1e-6, 50 steps (the paper's grid)
+GRID = 50
+#: ridge penalty on gamma (the slope), which keeps the fit finite on perfectly separated observations
+RIDGE = 1e-2
+#: an entry is fitted anew after each of its first REFIT_EACH observations, then whenever they have grown by
+#: REFIT_GROWTH since its last fit
+REFIT_EACH = 10
+REFIT_GROWTH = 1.1
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A fitted entry: the threshold ``t``, the slope ``gamma``, and the variance of ``t``."""
+
+    t: float
+    gamma: float
+    var_t: float
+    b0: float = 0.0   # the intercept, where the next fit of the entry starts
+
+
+def _sigmoid(z: float) -> float:
+    if z >= 0:
+        return 1.0 / (1.0 + math.exp(-z))
+    e = math.exp(z)
+    return e / (1.0 + e)
+
+
+def _log_sigmoid(z: float) -> float:
+    return -math.log1p(math.exp(-z)) if z > -30.0 else z - math.log1p(math.exp(z))
+
+
+def best_lower_bound(gamma: float, t_primes: Sequence[float], log_keep: Sequence[float], s: float) -> float:
+    """``max_i exp(log_keep[i]) * sigmoid(gamma * (s - t_primes[i]))`` over the grid, in about 2 log2(50)
+    evaluations.
+
+    With ``x = Phi^-1(eps)`` the terms are ``Q(x) * sigmoid(a + b x)`` (``b = gamma * sd(t) >= 0``): both factors
+    are log-concave in ``x``, so the terms rise then fall, and a binary search on their differences finds the
+    largest. ``t'`` clipped at 1 (the first terms) gives a falling run whose largest is its first term; clipped
+    at 0 keeps log-concavity."""
+    n = len(t_primes)
+    lo, hi = 0, n                       # t_primes falls with i: find the first t' below 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if t_primes[mid] >= 1.0:
+            lo = mid + 1
+        else:
+            hi = mid
+    best = -math.inf
+    if lo > 0:
+        best = log_keep[0] + _log_sigmoid(gamma * (s - t_primes[0]))
+    if lo < n:
+        a, b = lo, n - 1
+        while a < b:
+            m = (a + b) // 2
+            z0, z1 = gamma * (s - t_primes[m]), gamma * (s - t_primes[m + 1])
+            h0 = log_keep[m] + (-math.log1p(math.exp(-z0)) if z0 > -30.0 else z0)
+            h1 = log_keep[m + 1] + (-math.log1p(math.exp(-z1)) if z1 > -30.0 else z1)
+            if h0 < h1:
+                a = m + 1
+            else:
+                b = m
+        best = max(best, log_keep[a] + _log_sigmoid(gamma * (s - t_primes[a])))
+    return math.exp(best)
+
+
+def fit_logistic(obs: Sequence[tuple[float, int]] | tuple[Any, Any], ridge: float = RIDGE, steps: int = 25,
+                 start: tuple[float, float] = (0.0, 0.0)) -> Fit | None:
+    """Maximum-likelihood ``logit P(correct) = b0 + b1 * s`` by Newton's method, with ``ridge/2 * b1**2`` as a
+    penalty; ``t = -b0 / b1``, ``gamma = b1``, and ``var(t)`` by the delta method from the inverse of the
+    (penalized) information matrix. None when the slope is not positive (more similar is not more right)."""
+    if isinstance(obs, tuple) and len(obs) == 2 and isinstance(obs[0], array):
+        s_seq, y_seq = obs
+    else:
+        s_seq, y_seq = [o[0] for o in obs], [float(o[1]) for o in obs]
+    n = len(s_seq)
+    b0, b1 = start
+    h00 = h01 = h11 = 0.0
+    if n <= 64:   # small: plain floats beat numpy's per-call overhead
+        pairs = list(zip(s_seq, y_seq))
+        for _ in range(steps):
+            g0 = g1 = h00 = h01 = h11 = 0.0
+            for s, y in pairs:
+                z = b0 + b1 * s
+                p = 1.0 / (1.0 + math.exp(-z)) if z > -500 else 0.0
+                w = p * (1.0 - p)
+                r = y - p
+                g0 += r
+                g1 += r * s
+                h00 += w
+                h01 += w * s
+                h11 += w * s * s
+            g1 -= ridge * b1
+            h00 += 1e-9 * n
+            h11 += ridge
+            det = h00 * h11 - h01 * h01
+            if not det > 0:
+                return None
+            d0 = (h11 * g0 - h01 * g1) / det
+            d1 = (h00 * g1 - h01 * g0) / det
+            b0 += d0
+            b1 += d1
+            if abs(d1) < 1e-6 * (1.0 + abs(b1)) and abs(d0) < 1e-6 * (1.0 + abs(b0)):
+                break
+    else:
+        import numpy as np
+
+        sa = np.frombuffer(s_seq) if isinstance(s_seq, array) else np.asarray(s_seq, dtype=np.float64)
+        ya = np.frombuffer(y_seq) if isinstance(y_seq, array) else np.asarray(y_seq, dtype=np.float64)
+        for _ in range(steps):
+            pa = 1.0 / (1.0 + np.exp(-np.clip(b0 + b1 * sa, -500, 500)))
+            wa = pa * (1.0 - pa)
+            ra = ya - pa
+            g0, g1 = float(ra.sum()), float(ra @ sa) - ridge * b1
+            h00, h01, h11 = float(wa.sum()) + 1e-9 * n, float(wa @ sa), float(wa @ (sa * sa)) + ridge
+            det = h00 * h11 - h01 * h01
+            if not det > 0:
+                return None
+            d0 = (h11 * g0 - h01 * g1) / det
+            d1 = (h00 * g1 - h01 * g0) / det
+            b0 += d0
+            b1 += d1
+            if abs(d1) < 1e-6 * (1.0 + abs(b1)) and abs(d0) < 1e-6 * (1.0 + abs(b0)):
+                break
+    det = h00 * h11 - h01 * h01
+    if not b1 > 1e-6 or not math.isfinite(b0) or not det > 0:
+        return None
+    c00, c01, c11 = h11 / det, -h01 / det, h00 / det   # the inverse of the information matrix
+    d_b0, d_b1 = -1.0 / b1, b0 / (b1 * b1)              # d t / d (b0, b1), with t = -b0 / b1
+    var_t = max(0.0, d_b0 * d_b0 * c00 + 2 * d_b0 * d_b1 * c01 + d_b1 * d_b1 * c11)
+    return Fit(t=min(1.0, max(0.0, -b0 / b1)), gamma=b1, var_t=var_t, b0=b0)
+
+
+class _Entry:
+    """What the policy knows of one cached entry: its observations, its fit, and what follows from the fit."""
+
+    __slots__ = ("s", "y", "ones", "fit", "last", "refit_at", "bounds", "stale")
+
+    def __init__(self) -> None:
+        self.s = array("d")          # similarities, rounded to three decimals
+        self.y = array("d")          # 1.0 right, 0.0 wrong
+        self.ones = 0
+        self.fit: Fit | None = None
+        self.last: Fit | None = None   # the latest fit, where the next one starts
+        self.refit_at = 0
+        #: gamma, t'_eps per eps, and the probabilities of serving worked out so far (per similarity)
+        self.bounds: tuple[float, list[float], dict[int, float]] | None = None
+        self.stale = True
+
+
+class AdaptivePolicy:
+    """Decides, per request, whether a cached entry may answer, and learns from the answers it sees.
+
+    ``key`` names the entry whose observations count: a cached prompt (the paper's local policy) or one shared
+    key for the whole cache (its global variant)."""
+
+    def __init__(self, delta: float, seed: int = 0, min_observations: int = MIN_OBSERVATIONS):
+        if not 0 < delta < 1:
+            raise ValueError("delta must be between 0 and 1")
+        self.delta = delta
+        self.rng = random.Random(seed)
+        self.min_observations = min_observations
+        eps = [1e-6 + i * (1 - 2e-6) / (GRID - 1) for i in range(GRID)]
+        self._keep = [1.0 - e for e in eps]                       # 1 - eps
+        self._log_keep = [math.log(k) for k in self._keep]
+        self._z = [NormalDist().inv_cdf(1.0 - e) for e in eps]   # the 1 - eps quantile of a standard normal
+        self._entries: dict[Hashable, _Entry] = {}
+        self.explored = 0
+        self.exploited = 0
+
+    def _refresh(self, e: _Entry) -> None:
+        """Fit the entry anew (when it has enough observations of both outcomes) and derive its bounds."""
+        e.stale = False
+        n = len(e.s)
+        f = None
+        if n >= self.min_observations and 0 < e.ones < n:
+            last = e.last
+            f = fit_logistic((e.s, e.y), start=(last.b0, last.gamma) if last else (0.0, 0.0))
+        e.fit = f
+        if f is None:
+            e.bounds = None
+            return
+        e.last = f
+        e.refit_at = n + 1 if n < REFIT_EACH else math.ceil(n * REFIT_GROWTH)
+        sd = math.sqrt(f.var_t)
+        e.bounds = (f.gamma, [min(1.0, max(0.0, f.t + z * sd)) for z in self._z], {})
+
+    def _probability(self, bounds: tuple[float, list[float], dict[int, float]], milli: int) -> float:
+        gamma, t_primes, memo = bounds
+        p = memo.get(milli)
+        if p is None:
+            best = best_lower_bound(gamma, t_primes, self._log_keep, milli / 1000)
+            p = memo[milli] = 1.0 if best >= 1.0 else min(1.0, self.delta / (1.0 - best))
+        return p
+
+    def fit(self, key: Hashable) -> Fit | None:
+        e = self._entries.get(key)
+        if e is None:
+            return None
+        if e.stale:
+            self._refresh(e)
+        return e.fit
+
+    def exploit_probability(self, key: Hashable, s: float) -> float:
+        """The chance that the policy serves entry ``key`` to a request at similarity ``s`` (rounded to three
+        decimals, as the public code does; remembered per fit)."""
+        e = self._entries.get(key)
+        if e is None:
+            return 0.0
+        if e.stale:
+            self._refresh(e)
+        return 0.0 if e.bounds is None else self._probability(e.bounds, round(s * 1000))
+
+    def decide(self, key: Hashable, s: float) -> bool:
+        """True: serve the cached entry (exploit); False: answer afresh and observe (explore)."""
+        u = self.rng.random()
+        e = self._entries.get(key)
+        if e is not None and e.stale:
+            self._refresh(e)
+        bounds = None if e is None else e.bounds
+        if bounds is None:
+            hit = False
+        elif u < self.delta:   # a fitted entry is served with probability delta at least
+            hit = True
+        else:
+            # served when u < delta / (1 - best), i.e. best > 1 - delta / u; best is at most the sigmoid at the
+            # lowest t', which often settles it without the search
+            milli = round(s * 1000)
+            if _sigmoid(bounds[0] * (milli / 1000 - bounds[1][-1])) <= 1.0 - self.delta / u:
+                hit = False
+            else:
+                hit = u < self._probability(bounds, milli)
+        if hit:
+            self.exploited += 1
+        else:
+            self.explored += 1
+        return hit
+
+    def observe(self, key: Hashable, s: float, correct: bool) -> None:
+        e = self._entries.get(key)
+        if e is None:
+            e = self._entries[key] = _Entry()
+        e.s.append(round(s * 1000) / 1000)
+        if correct:
+            e.y.append(1.0)
+            e.ones += 1
+        else:
+            e.y.append(0.0)
+        if e.fit is None or len(e.s) >= e.refit_at:
+            e.stale = True   # else the fit stands until the observations have grown enough
+
+    def observations(self, key: Hashable) -> list[tuple[float, int]]:
+        """The (similarity, correct) observations of entry ``key``, oldest first."""
+        e = self._entries.get(key)
+        return [] if e is None else [(s, int(y)) for s, y in zip(e.s, e.y)]
