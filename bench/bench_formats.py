@@ -5,8 +5,9 @@ grown to N calls (its lines repeated with their ids made distinct per copy; a ca
 at most --max-mb of log: a shape whose calls are large gets fewer, said in the calls column), read through
 ``log_values`` (detection, the shape's reader, the record turned into cachectl's wrapper line), and each value
 parsed into the canonical request where it has a body. The baseline: the same calls written as cachectl's own
-wrapper lines (``Record.value()``), read and parsed the same way. Printed: seconds for each and their ratio
-(the issue's bar: at most 1.5x).
+wrapper lines (``Record.value()``), read and parsed the same way, each side's runs interleaved. Printed: the
+bytes per call of each log, seconds for each and their ratio (the issue's bar: at most 1.5x), and the ratio of
+seconds per byte read (a shape whose log holds more than its records, a transcript's conversation, reads more).
 
     python bench/bench_formats.py --calls 100000
 """
@@ -90,7 +91,8 @@ def main() -> int:
     from cachectl.inputs.formats import MODULES, SHAPES, log_values
 
     only = set(args.only.split(",")) if args.only else None
-    print(f"{'shape':24} {'calls':>8} {'size':>9} {'shape s':>9} {'wrapper s':>9} {'ratio':>6}")
+    print(f"{'shape':24} {'calls':>8} {'size':>9} {'B/call':>8} {'wrap B/c':>8} {'shape s':>9} {'wrapper s':>9} "
+          f"{'ratio':>6} {'per MB':>7}")
     worst = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         for module in MODULES:
@@ -104,15 +106,20 @@ def main() -> int:
             with open(wrapper, "wb") as fh:
                 for _, value in log_values(str(grown), name):
                     fh.write(orjson.dumps(value) + b"\n")
-            runs = [_read(grown, None) for _ in range(args.repeat)]
-            wraps = [_read(wrapper, "native") for _ in range(args.repeat)]
+            runs, wraps = [], []
+            for _ in range(args.repeat):  # interleaved: a busy machine slows both sides alike
+                runs.append(_read(grown, None))
+                wraps.append(_read(wrapper, "native"))
             calls = runs[0][0]
             assert calls == wraps[0][0], (name, calls, wraps[0][0])
             shape_s, wrap_s = min(t for _, t in runs), min(t for _, t in wraps)
             ratio = shape_s / wrap_s if wrap_s else float("inf")
             worst = max(worst, ratio)
-            print(f"{name:24} {calls:>8,} {grown.stat().st_size >> 20:>6} MB {shape_s:>9.2f} {wrap_s:>9.2f} "
-                  f"{ratio:>5.2f}x", flush=True)
+            size, wrap_size = grown.stat().st_size, wrapper.stat().st_size
+            # seconds per byte read, shape against wrapper: how the reader does on the bytes it has to read
+            per_mb = (shape_s / size) / (wrap_s / wrap_size) if wrap_s else float("inf")
+            print(f"{name:24} {calls:>8,} {size >> 20:>6} MB {size / calls:>8,.0f} {wrap_size / calls:>8,.0f} "
+                  f"{shape_s:>9.2f} {wrap_s:>9.2f} {ratio:>5.2f}x {per_mb:>6.2f}x", flush=True)
             grown.unlink()
             wrapper.unlink()
     print(f"worst ratio {worst:.2f}x (bar: 1.5x)")
