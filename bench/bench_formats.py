@@ -52,11 +52,17 @@ def _grow(example: Path, out: Path, calls: int, max_bytes: int, module) -> None:
         import yaml
 
         doc = yaml.safe_load(data)
-        doc["interactions"] = [i for _ in range(copies) for i in doc["interactions"]]
+        items = doc["interactions"]
+
         class Plain(yaml.SafeDumper):  # each interaction written out whole, not as an alias of the first copy
             def ignore_aliases(self, data) -> bool:
                 return True
 
+        bound = getattr(module, "MAX_BYTES", None)  # a cassette is one document, read whole: kept under its bound
+        if bound is not None:
+            one = len(yaml.dump(doc, Dumper=Plain, sort_keys=False).encode())
+            copies = max(1, min(copies, int(bound * 0.95) // one))
+        doc["interactions"] = [i for _ in range(copies) for i in items]
         out.write_text(yaml.dump(doc, Dumper=Plain, sort_keys=False), encoding="utf-8")
         return
     lines = [orjson.loads(line) if line.strip()[:1] in (b"{", b"[") else line for line in data.splitlines()]

@@ -12,7 +12,6 @@ import gzip
 import io
 import json
 import os
-import re
 import stat
 import sys
 import tempfile
@@ -339,12 +338,6 @@ def _may_repeat_a_key(raw: bytes, value: Any) -> bool:
     return raw.count(b'":') != n or b'" ' in raw or b'"\t' in raw or b'"\n' in raw or b'"\r' in raw
 
 
-#: a JSON string token (escapes honoured), and the colon after it when it is an object's key: scanned from the
-#: start of a valid JSON text, each match begins at a string's opening quote (outside strings, a quote only opens
-#: one), so the matches are exactly the text's strings
-_STRING_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"([ \t\n\r]*:)?', re.DOTALL)
-
-
 def _keys_kept(value: Any) -> int:
     """How many keys the objects of ``value`` hold, all levels (an explicit stack: no recursion limit)."""
     n = 0
@@ -364,25 +357,22 @@ def _keys_kept(value: Any) -> int:
     return n
 
 
-def _names_a_key_twice(raw: bytes, value: Any) -> bool:
-    """Whether the JSONL line ``raw`` (orjson read it: valid JSON) names a key twice in one object: orjson keeps
-    one of each, so the line names more keys than ``value`` holds exactly when some object repeats one (a key
-    written with other escapes of the same text counts twice here: the json check below then judges it). The
-    line's keys: its ``":`` count where that is exact (no escaped quote, no space after a closing quote), else
-    its string tokens followed by a colon, counted at C speed. First, at C speed: a line that is orjson's own
-    compact writing of ``value`` (as JSON.stringify and orjson write JSONL: Claude Code's transcripts, cachectl's
-    own) names each key once, since ``value``'s objects do."""
+def _keys_certainly_once(raw: bytes, value: Any) -> bool:
+    """True when the JSONL line ``raw`` (read by orjson into ``value``, which keeps one of each key) certainly
+    names no key twice in one object, told at C speed (else json's check decides):
+
+    - the line is orjson's own compact writing of ``value`` (as JSON.stringify and orjson write JSONL: Claude
+      Code's transcripts, cachectl's own lines): its objects are ``value``'s, each key once;
+    - no escaped quote and no white space after a quote: its ``":`` count is at least its keys (a string may open
+      with a colon), which are at least the keys ``value`` kept: equal, no key was dropped."""
     try:
         if orjson.dumps(value) == raw.rstrip(b"\r\n"):
-            return False
+            return True
     except (orjson.JSONEncodeError, TypeError):  # pragma: no cover - what orjson read, it writes
-        pass
-    kept = _keys_kept(value)
-    if b'\\"' not in raw and b'" ' not in raw and b'"\t' not in raw and b'"\n' not in raw and b'"\r' not in raw:
-        if raw.count(b'":') == kept:  # an upper bound of the keys (a string may open with a colon): equal, exact
-            return False
-    found = _STRING_TOKEN.findall(raw)
-    return len(found) - found.count(b"") != kept
+        return False
+    if b'\\"' in raw or b'" ' in raw or b'"\t' in raw or b'"\n' in raw or b'"\r' in raw:
+        return False
+    return raw.count(b'":') == _keys_kept(value)
 
 
 def _check_line_keys(raw: bytes, source: str, lineno: int) -> None:
@@ -445,7 +435,7 @@ def parse_jsonl_line(raw: bytes, source: str, lineno: int) -> Any:
             raise InputError("this is pretty-printed JSON over several lines; expected JSONL, one JSON value per "
                              "line (convert with: jq -c . FILE)", source=source, line=lineno) from None
         raise InputError(f"invalid JSON: {msg} (column {exc.colno})", source=source, line=lineno) from None
-    if _may_repeat_a_key(raw, value) and _names_a_key_twice(raw, value):
+    if _may_repeat_a_key(raw, value) and not _keys_certainly_once(raw, value):
         _check_line_keys(raw, source, lineno)
     return value
 
