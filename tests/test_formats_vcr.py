@@ -179,3 +179,29 @@ def test_base64_helper_roundtrip_is_standard_yaml():
     import yaml
 
     assert yaml.safe_load("b: !!binary " + base64.b64encode(b"ab").decode()) == {"b": b"ab"}
+
+
+def test_interaction_lines_are_those_of_a_line_by_line_scan():
+    """The interactions' first lines, found from each newline by the regex engine, are those a match on each line
+    finds: on the cassettes here and on random texts of the pieces that matter (indents, CR, form feeds)."""
+    import random
+    import re
+
+    from cachectl.inputs.formats import vcr
+
+    one_line = re.compile(r'^(?:(?:  )?- (?:recorded_at|request|response):|\s*"request": *\{)')
+
+    def by_line(text: str, first: int, count: int) -> list[int]:
+        starts = [first + i for i, line in enumerate(text.split("\n")) if one_line.match(line)]
+        return starts if len(starts) == count else [first] * count
+
+    root = ROOT / "fixtures"
+    texts = [p.read_text(encoding="utf-8") for p in sorted(root.rglob("*.yaml")) + sorted(root.rglob("*.json"))]
+    rng = random.Random(3)
+    pieces = ["\n", "- request:", "  - request:", ' \t"request": {', '"request":{', "x", " ", "\r", "\t",
+              "- response:", "   - request:", "\x0c", "- recorded_at:"]
+    texts += ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 10))) for _ in range(3000)]
+    for text in texts:
+        found = len([1 for line in text.split("\n") if one_line.match(line)])
+        for count in {0, 1, 3, found}:
+            assert vcr._interaction_lines(text, 4, count) == by_line(text, 4, count), repr(text[:80])

@@ -260,6 +260,71 @@ def test_the_fast_path_is_taken_only_where_no_key_can_repeat():
         assert _may_repeat_a_key(raw, orjson.loads(raw)), raw
 
 
+@pytest.mark.parametrize("raw", [
+    b'{"a":{"b":1}}', b'{"a":[{"k":1},{"k":2}]}', b'{"k":":v","j":{"l":":"}}', b'[{"a":1},{"a":{"a":{"a":1,"b":":"}}}]',
+    b'{"body":{"messages":[{"role":"user","content":"{\\"role\\":1,\\"role\\":2}"}]}}\n',
+    b'{"a":{"b":1.0e5,"c":"\\u00e9"}}', b'{"t":"10:00","u":{"v":"w:x"}}',
+])
+def test_nested_lines_without_a_repeated_key_skip_the_json_check(raw):
+    import orjson
+
+    from cachectl.inputs.files import _keys_certainly_once
+
+    assert _keys_certainly_once(raw, orjson.loads(raw)), raw
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"a":{"b":1,"b":2}}', b'{"a":"x\\":y","a":1}', b'{"\\u0061":1,"a":2}', b'{"a" :1, "b": {"c" : 2}}',
+    b'{"a":[{"k":1,"k":2}]}', b'{"a":1.0e5,"a":1}',
+])
+def test_lines_that_may_repeat_a_key_get_the_json_check(raw):
+    import orjson
+
+    from cachectl.inputs.files import _keys_certainly_once
+
+    assert not _keys_certainly_once(raw, orjson.loads(raw)), raw
+
+
+def test_no_repeated_key_json_finds_is_certainly_once():
+    """Each line of the repository's JSONL files, as it stands and with one key of one object written twice (the
+    copy first): never "certainly once" where json's hook finds the duplicate."""
+    import json
+    import random
+
+    import orjson
+
+    from cachectl.inputs.files import _keys_certainly_once
+
+    def hook(pairs: list) -> dict:
+        if len(dict(pairs)) != len(pairs):
+            raise KeyError
+        return dict(pairs)
+
+    rng = random.Random(5)
+    checked = 0
+    for path in sorted(FIXTURES.rglob("*.jsonl")):
+        for raw in path.read_bytes().splitlines():
+            try:
+                orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                continue
+            opens = [i for i in range(len(raw) - 1) if raw[i:i + 2] == b'{"' and (i == 0 or raw[i - 1:i] != b"\\")]
+            if not opens:
+                continue
+            i = rng.choice(opens)
+            key = raw[i + 1:raw.index(b'"', i + 2) + 1]
+            for line in (raw, raw[:i + 1] + key + b":0," + raw[i + 1:]):
+                try:
+                    value = orjson.loads(line)
+                    json.loads(line, object_pairs_hook=hook)
+                except KeyError:
+                    assert not _keys_certainly_once(line, value), (path, line[:80])
+                    checked += 1
+                except ValueError:
+                    continue
+    assert checked > 100
+
+
 def test_a_duplicate_key_in_a_document_names_its_line(cli, tmp_path):
     body = tmp_path / "body.json"
     body.write_text('{\n  "model": "claude-sonnet-4-5",\n  "messages": [\n    {"role": "user", "content": "a",\n'

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ...errors import InputError
-from .base import Head, LogShape, Record, Verdict, get
+from .base import Head, LogShape, Record, Verdict
 
 SHAPE = LogShape(
     "openai-batch-output", "OpenAI Batch API output files",
@@ -73,9 +73,13 @@ def _call(value: Any, source: str, n: int) -> tuple[str, dict, str | None, str |
     if not isinstance(usage, dict):
         raise InputError("expected the billed usage (an object)", source=source, line=n, field=f"{path}.usage")
     model = body.get("model")
-    request_id = get(value, "response", "request_id")
+    request_id = response.get("request_id")
     return (custom_id, usage, model if isinstance(model, str) else None,
             request_id if isinstance(request_id, str) else None)
+
+
+#: what every record of a batch output lacks
+_MISSING = ("the request (a batch output has none: pass the input file, with this one as `--usage`)",)
 
 
 def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
@@ -87,9 +91,7 @@ def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
             continue
         custom_id, usage, model, request_id = call
         yield Record(shape=SHAPE.name, source=source, line=n, usage=usage, model=model,
-                     keys={"custom_id": custom_id, "request_id": request_id}, batch=True,
-                     missing=("the request (a batch output has none: pass the input file, with this one as "
-                              "`--usage`)",))
+                     keys={"custom_id": custom_id, "request_id": request_id}, batch=True, missing=_MISSING)
 
 
 def usage_index(path: str) -> dict[str, tuple[dict, str | None, int]]:

@@ -94,8 +94,11 @@ def _value(v: Any) -> Any:
 def _attrs(kvs: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for kv in kvs if isinstance(kvs, list) else []:
-        if isinstance(kv, dict) and isinstance(kv.get("key"), str):
-            out[kv["key"]] = _value(kv.get("value"))
+        if type(kv) is dict:
+            key, v = kv.get("key"), kv.get("value")
+            if type(key) is str:
+                # most values are strings: taken here, without a call (``_value`` reads the others)
+                out[key] = v["stringValue"] if type(v) is dict and "stringValue" in v else _value(v)
     return out
 
 

@@ -274,14 +274,19 @@ def _kind(method: Any, uri: Any) -> str | None:
 def _interaction_lines(text: str, first: int, count: int) -> list[int]:
     """The line each interaction starts on (YAML's ``- request:`` at the list's indent, JSON's ``"request"``);
     the document's first line for each where they cannot be told apart."""
-    starts = []
-    for i, line in enumerate(text.split("\n")):
-        if _ITEM_START.match(line):
-            starts.append(first + i)
+    end = text.find("\n")
+    starts = [first] if _ITEM_START.match(text, 0, len(text) if end < 0 else end) else []
+    line, pos = first, 0
+    for m in _NEXT_ITEM_START.finditer(text):  # found by the regex engine from each newline; lines counted at C speed
+        line += text.count("\n", pos, m.start() + 1)
+        pos = m.start() + 1
+        starts.append(line)
     return starts if len(starts) == count else [first] * count
 
 
-_ITEM_START = re.compile(r'^(?:(?:  )?- (?:recorded_at|request|response):|\s*"request": *\{)')
+#: an interaction's first line (``[^\S\n]``: white space that stays on the line); and the same after a newline
+_ITEM_START = re.compile(r'(?:(?:  )?- (?:recorded_at|request|response):|[^\S\n]*"request": *\{)')
+_NEXT_ITEM_START = re.compile(r'\n(?:(?:  )?- (?:recorded_at|request|response):|[^\S\n]*"request": *\{)')
 
 
 def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:

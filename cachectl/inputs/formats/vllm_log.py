@@ -64,6 +64,8 @@ _DETAILS = re.compile(r"Request (\S+?) details: ")
 _IDS = re.compile(r"prompt[_ ]token[_ ]ids: (None|\[[0-9, ]*\])")
 _LORA = re.compile(r"lora_request: (None|LoRARequest\(.*?\))(?:, prompt_adapter_request|\.?$)")
 _LORA_NAME = re.compile(r"lora_name='([^']*)'")
+#: how the message of a request line starts (INFO ``Received request``, DEBUG ``Request ... details``)
+_REQUEST_LINE = (b"Received request ", b"Request ")
 #: requests whose prompt lengths are looked at to infer a --max-log-len cap
 _CAP_WINDOW = 64
 #: DEBUG details lines waiting for their INFO line (they are adjacent; the bound only guards odd logs)
@@ -81,12 +83,18 @@ def detect(head: Head) -> Verdict:
 
 #: a Python string literal as repr() writes it, single- or double-quoted, escapes included (found by the regex
 #: engine, not a loop over characters)
-_STRING = {"'": re.compile(r"'(?:[^'\\]|\\.)*'", re.S), '"': re.compile(r'"(?:[^"\\]|\\.)*"', re.S)}
+_STRING = {"'": re.compile(r"'[^'\\]*(?:\\.[^'\\]*)*'", re.S), '"': re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)}
 
 
-_SIMPLE = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"'}
-_SIMPLE_ESCAPE = re.compile(r"\\(.)", re.S)
 _OTHER_ESCAPE = re.compile(r"\\[^ntr\\'\"]")
+
+
+def _unescape(body: str) -> str:
+    """A literal's body whose escapes are only ``\\n \\t \\r \\\\ \\' \\"``, undone: split at the escaped
+    backslashes (a run of backslashes pairs up from its start, as str.split finds them), each part's one-backslash
+    escapes replaced (what they become holds no backslash: no new escape is formed), joined by a backslash."""
+    return "\\".join(part.replace("\\n", "\n").replace("\\t", "\t").replace("\\r", "\r").replace("\\'", "'")
+                      .replace('\\"', '"') for part in body.split("\\\\"))
 
 
 def _literal(text: str, start: int, where: dict[str, Any]) -> tuple[str | None, int]:
@@ -103,7 +111,7 @@ def _literal(text: str, start: int, where: dict[str, Any]) -> tuple[str | None, 
     if "\\" not in body:  # nothing escaped: the text is the literal's body
         return body, m.end()
     if _OTHER_ESCAPE.search(body) is None:  # only \n \t \r \\ \' \" (a chat prompt's): undone at C speed
-        return _SIMPLE_ESCAPE.sub(lambda e: _SIMPLE[e.group(1)], body), m.end()
+        return _unescape(body), m.end()
     try:
         value = ast.literal_eval(m.group())  # the literal alone, never eval
     except (ValueError, SyntaxError):
@@ -139,8 +147,14 @@ class _Clock:
         self.first: datetime | None = None
         self.prev: datetime | None = None
         self.year = 2000  # a leap year, so 02-29 reads; only differences are used
+        #: the last ``MM-DD HH:MM:SS`` read and its answer
+        self.last: bytes | None = None
+        self.last_seconds = 0.0
 
     def seconds(self, m: re.Match) -> float:
+        stamp = m.group(0)[m.start(2) - m.start():m.end(6) - m.start()]
+        if stamp == self.last:  # lines logged in one second: the same answer (the clock does not move)
+            return self.last_seconds
         month, day, hh, mm, ss = (int(g) for g in m.groups()[1:6])
         when = datetime(self.year, month, day, hh, mm, ss)
         if self.prev is not None and (self.prev - when).total_seconds() > 86400:
@@ -149,7 +163,8 @@ class _Clock:
         self.prev = when
         if self.first is None:
             self.first = when
-        return (when - self.first).total_seconds()
+        self.last, self.last_seconds = stamp, (when - self.first).total_seconds()
+        return self.last_seconds
 
 
 def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
@@ -193,8 +208,8 @@ def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
         window.clear()
 
     for n, raw in lines:
-        head = _PREFIX.search(raw[:400])
-        if head is None:
+        head = _PREFIX.search(raw, 0, 400)
+        if head is None or not raw.startswith(_REQUEST_LINE, head.end()):  # startup, metrics, access logs
             skipped += 1
             continue
         text = raw[head.end():].decode("utf-8", "replace")
@@ -209,7 +224,7 @@ def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
         rid = match.group(1)
         rest = text[match.end():]
         stamp = clock.seconds(head)
-        logged_at = "{}-{} {}:{}:{}".format(*(g.decode() for g in head.groups()[1:6]))
+        logged_at = raw[head.start(2):head.end(6)].decode()  # MM-DD HH:MM:SS as logged
         if received is not None and rid in pending:  # v0.11.2+: the INFO line after the DEBUG details
             r = pending.pop(rid)
             lora = _lora(rest)
