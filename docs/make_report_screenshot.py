@@ -46,4 +46,4 @@ with tempfile.TemporaryDirectory() as tmp:
         icicle.screenshot(str(shot))
     finally:
         driver.quit()
-    print(f"docs/shared-prefix-icicle.png written")
+    print("docs/shared-prefix-icicle.png written")
