@@ -75,6 +75,8 @@ def best_lower_bound(gamma: float, t_primes: Sequence[float], log_keep: Sequence
     at 0 keeps log-concavity."""
     n = len(t_primes)
     lo, hi = 0, n                       # t_primes falls with i: find the first t' below 1
+    if n and t_primes[0] < 1.0:
+        hi = 0                          # none clipped at 1 (the usual case): no search
     while lo < hi:
         mid = (lo + hi) // 2
         if t_primes[mid] >= 1.0:
@@ -86,11 +88,12 @@ def best_lower_bound(gamma: float, t_primes: Sequence[float], log_keep: Sequence
         best = log_keep[0] + _log_sigmoid(gamma * (s - t_primes[0]))
     if lo < n:
         a, b = lo, n - 1
+        exp, log1p = math.exp, math.log1p
         while a < b:
             m = (a + b) // 2
             z0, z1 = gamma * (s - t_primes[m]), gamma * (s - t_primes[m + 1])
-            h0 = log_keep[m] + (-math.log1p(math.exp(-z0)) if z0 > -30.0 else z0)
-            h1 = log_keep[m + 1] + (-math.log1p(math.exp(-z1)) if z1 > -30.0 else z1)
+            h0 = log_keep[m] + (-log1p(exp(-z0)) if z0 > -30.0 else z0)
+            h1 = log_keep[m + 1] + (-log1p(exp(-z1)) if z1 > -30.0 else z1)
             if h0 < h1:
                 a = m + 1
             else:
@@ -113,18 +116,20 @@ def fit_logistic(obs: Sequence[tuple[float, int]] | tuple[Any, Any], ridge: floa
     h00 = h01 = h11 = 0.0
     if n <= 64:   # small: plain floats beat numpy's per-call overhead
         pairs = list(zip(s_seq, y_seq))
+        exp = math.exp
         for _ in range(steps):
             g0 = g1 = h00 = h01 = h11 = 0.0
             for s, y in pairs:
                 z = b0 + b1 * s
-                p = 1.0 / (1.0 + math.exp(-z)) if z > -500 else 0.0
+                p = 1.0 / (1.0 + exp(-z)) if z > -500 else 0.0
                 w = p * (1.0 - p)
                 r = y - p
                 g0 += r
                 g1 += r * s
                 h00 += w
-                h01 += w * s
-                h11 += w * s * s
+                ws = w * s
+                h01 += ws
+                h11 += ws * s   # w * s * s, in the same order
             g1 -= ridge * b1
             h00 += 1e-9 * n
             h11 += ridge
@@ -142,12 +147,15 @@ def fit_logistic(obs: Sequence[tuple[float, int]] | tuple[Any, Any], ridge: floa
 
         sa = np.frombuffer(s_seq) if isinstance(s_seq, array) else np.asarray(s_seq, dtype=np.float64)
         ya = np.frombuffer(y_seq) if isinstance(y_seq, array) else np.asarray(y_seq, dtype=np.float64)
+        sa2 = sa * sa
+        # np.clip(x, -500, 500) and x.sum(), without their Python-level wrappers (the same ufuncs underneath)
+        np_exp, maximum, minimum, total = np.exp, np.maximum, np.minimum, np.add.reduce
         for _ in range(steps):
-            pa = 1.0 / (1.0 + np.exp(-np.clip(b0 + b1 * sa, -500, 500)))
+            pa = 1.0 / (1.0 + np_exp(-minimum(maximum(b0 + b1 * sa, -500.0), 500.0)))
             wa = pa * (1.0 - pa)
             ra = ya - pa
-            g0, g1 = float(ra.sum()), float(ra @ sa) - ridge * b1
-            h00, h01, h11 = float(wa.sum()) + 1e-9 * n, float(wa @ sa), float(wa @ (sa * sa)) + ridge
+            g0, g1 = float(total(ra)), float(ra @ sa) - ridge * b1
+            h00, h01, h11 = float(total(wa)) + 1e-9 * n, float(wa @ sa), float(wa @ sa2) + ridge
             det = h00 * h11 - h01 * h01
             if not det > 0:
                 return None
@@ -169,7 +177,8 @@ def fit_logistic(obs: Sequence[tuple[float, int]] | tuple[Any, Any], ridge: floa
 class _Entry:
     """What the policy knows of one cached entry: its observations, its fit, and what follows from the fit."""
 
-    __slots__ = ("s", "y", "ones", "fit", "last", "refit_at", "bounds", "stale")
+    __slots__ = ("s", "y", "ones", "fit", "last", "refit_at", "memo", "gamma", "t", "sd", "t_low", "t_primes",
+                 "stale")
 
     def __init__(self) -> None:
         self.s = array("d")          # similarities, rounded to three decimals
@@ -178,8 +187,12 @@ class _Entry:
         self.fit: Fit | None = None
         self.last: Fit | None = None   # the latest fit, where the next one starts
         self.refit_at = 0
-        #: gamma, t'_eps per eps, and the probabilities of serving worked out so far (per similarity)
-        self.bounds: tuple[float, list[float], dict[int, float]] | None = None
+        #: the probabilities of serving worked out so far for the current fit (per similarity); None: no fit
+        self.memo: dict[int, float] | None = None
+        self.gamma = self.t = self.sd = 0.0   # the fit's slope, threshold and the standard deviation of t
+        self.t_low = 0.0                      # the lowest t'_eps (the largest eps), for decide's quick reject
+        #: t'_eps per eps, worked out when the first probability search of the fit needs them
+        self.t_primes: list[float] | None = None
         self.stale = True
 
 
@@ -213,20 +226,50 @@ class AdaptivePolicy:
             f = fit_logistic((e.s, e.y), start=(last.b0, last.gamma) if last else (0.0, 0.0))
         e.fit = f
         if f is None:
-            e.bounds = None
+            e.memo = None
             return
         e.last = f
         e.refit_at = n + 1 if n < REFIT_EACH else math.ceil(n * REFIT_GROWTH)
         sd = math.sqrt(f.var_t)
-        e.bounds = (f.gamma, [min(1.0, max(0.0, f.t + z * sd)) for z in self._z], {})
+        e.gamma, e.t, e.sd = f.gamma, f.t, sd
+        e.t_low = min(1.0, max(0.0, f.t + self._z[-1] * sd))   # the last of t_primes, without the others
+        e.t_primes = None
+        e.memo = {}
 
-    def _probability(self, bounds: tuple[float, list[float], dict[int, float]], milli: int) -> float:
-        gamma, t_primes, memo = bounds
-        p = memo.get(milli)
-        if p is None:
-            best = best_lower_bound(gamma, t_primes, self._log_keep, milli / 1000)
-            p = memo[milli] = 1.0 if best >= 1.0 else min(1.0, self.delta / (1.0 - best))
+    def _t_primes(self, t: float, sd: float) -> list[float]:
+        """``[min(1.0, max(0.0, t + z * sd)) for z in self._z]``, clipping only where it applies: the z fall, so
+        the values do (sd >= 0), and two binary searches find the runs clipped at 1 and at 0."""
+        zs = self._z
+        n = len(zs)
+        lo, hi = 0, n
+        while lo < hi:   # the first value below 1
+            mid = (lo + hi) // 2
+            if t + zs[mid] * sd >= 1.0:
+                lo = mid + 1
+            else:
+                hi = mid
+        a, hi = lo, n
+        while lo < hi:   # the first value at or below 0
+            mid = (lo + hi) // 2
+            if t + zs[mid] * sd > 0.0:
+                lo = mid + 1
+            else:
+                hi = mid
+        return [1.0] * a + [t + z * sd for z in zs[a:lo]] + [0.0] * (n - lo)
+
+    def _search(self, e: _Entry, milli: int) -> float:
+        """The probability of serving entry ``e`` (fitted) at similarity ``milli / 1000``: searched, remembered."""
+        t_primes = e.t_primes
+        if t_primes is None:
+            t_primes = e.t_primes = self._t_primes(e.t, e.sd)
+        best = best_lower_bound(e.gamma, t_primes, self._log_keep, milli / 1000)
+        p = 1.0 if best >= 1.0 else min(1.0, self.delta / (1.0 - best))
+        e.memo[milli] = p  # type: ignore[index]
         return p
+
+    def _probability(self, e: _Entry, milli: int) -> float:
+        p = e.memo.get(milli)  # type: ignore[union-attr]
+        return self._search(e, milli) if p is None else p
 
     def fit(self, key: Hashable) -> Fit | None:
         e = self._entries.get(key)
@@ -244,27 +287,34 @@ class AdaptivePolicy:
             return 0.0
         if e.stale:
             self._refresh(e)
-        return 0.0 if e.bounds is None else self._probability(e.bounds, round(s * 1000))
+        return 0.0 if e.memo is None else self._probability(e, round(s * 1000))
 
     def decide(self, key: Hashable, s: float) -> bool:
         """True: serve the cached entry (exploit); False: answer afresh and observe (explore)."""
         u = self.rng.random()
         e = self._entries.get(key)
-        if e is not None and e.stale:
-            self._refresh(e)
-        bounds = None if e is None else e.bounds
-        if bounds is None:
-            hit = False
-        elif u < self.delta:   # a fitted entry is served with probability delta at least
-            hit = True
-        else:
-            # served when u < delta / (1 - best), i.e. best > 1 - delta / u; best is at most the sigmoid at the
-            # lowest t', which often settles it without the search
-            milli = round(s * 1000)
-            if _sigmoid(bounds[0] * (milli / 1000 - bounds[1][-1])) <= 1.0 - self.delta / u:
-                hit = False
+        hit = False
+        if e is not None:
+            if e.stale:
+                self._refresh(e)
+            memo = e.memo
+            if memo is None:
+                pass
+            elif u < self.delta:   # a fitted entry is served with probability delta at least
+                hit = True
             else:
-                hit = u < self._probability(bounds, milli)
+                # served when u < delta / (1 - best), i.e. best > 1 - delta / u; best is at most the sigmoid at
+                # the lowest t', which often settles it without the search (the sigmoid written out: _sigmoid)
+                milli = round(s * 1000)
+                z = e.gamma * (milli / 1000 - e.t_low)
+                if z >= 0:
+                    top = 1.0 / (1.0 + math.exp(-z))
+                else:
+                    ez = math.exp(z)
+                    top = ez / (1.0 + ez)
+                if not top <= 1.0 - self.delta / u:
+                    p = memo.get(milli)
+                    hit = u < (self._search(e, milli) if p is None else p)
         if hit:
             self.exploited += 1
         else:
@@ -275,13 +325,14 @@ class AdaptivePolicy:
         e = self._entries.get(key)
         if e is None:
             e = self._entries[key] = _Entry()
-        e.s.append(round(s * 1000) / 1000)
+        es = e.s
+        es.append(round(s * 1000) / 1000)
         if correct:
             e.y.append(1.0)
             e.ones += 1
         else:
             e.y.append(0.0)
-        if e.fit is None or len(e.s) >= e.refit_at:
+        if e.fit is None or len(es) >= e.refit_at:
             e.stale = True   # else the fit stands until the observations have grown enough
 
     def observations(self, key: Hashable) -> list[tuple[float, int]]:

@@ -156,6 +156,7 @@ class _Cache:
         self.clean = max(1, int((rule.max_size or 0) * rule.clean_fraction)) if rule.max_size else 0
         self.hits = self.wrong = self.judged = self.evicted = 0
         self.l2 = rule.name == "gptcache"
+        self.per_prompt = scope == "prompt"
 
     def _store(self, part: tuple, dim: int) -> VectorStore:
         store = self.stores.get(part)
@@ -194,7 +195,7 @@ class _Cache:
             d2 = float(((store.vectors[k] - v) ** 2).sum()) if self.l2 else 0.0  # type: ignore[union-attr]
             hit = self.rule.hit(sim, d2)
         else:
-            key: Hashable = gid if self.scope == "prompt" else 0
+            key: Hashable = gid if self.per_prompt else 0
             hit = self.policy.decide(key, sim)
             if not hit:
                 if rec.response is not None and stored is not None:
