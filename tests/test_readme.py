@@ -29,7 +29,7 @@ def test_constraints_pin_the_cpu_torch():
 def test_ci_runs_the_oldest_versions_job_on_the_declared_floors():
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert "bash .ci/oldest" in ci and ci.index("bash .ci/oldest") > ci.index("python3 -m pytest -q")
-    assert "python3 -m mypy" in ci and "python3 -m ruff check cachectl tests bench" in ci
+    assert "python3 -m mypy" in ci and "python3 -m ruff check ." in ci
     oldest = (ROOT / ".ci" / "oldest").read_text(encoding="utf-8")
     # the pins come from pyproject.toml itself, and the job checks they were installed
     assert 'tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]' in oldest
