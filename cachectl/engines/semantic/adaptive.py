@@ -102,6 +102,20 @@ def best_lower_bound(gamma: float, t_primes: Sequence[float], log_keep: Sequence
     return math.exp(best)
 
 
+def _newton_step(b0: float, b1: float, g0: float, g1: float, h00: float, h01: float,
+                 h11: float) -> tuple[float, float, bool] | None:
+    """One Newton step of :func:`fit_logistic` from its gradient and (penalized) information matrix: the new
+    coefficients and whether the step was small enough to stop; None when the matrix is not positive definite."""
+    det = h00 * h11 - h01 * h01
+    if not det > 0:
+        return None
+    d0 = (h11 * g0 - h01 * g1) / det
+    d1 = (h00 * g1 - h01 * g0) / det
+    b0 += d0
+    b1 += d1
+    return b0, b1, abs(d1) < 1e-6 * (1.0 + abs(b1)) and abs(d0) < 1e-6 * (1.0 + abs(b0))
+
+
 def fit_logistic(obs: Sequence[tuple[float, int]] | tuple[Any, Any], ridge: float = RIDGE, steps: int = 25,
                  start: tuple[float, float] = (0.0, 0.0)) -> Fit | None:
     """Maximum-likelihood ``logit P(correct) = b0 + b1 * s`` by Newton's method, with ``ridge/2 * b1**2`` as a
@@ -133,14 +147,11 @@ def fit_logistic(obs: Sequence[tuple[float, int]] | tuple[Any, Any], ridge: floa
             g1 -= ridge * b1
             h00 += 1e-9 * n
             h11 += ridge
-            det = h00 * h11 - h01 * h01
-            if not det > 0:
+            step = _newton_step(b0, b1, g0, g1, h00, h01, h11)
+            if step is None:
                 return None
-            d0 = (h11 * g0 - h01 * g1) / det
-            d1 = (h00 * g1 - h01 * g0) / det
-            b0 += d0
-            b1 += d1
-            if abs(d1) < 1e-6 * (1.0 + abs(b1)) and abs(d0) < 1e-6 * (1.0 + abs(b0)):
+            b0, b1, done = step
+            if done:
                 break
     else:
         import numpy as np
@@ -156,14 +167,11 @@ def fit_logistic(obs: Sequence[tuple[float, int]] | tuple[Any, Any], ridge: floa
             ra = ya - pa
             g0, g1 = float(total(ra)), float(ra @ sa) - ridge * b1
             h00, h01, h11 = float(total(wa)) + 1e-9 * n, float(wa @ sa), float(wa @ sa2) + ridge
-            det = h00 * h11 - h01 * h01
-            if not det > 0:
+            step = _newton_step(b0, b1, g0, g1, h00, h01, h11)
+            if step is None:
                 return None
-            d0 = (h11 * g0 - h01 * g1) / det
-            d1 = (h00 * g1 - h01 * g0) / det
-            b0 += d0
-            b1 += d1
-            if abs(d1) < 1e-6 * (1.0 + abs(b1)) and abs(d0) < 1e-6 * (1.0 + abs(b0)):
+            b0, b1, done = step
+            if done:
                 break
     det = h00 * h11 - h01 * h01
     if not b1 > 1e-6 or not math.isfinite(b0) or not det > 0:
