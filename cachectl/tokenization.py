@@ -522,6 +522,9 @@ def _lazy_chat_spans(tok: TokenizerHandle, prompt: PromptInput, text: str, opts:
                                template_vars=opts["template_vars"], remember=False)
 
     def spans() -> tuple[Span, ...]:
+        found = _found_spans(prompt, text)
+        if found is not None:  # (proven by the text itself: no instrumented render, nothing to keep)
+            return _with_tools(prompt, text, found)
         memo = tok.render_memo
         if memo is None:
             return chat_spans(prompt, text, render=render)
@@ -610,6 +613,32 @@ def _marked_spans(prompt: PromptInput, text: str, render: Callable[[Sequence[dic
     return spans
 
 
+def _found_spans(prompt: PromptInput, text: str) -> list[Span] | None:
+    """The spans :func:`_marked_spans` would read, without its instrumented render, where the text itself proves
+    them: every message's content, trimmed of its edge whitespace as the markers are placed, occurs in the text
+    exactly once, each after the one before it. That one place is where the template wrote it (a template that
+    dropped a content, moved it ahead of an earlier one, wrote it twice or cut it leaves the text otherwise, and
+    the instrumented render decides). None when any content is not so found."""
+    msgs = prompt.messages or ()
+    if 2 * len(msgs) > _MARK_END - _MARK or _MARKS.search(text):
+        return None
+    spans: list[Span] = []
+    after = 0
+    for i, (msg, path) in enumerate(zip(msgs, prompt.field_paths)):
+        content = msg.get("content")
+        if not isinstance(content, str) or not content.strip():
+            continue
+        edge = _EDGE_WS.match(content)
+        assert edge is not None
+        lead, core, _ = edge.groups()
+        at = text.find(core)
+        if at < after or text.find(core, at + 1) >= 0:
+            return None
+        after = at + len(core)
+        spans.append(Span(at, after, path, i, msg.get("role"), len(lead)))
+    return spans
+
+
 def common_prefix(a: str, b: str) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -630,13 +659,20 @@ def chat_spans(prompt: PromptInput, text: str,
                render: Callable[[Sequence[dict]], str] | None = None) -> tuple[Span, ...]:
     """Find where each message's content and each tool schema landed in the rendered text.
 
-    With ``render`` (the same chat template, same options) the contents are located by an instrumented
-    render (:func:`_marked_spans`), wherever the template put them. Otherwise, or when that fails,
+    With ``render`` (the same chat template, same options) the contents are located where the text proves
+    them (:func:`_found_spans`: each found exactly once, in order), else by an instrumented render
+    (:func:`_marked_spans`), wherever the template put them. Otherwise, or when that fails,
     contents are searched in order from a moving cursor. Text the template wrote itself (a default
     system prompt, a date line, role headers) stays unattributed, i.e. template text.
     """
-    marked = _marked_spans(prompt, text, render) if render is not None else None
-    spans: list[Span] = list(marked) if marked is not None else _searched_spans(prompt, text)
+    marked = _found_spans(prompt, text) if render is not None else None
+    if marked is None and render is not None:
+        marked = _marked_spans(prompt, text, render)
+    return _with_tools(prompt, text, list(marked) if marked is not None else _searched_spans(prompt, text))
+
+
+def _with_tools(prompt: PromptInput, text: str, spans: list[Span]) -> tuple[Span, ...]:
+    """The messages' spans with each tool schema's (found as templates commonly serialize it), sorted."""
     for t_idx, tool in enumerate(prompt.tools or ()):
         for rendered in _tool_renderings(tool):
             pos = text.find(rendered)
