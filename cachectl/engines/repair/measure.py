@@ -139,12 +139,14 @@ def _tokenized(lines: Sequence[LogLine], tokenizer: Any, add_generation_prompt: 
 def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = None, table: Any = None,
             block_size: int = 16, capacity_blocks: int | None = None, add_generation_prompt: bool = True,
             source: str = "", causes: bool = True, memo: TokenMemo | None = None,
-            counter: Any = None, progress: Callable[[int], None] | None = None) -> tuple[Measure, list[str]]:
+            counter: Any = None, progress: Callable[[int], None] | None = None,
+            provider: ProviderMeasure | None = None) -> tuple[Measure, list[str]]:
     """A log measured by the existing engines: the vLLM replay (:func:`cachectl.engines.prefix.simulate`; with
     ``capacity_blocks`` None, no eviction), the provider cache
     (:func:`cachectl.engines.provider.cache.simulate_requests`), and the token prefix each request shares with the
     previous one of its conversation (with the diff-tokens cause where they diverge). ``progress(n)`` is called
-    as lines are tokenized."""
+    as lines are tokenized. ``provider``: the provider cache already simulated over these very requests
+    (:func:`provider_measure`), not simulated again."""
     from .. import tokendiff
     from ..prefix.replay import simulate
     from ..prefix.trace import TraceRequest
@@ -193,7 +195,6 @@ def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = No
             ceiling = VllmMeasure("infinite", inf.block_size, None, inf.requests, inf.query_tokens, inf.hit_tokens,
                                   inf.hit_rate)
         pair_reused, pair_tokens = pair["reused"], pair["tokens"]
-    provider = None
     counted = [0]  # the requests simulated (the lines without a request body are not)
 
     def reqs() -> Iterator[Any]:
@@ -202,7 +203,7 @@ def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = No
                 counted[0] += 1
                 yield ln.request
 
-    any_req = next(reqs(), None) is not None
+    any_req = provider is None and next(reqs(), None) is not None
     if any_req and table is not None and tokenizer is None and any(p.tokens is None for r in reqs()
                                                                    for p in r.positions):
         notes.append("the provider cache simulation needs token counts: pass `tokenizer`")
@@ -216,9 +217,14 @@ def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = No
         except (InputError, UsageError) as exc:
             notes.append(f"provider cache not simulated: {exc}")
         else:
-            t = rep.totals
-            provider = ProviderMeasure(counted[0], int(t.get("cache_read_input_tokens", 0)),
-                                       int(t.get("cache_creation_input_tokens", 0)), int(t.get("input_tokens", 0)),
-                                       rep.total_cost_usd, rep.uncached_cost_usd, rep.hit_rate,
-                                       len(lines) - counted[0])
+            provider = provider_measure(rep, counted[0], len(lines) - counted[0])
     return Measure(vllm, provider, pair_reused, pair_tokens, cause_count, ceiling), notes
+
+
+def provider_measure(rep: Any, requests: int, skipped: int = 0) -> ProviderMeasure:
+    """A provider simulation's report (:func:`cachectl.engines.provider.cache.simulate_requests`) of ``requests``
+    requests as a measure (``skipped``: the lines without a request body)."""
+    t = rep.totals
+    return ProviderMeasure(requests, int(t.get("cache_read_input_tokens", 0)), int(t.get("cache_creation_input_tokens", 0)),
+                           int(t.get("input_tokens", 0)), rep.total_cost_usd, rep.uncached_cost_usd, rep.hit_rate,
+                           skipped)

@@ -305,21 +305,20 @@ def pairs_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
                  text_counter: Any = None, fixes: BeforeAfter | None = None,
                  progress: Callable[[int], None] | None = None, prompt_of: Callable[[int], Any] | None = None,
                  ends: Container[int] | None = None,
-                 lines_of_losses: Container[int] | None = None) -> tuple[LogReport, float | None, PairLosses]:
+                 lines_of_losses: Container[int] | None = None,
+                 costed: Costed | None = None) -> tuple[LogReport, float | None, PairLosses]:
     """:func:`build_report` without the forks of the log's shared prefix (which :func:`with_forks` adds): the
     report, the dollars a lost token costs (None without prices), and the within-conversation loss of the requests
-    on ``lines_of_losses`` (None: of every request that lost tokens)."""
+    on ``lines_of_losses`` (None: of every request that lost tokens). ``costed``: the provider section already
+    simulated (:func:`cost_section`; ``requests`` are then not read)."""
     from ..tokendiff import MISMATCH, LogSummary, diff_log
 
     if top < 1:
         raise CachectlError("`top` must be at least 1")
-    notes: list[str] = []
-    cost = None
-    if requests is not None and table is not None:
-        try:
-            cost = _cost_section(requests, table, source, text_counter, tokenizer_name)
-        except InputError as exc:  # no model, no timestamps, out of order: the rest of the report still stands
-            notes.append(f"provider cache not simulated: {exc}")
+    if costed is None and requests is not None and table is not None:
+        costed = cost_section(requests, table, source, text_counter, tokenizer_name)
+    notes: list[str] = list(costed.notes) if costed is not None else []
+    cost = costed.section if costed is not None else None
     rate = None
     if table is not None and cost is not None:
         name = price_model or (cost.models[0] if cost.models else None)
@@ -412,6 +411,7 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     from ...workers import Workers
     from ..provider.cache import tokenizer_counter
     from .fix import assembled, fix_pass, started
+    from .measure import provider_measure
     from .shared_prefix import auto_records, log_forks
 
     workers = workers if workers is not None else Workers(jobs=1)
@@ -421,13 +421,18 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     ends = grouping.end_lines(lines)
 
     def side() -> tuple:
-        before = measured(fixed_lines)
+        counter = tokenizer_counter(tokenizer) if tokenizer is not None else None
+        costed = (cost_section(requests, table, source, counter, tokenizer_name)
+                  if requests is not None and table is not None else None)
+        # the provider section read every line as a request: the log before the fixes is that same simulation
+        before = measured(fixed_lines, provider=provider_measure(costed.simulated, costed.requests)
+                          if costed is not None and costed.simulated is not None and costed.requests == len(lines)
+                          else None)
         return before, pairs_report(
-            source=source, log=records, tokenizer=tokenizer, tokenizer_name=tokenizer_name, requests=requests,
-            table=table, trace=trace, block_size=options.block_size, top=top, price_model=price_model,
-            text_counter=tokenizer_counter(tokenizer) if tokenizer is not None else None, progress=progress,
+            source=source, log=records, tokenizer=tokenizer, tokenizer_name=tokenizer_name, table=table,
+            trace=trace, block_size=options.block_size, top=top, price_model=price_model, progress=progress,
             prompt_of=lambda line: lines[lines.index_of(line)].prompt,  # type: ignore[attr-defined]
-            ends=ends, lines_of_losses=None)
+            ends=ends, lines_of_losses=None, costed=costed)
 
     side_job = workers.submit(side)  # beside the forks analysis
     forks, fork_notes = log_forks(fixed_lines, tokenizer=tokenizer, block_size=options.block_size,
@@ -467,18 +472,42 @@ def _pair_again(key: Any, line_a: int, line_b: int, prompt_of: Callable[[int], A
     return PairResult(line_a=line_a, line_b=line_b, key=key, diff=d)
 
 
-def _cost_section(requests: Iterable[Request], table: PriceTable, source: str, text_counter: Any,
-                  tokenizer_name: str) -> CostSection:
+@dataclass(frozen=True)
+class Costed:
+    """The provider cache simulated over a log's requests: the report's section and the simulation's totals
+    (None, with a note, where it could not run), and the requests it read."""
+
+    section: CostSection | None
+    simulated: Any = None       # the simulation's CostReport
+    requests: int = 0
+    notes: tuple[str, ...] = ()
+
+
+def cost_section(requests: Iterable[Request], table: PriceTable, source: str, text_counter: Any,
+                 tokenizer_name: str) -> Costed:
+    """prompt-cost's simulation over ``requests`` (with ``table``), as the report's provider section; a log it
+    cannot simulate (no model, no timestamps, out of order) gives a note, and the rest of the report stands."""
     from ..provider.cache import simulate_requests
 
-    r = simulate_requests(requests, table=table, source=source, text_counter=text_counter,
-                          token_source=f"tokenizer {tokenizer_name}" if text_counter is not None else "layout",
-                          keep_requests=False)  # the misses in a few numbers, not a row per request
+    read = [0]
+
+    def counted() -> Iterable[Request]:
+        for req in requests:
+            read[0] += 1
+            yield req
+
+    try:
+        r = simulate_requests(counted(), table=table, source=source, text_counter=text_counter,
+                              token_source=f"tokenizer {tokenizer_name}" if text_counter is not None else "layout",
+                              keep_requests=False)  # the misses in a few numbers, not a row per request
+    except InputError as exc:
+        return Costed(None, notes=(f"provider cache not simulated: {exc}",))
     misses = tuple(MissTally(code=c, requests=n, uncached_input_tokens=tok) for c, n, tok in r.miss_tallies)
-    return CostSection(models=r.models, token_source=r.token_source, total_usd=r.total_cost_usd,
-                       uncached_usd=r.uncached_cost_usd, savings_usd=r.savings_usd, hit_rate=r.hit_rate,
-                       misses=misses, findings=tuple(f.message for f in r.findings), notes=r.notes,
-                       reconciled=r.reconciled, agreed=r.agreed, billed_usd=r.billed_cost_usd)
+    return Costed(CostSection(models=r.models, token_source=r.token_source, total_usd=r.total_cost_usd,
+                              uncached_usd=r.uncached_cost_usd, savings_usd=r.savings_usd, hit_rate=r.hit_rate,
+                              misses=misses, findings=tuple(f.message for f in r.findings), notes=r.notes,
+                              reconciled=r.reconciled, agreed=r.agreed, billed_usd=r.billed_cost_usd),
+                  r, read[0])
 
 
 def _curve_section(trace: Iterable[TraceRequest], block_size: int, points: int, source: str,
