@@ -163,6 +163,10 @@ JobsOpt = Annotated[Optional[int], typer.Option(
     "--jobs", "-j", min=1, metavar="N",
     help="Processes to use: parts of the run are computed side by side in forked children, with the same result "
          "(default: the cores available; 1: one process; Linux only).")]
+RayRenderOpt = Annotated[Optional[str], typer.Option(
+    "--ray", metavar="ADDRESS",
+    help="Render and tokenize the log's prompts on a Ray cluster (HOST:PORT, ray://HOST:PORT or auto; local: a Ray "
+         "instance for the run, of --jobs CPUs), the replays here: the same result (needs the ray extra).")]
 BlockSizeOpt = Annotated[int, typer.Option("--block-size", min=1, metavar="N", help="KV-cache block size in tokens (vLLM: 16).")]
 AsOpt = Annotated[Optional[InputKind], typer.Option("--as", help="Force the input kind instead of detecting it.",
                                                     case_sensitive=False)]

@@ -21,6 +21,7 @@ from .common import (
     KvCapacity,
     KvDtypeOpt,
     Progress,
+    RayRenderOpt,
     TimeUnitOpt,
     TokenizerOpt,
     WindowOpt,
@@ -98,6 +99,7 @@ def command(
                                        "logs).")] = False,
     fmt: FormatOpt = Format.text,
     jobs: JobsOpt = None,
+    ray: RayRenderOpt = None,
     log_format: LogFormatOpt = None,
 ) -> None:
     from ..engines.provider.prices import PriceTable
@@ -151,6 +153,13 @@ def command(
     with Progress("fix: lines read, rewritten and measured") as progress, \
             Workers(jobs, progress=progress.advance, say=print_note) as workers:
         lines = log_lines(records(), source=source, key=key, timestamps=stamps)
+        if ray is not None:
+            if tok is None:
+                raise UsageError("--ray renders and tokenizes the log's prompts: it needs --tokenizer")
+            from ..engines.repair.prefill import prefill
+
+            prefill(lines, tok, generation_prompts=(options.add_generation_prompt,), ray_address=ray,
+                    jobs=workers.jobs)
         report = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source, progress=workers.tick,
                              workers=workers)
         if not unsafe_fixes and report.unsafe_skipped:

@@ -19,6 +19,7 @@ from .common import (
     FormatOpt,
     JobsOpt,
     Progress,
+    RayRenderOpt,
     TimeUnit,
     TimeUnitOpt,
     WindowOpt,
@@ -95,6 +96,7 @@ def command(
     top: Annotated[int, typer.Option("--top", min=1, help="Worst conversations shown.")] = 5,
     fmt: FormatOpt = Format.text,
     jobs: JobsOpt = None,
+    ray: RayRenderOpt = None,
     log_format: LogFormatOpt = None,
 ) -> None:
     from ..inputs.files import spooled
@@ -113,7 +115,7 @@ def command(
     with spooled(log) as path:
         shape = forced if forced not in (None, "auto") else shape_of(path)  # found once, read three times
         _report(path, tokenizer, key, window, chat_template, model, html, block_size, top, fmt, time_unit, jobs,
-                shape)
+                shape, ray)
 
 
 command.__doc__ = HELP
@@ -121,7 +123,8 @@ command.__doc__ = HELP
 
 def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_template: Optional[str],
             model: Optional[str], html: Optional[str], block_size: int, top: int, fmt: Format,
-            time_unit: Optional[TimeUnit] = None, jobs: Optional[int] = None, shape: str = "native") -> None:
+            time_unit: Optional[TimeUnit] = None, jobs: Optional[int] = None, shape: str = "native",
+            ray: Optional[str] = None) -> None:
     from ..engines.prefix.trace import iter_trace
     from ..engines.provider.prices import PriceTable
     from ..engines.repair import fix, report
@@ -142,6 +145,10 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
         # fix's reader and grouping: conversations by --key, else found automatically
         lines = log_lines(iter_progress(log_values(log, shape), progress), source=source, key=key,
                           timestamps=stamps)
+        if ray is not None:  # the pairs are compared without the generation prompt, the rest with it
+            from ..engines.repair.prefill import prefill
+
+            prefill(lines, tok, generation_prompts=(True, False), ray_address=ray, jobs=workers.jobs)
         tick = workers.tick  # (a part computed in a child process ticks through its parent)
         result = report.log_report(
             lines, options, tokenizer=tok, tokenizer_name=tokenizer, table=table, source=source,

@@ -652,70 +652,14 @@ def _on_ray(paths: Sequence[str], kw: dict, address: str | None, jobs: int) -> l
     """One Ray task per partition (``ray.remote`` / ``ray.get``); Ray schedules them. Without an address (and
     without ``RAY_ADDRESS``) a local Ray instance is started for the run, with ``jobs`` CPUs when ``jobs`` > 1,
     else all of them."""
-    import logging
     import os
 
-    try:
-        import ray
-    except ImportError:
-        raise UsageError("--ray needs ray: pip install 'llm-cachectl[ray]'") from None
-    from ...errors import CachectlError
+    from ...raycluster import ray_cluster, task_error
 
-    origin = "--ray-address" if address else "RAY_ADDRESS"
-    address = address or os.environ.get("RAY_ADDRESS") or None
-    started = False
-    if not ray.is_initialized():
-        init: dict = dict(logging_level=logging.WARNING, log_to_driver=False)
-        if address:
-            _reachable(address, origin)
-            init["address"] = address
-        else:
-            init.update(num_cpus=jobs if jobs > 1 else None, include_dashboard=False)
-        try:
-            ray.init(**init)
-        except ConnectionError as exc:
-            raise UsageError(f"{origin} {address}: cannot connect to a Ray cluster ({_one_line(exc)})") from None
-        started = True
-    try:
+    with ray_cluster(address, jobs=jobs) as ray:
         task = ray.remote(replay_partition)
         refs = [task.remote(os.path.abspath(p), kw) for p in paths]
         try:
             return list(ray.get(refs))
         except ray.exceptions.RayTaskError as exc:
-            cause = getattr(exc, "cause", None)
-            if isinstance(cause, CachectlError):
-                raise cause from None
-            raise
-    finally:
-        if started:
-            ray.shutdown()
-
-
-#: seconds to wait for a Ray cluster's address to answer before giving up (Ray itself retries for minutes)
-RAY_CONNECT_TIMEOUT_S = 5.0
-
-
-def _reachable(address: str, origin: str, timeout: float = RAY_CONNECT_TIMEOUT_S) -> None:
-    """Refuse, in one line, a Ray address (``HOST:PORT`` or ``ray://HOST:PORT``) that does not accept a TCP
-    connection within ``timeout`` seconds. ``auto`` and ``local`` are Ray's to resolve."""
-    import socket
-
-    if address in ("auto", "local"):
-        return
-    host, sep, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise UsageError(f"{origin} {address}: expected HOST:PORT or ray://HOST:PORT (the cluster's GCS or "
-                         "Ray client address), auto or local")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-    except TimeoutError:
-        raise UsageError(f"{origin} {address}: no answer within {timeout:g} s; is the Ray cluster up "
-                         "(ray start --head) and the address right?") from None
-    except OSError as exc:
-        raise UsageError(f"{origin} {address}: cannot reach the Ray cluster ({exc.strerror or exc}); is it up "
-                         "(ray start --head) and the address right?") from None
-
-
-def _one_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0][:200] if lines else type(exc).__name__
+            raise task_error(ray, exc) from None

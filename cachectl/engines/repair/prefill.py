@@ -1,0 +1,119 @@
+"""The render and tokenize step of ``report`` and ``fix``, mapped over a Ray cluster (``--ray ADDRESS``), before
+the run's passes: each distinct chat prompt of the log is rendered through the chat template and encoded once, on
+the cluster, and its text and token IDs are put in the tokenizer's render memo
+(:class:`cachectl.tokenization.RenderMemo`) under the key the passes look them up by. The driver then does what is
+sequential (grouping, the replays, the fork tree, the fixes) without rendering or encoding an original prompt
+again; the results are the same as without the cluster (the same template, tokenizer and key).
+
+``prefill(lines, tokenizer, generation_prompts=(True, False), ray_address="local") -> Prefilled``
+
+A task loads the tokenizer by the name and chat template file the run loaded it from (a worker keeps it for its
+next tasks), so a cluster past this machine needs them at the same paths. A prompt a task cannot render is left
+to the driver, which renders it in its pass and reports the error there, naming the line. Raw-text and token-ID
+prompts have no render to keep: the passes encode them as before.
+"""
+
+from __future__ import annotations
+
+import os
+from array import array
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: prompts a task renders (a task's messages travel to it pickled, its texts and IDs back)
+CHUNK = 256
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    prompts: int        # distinct (prompt, generation prompt) renders asked of the cluster
+    rendered: int       # of them, rendered and encoded there (the rest: left to the driver)
+    tasks: int
+
+
+def prefill(lines: Iterable[Any], tokenizer: Any, *, generation_prompts: Sequence[bool] = (True,),
+            ray_address: str | None = None, jobs: int = 1) -> Prefilled:
+    """Render and encode the chat prompts of ``lines`` (:class:`~.groups.LogLine`) on Ray, once each per value of
+    ``generation_prompts``, into ``tokenizer``'s render memo (kept from now on:
+    :meth:`~cachectl.tokenization.TokenizerHandle.remember_renders`). ``ray_address``: as
+    :func:`cachectl.raycluster.ray_cluster` takes it (``local``: a Ray instance of ``jobs`` CPUs for the run)."""
+    from ...raycluster import ray_cluster, task_error
+
+    memo = tokenizer.remember_renders()
+    todo: dict[bytes, tuple] = {}  # render key -> (messages, tools, add_generation_prompt)
+    for ln in lines:
+        p = ln.prompt
+        if not p.is_chat or not p.messages:
+            continue
+        msgs = list(p.messages)
+        tools = list(p.tools) if p.tools else None
+        source = tokenizer.hf.get_chat_template(None, tools)
+        for gen in generation_prompts:
+            key = memo.key(source, msgs, tools, gen, None)  # (the key ``_render_keyed`` looks a render up by)
+            if key is not None and key not in todo and memo.get_ids(key) is None:
+                todo[key] = (msgs, tools, gen)
+    if not todo:
+        return Prefilled(0, 0, 0)
+    keys = list(todo)
+    chunks = [keys[k:k + CHUNK] for k in range(0, len(keys), CHUNK)]
+    spec = (_path_or_name(tokenizer.name), _path_or_name(tokenizer.template_source))
+    rendered = 0
+    with ray_cluster(ray_address, jobs=jobs, origin="--ray") as ray:
+        task = ray.remote(render_chunk)
+        refs = [task.remote(spec, [todo[k] for k in chunk]) for chunk in chunks]
+        for chunk, ref in zip(chunks, refs):
+            try:
+                got = ray.get(ref)
+            except ray.exceptions.RayTaskError as exc:
+                raise task_error(ray, exc) from None
+            for key, item in zip(chunk, got):
+                if item is None:
+                    continue
+                text, data = item
+                ids = array("I")
+                ids.frombytes(data)
+                memo.put(key, text)
+                memo.put_ids(key, ids)
+                rendered += 1
+    return Prefilled(len(keys), rendered, len(chunks))
+
+
+def render_chunk(spec: tuple[str, str | None], items: Sequence[tuple]) -> list[tuple[str, bytes] | None]:
+    """A task: each ``(messages, tools, add_generation_prompt)`` rendered through the chat template and encoded
+    as the passes encode a chat render (no special tokens added: the template wrote them); None for one that does
+    not render (the driver renders it again and says why)."""
+    from ...errors import CachectlError
+    from ...inputs import PromptInput
+
+    tok = _tokenizer(spec)
+    out: list[tuple[str, bytes] | None] = []
+    for msgs, tools, gen in items:
+        p = PromptInput(kind="openai", source="", line=None, messages=tuple(msgs), tools=tuple(tools) if tools else None)
+        try:
+            text = tok.render_chat(p, add_generation_prompt=gen, remember=False)
+        except CachectlError:
+            out.append(None)
+            continue
+        out.append((text, array("I", tok.backend.encode(text, add_special_tokens=False).ids).tobytes()))
+    return out
+
+
+_LOADED: dict[tuple, Any] = {}
+
+
+def _tokenizer(spec: tuple[str, str | None]) -> Any:
+    """The tokenizer a task renders with, loaded once per worker process."""
+    got = _LOADED.get(spec)
+    if got is None:
+        from ...tokenization import load_tokenizer
+
+        got = _LOADED[spec] = load_tokenizer(spec[0], chat_template_file=spec[1])
+    return got
+
+
+def _path_or_name(spec: str | None) -> Any:
+    """A local path made absolute (a worker's directory is not the driver's); a hub name as it is."""
+    if spec is None or not os.path.exists(spec):
+        return spec
+    return os.path.abspath(spec)

@@ -1,0 +1,70 @@
+"""``report --ray`` and ``fix --ray``: the log's chat prompts rendered and tokenized as Ray tasks (Ray's own API on
+a local Ray instance), the replays in the driver, and the same result as one process."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import PROMPTS, TOK_DIR
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local two-CPU Ray for the module's runs (``--ray local`` joins the instance already started)."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def _json(r) -> dict:
+    assert r.exit_code in (0, 1), r.stderr
+    return json.loads(r.stdout)
+
+
+def test_report_on_ray_is_the_report_of_one_process(cli, local_ray):
+    log = PROMPTS / "agent_log.jsonl"
+    one = _json(cli("report", log, "--key", "session", "-t", TOK_DIR, "--format", "json", "--jobs", "1"))
+    on_ray = _json(cli("report", log, "--key", "session", "-t", TOK_DIR, "--format", "json", "--jobs", "1",
+                       "--ray", "local"))
+    assert on_ray == one and one["requests"] > 10
+
+
+def test_fix_on_ray_writes_the_same_log(cli, local_ray, tmp_path):
+    log = PROMPTS / "shared_prefix_log.jsonl"
+    args = ["-t", TOK_DIR, "--unsafe-fixes", "--format", "json", "--jobs", "1"]
+    one = _json(cli("fix", log, *args, "-o", tmp_path / "one.jsonl"))
+    on_ray = _json(cli("fix", log, *args, "-o", tmp_path / "ray.jsonl", "--ray", "local"))
+    for d in (one, on_ray):
+        d.pop("out", None)
+    assert on_ray == one and one["applied"] > 0
+    assert (tmp_path / "ray.jsonl").read_bytes() == (tmp_path / "one.jsonl").read_bytes()
+
+
+def test_the_driver_renders_no_prompt_the_cluster_rendered(local_ray):
+    """After the prefill every chat prompt of the log is found in the render memo: tokenizing the log again puts
+    nothing new there, with or without the generation prompt."""
+    from cachectl.engines.repair.groups import log_lines
+    from cachectl.engines.repair.prefill import prefill
+    from cachectl.inputs import iter_jsonl
+    from cachectl.tokenization import load_tokenizer
+
+    log = PROMPTS / "agent_log.jsonl"
+    lines = list(log_lines(iter_jsonl(str(log)), source=str(log)))
+    tok = load_tokenizer(str(TOK_DIR))
+    done = prefill(lines, tok, generation_prompts=(True, False), ray_address="local")
+    distinct = {json.dumps([ln.prompt.messages, ln.prompt.tools], sort_keys=False) for ln in lines}
+    assert done.rendered == done.prompts == 2 * len(distinct) and done.tasks >= 1
+    memo = tok.render_memo
+    before = memo.misses
+    for gen in (True, False):
+        fresh = tok.tokenize_many([ln.prompt for ln in lines], add_generation_prompt=gen)
+        alone = load_tokenizer(str(TOK_DIR)).tokenize_many([ln.prompt for ln in lines], add_generation_prompt=gen)
+        assert [list(t.ids) for t in fresh] == [list(t.ids) for t in alone]
+        assert [t.text for t in fresh] == [t.text for t in alone]
+    assert memo.misses == before
+    assert prefill(lines, tok, generation_prompts=(True,), ray_address="local").prompts == 0  # all kept already
