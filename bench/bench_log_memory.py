@@ -90,6 +90,8 @@ def make_log(path: Path, requests: int, seed: int = 5, active: int = 40) -> int:
 COMMANDS: dict[str, list[str]] = {
     "report": ["report", "{log}", "--key", "session", "-t", TOK, "--format", "json"],
     "report-auto": ["report", "{log}", "-t", TOK, "--format", "json"],
+    # the prompts rendered and tokenized on a local Ray instance started for the run (its processes counted)
+    "report-ray": ["report", "{log}", "--key", "session", "-t", TOK, "--format", "json", "--ray", "local"],
     "fix": ["fix", "{log}", "-t", TOK, "--unsafe-fixes", "-o", "{out}", "--format", "json"],
     "prompt-cost": ["prompt-cost", "{log}", "-t", TOK, "--format", "json"],
     "diff-tokens": ["diff-tokens", "--log", "{log}", "--key", "session", "-t", TOK, "--format", "json"],

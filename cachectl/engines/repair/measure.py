@@ -178,9 +178,9 @@ def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = No
                 c = tokendiff.common_prefix_length(prev.ids, t.ids)
                 pair["reused"] += c
                 pair["tokens"] += len(t.ids)
-                if causes and c < min(len(prev.ids), len(t.ids)):
-                    d = tokendiff.diff_tokens(prev, t, block_size=block_size, tokenizer=tokenizer)
-                    cid = d.cause.id if d.cause is not None else "unexplained"
+                if causes and c < min(len(prev.ids), len(t.ids)):  # (diff-tokens' cause, without its windows)
+                    cause = tokendiff.explain(prev, t, c, tokenizer)
+                    cid = cause.id if cause is not None else "unexplained"
                     cause_count[cid] = cause_count.get(cid, 0) + 1
 
         policy = "vllm" if capacity_blocks is not None else "infinite"

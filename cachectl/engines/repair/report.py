@@ -444,7 +444,7 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     # (the report shows the tokens reused per fix code of the full run only)
     safe_options, full_options = replace(options, per_cause=False), replace(options, unsafe=True)
     safe_job = workers.submit(run, safe_options, measured=measured)  # beside the full run (and its per-code measures)
-    full_pass = run(full_options, workers=workers)
+    full_pass = run(full_options, workers=workers, measured=measured)  # (one token memo for both runs)
     safe_pass = safe_job.result()
     (before, before_notes), (r, rate, losses) = side_job.result()
     safe = assembled(fixed_lines, safe_options, grouping, forks, fork_notes, before, before_notes, safe_pass,
