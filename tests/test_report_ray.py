@@ -9,8 +9,6 @@ import pytest
 
 from .conftest import PROMPTS, TOK_DIR
 
-pytestmark = pytest.mark.ray
-
 
 @pytest.fixture(scope="module")
 def local_ray():
@@ -26,6 +24,7 @@ def _json(r) -> dict:
     return json.loads(r.stdout)
 
 
+@pytest.mark.ray
 def test_report_on_ray_is_the_report_of_one_process(cli, local_ray):
     log = PROMPTS / "agent_log.jsonl"
     one = _json(cli("report", log, "--key", "session", "-t", TOK_DIR, "--format", "json", "--jobs", "1"))
@@ -34,6 +33,7 @@ def test_report_on_ray_is_the_report_of_one_process(cli, local_ray):
     assert on_ray == one and one["requests"] > 10
 
 
+@pytest.mark.ray
 def test_fix_on_ray_writes_the_same_log(cli, local_ray, tmp_path):
     log = PROMPTS / "shared_prefix_log.jsonl"
     args = ["-t", TOK_DIR, "--unsafe-fixes", "--format", "json", "--jobs", "1"]
@@ -45,6 +45,7 @@ def test_fix_on_ray_writes_the_same_log(cli, local_ray, tmp_path):
     assert (tmp_path / "ray.jsonl").read_bytes() == (tmp_path / "one.jsonl").read_bytes()
 
 
+@pytest.mark.ray
 def test_the_driver_renders_no_prompt_the_cluster_rendered(local_ray):
     """After the prefill every chat prompt of the log is found in the render memo: tokenizing the log again puts
     nothing new there, with or without the generation prompt."""
@@ -68,3 +69,15 @@ def test_the_driver_renders_no_prompt_the_cluster_rendered(local_ray):
         assert [t.text for t in fresh] == [t.text for t in alone]
     assert memo.misses == before
     assert prefill(lines, tok, generation_prompts=(True,), ray_address="local").prompts == 0  # all kept already
+
+
+def test_ray_without_the_extra_or_a_tokenizer_is_one_line(cli, tmp_path):
+    log = PROMPTS / "agent_log.jsonl"
+    r = cli("fix", log, "--ray", "local")
+    assert r.exit_code == 2 and "--ray renders and tokenizes the log's prompts: it needs --tokenizer" in r.stderr
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        r = cli("report", log, "-t", TOK_DIR, "--ray", "local")
+        assert r.exit_code == 2 and r.stderr.strip().endswith("--ray needs ray: pip install 'llm-cachectl[ray]'")
+        assert r.stderr.count("\n") == 1, r.stderr
