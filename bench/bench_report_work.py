@@ -116,7 +116,7 @@ def measure(command: str, log: Path, out: Path) -> dict[str, int]:
     if result.exit_code not in (0, 1):
         raise SystemExit(f"{command} failed ({result.exit_code}): {result.output[-500:]}")
     stats = pstats.Stats(prof, stream=io.StringIO())
-    passes = calls(stats, "engines/prefix/forks.py", "tree_pass")
+    passes = calls(stats, "engines/prefix/forks/cost.py", "tree_pass")
     return {"parses": calls(stats, "inputs/request.py", "parse_request"),
             "renders": calls(stats, "tokenization.py", "render_chat_template"),
             "tokens": counter.n,

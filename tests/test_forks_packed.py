@@ -11,7 +11,8 @@ from dataclasses import replace
 import pytest
 
 from cachectl.engines.prefix import analyze_forks, fork_requests
-from cachectl.engines.prefix.forks import ForkRequest, RequestStore, _View, pack_requests
+from cachectl.engines.prefix.forks import ForkRequest, RequestStore, pack_requests
+from cachectl.engines.prefix.forks.views import _View
 from cachectl.engines.prefix.packed import ObjectCodec, RenderCodec
 from cachectl.engines.repair import groups
 from cachectl.engines.repair.shared_prefix import LogForks, log_forks
@@ -154,7 +155,7 @@ def test_first_tree_pruned_to_its_summary_summarizes_the_same(seed):
     """The fork analysis keeps its first tree only for the summary at the end: cut to the edges the summary
     expands, the summary (nodes, spans, request counts, forks marked) is the same, and most edges are gone (the
     children of the expanded edges stay, each without its own subtree)."""
-    from cachectl.engines.prefix.forks import PrefixTree, _prune_to_summary, _summary
+    from cachectl.engines.prefix.forks.tree import PrefixTree, _prune_to_summary, _summary
 
     rng = random.Random(seed)
     tree = PrefixTree()

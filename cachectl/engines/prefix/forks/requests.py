@@ -1,0 +1,474 @@
+"""The requests of a fork analysis: each request's served tokens (rendered through the chat template, with the
+generation prompt, as ``simulate-prefix``/``fix``/``report`` render them), the character each token starts at in the
+rendered text, the :class:`~cachectl.tokenization.Tokenized` (its token -> message/field/char mapping,
+:class:`~cachectl.tokenization.Location`) and the log fields that may predict a per-user value (``user``,
+``metadata.user_id``, a tenant field): :class:`ForkRequest`, built by :func:`fork_requests`. Without a tokenizer, a
+provider request's canonical positions (tools -> system -> messages) are cut into word pieces
+(:func:`canonical_tokens`): the same tree over approximate token counts.
+
+Kept packed (:class:`RequestStore`, :func:`pack_requests`): every counterfactual is a pass over the whole log, so
+every request is kept, as one zlib stream of its IDs, starts and text (compressed against the first request's,
+which holds what most requests share; :mod:`..packed`) and its prompt pickled the same way: 2 to 3 KB a request on
+a log of 400-token chat requests, where the parsed forms took some 16 KB, written to a temporary file (a
+:class:`cachectl.spool.Spool`; in memory, an object of small fields a request). A pass rebuilds each request as it
+reaches it (the tree pass as logged reads only the IDs); a tools counterfactual's re-renders are kept packed the
+same way (:class:`_RenderTable`).
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+from array import array
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+from itertools import chain
+from typing import Any
+
+from ....errors import InputError
+from ....inputs import PromptInput, Request, prompt_from_request, prompt_from_value, unwrap
+from ....inputs.prompt import check_ids
+from ....spool import Spool
+from ....tokenization import Span, Tokenized, _lazy_chat_spans
+from ..packed import ObjectCodec, RenderCodec
+
+#: log fields (dotted, in the body or its wrapper) that may predict a per-user value, looked at in this order
+USER_FIELDS = ("user", "user_id", "metadata.user_id", "metadata.user", "safety_identifier", "metadata.tenant_id",
+               "metadata.tenant", "tenant_id", "tenant", "prompt_cache_key")
+
+
+@dataclass(frozen=True, eq=False)
+class ForkRequest:
+    """One request as the fork analysis reads it: served tokens, where each starts in the rendered text, the
+    :class:`Tokenized` that maps a token to its message, field and character, and the log fields that may predict
+    a per-user value. ``text``/``starts``/``tokenized`` are None for token-ID requests (no cause, no move)."""
+
+    index: int
+    line: int | None
+    ids: Sequence[int]
+    text: str | None = None
+    starts: Sequence[int] | None = None
+    tokenized: Tokenized | None = field(default=None, repr=False)
+    #: (dotted field, value) for each of the ``user_fields`` present on the line
+    fields: tuple[tuple[str, Any], ...] = ()
+    salt: Any = None
+    #: canonical mode (no tokenizer): the request whose positions were cut into word pieces
+    request: Request | None = field(default=None, repr=False)
+
+
+class _Offsets:
+    """The one method of a ``tokenizers.Encoding`` that :class:`Tokenized` reads, over known char offsets."""
+
+    __slots__ = ("ends", "starts")
+
+    def __init__(self, starts: Sequence[int], ends: Sequence[int]):
+        self.starts, self.ends = starts, ends
+
+    def token_to_chars(self, i: int) -> tuple[int, int] | None:
+        return (self.starts[i], self.ends[i]) if 0 <= i < len(self.starts) else None
+
+
+_PIECE = re.compile(r"\w+|\s+|[^\w\s]")
+
+
+def _field_of(req: Request, p: Any) -> str:
+    path = p.path + (".content" if p.segment == "messages" and req.api == "chat" and p.kind == "message" else "")
+    return req.body_path + path
+
+
+def canonical_tokens(req: Request, vocab: dict[str, int], tools: Sequence[Any] | None = None
+                     ) -> tuple[array, str, array, Tokenized]:
+    """A provider request without a tokenizer: its canonical positions (tools -> system -> messages, the exact
+    text each counts) joined by newlines and cut into word pieces, each an id of ``vocab`` (shared by a log).
+    ``tools`` replaces the tool positions (a counterfactual order). Returns ids, text, starts, and a
+    :class:`Tokenized` whose spans name each position's JSON path."""
+    positions = list(req.positions)
+    if tools is not None:
+        positions = list(tools) + [p for p in positions if p.segment != "tools"]
+    text_parts: list[str] = []
+    spans: list[Span] = []
+    at = 0
+    msg = -1
+    for p in positions:
+        if p.segment == "messages":
+            msg += 1
+        spans.append(Span(at, at + len(p.text), _field_of(req, p), msg if p.segment == "messages" else None,
+                          p.role))
+        text_parts.append(p.text + "\n")
+        at += len(p.text) + 1
+    text = "".join(text_parts)
+    ids, starts, ends = array("I"), array("I"), array("I")
+    for m in _PIECE.finditer(text):
+        ids.append(vocab.setdefault(m.group(0), len(vocab)))
+        starts.append(m.start())
+        ends.append(m.end())
+    try:
+        prompt = prompt_from_request(req)
+    except InputError:  # a token layout or an image: no chat view, the text is still compared
+        prompt = PromptInput(kind="openai", source=req.source, line=req.line, request=req)
+    tok = Tokenized(prompt, ids, text=text, encoding=_Offsets(starts, ends), spans=spans)
+    return ids, text, starts, tok
+
+
+def _id_array(ids: Sequence[int]) -> array:
+    try:
+        return array("I", ids)
+    except OverflowError:
+        return array("Q", ids)
+
+
+def _fields(value: Any, names: Sequence[tuple[str, list[str]]]) -> tuple[tuple[str, Any], ...]:
+    if not isinstance(value, dict):
+        return ()
+    body, _, wrapper = unwrap(value)
+    out = []
+    for name, parts in names:
+        for where in (body, wrapper):
+            v = where.get(parts[0]) if isinstance(where, dict) else None
+            for part in parts[1:]:
+                v = v.get(part) if isinstance(v, dict) else None
+            if v is not None:
+                out.append((name, json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v))
+                break
+    return tuple(out)
+
+
+_ID_KEYS = ("tokens", "prompt_token_ids", "input_ids")
+
+
+def fork_requests(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
+                  user_fields: Sequence[str] = USER_FIELDS, add_generation_prompt: bool = True,
+                  batch_size: int = 256) -> Iterator[ForkRequest]:
+    """:class:`ForkRequest` records from ``(line, value)`` pairs (:func:`cachectl.inputs.iter_jsonl`): request
+    bodies and wrappers, chat lists, raw text and token IDs. With ``tokenizer`` they are rendered and tokenized
+    in batches as a server renders them (the generation prompt by default); without one, request bodies become
+    canonical word pieces (:func:`canonical_tokens`) and token-ID lines are taken as they are. A record may be
+    ``(line, value, has_bool_literal)`` (:func:`cachectl.engines.prefix.trace_records`): token-ID lines without
+    a ``true``/``false`` are then validated at C speed."""
+    vocab: dict[str, int] = {}
+    pending: list[tuple[int, int, PromptInput, tuple]] = []
+    index = 0
+
+    def flush() -> Iterator[ForkRequest]:
+        toks = tokenizer.tokenize_many([p for _, _, p, _ in pending], add_generation_prompt=add_generation_prompt)
+        for (idx, line, _, flds), t in zip(pending, toks):
+            yield _from_tokenized(idx, line, t, flds)
+        pending.clear()
+
+    names = [(n, n.split(".")) for n in user_fields]
+    for record in records:
+        line, value = record[0], record[1]
+        flds = _fields(value, names)
+        salt = value.get("cache_salt") if isinstance(value, dict) else None
+        key = next((k for k in _ID_KEYS if k in value), None) if isinstance(value, dict) else None
+        if key is not None:  # a token-ID trace line, validated at C speed where the raw line holds no bool
+            check_ids(value[key], source=source, line=line, field=key, maybe_bool=record[2] if len(record) > 2 else True)
+            yield ForkRequest(index=index, line=line, ids=_id_array(value[key]), fields=flds, salt=salt)
+            index += 1
+            continue
+        prompt = prompt_from_value(value, source=source, line=line)
+        if prompt.ids is not None:
+            yield ForkRequest(index=index, line=line, ids=_id_array(prompt.ids), fields=flds, salt=salt)
+        elif tokenizer is not None:
+            pending.append((index, line, prompt, flds))
+            if len(pending) >= batch_size:
+                yield from flush()
+        elif prompt.request is not None:
+            ids, text, starts, tok = canonical_tokens(prompt.request, vocab)
+            yield ForkRequest(index=index, line=line, ids=ids, text=text, starts=starts, tokenized=tok, fields=flds,
+                              salt=salt, request=prompt.request)
+        else:
+            raise InputError("a raw-text or chat-list line needs `tokenizer` to become tokens", source=source,
+                             line=line)
+        index += 1
+    if pending:
+        yield from flush()
+
+
+def _from_tokenized(index: int, line: int | None, t: Tokenized, flds: tuple = ()) -> ForkRequest:
+    offsets = t.offsets()  # (encoded again from the text when the tokenizer's memo gave the IDs back)
+    starts = array("I", (s for s, _ in offsets)) if offsets is not None else None
+    return ForkRequest(index=index, line=line, ids=array("I", t.ids), text=t.text, starts=starts,
+                       tokenized=t.compact(), fields=flds)
+
+
+def _tool_identity(t: Any) -> str:
+    if isinstance(t, dict):
+        return json.dumps(t, sort_keys=True, ensure_ascii=False)
+    try:  # a canonical position: its exact content
+        return json.dumps(json.loads(t.content), sort_keys=True, ensure_ascii=False)
+    except (ValueError, AttributeError):
+        return str(getattr(t, "content", t))
+
+
+def _request_tools(r: ForkRequest) -> tuple[Any, ...] | None:
+    if r.request is not None:
+        tools = tuple(p for p in r.request.positions if p.segment == "tools")
+        return tools or None
+    if r.tokenized is not None and r.tokenized.prompt.tools:
+        return tuple(r.tokenized.prompt.tools)
+    return None
+
+
+class _Packed:
+    """One request in a :class:`RequestStore`: its render packed (:class:`~..packed.RenderCodec`), its prompt
+    pickled and packed (``cold``), the chat spans once an instrumented render found them, and the small fields the
+    passes read for every request (its tools' identities, interned; its log fields and cache salt)."""
+
+    __slots__ = ("cold", "fields", "hot", "index", "line", "meta", "salt", "spans", "tools", "where", "whole")
+
+    def __init__(self, index: int, line: int | None, fields: tuple, salt: Any):
+        self.index, self.line, self.fields, self.salt = index, line, fields, salt
+        #: indices in the store's spool (on disk) of the packed render, the packed prompt and the packed spans
+        self.hot: int = -1
+        self.cold: int = -1
+        self.spans: int = -1
+        #: (offsets kind, add_special_tokens, render_opts, tokenizer handle), interned
+        self.meta: tuple | None = None
+        #: (the tools' identities in order, joined by newlines; the same sorted), interned; None without tools
+        self.tools: tuple[str, tuple[str, ...]] | None = None
+        #: a request whose parts this store does not know how to pack, kept as it is
+        self.whole: ForkRequest | None = None
+        #: a re-render's place in a :class:`_RenderTable` and its key there (its spans, found later, are kept there)
+        self.where: tuple[_RenderTable, tuple[int, int]] | None = None
+
+
+_TEXT_OFFSETS, _KNOWN_OFFSETS = 1, 2
+
+
+class RequestStore(Sequence[ForkRequest]):
+    """The requests of one fork analysis, packed: each counterfactual replays the whole log, so every request is
+    kept, as one zlib stream of its IDs, starts and text (:class:`~..packed.RenderCodec`, against the first request's
+    bytes) and its prompt pickled the same way; a few hundred bytes to a couple of KB a request where the parsed
+    forms take some 20 KB, on disk (in memory: a small object a request). Indexing rebuilds a
+    :class:`ForkRequest` (the last few are kept); :meth:`ids` reads only the IDs. Add requests in log order with
+    :meth:`add`."""
+
+    def __init__(self, recent: int = 64):
+        self._render = RenderCodec()
+        self._objects = ObjectCodec()
+        #: the packed bytes, in a temporary file (a pass reads each request's once)
+        self._disk = Spool()
+        self._recs: list[_Packed] = []
+        self._meta: dict[tuple, tuple] = {}
+        self._tools: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self._recent: OrderedDict[int, ForkRequest] = OrderedDict()
+        self._keep = recent
+        #: token count and token-ID-only requests (no text), over all requests
+        self.tokens = 0
+        self.bare = 0
+
+    def __len__(self) -> int:
+        return len(self._recs)
+
+    def add(self, r: ForkRequest) -> None:
+        rec = _Packed(r.index, r.line, r.fields, r.salt)
+        self.tokens += len(r.ids)
+        self.bare += r.text is None
+        mine = _request_tools(r)
+        if mine:
+            names = [_tool_identity(t) for t in mine]
+            order = "\n".join(names)
+            rec.tools = self._tools.get(order) or self._tools.setdefault(order, (order, tuple(sorted(names))))
+        try:
+            self._pack(rec, r)
+        except (ValueError, OverflowError, TypeError, pickle.PicklingError, AttributeError):
+            rec.whole = r
+        self._recs.append(rec)
+
+    def _pack(self, rec: _Packed, r: ForkRequest) -> None:
+        ids = r.ids if isinstance(r.ids, array) else _id_array(r.ids)
+        tok = r.tokenized
+        ends = None
+        if tok is None:
+            if r.request is not None:
+                raise ValueError("a request without its Tokenized")
+        else:
+            if tok.text != r.text or (tok.ids is not r.ids and _id_array(tok.ids) != ids):
+                raise ValueError("a Tokenized of other text or tokens")
+            if isinstance(tok.encoding, _Offsets):
+                kind = _KNOWN_OFFSETS
+                if r.starts is None or (tok.encoding.starts is not r.starts
+                                        and array("q", tok.encoding.starts) != array("q", r.starts)):
+                    raise ValueError("offsets other than the starts")
+                ends = tok.encoding.ends
+            elif tok.encoding is None:
+                kind = _TEXT_OFFSETS
+            else:
+                raise ValueError("a full tokenizers.Encoding")
+            lazy = callable(tok._spans)
+            if lazy and (tok.render_opts is None or tok.tokenizer is None):
+                raise ValueError("spans of an unknown kind")
+            handle, opts = tok.tokenizer, tok.render_opts
+            key = (kind, tok.add_special_tokens, repr(opts), id(handle), lazy)  # opts by value: one per render
+            rec.meta = self._meta.get(key) or self._meta.setdefault(key, (kind, tok.add_special_tokens, opts,
+                                                                             handle, lazy))
+            # a rendered prompt is kept without its canonical request (none of the analysis's renders, causes or
+            # spans reads it); a canonical one keeps it (its positions are its tokens)
+            prompt = tok.prompt if r.request is not None or tok.prompt.request is None else replace(tok.prompt, request=None)
+            rec.cold = self._disk.put_bytes(self._objects.dumps((prompt, r.request, None if lazy else tok.spans)))
+        rec.hot = self._disk.put_bytes(self._render.pack(ids, r.starts, ends, r.text))
+
+    def __getitem__(self, k: int) -> ForkRequest:  # type: ignore[override]
+        got = self._recent.get(k)
+        if got is not None:
+            self._recent.move_to_end(k)
+            return got
+        rec = self._recs[k]
+        got = rec.whole if rec.whole is not None else self._unpack(rec)
+        self._recent[k] = got
+        if len(self._recent) > self._keep:
+            self._recent.popitem(last=False)
+        return got
+
+    def _unpack(self, rec: _Packed) -> ForkRequest:
+        ids, starts, ends, text = self._render.unpack(self._disk.get_bytes(rec.hot))
+        tok = request = None
+        if rec.cold >= 0:
+            prompt, request, spans = self._objects.loads(self._disk.get_bytes(rec.cold))
+            tok = self._tokenized(rec, prompt, ids, starts, ends, text, spans)
+        return ForkRequest(index=rec.index, line=rec.line, ids=ids, text=text, starts=starts, tokenized=tok,
+                           fields=rec.fields, salt=rec.salt, request=request)
+
+    def _tokenized(self, rec: _Packed, prompt: Any, ids: array, starts: Any, ends: Any, text: str | None,
+                   spans: Any) -> Tokenized:
+        assert rec.meta is not None
+        kind, special, opts, handle, _ = rec.meta
+        enc = _Offsets(starts, ends) if kind == _KNOWN_OFFSETS else None
+        return Tokenized(prompt, ids, text, enc, spans if spans is not None else partial(self._spans, rec, prompt, text),
+                         handle, special, opts)
+
+    def _spans(self, rec: _Packed, prompt: Any, text: str | None) -> tuple[Span, ...]:
+        """A chat render's spans (an instrumented render, once per request: kept packed)."""
+        if rec.spans >= 0:
+            return self._objects.loads(self._disk.get_bytes(rec.spans))
+        assert rec.meta is not None and text is not None
+        _, _, opts, handle, _ = rec.meta
+        got = tuple(_lazy_chat_spans(handle, prompt, text, opts)())
+        rec.spans = self._disk.put_bytes(self._objects.dumps(got))
+        if rec.where is not None:
+            table, key = rec.where
+            table.set_spans(key, rec.spans)
+        return got
+
+    def ids(self, k: int) -> Sequence[int]:
+        """Request ``k``'s token IDs, without the rest."""
+        rec = self._recs[k]
+        return rec.whole.ids if rec.whole is not None else self._render.ids(self._disk.get_bytes(rec.hot))
+
+    def line(self, k: int) -> int | None:
+        return self._recs[k].line
+
+    def salt(self, k: int) -> Any:
+        return self._recs[k].salt
+
+    def fields(self, k: int) -> tuple:
+        return self._recs[k].fields
+
+    def tool_order(self, k: int) -> str | None:
+        """Request ``k``'s tools' identities in order, joined by newlines (None without tools)."""
+        t = self._recs[k].tools
+        return t[0] if t is not None else None
+
+    def tool_set(self, k: int) -> tuple[str, ...] | None:
+        """The same, sorted (the set a tools counterfactual matches)."""
+        t = self._recs[k].tools
+        return t[1] if t is not None else None
+
+    # a re-render under a tools counterfactual (kept packed the same way) ----------------------------------
+    def pack_render(self, ids: array, text: str | None, starts: Any, tok: Tokenized | None) -> _Packed | tuple:
+        rec = _Packed(-1, None, (), None)
+        try:
+            assert tok is not None
+            lazy = callable(tok._spans)
+            self._pack(rec, ForkRequest(index=-1, line=None, ids=ids, text=text, starts=starts, tokenized=tok))
+        except (ValueError, OverflowError, TypeError, AssertionError, pickle.PicklingError, AttributeError):
+            return (ids, text, starts, tok)
+        rec.cold = -1  # the prompt is the request's own, with the counterfactual's tools
+        if not lazy:
+            rec.spans = self._disk.put_bytes(self._objects.dumps(tuple(tok.spans)))
+        return rec
+
+    def unpack_render(self, rec: _Packed | tuple, prompt: Any) -> tuple:
+        """(ids, text, starts, tok) of a :meth:`pack_render`; ``prompt``: the Tokenized's prompt."""
+        if isinstance(rec, tuple):
+            return rec
+        ids, starts, ends, text = self._render.unpack(self._disk.get_bytes(rec.hot))
+        assert rec.meta is not None
+        spans = self._objects.loads(self._disk.get_bytes(rec.spans)) if rec.spans >= 0 and not rec.meta[4] else None
+        return ids, text, starts, self._tokenized(rec, prompt, ids, starts, ends, text, spans)
+
+
+class _RenderTable:
+    """The re-renders of a fork analysis (request index, id of a tools counterfactual) -> a
+    :meth:`RequestStore.pack_render`, as the memo :func:`~.views._view` reads and writes: per counterfactual, arrays of the
+    packed parts' spool indices and a list of their (interned) render options, 24 bytes a request where a dict of
+    the packed objects took some 400; a re-render the store could not pack is kept as it is. ``store``: the
+    :class:`RequestStore` that packs them."""
+
+    __slots__ = ("_odd", "_slots", "store")
+
+    def __init__(self, store: RequestStore) -> None:
+        self.store = store
+        self._slots: dict[int, tuple[array, array, list]] = {}   # id -> (hot, spans, meta), by request index
+        self._odd: dict[tuple[int, int], Any] = {}
+
+    def get(self, key: tuple[int, int]) -> Any:
+        """The re-render at ``key`` (None: not rendered yet)."""
+        if key in self._odd:
+            return self._odd[key]
+        k, slot = key
+        got = self._slots.get(slot)
+        if got is None or k >= len(got[0]) or got[0][k] < 0:
+            return None
+        rec = _Packed(-1, None, (), None)
+        rec.hot, rec.spans, rec.meta, rec.where = got[0][k], got[1][k], got[2][k], (self, key)
+        return rec
+
+    def __setitem__(self, key: tuple[int, int], rec: Any) -> None:
+        if not isinstance(rec, _Packed):
+            self._odd[key] = rec
+            return
+        k, slot = key
+        hot, spans, meta = self._slots.setdefault(slot, (array("q"), array("q"), []))
+        if k >= len(hot):
+            grow = k + 1 - len(hot)
+            hot.extend(array("q", [-1]) * grow)
+            spans.extend(array("q", [-1]) * grow)
+            meta.extend([None] * grow)
+        hot[k], spans[k], meta[k] = rec.hot, rec.spans, rec.meta
+
+    def set_spans(self, key: tuple[int, int], index: int) -> None:
+        k, slot = key
+        if slot in self._slots and k < len(self._slots[slot][1]):
+            self._slots[slot][1][k] = index
+
+    def keep(self, slots: set[int]) -> _RenderTable | None:
+        """Only the re-renders under these counterfactuals (None if that leaves none)."""
+        self._slots = {s: v for s, v in self._slots.items() if s in slots}
+        self._odd = {k: v for k, v in self._odd.items() if k[1] in slots}
+        return self if self._slots or self._odd else None
+
+
+def pack_requests(requests: Iterable[ForkRequest] | Iterable[tuple[int, Any]], *, source: str = "",
+                  tokenizer: Any = None, user_fields: Sequence[str] = USER_FIELDS,
+                  add_generation_prompt: bool = True) -> RequestStore:
+    """A :class:`RequestStore` of ``requests`` (read once, in order): :class:`ForkRequest` records, or ``(line,
+    value)`` pairs turned into them with ``tokenizer`` (:func:`fork_requests`)."""
+    store = RequestStore()
+    it = iter(requests)
+    first = next(it, None)
+    if first is None:
+        return store
+    if isinstance(first, ForkRequest):
+        store.add(first)
+        for r in it:
+            store.add(r)  # type: ignore[arg-type]
+        return store
+    for r in fork_requests(chain((first,), it), source=source, tokenizer=tokenizer,  # type: ignore[arg-type]
+                           user_fields=user_fields, add_generation_prompt=add_generation_prompt):
+        store.add(r)
+    return store

@@ -1,0 +1,248 @@
+"""A request under a counterfactual (:class:`_View`, :func:`_view`): the fixes a fork analysis tries, each a
+rewrite of the requests' served tokens. A line fork's (:class:`_LineMove`) moves the diverging line after the part
+the branches share (to the end of the served tokens); a tools fork's (:class:`_Tools`) puts the tools in one order,
+re-rendered (kept packed by the :class:`~.requests.RequestStore`, in a :class:`~.requests._RenderTable`).
+"""
+
+from __future__ import annotations
+
+import bisect
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ....inputs import compact
+from ....tokenization import Span, Tokenized
+from .requests import (
+    ForkRequest,
+    _from_tokenized,
+    _id_array,
+    _Offsets,
+    _RenderTable,
+    _request_tools,
+    _tool_identity,
+    canonical_tokens,
+)
+
+
+class _View:
+    """A request under a counterfactual: its base render (the request, or re-rendered with other tools) and the
+    order of the base's tokens (segments of base token indices; moved spans at the end)."""
+
+    __slots__ = ("base", "ids", "req", "segs", "starts", "text", "tok", "tools")
+
+    def __init__(self, req: ForkRequest, ids: Sequence[int], text: str | None, starts: Sequence[int] | None,
+                 tok: Tokenized | None):
+        self.req = req
+        self.base = ids if isinstance(ids, array) else _id_array(ids)
+        self.ids: array = self.base
+        self.text, self.starts, self.tok = text, starts, tok
+        self.segs: list[tuple[int, int]] | None = None
+        #: the tools counterfactual this view is a re-render under (None: the request's own render)
+        self.tools: _Tools | None = None
+
+    def orig(self, i: int) -> tuple[int, int]:
+        """(base index of view token ``i``, end of its segment in base indices)."""
+        at = 0
+        for s, e in self.segs or ((0, len(self.ids)),):
+            if i < at + e - s:
+                return s + i - at, e
+            at += e - s
+        return len(self.ids), len(self.ids)
+
+    def move(self, a: int, b: int) -> None:
+        """Move view tokens [a, b) to the end."""
+        segs = self.segs or [(0, len(self.ids))]
+        head: list[tuple[int, int]] = []
+        mid: list[tuple[int, int]] = []
+        at = 0
+        for s, e in segs:
+            n = e - s
+            lo, hi = max(a - at, 0), min(b - at, n)
+            if lo >= hi:
+                head.append((s, e))
+            else:
+                if lo > 0:
+                    head.append((s, s + lo))
+                mid.append((s + lo, s + hi))
+                if hi < n:
+                    head.append((s + hi, e))
+            at += n
+        self.segs = head + mid
+        base = self.base
+        out = array(base.typecode)
+        for s, e in self.segs:
+            out.extend(base[s:e])
+        self.ids = out
+
+    def tokenized(self) -> Tokenized | None:
+        """The view as a :class:`Tokenized` (text, offsets and spans spliced as the tokens were), for causes."""
+        if self.tok is None or self.text is None or self.starts is None:
+            return None
+        if self.segs is None:
+            return self.tok
+        text, starts, tok = self.text, self.starts, self.tok
+        n = len(starts)
+        pieces: list[str] = []
+        new_starts, new_ends = array("I"), array("I")
+        char_map: list[tuple[int, int, int]] = []   # (base char start, base char end, view char start)
+        at = 0
+        for s, e in self.segs:
+            cs = starts[s] if s < n else len(text)
+            ce = starts[e] if e < n else len(text)
+            char_map.append((cs, ce, at))
+            for i in range(s, e):
+                new_starts.append(starts[i] - cs + at)
+                new_ends.append((starts[i + 1] if i + 1 < n else len(text)) - cs + at)
+            pieces.append(text[cs:ce])
+            at += ce - cs
+        spans = []
+        for sp in tok.spans:
+            for cs, ce, vs in char_map:
+                lo, hi = max(cs, sp.start), min(ce, sp.end)
+                if lo < hi:
+                    spans.append(Span(vs + lo - cs, vs + hi - cs, sp.field, sp.message_index, sp.role,
+                                      sp.offset + lo - sp.start))
+        spans.sort(key=lambda x: (x.start, x.end))
+        return Tokenized(self.tok.prompt, self.ids, text="".join(pieces), encoding=_Offsets(new_starts, new_ends),
+                         spans=spans, tokenizer=self.tok.tokenizer, render_opts=None)
+
+
+@dataclass(frozen=True, eq=False)
+class _LineMove:
+    """Counterfactual of a line fork: a request whose view starts with ``prefix`` (the ``d`` tokens the branches
+    share) has the line holding token ``d`` (view tokens from ``a``, the line's first, through its newline)
+    moved to the end."""
+
+    d: int
+    a: int
+    prefix: array
+    code: str
+    cause: str
+    #: lines at the fork that are not values but the text the branches share (:meth:`~.causes._Causes._shared_text`):
+    #: a request that holds one of them there is not moved
+    keep: frozenset = frozenset()
+
+    def span(self, v: _View) -> tuple[int, int, int, int] | None:
+        """(view token start, view token end, base char start, base char end) of the line in ``v``."""
+        if len(v.ids) <= self.d or v.ids[:self.d] != self.prefix or v.text is None or v.starts is None:
+            return None
+        od, seg_end = v.orig(self.d)
+        starts, text = v.starts, v.text
+        n = len(starts)
+        c = starts[od]
+        limit = starts[seg_end] if seg_end < n else len(text)
+        field_end = _field_end(v, c)
+        if field_end is not None:
+            limit = min(limit, field_end)
+        nl = text.find("\n", c, limit)
+        end_char = limit if nl < 0 else nl + 1
+        ls = starts[v.orig(self.a)[0]]
+        if nl >= 0 and _opens_field(v, ls):
+            # the field's first line: the blank lines that set it apart go with it (what is left starts as the
+            # branches that never had it do)
+            while end_char < limit and text[end_char] == "\n":
+                end_char += 1
+        ob = bisect.bisect_left(starts, end_char, od, seg_end)
+        if self.keep and text[ls:end_char].rstrip("\n") in self.keep:
+            return None
+        return self.a, self.d + (ob - od), ls, end_char
+
+    def apply(self, v: _View) -> bool:
+        sp = self.span(v)
+        if sp is None or sp[1] <= sp[0]:
+            return False
+        v.move(sp[0], sp[1])
+        return True
+
+
+def _opens_field(v: _View, c: int) -> bool:
+    """Whether base char ``c`` is where a field's text starts (a system prompt's first line)."""
+    tok = v.tok
+    return tok is not None and any(sp.start == c and sp.offset == 0 for sp in tok.spans)
+
+
+def _field_end(v: _View, c: int) -> int | None:
+    """The end (base char) of the field that holds base char ``c``, when it ends before the next newline."""
+    tok = v.tok
+    if tok is None or v.text is None:
+        return None
+    nl = v.text.find("\n", c)
+    if nl >= 0:  # the cheap case first: a message's content holds the rest of the line and its newline
+        rest = v.text[c:nl + 1]
+        if any(isinstance(m.get("content"), str) and rest in m["content"] for m in tok.prompt.messages or ()):
+            return None
+    for sp in tok.spans:  # the spans (an instrumented render of a chat prompt, once per request)
+        if sp.start <= c < sp.end:
+            return sp.end if nl < 0 or sp.end <= nl else None
+    return None
+
+
+@dataclass(frozen=True, eq=False)
+class _Tools:
+    """Counterfactual of a tools fork: requests with the same tools (as a set of values) list them in the
+    reference order (``tool_order``), or serialized as the reference does (``tool_schema_key_order``)."""
+
+    identities: tuple[str, ...]       # the sorted identities of the reference's tools
+    reference: tuple[Any, ...]        # the reference's tools (dicts; Position values in canonical mode)
+    code: str
+    cause: str
+
+
+_UNKNOWN: Any = object()
+
+
+def _view(r: ForkRequest, tools: Sequence[_Tools], tokenizer: Any, memo: _RenderTable | None = None,
+          ident: Any = _UNKNOWN) -> _View:
+    """``r`` under the tools counterfactuals in ``tools`` (re-rendered when one applies; ``memo`` keeps re-renders,
+    packed by its store). ``ident``: the sorted identities of ``r``'s tools, when known."""
+    if tools and ident is _UNKNOWN:
+        mine = _request_tools(r)
+        ident = tuple(sorted(_tool_identity(t) for t in mine)) if mine else None
+    if tools and ident:
+        for t in tools:
+            if t.identities == ident:
+                if r.request is None and _as_given(r, t.reference):
+                    break  # the re-render would be the request's own render: nothing to render
+                key = (r.index, id(t))
+                if memo is not None and (got := memo.get(key)) is not None:
+                    v = _View(r, *memo.store.unpack_render(got, _rendered_prompt(r, t)))
+                else:
+                    v = _rerendered(r, t.reference, tokenizer)
+                    if memo is not None:
+                        memo[key] = memo.store.pack_render(v.base, v.text, v.starts, v.tok)
+                v.tools = t
+                return v
+    return _View(r, r.ids, r.text, r.starts, r.tokenized)
+
+
+def _as_given(r: ForkRequest, reference: Sequence[Any]) -> bool:
+    """Whether a chat request already lists ``reference``'s tools in its order, each serialized to the same bytes
+    (key order and value types included): then the template reads the same tools and renders the same text."""
+    mine = r.tokenized.prompt.tools if r.tokenized is not None else None
+    if not mine or len(mine) != len(reference):
+        return False
+    return all(a is b or compact(a) == compact(b) for a, b in zip(mine, reference))
+
+
+def _rendered_prompt(r: ForkRequest, t: _Tools) -> Any:
+    """The prompt of ``r``'s re-render under ``t`` (what :func:`_rerendered` rendered)."""
+    assert r.tokenized is not None
+    return r.tokenized.prompt if r.request is not None else replace(r.tokenized.prompt, tools=tuple(t.reference))
+
+
+def _rerendered(r: ForkRequest, tools: Sequence[Any], tokenizer: Any) -> _View:
+    if r.request is not None:
+        return _View(r, *canonical_tokens(r.request, _VOCAB, tools))
+    assert r.tokenized is not None and tokenizer is not None
+    p = r.tokenized.prompt
+    opts = r.tokenized.render_opts or {"add_generation_prompt": True, "template_vars": {}}
+    t = tokenizer.tokenize_many([replace(p, tools=tuple(tools))], add_generation_prompt=opts["add_generation_prompt"],
+                                template_vars=opts["template_vars"])[0]
+    fr = _from_tokenized(r.index, r.line, t)
+    return _View(r, fr.ids, fr.text, fr.starts, fr.tokenized)
+
+
+#: canonical re-renders share one vocabulary per process (ids only need to agree within a run)
+_VOCAB: dict[str, int] = {}
