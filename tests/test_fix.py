@@ -330,3 +330,31 @@ def test_fix_and_report_share_window_chat_template_and_model_checks(cli):
         assert r.exit_code == 2 and "prompt-cost --list-models" in r.stderr, r.stderr
     r = cli("fix", str(LOG), "--chat-template", str(ROOT / "fixtures" / "chat_templates" / "Apertus-8B-Instruct.jinja"))
     assert r.exit_code == 2 and "--chat-template needs --tokenizer" in r.stderr
+
+
+def test_out_keeps_an_untouched_line_s_bytes_and_its_crlf_from_a_file_stdin_or_gzip(cli, tmp_path):
+    """--out reads the log again as it writes it: a line no fix touches is its own bytes (CRLF kept, compact or
+    spaced JSON as it was), a rewritten line is the value serialized in the line's separators style; stdin (copied
+    once) and gzip give the same bytes."""
+    import gzip
+
+    src = LOG.read_bytes().splitlines()
+    log = tmp_path / "crlf.jsonl"
+    log.write_bytes(b"".join(line + b"\r\n" for line in src[:-1]) + src[-1])   # the last line ends nowhere
+    out = tmp_path / "fixed.jsonl"
+    r = cli("fix", log, "--tokenizer", TOK_DIR, "--out", out, "--format", "json")
+    assert r.exit_code == 1, r.stderr
+    changed = json.loads(r.stdout)["changed_lines"]
+    got = out.read_bytes().splitlines(keepends=True)
+    assert len(got) == len(src) and 4 not in changed and changed
+    assert got[3] == src[3] + b"\r\n" and b'"session": "bos"' in got[3]         # untouched: byte for byte
+    assert got[-1] == src[-1] + b"\n" or len(src) in changed
+    first = got[changed[0] - 1]
+    assert first.endswith(b"}\n") and not first.endswith(b"\r\n") and b'": ' in first   # rewritten, spaced
+    assert first != src[changed[0] - 1] + b"\r\n"
+    packed = tmp_path / "crlf.jsonl.gz"
+    packed.write_bytes(gzip.compress(log.read_bytes()))
+    for args, stdin in (([log], None), (["-"], log.read_bytes().decode()), ([packed], None)):
+        again = tmp_path / "again.jsonl"
+        assert cli("fix", *args, "--tokenizer", TOK_DIR, "--out", again, input=stdin).exit_code == 1
+        assert again.read_bytes() == out.read_bytes(), args

@@ -1,6 +1,7 @@
-"""The log kept on disk (cachectl/engines/repair/store.py): values come back equal, a rewrite is kept when it is
-set (never through an object held), and fix and report give the same output with a line cache of two objects as
-with the default."""
+"""The log kept on disk (cachectl/engines/repair/store.py): values come back equal; the fix codes' rewrites kept as
+edits (cachectl/engines/repair/edits.py): a rewrite is kept when it is set (never through an object held), as the
+smallest paths that differ; and fix and report give the same output with a line cache of two objects as with the
+default."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cachectl.engines.repair import measure, store
+from cachectl.engines.repair.edits import Edits
 from cachectl.engines.repair.groups import log_lines
 from cachectl.inputs import iter_jsonl
 
@@ -29,45 +31,73 @@ def test_spool_round_trips_values_pickle_keeps_exactly():
     assert back[0]["a"][3] == "\ud800 lone surrogate"
 
 
-def test_value_store_reads_fresh_copies_and_keeps_each_rewrite_at_once():
+def _edits(originals):
+    return Edits(len(originals), lambda i: json.loads(json.dumps(originals[i])))
+
+
+def test_edits_read_fresh_copies_and_keep_each_rewrite_at_once():
     """No object is held: a change made to a value read changes nothing until it is set back, and a rewrite is
     kept the moment it is set (nothing is written back later, so nothing can be lost)."""
     originals = [{"i": i, "msgs": [{"content": f"m{i}"}]} for i in range(6)]
-    vs = store.ValueStore(len(originals), lambda i: json.loads(json.dumps(originals[i])))
+    vs = _edits(originals)
     v = vs[0]
     v["msgs"][0]["content"] = "changed in place"
     assert vs[0] == originals[0] and not vs.changed(0)     # not set back: nothing changed
     vs[0] = v
+    v["msgs"][0]["content"] = "after it was set"           # the caller's object is not kept
     vs[3] = {"replaced": True}
     assert vs[0]["msgs"][0]["content"] == "changed in place" and vs.changed(0)
+    assert vs.edits(0) == [(("msgs", 0, "content"), "changed in place")]   # the smallest path that differs
     assert vs[3] == {"replaced": True} and vs[3] is not vs[3]
     assert [vs[i] for i in (1, 2, 4, 5)] == [originals[i] for i in (1, 2, 4, 5)]
-    assert vs[1:3] == originals[1:3] and list(vs)[5] == originals[5]
+    assert vs[1:3] == originals[1:3] and list(vs)[5] == originals[5] and vs[-1] == originals[5]
     assert originals[0]["msgs"][0]["content"] == "m0"  # the base is never changed
     with pytest.raises(IndexError):
         vs[6]
 
 
-def test_value_store_keeps_only_what_changed():
-    sp = store.Spool()
+def test_edits_keep_only_what_changed_one_copy_of_each_new_value():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"b": 1, "a": 2}}},
+             {"name": "g", "description": "d"}]
+    originals = [{"i": i, "body": {"messages": [f"m{i}"], "tools": tools}} for i in range(50)]
+    vs = _edits(originals)
     for i in range(50):
-        sp.put({"i": i})
-    vs = store.ValueStore(50, sp.get, sp.get_bytes)
-    for i in range(50):
-        vs[i] = vs[i]          # set back unchanged: nothing written
-    assert vs._spool is None and not any(vs.changed(i) for i in range(50))
-    v = vs[7]
-    v["i"] = -7
-    vs[7] = v
-    vs[7] = v                  # the same rewrite again: written once
-    assert vs._spool is not None and len(vs._spool) == 1 and vs[7] == {"i": -7} and vs.changed(7)
+        vs[i] = vs[i]          # set back unchanged: no edit
+    assert not any(vs.changed(i) for i in range(50)) and not vs._edits
+    for i in range(50):        # FX002: every request's tools sorted into one list
+        v = vs[i]
+        v["body"]["tools"] = [json.loads(json.dumps(t, sort_keys=True)) for t in v["body"]["tools"]]
+        vs[i] = v
+        vs[i] = v              # the same rewrite again: no edit
+    assert all(len(vs._edits[i]) == 1 for i in range(50))
+    assert len({id(vs._edits[i][0][2]) for i in range(50)}) == 1     # one bytes object for the 50 lists
+    assert len({id(vs._edits[i][0][1]) for i in range(50)}) == 1     # and one path
+    assert vs.edits(7) == [(("body", "tools"), [json.loads(json.dumps(t, sort_keys=True)) for t in tools])]
+    assert list(vs[7]["body"]["tools"][0]) == ["function", "type"] and vs[7]["body"]["messages"] == ["m7"]
 
 
-def test_value_store_snapshot_keeps_the_values_as_they_were():
+@pytest.mark.parametrize(("old", "new", "edits"), [
+    ({"a": 1, "b": 2}, {"a": 1, "b": 2, "c": 3}, [(("c",), 3)]),                  # a key added at the end
+    ({"a": 1, "b": 2, "c": 3}, {"a": 1, "c": 4}, [(("b",), None), (("c",), 4)]),  # a key dropped, one changed
+    ({"a": 1, "b": 2}, {"b": 2, "a": 1}, [((), {"b": 2, "a": 1})]),               # keys reordered: the dict
+    ({"x": [1, [2, 3], 4]}, {"x": [1, [2, 5], 4]}, [(("x", 1, 1), 5)]),          # one item of a list
+    ({"x": [3, 1, 2]}, {"x": [1, 2, 3]}, [(("x",), [1, 2, 3])]),                  # a list sorted: the list
+    ({"x": [1]}, {"x": [1, 2]}, [(("x",), [1, 2])]),                              # a list grown: the list
+    ({"x": 1}, {"x": 1.0}, [(("x",), 1.0)]),                                      # 1 and 1.0 are not one value
+    ({"x": 1}, ["x"], [((), ["x"])]),                                             # another type: the value
+    ({"x": "a"}, {"x": "\ud800 lone surrogate", 1: "t"}, [(("x",), "\ud800 lone surrogate"), ((1,), "t")]),  # pickled
+])
+def test_edits_are_the_smallest_paths_that_differ(old, new, edits):
+    vs = Edits(1, lambda i: json.loads(json.dumps(old)))
+    vs[0] = new
+    assert vs.edits(0) == edits and vs[0] == new and list(vs[0]) == list(new)
+
+
+def test_edits_snapshot_keeps_the_values_as_they_were():
     """What fix's tokens-reused-per-cause measures: the values as one fix code left them, whatever later codes
     rewrite."""
     originals = [{"i": i, "msgs": [{"content": f"m{i}"}]} for i in range(6)]
-    vs = store.ValueStore(len(originals), lambda i: json.loads(json.dumps(originals[i])))
+    vs = _edits(originals)
     v = vs[1]
     v["msgs"][0]["content"] = "first code"
     vs[1] = v

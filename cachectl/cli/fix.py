@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
@@ -106,6 +108,7 @@ def command(
     from ..engines.repair import fix, fixes
     from ..engines.repair.groups import log_lines
     from ..inputs import display_name, read_json_file
+    from ..inputs.files import spooled
     from ..inputs.formats import raw_log_values
     from ..workers import Workers
 
@@ -133,43 +136,48 @@ def command(
         tok = load_tokenizer(tokenizer, chat_template_file=chat_template)
     elif chat_template:
         raise UsageError("--chat-template needs --tokenizer")
-    source = display_name(log)
-    from ..engines.repair.store import Spool
+    with contextlib.ExitStack() as stack:
+        source = display_name(log)
+        # --out: the log is read again as it is written (stdin or a pipe is copied once, to a temporary file)
+        path = stack.enter_context(spooled(log)) if out is not None else log
+        whole: list[bytes] = []  # a log of one line with no line end (one pretty-printed body): its bytes
 
-    raw = Spool()  # each line's bytes, on disk: an unchanged line is copied to --out byte for byte
+        def records():  # each line parsed and checked before the next is read: the first bad line is the one named
+            # one pretty-printed body is a log of one line; a shape whose lines are not requests is refused
+            for lineno, line, value in raw_log_values(path, log_format_name(log_format), command="fix"):
+                if lineno == 1 and not line.endswith(b"\n"):
+                    whole.append(line)
+                progress.advance()
+                yield lineno, value
 
-    def records():  # each line parsed and checked before the next is read: the first bad line is the one named
-        # one pretty-printed body is a log of one line; a shape whose lines are not requests is refused
-        for lineno, line, value in raw_log_values(log, log_format_name(log_format), command="fix"):
-            raw.put_bytes(line)
-            progress.advance()
-            yield lineno, value
+        stamps = timestamp_reader(time_unit)
+        options = fix.FixOptions(unsafe=unsafe_fixes, key=key, window_s=window_s, select=codes, block_size=block_size,
+                                 capacity_blocks=capacity.blocks(block_size), model=model,
+                                 add_generation_prompt=not no_generation_prompt)
+        full = None  # what --unsafe-fixes would add, measured as report measures it (the log is not written so)
+        with Progress("fix: lines read, rewritten and measured") as progress, \
+                Workers(jobs, progress=progress.advance, say=print_note) as workers:
+            lines = log_lines(records(), source=source, key=key, timestamps=stamps)
+            if ray is not None:
+                if tok is None:
+                    raise UsageError("--ray renders and tokenizes the log's prompts: it needs --tokenizer")
+                from ..engines.repair.prefill import prefill
 
-    stamps = timestamp_reader(time_unit)
-    options = fix.FixOptions(unsafe=unsafe_fixes, key=key, window_s=window_s, select=codes, block_size=block_size,
-                             capacity_blocks=capacity.blocks(block_size), model=model,
-                             add_generation_prompt=not no_generation_prompt)
-    full = None  # what --unsafe-fixes would add, measured as report measures it (the log is not written so)
-    with Progress("fix: lines read, rewritten and measured") as progress, \
-            Workers(jobs, progress=progress.advance, say=print_note) as workers:
-        lines = log_lines(records(), source=source, key=key, timestamps=stamps)
-        if ray is not None:
-            if tok is None:
-                raise UsageError("--ray renders and tokenizes the log's prompts: it needs --tokenizer")
-            from ..engines.repair.prefill import prefill
+                prefill(lines, tok, generation_prompts=(options.add_generation_prompt,), ray_address=ray,
+                        jobs=workers.jobs)
+            report = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source, progress=workers.tick,
+                                 workers=workers)
+            if not unsafe_fixes and report.unsafe_skipped:
+                from dataclasses import replace
 
-            prefill(lines, tok, generation_prompts=(options.add_generation_prompt,), ray_address=ray,
-                    jobs=workers.jobs)
-        report = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source, progress=workers.tick,
-                             workers=workers)
-        if not unsafe_fixes and report.unsafe_skipped:
-            from dataclasses import replace
-
-            full = fix.fix_log(lines, replace(options, unsafe=True, per_cause=False), tokenizer=tok, table=table,
-                               source=source, reuse=report, progress=workers.tick, workers=workers)
-    changed = [i for i, v in enumerate(report.output) if _dumps(v) != _dumps(lines.value(i))]
-    if out is not None:
-        _write(out, raw, report.output, changed)
+                full = fix.fix_log(lines, replace(options, unsafe=True, per_cause=False), tokenizer=tok, table=table,
+                                   source=source, reuse=report, progress=workers.tick, workers=workers)
+        output = report.output
+        edited = getattr(output, "changed", None)  # (a line no fix code rewrote is its original value)
+        changed = [i for i in range(len(output)) if (edited is None or edited(i))
+                   and _dumps(output[i]) != _dumps(lines.value(i))]
+        if out is not None:
+            _write(out, whole or _raw_lines(path, lines), output, changed)
     if fmt is Format.json:
         emit_json({**report.to_dict(), "out": out, "changed_lines": [lines.line_number(i) for i in changed],
                    **({"with_unsafe_fixes": _preview(full)} if full is not None else {})})
@@ -192,17 +200,34 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _write(path: str, raw: Any, values: Any, changed: list[int]) -> None:
-    """Unchanged lines are copied byte for byte; a rewritten line keeps the input's separators style. The log
-    reaches ``path`` whole or not at all (a temporary file renamed into place)."""
+def _raw_lines(path: str, lines: Any) -> Iterator[bytes]:
+    """The bytes of each line of the log ``path`` (read again), one per line of ``lines`` (read from it): a log
+    that changed in between is an error."""
+    from ..errors import InputError
+    from ..inputs import display_name
+    from ..inputs.files import iter_raw_lines
+
+    n = 0
+    for lineno, raw, source in iter_raw_lines(path):
+        if n >= len(lines) or lines.line_number(n) != lineno:
+            raise InputError("changed while it was being fixed (read it again)", source=source, line=lineno)
+        n += 1
+        yield raw
+    if n != len(lines):
+        raise InputError("changed while it was being fixed (read it again)", source=display_name(path))
+
+
+def _write(path: str, raw: Iterable[bytes], values: Any, changed: list[int]) -> None:
+    """The log written once as its lines are read again: unchanged lines are copied byte for byte (their own line
+    ends kept); a rewritten line keeps the input's separators style. The log reaches ``path`` whole or not at all
+    (a temporary file renamed into place)."""
     import json
 
     from ..outputs import atomic_write
 
     todo = set(changed)
     with atomic_write(path) as fh:
-        for i in range(len(raw)):
-            line = raw.get_bytes(i)
+        for i, line in enumerate(raw):
             if i not in todo:
                 fh.write(line if line.endswith(b"\n") else line + b"\n")
                 continue

@@ -239,7 +239,7 @@ def fix_pass(lines: Sequence[LogLine], grouping: Grouping, forks: LogForks | Non
         applied = sum(1 for f in rw.fixes if f.applied)
         if applied > seen[0]:
             seen[0] = applied
-            steps[code] = rw.values.snapshot()  # 8 bytes a line in memory
+            steps[code] = rw.values.snapshot()  # (a version number: nothing copied)
 
     rw = rewrite(lines, grouping, codes, options.unsafe, tokenizer, table, options.model, counter, forks, progress,
                  after=_step if per_cause_wanted else None)

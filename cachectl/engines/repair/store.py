@@ -9,8 +9,6 @@ pickled bytes on disk. The temporary files are deleted when the store is garbage
 - :class:`Spool` (from :mod:`cachectl.spool`): an append-only temporary file of pickled values, read back by
   offset.
 - :class:`LineStore`: the log's :class:`~.groups.LogLine` records as a read-only sequence.
-- :class:`ValueStore`: the values as the fix codes rewrite them (``values[i]`` a fresh copy, ``values[i] = new`` a
-  rewrite, kept on disk at once).
 - :class:`Mapped`: a sequence computed from another one item by item (the lines reparsed after a rewrite).
 """
 
@@ -18,7 +16,6 @@ from __future__ import annotations
 
 import math
 import os
-import pickle
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -26,7 +23,7 @@ from typing import Any, TypeVar, overload
 
 from ...spool import Spool
 
-__all__ = ["CACHE", "LineStore", "Mapped", "Spool", "ValueStore", "store_of"]
+__all__ = ["CACHE", "LineStore", "Mapped", "Spool", "store_of"]
 
 T = TypeVar("T")
 
@@ -120,9 +117,6 @@ class LineStore(_Cached[Any]):
         """A fresh copy of line ``i``'s value (nobody else holds it)."""
         return self._spool.get(i)
 
-    def value_bytes(self, i: int) -> bytes:
-        return self._spool.get_bytes(i)
-
     def line_number(self, i: int) -> int:
         return self._lines[i]
 
@@ -151,84 +145,6 @@ class LineStore(_Cached[Any]):
 
     def _build(self, i: int) -> Any:
         return self._build_line(self._spool.get(i), *self.meta(i))
-
-
-class ValueStore(Sequence[Any]):
-    """The values of a log as fix codes rewrite them: ``values[i]`` is a fresh copy of line ``i``'s value as
-    rewritten so far (changing it changes nothing here), ``values[i] = new`` is a rewrite. Unchanged values are
-    read from ``base`` (a fresh copy of the original value of line ``i``); a rewrite is pickled into a spool of
-    its own at once, unless it pickles as the original does. Nothing is held in memory but the index of each
-    rewritten value (8 bytes a line): nothing written back later, nothing lost."""
-
-    def __init__(self, n: int, base: Callable[[int], Any], base_bytes: Callable[[int], bytes] | None = None):
-        self._n = n
-        self._base = base
-        self._base_bytes = base_bytes
-        self._spool: Spool | None = None
-        self._own = array("q", [-1]) * n      # index in the spool of a value rewritten, else -1
-
-    def __len__(self) -> int:
-        return self._n
-
-    def _index(self, i: int) -> int:
-        if i < 0:
-            i += self._n
-        if not 0 <= i < self._n:
-            raise IndexError(i)
-        return i
-
-    def __getitem__(self, i: int | slice) -> Any:
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(self._n))]
-        i = self._index(i)
-        k = self._own[i]
-        return self._base(i) if k < 0 else self._spool.get(k)  # type: ignore[union-attr]
-
-    def __setitem__(self, i: int, value: Any) -> None:
-        i = self._index(i)
-        data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        k = self._own[i]
-        if k < 0 and self._base_bytes is not None and self._base_bytes(i) == data:
-            return  # (the original, as it was)
-        if k >= 0 and self._spool is not None and self._spool.get_bytes(k) == data:
-            return
-        if self._spool is None:
-            self._spool = Spool()
-        self._own[i] = self._spool.put_bytes(data)
-
-    def __iter__(self) -> Iterator[Any]:
-        for i in range(self._n):
-            yield self[i]
-
-    def changed(self, i: int) -> bool:
-        """Whether line ``i`` was rewritten (to a value that pickles otherwise than its original)."""
-        return self._own[self._index(i)] >= 0
-
-    def snapshot(self) -> Sequence[Any]:
-        """The values as they are now, read-only, unaffected by later rewrites here (a fix code applied after it):
-        the spool is append-only, so the indices copied now keep their bytes; a line's value is a fresh copy each
-        time it is read."""
-        return _Frozen(self._n, self._base, self._spool, array("q", self._own))
-
-
-class _Frozen(Sequence[Any]):
-    """A :class:`ValueStore`'s values at one moment (:meth:`ValueStore.snapshot`): nothing is kept in memory but
-    the index of each rewritten value in the store's spool."""
-
-    def __init__(self, n: int, base: Callable[[int], Any], spool: Spool | None, own: array):
-        self._n, self._base, self._spool, self._own = n, base, spool, own
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(self._n))]
-        k = self._own[i]
-        return self._base(i if i >= 0 else i + self._n) if k < 0 else self._spool.get(k)  # type: ignore[union-attr]
-
-    def changed(self, i: int) -> bool:
-        return self._own[i] >= 0
 
 
 def store_of(lines: Any) -> LineStore | None:

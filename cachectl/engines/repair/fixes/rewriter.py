@@ -9,8 +9,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..edits import Edits
 from ..groups import Grouping, LogLine, original_at, reparse_at
-from ..store import ValueStore, store_of
+from ..store import store_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +60,8 @@ class Rewriter:
         self.fixes: list[Fix] = []
         self._strings: dict[str, str] = {}
         self.notes: list[str] = []
-        #: the values being rewritten: a fresh copy of each line's value, made when first asked for (a line store's
-        #: values are read from its file; changed ones are kept in a file of their own)
+        #: the values being rewritten: a fresh copy of each line's value as asked for (a line store's values are read
+        #: from its file), a rewrite kept as edits to it (:class:`~cachectl.engines.repair.edits.Edits`)
         self.values = _values(self.lines)
         self.counter = counter
         #: the log's shared prefix across requests (:class:`~cachectl.engines.repair.shared_prefix.LogForks`), or
@@ -100,11 +101,11 @@ class Rewriter:
         return reparse_at(self.lines, i, self.values[i])
 
 
-def _values(lines: Sequence[LogLine]) -> ValueStore:
+def _values(lines: Sequence[LogLine]) -> Edits:
     store = store_of(lines)
     if store is not None:
-        return ValueStore(len(store), store.value, store.value_bytes)
-    return ValueStore(len(lines), lambda i: copy.deepcopy(lines[i].value))
+        return Edits(len(store), store.value)
+    return Edits(len(lines), lambda i: copy.deepcopy(lines[i].value))
 
 
 def _short(x: Any) -> str:

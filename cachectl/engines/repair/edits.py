@@ -1,0 +1,172 @@
+"""The fix codes' rewrites of a log kept as edits: each line's original value stays where it is (the line store's
+file, or the line itself), and a rewrite of line ``i`` is kept as the (JSON path, new value) pairs that turn the
+value before it into the value after it.
+
+:class:`Edits` is what a fix code sees as ``rw.values``: ``values[i]`` is a fresh copy of line ``i``'s original
+value with its edits applied, ``values[i] = new`` a rewrite, turned into edits at once by comparing ``new`` with
+the value as it was:
+
+- two dicts whose keys stay in order (keys dropped, keys added at the end) differ by their keys: an edit per key
+  set, added or dropped, the values of the keys kept compared in turn;
+- two lists of one length with one item changed differ by that item (compared in turn);
+- anything else (a list sorted or reordered, a dict's keys reordered, a string changed) is one edit: the new value
+  at that path.
+
+A new value is kept as its JSON bytes (orjson), one copy per distinct JSON text: the 2,000 requests of a log whose
+tools FX002 sorts into one of a few hundred lists cost one bytes object per list. Each rewrite has a number (the
+version): :meth:`Edits.snapshot` is the log as the rewrites made so far left it (what ``fix`` measures for the
+tokens reused per fix code), later rewrites unseen.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import orjson
+
+__all__ = ["Edits"]
+
+#: an edit: (the rewrite's version, the JSON path, the new value's bytes, or None where the key is dropped)
+Edit = tuple[int, tuple, bytes | None]
+
+
+def _encoded(value: Any) -> bytes:
+    """``value``'s JSON bytes; a value JSON cannot hold exactly (a key that is no string, a lone surrogate) is
+    pickled instead (pickle's first byte, 0x80, starts no JSON text)."""
+    try:
+        return orjson.dumps(value)
+    except (orjson.JSONEncodeError, TypeError):
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _decoded(data: bytes) -> Any:
+    if data[:1] == b"\x80":
+        return pickle.loads(data)  # noqa: S301 (pickled by this process: _encoded)
+    return orjson.loads(data)
+
+
+def _diff(old: Any, new: Any, new_bytes: bytes, path: tuple, out: list[tuple[tuple, bytes | None]]) -> None:
+    """The edits that turn ``old`` into ``new`` (their JSON differs; ``new_bytes`` is ``new``'s), appended to
+    ``out``."""
+    if type(old) is dict and type(new) is dict:
+        kept = [k for k in old if k in new]
+        if list(new) == kept + [k for k in new if k not in old]:
+            out.extend((path + (k,), None) for k in old if k not in new)
+            for k, v in new.items():
+                b = _encoded(v)
+                if k not in old:
+                    out.append((path + (k,), b))
+                elif _encoded(old[k]) != b:
+                    _diff(old[k], v, b, path + (k,), out)
+            return
+    elif type(old) is list and type(new) is list and len(old) == len(new):
+        news = [_encoded(v) for v in new]
+        differ = [k for k, (v, b) in enumerate(zip(old, news)) if _encoded(v) != b]
+        if len(differ) == 1:
+            k = differ[0]
+            _diff(old[k], new[k], news[k], path + (k,), out)
+            return
+    out.append((path, new_bytes))
+
+
+def _applied(value: Any, edits: Sequence[Edit], version: int) -> Any:
+    for seq, path, data in edits:
+        if seq >= version:
+            break
+        if not path:
+            value = _decoded(data)  # type: ignore[arg-type]
+            continue
+        parent = value
+        for k in path[:-1]:
+            parent = parent[k]
+        if data is None:
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = _decoded(data)
+    return value
+
+
+class Edits(Sequence[Any]):
+    """The values of a log as the fix codes rewrite them, kept as edits to the original values (see the module
+    docstring). ``base(i)``: a fresh copy of line ``i``'s original value (nobody else holds it)."""
+
+    def __init__(self, n: int, base: Callable[[int], Any]):
+        self._n = n
+        self._base = base
+        self._edits: dict[int, list[Edit]] = {}   # only the lines rewritten
+        self._version = 0                          # rewrites made so far
+        self._same: dict[Any, Any] = {}            # one copy of each new value's bytes, of each path
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _index(self, i: int) -> int:
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        return i
+
+    def value(self, i: int, version: int | None = None) -> Any:
+        """A fresh copy of line ``i``'s value as the rewrites before ``version`` (None: all) left it."""
+        i = self._index(i)
+        edits = self._edits.get(i)
+        value = self._base(i)
+        return value if edits is None else _applied(value, edits, self._version if version is None else version)
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return [self.value(k) for k in range(*i.indices(self._n))]
+        return self.value(i)
+
+    def __iter__(self) -> Iterator[Any]:
+        for i in range(self._n):
+            yield self.value(i)
+
+    def __setitem__(self, i: int, value: Any) -> None:
+        i = self._index(i)
+        now = self.value(i)
+        new_bytes = _encoded(value)
+        if _encoded(now) == new_bytes:
+            return
+        found: list[tuple[tuple, bytes | None]] = []
+        _diff(now, value, new_bytes, (), found)
+        same = self._same
+        self._edits.setdefault(i, []).extend(
+            (self._version, same.setdefault(path, path), None if data is None else same.setdefault(data, data))
+            for path, data in found)
+        self._version += 1
+
+    def edits(self, i: int) -> list[tuple[tuple, Any]]:
+        """Line ``i``'s edits in the order they apply: (JSON path, new value; the path's key dropped: None)."""
+        return [(path, None if data is None else _decoded(data)) for _, path, data in self._edits.get(i, ())]
+
+    def changed(self, i: int) -> bool:
+        """Whether line ``i`` was rewritten (its JSON changed at some point)."""
+        return self._index(i) in self._edits
+
+    def snapshot(self) -> Sequence[Any]:
+        """The values as the rewrites made so far left them, read-only, unaffected by later rewrites (a fix code
+        applied after it): nothing is copied."""
+        return _Version(self, self._version)
+
+
+class _Version(Sequence[Any]):
+    """An :class:`Edits`' values as the rewrites before ``version`` left them (:meth:`Edits.snapshot`)."""
+
+    def __init__(self, edits: Edits, version: int):
+        self._of, self._v = edits, version
+
+    def __len__(self) -> int:
+        return len(self._of)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self._of.value(k, self._v) for k in range(*i.indices(len(self)))]
+        return self._of.value(i, self._v)
+
+    def changed(self, i: int) -> bool:
+        edits = self._of._edits.get(self._of._index(i))
+        return edits is not None and edits[0][0] < self._v
