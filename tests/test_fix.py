@@ -334,8 +334,8 @@ def test_fix_and_report_share_window_chat_template_and_model_checks(cli):
 
 def test_out_keeps_an_untouched_line_s_bytes_and_its_crlf_from_a_file_stdin_or_gzip(cli, tmp_path):
     """--out reads the log again as it writes it: a line no fix touches is its own bytes (CRLF kept, compact or
-    spaced JSON as it was), a rewritten line is the value serialized in the line's separators style; stdin (copied
-    once) and gzip give the same bytes."""
+    spaced JSON as it was), a rewritten line is the value serialized in the line's separators style, ending as the
+    line did; stdin (copied once) and gzip give the same bytes."""
     import gzip
 
     src = LOG.read_bytes().splitlines()
@@ -349,8 +349,9 @@ def test_out_keeps_an_untouched_line_s_bytes_and_its_crlf_from_a_file_stdin_or_g
     assert len(got) == len(src) and 4 not in changed and changed
     assert got[3] == src[3] + b"\r\n" and b'"session": "bos"' in got[3]         # untouched: byte for byte
     assert got[-1] == src[-1] + b"\n" or len(src) in changed
+    assert changed[0] < len(src)
     first = got[changed[0] - 1]
-    assert first.endswith(b"}\n") and not first.endswith(b"\r\n") and b'": ' in first   # rewritten, spaced
+    assert first.endswith(b"}\r\n") and b'": ' in first   # rewritten, spaced, its own line end kept
     assert first != src[changed[0] - 1] + b"\r\n"
     packed = tmp_path / "crlf.jsonl.gz"
     packed.write_bytes(gzip.compress(log.read_bytes()))

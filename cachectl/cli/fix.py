@@ -219,8 +219,8 @@ def _raw_lines(path: str, lines: Any) -> Iterator[bytes]:
 
 def _write(path: str, raw: Iterable[bytes], values: Any, changed: list[int]) -> None:
     """The log written once as its lines are read again: unchanged lines are copied byte for byte (their own line
-    ends kept); a rewritten line keeps the input's separators style. The log reaches ``path`` whole or not at all
-    (a temporary file renamed into place)."""
+    ends kept); a rewritten line keeps the input's separators style and its own line end (``\r\n`` in a CRLF
+    file). The log reaches ``path`` whole or not at all (a temporary file renamed into place)."""
     import json
 
     from ..outputs import atomic_write
@@ -233,7 +233,7 @@ def _write(path: str, raw: Iterable[bytes], values: Any, changed: list[int]) -> 
                 continue
             spaced = b'": ' in line or b'", "' in line
             text = json.dumps(values[i], ensure_ascii=False, separators=(", ", ": ") if spaced else (",", ":"))
-            fh.write(text.encode("utf-8") + b"\n")
+            fh.write(text.encode("utf-8") + (b"\r\n" if line.endswith(b"\r\n") else b"\n"))
 
 
 def _render_diff(source: str, lines: Any, values: Any, changed: list[int]) -> None:

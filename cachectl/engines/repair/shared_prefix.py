@@ -91,21 +91,12 @@ def log_forks(lines: Iterable[LogLine], *, tokenizer: Any = None, block_size: in
     ``progress(n)``: called as lines are packed and as the replays view them."""
     numbers = array("q")
 
-    store = store_of(lines) if isinstance(lines, Sequence) else None
-
-    def records() -> Iterator[tuple[int, Any]]:
-        if store is not None:  # the values as read, without parsing each line again
-            for i in range(len(store)):
-                numbers.append(store.line_number(i))
-                if progress is not None:
-                    progress(1)
-                yield numbers[-1], store.value(i)
-            return
-        for ln in lines:
+    def records() -> Iterator[tuple]:
+        for ln in lines:  # (each with the prompt its line was read as: not read from the value again)
             numbers.append(ln.line)
             if progress is not None:
                 progress(1)
-            yield ln.line, ln.value
+            yield ln.line, ln.value, True, ln.prompt
 
     try:
         reqs = pack_requests(records(), source=source, tokenizer=tokenizer, add_generation_prompt=add_generation_prompt)
@@ -148,8 +139,6 @@ def own_id(value: Any) -> Any:
 def conversation_names(lines: Sequence[LogLine], groups: Sequence[int]) -> list[Any]:
     """A name per line for conversations found automatically: the log's own id (its first line's ``session``, ...)
     where the lines carry one, ``auto-N`` where they do not; a second conversation of the same id is ``ID (2)``."""
-    from .store import store_of
-
     store = store_of(lines)
     first: dict[int, Any] = {}
     for i, g in enumerate(groups):  # only each conversation's first line is read (a store's value, not parsed)

@@ -147,7 +147,8 @@ def fork_requests(records: Iterable[tuple], *, source: str, tokenizer: Any = Non
     in batches as a server renders them (the generation prompt by default); without one, request bodies become
     canonical word pieces (:func:`canonical_tokens`) and token-ID lines are taken as they are. A record may be
     ``(line, value, has_bool_literal)`` (:func:`cachectl.engines.prefix.trace_records`): token-ID lines without
-    a ``true``/``false`` are then validated at C speed."""
+    a ``true``/``false`` are then validated at C speed; or ``(line, value, has_bool_literal, prompt)``, with the
+    prompt already read from the value (a log's lines as ``fix`` and ``report`` hold them)."""
     vocab: dict[str, int] = {}
     pending: list[tuple[int, int, PromptInput, tuple]] = []
     index = 0
@@ -169,7 +170,7 @@ def fork_requests(records: Iterable[tuple], *, source: str, tokenizer: Any = Non
             yield ForkRequest(index=index, line=line, ids=_id_array(value[key]), fields=flds, salt=salt)
             index += 1
             continue
-        prompt = prompt_from_value(value, source=source, line=line)
+        prompt = record[3] if len(record) > 3 else prompt_from_value(value, source=source, line=line)
         if prompt.ids is not None:
             yield ForkRequest(index=index, line=line, ids=_id_array(prompt.ids), fields=flds, salt=salt)
         elif tokenizer is not None:
