@@ -159,12 +159,7 @@ def command(
                 Workers(jobs, progress=progress.advance, say=print_note) as workers:
             lines = log_lines(records(), source=source, key=key, timestamps=stamps)
             if ray is not None:
-                if tok is None:
-                    raise UsageError("--ray renders and tokenizes the log's prompts: it needs --tokenizer")
-                from ..engines.repair.prefill import prefill
-
-                prefill(lines, tok, generation_prompts=(options.add_generation_prompt,), ray_address=ray,
-                        jobs=workers.jobs)
+                _on_ray(lines, tok, options, ray, workers.jobs)
             report = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source, progress=workers.tick,
                                  workers=workers)
             if not unsafe_fixes and report.unsafe_skipped:
@@ -215,6 +210,15 @@ def _raw_lines(path: str, lines: Any) -> Iterator[bytes]:
         yield raw
     if n != len(lines):
         raise InputError("changed while it was being fixed (read it again)", source=display_name(path))
+
+
+def _on_ray(lines: Any, tok: Any, options: Any, address: str, jobs: int) -> None:
+    """--ray: the log's chat prompts rendered and tokenized on the Ray cluster at ``address``, before the passes."""
+    if tok is None:
+        raise UsageError("--ray renders and tokenizes the log's prompts: it needs --tokenizer")
+    from ..engines.repair.prefill import prefill
+
+    prefill(lines, tok, generation_prompts=(options.add_generation_prompt,), ray_address=address, jobs=jobs)
 
 
 def _write(path: str, raw: Iterable[bytes], values: Any, changed: list[int]) -> None:
