@@ -66,6 +66,8 @@ _LORA = re.compile(r"lora_request: (None|LoRARequest\(.*?\))(?:, prompt_adapter_
 _LORA_NAME = re.compile(r"lora_name='([^']*)'")
 #: how the message of a request line starts (INFO ``Received request``, DEBUG ``Request ... details``)
 _REQUEST_LINE = (b"Received request ", b"Request ")
+#: the prefix ends within a line's first 400 bytes, so ``equest `` of a request line's start ends within these
+_SEEN = 400 + len(b"Received request ")
 #: requests whose prompt lengths are looked at to infer a --max-log-len cap
 _CAP_WINDOW = 64
 #: DEBUG details lines waiting for their INFO line (they are adjacent; the bound only guards odd logs)
@@ -208,6 +210,9 @@ def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
         window.clear()
 
     for n, raw in lines:
+        if raw.find(b"equest ", 0, _SEEN) < 0:  # no request line: told by one memchr-speed scan, not the regex
+            skipped += 1
+            continue
         head = _PREFIX.search(raw, 0, 400)
         if head is None or not raw.startswith(_REQUEST_LINE, head.end()):  # startup, metrics, access logs
             skipped += 1
