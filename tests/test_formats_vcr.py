@@ -205,3 +205,52 @@ def test_interaction_lines_are_those_of_a_line_by_line_scan():
         found = len([1 for line in text.split("\n") if one_line.match(line)])
         for count in {0, 1, 3, found}:
             assert vcr._interaction_lines(text, 4, count) == by_line(text, 4, count), repr(text[:80])
+
+
+def test_plain_yaml_builds_what_the_safe_loader_builds():
+    """The cassette loader's own pass over the parser's events gives the safe loader's document (types and key
+    order included), and leaves to the loader what it does not build: anchors, merge keys, other tags, keys that
+    are collections, several documents, bad YAML."""
+    import datetime
+
+    import yaml
+
+    from cachectl.inputs.formats import vcr
+
+    def same(a, b) -> bool:
+        if type(a) is not type(b):
+            return False
+        if isinstance(a, dict):
+            return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, list):
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+        return a == b or (a != a and b != b)
+
+    texts = [p.read_text(encoding="utf-8") for p in sorted((ROOT / "fixtures").rglob("*.yaml"))]
+    texts += [
+        "a: 1\nb: 0x1f\nc: 1_000\nd: 1:30\ne: .5\nf: .inf\ng: -.nan\nh: ~\ni: null\nj: yes\nk: No\nl: 'yes'\n",
+        "t: 2024-05-14 10:11:12.5+02:00\nd: 2024-05-14\nb: !!binary aGVsbG8=\ns: !!str 12\nn: !!null x\n",
+        "a: b\na: c\n1: one\n1.0: float\ntrue: t\n~: none\n? [x]\n: y\n",
+        "m: !!map {a: 1}\nq: !!seq [1, 2]\nx: ! 12\nempty:\n'': e\nlist: [a, [b, {c: d}], {}, []]\n",
+        "base: &b {x: 1}\nuse: *b\n", "a: {<<: {x: 1}, y: 2}\n", "= : v\n", "s: !!set {a, b}\n",
+        "o: !!omap [a: 1]\n", "p: !!python/name:os.system\n", "a: 1\n---\nb: 2\n", "", "---\n", "- 1\n- 2\n",
+        "a: [1, 2\n", "a: !!binary '%%%'\n", "a: !!int x\n", "a: !!timestamp 2024-13-45\n", "scalar\n",
+        "k: |\n  line one\n\n  line two\n", "k: >-\n  folded\n  text\n", "\"k\\u00e9\": \"\\t\"\n",
+    ]
+    for text in texts:
+        try:
+            expected: object = yaml.load(text, Loader=vcr._Loader)  # noqa: S506 - the safe loader
+        except Exception as exc:  # what the loader raises (a ValueError for `!!int x`), raised by vcr too
+            expected = type(exc)
+        try:
+            got: object = vcr._plain_yaml(text)
+        except vcr._NotPlain:
+            got = vcr._NotPlain
+        except Exception as exc:
+            got = type(exc)
+        assert got is vcr._NotPlain or got is expected or same(got, expected), text
+        if isinstance(expected, type):
+            assert got is vcr._NotPlain or got is expected, text
+    assert isinstance(vcr._plain_yaml("t: 2024-05-14 10:11:12\n")["t"], datetime.datetime)
+    with pytest.raises(vcr._NotPlain):
+        vcr._plain_yaml("base: &b {x: 1}\nuse: *b\n")

@@ -92,3 +92,61 @@ def test_a_logged_prompt_literal_reads_back_as_its_text(text):
     literal = repr(text)
     value, end = _literal(f"prompt: {literal}, params: SamplingParams()", len("prompt: "), {"source": "s", "line": 1})
     assert value == text and end == len("prompt: ") + len(literal)
+
+
+def test_the_clock_answers_as_datetime_arithmetic():
+    """The clock's answers (and its errors) are those of building a datetime for every line, on random runs of
+    stamps: the same second, the same day, other days, a day back (New Year), impossible times."""
+    import random
+    import re
+    from datetime import datetime
+
+    from cachectl.inputs.formats import vllm_log
+
+    class Reference:
+        def __init__(self) -> None:
+            self.first = self.prev = None
+            self.year = 2000
+
+        def seconds(self, stamp: bytes) -> float:
+            month, day, hh, mm, ss = (int(g) for g in re.findall(rb"\d\d", stamp))
+            when = datetime(self.year, month, day, hh, mm, ss)
+            if self.prev is not None and (self.prev - when).total_seconds() > 86400:
+                self.year += 1
+                when = when.replace(year=self.year)
+            self.prev = when
+            if self.first is None:
+                self.first = when
+            return (when - self.first).total_seconds()
+
+    rng = random.Random(5)
+    for _ in range(300):
+        clock, ref = vllm_log._Clock(), Reference()
+        month, day, t = rng.choice([(12, 31), (2, 28), (5, 14), (1, 1)]) + (rng.randrange(86400),)
+        for _ in range(40):
+            step = rng.random()
+            if step < 0.3:
+                t += rng.randrange(0, 5)
+            elif step < 0.5:
+                t -= rng.randrange(0, 4000)
+            elif step < 0.7:
+                month, day = rng.choice([(12, 31), (1, 1), (2, 29), (3, 1), (5, 14), (5, 15), (11, 30)])
+            elif step < 0.75:
+                t = rng.randrange(86400)
+            hh, mm, ss = t // 3600 % 24, t // 60 % 60, t % 60
+            if rng.random() < 0.03:
+                hh, mm, ss = rng.choice([(24, 0, 0), (23, 60, 0), (23, 59, 61), (99, 99, 99)])
+            line = f"INFO {month:02}-{day:02} {hh:02}:{mm:02}:{ss:02} [logger.py:43] x".encode()
+            m = vllm_log._PREFIX.search(line)
+            assert m is not None
+            try:
+                want: object = ref.seconds(line[m.start(2):m.end(6)])
+            except ValueError as exc:
+                want = str(exc)
+            try:
+                got: object = clock.seconds(m)
+            except ValueError as exc:
+                got = str(exc)
+            assert got == want, (line, got, want)
+            if isinstance(want, str):
+                break

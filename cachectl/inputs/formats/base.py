@@ -90,7 +90,7 @@ class Verdict:
         return cls(1, lacks)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Record:
     """One call as a log of any shape tells it. Every field the shape does not carry is None (or empty).
 
@@ -123,6 +123,19 @@ class Record:
     body_path: str | None = None
     #: what the shape could not give for this record (said once per run: "no request body", ...)
     missing: tuple[str, ...] = ()
+
+    def __init__(self, shape: str, source: str, line: int, body: dict | None = None, usage: dict | None = None,
+                 served: dict | None = None, timestamp: Any = None, model: str | None = None,
+                 keys: dict[str, Any] | None = None, output_tokens: int | None = None,
+                 tokens: list[int] | None = None, prompt: str | None = None, batch: bool = False,
+                 body_path: str | None = None, missing: tuple[str, ...] = ()) -> None:
+        """The fields written into the instance's ``__dict__`` at once: a reader builds one record per call, and
+        the frozen dataclass's own ``__init__`` (one ``object.__setattr__`` a field) cost as much as the rest of
+        reading a small call."""
+        self.__dict__.update(shape=shape, source=source, line=line, body=body, usage=usage, served=served,
+                             timestamp=timestamp, model=model, keys={} if keys is None else keys,
+                             output_tokens=output_tokens, tokens=tokens, prompt=prompt, batch=batch,
+                             body_path=body_path, missing=missing)
 
     def value(self) -> dict[str, Any]:
         """The record as cachectl's own wrapper line: ``{timestamp, body, usage, model, output_tokens, ...keys}``

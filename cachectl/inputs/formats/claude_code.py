@@ -101,6 +101,8 @@ def clean_usage(usage: Any, *, source: str, line: int) -> dict:
     ``speed: "standard"`` the ordinary price); anything else kept, for the reader to refuse it by name."""
     if not isinstance(usage, dict):
         raise InputError("expected a usage object", source=source, line=line, field="message.usage")
+    if _KNOWN.issuperset(usage):  # every key known (most lines): the usage as it stands, told at C speed
+        return dict(usage)
     out = {}
     for k, v in usage.items():
         if k in _KNOWN:

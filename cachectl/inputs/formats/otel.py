@@ -283,14 +283,16 @@ def _usage(anthropic: bool, attrs: dict[str, Any]) -> tuple[dict[str, Any] | Non
     return usage, note
 
 
+#: a model call's span has one of these (all ``gen_ai.*``: such a span is a GenAI span)
+_CALL_KEYS = ("gen_ai.request.model", "gen_ai.response.model", "gen_ai.usage.input_tokens",
+              "gen_ai.usage.prompt_tokens", "gen_ai.input.messages")
+
+
 def _is_call(attrs: dict[str, Any]) -> bool:
-    if not any(k.startswith("gen_ai.") for k in attrs):
+    if not any(k in attrs for k in _CALL_KEYS):
         return False
     op = attrs.get("gen_ai.operation.name")
-    if isinstance(op, str) and op in _NOT_CALLS:
-        return False
-    return any(k in attrs for k in ("gen_ai.request.model", "gen_ai.response.model", "gen_ai.usage.input_tokens",
-                                    "gen_ai.usage.prompt_tokens", "gen_ai.input.messages"))
+    return not (isinstance(op, str) and op in _NOT_CALLS)
 
 
 def _spans(doc: Any, source: str, line: int) -> Iterator[tuple[dict[str, Any], str]]:

@@ -121,6 +121,10 @@ def _load(text: str, first: int, source: str) -> Any:
         except orjson.JSONDecodeError as exc:
             raise InputError(f"invalid JSON cassette: {exc}", source=source, line=first) from None
     try:
+        return _plain_yaml(text)
+    except Exception:  # outside the plain subset, or a bad document: the safe loader says which
+        pass
+    try:
         return yaml.load(text, Loader=_Loader)  # noqa: S506 - the safe loader (C or pure Python)
     except yaml.constructor.ConstructorError as exc:
         mark = exc.problem_mark
@@ -133,6 +137,95 @@ def _load(text: str, first: int, source: str) -> Any:
         line = first + mark.line if mark is not None else first
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise InputError(f"invalid YAML cassette: {problem}", source=source, line=line) from None
+
+
+class _NotPlain(Exception):
+    """The document has what :func:`_plain_yaml` leaves to the safe loader."""
+
+
+_STR, _MAP, _SEQ = "tag:yaml.org,2002:str", "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"
+#: the safe loader's constructors of scalars (plain functions of one node); any other tag is left to the loader
+_SCALARS = {tag: fn for tag, fn in _Loader.yaml_constructors.items()
+            if tag in ("tag:yaml.org,2002:null", "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int",
+                       "tag:yaml.org,2002:float", "tag:yaml.org,2002:binary", "tag:yaml.org,2002:timestamp")}
+_NO_KEY = object()
+
+
+def _plain_yaml(text: str) -> Any:
+    """The one document of ``text`` as the safe loader builds it, from the same parser's events: each scalar's
+    tag resolved by the loader's own resolver (memoized for short plain scalars) and built by its own
+    constructor, mappings and sequences filled in place. The safe loader builds its node graph first (a Python
+    node, a resolver call and its marks per scalar) and then its objects; a cassette of JSON bodies holds
+    hundreds of thousands of scalars. What this leaves to the loader raises :class:`_NotPlain` (anchors and
+    aliases, merge keys, any other tag, a key that is a collection, not one document); so does any error, which
+    the loader then names as it always does."""
+    ScalarEvent, MappingStartEvent, SequenceStartEvent = yaml.ScalarEvent, yaml.MappingStartEvent, \
+        yaml.SequenceStartEvent
+    ScalarNode = yaml.ScalarNode
+    loader = _Loader(text)
+    try:
+        if loader.yaml_path_resolvers:  # tags that depend on a node's path: only the loader's composer knows
+            raise _NotPlain
+        get, resolve = loader.get_event, loader.resolve
+        tags: dict[str, str] = {}
+        get()  # the stream's start
+        if type(get()) is not yaml.DocumentStartEvent:
+            raise _NotPlain
+        #: the mappings and sequences being filled, each with the key waiting for its value (mappings)
+        stack: list[list[Any]] = []
+        value: Any
+        while True:
+            event = get()
+            kind = type(event)
+            if kind is ScalarEvent:
+                if event.anchor is not None:
+                    raise _NotPlain
+                tag, value = event.tag, event.value
+                if tag is None or tag == "!":
+                    if event.implicit[0]:  # plain: the loader's implicit resolvers (null, bool, int, ...)
+                        tag = tags.get(value)
+                        if tag is None:
+                            tag = resolve(ScalarNode, value, event.implicit)
+                            if len(value) <= 64:
+                                tags[value] = tag
+                    else:
+                        tag = _STR
+                if tag != _STR:
+                    build = _SCALARS.get(tag)
+                    if build is None:
+                        raise _NotPlain
+                    value = build(loader, ScalarNode(tag, value, event.start_mark, event.end_mark, event.style))
+            elif kind is MappingStartEvent:
+                if event.anchor is not None or event.tag not in (None, "!", _MAP):
+                    raise _NotPlain
+                stack.append([{}, _NO_KEY])
+                continue
+            elif kind is SequenceStartEvent:
+                if event.anchor is not None or event.tag not in (None, "!", _SEQ):
+                    raise _NotPlain
+                stack.append([[], _NO_KEY])
+                continue
+            elif kind is yaml.MappingEndEvent or kind is yaml.SequenceEndEvent:
+                value = stack.pop()[0]
+            else:
+                raise _NotPlain
+            if not stack:
+                break
+            top = stack[-1]
+            if type(top[0]) is list:
+                top[0].append(value)
+            elif top[1] is _NO_KEY:
+                if type(value) is dict or type(value) is list:
+                    raise _NotPlain
+                top[1] = value
+            else:
+                top[0][top[1]] = value
+                top[1] = _NO_KEY
+        if type(get()) is not yaml.DocumentEndEvent or type(get()) is not yaml.StreamEndEvent:
+            raise _NotPlain
+        return value
+    finally:
+        loader.dispose()
 
 
 def _header(headers: Any, name: str) -> str | None:

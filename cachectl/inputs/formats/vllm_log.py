@@ -38,7 +38,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import orjson
@@ -66,6 +66,8 @@ _LORA = re.compile(r"lora_request: (None|LoRARequest\(.*?\))(?:, prompt_adapter_
 _LORA_NAME = re.compile(r"lora_name='([^']*)'")
 #: how the message of a request line starts (INFO ``Received request``, DEBUG ``Request ... details``)
 _REQUEST_LINE = (b"Received request ", b"Request ")
+#: the prefix ends within a line's first 400 bytes, so ``equest `` of a request line's start ends within these
+_SEEN = 400 + len(b"Received request ")
 #: requests whose prompt lengths are looked at to infer a --max-log-len cap
 _CAP_WINDOW = 64
 #: DEBUG details lines waiting for their INFO line (they are adjacent; the bound only guards odd logs)
@@ -145,24 +147,33 @@ class _Clock:
 
     def __init__(self) -> None:
         self.first: datetime | None = None
-        self.prev: datetime | None = None
         self.year = 2000  # a leap year, so 02-29 reads; only differences are used
         #: the last ``MM-DD HH:MM:SS`` read and its answer
         self.last: bytes | None = None
         self.last_seconds = 0.0
+        #: the last time read, as the midnight of its day and the seconds since then, and that midnight's answer
+        self.day: datetime | None = None
+        self.offset = 0
+        self.day_seconds = 0.0
 
     def seconds(self, m: re.Match) -> float:
         stamp = m.group(0)[m.start(2) - m.start():m.end(6) - m.start()]
         if stamp == self.last:  # lines logged in one second: the same answer (the clock does not move)
             return self.last_seconds
-        month, day, hh, mm, ss = (int(g) for g in m.groups()[1:6])
-        when = datetime(self.year, month, day, hh, mm, ss)
-        if self.prev is not None and (self.prev - when).total_seconds() > 86400:
+        hh, mm, ss = int(stamp[6:8]), int(stamp[9:11]), int(stamp[12:14])
+        if self.last is not None and stamp[:5] == self.last[:5] and hh < 24 and mm < 60 and ss < 60:
+            # the day of the last time: no datetime to build (nor a year to turn: within one day)
+            self.offset = hh * 3600 + mm * 60 + ss
+            self.last, self.last_seconds = stamp, self.day_seconds + self.offset
+            return self.last_seconds
+        when = datetime(self.year, int(stamp[:2]), int(stamp[3:5]), hh, mm, ss)
+        if self.day is not None and (self.day + timedelta(seconds=self.offset) - when).total_seconds() > 86400:
             self.year += 1
             when = when.replace(year=self.year)
-        self.prev = when
         if self.first is None:
             self.first = when
+        self.day, self.offset = when.replace(hour=0, minute=0, second=0), hh * 3600 + mm * 60 + ss
+        self.day_seconds = (self.day - self.first).total_seconds()
         self.last, self.last_seconds = stamp, (when - self.first).total_seconds()
         return self.last_seconds
 
@@ -208,6 +219,9 @@ def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
         window.clear()
 
     for n, raw in lines:
+        if raw.find(b"equest ", 0, _SEEN) < 0:  # no request line: told by one memchr-speed scan, not the regex
+            skipped += 1
+            continue
         head = _PREFIX.search(raw, 0, 400)
         if head is None or not raw.startswith(_REQUEST_LINE, head.end()):  # startup, metrics, access logs
             skipped += 1
