@@ -81,3 +81,12 @@ def test_ray_without_the_extra_or_a_tokenizer_is_one_line(cli, tmp_path):
         r = cli("report", log, "-t", TOK_DIR, "--ray", "local")
         assert r.exit_code == 2 and r.stderr.strip().endswith("--ray needs ray: pip install 'llm-cachectl[ray]'")
         assert r.stderr.count("\n") == 1, r.stderr
+
+
+@pytest.mark.ray
+def test_a_tokenizer_without_a_chat_template_is_the_same_one_line_on_ray(cli, local_ray):
+    log = PROMPTS / "agent_log.jsonl"
+    one = cli("report", log, "-t", TOK_DIR / "tokenizer.json", "--jobs", "1")
+    on_ray = cli("report", log, "-t", TOK_DIR / "tokenizer.json", "--jobs", "1", "--ray", "local")
+    assert one.exit_code == on_ray.exit_code == 2 and "has no chat template" in one.stderr
+    assert on_ray.stderr == one.stderr

@@ -40,6 +40,8 @@ def prefill(lines: Iterable[Any], tokenizer: Any, *, generation_prompts: Sequenc
     :func:`cachectl.raycluster.ray_cluster` takes it (``local``: a Ray instance of ``jobs`` CPUs for the run)."""
     from ...raycluster import ray_cluster, task_error
 
+    if tokenizer.chat_template is None:  # (the driver's first render says so, naming the line)
+        return Prefilled(0, 0, 0)
     memo = tokenizer.remember_renders()
     todo: dict[bytes, tuple] = {}  # render key -> (messages, tools, add_generation_prompt)
     for ln in lines:
