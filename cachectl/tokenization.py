@@ -377,6 +377,17 @@ class TokenizerHandle:
             self.render_memo = RenderMemo()
         return self.render_memo
 
+    def render_key(self, messages: list, tools: list | None, add_generation_prompt: bool,
+                   template_vars: dict | None = None, source: str | None = None) -> bytes | None:
+        """The key a chat render is kept under in the render memo (None: no memo, or parts that do not pickle):
+        of the template ``source`` transformers picks for ``tools`` (found here when not given), the messages, the
+        tools and the options."""
+        if self.render_memo is None:
+            return None
+        if source is None:
+            source = self.hf.get_chat_template(None, tools)
+        return self.render_memo.key(source, messages, tools, add_generation_prompt, template_vars)
+
     def id_text(self, token_id: int) -> str:
         text = self.backend.decode([token_id], skip_special_tokens=False)
         if text == "":
@@ -408,8 +419,7 @@ class TokenizerHandle:
             # would pick (a "tool_use" one when there are tools), the values it passes, under the render budget
             source = self.hf.get_chat_template(None, tools)
             memo = self.render_memo
-            key = (memo.key(source, msgs, tools, add_generation_prompt, template_vars)
-                   if memo is not None and remember else None)
+            key = self.render_key(msgs, tools, add_generation_prompt, template_vars, source) if remember else None
             got = memo.get(key) if memo is not None and key is not None else None
             if got is not None:
                 return got, key

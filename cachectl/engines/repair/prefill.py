@@ -52,7 +52,7 @@ def prefill(lines: Iterable[Any], tokenizer: Any, *, generation_prompts: Sequenc
         tools = list(p.tools) if p.tools else None
         source = tokenizer.hf.get_chat_template(None, tools)
         for gen in generation_prompts:
-            key = memo.key(source, msgs, tools, gen, None)  # (the key ``_render_keyed`` looks a render up by)
+            key = tokenizer.render_key(msgs, tools, gen, None, source)  # (the key the passes look it up by)
             if key is not None and key not in todo and memo.get_ids(key) is None:
                 todo[key] = (msgs, tools, gen)
     if not todo:
