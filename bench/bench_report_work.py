@@ -8,8 +8,10 @@ Runs ``report`` and ``fix`` in this process (``--jobs 1``, so that every part is
   count too);
 - **tokens encoded**: tokens the tokenizer produced (``encode_batch`` and ``encode`` through cachectl's sized
   backend), as a multiple of the floor's: each distinct prompt rendered and tokenized once;
-- **replays**: ``simulate`` calls (the vLLM replays of the measures) plus the fork analysis' own tree passes
-  (each a pass over the whole log).
+- **replays**: ``simulate`` calls (the vLLM replays of the measures, in the threads of a sweep too) plus the fork
+  analysis' own tree passes (each a pass over the whole log);
+- **measure passes**: passes over the log by the before/after measures (``measure_versions`` calls: one sweep
+  measures several versions of the log; before it, ``measure`` calls, one version each).
 
 The floor parses each line once, renders each distinct prompt once and encodes its tokens once. Counts, not
 seconds: they do not depend on the machine's load.
@@ -27,6 +29,7 @@ import os
 import pstats
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,19 +111,30 @@ def measure(command: str, log: Path, out: Path) -> dict[str, int]:
 
     args = [a.format(log=log, out=out) for a in COMMANDS[command]]
     prof = cProfile.Profile()
+    profs = [prof]
+
+    def in_thread(*_: object) -> None:  # a thread's first event: its own profiler (the sweep's engines run in threads)
+        p = cProfile.Profile()
+        profs.append(p)
+        p.enable()
+
     counter = Tokens()
     with counter.counting():
+        threading.setprofile(in_thread)
         prof.enable()
         result = CliRunner().invoke(app, args, catch_exceptions=False)
         prof.disable()
+        threading.setprofile(None)  # type: ignore[arg-type]
     if result.exit_code not in (0, 1):
         raise SystemExit(f"{command} failed ({result.exit_code}): {result.output[-500:]}")
-    stats = pstats.Stats(prof, stream=io.StringIO())
+    stats = pstats.Stats(*profs, stream=io.StringIO())
     passes = calls(stats, "engines/prefix/forks/cost.py", "tree_pass")
     return {"parses": calls(stats, "inputs/request.py", "parse_request"),
             "renders": calls(stats, "tokenization.py", "render_chat_template"),
             "tokens": counter.n,
-            "replays": calls(stats, "engines/prefix/replay.py", "simulate") + passes}
+            "replays": calls(stats, "engines/prefix/replay.py", "simulate") + passes,
+            "measure passes": (calls(stats, "repair/measure.py", "measure_versions")
+                               or calls(stats, "repair/measure.py", "measure"))}
 
 
 def main() -> None:
@@ -138,11 +152,12 @@ def main() -> None:
             make_log(log, args.requests)
         n, floor_tokens = floor(log)
         print(f"{log.name}: {n:,} requests; floor: {n:,} parses, {n:,} renders (at most), {floor_tokens:,} tokens")
-        print(f"{'command':<16} {'parses/req':>10} {'renders/req':>11} {'tokens (x floor)':>16} {'replays':>8}")
+        print(f"{'command':<16} {'parses/req':>10} {'renders/req':>11} {'tokens (x floor)':>16} {'replays':>8} "
+              f"{'measure passes':>14}")
         for command in args.commands.split(","):
             got = measure(command, log, Path(tmp) / "out.jsonl")
             print(f"{command:<16} {got['parses'] / n:>10.1f} {got['renders'] / n:>11.1f} "
-                  f"{got['tokens'] / floor_tokens:>15.1f}x {got['replays']:>8}")
+                  f"{got['tokens'] / floor_tokens:>15.1f}x {got['replays']:>8} {got['measure passes']:>14}")
 
 
 if __name__ == "__main__":

@@ -499,21 +499,6 @@ class TokenizerHandle:
                                  render_opts=opts if p.is_chat else None))
         return out
 
-    def tokenized_again(self, prompt: PromptInput, ids: Sequence[int], text: str | None, *,
-                        add_generation_prompt: bool = False, add_special_tokens: bool = True,
-                        template_vars: dict | None = None) -> Tokenized:
-        """The compact :class:`Tokenized` that ``tokenize_many([prompt], ...)[0].compact()`` returns, from the
-        IDs and rendered text that call gave before (kept on disk by a caller that tokenizes a log more than
-        once): nothing is rendered or encoded now."""
-        if prompt.ids is not None:
-            return Tokenized(prompt, array("I", ids), tokenizer=self)
-        if prompt.is_chat:
-            opts = _render_opts(add_generation_prompt, template_vars)
-            assert text is not None
-            return Tokenized(prompt, array("I", ids), text, None, _lazy_chat_spans(self, prompt, text, opts), self,
-                             False, opts)
-        return Tokenized(prompt, array("I", ids), text, None, _text_spans(prompt), self, add_special_tokens, None)
-
 
 def _render_opts(add_generation_prompt: bool, template_vars: dict | None) -> dict:
     """How a chat prompt is rendered (``Tokenized.render_opts``)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cachectl.engines.repair import measure, store
+from cachectl.engines.repair import store
 from cachectl.engines.repair.edits import Edits
 from cachectl.engines.repair.groups import log_lines
 from cachectl.inputs import iter_jsonl
@@ -148,7 +148,6 @@ def test_fix_and_report_are_the_same_with_a_cache_of_two(cli, tmp_path, monkeypa
     outs = []
     for size in (store.CACHE, 2):
         monkeypatch.setattr(store, "CACHE", size)
-        monkeypatch.setattr(measure, "CACHE", size)
         out = tmp_path / f"out{size}.jsonl"
         fixed = _run(cli, ["fix", str(log), "-t", str(ROOT / "fixtures" / "tok"), "--unsafe-fixes", "-o", str(out),
                            "--format", "json", *key])

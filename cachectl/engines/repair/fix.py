@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 from ...errors import InputError, UsageError
 from ...inputs import LogRecord
 from .fixes import CODES, FIXES, REGISTRY, Fix, rewrite
-from .groups import Grouping, LogLine, group_sessions, original_at, reparse_at
-from .measure import Measure, TokenMemo, measure
+from .groups import Grouping, LogLine, group_sessions, with_model
+from .measure import Measure, measure_versions
 from .shared_prefix import CrossRequestGain, LogForks, cross_request_gain, log_forks
 from .store import Mapped
 
@@ -137,19 +137,22 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
                                                  progress=progress,
                                                  grouping=reuse.grouping if reuse is not None else None)
     before_job = None
-    if (reuse is None or reuse.before is None) and workers is not None:
-        before_job = workers.submit(measured, lines)  # beside the forks analysis and the rewrite
+    if (reuse is None or reuse.before is None) and workers is not None and workers.jobs > 1:
+        before_job = workers.submit(measured, lines, [None])  # beside the forks analysis and the rewrite
     forks, fork_notes = (reuse.forks, []) if reuse is not None and reuse.forks is not None else log_forks(
         lines, tokenizer=tokenizer, block_size=options.block_size, capacity_blocks=options.capacity_blocks,
         add_generation_prompt=options.add_generation_prompt, source=source, progress=progress)
-    done = fix_pass(lines, grouping, forks, options, tokenizer=tokenizer, table=table, source=source,
-                    counter=counter, progress=progress, measured=measured, workers=workers)
+    rw = rewritten(lines, grouping, forks, options, tokenizer=tokenizer, table=table, counter=counter,
+                   progress=progress)
+    known = reuse is not None and reuse.before is not None
+    (done,), first = measured_pass([rw], measured, lines, before=not known and before_job is None)
+    before: Measure
+    n1: list[str]
     if reuse is not None and reuse.before is not None:
-        before, n1 = reuse.before, list[str]()
-    elif before_job is not None:
-        before, n1 = before_job.result()
-    else:
-        before, n1 = measured(lines)
+        before, n1 = reuse.before, []
+    else:  # (the log as it is joined the sweep of its versions, or was measured in a child)
+        assert first is not None or before_job is not None
+        before, n1 = first if first is not None else before_job.result()[0]  # type: ignore[union-attr]
     return assembled(lines, options, grouping, forks, fork_notes, before, n1, done, table=table, source=source,
                      tokenizer=tokenizer)
 
@@ -173,9 +176,10 @@ def prepared(lines: Sequence[LogLine], options: FixOptions, tokenizer: Any, sour
 
 def started(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any = None, table: Any = None,
             source: str = "", progress: Callable[[int], None] | None = None, grouping: Grouping | None = None,
-            ) -> tuple[Sequence[LogLine], Grouping, Any, Callable[..., tuple[Measure, list[str]]]]:
+            ) -> tuple[Sequence[LogLine], Grouping, Any, Callable[..., list[tuple[Measure, list[str]]]]]:
     """What every run on a log starts with: the lines :func:`prepared`, their conversations (``grouping``, or
-    grouped here), one provider token counter, and the measure of a version of the log (``measured(lines)``)."""
+    grouped here), one provider token counter, and the measure of versions of the log in one sweep
+    (``measured(lines, versions, ...)``: :func:`.measure.measure_versions`)."""
     lines = prepared(lines, options, tokenizer, source)
     if grouping is None:
         grouping = group_sessions(_ticking(lines, progress), key=options.key, window_s=options.window_s,
@@ -194,16 +198,31 @@ def measure_counter(tokenizer: Any) -> Any:
 
 
 def _measurer(grouping: Grouping, options: FixOptions, tokenizer: Any, table: Any, source: str, counter: Any,
-              progress: Callable[[int], None] | None) -> Callable[..., tuple[Measure, list[str]]]:
-    return partial(measure, grouping=grouping, tokenizer=tokenizer, table=table, block_size=options.block_size,
-                   capacity_blocks=options.capacity_blocks, add_generation_prompt=options.add_generation_prompt,
-                   source=source, memo=TokenMemo(), counter=counter, progress=progress)
+              progress: Callable[[int], None] | None) -> Callable[..., list[tuple[Measure, list[str]]]]:
+    """``measured(lines, versions, causes=..., providers=...)``: versions of the log measured in one sweep
+    (:func:`.measure.measure_versions`)."""
+    return partial(measure_versions, grouping=grouping, model=options.model, tokenizer=tokenizer, table=table,
+                   block_size=options.block_size, capacity_blocks=options.capacity_blocks,
+                   add_generation_prompt=options.add_generation_prompt, source=source, counter=counter,
+                   progress=progress)
+
+
+@dataclass(frozen=True)
+class Rewritten:
+    """One rewrite of the log (the codes of one set of options), not measured yet."""
+
+    fixes: tuple[Fix, ...]      # sorted by line and code
+    notes: tuple[str, ...]      # the rewriter's
+    values: Sequence[Any]       # the rewritten values (:class:`~.edits.Edits`)
+    #: (code, fixes applied, the values as this code and those before it left them), the codes that applied a fix
+    #: in the order they are applied (for the tokens reused per cause); the last one's values are ``values``
+    steps: tuple[tuple[str, int, Sequence[Any]], ...] = ()
 
 
 @dataclass(frozen=True)
 class FixPass:
     """One rewrite of the log and its measures: what ``fix_log`` does once the conversations and the forks are
-    known (``cachectl report`` runs two, the safe one and the full one, one beside the other)."""
+    known (``cachectl report`` runs two, the safe one and the full one)."""
 
     fixes: tuple[Fix, ...]      # sorted by line and code (``examples_only``: the first applied fix of each code)
     applied: int
@@ -217,45 +236,65 @@ class FixPass:
     output: Sequence[Any] = field(default=(), repr=False)
 
 
-def fix_pass(lines: Sequence[LogLine], grouping: Grouping, forks: LogForks | None, options: FixOptions, *,
-             tokenizer: Any = None, table: Any = None, source: str = "", counter: Any = None,
-             progress: Callable[[int], None] | None = None, measured: Callable[..., Any] | None = None,
-             examples_only: bool = False, workers: Workers | None = None) -> FixPass:
-    """The codes of ``options`` applied to ``lines`` (as :func:`prepared` left them), the rewritten log measured,
-    and (``options.per_cause``, with a tokenizer) the log as each code left it. ``examples_only``: keep the first
-    applied fix of each code and no rewritten log (what a report shows; a pass computed in a child process sends
-    back that much). ``workers``: the log as each code left it is measured in a child process while this one
-    measures the rewritten log."""
+def rewritten(lines: Sequence[LogLine], grouping: Grouping, forks: LogForks | None, options: FixOptions, *,
+              tokenizer: Any = None, table: Any = None, counter: Any = None,
+              progress: Callable[[int], None] | None = None) -> Rewritten:
+    """The codes of ``options`` applied to ``lines`` (as :func:`prepared` left them); with ``options.per_cause``
+    and a tokenizer, the log as each code left it too (a version number each: nothing is copied)."""
     codes = tuple(options.select) if options.select else CODES
-    if measured is None:
-        measured = _measurer(grouping, options, tokenizer, table, source, counter, progress)
     per_cause_wanted = options.per_cause and tokenizer is not None
     # the values as each code that applied a fix left them: what applying the codes one after another gives (a
-    # code that applied nothing changed nothing), measured below for the tokens reused per cause
-    steps: dict[str, Sequence[Any]] = {}
+    # code that applied nothing changed nothing)
+    snaps: dict[str, Sequence[Any]] = {}
     seen = [0]  # fixes applied so far
 
     def _step(code: str, rw: Any) -> None:
         applied = sum(1 for f in rw.fixes if f.applied)
         if applied > seen[0]:
             seen[0] = applied
-            steps[code] = rw.values.snapshot()  # (a version number: nothing copied)
+            snaps[code] = rw.values.snapshot()
 
     rw = rewrite(lines, grouping, codes, options.unsafe, tokenizer, table, options.model, counter, forks, progress,
                  after=_step if per_cause_wanted else None)
-    values = rw.values
     applied_codes = [c for c in codes if any(f.code == c and f.applied for f in rw.fixes)]
     order = [f.code for f in REGISTRY if f.code in applied_codes] if per_cause_wanted else []
-
-    def measure_steps() -> list[Measure]:  # the log as each code but the last left it
-        return [measured(_reparsed(lines, steps[c], options.model), causes=False)[0] for c in order[:-1]]
-
-    steps_job = workers.submit(measure_steps) if workers is not None and len(order) > 1 else None
-    # (dict equality ignores key order, which FX002 changes: every line is parsed again)
-    after, n2 = measured(_reparsed(lines, values, options.model))
-    stepped = [*(steps_job.result() if steps_job is not None else measure_steps()), after] if order else []
-    measures = [(c, sum(1 for f in rw.fixes if f.code == c and f.applied), m) for c, m in zip(order, stepped)]
+    steps = tuple((c, sum(1 for f in rw.fixes if f.code == c and f.applied), rw.values if c == order[-1] else snaps[c])
+                  for c in order)
     fixes = tuple(sorted(rw.fixes, key=lambda f: (f.line, CODES.index(f.code))))
+    return Rewritten(fixes=fixes, notes=tuple(rw.notes), values=rw.values, steps=steps)
+
+
+def measured_pass(rws: Sequence[Rewritten], measured: Callable[..., list[tuple[Measure, list[str]]]],
+                  lines: Sequence[LogLine], *, before: bool = False, before_provider: Any = None,
+                  examples_only: bool = False) -> tuple[list[FixPass], tuple[Measure, list[str]] | None]:
+    """Rewrites of one log measured in one sweep (:func:`.measure.measure_versions`): of each, the log as each
+    code but the last left it and the rewritten log (every line a code rewrote is parsed again: dict equality
+    ignores key order, which FX002 changes). ``before``: the log as it is joins the sweep (with ``before_provider``,
+    its provider figures already simulated) and its measure is returned beside the passes (None otherwise).
+    ``examples_only``: each pass keeps the first applied fix of each code and no rewritten log (what a report
+    shows)."""
+    versions: list[Any] = [None] if before else []
+    causes = [True] if before else []
+    for rw in rws:
+        steps = [v for _, _, v in rw.steps[:-1]]
+        versions += [*steps, rw.values]
+        causes += [False] * len(steps) + [True]
+    providers = [before_provider] + [None] * (len(versions) - 1) if before else None
+    got = measured(lines, versions, causes=causes, providers=providers)
+    first = got.pop(0) if before else None
+    passes = []
+    for rw in rws:
+        n = max(0, len(rw.steps) - 1)
+        passes.append(_passed(rw, got[:n], got[n], examples_only))
+        del got[:n + 1]
+    return passes, first
+
+
+def _passed(rw: Rewritten, step_measures: list[tuple[Measure, list[str]]], after: tuple[Measure, list[str]],
+            examples_only: bool) -> FixPass:
+    stepped = [m for m, _ in step_measures] + [after[0]] if rw.steps else []
+    measures = [(c, n, m) for (c, n, _), m in zip(rw.steps, stepped)]
+    fixes = rw.fixes
     applied = sum(f.applied for f in fixes)
     unsafe_skipped = sum(1 for f in fixes if not f.applied and not f.safe)
     if examples_only:
@@ -264,8 +303,21 @@ def fix_pass(lines: Sequence[LogLine], grouping: Grouping, forks: LogForks | Non
             if f.applied:
                 first.setdefault(f.code, f)
         fixes = tuple(first.values())
-    return FixPass(fixes=fixes, applied=applied, unsafe_skipped=unsafe_skipped, notes=tuple(rw.notes), after=after,
-                   after_notes=tuple(n2), steps=tuple(measures), output=() if examples_only else values)
+    return FixPass(fixes=fixes, applied=applied, unsafe_skipped=unsafe_skipped, notes=rw.notes, after=after[0],
+                   after_notes=tuple(after[1]), steps=tuple(measures), output=() if examples_only else rw.values)
+
+
+def fix_pass(lines: Sequence[LogLine], grouping: Grouping, forks: LogForks | None, options: FixOptions, *,
+             tokenizer: Any = None, table: Any = None, source: str = "", counter: Any = None,
+             progress: Callable[[int], None] | None = None, measured: Callable[..., Any] | None = None,
+             examples_only: bool = False) -> FixPass:
+    """:func:`rewritten` and :func:`measured_pass`: the codes of ``options`` applied and the log they leave
+    measured (with ``options.per_cause``, the log as each code left it too)."""
+    if measured is None:
+        measured = _measurer(grouping, options, tokenizer, table, source, counter, progress)
+    rw = rewritten(lines, grouping, forks, options, tokenizer=tokenizer, table=table, counter=counter,
+                   progress=progress)
+    return measured_pass([rw], measured, lines, examples_only=examples_only)[0][0]
 
 
 def assembled(lines: Sequence[LogLine], options: FixOptions, grouping: Grouping, forks: LogForks | None,
@@ -314,23 +366,7 @@ def _ticking(lines: Iterable[LogLine], progress: Callable[[int], None] | None) -
 
 def _modelled(lines: Sequence[LogLine], model: str) -> Sequence[LogLine]:
     """The lines, those that name no model given ``model`` (as they are read: nothing is copied)."""
-    return Mapped(len(lines), lambda i: _with_model(lines[i], model), values_of=lines)
-
-
-def _reparsed(lines: Sequence[LogLine], values: Sequence[Any], model: str | None) -> Sequence[LogLine]:
-    """Each line as its rewritten value parses (and with ``model`` where it names none), read as it is asked for."""
-    def line(i: int) -> LogLine:  # (parsed again only where a fix code rewrote it)
-        return original_at(lines, i) if not values.changed(i) else reparse_at(lines, i, values[i])  # type: ignore[attr-defined]
-
-    if model is None:
-        return Mapped(len(lines), line)
-    return Mapped(len(lines), lambda i: _with_model(line(i), model))
-
-
-def _with_model(ln: LogLine, model: str) -> LogLine:
-    if ln.request is None or ln.request.model is not None:
-        return ln
-    return replace(ln, request=replace(ln.request, model=model))
+    return Mapped(len(lines), lambda i: with_model(lines[i], model), values_of=lines)
 
 
 def to_records(lines: Sequence[LogLine]) -> list[LogRecord]:

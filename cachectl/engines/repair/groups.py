@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -136,6 +136,13 @@ def original_at(lines: Any, i: int) -> LogLine:
     if isinstance(lines, Mapped) and lines.values_of is not None:
         return reparse(lines.values_of[i], lines.values_of[i].value)
     return lines[i]
+
+
+def with_model(ln: LogLine, model: str) -> LogLine:
+    """The line with ``model`` where its request names none."""
+    if ln.request is None or ln.request.model is not None:
+        return ln
+    return replace(ln, request=replace(ln.request, model=model))
 
 
 def reparse(ln: LogLine, value: Any) -> LogLine:

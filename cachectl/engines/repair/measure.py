@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-from array import array
-from collections import OrderedDict
+import queue
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from ...errors import InputError, UsageError
 from ...inputs import PromptInput
-from ...spool import DigestTable, content_digest
-from .groups import Grouping, LogLine
-from .store import CACHE, Spool
+from ...spool import content_digest
+from ..prefix.trace import TraceRequest
+from .edits import _encoded
+from .groups import Grouping, LogLine, original_at, reparse_at, with_model
 
 
 @dataclass(frozen=True)
@@ -70,155 +72,274 @@ def _prompt_key(p: PromptInput) -> int:
     return int.from_bytes(got, "little")
 
 
-#: lines tokenized at a time (the tokenizer runs a batch in parallel)
+#: lines swept at a time (the tokenizer runs a batch's prompts in parallel)
 BATCH = 256
 
 
-class TokenMemo:
-    """Prompt digest -> its compact tokenization, for a log tokenized more than once (the before/after and per-fix
-    measures share most lines): the last :data:`~.store.CACHE` in memory, every one as its IDs and rendered text
-    in a spool on disk (a :class:`~cachectl.spool.DigestTable` entry in memory, 16 to 24 bytes), made again from
-    them when asked for."""
+class _Fed:
+    """``fn(items)`` run in a thread of its own over the items :meth:`put` hands it, a batch at a time: one sweep
+    over a log feeds every engine that reads an iterable (each version's replays and provider simulation) and
+    none of them reads the log again. An error of ``fn`` is raised by :meth:`result`."""
 
-    def __init__(self) -> None:
-        self._hot: OrderedDict[int, Any] = OrderedDict()
-        self._disk = DigestTable()
-        self._spool: Spool | None = None
+    _END = object()
 
-    def get(self, key: int, prompt: PromptInput, tokenizer: Any, add_generation_prompt: bool) -> Any:
-        got = self._hot.get(key)
-        if got is not None:
-            self._hot.move_to_end(key)
-            return got
-        k = self._disk.get(key)
-        if k is None:
-            return None
-        assert self._spool is not None
-        ids, text = self._spool.get(k)
-        got = tokenizer.tokenized_again(prompt, ids, text, add_generation_prompt=add_generation_prompt)
-        self._keep(key, got)
-        return got
+    def __init__(self, fn: Callable[[Iterator[Any]], Any]) -> None:
+        self._q: queue.Queue = queue.Queue(maxsize=4)
+        self._done = False     # fn returned or raised: what is put from now on is dropped
+        self._ended = False    # fn read the end
+        self._out: Any = None
+        self._err: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
 
-    def put(self, key: int, t: Any) -> None:
-        if self._spool is None:
-            self._spool = Spool()
-        self._disk[key] = self._spool.put((t.ids.tobytes() if isinstance(t.ids, array) else array("I", t.ids).tobytes(),
-                                           t.text))
-        self._keep(key, t)
+    def _items(self) -> Iterator[Any]:
+        while True:
+            batch = self._q.get()
+            if batch is self._END:
+                self._ended = True
+                return
+            yield from batch
 
-    def _keep(self, key: int, t: Any) -> None:
-        self._hot[key] = t
-        if len(self._hot) > CACHE:
-            self._hot.popitem(last=False)
+    def _run(self, fn: Callable[[Iterator[Any]], Any]) -> None:
+        try:
+            self._out = fn(self._items())
+        except BaseException as exc:  # noqa: BLE001 (raised again by result())
+            self._err = exc
+        finally:
+            self._done = True
+            while not self._ended and self._q.get() is not self._END:
+                pass  # (the sweep goes on for the others: what it puts is let go)
+
+    def put(self, batch: list) -> None:
+        if batch and not self._done:
+            self._q.put(batch)
+
+    def close(self) -> None:
+        self._q.put(self._END)
+
+    def result(self) -> Any:
+        self.close()
+        self._thread.join()
+        if self._err is not None:
+            raise self._err
+        return self._out
 
 
-def _tokenized(lines: Sequence[LogLine], tokenizer: Any, add_generation_prompt: bool,
-               memo: TokenMemo | None = None) -> Iterator[Any]:
-    """Tokenized prompts, one batch of lines at a time, each compacted to its IDs and rendered text (about 4 bytes
-    per token, not a full ``Encoding``'s hundred; offsets come back on first use). With ``memo``
-    (:class:`TokenMemo`), a prompt tokenized before (the same content, key order included) is not tokenized
-    again."""
-    for start in range(0, len(lines), BATCH):
-        batch = lines[start:start + BATCH]
-        if memo is None:
-            for t in tokenizer.tokenize_many([ln.prompt for ln in batch], add_generation_prompt=add_generation_prompt):
-                yield t.compact()
+class _Version:
+    """One version of the log in a sweep: its replays (fed as lines are tokenized), the tokens each request shares
+    with the previous one of its conversation, and its provider simulation (started at its first request)."""
+
+    def __init__(self, policy: str, block_size: int, capacity_blocks: int | None, source: str, causes: bool,
+                 provider: ProviderMeasure | None, simulated: Callable[[Iterator[Any]], Any] | None) -> None:
+        from ..prefix.replay import simulate
+
+        self.causes = causes
+        self.vllm = _Fed(partial(_simulate_fed, simulate, policy, block_size, capacity_blocks, source))
+        self.ceiling = (_Fed(partial(_simulate_fed, simulate, "infinite", block_size, None, source))
+                        if capacity_blocks is not None else None)
+        self.provider = provider
+        self._simulated = simulated if provider is None else None
+        self.provider_job: _Fed | None = None
+        self.last: dict[int, Any] = {}
+        self.reused = self.tokens = 0
+        self.cause_count: dict[str, int] = {}
+        self.requests = 0
+        self.trace: list = []
+        self.reqs: list = []
+
+    def flush(self) -> None:
+        self.vllm.put(self.trace)
+        if self.ceiling is not None:
+            self.ceiling.put(self.trace)
+        if self.reqs and self._simulated is not None:
+            if self.provider_job is None:
+                self.provider_job = _Fed(self._simulated)
+            self.provider_job.put(self.reqs)
+        self.trace, self.reqs = [], []
+
+    def close(self) -> None:
+        for job in (self.vllm, self.ceiling, self.provider_job):
+            if job is not None:
+                job.close()
+
+
+def _simulate_fed(simulate: Callable[..., Any], policy: str, block_size: int, capacity_blocks: int | None,
+                  source: str, trace: Iterator[Any]) -> Any:
+    return simulate(trace, policy=policy, block_size=block_size, capacity_blocks=capacity_blocks, source=source,
+                    compact=True)
+
+
+def _line_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] | None], i: int,
+                   model: str | None) -> list[LogLine]:
+    """Line ``i`` in each version of the log (None: the lines as they are; else the values a fix pass left), each
+    distinct value parsed once."""
+    out: list[LogLine] = []
+    parsed: dict[Any, LogLine] = {}
+    for vals in versions:
+        if vals is None or not vals.changed(i):  # type: ignore[attr-defined]
+            ln = parsed.get(None)
+            if ln is None:
+                ln = parsed[None] = lines[i] if vals is None or model is None else with_model(original_at(lines, i), model)
+            out.append(ln)
             continue
-        keys = [_prompt_key(ln.prompt) for ln in batch]
-        found = {k: memo.get(k, ln.prompt, tokenizer, add_generation_prompt) for k, ln in zip(keys, batch)}
-        todo = {k: ln.prompt for k, ln in zip(keys, batch) if found[k] is None}
-        if todo:
-            for k, t in zip(todo, tokenizer.tokenize_many(list(todo.values()),
-                                                          add_generation_prompt=add_generation_prompt)):
-                found[k] = t.compact()
-                memo.put(k, found[k])
-        for k in keys:
-            yield found[k]
+        value = vals[i]
+        key = _encoded(value)
+        ln = parsed.get(key)
+        if ln is None:
+            ln = reparse_at(lines, i, value)
+            ln = parsed[key] = with_model(ln, model) if model is not None else ln
+        out.append(ln)
+    return out
 
 
-def measure(lines: Sequence[LogLine], grouping: Grouping, *, tokenizer: Any = None, table: Any = None,
-            block_size: int = 16, capacity_blocks: int | None = None, add_generation_prompt: bool = True,
-            source: str = "", causes: bool = True, memo: TokenMemo | None = None,
-            counter: Any = None, progress: Callable[[int], None] | None = None,
-            provider: ProviderMeasure | None = None) -> tuple[Measure, list[str]]:
-    """A log measured by the existing engines: the vLLM replay (:func:`cachectl.engines.prefix.simulate`; with
-    ``capacity_blocks`` None, no eviction), the provider cache
+def measure(lines: Sequence[LogLine], grouping: Grouping, *, causes: bool = True,
+            provider: ProviderMeasure | None = None, **kw: Any) -> tuple[Measure, list[str]]:
+    """One version of a log measured (:func:`measure_versions` of the lines as they are)."""
+    return measure_versions(lines, [None], grouping, causes=[causes], providers=[provider], **kw)[0]
+
+
+def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] | None], grouping: Grouping, *,
+                     model: str | None = None, tokenizer: Any = None, table: Any = None, block_size: int = 16,
+                     capacity_blocks: int | None = None, add_generation_prompt: bool = True, source: str = "",
+                     causes: Sequence[bool] | None = None, counter: Any = None,
+                     progress: Callable[[int], None] | None = None,
+                     providers: Sequence[ProviderMeasure | None] | None = None) -> list[tuple[Measure, list[str]]]:
+    """Versions of a log measured by the existing engines in one sweep: each line read once, each of its distinct
+    versions parsed once and each distinct prompt among them tokenized once, and every version's engines fed as
+    the sweep goes: the vLLM replay (:func:`cachectl.engines.prefix.simulate`; with ``capacity_blocks`` None, no
+    eviction; with one, the no-eviction ceiling beside it), the provider cache
     (:func:`cachectl.engines.provider.cache.simulate_requests`), and the token prefix each request shares with the
-    previous one of its conversation (with the diff-tokens cause where they diverge). ``progress(n)`` is called
-    as lines are tokenized. ``provider``: the provider cache already simulated over these very requests
-    (:func:`provider_measure`), not simulated again."""
+    previous one of its conversation (with the diff-tokens cause where they diverge, for the versions whose
+    ``causes`` is true).
+
+    ``versions``: None for ``lines`` as they are, or the values a fix pass left (:class:`~.edits.Edits` or a
+    snapshot of it: a line it did not change is the line itself), read with ``model`` where a line names none.
+    ``providers``: a version's provider cache already simulated over its very requests (:func:`provider_measure`),
+    not simulated again. ``progress(n)`` is called as each version of a line is measured."""
     from .. import tokendiff
-    from ..prefix.replay import simulate
-    from ..prefix.trace import TraceRequest
+
+    k = len(versions)
+    want_causes = list(causes) if causes is not None else [True] * k
+    given = list(providers) if providers is not None else [None] * k
+    if tokenizer is None:
+        return [_provider_only(lines, versions, j, model, table, source, given[j], progress) for j in range(k)]
+    if counter is None and table is not None:
+        from ..provider import cache as promptcache
+
+        counter = promptcache.tokenizer_counter(tokenizer)
+    simulated = partial(_provider_fed, table, source, counter) if table is not None else None
+    policy = "vllm" if capacity_blocks is not None else "infinite"
+    vs = [_Version(policy, block_size, capacity_blocks, source, want_causes[j], given[j], simulated)
+          for j in range(k)]
+    ends = grouping.last_indices()
+    try:
+        for start in range(0, len(lines), BATCH):
+            batch = [_line_versions(lines, versions, i, model) for i in range(start, min(len(lines), start + BATCH))]
+            for i, row, tok in zip(range(start, start + len(batch)), batch,
+                                   _tokenized_rows(batch, tokenizer, add_generation_prompt)):
+                g = grouping.groups[i]
+                for v, ln, t in zip(vs, row, tok):
+                    v.trace.append(TraceRequest(index=i, line=ln.line, prompt_tokens=len(t.ids), tokens=t.ids,
+                                                timestamp=ln.timestamp))
+                    if ln.request is not None:
+                        v.requests += 1
+                        v.reqs.append(ln.request)
+                    prev = v.last.pop(g, None)
+                    if ends[g] != i:
+                        v.last[g] = t
+                    if progress is not None:
+                        progress(1)
+                    if prev is None:
+                        continue
+                    c = tokendiff.common_prefix_length(prev.ids, t.ids)
+                    v.reused += c
+                    v.tokens += len(t.ids)
+                    if v.causes and c < min(len(prev.ids), len(t.ids)):  # (diff-tokens' cause, without windows)
+                        cause = tokendiff.explain(prev, t, c, tokenizer)
+                        cid = cause.id if cause is not None else "unexplained"
+                        v.cause_count[cid] = v.cause_count.get(cid, 0) + 1
+            for v in vs:
+                v.flush()
+    finally:
+        for v in vs:
+            v.close()
+    return [_measured(v, len(lines)) for v in vs]
+
+
+def _measured(v: _Version, n: int) -> tuple[Measure, list[str]]:
+    r = v.vllm.result()
+    vllm = VllmMeasure(r.policy, r.block_size, r.capacity_blocks, r.requests, r.query_tokens, r.hit_tokens, r.hit_rate)
+    ceiling = None
+    if v.ceiling is not None:  # what the log's shared prefix is worth without eviction
+        inf = v.ceiling.result()
+        ceiling = VllmMeasure("infinite", inf.block_size, None, inf.requests, inf.query_tokens, inf.hit_tokens,
+                              inf.hit_rate)
+    notes: list[str] = []
+    provider = v.provider
+    if v.provider_job is not None:
+        try:
+            provider = provider_measure(v.provider_job.result(), v.requests, n - v.requests)
+        except (InputError, UsageError) as exc:
+            notes.append(f"provider cache not simulated: {exc}")
+    return Measure(vllm, provider, v.reused, v.tokens, v.cause_count, ceiling), notes
+
+
+def _provider_fed(table: Any, source: str, counter: Any, reqs: Iterator[Any]) -> Any:
     from ..provider import cache as promptcache
 
+    return promptcache.simulate_requests(reqs, table=table, source=source, text_counter=counter, every=None,
+                                         token_source="tokenizer", keep_requests=False)
+
+
+def _tokenized_rows(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: bool) -> Iterator[list[Any]]:
+    """Each row's prompts tokenized, compacted to their IDs and rendered text (about 4 bytes per token, not a full
+    ``Encoding``'s hundred; offsets come back on first use): a prompt the batch holds more than once (the same
+    content, key order included: the versions of a line a fix left alone, a request sent twice) is tokenized
+    once."""
+    keys: dict[int, int] = {}     # id of a parsed line -> its prompt's digest
+    todo: dict[int, PromptInput] = {}
+    for row in batch:
+        for ln in row:
+            if id(ln) not in keys:
+                keys[id(ln)] = key = _prompt_key(ln.prompt)
+                todo.setdefault(key, ln.prompt)
+    done = dict(zip(todo, (t.compact() for t in tokenizer.tokenize_many(list(todo.values()),
+                                                                     add_generation_prompt=add_generation_prompt))))
+    for row in batch:
+        yield [done[keys[id(ln)]] for ln in row]
+
+
+def _provider_only(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] | None], j: int, model: str | None,
+                   table: Any, source: str, provider: ProviderMeasure | None,
+                   progress: Callable[[int], None] | None) -> tuple[Measure, list[str]]:
+    """A version measured without a tokenizer: the provider cache alone, where the lines give token counts."""
     notes: list[str] = []
-    vllm = ceiling = None
-    pair_reused = pair_tokens = None
-    cause_count: dict[str, int] = {}
-    if tokenizer is not None:
-        # one pass: each request replayed and compared as it is tokenized; a conversation's last request is
-        # kept only until its conversation has no line left
-        ends = grouping.last_indices()
-        pair = {"reused": 0, "tokens": 0}
-        last: dict[int, Any] = {}
-
-        def trace() -> Iterator[TraceRequest]:
-            for k, (ln, t, g) in enumerate(zip(lines, _tokenized(lines, tokenizer, add_generation_prompt, memo),
-                                               grouping.groups)):
-                yield TraceRequest(index=k, line=ln.line, prompt_tokens=len(t.ids), tokens=t.ids,
-                                   timestamp=ln.timestamp)
-                prev = last.pop(g, None)
-                if ends[g] != k:
-                    last[g] = t
-                if progress is not None:
-                    progress(1)
-                if prev is None:
-                    continue
-                c = tokendiff.common_prefix_length(prev.ids, t.ids)
-                pair["reused"] += c
-                pair["tokens"] += len(t.ids)
-                if causes and c < min(len(prev.ids), len(t.ids)):  # (diff-tokens' cause, without its windows)
-                    cause = tokendiff.explain(prev, t, c, tokenizer)
-                    cid = cause.id if cause is not None else "unexplained"
-                    cause_count[cid] = cause_count.get(cid, 0) + 1
-
-        policy = "vllm" if capacity_blocks is not None else "infinite"
-        r = simulate(trace(), policy=policy, block_size=block_size, capacity_blocks=capacity_blocks, source=source,
-                     compact=True)
-        vllm = VllmMeasure(policy, r.block_size, r.capacity_blocks, r.requests, r.query_tokens, r.hit_tokens,
-                           r.hit_rate)
-        if capacity_blocks is not None:  # the ceiling too: what the log's shared prefix is worth without eviction
-            again = (TraceRequest(index=k, line=ln.line, prompt_tokens=len(t.ids), tokens=t.ids, timestamp=ln.timestamp)
-                     for k, (ln, t) in enumerate(zip(lines, _tokenized(lines, tokenizer, add_generation_prompt, memo))))
-            inf = simulate(again, policy="infinite", block_size=block_size, source=source, compact=True)
-            ceiling = VllmMeasure("infinite", inf.block_size, None, inf.requests, inf.query_tokens, inf.hit_tokens,
-                                  inf.hit_rate)
-        pair_reused, pair_tokens = pair["reused"], pair["tokens"]
     counted = [0]  # the requests simulated (the lines without a request body are not)
 
     def reqs() -> Iterator[Any]:
-        for ln in lines:
+        for i in range(len(lines)):
+            ln = _line_versions(lines, [versions[j]], i, model)[0]
+            if progress is not None:
+                progress(1)
             if ln.request is not None:
                 counted[0] += 1
                 yield ln.request
 
     any_req = provider is None and next(reqs(), None) is not None
-    if any_req and table is not None and tokenizer is None and any(p.tokens is None for r in reqs()
-                                                                   for p in r.positions):
+    if any_req and table is not None and any(p.tokens is None for r in reqs() for p in r.positions):
         notes.append("the provider cache simulation needs token counts: pass `tokenizer`")
     elif any_req and table is not None:
-        if counter is None and tokenizer is not None:
-            counter = promptcache.tokenizer_counter(tokenizer)
+        from ..provider import cache as promptcache
+
         try:
             counted[0] = 0
-            rep = promptcache.simulate_requests(reqs(), table=table, source=source, text_counter=counter,
+            rep = promptcache.simulate_requests(reqs(), table=table, source=source, text_counter=None,
                                                 every=None, token_source="tokenizer", keep_requests=False)
         except (InputError, UsageError) as exc:
             notes.append(f"provider cache not simulated: {exc}")
         else:
             provider = provider_measure(rep, counted[0], len(lines) - counted[0])
-    return Measure(vllm, provider, pair_reused, pair_tokens, cause_count, ceiling), notes
+    return Measure(None, provider, None, None, {}, None), notes
 
 
 def provider_measure(rep: Any, requests: int, skipped: int = 0) -> ProviderMeasure:

@@ -402,15 +402,15 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     over the log, with the fix engine's two runs (safe fixes only; unsafe ones too, with the tokens each code gains)
     as its before/after section and the forks of the log's shared prefix.
 
-    With ``workers`` (:class:`cachectl.workers.Workers` of more than one job) the parts run side by side: a child
-    measures the log as it is and builds the token diff, provider and curve sections while this process finds the
-    forks; then a child runs the safe fix while this process runs the full one (and a child measures the log as
-    each code left it while this process measures the log with all of them). The report is the same as in one
-    process (``workers`` None or of one job), where the parts run one after another. ``progress``: pass
-    ``workers.tick`` (it is called in the children too)."""
+    Every version of the log (as it is, after the safe fixes, as each code of the full run left it, after all
+    fixes) is measured in one sweep (:func:`.fix.measured_pass`). With ``workers`` (:class:`cachectl.workers.Workers`
+    of more than one job) the parts run side by side: a child builds the token diff, provider and curve sections
+    while this process finds the forks; then a child rewrites and measures the log with the safe fixes while this
+    process rewrites it with all of them and sweeps the rest. The report is the same as in one process
+    (``workers`` None or of one job). ``progress``: pass ``workers.tick`` (it is called in the children too)."""
     from ...workers import Workers
     from ..provider.cache import tokenizer_counter
-    from .fix import assembled, fix_pass, started
+    from .fix import assembled, measured_pass, rewritten, started
     from .measure import provider_measure
     from .shared_prefix import auto_records, log_forks
 
@@ -425,9 +425,8 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
         costed = (cost_section(requests, table, source, counter, tokenizer_name)
                   if requests is not None and table is not None else None)
         # the provider section read every line as a request: the log before the fixes is that same simulation
-        before = measured(fixed_lines, provider=provider_measure(costed.simulated, costed.requests)
-                          if costed is not None and costed.simulated is not None and costed.requests == len(lines)
-                          else None)
+        before = (provider_measure(costed.simulated, costed.requests)
+                  if costed is not None and costed.simulated is not None and costed.requests == len(lines) else None)
         return before, pairs_report(
             source=source, log=records, tokenizer=tokenizer, tokenizer_name=tokenizer_name, table=table,
             trace=trace, block_size=options.block_size, top=top, price_model=price_model, progress=progress,
@@ -439,14 +438,23 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
                                   capacity_blocks=options.capacity_blocks,
                                   add_generation_prompt=options.add_generation_prompt, source=source,
                                   progress=progress)
-    run = partial(fix_pass, fixed_lines, grouping, forks, tokenizer=tokenizer, table=table, source=source,
-                  counter=counter, progress=progress, examples_only=True)
+    rewrite = partial(rewritten, fixed_lines, grouping, forks, tokenizer=tokenizer, table=table, counter=counter,
+                      progress=progress)
     # (the report shows the tokens reused per fix code of the full run only)
     safe_options, full_options = replace(options, per_cause=False), replace(options, unsafe=True)
-    safe_job = workers.submit(run, safe_options, measured=measured)  # beside the full run (and its per-code measures)
-    full_pass = run(full_options, workers=workers, measured=measured)  # (one token memo for both runs)
-    safe_pass = safe_job.result()
-    (before, before_notes), (r, rate, losses) = side_job.result()
+    safe_job = None
+    if workers.jobs > 1:  # the safe run in a child, beside the full one
+        safe_job = workers.submit(lambda: measured_pass([rewrite(safe_options)], measured, fixed_lines,
+                                                        examples_only=True)[0][0])
+    full_rw = rewrite(full_options)
+    before_provider, (r, rate, losses) = side_job.result()
+    rws = [full_rw] if safe_job is not None else [full_rw, rewrite(safe_options)]
+    passes, first = measured_pass(rws, measured, fixed_lines, before=True, before_provider=before_provider,
+                                  examples_only=True)
+    full_pass = passes[0]
+    safe_pass = safe_job.result() if safe_job is not None else passes[1]
+    assert first is not None
+    before, before_notes = first
     safe = assembled(fixed_lines, safe_options, grouping, forks, fork_notes, before, before_notes, safe_pass,
                      table=table, source=source, tokenizer=tokenizer)
     full = assembled(fixed_lines, full_options, grouping, forks, (), before, (), full_pass, table=table,
