@@ -222,3 +222,20 @@ def test_report_shows_the_billed_usage_beside_the_prediction(cli):
     text = cli("report", log, "-t", TOK_DIR)
     assert f"against the logged usage: ${want['billed_cost_usd']:.4f} billed for 5 requests" in text.stdout
     assert f"the prediction agrees on {want['agreed']}" in text.stdout
+
+
+@pytest.mark.parametrize("name", ["fix_log", "agent_log"])
+def test_the_safe_fixes_column_is_what_fix_applies_without_unsafe_fixes(cli, name):
+    """report's run of the safe fixes leaves the unsafe codes out (they apply nothing there) but not FX005, which
+    is unsafe by default and applies the rewrites it proves safe (the render unchanged): its column is fix's own
+    run without --unsafe-fixes, fix for fix and dollar for dollar."""
+    log = str(PROMPTS / f"{name}.jsonl")
+    rep = json.loads(cli("report", log, "-t", str(TOK_DIR), "-f", "json").stdout)
+    fixed = json.loads(cli("fix", log, "-t", str(TOK_DIR), "-f", "json").stdout)
+    safe = rep["fixes"]["columns"][1]
+    assert safe["label"] == "safe fixes" and safe["fixes_applied"] == fixed["applied"]
+    assert safe["provider_cost_usd"] == fixed["after"]["provider"]["cost_usd"]
+    assert safe["vllm_hit_rate"] == fixed["after"]["vllm"]["hit_rate"]
+    assert safe["causes"] == fixed["after"]["causes"]
+    if name == "fix_log":  # the fixture FX005 proves two rewrites safe on
+        assert sum(1 for f in fixed["fixes"] if f["code"] == "FX005" and f["applied"]) == 2

@@ -62,6 +62,9 @@ class FixOptions:
     add_generation_prompt: bool = True
     #: measure tokens reused per fix code (one more rewrite and tokenization per code found)
     per_cause: bool = True
+    #: without ``unsafe``, still run the unsafe codes to list what they would fix (``fix`` does); ``report``'s run
+    #: of the safe fixes, which shows only what applies, does not (an unsafe code applies nothing there)
+    list_unsafe: bool = True
 
 
 @dataclass(frozen=True)
@@ -242,6 +245,8 @@ def rewritten(lines: Sequence[LogLine], grouping: Grouping, forks: LogForks | No
     """The codes of ``options`` applied to ``lines`` (as :func:`prepared` left them); with ``options.per_cause``
     and a tokenizer, the log as each code left it too (a version number each: nothing is copied)."""
     codes = tuple(options.select) if options.select else CODES
+    if not options.unsafe and not options.list_unsafe:
+        codes = tuple(c for c in codes if FIXES[c].safe or FIXES[c].proves_safe)
     per_cause_wanted = options.per_cause and tokenizer is not None
     # the values as each code that applied a fix left them: what applying the codes one after another gives (a
     # code that applied nothing changed nothing)

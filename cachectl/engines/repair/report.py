@@ -441,7 +441,7 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     rewrite = partial(rewritten, fixed_lines, grouping, forks, tokenizer=tokenizer, table=table, counter=counter,
                       progress=progress)
     # (the report shows the tokens reused per fix code of the full run only)
-    safe_options, full_options = replace(options, per_cause=False), replace(options, unsafe=True)
+    safe_options, full_options = replace(options, per_cause=False, list_unsafe=False), replace(options, unsafe=True)
     safe_job = None
     if workers.jobs > 1:  # the safe run in a child, beside the full one
         safe_job = workers.submit(lambda: measured_pass([rewrite(safe_options)], measured, fixed_lines,

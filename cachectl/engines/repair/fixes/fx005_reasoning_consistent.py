@@ -155,4 +155,4 @@ def _tool_loop_start(msgs: list) -> int:
 FX005 = FixCode("FX005", "reasoning_consistent", safe=False,
                 description="drop reasoning from an assistant turn consistently", causes=("think_stripped",),
                 apply=apply,
-                across=("think_stripped",))
+                across=("think_stripped",), proves_safe=True)

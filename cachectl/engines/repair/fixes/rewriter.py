@@ -41,6 +41,9 @@ class FixCode:
     causes: tuple[str, ...]
     apply: Callable[[Rewriter], None]
     across: tuple[str, ...] = ()
+    #: unsafe by default, but a rewrite it proves safe is applied without ``--unsafe-fixes`` (FX005: where the
+    #: render is unchanged): a run of the safe fixes runs it too
+    proves_safe: bool = False
 
 
 class Rewriter:
