@@ -154,19 +154,15 @@ def command(
         options = fix.FixOptions(unsafe=unsafe_fixes, key=key, window_s=window_s, select=codes, block_size=block_size,
                                  capacity_blocks=capacity.blocks(block_size), model=model,
                                  add_generation_prompt=not no_generation_prompt)
-        full = None  # what --unsafe-fixes would add, measured as report measures it (the log is not written so)
+        # full: what --unsafe-fixes would add, measured as report measures it (the log is not written so)
         with Progress("fix: lines read, rewritten and measured") as progress, \
                 Workers(jobs, progress=progress.advance, say=print_note) as workers:
             lines = log_lines(records(), source=source, key=key, timestamps=stamps)
             if ray is not None:
                 _on_ray(lines, tok, options, ray, workers.jobs)
             report = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source, progress=workers.tick,
-                                 workers=workers)
-            if not unsafe_fixes and report.unsafe_skipped:
-                from dataclasses import replace
-
-                full = fix.fix_log(lines, replace(options, unsafe=True, per_cause=False), tokenizer=tok, table=table,
-                                   source=source, reuse=report, progress=workers.tick, workers=workers)
+                                 workers=workers, preview_unsafe=True)
+            full = report.unsafe_preview
         output = report.output
         edited = getattr(output, "changed", None)  # (a line no fix code rewrote is its original value)
         changed = [i for i in range(len(output)) if (edited is None or edited(i))

@@ -99,6 +99,8 @@ class FixReport:
     cross_request: CrossRequestGain | None = None
     #: the fork analysis itself (not in the JSON; ``cachectl report`` reuses it)
     forks: LogForks | None = field(default=None, repr=False, compare=False)
+    #: ``fix_log(preview_unsafe=True)``: the same log with the unsafe fixes too (not in the JSON)
+    unsafe_preview: FixReport | None = field(default=None, repr=False, compare=False)
 
     @property
     def applied(self) -> int:
@@ -111,9 +113,10 @@ class FixReport:
     def to_dict(self) -> dict:
         from dataclasses import asdict
 
-        d = asdict(replace(self, output=(), forks=None))
+        d = asdict(replace(self, output=(), forks=None, unsafe_preview=None))
         d.pop("output", None)
         d.pop("forks", None)
+        d.pop("unsafe_preview", None)
         d["forks"] = [f.to_dict() for f in self.forks.report.forks] if self.forks is not None else []
         d["applied"] = self.applied
         d["unsafe_skipped"] = self.unsafe_skipped
@@ -124,40 +127,41 @@ class FixReport:
 
 
 def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tokenizer: Any = None,
-            table: Any = None, source: str = "", reuse: FixReport | None = None,
+            table: Any = None, source: str = "", preview_unsafe: bool = False,
             progress: Callable[[int], None] | None = None, workers: Workers | None = None) -> FixReport:
     """Find and apply the fixes on a log, and measure the log before and after (see the module docstring).
 
-    ``reuse``: an earlier report on the same lines, tokenizer, table and options except ``unsafe`` and
-    ``select``: its conversations and its measure of the log before the fixes are taken as they are (``cachectl
-    report`` runs the safe and the full fix on one log). ``progress(n)``: called as lines are grouped, rewritten
-    and measured (each pass over the log counts its lines again). The tokenizer keeps its chat renders from then
-    on (:meth:`~cachectl.tokenization.TokenizerHandle.remember_renders`). ``workers``
+    ``preview_unsafe``: without ``options.unsafe``, where unsafe fixes were skipped, the log is rewritten with them
+    too and measured in the same sweep: that report is ``unsafe_preview`` (what ``--unsafe-fixes`` would give).
+    ``progress(n)``: called as lines are grouped, rewritten and measured (each pass over the log counts its lines
+    again). The tokenizer keeps its chat renders from then on
+    (:meth:`~cachectl.tokenization.TokenizerHandle.remember_renders`). ``workers``
     (:class:`cachectl.workers.Workers`): the log before the fixes is measured in a child process while this one
-    finds the forks and rewrites, and the log as each code left it while this one measures the log after them (the
-    same report; pass ``workers.tick`` as ``progress``)."""
+    finds the forks and rewrites (the same report; pass ``workers.tick`` as ``progress``)."""
     lines, grouping, counter, measured = started(lines, options, tokenizer=tokenizer, table=table, source=source,
-                                                 progress=progress,
-                                                 grouping=reuse.grouping if reuse is not None else None)
+                                                 progress=progress)
     before_job = None
-    if (reuse is None or reuse.before is None) and workers is not None and workers.jobs > 1:
+    if workers is not None and workers.jobs > 1:
         before_job = workers.submit(measured, lines, [None])  # beside the forks analysis and the rewrite
-    forks, fork_notes = (reuse.forks, []) if reuse is not None and reuse.forks is not None else log_forks(
-        lines, tokenizer=tokenizer, block_size=options.block_size, capacity_blocks=options.capacity_blocks,
-        add_generation_prompt=options.add_generation_prompt, source=source, progress=progress)
-    rw = rewritten(lines, grouping, forks, options, tokenizer=tokenizer, table=table, counter=counter,
-                   progress=progress)
-    known = reuse is not None and reuse.before is not None
-    (done,), first = measured_pass([rw], measured, lines, before=not known and before_job is None)
-    before: Measure
-    n1: list[str]
-    if reuse is not None and reuse.before is not None:
-        before, n1 = reuse.before, []
-    else:  # (the log as it is joined the sweep of its versions, or was measured in a child)
-        assert first is not None or before_job is not None
-        before, n1 = first if first is not None else before_job.result()[0]  # type: ignore[union-attr]
-    return assembled(lines, options, grouping, forks, fork_notes, before, n1, done, table=table, source=source,
-                     tokenizer=tokenizer)
+    forks, fork_notes = log_forks(lines, tokenizer=tokenizer, block_size=options.block_size,
+                                  capacity_blocks=options.capacity_blocks,
+                                  add_generation_prompt=options.add_generation_prompt, source=source,
+                                  progress=progress)
+    rewrite = partial(rewritten, lines, grouping, forks, tokenizer=tokenizer, table=table, counter=counter,
+                      progress=progress)
+    rws = [rewrite(options)]
+    full_options = replace(options, unsafe=True, per_cause=False)
+    if preview_unsafe and not options.unsafe and any(not f.applied and not f.safe for f in rws[0].fixes):
+        rws.append(rewrite(full_options))
+    # (the log as it is joins the sweep of its versions, unless a child measured it)
+    passes, first = measured_pass(rws, measured, lines, before=before_job is None)
+    before, n1 = first if first is not None else before_job.result()[0]  # type: ignore[union-attr]
+    report = assembled(lines, options, grouping, forks, fork_notes, before, n1, passes[0], table=table,
+                       source=source, tokenizer=tokenizer)
+    if len(passes) > 1:
+        report = replace(report, unsafe_preview=assembled(lines, full_options, grouping, forks, (), before, (),
+                                                          passes[1], table=table, source=source, tokenizer=tokenizer))
+    return report
 
 
 def prepared(lines: Sequence[LogLine], options: FixOptions, tokenizer: Any, source: str = "") -> Sequence[LogLine]:
@@ -224,8 +228,8 @@ class Rewritten:
 
 @dataclass(frozen=True)
 class FixPass:
-    """One rewrite of the log and its measures: what ``fix_log`` does once the conversations and the forks are
-    known (``cachectl report`` runs two, the safe one and the full one)."""
+    """One rewrite of the log (:func:`rewritten`) and its measures (:func:`measured_pass`): what ``fix_log`` does once
+    the conversations and the forks are known (``cachectl report`` runs two, the safe one and the full one)."""
 
     fixes: tuple[Fix, ...]      # sorted by line and code (``examples_only``: the first applied fix of each code)
     applied: int
@@ -310,19 +314,6 @@ def _passed(rw: Rewritten, step_measures: list[tuple[Measure, list[str]]], after
         fixes = tuple(first.values())
     return FixPass(fixes=fixes, applied=applied, unsafe_skipped=unsafe_skipped, notes=rw.notes, after=after[0],
                    after_notes=tuple(after[1]), steps=tuple(measures), output=() if examples_only else rw.values)
-
-
-def fix_pass(lines: Sequence[LogLine], grouping: Grouping, forks: LogForks | None, options: FixOptions, *,
-             tokenizer: Any = None, table: Any = None, source: str = "", counter: Any = None,
-             progress: Callable[[int], None] | None = None, measured: Callable[..., Any] | None = None,
-             examples_only: bool = False) -> FixPass:
-    """:func:`rewritten` and :func:`measured_pass`: the codes of ``options`` applied and the log they leave
-    measured (with ``options.per_cause``, the log as each code left it too)."""
-    if measured is None:
-        measured = _measurer(grouping, options, tokenizer, table, source, counter, progress)
-    rw = rewritten(lines, grouping, forks, options, tokenizer=tokenizer, table=table, counter=counter,
-                   progress=progress)
-    return measured_pass([rw], measured, lines, examples_only=examples_only)[0][0]
 
 
 def assembled(lines: Sequence[LogLine], options: FixOptions, grouping: Grouping, forks: LogForks | None,

@@ -1,8 +1,9 @@
 """A log measured before and after its fixes, by the existing engines: the vLLM prefix-cache replay, the provider
 prompt-cache simulation, and the tokens each request shares with the previous request of its conversation.
 
-``measure(lines, grouping, *, tokenizer=None, table=None, block_size=16, capacity_blocks=None, ...) -> (Measure,
-notes)``; ``fix_log`` measures the log before and after (and once per fix code, for the tokens reused per cause).
+``measure_versions(lines, versions, grouping, *, tokenizer=None, table=None, block_size=16, capacity_blocks=None,
+...) -> [(Measure, notes), ...]``: versions of a log (as it is, as a fix pass left it) measured in one sweep;
+``fix_log`` measures the log before and after (and as each fix code left it, for the tokens reused per cause).
 """
 
 from __future__ import annotations
@@ -190,12 +191,6 @@ def _line_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] | 
             ln = parsed[key] = with_model(ln, model) if model is not None else ln
         out.append(ln)
     return out
-
-
-def measure(lines: Sequence[LogLine], grouping: Grouping, *, causes: bool = True,
-            provider: ProviderMeasure | None = None, **kw: Any) -> tuple[Measure, list[str]]:
-    """One version of a log measured (:func:`measure_versions` of the lines as they are)."""
-    return measure_versions(lines, [None], grouping, causes=[causes], providers=[provider], **kw)[0]
 
 
 def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] | None], grouping: Grouping, *,
