@@ -1,0 +1,75 @@
+"""One sweep measures several versions of a log (cachectl/engines/repair/measure.py, ``measure_versions``): each
+version's figures are the ones it gets measured alone, the engines fed from the sweep's threads raise their errors
+in the caller (no sweep left waiting), and a line a version did not change is read, parsed and tokenized once."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from cachectl.engines.prefix.pools import CapacityError
+from cachectl.engines.provider.prices import PriceTable
+from cachectl.engines.repair import fix, groups, measure
+from cachectl.inputs import iter_jsonl
+
+from .conftest import PROMPTS
+
+LOG = PROMPTS / "fix_log.jsonl"
+
+
+@pytest.fixture(scope="module")
+def table():
+    return PriceTable.load()
+
+
+def _setup(tok, table, **kw):
+    lines = groups.log_lines(iter_jsonl(str(LOG)), source=str(LOG), key="session")
+    options = fix.FixOptions(key="session", unsafe=True, **kw)
+    lines, grouping, counter, measured = fix.started(lines, options, tokenizer=tok, table=table, source=str(LOG))
+    rw = fix.rewritten(lines, grouping, None, options, tokenizer=tok, table=table, counter=counter)
+    return lines, grouping, measured, rw
+
+
+def test_each_version_of_one_sweep_is_measured_as_alone(tok, table):
+    lines, _, measured, rw = _setup(tok, table)
+    assert len(rw.steps) >= 2  # the fixture has several codes to apply: several versions
+    versions = [None, *(v for _, _, v in rw.steps)]
+    together = measured(lines, versions, causes=[True] * len(versions))
+    alone = [measured(lines, [v], causes=[True])[0] for v in versions]
+    assert together == alone
+    before, *_, after = (m for m, _ in together)
+    assert after.vllm.hit_rate > before.vllm.hit_rate  # (the versions differ: the fixes gained)
+    assert after.provider.cost_usd < before.provider.cost_usd
+
+
+def test_an_engine_error_in_the_sweep_is_raised_not_waited_for(tok, table):
+    lines, grouping, _, rw = _setup(tok, table)
+    with pytest.raises(CapacityError):
+        measure.measure_versions(lines, [None, rw.values], grouping, tokenizer=tok, table=table, capacity_blocks=2,
+                                 source=str(LOG))
+
+
+def test_a_line_no_version_changed_is_parsed_and_tokenized_once(tok, table, monkeypatch):
+    lines, grouping, measured, rw = _setup(tok, table)
+    reparsed, prompts = [], []
+    real_reparse, real_tokenize = measure.reparse_at, tok.tokenize_many
+
+    def counting_reparse(ls, i, value):
+        reparsed.append(i)
+        return real_reparse(ls, i, value)
+
+    def counting_tokenize(batch, **kw):
+        prompts.extend(batch)
+        return real_tokenize(batch, **kw)
+
+    monkeypatch.setattr(measure, "reparse_at", counting_reparse)
+    monkeypatch.setattr(tok, "tokenize_many", counting_tokenize)
+    versions = [None, None, rw.values, rw.values]  # two copies of each version: nothing is done twice
+    got = measured(lines, versions, causes=[True, False, True, False])
+    changed = [i for i in range(len(lines)) if rw.values.changed(i)]
+    assert 0 < len(changed) < len(lines)
+    assert sorted(reparsed) == changed  # each rewritten line parsed again once, the others not at all
+    assert len(prompts) <= len(lines) + len(changed)
+    assert got[0][0] == replace(got[1][0], causes=got[0][0].causes) and got[2][0].vllm == got[3][0].vllm
+    assert got[1][0].causes == {} and got[3][0].causes == {}  # (causes asked of the first of each pair only)
