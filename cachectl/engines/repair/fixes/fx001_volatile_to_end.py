@@ -38,21 +38,24 @@ from .rewriter import FixCode, Rewriter
 
 
 def apply(rw: Rewriter) -> None:
-    confirmed, spans = _confirmed(rw)
+    heads: dict[int, frozenset[str] | None] = {}  # each line read so far: the paths of its cached prefix
+    confirmed, spans = _confirmed(rw, heads)
     # across requests: the lines the shared-prefix tree found holding a per-request value where requests that
     # otherwise share a prefix split (moved by the same rules; slots of the request's head only)
-    for (i, slot), found in cross_spans(rw, FX001.code).items():
+    for (i, slot), found in cross_spans(rw, FX001.code, heads).items():
         spans.setdefault((i, slot), []).extend(found)
         confirmed.setdefault(slot, set())
     if not confirmed:
         return
     move_lines(rw, FX001, confirmed, spans,
-               lambda moved: f"{moved} changes per request inside the cached prefix")
+               lambda moved: f"{moved} changes per request inside the cached prefix", heads)
 
 
-def _confirmed(rw: Rewriter) -> tuple[dict[str, set[str]], dict[tuple[int, str], list[tuple[int, int]]]]:
+def _confirmed(rw: Rewriter, heads: dict[int, frozenset[str] | None]
+               ) -> tuple[dict[str, set[str]], dict[tuple[int, str], list[tuple[int, int]]]]:
     """Slots (body paths) where consecutive requests of a conversation differ in a volatile value, with the
-    families seen there, and the spans of those values per (line index, slot)."""
+    families seen there, and the spans of those values per (line index, slot). ``heads`` gets the prefix paths
+    of each line read (:func:`_head`)."""
     from ....volatile import classify_change
 
     # 1. confirm: consecutive requests of a conversation whose prefix positions differ in a volatile value
@@ -62,6 +65,8 @@ def _confirmed(rw: Rewriter) -> tuple[dict[str, set[str]], dict[tuple[int, str],
         lb = None
         for a, b in zip(members, members[1:]):
             la, lb = lb if lb is not None else rw.current(a), rw.current(b)  # (each line parsed once)
+            _head(heads, a, la.request)
+            _head(heads, b, lb.request)
             if la.request is None or lb.request is None:
                 continue
             pa, pb = _prefix_positions(la.request), _prefix_positions(lb.request)
@@ -86,10 +91,12 @@ def _confirmed(rw: Rewriter) -> tuple[dict[str, set[str]], dict[tuple[int, str],
 
 
 def move_lines(rw: Rewriter, fix: FixCode, confirmed: dict[str, set[str]],
-               spans: dict[tuple[int, str], list[tuple[int, int]]], what: Callable[[str], str]) -> None:
+               spans: dict[tuple[int, str], list[tuple[int, int]]], what: Callable[[str], str],
+               heads: dict[int, frozenset[str] | None] | None = None) -> None:
     """Every request that holds a value of a confirmed family in a confirmed slot of its prefix (or a span given
     in ``spans``): the line moved to the end of the request, the rewritten turn carried into the later requests
-    of its conversation. ``what`` says what the moved lines are, for the fix's message."""
+    of its conversation. ``what`` says what the moved lines are, for the fix's message. ``heads``: the prefix
+    paths of lines read before (:func:`_head`), for a line whose value nothing changed since: not parsed again."""
     from ....volatile import find_volatile
 
     # with no value family to look for (FX007 moves only the spans it is given), a line without a span has
@@ -108,11 +115,14 @@ def move_lines(rw: Rewriter, fix: FixCode, confirmed: dict[str, set[str]],
                 continue
             moved: list[str] = []
             edits: list[tuple[str, str, str]] = []
-            req = reparse_at(rw.lines, i, value).request
-            if req is None:
+            carried_in = msgs is not None and bool(carry)  # (the value read differs from the line's own)
+            if heads is not None and not carried_in and i in heads:
+                prefix_paths = heads[i]
+            else:
+                prefix_paths = _head({}, i, reparse_at(rw.lines, i, value).request)
+            if prefix_paths is None:
                 rw.values[i] = value
                 continue
-            prefix_paths = {p.path for p in _prefix_positions(req)}
             for slot, fams in confirmed.items():
                 if not any(slot == pp or slot.startswith(pp + ".") or slot.startswith(pp + "[")
                            for pp in prefix_paths):
@@ -159,10 +169,12 @@ def move_lines(rw: Rewriter, fix: FixCode, confirmed: dict[str, set[str]],
                 rw.values[i] = value
 
 
-def cross_spans(rw: Rewriter, code: str) -> dict[tuple[int, str], list[tuple[int, int]]]:
+def cross_spans(rw: Rewriter, code: str, heads: dict[int, frozenset[str] | None] | None = None
+                ) -> dict[tuple[int, str], list[tuple[int, int]]]:
     """(line index, slot) -> char spans of the lines that the log's shared-prefix tree moves with ``code``
     (``rw.forks``), located in each line's current value; only slots of the request's head (tools, and the
-    system and developer messages before its first turn), so that history stays append-only."""
+    system and developer messages before its first turn), so that history stays append-only. ``heads`` gets the
+    prefix paths of each line read (:func:`_head`)."""
     out: dict[tuple[int, str], list[tuple[int, int]]] = {}
     forks = rw.forks
     if forks is None:
@@ -174,6 +186,8 @@ def cross_spans(rw: Rewriter, code: str) -> dict[tuple[int, str], list[tuple[int
         value = rw.values[i]
         body, pre = body_of(value)[0], path_prefix(value)
         req = rw.current(i).request
+        if heads is not None:
+            _head(heads, i, req)
         if req is None:
             continue
         for ms in todo:
@@ -231,6 +245,12 @@ def _locate(text: str, start: int, piece: str) -> tuple[int, int] | None:
             best = k
         k = text.find(piece, k + 1)
     return None if best is None else (best, best + len(piece))
+
+
+def _head(heads: dict[int, frozenset[str] | None], i: int, req: Request | None) -> frozenset[str] | None:
+    """The paths of line ``i``'s cached prefix (None without a request), kept in ``heads``."""
+    got = heads[i] = None if req is None else frozenset(p.path for p in _prefix_positions(req))
+    return got
 
 
 def _prefix_positions(req: Request) -> list:

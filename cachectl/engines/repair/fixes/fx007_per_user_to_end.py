@@ -13,12 +13,14 @@ from .rewriter import FixCode, Rewriter
 
 
 def apply(rw: Rewriter) -> None:
-    spans = cross_spans(rw, FX007.code)
+    heads: dict[int, frozenset[str] | None] = {}  # the lines read: the paths of their cached prefix
+    spans = cross_spans(rw, FX007.code, heads)
     if not spans:
         return
     why = _why(rw)
     move_lines(rw, FX007, {slot: set() for _, slot in spans}, spans,
-               lambda moved: f"{moved} holds a per-user value inside the prefix the requests otherwise share{why}")
+               lambda moved: f"{moved} holds a per-user value inside the prefix the requests otherwise share{why}",
+               heads)
 
 
 def _why(rw: Rewriter) -> str:
