@@ -73,3 +73,20 @@ def test_a_line_no_version_changed_is_parsed_and_tokenized_once(tok, table, monk
     assert len(prompts) <= len(lines) + len(changed)
     assert got[0][0] == replace(got[1][0], causes=got[0][0].causes) and got[2][0].vllm == got[3][0].vllm
     assert got[1][0].causes == {} and got[3][0].causes == {}  # (causes asked of the first of each pair only)
+
+
+def test_grouping_by_key_and_recording_a_fix_parse_no_line(tok, table, monkeypatch):
+    """Past the lines a store keeps parsed, each read of a line parses it again: grouping by --key reads only the
+    keys the store keeps, and a fix code records a rewrite by the line's number."""
+    from cachectl.engines.repair import store
+
+    monkeypatch.setattr(store, "CACHE", 2)
+    lines = groups.log_lines(iter_jsonl(str(LOG)), source=str(LOG), key="session")
+    built = []
+    build = lines._build_line
+    lines._build_line = lambda *a: built.append(a[1]) or build(*a)
+    g = groups.group_sessions(lines, key="session")
+    assert built == [] and g.count == len({lines.meta(i)[1] for i in range(len(lines))}) > 1
+    rw = fix.rewritten(lines, g, None, fix.FixOptions(key="session", select=("FX002",)), tokenizer=tok)
+    assert rw.fixes and built == []  # FX002 rewrote lines without parsing one
+    assert {f.line for f in rw.fixes} <= {lines.line_number(i) for i in range(len(lines))}

@@ -188,9 +188,12 @@ def started(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any = N
     grouped here), one provider token counter, and the measure of versions of the log in one sweep
     (``measured(lines, versions, ...)``: :func:`.measure.measure_versions`)."""
     lines = prepared(lines, options, tokenizer, source)
-    if grouping is None:
-        grouping = group_sessions(_ticking(lines, progress), key=options.key, window_s=options.window_s,
-                                  tokenizer=tokenizer)
+    if grouping is None and options.key is not None:  # (the keys are read without parsing the lines)
+        grouping = group_sessions(lines, key=options.key)
+        if progress is not None:
+            progress(len(lines))
+    elif grouping is None:
+        grouping = group_sessions(_ticking(lines, progress), window_s=options.window_s, tokenizer=tokenizer)
     counter = measure_counter(tokenizer)
     return lines, grouping, counter, _measurer(grouping, options, tokenizer, table, source, counter, progress)
 

@@ -198,6 +198,14 @@ def _elements(ln: LogLine, bos: str | None = None) -> tuple[Any, int]:
     return text, len(text)
 
 
+def _keys(lines: Iterable[LogLine]) -> Iterable[Any]:
+    """Each line's conversation key (a line store's without parsing the lines)."""
+    store = store_of(lines)
+    if store is not None:
+        return (store.meta(i)[1] for i in range(len(store)))
+    return (ln.key for ln in lines)
+
+
 _MSG_INDEX = re.compile(r"(?:messages|input)\[(\d+)\]")
 
 
@@ -219,8 +227,8 @@ def group_sessions(lines: Iterable[LogLine], *, key: str | None = None, window_s
     ids: list[int] = []
     if key is not None:
         seen: dict[Any, int] = {}
-        for ln in lines:
-            ids.append(seen.setdefault(ln.key, len(seen)))
+        for k in _keys(lines):
+            ids.append(seen.setdefault(k, len(seen)))
         return Grouping(tuple(ids), len(seen), f"key {key}")
     index = _Index(window_s)
     bos = getattr(tokenizer, "bos_token", None)

@@ -28,7 +28,7 @@ def apply(rw: Rewriter) -> None:
         for j, t in enumerate(tools):
             canon = json.dumps(t, sort_keys=True)
             if canon in unstable and json.dumps(t) != canon:
-                if rw.record(FX002, rw.lines[i], path_prefix(value) + f"tools[{j}]",
+                if rw.record(FX002, rw.number(i), path_prefix(value) + f"tools[{j}]",
                              f"tool {tool_name(t)!r} is sent with its keys in another order elsewhere: keys "
                              "sorted", json.dumps(t)[:60], canon[:60]):
                     tools[j] = json.loads(canon)

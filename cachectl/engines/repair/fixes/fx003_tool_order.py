@@ -34,7 +34,7 @@ def apply(rw: Rewriter) -> None:
         want = sorted(range(len(tools)), key=lambda j: first[idents[j]])
         if want == list(range(len(tools))):
             continue
-        if rw.record(FX003, rw.lines[i], path_prefix(value) + "tools",
+        if rw.record(FX003, rw.number(i), path_prefix(value) + "tools",
                      "the same tools are listed in another order elsewhere: put in the order first seen",
                      [tool_name(t) for t in tools], [tool_name(tools[j]) for j in want]):
             body["tools"] = [tools[j] for j in want]

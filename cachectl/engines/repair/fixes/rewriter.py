@@ -76,14 +76,15 @@ class Rewriter:
     def allowed(self, safe: bool) -> bool:
         return safe or self.unsafe
 
-    def record(self, fix: FixCode, ln: LogLine, path: str, message: str, before: Any = None, after: Any = None,
-               *, safe: bool | None = None) -> bool:
-        """Record one rewrite of ``fix`` (safe as the code is by default unless ``safe`` says otherwise); whether
-        it is applied."""
+    def record(self, fix: FixCode, ln: LogLine | int, path: str, message: str, before: Any = None,
+               after: Any = None, *, safe: bool | None = None) -> bool:
+        """Record one rewrite of ``fix`` on line ``ln`` (a line, or its number: :meth:`number`), safe as the code
+        is by default unless ``safe`` says otherwise; whether it is applied."""
         safe = fix.safe if safe is None else safe
         applied = self.allowed(safe)
         same = self._strings  # one copy of a text many fixes repeat (a path, a message, a value moved)
-        self.fixes.append(Fix(fix.code, fix.name, safe, applied, ln.line, same.setdefault(path, path),
+        line = ln if isinstance(ln, int) else ln.line
+        self.fixes.append(Fix(fix.code, fix.name, safe, applied, line, same.setdefault(path, path),
                               same.setdefault(message, message),
                               None if before is None else same.setdefault(b := _short(before), b),
                               None if after is None else same.setdefault(a := _short(after), a)))
@@ -94,6 +95,11 @@ class Rewriter:
         for i, g in enumerate(self.grouping.groups):
             out[g].append(i)
         return out
+
+    def number(self, i: int) -> int:
+        """Line ``i``'s number in the log (a line store's, without parsing the line)."""
+        store = store_of(self.lines)
+        return store.line_number(i) if store is not None else self.lines[i].line
 
     def current(self, i: int) -> LogLine:
         """Line ``i`` as rewritten so far (parsed again only where a fix code rewrote it)."""
