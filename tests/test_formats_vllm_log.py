@@ -150,3 +150,46 @@ def test_the_clock_answers_as_datetime_arithmetic():
             assert got == want, (line, got, want)
             if isinstance(want, str):
                 break
+
+
+_PIECES = ["a", "'", '"', "\\", "n", "t", "r", "x", "é", " ", "\u00a0", ":", ": ", "\\\\", "\\'", '\\"', "\\n", "\\x41",
+           "\n"]
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.sampled_from(["'", '"']), st.lists(st.sampled_from(_PIECES), max_size=14))
+def test_the_closing_quote_is_the_literal_regex_s(quote, pieces):
+    """``_closing`` (str.find and a count of backslashes) ends a literal where the regex ``_STRING`` does, or
+    neither does; the body's escapes are undone as Python reads the literal."""
+    import ast
+
+    text = quote + "".join(pieces)
+    m = vllm_log._STRING[quote].match(text)
+    assert vllm_log._closing(text, quote, 1) == (m.end() - 1 if m else -1)
+    if m and "\n" not in m.group():
+        body = m.group()[1:-1]
+        if "\\" in body and vllm_log._OTHER_ESCAPE.search(body) is None:
+            assert vllm_log._unescape(body) == ast.literal_eval(m.group())
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.sampled_from(["Received request ", "abc", "-", ":", ": ", " ", "\t", "\u2003", "\u00a0", "x:y",
+                                 "prompt: "]), max_size=8))
+def test_the_received_request_id_is_the_regex_s(pieces):
+    """``_received`` finds the request id (and where its message goes on) exactly as ``_RECEIVED.match``."""
+    for text in ("".join(pieces), "Received request " + "".join(pieces)):
+        m = vllm_log._RECEIVED.match(text)
+        assert vllm_log._received(text) == ((m.group(1), m.end()) if m else None), text
+
+
+def test_lines_that_are_not_request_lines_are_skipped_before_the_regex(tmp_path):
+    """vLLM's ``Added request`` and other lines holding ``request`` are no records; a request line's opener is
+    found wherever its prefix ends (up to the 400 bytes the prefix may take)."""
+    prefix = "INFO 05-14 10:11:12 [" + "a" * 370 + ".py:43] "
+    log = _log(tmp_path, [
+        "INFO 05-14 10:11:12 [async_llm.py:270] Added request chatcmpl-1.",
+        "INFO 05-14 10:11:12 [x.py:1] Request for work",
+        prefix + "Received request r-1: prompt: 'hi', params: SamplingParams(), prompt_token_ids: [1, 2], "
+        "lora_request: None.",
+    ])
+    assert [v["request_id"] for _, v in log_values(log)] == ["r-1"]

@@ -248,6 +248,20 @@ def test_every_jsonl_shape_finds_the_duplicate(line, path):
     assert err.value.line == 7 and err.value.field == path and "duplicate key" in err.value.message
 
 
+
+@pytest.mark.parametrize("line", [b'\x00{"a": 1}', b'{"a": 1}\x00', b'{"a": "x\x00y"}', b'{"a\x00": 1}', b"[1,\x002]",
+                                  b"\x00", b'{"a": \xff\x00}', b'{"a": ' + b"[" * 2000 + b"\x00"])
+def test_a_nul_byte_anywhere_is_named_binary_data(line):
+    """orjson refuses every line holding a NUL byte (JSON has none outside strings, none unescaped in one): the
+    NUL check, made once a line is refused, names each such line as before, whatever else is wrong with it."""
+    from cachectl.inputs import parse_jsonl_line
+
+    with pytest.raises(InputError) as err:
+        parse_jsonl_line(line, "log.jsonl", 3)
+    assert err.value.line == 3 and "NUL bytes" in err.value.message
+    with pytest.raises(InputError, match="a Parquet file"):
+        parse_jsonl_line(b"PAR1" + line, "log.parquet", 1)
+
 def test_the_fast_path_is_taken_only_where_no_key_can_repeat():
     import orjson
 

@@ -59,14 +59,18 @@ SHAPE = LogShape(
 
 _PREFIX = re.compile(rb"(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:[.,]\d+)? "
                      rb"\[?[\w./<>-]+:\d+\] ")
+#: what ``_received`` tells (``Received request (\S+?): ``; no regex: a lazy group tries each length)
 _RECEIVED = re.compile(r"Received request (\S+?): ")
+_RECEIVED_OPENER = "Received request "
 _DETAILS = re.compile(r"Request (\S+?) details: ")
 _IDS = re.compile(r"prompt[_ ]token[_ ]ids: (None|\[[0-9, ]*\])")
 _LORA = re.compile(r"lora_request: (None|LoRARequest\(.*?\))(?:, prompt_adapter_request|\.?$)")
 _LORA_NAME = re.compile(r"lora_name='([^']*)'")
 #: how the message of a request line starts (INFO ``Received request``, DEBUG ``Request ... details``)
 _REQUEST_LINE = (b"Received request ", b"Request ")
-#: the prefix ends within a line's first 400 bytes, so ``equest `` of a request line's start ends within these
+#: the prefix ends within a line's first 400 bytes, with ``] ``: a request line has one of these (``] `` and how
+#: its message starts) within its first ``_SEEN`` bytes
+_REQUEST_OPENERS = (b"] Received request ", b"] Request ")
 _SEEN = 400 + len(b"Received request ")
 #: requests whose prompt lengths are looked at to infer a --max-log-len cap
 _CAP_WINDOW = 64
@@ -92,11 +96,30 @@ _OTHER_ESCAPE = re.compile(r"\\[^ntr\\'\"]")
 
 
 def _unescape(body: str) -> str:
-    """A literal's body whose escapes are only ``\\n \\t \\r \\\\ \\' \\"``, undone: split at the escaped
-    backslashes (a run of backslashes pairs up from its start, as str.split finds them), each part's one-backslash
-    escapes replaced (what they become holds no backslash: no new escape is formed), joined by a backslash."""
+    """A literal's body whose escapes are only ``\\n \\t \\r \\\\ \\' \\"``, undone. An ASCII body by the
+    ``unicode_escape`` codec (which reads exactly Python's escapes, these among them); any other: split at the
+    escaped backslashes (a run of backslashes pairs up from its start, as str.split finds them), each part's
+    one-backslash escapes replaced (what they become holds no backslash: no new escape is formed), joined by a
+    backslash."""
+    if body.isascii():
+        return body.encode("ascii").decode("unicode_escape")
     return "\\".join(part.replace("\\n", "\n").replace("\\t", "\t").replace("\\r", "\r").replace("\\'", "'")
                       .replace('\\"', '"') for part in body.split("\\\\"))
+
+
+def _closing(text: str, quote: str, start: int) -> int:
+    """The index of the quote that closes the literal whose body starts at ``text[start]``, or -1: the first
+    ``quote`` after an even run of backslashes (a run pairs up from its start: an odd one escapes the quote), as
+    :data:`_STRING` matches it, told by ``str.find`` (most prompts escape no quote: one find)."""
+    j = text.find(quote, start)
+    while j >= 0:
+        k = j
+        while k > start and text[k - 1] == "\\":
+            k -= 1
+        if not (j - k) & 1:
+            return j
+        j = text.find(quote, j + 1)
+    return -1
 
 
 def _literal(text: str, start: int, where: dict[str, Any]) -> tuple[str | None, int]:
@@ -106,21 +129,36 @@ def _literal(text: str, start: int, where: dict[str, Any]) -> tuple[str | None, 
     quote = text[start:start + 1]
     if quote not in _STRING:
         raise InputError("expected the prompt's Python string literal", field="prompt", **where)
-    m = _STRING[quote].match(text, start)
-    if m is None:
+    end = _closing(text, quote, start + 1)
+    if end < 0:
         raise InputError("the prompt's string literal does not end on this line", field="prompt", **where)
-    body = m.group()[1:-1]
+    body = text[start + 1:end]
     if "\\" not in body:  # nothing escaped: the text is the literal's body
-        return body, m.end()
+        return body, end + 1
     if _OTHER_ESCAPE.search(body) is None:  # only \n \t \r \\ \' \" (a chat prompt's): undone at C speed
-        return _unescape(body), m.end()
+        return _unescape(body), end + 1
     try:
-        value = ast.literal_eval(m.group())  # the literal alone, never eval
+        value = ast.literal_eval(text[start:end + 1])  # the literal alone, never eval
     except (ValueError, SyntaxError):
         raise InputError("the prompt's string literal does not end on this line", field="prompt", **where) from None
     if not isinstance(value, str):
         raise InputError("expected the prompt's Python string literal", field="prompt", **where)
-    return value, m.end()
+    return value, end + 1
+
+
+def _received(text: str) -> tuple[str, int] | None:
+    """``(request id, the index after its ": ")`` of an INFO ``Received request ID: `` message, as
+    ``_RECEIVED.match`` finds it: the id is the text up to the first ``": "`` after its first character, and has
+    no white space (``str.split`` and the regex's ``\\s`` are the same white space: then no later ``": "`` can end
+    the id either)."""
+    if not text.startswith(_RECEIVED_OPENER):
+        return None
+    start = len(_RECEIVED_OPENER)
+    end = text.find(": ", start + 1)
+    if end < 0:
+        return None
+    rid = text[start:end]
+    return (rid, end + 2) if rid.split() == [rid] else None
 
 
 def _ids(text: str, where: dict[str, Any]) -> list[int] | None:
@@ -219,8 +257,8 @@ def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
         window.clear()
 
     for n, raw in lines:
-        if raw.find(b"equest ", 0, _SEEN) < 0:  # no request line: told by one memchr-speed scan, not the regex
-            skipped += 1
+        if raw.find(_REQUEST_OPENERS[0], 0, _SEEN) < 0 and raw.find(_REQUEST_OPENERS[1], 0, _SEEN) < 0:
+            skipped += 1  # no request line (nor vLLM's ``Added request``): told by C-speed scans, not the regex
             continue
         head = _PREFIX.search(raw, 0, 400)
         if head is None or not raw.startswith(_REQUEST_LINE, head.end()):  # startup, metrics, access logs
@@ -229,14 +267,14 @@ def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
         text = raw[head.end():].decode("utf-8", "replace")
         where: dict[str, Any] = {"source": source, "line": n}
         details = _DETAILS.match(text)
-        received = _RECEIVED.match(text) if details is None else None
-        if details is None and received is None:
+        received = _received(text) if details is None else None
+        if details is not None:
+            rid, rest = details.group(1), text[details.end():]
+        elif received is not None:
+            rid, rest = received[0], text[received[1]:]
+        else:
             skipped += 1
             continue
-        match = details or received
-        assert match is not None
-        rid = match.group(1)
-        rest = text[match.end():]
         stamp = clock.seconds(head)
         logged_at = raw[head.start(2):head.end(6)].decode()  # MM-DD HH:MM:SS as logged
         if received is not None and rid in pending:  # v0.11.2+: the INFO line after the DEBUG details
