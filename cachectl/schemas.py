@@ -357,7 +357,7 @@ def _shapes() -> dict[type, _Shape]:
         # LintReport.to_dict: the rule table is not written
         rules.LintReport: _Shape(drop=("rules",)),
         # FixReport.to_dict: the rewritten lines are not written; the forks are ForkReport.forks
-        fix.FixReport: _Shape(drop=("output",), retype={"forks": tuple[forks.Fork, ...]}, add={
+        fix.FixReport: _Shape(drop=("output", "unsafe_preview"), retype={"forks": tuple[forks.Fork, ...]}, add={
             "applied": {"type": "integer", "description": "fixes applied"},
             "unsafe_skipped": {"type": "integer",
                                "description": "unsafe fixes found and not applied (--unsafe-fixes applies them)"}}),
