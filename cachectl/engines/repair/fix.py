@@ -143,12 +143,8 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     before_job = None
     if workers is not None and workers.jobs > 1:
         before_job = workers.submit(measured, lines, [None])  # beside the forks analysis and the rewrite
-    forks, fork_notes = log_forks(lines, tokenizer=tokenizer, block_size=options.block_size,
-                                  capacity_blocks=options.capacity_blocks,
-                                  add_generation_prompt=options.add_generation_prompt, source=source,
-                                  progress=progress)
-    rewrite = partial(rewritten, lines, grouping, forks, tokenizer=tokenizer, table=table, counter=counter,
-                      progress=progress)
+    forks, fork_notes, rewrite = forked(lines, grouping, options, tokenizer=tokenizer, table=table, counter=counter,
+                                        source=source, progress=progress)
     rws = [rewrite(options)]
     full_options = replace(options, unsafe=True, per_cause=False)
     if preview_unsafe and not options.unsafe and any(not f.applied and not f.safe for f in rws[0].fixes):
@@ -215,6 +211,18 @@ def _measurer(grouping: Grouping, options: FixOptions, tokenizer: Any, table: An
                    block_size=options.block_size, capacity_blocks=options.capacity_blocks,
                    add_generation_prompt=options.add_generation_prompt, source=source, counter=counter,
                    progress=progress)
+
+
+def forked(lines: Sequence[LogLine], grouping: Grouping, options: FixOptions, *, tokenizer: Any = None,
+           table: Any = None, counter: Any = None, source: str = "", progress: Callable[[int], None] | None = None,
+           ) -> tuple[LogForks | None, list[str], Callable[[FixOptions], Rewritten]]:
+    """The forks of the log's shared prefix (:func:`.shared_prefix.log_forks`), their notes, and
+    ``rewrite(options)``: :func:`rewritten` on these lines, conversations and forks."""
+    forks, notes = log_forks(lines, tokenizer=tokenizer, block_size=options.block_size,
+                             capacity_blocks=options.capacity_blocks,
+                             add_generation_prompt=options.add_generation_prompt, source=source, progress=progress)
+    return forks, list(notes), partial(rewritten, lines, grouping, forks, tokenizer=tokenizer, table=table,
+                                       counter=counter, progress=progress)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ import heapq
 from array import array
 from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ...errors import CachectlError, InputError
@@ -410,9 +409,9 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     (``workers`` None or of one job). ``progress``: pass ``workers.tick`` (it is called in the children too)."""
     from ...workers import Workers
     from ..provider.cache import tokenizer_counter
-    from .fix import assembled, measured_pass, rewritten, started
+    from .fix import assembled, forked, measured_pass, started
     from .measure import provider_measure
-    from .shared_prefix import auto_records, log_forks
+    from .shared_prefix import auto_records
 
     workers = workers if workers is not None else Workers(jobs=1)
     fixed_lines, grouping, counter, measured = started(lines, options, tokenizer=tokenizer, table=table,
@@ -434,12 +433,8 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
             ends=ends, lines_of_losses=None, costed=costed)
 
     side_job = workers.submit(side)  # beside the forks analysis
-    forks, fork_notes = log_forks(fixed_lines, tokenizer=tokenizer, block_size=options.block_size,
-                                  capacity_blocks=options.capacity_blocks,
-                                  add_generation_prompt=options.add_generation_prompt, source=source,
-                                  progress=progress)
-    rewrite = partial(rewritten, fixed_lines, grouping, forks, tokenizer=tokenizer, table=table, counter=counter,
-                      progress=progress)
+    forks, fork_notes, rewrite = forked(fixed_lines, grouping, options, tokenizer=tokenizer, table=table,
+                                        counter=counter, source=source, progress=progress)
     # (the report shows the tokens reused per fix code of the full run only)
     safe_options, full_options = replace(options, per_cause=False, list_unsafe=False), replace(options, unsafe=True)
     safe_job = None
