@@ -178,17 +178,17 @@ def prepared(lines: Sequence[LogLine], options: FixOptions, tokenizer: Any, sour
 
 
 def started(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any = None, table: Any = None,
-            source: str = "", progress: Callable[[int], None] | None = None, grouping: Grouping | None = None,
+            source: str = "", progress: Callable[[int], None] | None = None,
             ) -> tuple[Sequence[LogLine], Grouping, Any, Callable[..., list[tuple[Measure, list[str]]]]]:
-    """What every run on a log starts with: the lines :func:`prepared`, their conversations (``grouping``, or
-    grouped here), one provider token counter, and the measure of versions of the log in one sweep
+    """What every run on a log starts with: the lines :func:`prepared`, their conversations (by
+    ``options.key``, else found), one provider token counter, and the measure of versions of the log in one sweep
     (``measured(lines, versions, ...)``: :func:`.measure.measure_versions`)."""
     lines = prepared(lines, options, tokenizer, source)
-    if grouping is None and options.key is not None:  # (the keys are read without parsing the lines)
+    if options.key is not None:  # (the keys are read without parsing the lines)
         grouping = group_sessions(lines, key=options.key)
         if progress is not None:
             progress(len(lines))
-    elif grouping is None:
+    else:
         grouping = group_sessions(_ticking(lines, progress), window_s=options.window_s, tokenizer=tokenizer)
     counter = measure_counter(tokenizer)
     return lines, grouping, counter, _measurer(grouping, options, tokenizer, table, source, counter, progress)
