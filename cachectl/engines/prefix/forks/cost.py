@@ -107,15 +107,17 @@ class _Analyzer:
                 record.add(len(ids), keys, changed or ())
             yield k, len(ids), keys
 
-    def tree_pass(self, plan: Sequence[Any], per_request: array | None = None) -> tuple[PrefixTree, int]:
+    def tree_pass(self, plan: Sequence[Any], per_request: array | None = None, record: _PlanKeys | None = None,
+                  reuse: _PlanKeys | None = None) -> tuple[PrefixTree, int]:
         """The tree of the log under ``plan``, and its no-eviction hits (the blocks each request finds in the tree
         before it is added, capped at ``L - 1`` tokens as vLLM's lookup is: ``simulate``'s infinite policy,
-        which the tests check it against); each request's hits appended to ``per_request`` when given."""
+        which the tests check it against); each request's hits appended to ``per_request`` when given.
+        ``record``, ``reuse``: as :meth:`_keys` reads them (``reuse`` recorded under ``plan`` itself)."""
         self.passes += 1
         tree = PrefixTree()
         hits = 0
         bs = self.bs
-        for k, n, keys in self._keys(plan):
+        for k, n, keys in self._keys(plan, record, reuse):
             found = tree.insert(array("q", keys), k)
             h = min(found, (n - 1) // bs) * bs
             hits += h
@@ -148,8 +150,12 @@ class _Analyzer:
         hits0 = 0
         base = array("q")
         first: PrefixTree | None = None
+        # the keys of the last tree pass under a plan: the replays under that same plan read them back
+        seen: tuple[tuple[Any, ...], _PlanKeys] | None = None
         for p in range(max_passes):
-            tree, hits = self.tree_pass(plan, base if p == 0 else None)
+            rec_pass = _PlanKeys() if plan and len(plan) <= _PlanKeys.MAX_PLAN else None
+            tree, hits = self.tree_pass(plan, base if p == 0 else None, record=rec_pass)
+            seen = (tuple(plan), rec_pass) if rec_pass is not None else None
             added = self.causes.forks_of(tree, plan, drafts)
             if p == 0:  # the first tree is summarized at the end: only the part the summary reads is kept
                 hits0, first = hits, tree
@@ -178,8 +184,13 @@ class _Analyzer:
         rec: _PlanKeys | None = None
         while plan:
             per_fixed = array("q")
-            rec = _PlanKeys() if len(plan) <= _PlanKeys.MAX_PLAN else None
-            fixed = self.replay(plan, per_request=per_fixed, record=rec)
+            if seen is not None and len(seen[0]) == len(plan) and all(a is b for a, b in zip(seen[0], plan)):
+                rec = seen[1]
+                fixed = self.replay(plan, per_request=per_fixed, reuse=rec)
+            else:
+                rec = _PlanKeys() if len(plan) <= _PlanKeys.MAX_PLAN else None
+                fixed = self.replay(plan, per_request=per_fixed, record=rec)
+            seen = None
             lost = {id(t): fixed - self.replay([x for x in plan if x is not t], reuse=rec, without=j)
                     for j, t in enumerate(plan)}
             keep = [t for t in plan if lost[id(t)] > 0]
@@ -196,7 +207,6 @@ class _Analyzer:
             cap_fixed = fixed_cap = self.replay(plan, capacity=True, reuse=rec) if plan else cap0
             lost_cap = {id(t): fixed_cap - self.replay([x for x in plan if x is not t], capacity=True, reuse=rec, without=j)
                         for j, t in enumerate(plan)}
-        del rec
         forks = []
         moves: list[tuple[int, _LineMove]] = []
         fork_at: dict[int, Fork] = {}    # id of a node of the first tree -> its fork
@@ -219,7 +229,8 @@ class _Analyzer:
         index = {id(f): k for k, f in enumerate(forks)}
         assert first is not None
         tree0 = _summary(first, self.bs, {n: index[id(f)] for n, f in fork_at.items()})
-        tree1 = _summary(self.tree_pass(plan)[0], self.bs, {}) if plan else tree0
+        tree1 = _summary(self.tree_pass(plan, reuse=rec)[0], self.bs, {}) if plan else tree0
+        del rec
         return ForkReport(requests=len(self.reqs), query_tokens=self.reqs.tokens,
                           block_size=self.bs, capacity_blocks=self.cap, forks=tuple(forks), hit_tokens=hits0,
                           fixed_hit_tokens=fixed, hit_tokens_at_capacity=cap0, fixed_hit_tokens_at_capacity=cap_fixed,
