@@ -300,6 +300,11 @@ class RenderMemo:
         ids.frombytes(zlib.decompress(blob))
         return ids
 
+    def has_ids(self, key: bytes) -> bool:
+        """Whether the IDs of the render under ``key`` may be kept (the first half of its digest is known)."""
+        with self._lock:
+            return int.from_bytes(key[:8], "little") in self._ids
+
     def put_ids(self, key: bytes, ids: Sequence[int]) -> None:
         """Keep the token IDs of the render kept under ``key`` (encoded as chat renders are: no special tokens
         added), compressed."""
@@ -450,8 +455,11 @@ class TokenizerHandle:
         return self.tokenize_many([prompt], **kwargs)[0]
 
     def tokenize_many(self, prompts: Sequence[PromptInput], *, add_generation_prompt: bool = False,
-                      add_special_tokens: bool = True, template_vars: dict | None = None) -> list[Tokenized]:
-        """Tokenize prompts in one batch (the Rust backend runs the batch in parallel)."""
+                      add_special_tokens: bool = True, template_vars: dict | None = None,
+                      offsets: bool = False) -> list[Tokenized]:
+        """Tokenize prompts in one batch (the Rust backend runs the batch in parallel). ``offsets``: every chat
+        render is encoded, for its tokens' offsets, even where the render memo keeps its IDs (a caller that
+        locates every prompt's tokens: one batch, not one encode a prompt later)."""
         texts: list[str | None] = []
         spans: list[Any] = []
         keys: list[bytes | None] = []     # a chat render's key in the render memo
@@ -467,7 +475,7 @@ class TokenizerHandle:
                 text, key = self._render_keyed(p, add_generation_prompt, template_vars)
                 texts.append(text)
                 spans.append(_lazy_chat_spans(self, p, text, opts))
-                got = memo.get_ids(key) if memo is not None and key is not None else None
+                got = memo.get_ids(key) if memo is not None and key is not None and not offsets else None
             else:
                 texts.append(p.text)
                 spans.append(_text_spans(p))
@@ -492,7 +500,7 @@ class TokenizerHandle:
                 out.append(Tokenized(p, ids.tolist(), rendered, None, sp, self, False, opts))  # (a list, as encoded)
                 continue
             enc = next(enc_chat) if p.is_chat else next(enc_text)
-            if key is not None and memo is not None:
+            if key is not None and memo is not None and not (offsets and memo.has_ids(key)):
                 memo.put_ids(key, enc.ids)
             out.append(Tokenized(p, enc.ids, text=rendered, encoding=enc, spans=sp, tokenizer=self,
                                  add_special_tokens=add_special_tokens and not p.is_chat,

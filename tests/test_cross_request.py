@@ -141,14 +141,15 @@ def test_report_headline_counts_each_request_once(tok, cli):
 def test_report_never_counts_a_token_twice(tok, cli):
     """agent_log: the clock and the request id break prefixes within their conversations and across them; a
     request counts the larger of its within-conversation loss and its fork gain, so the headline stays far below
-    the sum of the two, and equals the per-request rule computed here from diff_log's own pairs."""
+    the sum of the two, and equals the per-request rule computed here from diff_log's own pairs (rendered with the
+    generation prompt, as the report and a server render them)."""
     d = json.loads(cli("report", str(LOG_AGENT), "--key", "session", "-t", str(TOK_DIR), "-f", "json").stdout)
     forks, _ = log_forks(_lines(LOG_AGENT, "session"), tokenizer=tok)
     assert forks is not None
     gain_total = forks.report.fixed_hit_tokens - forks.report.hit_tokens
     assert sum(forks.report.request_gains) == gain_total > 0
     pair_lost = {}
-    for item in diff_log(fix.to_records(_lines(LOG_AGENT, "session")), tok):
+    for item in diff_log(fix.to_records(_lines(LOG_AGENT, "session")), tok, add_generation_prompt=True):
         if isinstance(item, PairResult) and item.diff.kind == MISMATCH:
             pair_lost[item.line_b] = min(item.diff.tokens_a, item.diff.tokens_b) - item.diff.common_prefix_tokens
     per_request = sum(max(g - pair_lost.get(ln, 0), 0) for ln, g in zip(forks.lines, forks.report.request_gains))

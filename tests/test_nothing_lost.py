@@ -308,7 +308,7 @@ def test_diff_tokens_log_and_report_escape_keys_and_keep_markup_as_text(cli, tmp
     assert key in keys  # JSON carries the value itself (escaped by JSON)
     r = cli("report", log, "--key", "session", "-t", TOK_DIR)
     _safe(r.stdout)
-    assert f"worst conversations: {shown} (25 tokens)" in r.stdout
+    assert f"worst conversations: {shown} (28 tokens)" in r.stdout  # (25 + the generation prompt)
     data = json.loads(cli("report", log, "--key", "session", "-t", TOK_DIR, "-f", "json").stdout)
     assert [w["key"] for w in data["worst"]] == [key]
 

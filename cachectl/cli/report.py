@@ -145,10 +145,10 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
         # fix's reader and grouping: conversations by --key, else found automatically
         lines = log_lines(iter_progress(log_values(log, shape), progress), source=source, key=key,
                           timestamps=stamps)
-        if ray is not None:  # the pairs are compared without the generation prompt, the rest with it
+        if ray is not None:  # (every part renders with the generation prompt, as a server does)
             from ..engines.repair.prefill import prefill
 
-            prefill(lines, tok, generation_prompts=(True, False), ray_address=ray, jobs=workers.jobs)
+            prefill(lines, tok, generation_prompts=(True,), ray_address=ray, jobs=workers.jobs)
         tick = workers.tick  # (a part computed in a child process ticks through its parent)
         result = report.log_report(
             lines, options, tokenizer=tok, tokenizer_name=tokenizer, table=table, source=source,

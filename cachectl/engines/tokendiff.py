@@ -720,9 +720,10 @@ def diff_log(records: Iterable[LogRecord], tokenizer: TokenizerHandle | None, *,
                     raise UsageError(f"{needs.where}: a {needs.kind} prompt needs --tokenizer to become token IDs")
                 yield chunk, [Tokenized(p, list(p.ids)) for p in prompts]
             else:
+                # (every pair's sides locate their window's tokens: each prompt encoded with its offsets)
                 yield chunk, tokenizer.tokenize_many(prompts, add_generation_prompt=add_generation_prompt,
                                                      add_special_tokens=add_special_tokens,
-                                                     template_vars=template_vars)
+                                                     template_vars=template_vars, offsets=True)
 
     # Reading and tokenizing the next batches runs in a thread while this one compares: the Rust
     # tokenizer releases the GIL, so the comparison costs little on top of the tokenization.

@@ -305,11 +305,13 @@ def pairs_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
                  progress: Callable[[int], None] | None = None, prompt_of: Callable[[int], Any] | None = None,
                  ends: Container[int] | None = None,
                  lines_of_losses: Container[int] | None = None,
-                 costed: Costed | None = None) -> tuple[LogReport, float | None, PairLosses]:
+                 costed: Costed | None = None,
+                 add_generation_prompt: bool = False) -> tuple[LogReport, float | None, PairLosses]:
     """:func:`build_report` without the forks of the log's shared prefix (which :func:`with_forks` adds): the
     report, the dollars a lost token costs (None without prices), and the within-conversation loss of the requests
     on ``lines_of_losses`` (None: of every request that lost tokens). ``costed``: the provider section already
-    simulated (:func:`cost_section`; ``requests`` are then not read)."""
+    simulated (:func:`cost_section`; ``requests`` are then not read). ``add_generation_prompt``: the pairs are
+    compared as rendered with it (as a server renders what it serves)."""
     from ..tokendiff import MISMATCH, LogSummary, diff_log
 
     if top < 1:
@@ -330,7 +332,8 @@ def pairs_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
     convs: dict[Any, dict] = {}
     summary: LogSummary | None = None
     pair_lost = PairLosses()   # within-conversation loss of the requests that gain across requests
-    for item in diff_log(log, tokenizer, block_size=block_size, context=context, ends=ends):
+    for item in diff_log(log, tokenizer, block_size=block_size, context=context, ends=ends,
+                         add_generation_prompt=add_generation_prompt):
         if progress is not None:
             progress(1)
         if isinstance(item, LogSummary):
@@ -363,7 +366,8 @@ def pairs_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
         for k in worst_keys:
             if convs[k]["worst"] is not None:
                 line_a, line_b = convs[k]["worst"]
-                convs[k]["worst"] = _view(_pair_again(k, line_a, line_b, prompt_of, tokenizer, block_size, context))
+                convs[k]["worst"] = _view(_pair_again(k, line_a, line_b, prompt_of, tokenizer, block_size, context,
+                                                       add_generation_prompt))
     worst = tuple(ConversationLoss(key=k, requests=convs[k]["requests"], tokens_lost=convs[k]["lost"],
                                    usd_lost=None if rate is None else convs[k]["lost"] * rate,
                                    causes=tuple(c or "unexplained" for c in convs[k]["causes"]),
@@ -430,7 +434,7 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
             source=source, log=records, tokenizer=tokenizer, tokenizer_name=tokenizer_name, table=table,
             trace=trace, block_size=options.block_size, top=top, price_model=price_model, progress=progress,
             prompt_of=lambda line: lines[lines.index_of(line)].prompt,  # type: ignore[attr-defined]
-            ends=ends, lines_of_losses=None, costed=costed)
+            ends=ends, lines_of_losses=None, costed=costed, add_generation_prompt=options.add_generation_prompt)
 
     side_job = workers.submit(side)  # beside the forks analysis
     forks, fork_notes, rewrite = forked(fixed_lines, grouping, options, tokenizer=tokenizer, table=table,
@@ -459,7 +463,7 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
 
 
 def _pair_again(key: Any, line_a: int, line_b: int, prompt_of: Callable[[int], Any], tokenizer: Any,
-                block_size: int, context: int) -> PairResult:
+                block_size: int, context: int, add_generation_prompt: bool = False) -> PairResult:
     """The pair ``diff_log`` compared (lines ``line_a`` then ``line_b`` of conversation ``key``), compared again as
     it compares them."""
     from ..tokendiff import PairResult, diff_tokens
@@ -470,7 +474,7 @@ def _pair_again(key: Any, line_a: int, line_b: int, prompt_of: Callable[[int], A
 
         ta, tb = Tokenized(pa, list(pa.ids)), Tokenized(pb, list(pb.ids))
     else:
-        ta, tb = tokenizer.tokenize_many([pa, pb])
+        ta, tb = tokenizer.tokenize_many([pa, pb], add_generation_prompt=add_generation_prompt)
     d = diff_tokens(ta, tb, block_size=block_size, context=context, tokenizer=tokenizer)
     return PairResult(line_a=line_a, line_b=line_b, key=key, diff=d)
 
