@@ -90,3 +90,49 @@ def test_grouping_by_key_and_recording_a_fix_parse_no_line(tok, table, monkeypat
     rw = fix.rewritten(lines, g, None, fix.FixOptions(key="session", select=("FX002",)), tokenizer=tok)
     assert rw.fixes and built == []  # FX002 rewrote lines without parsing one
     assert {f.line for f in rw.fixes} <= {lines.line_number(i) for i in range(len(lines))}
+
+
+def test_the_shared_no_eviction_replay_counts_what_simulate_counts_per_version():
+    """InfiniteVersions replays several versions at once (one dict, a mask a block): each version's totals are
+    simulate's (policy infinite) over that version's requests alone, whichever requests the versions share."""
+    import random
+
+    from cachectl.engines.prefix.replay import InfiniteVersions, simulate
+    from cachectl.engines.prefix.trace import TraceRequest
+
+    rng = random.Random(7)
+    heads = [[rng.randrange(50) for _ in range(rng.randrange(1, 80))] for _ in range(6)]
+    for bs in (1, 4, 16):
+        k = 4
+        both = InfiniteVersions(k, bs)
+        alone: list[list[TraceRequest]] = [[] for _ in range(k)]
+        for i in range(300):
+            base = rng.choice(heads) + [rng.randrange(50) for _ in range(rng.choice((0, 1, bs - 1, bs, 3 * bs)))]
+            sent = []
+            for _ in range(k):  # most versions send the request as it is, some another one (a fix rewrote it)
+                sent.append(base if rng.random() < 0.6 else rng.choice(heads) + base[:rng.randrange(len(base) + 1)])
+            groups: dict[int, int] = {}
+            for j, ids in enumerate(sent):
+                groups[id(ids)] = groups.get(id(ids), 0) | 1 << j
+                alone[j].append(TraceRequest(index=i, line=i + 1, prompt_tokens=len(ids), tokens=ids))
+            for key, mask in groups.items():
+                both.add(next(ids for ids in sent if id(ids) == key), mask)
+        for j in range(k):
+            r = simulate(alone[j], policy="infinite", block_size=bs)
+            assert both.totals(j) == (r.requests, r.query_tokens, r.hit_tokens), (bs, j)
+            assert r.hit_tokens > 0
+
+
+def test_the_sweep_replays_a_version_as_simulate_does(tok, table):
+    """The before version's vLLM figures from the sweep equal simulate over the log's rendered requests."""
+    from cachectl.engines.prefix.replay import simulate
+    from cachectl.engines.prefix.trace import TraceRequest
+
+    lines, _, measured, _ = _setup(tok, table)
+    (before, _), = measured(lines, [None], causes=[False])
+    toks = tok.tokenize_many([ln.prompt for ln in lines], add_generation_prompt=True)
+    r = simulate([TraceRequest(index=i, line=ln.line, prompt_tokens=len(t.ids), tokens=t.ids)
+                  for i, (ln, t) in enumerate(zip(lines, toks))], policy="infinite", block_size=16)
+    assert (before.vllm.requests, before.vllm.query_tokens, before.vllm.hit_tokens, before.vllm.hit_rate) == \
+        (r.requests, r.query_tokens, r.hit_tokens, r.hit_rate)
+    assert before.vllm.policy == "infinite" and before.vllm_no_eviction is None

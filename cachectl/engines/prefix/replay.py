@@ -277,3 +277,57 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
                         query_square_sum=float(total.query_sq), output_tokens=total.output,
                         served_requests=total.served)
 
+
+
+class InfiniteVersions:
+    """The no-eviction replay (:func:`simulate`'s ``infinite`` policy, one tenant, no salt) of several versions of
+    one log in one pass: version ``j`` is bit ``j`` of a mask. One dict maps each block key to the mask of the
+    versions that cached it, so a request that several versions send alike (a line no fix changed) is hashed, looked
+    up and inserted once for all of them, and a block the versions share is kept once. Each version's counts equal
+    :func:`simulate` over that version's requests alone (``tests/test_measure_sweep.py`` checks it).
+
+    ``add(tokens, mask)``: the versions of ``mask`` each send ``tokens`` as their next request.
+    ``totals(j)``: version ``j``'s requests, query tokens and hit tokens."""
+
+    def __init__(self, versions: int, block_size: int) -> None:
+        if not 1 <= block_size <= MAX_BLOCK_SIZE:
+            raise UsageError(f"--block-size must be between 1 and {MAX_BLOCK_SIZE:,}")
+        self.block_size = block_size
+        self._cached: dict[Any, int] = {}
+        self._requests = [0] * versions
+        self._query = [0] * versions
+        self._hits = [0] * versions
+
+    def add(self, tokens: Any, mask: int) -> None:
+        from .trace import block_keys
+
+        bs = self.block_size
+        keys = block_keys(tokens, bs)
+        n = len(tokens)
+        limit = min(len(keys), (n - 1) // bs)  # (vLLM's lookup leaves at least one token to compute)
+        cached = self._cached
+        active, i = mask, 0
+        while i < limit and active:   # the longest cached prefix, per version: a version drops out at its miss
+            has = cached.get(keys[i], 0)
+            if active & ~has:
+                self._count(active & ~has, i * bs, n)
+                active &= has
+            i += 1
+        if active:
+            self._count(active, i * bs, n)
+        for k in keys:
+            cached[k] = cached.get(k, 0) | mask
+
+    def _count(self, mask: int, hit: int, n: int) -> None:
+        j = 0
+        while mask:
+            if mask & 1:
+                self._requests[j] += 1
+                self._query[j] += n
+                self._hits[j] += hit
+            mask >>= 1
+            j += 1
+
+    def totals(self, j: int) -> tuple[int, int, int]:
+        """Version ``j``'s requests, query tokens and hit tokens (the totals of :func:`simulate`'s report)."""
+        return self._requests[j], self._query[j], self._hits[j]

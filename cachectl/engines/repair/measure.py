@@ -20,6 +20,7 @@ from typing import Any
 from ...errors import InputError, UsageError
 from ...inputs import PromptInput
 from ...spool import content_digest
+from ..prefix.replay import InfiniteVersions
 from ..prefix.trace import TraceRequest
 from .edits import _encoded
 from .groups import Grouping, LogLine, original_at, reparse_at, with_model
@@ -127,17 +128,17 @@ class _Fed:
 
 
 class _Version:
-    """One version of the log in a sweep: its replays (fed as lines are tokenized), the tokens each request shares
-    with the previous one of its conversation, and its provider simulation (started at its first request)."""
+    """One version of the log in a sweep: its replay at a capacity (fed as lines are tokenized; the no-eviction one
+    is the sweep's, shared by the versions), the tokens each request shares with the previous one of its
+    conversation, and its provider simulation (started at its first request)."""
 
-    def __init__(self, policy: str, block_size: int, capacity_blocks: int | None, source: str, causes: bool,
+    def __init__(self, block_size: int, capacity_blocks: int | None, source: str, causes: bool,
                  provider: ProviderMeasure | None, simulated: Callable[[Iterator[Any]], Any] | None) -> None:
         from ..prefix.replay import simulate
 
         self.causes = causes
-        self.vllm = _Fed(partial(_simulate_fed, simulate, policy, block_size, capacity_blocks, source))
-        self.ceiling = (_Fed(partial(_simulate_fed, simulate, "infinite", block_size, None, source))
-                        if capacity_blocks is not None else None)
+        self.vllm = (_Fed(partial(_simulate_fed, simulate, "vllm", block_size, capacity_blocks, source))
+                     if capacity_blocks is not None else None)
         self.provider = provider
         self._simulated = simulated if provider is None else None
         self.provider_job: _Fed | None = None
@@ -149,9 +150,8 @@ class _Version:
         self.reqs: list = []
 
     def flush(self) -> None:
-        self.vllm.put(self.trace)
-        if self.ceiling is not None:
-            self.ceiling.put(self.trace)
+        if self.vllm is not None:
+            self.vllm.put(self.trace)
         if self.reqs and self._simulated is not None:
             if self.provider_job is None:
                 self.provider_job = _Fed(self._simulated)
@@ -159,7 +159,7 @@ class _Version:
         self.trace, self.reqs = [], []
 
     def close(self) -> None:
-        for job in (self.vllm, self.ceiling, self.provider_job):
+        for job in (self.vllm, self.provider_job):
             if job is not None:
                 job.close()
 
@@ -223,9 +223,9 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
 
         counter = promptcache.tokenizer_counter(tokenizer)
     simulated = partial(_provider_fed, table, source, counter) if table is not None else None
-    policy = "vllm" if capacity_blocks is not None else "infinite"
-    vs = [_Version(policy, block_size, capacity_blocks, source, want_causes[j], given[j], simulated)
-          for j in range(k)]
+    vs = [_Version(block_size, capacity_blocks, source, want_causes[j], given[j], simulated) for j in range(k)]
+    # every version's no-eviction replay in one (a request several versions send alike is replayed once)
+    infinite = InfiniteVersions(k, block_size)
     ends = grouping.last_indices()
     try:
         for start in range(0, len(lines), BATCH):
@@ -233,9 +233,16 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
             for i, row, tok in zip(range(start, start + len(batch)), batch,
                                    _tokenized_rows(batch, tokenizer, add_generation_prompt)):
                 g = grouping.groups[i]
+                alike: dict[int, tuple[Any, int]] = {}  # id of a version's tokens -> (them, the versions' mask)
+                for j, t in enumerate(tok):
+                    ids, mask = alike.get(id(t), (t.ids, 0))
+                    alike[id(t)] = ids, mask | 1 << j
+                for ids, mask in alike.values():
+                    infinite.add(ids, mask)
                 for v, ln, t in zip(vs, row, tok):
-                    v.trace.append(TraceRequest(index=i, line=ln.line, prompt_tokens=len(t.ids), tokens=t.ids,
-                                                timestamp=ln.timestamp))
+                    if v.vllm is not None:
+                        v.trace.append(TraceRequest(index=i, line=ln.line, prompt_tokens=len(t.ids), tokens=t.ids,
+                                                    timestamp=ln.timestamp))
                     if ln.request is not None:
                         v.requests += 1
                         v.reqs.append(ln.request)
@@ -258,17 +265,19 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
     finally:
         for v in vs:
             v.close()
-    return [_measured(v, len(lines)) for v in vs]
+    return [_measured(v, len(lines), infinite.totals(j), block_size) for j, v in enumerate(vs)]
 
 
-def _measured(v: _Version, n: int) -> tuple[Measure, list[str]]:
-    r = v.vllm.result()
-    vllm = VllmMeasure(r.policy, r.block_size, r.capacity_blocks, r.requests, r.query_tokens, r.hit_tokens, r.hit_rate)
-    ceiling = None
-    if v.ceiling is not None:  # what the log's shared prefix is worth without eviction
-        inf = v.ceiling.result()
-        ceiling = VllmMeasure("infinite", inf.block_size, None, inf.requests, inf.query_tokens, inf.hit_tokens,
-                              inf.hit_rate)
+def _measured(v: _Version, n: int, totals: tuple[int, int, int], block_size: int) -> tuple[Measure, list[str]]:
+    requests, query, hits = totals
+    # without eviction (with a capacity: the ceiling, what the log's shared prefix is worth)
+    infinite = VllmMeasure("infinite", block_size, None, requests, query, hits, hits / query if query else None)
+    vllm, ceiling = infinite, None
+    if v.vllm is not None:
+        r = v.vllm.result()
+        vllm = VllmMeasure(r.policy, r.block_size, r.capacity_blocks, r.requests, r.query_tokens, r.hit_tokens,
+                           r.hit_rate)
+        ceiling = infinite
     notes: list[str] = []
     provider = v.provider
     if v.provider_job is not None:
