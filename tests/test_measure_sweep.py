@@ -136,3 +136,37 @@ def test_the_sweep_replays_a_version_as_simulate_does(tok, table):
     assert (before.vllm.requests, before.vllm.query_tokens, before.vllm.hit_tokens, before.vllm.hit_rate) == \
         (r.requests, r.query_tokens, r.hit_tokens, r.hit_rate)
     assert before.vllm.policy == "infinite" and before.vllm_no_eviction is None
+
+
+def test_one_token_counter_serves_the_sweeps_threads(tok):
+    """The provider simulations of a sweep share one TextTokens: its memo, evicting as it goes, was changed by
+    several threads at once (KeyError: 'dictionary is empty' from two evictions of one last entry)."""
+    import sys
+    import threading
+
+    from cachectl.engines.provider.cache import TextTokens
+
+    counter = TextTokens(tok, memo_bytes=8 * 400)  # room for a few texts: every call evicts
+    texts = [f"text {i} " * 3 for i in range(40)]
+    want = {t: list(tok.backend.encode(t, add_special_tokens=False).ids) for t in texts}
+    errors: list[str] = []
+
+    def work(step: int) -> None:
+        try:
+            for r in range(3000):
+                t = texts[(r * step) % len(texts)]
+                assert list(counter.ids(t)) == want[t]
+        except Exception as exc:  # noqa: BLE001 (reported below)
+            errors.append(repr(exc))
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as often as they can
+    try:
+        threads = [threading.Thread(target=work, args=(s,)) for s in (1, 3, 7, 11)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert errors == []

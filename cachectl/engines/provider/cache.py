@@ -26,6 +26,7 @@ import heapq
 import math
 import re
 import sys
+import threading
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -415,31 +416,36 @@ class TextTokens:
 
     The IDs of the texts seen last are memoized (a conversation's history comes back on every turn) in about
     ``memo_bytes`` (a text, its IDs at 4 bytes each, and 200 bytes of bookkeeping each), the least recently
-    used dropped first: memory bounded however long the log."""
+    used dropped first: memory bounded however long the log. One counter may serve several threads (a sweep's
+    provider simulations share one): the memo is read and changed under a lock, texts are encoded outside it."""
 
     def __init__(self, tokenizer: Any, memo_bytes: int = TEXT_TOKENS_MEMO_BYTES) -> None:
         self._tok = tokenizer
         self._cache: OrderedDict[str, array] = OrderedDict()
         self._held = 0
         self._limit = memo_bytes
+        self._lock = threading.Lock()
 
     @staticmethod
     def _size(text: str, ids: array) -> int:
         return len(text) + 4 * len(ids) + 200
 
     def ids(self, text: str) -> Sequence[int]:
-        got = self._cache.get(text)
-        if got is not None:
-            self._cache.move_to_end(text)
-            return got
+        with self._lock:
+            got = self._cache.get(text)
+            if got is not None:
+                self._cache.move_to_end(text)
+                return got
         got = array("I", self._tok.backend.encode(text, add_special_tokens=False).ids)
         size = self._size(text, got)
         if size <= self._limit // 8:  # a huge text is counted, not kept
-            self._cache[text] = got
-            self._held += size
-            while self._held > self._limit:
-                old_text, old = self._cache.popitem(last=False)
-                self._held -= self._size(old_text, old)
+            with self._lock:
+                if text not in self._cache:  # (another thread may have kept it meanwhile)
+                    self._cache[text] = got
+                    self._held += size
+                while self._held > self._limit:
+                    old_text, old = self._cache.popitem(last=False)
+                    self._held -= self._size(old_text, old)
         return got
 
     def count(self, text: str) -> int:
