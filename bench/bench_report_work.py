@@ -8,8 +8,9 @@ Runs ``report`` and ``fix`` in this process (``--jobs 1``, so that every part is
   count too);
 - **tokens encoded**: tokens the tokenizer produced (``encode_batch`` and ``encode`` through cachectl's sized
   backend), as a multiple of the floor's: each distinct prompt rendered and tokenized once;
-- **replays**: ``simulate`` calls (the vLLM replays of the measures, in the threads of a sweep too) plus the fork
-  analysis' own tree passes (each a pass over the whole log);
+- **replays**: passes of a prefix-cache replay over the whole log: ``simulate`` calls (the vLLM replays of the
+  measures, in the threads of a sweep too), the fork analysis' own tree passes, and the sweep's no-eviction replay
+  of every version at once (``InfiniteVersions``: one pass however many versions);
 - **measure passes**: passes over the log by the before/after measures (``measure_versions`` calls: one sweep
   measures several versions of the log; before it, ``measure`` calls, one version each).
 
@@ -132,7 +133,8 @@ def measure(command: str, log: Path, out: Path) -> dict[str, int]:
     return {"parses": calls(stats, "inputs/request.py", "parse_request"),
             "renders": calls(stats, "tokenization.py", "render_chat_template"),
             "tokens": counter.n,
-            "replays": calls(stats, "engines/prefix/replay.py", "simulate") + passes,
+            "replays": (calls(stats, "engines/prefix/replay.py", "simulate") + passes
+                        + calls(stats, "engines/prefix/replay.py", "__init__")),
             "measure passes": (calls(stats, "repair/measure.py", "measure_versions")
                                or calls(stats, "repair/measure.py", "measure"))}
 

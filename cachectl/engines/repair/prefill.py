@@ -5,7 +5,7 @@ the cluster, and its text and token IDs are put in the tokenizer's render memo
 sequential (grouping, the replays, the fork tree, the fixes) without rendering or encoding an original prompt
 again; the results are the same as without the cluster (the same template, tokenizer and key).
 
-``prefill(lines, tokenizer, generation_prompts=(True, False), ray_address="local") -> Prefilled``
+``prefill(lines, tokenizer, generation_prompts=(True,), ray_address="local") -> Prefilled``
 
 A task loads the tokenizer by the name and chat template file the run loaded it from (a worker keeps it for its
 next tasks), so a cluster past this machine needs them at the same paths. A prompt a task cannot render is left
