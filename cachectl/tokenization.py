@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 import os
 import pickle
 import re
@@ -24,6 +25,7 @@ import zlib
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
@@ -83,12 +85,13 @@ class Tokenized:
     from it lazily, one token at a time, so a batch costs no more than the IDs themselves).
     """
 
-    __slots__ = ("prompt", "ids", "text", "encoding", "_spans", "add_special_tokens", "_tokenizer", "render_opts")
+    __slots__ = ("prompt", "ids", "text", "encoding", "_spans", "add_special_tokens", "_tokenizer", "render_opts",
+                 "memo_key")
 
     def __init__(self, prompt: PromptInput, ids: Sequence[int], text: str | None = None,
                  encoding: Any = None, spans: "Sequence[Span] | Callable[[], Sequence[Span]]" = (),
                  tokenizer: "TokenizerHandle | None" = None, add_special_tokens: bool = False,
-                 render_opts: dict | None = None):
+                 render_opts: dict | None = None, memo_key: bytes | None = None):
         self.prompt = prompt
         self.ids = ids
         self.text = text
@@ -100,6 +103,8 @@ class Tokenized:
         self._tokenizer = tokenizer
         #: how a chat prompt was rendered (add_generation_prompt, template_vars): counterfactual renders reuse it
         self.render_opts = render_opts
+        #: the render's key in its tokenizer's render memo (its offsets are read back there, not encoded again)
+        self.memo_key = memo_key
 
     @property
     def spans(self) -> tuple[Span, ...]:
@@ -115,7 +120,7 @@ class Tokenized:
         """The same prompt holding 4 bytes per token instead of a full ``Encoding`` (about 100 bytes per
         token): offsets are recomputed from the text on first use. For keeping many prompts around."""
         return Tokenized(self.prompt, array("I", self.ids), self.text, None, self._spans, self._tokenizer,
-                         self.add_special_tokens, self.render_opts)
+                         self.add_special_tokens, self.render_opts, self.memo_key)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -124,7 +129,12 @@ class Tokenized:
         """The encoding, made again from the text when this one was compacted or its IDs were remembered (None for
         ID inputs)."""
         if self.encoding is None and self.text is not None and self._tokenizer is not None:
-            self.encoding = self._tokenizer.backend.encode(self.text, add_special_tokens=self.add_special_tokens)
+            memo = self._tokenizer.render_memo if self.memo_key is not None else None
+            kept = memo.get_kept(self.memo_key) if memo is not None else None  # type: ignore[arg-type]
+            if kept is not None and kept[1] is not None and len(kept[0]) == len(self.ids):
+                self.encoding = kept[1]
+            else:
+                self.encoding = self._tokenizer.backend.encode(self.text, add_special_tokens=self.add_special_tokens)
         return self.encoding
 
     def offsets(self) -> Sequence[tuple[int, int]] | None:
@@ -235,6 +245,30 @@ class _SizedBackend:
         setattr(self._backend, name, value)
 
 
+class KeptOffsets:
+    """Each token's (start, end) in a render's text, as :class:`RenderMemo` keeps them: what :class:`Tokenized` reads
+    of a ``tokenizers.Encoding`` (``offsets``, ``token_to_chars``), without encoding the text again. A token that
+    covers no character (a special token the tokenizer added) reads (s, s), where the Encoding says None: both are
+    no character range to :meth:`Tokenized.char_range`."""
+
+    __slots__ = ("ends", "starts")
+
+    def __init__(self, starts: array, ends: array) -> None:
+        self.starts, self.ends = starts, ends
+
+    @classmethod
+    def unpacked(cls, steps: array, lengths: array) -> KeptOffsets:
+        starts = array("q", accumulate(steps))
+        return cls(starts, array("q", map(operator.add, starts, lengths)))
+
+    @property
+    def offsets(self) -> list[tuple[int, int]]:
+        return list(zip(self.starts, self.ends))
+
+    def token_to_chars(self, i: int) -> tuple[int, int] | None:
+        return (self.starts[i], self.ends[i]) if 0 <= i < len(self.starts) else None
+
+
 class RenderMemo:
     """Chat renders asked for again (a whole-log command's passes render many prompts more than once): each text by
     a 128-bit digest of everything the render reads (the template, the messages and tools, key order and types
@@ -292,23 +326,37 @@ class RenderMemo:
 
     def get_ids(self, key: bytes) -> array | None:
         """The token IDs a render's text (kept under ``key``) was encoded to (:meth:`put_ids`), or None."""
+        got = self.get_kept(key)
+        return None if got is None else got[0]
+
+    def get_kept(self, key: bytes) -> tuple[array, KeptOffsets | None] | None:
+        """The token IDs a render's text was encoded to, and their offsets in it where they were kept (else None);
+        None when nothing is kept under ``key``."""
         with self._lock:
             blob = self._read(self._ids, key)
         if blob is None:
             return None
+        raw = zlib.decompress(blob)
+        n = int.from_bytes(raw[:8], "little")
         ids = array("I")
-        ids.frombytes(zlib.decompress(blob))
-        return ids
+        ids.frombytes(raw[8:8 + 4 * n])
+        if len(raw) == 8 + 4 * n:
+            return ids, None
+        steps, lengths = array("q"), array("q")
+        steps.frombytes(raw[8 + 4 * n:8 + 12 * n])
+        lengths.frombytes(raw[8 + 12 * n:])
+        return ids, KeptOffsets.unpacked(steps, lengths)
 
-    def has_ids(self, key: bytes) -> bool:
-        """Whether the IDs of the render under ``key`` may be kept (the first half of its digest is known)."""
-        with self._lock:
-            return int.from_bytes(key[:8], "little") in self._ids
-
-    def put_ids(self, key: bytes, ids: Sequence[int]) -> None:
+    def put_ids(self, key: bytes, ids: Sequence[int], offsets: Sequence[tuple[int, int]] | None = None) -> None:
         """Keep the token IDs of the render kept under ``key`` (encoded as chat renders are: no special tokens
-        added), compressed."""
-        blob = zlib.compress(array("I", ids).tobytes(), 1)
+        added), and each token's (start, end) in it when given, compressed (the offsets as the step from the
+        previous token's start and the length: mostly small, mostly alike)."""
+        payload = len(ids).to_bytes(8, "little") + array("I", ids).tobytes()
+        if offsets is not None:
+            starts = [a for a, _ in offsets]
+            steps = array("q", (a - b for a, b in zip(starts, [0, *starts[:-1]])))
+            payload += steps.tobytes() + array("q", (b - a for a, b in offsets)).tobytes()
+        blob = zlib.compress(payload, 1)
         with self._lock:
             self._write(self._ids, key, blob)
 
@@ -457,9 +505,9 @@ class TokenizerHandle:
     def tokenize_many(self, prompts: Sequence[PromptInput], *, add_generation_prompt: bool = False,
                       add_special_tokens: bool = True, template_vars: dict | None = None,
                       offsets: bool = False) -> list[Tokenized]:
-        """Tokenize prompts in one batch (the Rust backend runs the batch in parallel). ``offsets``: every chat
-        render is encoded, for its tokens' offsets, even where the render memo keeps its IDs (a caller that
-        locates every prompt's tokens: one batch, not one encode a prompt later)."""
+        """Tokenize prompts in one batch (the Rust backend runs the batch in parallel). ``offsets``: a chat render
+        whose IDs the render memo keeps without their offsets is encoded again, for them (a caller that locates
+        every prompt's tokens: one batch, not one encode a prompt later)."""
         texts: list[str | None] = []
         spans: list[Any] = []
         keys: list[bytes | None] = []     # a chat render's key in the render memo
@@ -475,7 +523,9 @@ class TokenizerHandle:
                 text, key = self._render_keyed(p, add_generation_prompt, template_vars)
                 texts.append(text)
                 spans.append(_lazy_chat_spans(self, p, text, opts))
-                got = memo.get_ids(key) if memo is not None and key is not None and not offsets else None
+                got = memo.get_kept(key) if memo is not None and key is not None else None
+                if got is not None and offsets and got[1] is None:
+                    got = None  # (IDs kept without their offsets: encoded again, for them)
             else:
                 texts.append(p.text)
                 spans.append(_text_spans(p))
@@ -496,15 +546,16 @@ class TokenizerHandle:
             if rendered is None:
                 out.append(Tokenized(p, list(p.ids or ()), tokenizer=self))
                 continue
-            if ids is not None:  # encoded before: the IDs kept, offsets found again if a location is asked for
-                out.append(Tokenized(p, ids.tolist(), rendered, None, sp, self, False, opts))  # (a list, as encoded)
+            if ids is not None:  # encoded before: the IDs and their offsets kept (else found again if asked for)
+                out.append(Tokenized(p, ids[0].tolist(), rendered, ids[1], sp, self, False, opts,  # (a list, as encoded)
+                                     key))
                 continue
             enc = next(enc_chat) if p.is_chat else next(enc_text)
-            if key is not None and memo is not None and not (offsets and memo.has_ids(key)):
-                memo.put_ids(key, enc.ids)
+            if key is not None and memo is not None:
+                memo.put_ids(key, enc.ids, enc.offsets)
             out.append(Tokenized(p, enc.ids, text=rendered, encoding=enc, spans=sp, tokenizer=self,
                                  add_special_tokens=add_special_tokens and not p.is_chat,
-                                 render_opts=opts if p.is_chat else None))
+                                 render_opts=opts if p.is_chat else None, memo_key=key))
         return out
 
 

@@ -114,3 +114,33 @@ def test_remembered_spans_are_the_spans(template):
         assert [[t.location(i) for i in range(len(t))] for t in again] == \
             [[t.location(i) for i in range(len(t))] for t in fresh_t]  # offsets found again from the text
     assert any(len(s) > 1 for _, s in want)
+
+
+def test_remembered_offsets_locate_every_token_as_the_encoding_does():
+    """A render asked for again gives back its token IDs and their offsets (kept beside them, not encoded again):
+    every token's character range and location are the ones a fresh encoding gives, multi-byte characters (whose
+    bytes are tokens of one character) and a compacted prompt (which reads its offsets back) included."""
+    from array import array
+
+    fresh = load_tokenizer(str(TOK_DIR))
+    memo_tok = load_tokenizer(str(TOK_DIR))
+    memo_tok.remember_renders()
+    text = "Grüße aus Köln 🙂 — 東京 \u200b tab\there\n  two spaces"
+    prompts = [PromptInput(source="memo", kind="chat", messages=(
+        {"role": "system", "content": f"You are terse. {text}"}, {"role": "user", "content": f"{text} {i}"}))
+        for i in range(3)] + _prompts(parts=False)
+    first = memo_tok.tokenize_many(prompts, add_generation_prompt=True)   # encoded: IDs and offsets kept
+    again = memo_tok.tokenize_many(prompts, add_generation_prompt=True)   # read back
+    want = fresh.tokenize_many(prompts, add_generation_prompt=True)
+    for a, f, w in zip(again, first, want):
+        assert type(a.encoding).__name__ == "KeptOffsets" and type(f.encoding).__name__ != "KeptOffsets"
+        assert list(a.ids) == list(w.ids) and a.text == w.text
+        c = a.compact()
+        assert c.encoding is None
+        for i in range(len(w.ids)):
+            assert a.char_range(i) == w.char_range(i) == c.char_range(i), i
+            assert a.location(i) == w.location(i), i
+        assert [s for s, _ in a.offsets()] == [s for s, _ in w.offsets()]
+    # bytes of one character are tokens of one character range (overlapping offsets)
+    assert any(len(set(w.offsets()[i:i + 2])) == 1 for w in want for i in range(len(w.ids) - 1))
+    assert isinstance(again[0].encoding.starts, array)

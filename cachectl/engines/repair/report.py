@@ -412,7 +412,6 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     process rewrites it with all of them and sweeps the rest. The report is the same as in one process
     (``workers`` None or of one job). ``progress``: pass ``workers.tick`` (it is called in the children too)."""
     from ...workers import Workers
-    from ..provider.cache import tokenizer_counter
     from .fix import assembled, forked, measured_pass, started
     from .measure import provider_measure
     from .shared_prefix import auto_records
@@ -424,7 +423,7 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     ends = grouping.end_lines(lines)
 
     def side() -> tuple:
-        counter = tokenizer_counter(tokenizer) if tokenizer is not None else None
+        # (the sweep's token counter: the positions the fixes leave as they were are encoded once)
         costed = (cost_section(requests, table, source, counter, tokenizer_name)
                   if requests is not None and table is not None else None)
         # the provider section read every line as a request: the log before the fixes is that same simulation
