@@ -258,8 +258,8 @@ class KeptOffsets:
 
     @classmethod
     def unpacked(cls, steps: array, lengths: array) -> KeptOffsets:
-        starts = array("q", accumulate(steps))
-        return cls(starts, array("q", map(operator.add, starts, lengths)))
+        starts = array("I", accumulate(steps))  # (4 bytes a token each: a render is far shorter than 4 GiB)
+        return cls(starts, array("I", map(operator.add, starts, lengths)))
 
     @property
     def offsets(self) -> list[tuple[int, int]]:
@@ -342,9 +342,9 @@ class RenderMemo:
         ids.frombytes(raw[8:8 + 4 * n])
         if len(raw) == 8 + 4 * n:
             return ids, None
-        steps, lengths = array("q"), array("q")
-        steps.frombytes(raw[8 + 4 * n:8 + 12 * n])
-        lengths.frombytes(raw[8 + 12 * n:])
+        steps, lengths = array("i"), array("i")
+        steps.frombytes(raw[8 + 4 * n:8 + 8 * n])
+        lengths.frombytes(raw[8 + 8 * n:])
         return ids, KeptOffsets.unpacked(steps, lengths)
 
     def put_ids(self, key: bytes, ids: Sequence[int], offsets: Sequence[tuple[int, int]] | None = None) -> None:
@@ -354,8 +354,8 @@ class RenderMemo:
         payload = len(ids).to_bytes(8, "little") + array("I", ids).tobytes()
         if offsets is not None:
             starts = [a for a, _ in offsets]
-            steps = array("q", (a - b for a, b in zip(starts, [0, *starts[:-1]])))
-            payload += steps.tobytes() + array("q", (b - a for a, b in offsets)).tobytes()
+            steps = array("i", (a - b for a, b in zip(starts, [0, *starts[:-1]])))
+            payload += steps.tobytes() + array("i", (b - a for a, b in offsets)).tobytes()
         blob = zlib.compress(payload, 1)
         with self._lock:
             self._write(self._ids, key, blob)
