@@ -354,8 +354,11 @@ class RenderMemo:
         payload = len(ids).to_bytes(8, "little") + array("I", ids).tobytes()
         if offsets is not None:
             starts = [a for a, _ in offsets]
-            steps = array("i", (a - b for a, b in zip(starts, [0, *starts[:-1]])))
-            payload += steps.tobytes() + array("i", (b - a for a, b in offsets)).tobytes()
+            try:
+                steps = array("i", (a - b for a, b in zip(starts, [0, *starts[:-1]])))
+                payload += steps.tobytes() + array("i", (b - a for a, b in offsets)).tobytes()
+            except OverflowError:  # (a text past 2 GiB, where CACHECTL_MAX_TOKENIZE_CHARS allows one: IDs only)
+                pass
         blob = zlib.compress(payload, 1)
         with self._lock:
             self._write(self._ids, key, blob)
