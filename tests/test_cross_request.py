@@ -214,3 +214,27 @@ def test_the_fork_analysis_reports_its_progress(tok):
     assert set(ticks[len(lines):]) == {256}                     # viewed by the passes and replays
     viewed = sum(ticks[len(lines):])
     assert viewed >= 256 and viewed >= forks.report.replays * len(lines) // 256 * 256
+
+
+def test_a_cache_salt_keys_every_replay_of_the_report_apart(cli, tmp_path):
+    """vLLM's ``cache_salt`` (a request parameter: in the body) keeps one tenant's blocks from another's. The
+    report's parts that replay the log (the curve's ceiling, the before/after measures, the fork analysis) all
+    key blocks with it, so they agree with each other and with simulate-prefix, and are below the unsalted log's.
+    Before, the measures and the fork analysis dropped the salt and the curve read only a top-level one."""
+    rows = [json.loads(x) for x in LOG_AGENT.read_text().splitlines()]
+    salted = tmp_path / "salted.jsonl"
+    salted.write_text("".join(json.dumps({**r, "body": {**r["body"], "cache_salt": f"tenant-{i % 3}"}}) + "\n"
+                              for i, r in enumerate(rows)))
+
+    def rates(path):
+        d = json.loads(cli("report", str(path), "--key", "session", "-t", str(TOK_DIR), "-f", "json").stdout)
+        sp = d["shared_prefix"]
+        return (d["curve"]["ceiling_hit_rate"], d["fixes"]["columns"][0]["vllm_hit_rate"],
+                sp["hit_tokens"] / d["curve"]["query_tokens"])
+
+    curve, before, forks = rates(salted)
+    assert curve == before == pytest.approx(forks)
+    sim = json.loads(cli("simulate-prefix", str(salted), "--policy", "infinite", "-t", str(TOK_DIR), "-f", "json").stdout)
+    assert sim["hit_rate"] == pytest.approx(curve)
+    plain = rates(LOG_AGENT)
+    assert plain[0] == plain[1] == pytest.approx(plain[2]) and curve < plain[0]

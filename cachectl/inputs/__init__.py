@@ -36,6 +36,7 @@ from .request import (
     ChatView,
     Position,
     Request,
+    cache_salt_of,
     compact,
     detect_provider,
     is_request_body,
@@ -84,6 +85,7 @@ __all__ = [
     "read_text",
     "read_timestamp",
     "unwrap",
+    "cache_salt_of",
 ]
 
 

@@ -267,6 +267,20 @@ def unwrap(value: Any) -> tuple[Any, str, dict]:
     return value, "", {}
 
 
+def cache_salt_of(value: Any) -> Any:
+    """The vLLM prefix-cache salt a log line carries (None without one): a trace line's own ``salt`` or
+    ``cache_salt``, else its request body's ``cache_salt`` (a parameter of vLLM's OpenAI-compatible requests), the
+    body being the line itself or the one it wraps."""
+    if not isinstance(value, dict):
+        return None
+    got = value.get("salt", value.get("cache_salt"))
+    if got is None:
+        body, _, _ = unwrap(value)
+        if body is not value and isinstance(body, dict):
+            got = body.get("cache_salt")
+    return got
+
+
 def parse_request(value: Any, *, source: str = "<memory>", line: int | None = None,
                   locator: LocateFn | None = None, default_model: str | None = None,
                   provider: str | None = None, timestamps: Callable[[Any], float | None] | None = None) -> Request:

@@ -280,13 +280,14 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
 
 
 class InfiniteVersions:
-    """The no-eviction replay (:func:`simulate`'s ``infinite`` policy, one tenant, no salt) of several versions of
+    """The no-eviction replay (:func:`simulate`'s ``infinite`` policy, one tenant) of several versions of
     one log in one pass: version ``j`` is bit ``j`` of a mask. One dict maps each block key to the mask of the
     versions that cached it, so a request that several versions send alike (a line no fix changed) is hashed, looked
     up and inserted once for all of them, and a block the versions share is kept once. Each version's counts equal
     :func:`simulate` over that version's requests alone (``tests/test_measure_sweep.py`` checks it).
 
-    ``add(tokens, mask)``: the versions of ``mask`` each send ``tokens`` as their next request.
+    ``add(tokens, mask, salt=None)``: the versions of ``mask`` each send ``tokens`` (with vLLM's ``cache_salt``, which
+    keys their blocks apart from unsalted ones) as their next request.
     ``totals(j)``: version ``j``'s requests, query tokens and hit tokens."""
 
     def __init__(self, versions: int, block_size: int) -> None:
@@ -298,11 +299,11 @@ class InfiniteVersions:
         self._query = [0] * versions
         self._hits = [0] * versions
 
-    def add(self, tokens: Any, mask: int) -> None:
+    def add(self, tokens: Any, mask: int, salt: Any = None) -> None:
         from .trace import block_keys
 
         bs = self.block_size
-        keys = block_keys(tokens, bs)
+        keys = block_keys(tokens, bs, salt)
         n = len(tokens)
         limit = min(len(keys), (n - 1) // bs)  # (vLLM's lookup leaves at least one token to compute)
         cached = self._cached

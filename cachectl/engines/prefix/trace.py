@@ -186,6 +186,14 @@ def _nested_key(value: Any, name: str, where: dict) -> str:
     return repr(value)
 
 
+def hashable_salt(salt: Any, *, source: str, line: int | None) -> Any:
+    """A cache salt as block keys take it: a JSON object or list as one string (as the trace reader makes it),
+    anything else as it is."""
+    if isinstance(salt, (dict, list)):
+        return _nested_key(salt, "cache_salt", {"source": source, "line": line})
+    return salt
+
+
 def _get(value: dict, dotted: str) -> Any:
     cur: Any = value
     for part in dotted.split("."):
@@ -230,6 +238,7 @@ def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
     (for session-affinity routing); None when none is. ``timestamps``: the reader of the run's timestamps (a
     :class:`~cachectl.inputs.TimestampReader`: ISO 8601, epoch seconds, milliseconds or microseconds).
     """
+    from ...inputs import cache_salt_of
     from ...inputs.timestamps import TimestampError, parse_timestamp
 
     read_time = timestamps or parse_timestamp
@@ -257,7 +266,7 @@ def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
         where = {"source": source, "line": line}
         if not isinstance(value, dict):
             raise InputError("expected a JSON object per line", **where)
-        salt = _get(value, salt_field) if salt_field else value.get("salt", value.get("cache_salt"))
+        salt = _get(value, salt_field) if salt_field else cache_salt_of(value)
         # a request without a salt is an ordinary one (vLLM's cache_salt is optional): cached unsalted, counted
         unsalted = bool(salt_field) and salt is None
         tenant = _get(value, tenant_field) if tenant_field else salt

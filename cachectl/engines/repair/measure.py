@@ -18,10 +18,10 @@ from functools import partial
 from typing import Any
 
 from ...errors import InputError, UsageError
-from ...inputs import PromptInput
+from ...inputs import PromptInput, cache_salt_of
 from ...spool import content_digest
 from ..prefix.replay import InfiniteVersions
-from ..prefix.trace import TraceRequest
+from ..prefix.trace import TraceRequest, hashable_salt
 from .edits import _encoded
 from .groups import Grouping, LogLine, original_at, reparse_at, with_model
 
@@ -233,16 +233,19 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
             for i, row, tok in zip(range(start, start + len(batch)), batch,
                                    _tokenized_rows(batch, tokenizer, add_generation_prompt)):
                 g = grouping.groups[i]
-                alike: dict[int, tuple[Any, int]] = {}  # id of a version's tokens -> (them, the versions' mask)
-                for j, t in enumerate(tok):
-                    ids, mask = alike.get(id(t), (t.ids, 0))
-                    alike[id(t)] = ids, mask | 1 << j
-                for ids, mask in alike.values():
-                    infinite.add(ids, mask)
-                for v, ln, t in zip(vs, row, tok):
+                # (vLLM's cache_salt, which keys a request's blocks apart: the fixes leave it as it is)
+                salts = [hashable_salt(cache_salt_of(ln.value), source=source, line=ln.line) for ln in row]
+                # (id of a version's tokens, its salt) -> (the tokens, the salt, the mask of the versions that send them)
+                alike: dict[tuple[int, Any], tuple[Any, Any, int]] = {}
+                for j, (t, salt) in enumerate(zip(tok, salts)):
+                    ids, _, mask = alike.get((id(t), salt), (t.ids, salt, 0))
+                    alike[id(t), salt] = ids, salt, mask | 1 << j
+                for ids, salt, mask in alike.values():
+                    infinite.add(ids, mask, salt)
+                for v, ln, t, salt in zip(vs, row, tok, salts):
                     if v.vllm is not None:
                         v.trace.append(TraceRequest(index=i, line=ln.line, prompt_tokens=len(t.ids), tokens=t.ids,
-                                                    timestamp=ln.timestamp))
+                                                    timestamp=ln.timestamp, salt=salt))
                     if ln.request is not None:
                         v.requests += 1
                         v.reqs.append(ln.request)

@@ -29,11 +29,12 @@ from itertools import chain
 from typing import Any
 
 from ....errors import InputError
-from ....inputs import PromptInput, Request, prompt_from_request, prompt_from_value, unwrap
+from ....inputs import PromptInput, Request, cache_salt_of, prompt_from_request, prompt_from_value, unwrap
 from ....inputs.prompt import check_ids
 from ....spool import Spool
 from ....tokenization import Span, Tokenized, _lazy_chat_spans
 from ..packed import ObjectCodec, RenderCodec
+from ..trace import hashable_salt
 
 #: log fields (dotted, in the body or its wrapper) that may predict a per-user value, looked at in this order
 USER_FIELDS = ("user", "user_id", "metadata.user_id", "metadata.user", "safety_identifier", "metadata.tenant_id",
@@ -150,20 +151,20 @@ def fork_requests(records: Iterable[tuple], *, source: str, tokenizer: Any = Non
     a ``true``/``false`` are then validated at C speed; or ``(line, value, has_bool_literal, prompt)``, with the
     prompt already read from the value (a log's lines as ``fix`` and ``report`` hold them)."""
     vocab: dict[str, int] = {}
-    pending: list[tuple[int, int, PromptInput, tuple]] = []
+    pending: list[tuple[int, int, PromptInput, tuple, Any]] = []
     index = 0
 
     def flush() -> Iterator[ForkRequest]:
-        toks = tokenizer.tokenize_many([p for _, _, p, _ in pending], add_generation_prompt=add_generation_prompt)
-        for (idx, line, _, flds), t in zip(pending, toks):
-            yield _from_tokenized(idx, line, t, flds)
+        toks = tokenizer.tokenize_many([p for _, _, p, _, _ in pending], add_generation_prompt=add_generation_prompt)
+        for (idx, line, _, flds, salt), t in zip(pending, toks):
+            yield _from_tokenized(idx, line, t, flds, salt)
         pending.clear()
 
     names = [(n, n.split(".")) for n in user_fields]
     for record in records:
         line, value = record[0], record[1]
         flds = _fields(value, names)
-        salt = value.get("cache_salt") if isinstance(value, dict) else None
+        salt = hashable_salt(cache_salt_of(value), source=source, line=line)
         key = next((k for k in _ID_KEYS if k in value), None) if isinstance(value, dict) else None
         if key is not None:  # a token-ID trace line, validated at C speed where the raw line holds no bool
             check_ids(value[key], source=source, line=line, field=key, maybe_bool=record[2] if len(record) > 2 else True)
@@ -174,7 +175,7 @@ def fork_requests(records: Iterable[tuple], *, source: str, tokenizer: Any = Non
         if prompt.ids is not None:
             yield ForkRequest(index=index, line=line, ids=_id_array(prompt.ids), fields=flds, salt=salt)
         elif tokenizer is not None:
-            pending.append((index, line, prompt, flds))
+            pending.append((index, line, prompt, flds, salt))
             if len(pending) >= batch_size:
                 yield from flush()
         elif prompt.request is not None:
@@ -189,11 +190,11 @@ def fork_requests(records: Iterable[tuple], *, source: str, tokenizer: Any = Non
         yield from flush()
 
 
-def _from_tokenized(index: int, line: int | None, t: Tokenized, flds: tuple = ()) -> ForkRequest:
-    offsets = t.offsets()  # (encoded again from the text when the tokenizer's memo gave the IDs back)
+def _from_tokenized(index: int, line: int | None, t: Tokenized, flds: tuple = (), salt: Any = None) -> ForkRequest:
+    offsets = t.offsets()  # (read back from the tokenizer's memo, or encoded again where it kept none)
     starts = array("I", (s for s, _ in offsets)) if offsets is not None else None
     return ForkRequest(index=index, line=line, ids=array("I", t.ids), text=t.text, starts=starts,
-                       tokenized=t.compact(), fields=flds)
+                       tokenized=t.compact(), fields=flds, salt=salt)
 
 
 def _tool_identity(t: Any) -> str:
