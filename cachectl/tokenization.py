@@ -246,14 +246,15 @@ class _SizedBackend:
 
 
 class KeptOffsets:
-    """Each token's (start, end) in a render's text, as :class:`RenderMemo` keeps them: what :class:`Tokenized` reads
-    of a ``tokenizers.Encoding`` (``offsets``, ``token_to_chars``), without encoding the text again. A token that
+    """Each token's (start, end) in a render's text, as :class:`RenderMemo` keeps them (and as the fork analysis
+    splices them): what :class:`Tokenized` reads of a ``tokenizers.Encoding`` (``offsets``, ``token_to_chars``),
+    without encoding the text again. A token that
     covers no character (a special token the tokenizer added) reads (s, s), where the Encoding says None: both are
     no character range to :meth:`Tokenized.char_range`."""
 
     __slots__ = ("ends", "starts")
 
-    def __init__(self, starts: array, ends: array) -> None:
+    def __init__(self, starts: Sequence[int], ends: Sequence[int]) -> None:
         self.starts, self.ends = starts, ends
 
     @classmethod

@@ -22,10 +22,10 @@ from functools import cache
 from itertools import groupby, repeat
 from typing import Any
 
-from ....tokenization import Tokenized
+from ....tokenization import KeptOffsets, Tokenized
 from ....volatile import classify_change
 from ...tokendiff import common_prefix_length, explain
-from .requests import RequestStore, _Offsets, _request_tools, _tool_identity
+from .requests import RequestStore, _request_tools, _tool_identity
 from .tree import PrefixTree, _below, _Edge
 from .views import _LineMove, _Tools, _View
 
@@ -108,7 +108,7 @@ class _Causes:
         a = first.tokenized()
         if a is None or a.text is None:
             return site
-        vstarts = a.encoding.starts if isinstance(a.encoding, _Offsets) else first.starts
+        vstarts = a.encoding.starts if isinstance(a.encoding, KeptOffsets) else first.starts
         assert vstarts is not None
         c = vstarts[d] if d < len(vstarts) else len(a.text)
         ls = a.text.rfind("\n", 0, c) + 1

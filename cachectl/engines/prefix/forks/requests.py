@@ -32,7 +32,7 @@ from ....errors import InputError
 from ....inputs import PromptInput, Request, cache_salt_of, prompt_from_request, prompt_from_value, unwrap
 from ....inputs.prompt import check_ids
 from ....spool import Spool
-from ....tokenization import Span, Tokenized, _lazy_chat_spans
+from ....tokenization import KeptOffsets, Span, Tokenized, _lazy_chat_spans
 from ..packed import ObjectCodec, RenderCodec
 from ..trace import hashable_salt
 
@@ -58,18 +58,6 @@ class ForkRequest:
     salt: Any = None
     #: canonical mode (no tokenizer): the request whose positions were cut into word pieces
     request: Request | None = field(default=None, repr=False)
-
-
-class _Offsets:
-    """The one method of a ``tokenizers.Encoding`` that :class:`Tokenized` reads, over known char offsets."""
-
-    __slots__ = ("ends", "starts")
-
-    def __init__(self, starts: Sequence[int], ends: Sequence[int]):
-        self.starts, self.ends = starts, ends
-
-    def token_to_chars(self, i: int) -> tuple[int, int] | None:
-        return (self.starts[i], self.ends[i]) if 0 <= i < len(self.starts) else None
 
 
 _PIECE = re.compile(r"\w+|\s+|[^\w\s]")
@@ -110,7 +98,7 @@ def canonical_tokens(req: Request, vocab: dict[str, int], tools: Sequence[Any] |
         prompt = prompt_from_request(req)
     except InputError:  # a token layout or an image: no chat view, the text is still compared
         prompt = PromptInput(kind="openai", source=req.source, line=req.line, request=req)
-    tok = Tokenized(prompt, ids, text=text, encoding=_Offsets(starts, ends), spans=spans)
+    tok = Tokenized(prompt, ids, text=text, encoding=KeptOffsets(starts, ends), spans=spans)
     return ids, text, starts, tok
 
 
@@ -291,7 +279,7 @@ class RequestStore(Sequence[ForkRequest]):
         else:
             if tok.text != r.text or (tok.ids is not r.ids and _id_array(tok.ids) != ids):
                 raise ValueError("a Tokenized of other text or tokens")
-            if isinstance(tok.encoding, _Offsets):
+            if isinstance(tok.encoding, KeptOffsets):
                 kind = _KNOWN_OFFSETS
                 if r.starts is None or (tok.encoding.starts is not r.starts
                                         and array("q", tok.encoding.starts) != array("q", r.starts)):
@@ -339,7 +327,7 @@ class RequestStore(Sequence[ForkRequest]):
                    spans: Any) -> Tokenized:
         assert rec.meta is not None
         kind, special, opts, handle, _ = rec.meta
-        enc = _Offsets(starts, ends) if kind == _KNOWN_OFFSETS else None
+        enc = KeptOffsets(starts, ends) if kind == _KNOWN_OFFSETS else None
         return Tokenized(prompt, ids, text, enc, spans if spans is not None else partial(self._spans, rec, prompt, text),
                          handle, special, opts)
 

@@ -13,12 +13,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ....inputs import compact
-from ....tokenization import Span, Tokenized
+from ....tokenization import KeptOffsets, Span, Tokenized
 from .requests import (
     ForkRequest,
     _from_tokenized,
     _id_array,
-    _Offsets,
     _RenderTable,
     _request_tools,
     _tool_identity,
@@ -105,7 +104,7 @@ class _View:
                     spans.append(Span(vs + lo - cs, vs + hi - cs, sp.field, sp.message_index, sp.role,
                                       sp.offset + lo - sp.start))
         spans.sort(key=lambda x: (x.start, x.end))
-        return Tokenized(self.tok.prompt, self.ids, text="".join(pieces), encoding=_Offsets(new_starts, new_ends),
+        return Tokenized(self.tok.prompt, self.ids, text="".join(pieces), encoding=KeptOffsets(new_starts, new_ends),
                          spans=spans, tokenizer=self.tok.tokenizer, render_opts=None)
 
 
