@@ -25,7 +25,7 @@ import zlib
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
@@ -245,6 +245,9 @@ class _SizedBackend:
         setattr(self._backend, name, value)
 
 
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
+
+
 class KeptOffsets:
     """Each token's (start, end) in a render's text, as :class:`RenderMemo` keeps them (and as the fork analysis
     splices them): what :class:`Tokenized` reads of a ``tokenizers.Encoding`` (``offsets``, ``token_to_chars``),
@@ -354,10 +357,10 @@ class RenderMemo:
         previous token's start and the length: mostly small, mostly alike)."""
         payload = len(ids).to_bytes(8, "little") + array("I", ids).tobytes()
         if offsets is not None:
-            starts = [a for a, _ in offsets]
             try:
-                steps = array("i", (a - b for a, b in zip(starts, [0, *starts[:-1]])))
-                payload += steps.tobytes() + array("i", (b - a for a, b in offsets)).tobytes()
+                starts = array("q", map(_FIRST, offsets))
+                steps = array("i", map(operator.sub, starts, chain((0,), starts)))
+                payload += steps.tobytes() + array("i", map(operator.sub, map(_SECOND, offsets), starts)).tobytes()
             except OverflowError:  # (a text past 2 GiB, where CACHECTL_MAX_TOKENIZE_CHARS allows one: IDs only)
                 pass
         blob = zlib.compress(payload, 1)

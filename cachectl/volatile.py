@@ -76,12 +76,28 @@ def _weekday() -> re.Pattern:
     return re.compile(rf"\b{_WEEKDAY}\b")
 
 
+#: texts up to this long have their matches memoized (a whole-log command reads a conversation's history again on
+#: every turn, and a system prompt on every request)
+_MEMO_CHARS = 4096
+
+
 def find_volatile(text: str, *, weekdays: bool = False) -> list[VolatileMatch]:
     """Values in ``text`` that look like they change per request, in order, not overlapping.
 
     A lone weekday name ("Friday") is reported only with ``weekdays=True``: in one text it is ordinary prose,
     but where two texts diverge on it, it is a date.
     """
+    if len(text) <= _MEMO_CHARS:
+        return list(_memo(text, weekdays))
+    return _find(text, weekdays)
+
+
+@functools.lru_cache(maxsize=2048)  # (at most 2,048 texts of 4,096 characters: a few MB)
+def _memo(text: str, weekdays: bool) -> tuple[VolatileMatch, ...]:
+    return tuple(_find(text, weekdays))
+
+
+def _find(text: str, weekdays: bool) -> list[VolatileMatch]:
     out: list[VolatileMatch] = []
     for m in _compiled().finditer(text):
         i = next(int(name[1:]) for name, v in m.groupdict().items() if v is not None)
