@@ -173,3 +173,72 @@ def test_first_tree_pruned_to_its_summary_summarizes_the_same(seed):
     assert _summary(tree, 16, fork_at) == want
     assert any(n.fork is not None for n in want)
     assert _edges(tree) < before / 2
+
+
+def test_a_packed_requests_prompt_is_unpickled_only_when_read(tok):
+    """A request rebuilt from the store carries its tokens, text and offsets; its prompt (and the spans packed
+    with it) is unpickled when first read, and its messages' texts are read without it."""
+    from cachectl.engines.prefix.forks.requests import _LazyTokenized, _texts_of, message_texts
+
+    reqs = list(fork_requests(iter_jsonl(str(LOG_AGENT)), source=str(LOG_AGENT), tokenizer=tok))
+    store = RequestStore(recent=1)
+    for r in reqs:
+        store.add(r)
+    for k in (0, len(reqs) // 2, len(reqs) - 1):
+        got = store[k].tokenized
+        want = reqs[k].tokenized
+        assert isinstance(got, _LazyTokenized) and got._cold is not None
+        assert list(got.ids) == list(want.ids) and got.text == want.text
+        assert message_texts(got) == _texts_of(want.prompt) and got._cold is not None   # (not unpickled)
+        assert got.prompt == want.prompt and got._cold is None
+        assert got.spans == want.spans
+
+
+def test_an_analysis_unpickles_few_of_the_prompts_it_views(tok, monkeypatch):
+    """The passes of a fork analysis view every request many times; they read its tokens, and its prompt only
+    where a pass needs it (its spans found once, a tools re-render): not on every view (as they did)."""
+    from cachectl.engines.prefix.forks import requests as fr
+
+    loads = []
+    original = fr._Cold._load
+
+    def counted(self):
+        if self._got is None:
+            loads.append(self._at)
+        return original(self)
+
+    monkeypatch.setattr(fr._Cold, "_load", counted)
+    monkeypatch.setattr(fr.RequestStore.__init__, "__defaults__", (1,))  # (nothing recent: every view rebuilds)
+    views = []
+    original_unpack = fr.RequestStore._unpack
+    monkeypatch.setattr(fr.RequestStore, "_unpack", lambda self, rec: views.append(1) or original_unpack(self, rec))
+    forks, _ = log_forks(groups.log_lines(iter_jsonl(str(LOG_AGENT)), source=str(LOG_AGENT)), tokenizer=tok)
+    assert forks is not None and forks.fixable
+    n = len(forks.lines)
+    assert len(views) > 3 * n          # every pass rebuilds the requests it views
+    assert len(loads) < len(views) / 3, (len(loads), len(views), n)  # their prompts: in few of them (285, 66 here)
+
+
+@pytest.mark.parametrize("a, b", [
+    ([{"name": "x", "p": 1}], [{"name": "x", "p": 1}]),
+    ([{"name": "x", "p": 1}], [{"p": 1, "name": "x"}]),            # key order
+    ([{"name": "x", "p": 1}], [{"name": "x", "p": 1.0}]),          # value type
+    ([{"name": "x", "p": 1}], [{"name": "x", "p": True}]),
+    ([{"name": "x"}, {"name": "y"}], [{"name": "y"}, {"name": "x"}]),   # tool order
+    ([{"name": "x"}], [{"name": "x"}, {"name": "x"}]),
+    ([{"name": "x\u0000y"}], [{"name": "x"}, {"name": "y"}]),      # (a NUL in a value is escaped)
+    (None, [{"name": "x"}]),
+])
+def test_tools_compared_as_one_string_compare_as_each_tool_does(a, b):
+    """``given_tools`` (what the store keeps of a request's tools) is equal for two tool lists exactly when
+    ``_as_given`` says the request already sends the reference's tools as given."""
+    from types import SimpleNamespace
+
+    from cachectl.engines.prefix.forks.requests import given_tools
+    from cachectl.engines.prefix.forks.views import _as_given
+
+    r = SimpleNamespace(tokenized=SimpleNamespace(prompt=SimpleNamespace(tools=a)))
+    assert (given_tools(a) == given_tools(b)) == _as_given(r, b)
+    assert (given_tools(a) == given_tools(b)) == (a == b and a is not None and all(
+        type(x) is type(y) for ta, tb in zip(a, b) for x, y in zip(ta.values(), tb.values())) and all(
+        list(ta) == list(tb) for ta, tb in zip(a, b)))

@@ -71,3 +71,16 @@ def test_two_iso_times_are_a_shown_change(t1, t2):
         assert got is None
     else:
         assert got is not None and got[0].is_date_time and got[1].is_date_time
+
+
+def test_memoized_matches_are_the_matches_and_a_fresh_list_each_time():
+    from cachectl.volatile import _MEMO_CHARS, _find
+
+    short = "Today is 2025-03-14, request req_8f3a9b2c1d, Friday."
+    long = short + " " * _MEMO_CHARS + "at 09:12 UTC"
+    for text in (short, long):
+        for weekdays in (False, True):
+            first = find_volatile(text, weekdays=weekdays)
+            assert first == _find(text, weekdays)
+            first.clear()   # a caller's list is its own
+            assert find_volatile(text, weekdays=weekdays) == _find(text, weekdays)

@@ -287,15 +287,15 @@ _PROMPT_SLOT: Any = Tokenized.__dict__["prompt"]
 
 
 class _LazyTokenized(Tokenized):
-    """A :class:`Tokenized` whose prompt is read from its :class:`_Cold` on first use; pickled as a plain one."""
+    """A :class:`Tokenized` whose prompt is read from its :class:`_Cold` on first use."""
 
     __slots__ = ("_cold",)
 
     def __init__(self, cold: _Cold, *args: Any) -> None:
         self._cold: _Cold | None = cold
-        super().__init__(None, *args)
+        super().__init__(None, *args)  # type: ignore[arg-type]  # (read on first use)
 
-    @property  # type: ignore[override]
+    @property
     def prompt(self) -> Any:
         got = _PROMPT_SLOT.__get__(self)
         if got is None and self._cold is not None:
@@ -307,10 +307,6 @@ class _LazyTokenized(Tokenized):
     @prompt.setter
     def prompt(self, value: Any) -> None:
         _PROMPT_SLOT.__set__(self, value)
-
-    def __reduce__(self) -> tuple:
-        return (Tokenized, (self.prompt, self.ids, self.text, self.encoding, self.spans, self._tokenizer,
-                            self.add_special_tokens, self.render_opts, self.memo_key))
 
 
 class RequestStore(Sequence[ForkRequest]):

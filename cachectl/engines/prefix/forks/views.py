@@ -192,7 +192,7 @@ class _Tools:
     cause: str
 
     @cached_property
-    def given(self) -> str:
+    def given(self) -> str | None:
         """The reference's tools as :func:`_as_given` compares them, joined (compact JSON holds no NUL)."""
         return given_tools(self.reference)
 
