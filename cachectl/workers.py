@@ -8,14 +8,19 @@ on the same data.
         ...                                              # the parent's own work; pass workers.tick as progress
         m = side.result()                                # the child's value, or its error raised here
 
-Linux only (``os.fork``); elsewhere, with one core or ``jobs=1``, a part runs in this process when its result is
-asked for. At most ``jobs`` children run at once (a submit beyond waits for the oldest): the parent, which
-waits for their results at the end, is not counted. What a child must
-not share with its parent is made its own at the fork: the spools (:class:`cachectl.spool.Spool`: the child
-appends to a file of its own), the render watchdog (:mod:`cachectl.sandbox`), the tokenizers library's thread
-pool (``TOKENIZERS_PARALLELISM`` is false in the child: a pool does not survive a fork). A child never writes to
-stdout or stderr: its progress ticks and its result, or its error, reach the parent through a pipe. A child
-that dies without a result (killed, out of memory) has its part run again in the parent, with a line on stderr.
+A child is a :mod:`multiprocessing` process of the ``fork`` context: it starts from the parent's memory as it is at
+the submit, so a part is any callable, closures over the run's state included, never pickled (which is why this
+is not a ``concurrent.futures`` pool: its workers take pickled callables, and it cannot stop a running one before
+Python 3.14). Its result comes back through a :func:`multiprocessing.Pipe`, its progress through a shared counter
+(:func:`multiprocessing.Value`: a busy parent never makes a child wait). Linux only; elsewhere, with one core or
+``jobs=1``, a part runs in this process when its result is asked for. At most ``jobs`` children run at once (a
+submit beyond waits for the oldest): the parent, which waits for their results at the end, is not counted.
+
+What a child must not share with its parent is made its own at the fork: the spools (:class:`cachectl.spool.Spool`:
+the child appends to a file of its own), the render watchdog (:mod:`cachectl.sandbox`), the tokenizers library's
+thread pool (``TOKENIZERS_PARALLELISM`` is false in the child: a pool does not survive a fork). A child never
+writes to stdout or stderr. A child that dies without a result (killed, out of memory) has its part run again in
+the parent, with a line on stderr; a child dies with its parent.
 """
 
 from __future__ import annotations
@@ -23,9 +28,7 @@ from __future__ import annotations
 import gc
 import os
 import pickle
-import select
 import signal
-import struct
 import sys
 import time
 import traceback
@@ -35,15 +38,13 @@ from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
-#: a message on a child's pipe: its kind (b"T": ticks, b"R": the result) and the payload's length
-_HEADER = struct.Struct("<cQ")
 #: a child sends its progress at most this often (seconds); the parent forwards it as it ticks itself
 TICK_S = 0.5
 
-#: this process is a worker's child: the pipe to its parent (None in the parent)
-_CHILD_PIPE: int | None = None
-_pending = 0        # a child's ticks not yet sent
-_sent_at = 0.0      # when they were last sent
+#: in a worker's child: its progress counter, shared with the parent (None in the parent)
+_CHILD_TICKS: Any = None
+_pending = 0        # a child's ticks not yet added to the counter
+_sent_at = 0.0      # when they were last added
 
 
 def available_jobs() -> int:
@@ -58,7 +59,7 @@ def available_jobs() -> int:
 
 def in_child() -> bool:
     """Whether this process is a worker's child (where a part runs as it is, never forked again)."""
-    return _CHILD_PIPE is not None
+    return _CHILD_TICKS is not None
 
 
 class Job(Generic[T]):
@@ -67,20 +68,24 @@ class Job(Generic[T]):
     def __init__(self, workers: Workers, fn: Callable[..., T], args: tuple, kwargs: dict) -> None:
         self._workers = workers
         self._call: tuple[Callable[..., T], tuple, dict] | None = (fn, args, kwargs)
-        self.pid: int | None = None
-        self._fd = -1
-        self._buf = bytearray()
+        self._proc: Any = None      # the child (a multiprocessing Process)
+        self._conn: Any = None      # the parent's end of its pipe
+        self._ticks: Any = None     # its progress counter, and how much of it was forwarded
+        self._forwarded = 0
         self._done = False
         self._value: Any = None
         self._error: BaseException | None = None
 
-    # ------------------------------------------------------------------ the parent's side
+    @property
+    def pid(self) -> int | None:
+        """The child's process id while it runs (None: in this process, or reaped)."""
+        return self._proc.pid if self._proc is not None else None
 
     def result(self) -> T:
         """The part's value (waiting for its child), or its error raised here."""
         if not self._done:
-            if self.pid is not None:
-                self._wait()
+            while self._proc is not None:
+                self._drain(TICK_S)
             if not self._done:  # one process, or a child that left no result: the part runs here
                 assert self._call is not None
                 fn, args, kwargs = self._call
@@ -94,39 +99,26 @@ class Job(Generic[T]):
             raise self._error
         return self._value
 
-    def _wait(self) -> None:
-        while self.pid is not None:
-            select.select([self._fd], [], [], TICK_S)
-            self._drain()
-
-    def _drain(self) -> None:
-        """Read what the child sent (non-blocking): ticks go to the progress; at the end of the pipe, reap it."""
-        if self.pid is None:
+    def _drain(self, wait: float = 0.0) -> None:
+        """Forward the child's progress; take its result once sent (waiting up to ``wait`` s); reap it at the end."""
+        if self._proc is None:
             return
-        ended = False
-        while True:
-            try:
-                chunk = os.read(self._fd, 1 << 20)
-            except BlockingIOError:
-                break
-            except InterruptedError:  # pragma: no cover
-                continue
-            if not chunk:
-                ended = True
-                break
-            self._buf += chunk
-        while len(self._buf) >= _HEADER.size:
-            kind, n = _HEADER.unpack_from(self._buf)
-            if len(self._buf) < _HEADER.size + n:
-                break
-            payload = bytes(self._buf[_HEADER.size:_HEADER.size + n])
-            del self._buf[:_HEADER.size + n]
-            if kind == b"T":
-                self._workers._forward(int.from_bytes(payload, "little"))
-            elif kind == b"R":
-                self._received(payload)
-        if ended:
+        self._forward_ticks()
+        try:
+            if not self._conn.poll(wait):
+                return
+            payload = self._conn.recv_bytes()
+        except (EOFError, OSError):  # the child ended without a result
             self._reap()
+            return
+        self._received(payload)
+        self._reap()
+
+    def _forward_ticks(self) -> None:
+        now = self._ticks.value
+        if now > self._forwarded:
+            self._workers._forward(now - self._forwarded)
+            self._forwarded = now
 
     def _received(self, payload: bytes) -> None:
         try:
@@ -143,26 +135,25 @@ class Job(Generic[T]):
         self._done = True
 
     def _reap(self) -> None:
-        assert self.pid is not None
-        _, status = os.waitpid(self.pid, 0)
-        os.close(self._fd)
-        self.pid, self._fd = None, -1
+        proc, self._proc = self._proc, None
+        proc.join()
+        code = proc.exitcode or 0
+        self._forward_ticks()  # (what it counted after its last look)
+        self._conn.close()
+        proc.close()
         self._workers._running.remove(self)
         if not self._done:
-            how = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
-                   else f"exit status {os.WEXITSTATUS(status)}")
+            how = f"signal {-code}" if code < 0 else f"exit status {code}"
             self._workers._say(f"a worker process ended without its result ({how}); its part runs in this process")
 
     def _kill(self) -> None:
-        if self.pid is None:
+        proc, self._proc = self._proc, None
+        if proc is None:
             return
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:  # pragma: no cover
-            pass
-        os.waitpid(self.pid, 0)
-        os.close(self._fd)
-        self.pid, self._fd = None, -1
+        proc.kill()
+        proc.join()
+        proc.close()
+        self._conn.close()
 
 
 class Workers:
@@ -179,7 +170,6 @@ class Workers:
         self._say_to = say
         self._running: list[Job] = []
         self._last_drain = 0.0
-        self._parent = os.getpid()
 
     def __enter__(self) -> Workers:
         return self
@@ -198,13 +188,14 @@ class Workers:
         if self.jobs < 2 or in_child():  # (a child's parts run in it: no child of a child)
             return job
         while len(self._running) >= self.jobs:  # (the parent mostly waits while its children compute)
-            self._running[0]._wait()
+            self._running[0]._drain(TICK_S)
         self._fork(job)
         return job
 
     def tick(self, n: int = 1) -> None:
-        """Progress: in the parent, ``progress(n)`` (and what the children sent since); in a child, to its parent."""
-        if _CHILD_PIPE is not None:
+        """Progress: in the parent, ``progress(n)`` (and what the children counted since); in a child, to its
+        parent."""
+        if _CHILD_TICKS is not None:
             _child_tick(n)
             return
         self._forward(n)
@@ -226,7 +217,12 @@ class Workers:
             sys.stderr.write(f"cachectl: {line}\n")
 
     def _fork(self, job: Job) -> None:
-        r, w = os.pipe()
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("fork")
+        mine, theirs = ctx.Pipe(duplex=False)
+        ticks = ctx.Value("q", 0)
+        proc = ctx.Process(target=_child, args=(job, theirs, ticks, os.getpid()))
         before = os.environ.get("TOKENIZERS_PARALLELISM")
         os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the child's: its parent's thread pool is not there
         sys.stdout.flush()
@@ -235,20 +231,15 @@ class Workers:
         try:
             with warnings.catch_warnings():  # (3.12+ warns of fork with threads: ours are made anew in the child)
                 warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()
+                proc.start()
         except OSError:
-            gc.unfreeze()
-            os.close(r)
-            os.close(w)
-            _restore(before)
+            mine.close()
             return  # (no child: the part runs here when its result is asked for)
-        if pid == 0:  # pragma: no cover - the child (its coverage is not collected)
-            _child(job, r, w)
-        gc.unfreeze()
-        _restore(before)
-        os.close(w)
-        os.set_blocking(r, False)
-        job.pid, job._fd = pid, r
+        finally:
+            gc.unfreeze()
+            _restore(before)
+            theirs.close()
+        job._proc, job._conn, job._ticks = proc, mine, ticks
         self._running.append(job)
 
 
@@ -259,32 +250,27 @@ def _restore(before: str | None) -> None:
         os.environ["TOKENIZERS_PARALLELISM"] = before
 
 
-def _child(job: Job, r: int, w: int) -> None:  # pragma: no cover - runs in the forked child
-    global _CHILD_PIPE
+def _child(job: Job, conn: Any, ticks: Any, parent: int) -> None:  # pragma: no cover - runs in the forked child
+    """The part, in the child; it ends the process itself (nothing of the parent's exit handlers runs here, and
+    nothing is written to stderr: the parent says what happened)."""
+    global _CHILD_TICKS
     code = 0
     try:
-        os.close(r)
+        _CHILD_TICKS = ticks
         for other in job._workers._running:  # the pipes of the parent's other children are not this one's
-            try:
-                os.close(other._fd)
-            except OSError:
-                pass
+            other._conn.close()
         job._workers._running = []
-        _CHILD_PIPE = w
-        os.set_blocking(w, False)  # (ticks: never wait for a busy parent)
         for sig in (signal.SIGINT, signal.SIGTERM):  # an interrupt ends the child; the parent says what happened
             signal.signal(sig, signal.SIG_DFL)
-        _die_with_parent(job._workers._parent)
+        _die_with_parent(parent)
         assert job._call is not None
         fn, args, kwargs = job._call
         try:
-            out = ("ok", fn(*args, **kwargs), None)
-            payload = pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
+            payload = pickle.dumps(("ok", fn(*args, **kwargs), None), protocol=pickle.HIGHEST_PROTOCOL)
         except BaseException as exc:
             payload = _error_payload(exc)
         _flush_ticks()
-        os.set_blocking(w, True)  # (the result: all of it, however long the parent takes to read it)
-        _send(w, b"R", payload)
+        conn.send_bytes(payload)  # (all of it, however long the parent takes to read it)
     except BaseException:
         code = 1
     finally:
@@ -317,13 +303,6 @@ def _error_payload(exc: BaseException) -> bytes:  # pragma: no cover - runs in t
         return pickle.dumps(("err", again, where), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _send(w: int, kind: bytes, payload: bytes) -> None:  # pragma: no cover - runs in the forked child
-    view = memoryview(_HEADER.pack(kind, len(payload)) + payload)
-    while view:
-        n = os.write(w, view)
-        view = view[n:]
-
-
 def _child_tick(n: int) -> None:  # pragma: no cover - runs in the forked child
     global _pending
     _pending += n
@@ -332,14 +311,11 @@ def _child_tick(n: int) -> None:  # pragma: no cover - runs in the forked child
 
 
 def _flush_ticks() -> None:  # pragma: no cover - runs in the forked child
-    """The ticks counted since the last ones sent, in one message of less than ``PIPE_BUF`` bytes (written whole or
-    not at all): when the pipe is full (the parent busy), they wait for the next time and the child goes on."""
+    """Add the ticks counted since the last time to the shared counter (a lock held for an addition)."""
     global _pending, _sent_at
     _sent_at = time.monotonic()
-    if _CHILD_PIPE is None or not _pending:
+    if _CHILD_TICKS is None or not _pending:
         return
-    try:
-        os.write(_CHILD_PIPE, _HEADER.pack(b"T", 8) + _pending.to_bytes(8, "little"))
-    except BlockingIOError:
-        return
+    with _CHILD_TICKS.get_lock():
+        _CHILD_TICKS.value += _pending
     _pending = 0
