@@ -169,9 +169,11 @@ def test_a_model_type_transformers_does_not_know_keeps_the_field_reading_and_say
     assert note in r.notes
 
 
-def test_falcon_new_decoder_architecture_transformers_caches_repeated_kv_heads():
-    # Falcon-40B: 8 KV heads (num_kv_heads, what vLLM and SGLang cache); transformers' FalconAttention repeats them
-    # to the 128 query heads before it writes its cache, so its DynamicCache holds 16x what the model needs
+def test_falcon_new_decoder_architecture_cache_heads_follow_the_installed_transformers():
+    # Falcon-40B: 8 KV heads (num_kv_heads, what vLLM and SGLang cache, and the arithmetic in every release).
+    # transformers' own cache: before 5.25 FalconAttention repeats them to the 128 query heads before it writes
+    # its cache (16x what the model needs); from 5.25 it caches the 8 (kvmath.transformers_cache_kv_heads cites
+    # both sources)
     from cachectl.engines.kv import live as kvlive
 
     assert kvmath.kv_shape(published("falcon-40b")).bytes_per_token == 2 * 60 * 8 * 64 * 2
@@ -183,9 +185,44 @@ def test_falcon_new_decoder_architecture_transformers_caches_repeated_kv_heads()
     torch.manual_seed(0)
     hf = transformers.AutoConfig.for_model(config.pop("model_type"), **config)
     run = kvlive.inspect_model(transformers.AutoModelForCausalLM.from_config(hf).eval(), PROMPT, max_new_tokens=1)
-    assert run.layers[0].keys_shape[1] == 8                                     # the query heads, not 2
-    groups = kvmath.layer_groups({**config, "model_type": "falcon"}, run.dtype)
-    assert run.measured_bytes == 4 * kvmath.kv_bytes(groups, run.seq_length)
+    config["model_type"] = "falcon"
+    served = kvmath.kv_bytes(kvmath.layer_groups(config, run.dtype), run.seq_length)
+    # what the model really cached: 8 heads (the query heads) or 2 (its KV heads), and nothing else
+    cached = run.layers[0].keys_shape[1]
+    assert cached in (2, 8) and run.measured_bytes == cached // 2 * served
+    # cachectl's rule for the installed release predicts it, and the other release's rule would not
+    installed = transformers.__version__
+    other = "5.24.0" if kvmath._release(installed) >= kvmath.FALCON_CACHES_KV_HEADS_SINCE else "5.25.0"
+    assert cached == (kvmath.transformers_cache_kv_heads(config, installed) or 2)
+    assert cached != (kvmath.transformers_cache_kv_heads(config, other) or 2)
+    assert run.measured_bytes == kvmath.kv_bytes(kvmath.transformers_cache_groups(config, installed, run.dtype),
+                                                 run.seq_length)
+    assert run.measured_bytes != kvmath.kv_bytes(kvmath.transformers_cache_groups(config, other, run.dtype),
+                                                 run.seq_length)
+    assert run.agree and run.predicted_bytes == run.measured_bytes
+    # the arithmetic (what a serving engine caches) does not move with transformers
+    assert kvmath.kv_shape(config, run.dtype).bytes_per_token == kvmath.layer_groups(config, run.dtype)[0].bytes_per_token
+
+
+def test_falcon_cache_rule_by_transformers_release():
+    falcon40 = published("falcon-40b")                     # 128 query heads, 8 KV heads, 60 layers, head_dim 64
+    assert kvmath.transformers_cache_kv_heads(falcon40, "5.24.0") == 128
+    assert kvmath.transformers_cache_kv_heads(falcon40, "5.0.0") == 128
+    for newer in ("5.25.0", "5.25.0.dev0", "5.26.1", "6.0.0"):
+        assert kvmath.transformers_cache_kv_heads(falcon40, newer) is None, newer
+    old = kvmath.transformers_cache_groups(falcon40, "5.24.0")
+    assert [(g.kv_heads, g.bytes_per_token) for g in old] == [(128, 2 * 60 * 128 * 64 * 2)]
+    assert kvmath.transformers_cache_groups(falcon40, "5.25.0") == kvmath.layer_groups(falcon40)
+    note = kvmath.transformers_cache_note(falcon40, "5.24.0")
+    assert note is not None and "16x" in note and kvmath.transformers_cache_note(falcon40, "5.25.0") is None
+    # multi-query Falcon-7B caches its one K/V head in both releases
+    for version in ("5.24.0", "5.25.0"):
+        assert kvmath.transformers_cache_kv_heads(published("falcon-7b"), version) is None
+        assert kvmath.transformers_cache_groups(published("falcon-7b"), version) == \
+            kvmath.layer_groups(published("falcon-7b"))
+    # a new-decoder config whose KV heads are its query heads caches them either way
+    same = {**falcon40, "num_kv_heads": 128}
+    assert kvmath.transformers_cache_kv_heads(same, "5.24.0") is None
 
 
 @pytest.mark.parametrize("name", sorted(SCALED))

@@ -178,6 +178,31 @@ def test_live_run_measures_what_the_config_predicts(cli, tmp_path):
     assert run["layers"][0]["keys_shape"] == [1, 2, run["seq_length"], 16]
 
 
+def test_live_run_of_a_new_decoder_falcon_agrees_with_the_installed_transformers(cli, tmp_path):
+    # 8 query heads in groups of 4 around 2 KV heads; transformers before 5.25 caches the 8 (and kv-inspect says
+    # so in a note), 5.25 and later the 2 (what the arithmetic above the run counts)
+    import transformers
+
+    from .conftest import TOK_DIR
+
+    model = tmp_path / "falcon"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(
+        {"model_type": "falcon", "new_decoder_architecture": True, "vocab_size": 1300, "hidden_size": 64,
+         "num_attention_heads": 8, "num_kv_heads": 2, "num_hidden_layers": 2, "torch_dtype": "float32"}))
+    r = cli("kv-inspect", model, "--run", "--random-weights", "--prompt", "How do I reset my password?",
+            "--tokenizer", TOK_DIR, "--max-new-tokens", "3", "--threads", "1", "-f", "json")
+    assert r.exit_code == 0, r.stderr
+    out = json.loads(r.stdout)
+    run = out["run"]
+    repeats = kvmath._release(transformers.__version__) < kvmath.FALCON_CACHES_KV_HEADS_SINCE
+    heads = 8 if repeats else 2
+    assert run["layers"][0]["keys_shape"] == [1, heads, run["seq_length"], 8]
+    assert run["agree"] and run["measured_bytes"] == run["predicted_bytes"] == 2 * 2 * heads * run["seq_length"] * 8 * 4
+    assert out["bytes_per_token"] == 2 * 2 * 2 * 8 * 4                      # the arithmetic: 2 KV heads, always
+    assert any("repeated to the 8 query heads" in n for n in out["notes"]) == repeats
+
+
 def test_live_run_needs_weights_or_random(cli, tmp_path):
     r = cli("kv-inspect", "llama-3.1-8b", "--run", "--prompt", "hi", "--tokenizer", str(tmp_path))
     assert r.exit_code == 2

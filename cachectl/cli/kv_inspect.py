@@ -210,7 +210,8 @@ def _with_runs(o: Options, model: tuple, report):
                                threads=o.threads)
         if o.dtype is None and live.dtype != report.dtype and live.dtype in kvmath.DTYPE_BYTES:
             report = _static(o, model, live.dtype)  # the dtype the run measured, not bf16 over fp32
-        report = dataclasses.replace(report, run=live)
+        note = kvlive.cache_note(config)
+        report = dataclasses.replace(report, run=live, notes=(*report.notes, note) if note else report.notes)
     if o.quantized:
         report = dataclasses.replace(report, quantized=kvlive.run_quantized(
             o.model, config, ids, backend=o.quantized, nbits=o.nbits, max_new_tokens=o.max_new_tokens,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 import struct
 import warnings
 from dataclasses import dataclass
@@ -518,6 +519,75 @@ def layer_groups(config: dict, dtype: str = "bf16", source: str = "config.json")
                                      layer.value_dim))
     return tuple(groups)
 
+
+#: the first transformers release whose FalconAttention caches a ``new_decoder_architecture`` Falcon's
+#: ``num_kv_heads`` K/V heads; earlier releases repeat them to the query heads before they write the cache
+FALCON_CACHES_KV_HEADS_SINCE = (5, 25)
+
+
+def _release(version: str) -> tuple[int, int]:
+    """(major, minor) of a transformers version string ("5.25.0", "5.25.0.dev0", "5.24.1+local")."""
+    m = re.match(r"\s*(\d+)\.(\d+)", version)
+    if m is None:
+        raise UsageError(f"cannot read the transformers version {version!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def transformers_cache_kv_heads(config: dict, transformers_version: str) -> int | None:
+    """The K/V heads per layer that transformers ``transformers_version`` writes into its cache (a
+    ``DynamicCache``) where they are not the heads the model has, else None.
+
+    Falcon with ``new_decoder_architecture`` (Falcon-40B/180B: 8 KV heads for 128 query heads):
+
+    - transformers 5.24 (``models/falcon/modeling_falcon.py``): ``FalconAttention._split_heads`` broadcasts each
+      group's key and value to the query shape (lines 254-262, ``torch.broadcast_to(key, query.shape)``),
+      ``forward`` reshapes them to ``num_kv_heads = self.num_heads if self.new_decoder_architecture`` heads
+      (lines 313, 320-321) and caches that (``layer_past.update``, line 328); ``FalconFlashAttention2`` the same
+      (lines 442, 449-450, 457). The cache holds ``num_attention_heads`` heads.
+    - transformers 5.25 (same file): ``forward`` takes one key and one value per ``num_kv_heads`` group
+      (lines 297-301; ``self.num_kv_heads = config.num_kv_heads``, line 278) and caches them
+      (``layer_past.update``, line 318); the repetition to the query heads happens after the cache, inside the
+      attention function (``repeat_kv`` in ``eager_attention_forward``, lines 222-223). The cache holds
+      ``num_kv_heads`` heads, what :func:`layer_groups` counts.
+
+    Multi-query and the original (non-new) Falcon cache 1 and ``num_attention_heads`` heads in both releases,
+    as :func:`layer_groups` counts. This describes transformers' own cache only: vLLM and SGLang cache the
+    model's ``num_kv_heads`` (the arithmetic of :func:`layer_groups` and :func:`kv_shape`), and the weights
+    are ``num_kv_heads`` wide in every release."""
+    cfg = _text_config(config)
+    if model_type(config) == "falcon" and cfg.get("new_decoder_architecture") and \
+            _release(transformers_version) < FALCON_CACHES_KV_HEADS_SINCE:
+        heads = _int(cfg, "num_attention_heads", "config")
+        return heads if heads != cfg.get("num_key_value_heads") else None
+    return None
+
+
+def transformers_cache_groups(config: dict, transformers_version: str, dtype: str = "bf16",
+                              source: str = "config.json") -> tuple[LayerGroup, ...]:
+    """The layer groups of the cache transformers ``transformers_version`` fills for this model (what a live
+    run measures): :func:`layer_groups`, with the K/V heads :func:`transformers_cache_kv_heads` gives where
+    that transformers caches other heads than the model has."""
+    groups = layer_groups(config, dtype, source)
+    heads = transformers_cache_kv_heads(config, transformers_version)
+    if heads is None:
+        return groups
+    nbytes = DTYPE_BYTES[dtype]
+    return tuple(g if g.kv_heads is None or g.head_dim is None else
+                 LayerGroup(g.type, g.layers, g.window, g.layers * heads * (g.head_dim + (g.value_dim or g.head_dim))
+                            * nbytes, heads, g.head_dim, g.value_dim)
+                 for g in groups)
+
+
+def transformers_cache_note(config: dict, transformers_version: str) -> str | None:
+    """A note where transformers' own cache holds more than the arithmetic (what vLLM and SGLang cache)."""
+    heads = transformers_cache_kv_heads(config, transformers_version)
+    if heads is None:
+        return None
+    kv = _text_config(config).get("num_key_value_heads")
+    return (f"transformers {transformers_version} caches Falcon's {kv} KV heads repeated to the {heads} query heads "
+            f"(new_decoder_architecture; transformers 5.25 and later cache the {kv}): its DynamicCache holds "
+            f"{heads / kv:g}x the bytes per token above, which are what vLLM and SGLang cache"
+            if isinstance(kv, int) and kv > 0 else None)
 
 def kv_shape(config: dict[str, Any], dtype: str = "bf16", source: str = "config.json") -> KvShape:
     """Bytes of K and V per token over all layers (below any sliding window)."""

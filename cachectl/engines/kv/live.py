@@ -48,7 +48,8 @@ class LiveRun:
     #: prompt + generated - 1: the last generated token's K/V is computed only when it is fed back
     expected_seq_length: int
     measured_bytes: int
-    #: from the model's config and dtype at expected_seq_length tokens (not from the cache itself)
+    #: from the model's config and dtype at expected_seq_length tokens (not from the cache itself), as the installed
+    #: transformers caches it (Falcon new_decoder_architecture before 5.25: the KV heads repeated to the query heads)
     predicted_bytes: float
     #: seq_length == expected_seq_length and measured_bytes == predicted_bytes
     agree: bool
@@ -125,6 +126,18 @@ def _load_model(spec: str, config: dict, random_weights: bool):
         raise InputError(f"cannot load the model: {str(exc).strip().splitlines()[0]}", source=str(path)) from None
 
 
+def transformers_version() -> str:
+    import transformers
+
+    return str(transformers.__version__)
+
+
+def cache_note(config: dict) -> str | None:
+    """A note where the installed transformers' cache holds more than the config arithmetic (what vLLM and SGLang
+    cache): Falcon's new_decoder_architecture before transformers 5.25."""
+    return kvmath.transformers_cache_note(config, transformers_version())
+
+
 def run_live(spec: str, config: dict, prompt_ids: Sequence[int], *, max_new_tokens: int = 20,
              random_weights: bool = False, seed: int = 0, threads: int | None = None) -> LiveRun:
     """Prefill ``prompt_ids`` into a DynamicCache, decode greedily, and measure the cache."""
@@ -175,7 +188,8 @@ def inspect_model(model: Any, prompt_ids: Sequence[int], *, max_new_tokens: int 
     # The prediction comes from the config and the model's dtype at the length the decode loop implies,
     # never from the cache being checked: an empty or mis-fed cache cannot agree with it.
     dtype = _TORCH_DTYPES.get(str(getattr(model, "dtype", "torch.float32")), "fp32")
-    groups = kvmath.layer_groups(model.config.to_dict(), dtype, "model config")
+    # what the installed transformers caches, which is not always what the model needs (Falcon before 5.25)
+    groups = kvmath.transformers_cache_groups(model.config.to_dict(), transformers_version(), dtype, "model config")
     # transformers keeps window - 1 tokens in a sliding layer
     predicted = sum(g.bytes_per_token * (min(expected, g.window - 1) if g.window else expected) for g in groups)
     agree = seq_length == expected and abs(measured - predicted) < 1
