@@ -282,6 +282,9 @@ def _read_through_transformers(text: str) -> tuple[dict, str | None]:
     if kv is not None:
         d["num_key_value_heads"] = kv
     d["model_type"] = text_type
+    # to_dict() stamps the installed transformers' version over whatever the file says: bookkeeping, not a reading
+    # (kept out, the shipped readings stay equal across releases that read the configs alike, as 5.24 and 5.25 do)
+    d.pop("transformers_version", None)
     d[DEFAULTS_KEY] = _filled_by_the_class(hf, sub, config, d, kv_override=kv is not None)
     return d, None
 
