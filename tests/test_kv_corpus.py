@@ -290,3 +290,92 @@ def test_a_catalog_name_is_read_without_importing_transformers():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
+
+
+# ------------------------------------------------------------------------- MLA configs that list layer_types
+
+_MLA = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 256, "kv_lora_rank": 16,
+        "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16, "intermediate_size": 96,
+        "moe_intermediate_size": 32, "torch_dtype": "float32"}
+_DSA = {**_MLA, "num_hidden_layers": 2, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
+        "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "q_lora_rank": 24, "index_head_dim": 16,
+        "index_n_heads": 2, "index_topk": 8}
+#: DeepSeek-V3.2 and GLM-MoE-DSA list every layer "indexed_attention", Kimi Linear "full_attention" (MLA) and
+#: "linear_attention" (KDA, a fixed state): all MLA, not num_key_value_heads x head_dim per layer
+LISTED_MLA = {
+    "deepseek_v32": {"model_type": "deepseek_v32", **_DSA},
+    "glm_moe_dsa": {"model_type": "glm_moe_dsa", **_DSA},
+    "kimi_linear": {"model_type": "kimi_linear", **_MLA, "num_hidden_layers": 4, "pad_token_id": 0,
+                    "bos_token_id": 1, "eos_token_id": 2, "num_experts": 4, "num_experts_per_token": 2,
+                    "linear_attn_config": {"head_dim": 16, "num_heads": 4, "short_conv_kernel_size": 4,
+                                           "full_attn_layers": [2, 4], "kda_layers": [1, 3]}},
+}
+
+
+def _listed_mla(mt: str) -> dict:
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if mt not in CONFIG_MAPPING_NAMES:
+        pytest.skip(f"transformers {transformers.__version__} has no {mt}")
+    return dict(LISTED_MLA[mt])
+
+
+@pytest.mark.parametrize("mt", sorted(LISTED_MLA))
+def test_mla_layers_listed_as_attention_are_counted_as_mla(mt):
+    c = _listed_mla(mt)
+    latent = c["kv_lora_rank"] + c["qk_rope_head_dim"]                 # 16 + 8 per token per MLA layer
+    mla_layers = 2                                                      # DSA: both layers; Kimi: layers 2 and 4
+    groups = {g.type: g for g in kvmath.layer_groups(c, "bf16")}
+    assert groups["mla"].layers == mla_layers
+    assert groups["mla"].bytes_per_token == mla_layers * latent * 2
+    if mt == "kimi_linear":
+        assert set(groups) == {"mla", "no_kv"} and groups["no_kv"].layers == 2   # KDA: a fixed state, no KV
+        expected = mla_layers * latent * 2
+    else:
+        # the indexer's key, as vLLM caches it: index_head_dim fp8 values + a 4-byte fp32 scale per 128 of them
+        ik = groups[kvmath.INDEXER_KEYS]
+        assert ik.layers == 2 and ik.bytes_per_token == 2 * (c["index_head_dim"] + c["index_head_dim"] // 128 * 4)
+        expected = mla_layers * latent * 2 + 2 * c["index_head_dim"]
+    shape = kvmath.kv_shape(c, "bf16")
+    assert shape.bytes_per_token == expected and shape.mla_dim == latent
+    # not the per-head arithmetic the listed kinds used to get: 2 x 4 KV heads x head_dim per layer
+    assert shape.bytes_per_token != 2 * mla_layers * c["num_key_value_heads"] * 2 * 8 * 2
+
+
+def test_dsa_indexer_keys_at_deepseek_v32_scale():
+    # DeepSeek-V3.2's shape: 61 layers, latent 512 + 64, index_head_dim 128 -> 128 fp8 + 4 scale bytes per layer
+    c = {**_listed_mla("deepseek_v32"), "num_hidden_layers": 61, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+         "index_head_dim": 128, "hidden_size": 7168, "num_attention_heads": 128, "num_key_value_heads": 128}
+    assert kvmath.kv_shape(c, "bf16").bytes_per_token == 61 * (512 + 64) * 2 + 61 * (128 + 4)
+    r = kvmath.inspect_config(c, model="dsv32", source="s", contexts=(4096,))
+    assert any("indexer" in n and "132 bytes" in n for n in r.notes)
+
+
+def test_glm_dsa_shared_indexer_layers_cache_no_indexer_keys():
+    # IndexCache: "shared" layers reuse the previous layer's top-k and run no indexer (no indexer keys)
+    c = {**_listed_mla("glm_moe_dsa"), "num_hidden_layers": 4, "indexer_types": ["full", "shared", "full", "shared"]}
+    groups = {g.type: g for g in kvmath.layer_groups(c, "fp32")}
+    assert groups["mla"].layers == 4 and groups[kvmath.INDEXER_KEYS].layers == 2
+
+
+@pytest.mark.parametrize("mt", sorted(LISTED_MLA))
+def test_listed_mla_live_cache_agrees(mt):
+    import torch
+    import transformers
+
+    from cachectl.engines.kv import live as kvlive
+
+    c = _listed_mla(mt)
+    kwargs = {k: v for k, v in c.items() if k != "model_type"}
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(mt, **kwargs)).eval()
+    run = kvlive.inspect_model(model, PROMPT, max_new_tokens=NEW_TOKENS)
+    seq = len(PROMPT) + NEW_TOKENS - 1
+    latent_bytes = 2 * (c["kv_lora_rank"] + c["qk_rope_head_dim"]) * 4 * seq     # 2 MLA layers, fp32
+    indexer_bytes = 0 if mt == "kimi_linear" else 2 * c["index_head_dim"] * 4 * seq   # transformers: model dtype
+    assert run.seq_length == seq and run.dtype == "fp32"
+    assert run.measured_bytes == latent_bytes + indexer_bytes, run.layers
+    assert run.agree and run.predicted_bytes == run.measured_bytes
+    if indexer_bytes:
+        assert all(layer.indexer_keys_shape == (1, seq, c["index_head_dim"]) for layer in run.layers)

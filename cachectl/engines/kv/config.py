@@ -2,8 +2,9 @@
 
 bytes per token = 2 (K and V) x layers x KV heads x head_dim x dtype bytes, with ``head_dim`` from the
 config when it has one, GQA/MQA through ``num_key_value_heads``, MLA caches as ``kv_lora_rank +
-qk_rope_head_dim`` per layer (one latent, no separate V), sliding-window layers capped at their window,
-and layers without attention KV (linear attention, Mamba) counted as zero.
+qk_rope_head_dim`` per layer (one latent, no separate V; also where ``layer_types`` lists the layers as attention),
+DeepSeek sparse attention's indexer keys as a group of their own (as vLLM caches them), sliding-window layers
+capped at their window, and layers without attention KV (linear attention, Mamba) counted as zero.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class KvShape:
 class LayerGroup:
     """Layers that cache the same way."""
 
-    type: str                    # full_attention | sliding_attention | mla | no_kv | shared_kv
+    type: str                    # full_attention | sliding_attention | mla | no_kv | shared_kv | indexer_keys
     layers: int
     window: int | None
     bytes_per_token: float       # for all layers of the group together
@@ -424,6 +425,15 @@ def layer_types(config: dict, source: str = "config.json") -> list[str]:
         if len(listed) != n:
             raise InputError(f"lists {len(listed)} layer types for {n} layers", source=source, field="layer_types")
         types = [str(t) for t in listed]
+        if cfg.get("kv_lora_rank"):
+            # multi-head latent attention: a listed attention kind caches the latent, not per-head K/V. transformers
+            # 5.24 (line numbers of 5.24; 5.25 caches the same): DeepSeek-V3.2 lists every layer "indexed_attention"
+            # (configuration_deepseek_v32.py 137-138) and caches kv_pass (kv_lora_rank) and k_rot (qk_rope_head_dim)
+            # as keys and values of one head (modeling_deepseek_v32.py 420-430); GLM-MoE-DSA the same
+            # (configuration_glm_moe_dsa.py 157-158, modeling_glm_moe_dsa.py 388-399); Kimi Linear lists
+            # "full_attention" (MLA: modeling_kimi_linear.py 285-294) and "linear_attention" (KDA: a fixed recurrent
+            # and conv state, modeling_kimi_linear.py 638-709, no per-token KV) (configuration_kimi_linear.py 128-139)
+            types = [t if t in _NO_KV or t == "shared_kv" else "mla" for t in types]
     elif cfg.get("kv_lora_rank"):
         types = ["mla"] * n
     elif cfg.get("sliding_window") and cfg.get("use_sliding_window", True) is not False:
@@ -520,7 +530,56 @@ def layer_groups(config: dict, dtype: str = "bf16", source: str = "config.json")
             per = layer.kv_heads * (layer.head_dim + layer.value_dim) * nbytes
             groups.append(LayerGroup(layer.type, n, layer.window, n * per, layer.kv_heads, layer.head_dim,
                                      layer.value_dim))
+    indexed = indexer_layers(config, source)
+    if indexed:
+        index_dim = _int(cfg, "index_head_dim", source, config)
+        groups.append(LayerGroup(INDEXER_KEYS, indexed, None, indexed * indexer_key_bytes(index_dim),
+                                 head_dim=index_dim))
     return tuple(groups)
+
+
+#: the layer group of the DeepSeek sparse attention ("DSA") indexer's keys: one key of ``index_head_dim`` per token
+#: per layer that runs an indexer, cached beside the MLA latent
+INDEXER_KEYS = "indexer_keys"
+#: vLLM's indexer cache quantizes each block of 128 values to fp8 with one fp32 scale
+INDEXER_QUANT_BLOCK = 128
+
+
+def indexer_key_bytes(index_head_dim: int) -> float:
+    """Bytes per token per layer of the DSA indexer's key cache as vLLM allocates it, whatever the --dtype:
+    ``index_head_dim + index_head_dim // 128 * 4`` uint8 (fp8 values and one fp32 scale per 128 of them; 132 for
+    DeepSeek-V3.2's 128). vllm-project/vllm 002d6073aa034d4f5545d45021b0e56d1f3c3593,
+    vllm/model_executor/models/deepseek_v2.py: ``Indexer.__init__`` (``quant_block_size = 128``, ``k_cache =
+    DeepseekV32IndexerCache(head_dim=self.head_dim + self.head_dim // self.quant_block_size * 4,
+    dtype=torch.uint8)``), whose ``get_kv_cache_spec`` is an ``MLAAttentionSpec`` of one head of that size.
+    SGLang's ``NSATokenToKVPool`` (python/sglang/srt/mem_cache/memory_pool.py) allocates the same
+    ``index_head_dim + index_head_dim // quant_block_size * 4`` bytes per token per layer (fp8 + fp32 scale), with a
+    bf16 option in some releases. transformers caches the key unquantized in the model's dtype
+    (:func:`transformers_cache_groups`)."""
+    return float(index_head_dim + index_head_dim // INDEXER_QUANT_BLOCK * 4)
+
+
+def indexer_layers(config: dict, source: str = "config.json") -> int:
+    """How many layers cache DSA indexer keys: MLA layers listed ``indexed_attention`` (transformers' DeepSeek-V3.2
+    and GLM-MoE-DSA; an unlisted MLA config with ``index_topk``, as vLLM's ``is_v32 = hasattr(config,
+    "index_topk")``), less those whose ``indexer_types`` entry is ``shared`` (GLM-MoE-DSA's IndexCache: they reuse the
+    previous layer's top-k and run no indexer; transformers modeling_glm_moe_dsa.py 348-349, vLLM
+    deepseek_v2.py ``_skip_topk``, same commit as :func:`indexer_key_bytes`)."""
+    cfg = _text_config(config)
+    if not cfg.get("kv_lora_rank"):
+        return 0
+    types = layer_types(config, source)
+    listed = cfg.get("layer_types")
+    if isinstance(listed, list):
+        runs = [str(t) == "indexed_attention" for t in listed]
+    elif cfg.get("index_topk"):
+        runs = [t == "mla" for t in types]
+    else:
+        return 0
+    shared = cfg.get("indexer_types")
+    if isinstance(shared, list) and len(shared) == len(runs):
+        runs = [r and s != "shared" for r, s in zip(runs, shared)]
+    return sum(r and t == "mla" for r, t in zip(runs, types))
 
 
 #: the first transformers release whose FalconAttention caches a ``new_decoder_architecture`` Falcon's
@@ -571,10 +630,15 @@ def transformers_cache_groups(config: dict, transformers_version: str, dtype: st
     run measures): :func:`layer_groups`, with the K/V heads :func:`transformers_cache_kv_heads` gives where
     that transformers caches other heads than the model has."""
     groups = layer_groups(config, dtype, source)
+    nbytes = DTYPE_BYTES[dtype]
+    # transformers keeps the DSA indexer's keys unquantized, in the model's dtype: DynamicIndexedLayer.indexer_keys
+    # [batch, seq, index_head_dim] (cache_utils.py 5.24 and 5.25: 316-349), written by the indexer (5.24:
+    # modeling_deepseek_v32.py 225-226, modeling_glm_moe_dsa.py 226-227)
+    groups = tuple(LayerGroup(g.type, g.layers, None, g.layers * (g.head_dim or 0) * nbytes, head_dim=g.head_dim)
+                   if g.type == INDEXER_KEYS else g for g in groups)
     heads = transformers_cache_kv_heads(config, transformers_version)
     if heads is None:
         return groups
-    nbytes = DTYPE_BYTES[dtype]
     return tuple(g if g.kv_heads is None or g.head_dim is None else
                  LayerGroup(g.type, g.layers, g.window, g.layers * heads * (g.head_dim + (g.value_dim or g.head_dim))
                             * nbytes, heads, g.head_dim, g.value_dim)
@@ -1330,6 +1394,12 @@ def inspect_config(config: dict, *, model: str, source: str, dtype: str = "bf16"
     # what the file leaves out and the output used (tie_word_embeddings among them when the weights are estimated)
     defaults = defaults_used(config, source, weights_estimated=bool(weights_source
                                                                      and weights_source.startswith("estimated")))
+    indexer = next((g for g in groups if g.type == INDEXER_KEYS), None)
+    if indexer is not None and indexer.head_dim:
+        notes.append(f"sparse attention (DSA): {indexer.layers} layers also cache the indexer's key of {indexer.head_dim} "
+                     f"values per token, counted as vLLM and SGLang keep it, fp8 with an fp32 scale per 128 "
+                     f"({indexer_key_bytes(indexer.head_dim):g} bytes per layer, whatever --dtype); transformers' "
+                     f"DynamicCache keeps it in the model's dtype ({indexer.head_dim} x dtype bytes)")
     if any(g.window for g in groups):
         notes.append("sliding-window layers hold at most their window (transformers keeps window - 1 tokens "
                      "while get_seq_length() reports the full count)")

@@ -37,6 +37,8 @@ class LiveLayer:
     values_shape: tuple[int, ...]
     dtype: str
     bytes: int
+    #: the DSA indexer's keys (DeepSeek-V3.2, GLM-MoE-DSA: ``indexer_keys`` of a DynamicIndexedLayer), counted in bytes
+    indexer_keys_shape: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -182,8 +184,15 @@ def inspect_model(model: Any, prompt_ids: Sequence[int], *, max_new_tokens: int 
         if k is None or v is None or not hasattr(k, "shape") or k.numel() == 0:
             continue
         nbytes = k.numel() * k.element_size() + v.numel() * v.element_size()
+        # sparse attention (DSA) keeps the indexer's keys beside the latent (transformers cache_utils.py
+        # DynamicIndexedLayer, 5.24 lines 316-349): part of what the cache holds
+        ik = getattr(layer, "indexer_keys", None)
+        ik_shape = None
+        if isinstance(ik, torch.Tensor) and ik.numel() > 0:
+            nbytes += ik.numel() * ik.element_size()
+            ik_shape = tuple(ik.shape)
         layers.append(LiveLayer(i, tuple(k.shape), tuple(v.shape), _TORCH_DTYPES.get(str(k.dtype), str(k.dtype)),
-                                int(nbytes)))
+                                int(nbytes), ik_shape))
         measured += nbytes
     # The prediction comes from the config and the model's dtype at the length the decode loop implies,
     # never from the cache being checked: an empty or mis-fed cache cannot agree with it.
