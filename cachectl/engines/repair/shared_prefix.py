@@ -57,8 +57,7 @@ class LogForks:
             return ()
         at = self._at[i]
         if at == -2:
-            reqs = self.requests
-            got = self.report.spans_to_move(reqs[i], analysed=True, tools_of=(reqs.tool_set(i), reqs.given(i)))
+            got = self.report.spans_to_move(self.requests[i], analysed=True)
             if got:
                 if self._spool is None:
                     self._spool = Spool()

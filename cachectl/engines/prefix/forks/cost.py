@@ -78,8 +78,7 @@ class _Analyzer:
                 self.progress(self._viewed)
                 self._viewed = 0
         tools = [t for t in plan if isinstance(t, _Tools)]
-        v = _view(self.reqs[k], tools, self.tok, self.rendered, self.reqs.tool_set(k) if tools else None,
-                  self.reqs.given(k) if tools else None)
+        v = _view(self.reqs[k], tools, self.tok, self.rendered, self.reqs.tool_set(k) if tools else None)
         if changed is not None and v.tools is not None:
             changed.append(next(j for j, t in enumerate(plan) if t is v.tools))
         for j, t in enumerate(plan):

@@ -105,15 +105,12 @@ class ForkReport:
         d["notes"] = list(self.notes)
         return d
 
-    def spans_to_move(self, request: ForkRequest, *, analysed: bool = False,
-                      tools_of: tuple[Any, Any] | None = None) -> tuple[MoveSpan, ...]:
+    def spans_to_move(self, request: ForkRequest, *, analysed: bool = False) -> tuple[MoveSpan, ...]:
         """For one request of the analysed log, every line that a fixable line fork moves out of its shared
         prefix, in the order the analysis moved them, located in the request's own fields. ``analysed``: the
-        request is the analysis's own (its store's, by index): its re-render under a tools fix is the analysis's.
-        ``tools_of``: the request's tools as its store keeps them (``tool_set``, ``given``), when known."""
+        request is the analysis's own (its store's, by index): its re-render under a tools fix is the analysis's."""
         tools = [t for t in self._plan if isinstance(t, _Tools)]
-        v = _view(request, tools, self._tokenizer, self._rendered if analysed else None,
-                  *(tools_of if tools_of is not None and tools else ()))
+        v = _view(request, tools, self._tokenizer, self._rendered if analysed else None)
         out = []
         for t in self._plan:
             if not isinstance(t, _LineMove):

@@ -29,7 +29,7 @@ from itertools import chain
 from typing import Any
 
 from ....errors import InputError
-from ....inputs import PromptInput, Request, cache_salt_of, compact, prompt_from_request, prompt_from_value, unwrap
+from ....inputs import PromptInput, Request, cache_salt_of, prompt_from_request, prompt_from_value, unwrap
 from ....inputs.prompt import check_ids
 from ....spool import Spool
 from ....tokenization import KeptOffsets, Span, Tokenized, _lazy_chat_spans
@@ -194,24 +194,6 @@ def _tool_identity(t: Any) -> str:
         return str(getattr(t, "content", t))
 
 
-def given_tools(tools: Sequence[Any] | None) -> str | None:
-    """A chat request's tools as the fork analysis compares them with a counterfactual's (``_as_given``: in order,
-    each serialized to its exact bytes, key order and value types included), joined by NUL (compact JSON holds
-    none); None without tools."""
-    return "\0".join(compact(t) for t in tools) if tools else None
-
-
-def message_texts(tok: Tokenized) -> tuple[str, ...]:
-    """The string contents of a rendered prompt's messages (a packed request's, without unpickling the rest)."""
-    if isinstance(tok, _LazyTokenized) and tok._cold is not None:
-        return tok._cold.texts()
-    return _texts_of(tok.prompt)
-
-
-def _texts_of(prompt: Any) -> tuple[str, ...]:
-    return tuple(m["content"] for m in prompt.messages or () if isinstance(m.get("content"), str))
-
-
 def _request_tools(r: ForkRequest) -> tuple[Any, ...] | None:
     if r.request is not None:
         tools = tuple(p for p in r.request.positions if p.segment == "tools")
@@ -226,8 +208,7 @@ class _Packed:
     pickled and packed (``cold``), the chat spans once an instrumented render found them, and the small fields the
     passes read for every request (its tools' identities, interned; its log fields and cache salt)."""
 
-    __slots__ = ("canonical", "cold", "fields", "given", "hot", "index", "line", "meta", "salt", "spans", "texts",
-                 "tools", "where", "whole")
+    __slots__ = ("cold", "fields", "hot", "index", "line", "meta", "salt", "spans", "tools", "where", "whole")
 
     def __init__(self, index: int, line: int | None, fields: tuple, salt: Any):
         self.index, self.line, self.fields, self.salt = index, line, fields, salt
@@ -243,70 +224,9 @@ class _Packed:
         self.whole: ForkRequest | None = None
         #: a re-render's place in a :class:`_RenderTable` and its key there (its spans, found later, are kept there)
         self.where: tuple[_RenderTable, tuple[int, int]] | None = None
-        #: the request is canonical (no tokenizer): its request is unpickled with it, not on first use
-        self.canonical = False
-        #: the spool index of its messages' string contents (:func:`message_texts`)
-        self.texts: int = -1
-        #: its tools as :func:`given_tools` joins them, interned (None without tools, or canonical)
-        self.given: str | None = None
 
 
 _TEXT_OFFSETS, _KNOWN_OFFSETS = 1, 2
-
-
-class _Cold:
-    """A packed request's prompt and spans (:class:`RequestStore`'s ``cold`` part), unpickled once, when first read;
-    its messages' string contents, packed apart, read without them."""
-
-    __slots__ = ("_at", "_disk", "_got", "_objects", "_texts")
-
-    def __init__(self, objects: ObjectCodec, disk: Spool, at: int, texts: tuple[ObjectCodec, int]) -> None:
-        self._objects, self._disk, self._at, self._texts = objects, disk, at, texts
-        self._got: tuple | None = None
-
-    def texts(self) -> tuple[str, ...]:
-        if self._got is not None:
-            return _texts_of(self._got[0])
-        codec, at = self._texts
-        return codec.loads(self._disk.get_bytes(at))
-
-    def _load(self) -> tuple:
-        if self._got is None:
-            self._got = self._objects.loads(self._disk.get_bytes(self._at))
-        return self._got
-
-    def prompt(self) -> Any:
-        return self._load()[0]
-
-    def spans(self) -> tuple[Span, ...]:
-        return self._load()[2]
-
-
-#: the slot that holds a :class:`Tokenized`'s prompt
-_PROMPT_SLOT: Any = Tokenized.__dict__["prompt"]
-
-
-class _LazyTokenized(Tokenized):
-    """A :class:`Tokenized` whose prompt is read from its :class:`_Cold` on first use."""
-
-    __slots__ = ("_cold",)
-
-    def __init__(self, cold: _Cold, *args: Any) -> None:
-        self._cold: _Cold | None = cold
-        super().__init__(None, *args)  # type: ignore[arg-type]  # (read on first use)
-
-    @property
-    def prompt(self) -> Any:
-        got = _PROMPT_SLOT.__get__(self)
-        if got is None and self._cold is not None:
-            got = self._cold.prompt()
-            _PROMPT_SLOT.__set__(self, got)
-            self._cold = None
-        return got
-
-    @prompt.setter
-    def prompt(self, value: Any) -> None:
-        _PROMPT_SLOT.__set__(self, value)
 
 
 class RequestStore(Sequence[ForkRequest]):
@@ -320,8 +240,6 @@ class RequestStore(Sequence[ForkRequest]):
     def __init__(self, recent: int = 64):
         self._render = RenderCodec()
         self._objects = ObjectCodec()
-        self._texts = ObjectCodec()  # the messages' contents, apart (:func:`message_texts`)
-        self._given: dict[str, str] = {}
         #: the packed bytes, in a temporary file (a pass reads each request's once)
         self._disk = Spool()
         self._recs: list[_Packed] = []
@@ -345,9 +263,6 @@ class RequestStore(Sequence[ForkRequest]):
             names = [_tool_identity(t) for t in mine]
             order = "\n".join(names)
             rec.tools = self._tools.get(order) or self._tools.setdefault(order, (order, tuple(sorted(names))))
-            if r.request is None:
-                given = given_tools(mine)
-                rec.given = self._given.setdefault(given, given) if given is not None else None
         try:
             self._pack(rec, r)
         except (ValueError, OverflowError, TypeError, pickle.PicklingError, AttributeError):
@@ -385,9 +300,6 @@ class RequestStore(Sequence[ForkRequest]):
             # spans reads it); a canonical one keeps it (its positions are its tokens)
             prompt = tok.prompt if r.request is not None or tok.prompt.request is None else replace(tok.prompt, request=None)
             rec.cold = self._disk.put_bytes(self._objects.dumps((prompt, r.request, None if lazy else tok.spans)))
-            rec.canonical = r.request is not None
-            if not rec.canonical and rec.index >= 0:  # (a re-render's prompt is the request's)
-                rec.texts = self._disk.put_bytes(self._texts.dumps(_texts_of(prompt)))
         rec.hot = self._disk.put_bytes(self._render.pack(ids, r.starts, ends, r.text))
 
     def __getitem__(self, k: int) -> ForkRequest:  # type: ignore[override]
@@ -405,11 +317,9 @@ class RequestStore(Sequence[ForkRequest]):
     def _unpack(self, rec: _Packed) -> ForkRequest:
         ids, starts, ends, text = self._render.unpack(self._disk.get_bytes(rec.hot))
         tok = request = None
-        if rec.cold >= 0 and rec.canonical:
+        if rec.cold >= 0:
             prompt, request, spans = self._objects.loads(self._disk.get_bytes(rec.cold))
             tok = self._tokenized(rec, prompt, ids, starts, ends, text, spans)
-        elif rec.cold >= 0:  # a rendered prompt: its prompt (and spans) unpickled when a pass first reads them
-            tok = self._lazy(rec, ids, starts, ends, text)
         return ForkRequest(index=rec.index, line=rec.line, ids=ids, text=text, starts=starts, tokenized=tok,
                            fields=rec.fields, salt=rec.salt, request=request)
 
@@ -420,21 +330,6 @@ class RequestStore(Sequence[ForkRequest]):
         enc = KeptOffsets(starts, ends) if kind == _KNOWN_OFFSETS else None
         return Tokenized(prompt, ids, text, enc, spans if spans is not None else partial(self._spans, rec, prompt, text),
                          handle, special, opts)
-
-    def _lazy(self, rec: _Packed, ids: array, starts: Any, ends: Any, text: str | None) -> Tokenized:
-        """A rendered request's :class:`Tokenized` whose prompt, and spans where they were packed with it, are
-        unpickled on first use (most views read only its tokens, text and offsets)."""
-        assert rec.meta is not None
-        kind, special, opts, handle, lazy = rec.meta
-        enc = KeptOffsets(starts, ends) if kind == _KNOWN_OFFSETS else None
-        cold = _Cold(self._objects, self._disk, rec.cold, (self._texts, rec.texts))
-        spans = partial(self._spans_of, rec, cold, text) if lazy else cold.spans
-        return _LazyTokenized(cold, ids, text, enc, spans, handle, special, opts)
-
-    def _spans_of(self, rec: _Packed, cold: _Cold, text: str | None) -> tuple[Span, ...]:
-        if rec.spans >= 0:  # found before: no prompt to read
-            return self._objects.loads(self._disk.get_bytes(rec.spans))
-        return self._spans(rec, cold.prompt(), text)
 
     def _spans(self, rec: _Packed, prompt: Any, text: str | None) -> tuple[Span, ...]:
         """A chat render's spans (an instrumented render, once per request: kept packed)."""
@@ -467,10 +362,6 @@ class RequestStore(Sequence[ForkRequest]):
         """Request ``k``'s tools' identities in order, joined by newlines (None without tools)."""
         t = self._recs[k].tools
         return t[0] if t is not None else None
-
-    def given(self, k: int) -> str | None:
-        """Request ``k``'s tools as :func:`given_tools` joins them (None without tools)."""
-        return self._recs[k].given
 
     def tool_set(self, k: int) -> tuple[str, ...] | None:
         """The same, sorted (the set a tools counterfactual matches)."""

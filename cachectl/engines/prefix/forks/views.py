@@ -10,7 +10,6 @@ import bisect
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from functools import cached_property
 from typing import Any
 
 from ....inputs import compact
@@ -23,8 +22,6 @@ from .requests import (
     _request_tools,
     _tool_identity,
     canonical_tokens,
-    given_tools,
-    message_texts,
 )
 
 
@@ -173,7 +170,7 @@ def _field_end(v: _View, c: int) -> int | None:
     nl = v.text.find("\n", c)
     if nl >= 0:  # the cheap case first: a message's content holds the rest of the line and its newline
         rest = v.text[c:nl + 1]
-        if any(rest in content for content in message_texts(tok)):
+        if any(isinstance(m.get("content"), str) and rest in m["content"] for m in tok.prompt.messages or ()):
             return None
     for sp in tok.spans:  # the spans (an instrumented render of a chat prompt, once per request)
         if sp.start <= c < sp.end:
@@ -191,27 +188,21 @@ class _Tools:
     code: str
     cause: str
 
-    @cached_property
-    def given(self) -> str | None:
-        """The reference's tools as :func:`_as_given` compares them, joined (compact JSON holds no NUL)."""
-        return given_tools(self.reference)
-
 
 _UNKNOWN: Any = object()
 
 
 def _view(r: ForkRequest, tools: Sequence[_Tools], tokenizer: Any, memo: _RenderTable | None = None,
-          ident: Any = _UNKNOWN, given: Any = _UNKNOWN) -> _View:
+          ident: Any = _UNKNOWN) -> _View:
     """``r`` under the tools counterfactuals in ``tools`` (re-rendered when one applies; ``memo`` keeps re-renders,
-    packed by its store). ``ident``: the sorted identities of ``r``'s tools, when known; ``given``: its tools as
-    :func:`given_tools` joins them (None without tools), when known."""
+    packed by its store). ``ident``: the sorted identities of ``r``'s tools, when known."""
     if tools and ident is _UNKNOWN:
         mine = _request_tools(r)
         ident = tuple(sorted(_tool_identity(t) for t in mine)) if mine else None
     if tools and ident:
         for t in tools:
             if t.identities == ident:
-                if r.request is None and (given == t.given if given is not _UNKNOWN else _as_given(r, t.reference)):
+                if r.request is None and _as_given(r, t.reference):
                     break  # the re-render would be the request's own render: nothing to render
                 key = (r.index, id(t))
                 if memo is not None and (got := memo.get(key)) is not None:
