@@ -92,7 +92,7 @@ def find_volatile(text: str, *, weekdays: bool = False) -> list[VolatileMatch]:
     return _find(text, weekdays)
 
 
-@functools.lru_cache(maxsize=2048)  # (at most 2,048 texts of 4,096 characters: a few MB)
+@functools.lru_cache(maxsize=2048)  # (at most 2,048 texts of up to 4,096 characters: 8 MB of ASCII text)
 def _memo(text: str, weekdays: bool) -> tuple[VolatileMatch, ...]:
     return tuple(_find(text, weekdays))
 
