@@ -304,3 +304,50 @@ def test_a_line_on_top_of_some_requests_only_is_the_value_not_the_stable_text_be
                                          r["body"]["messages"][1] | {"content": o["body"]["messages"][1]["content"]}]}
              for r, o in zip(rows, out)]
     assert rep.fixed_hit_tokens == _naive_hits(_served(tok, fixed))
+
+
+def _random_tree(seed: int) -> PrefixTree:
+    rng = random.Random(seed)
+    stems = [array("q", [rng.randrange(1 << 40) for _ in range(rng.randint(1, 6))]) for _ in range(20)]
+    tree = PrefixTree()
+    for k in range(500):  # shared heads, split edges, then tails of their own
+        head = array("q")
+        for s in rng.sample(stems, rng.randint(1, 3)):
+            head.extend(s)
+        tree.insert(head + array("q", [rng.randrange(1 << 40) for _ in range(rng.randint(0, 4))]), k)
+    return tree
+
+
+def test_a_released_tree_is_freed_without_the_garbage_collector():
+    """An edge's parent link and its parent's children make a cycle: a tree let go as it is waits for a collection
+    (the fork analysis builds one a pass); released, reference counting frees it at once."""
+    import gc
+
+    gc.collect()
+    gc.disable()
+    try:
+        tree = _random_tree(1)
+        del tree
+        assert gc.collect() > 1000  # (what release() is for: the edges, their key arrays and children dicts)
+        tree = _random_tree(1)
+        tree.release()
+        del tree
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+
+
+def test_the_fork_analysis_leaves_no_cyclic_garbage(tok):
+    """Its trees (each pass's, the pruned part of the first, the last one summarized) and the analyzer itself are
+    freed by reference counting when the analysis returns: nothing of it waits for the collector."""
+    import gc
+
+    reqs = list(fork_requests(iter_jsonl(str(SHARED)), source=str(SHARED), tokenizer=tok))
+    gc.collect()
+    gc.disable()
+    try:
+        rep = analyze_forks(reqs, tokenizer=tok, block_size=16, capacity_blocks=400)
+        assert rep.passes >= 2 and rep.tree and rep.fixed_tree  # several trees were built, two summarized
+        assert gc.collect() == 0
+    finally:
+        gc.enable()

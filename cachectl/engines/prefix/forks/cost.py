@@ -161,6 +161,8 @@ class _Analyzer:
                 hits0, first = hits, tree
                 _prune_to_summary(first)
             tree.leaves, tree.depths = [], array("q")  # a request's path is only needed in its own pass
+            if p:
+                tree.release()
             del tree  # (not alive while the next pass builds its own)
             if not added:
                 break
@@ -229,7 +231,12 @@ class _Analyzer:
         index = {id(f): k for k, f in enumerate(forks)}
         assert first is not None
         tree0 = _summary(first, self.bs, {n: index[id(f)] for n, f in fork_at.items()})
-        tree1 = _summary(self.tree_pass(plan, reuse=rec)[0], self.bs, {}) if plan else tree0
+        first.release()
+        tree1 = tree0
+        if plan:
+            last = self.tree_pass(plan, reuse=rec)[0]
+            tree1 = _summary(last, self.bs, {})
+            last.release()
         del rec
         return ForkReport(requests=len(self.reqs), query_tokens=self.reqs.tokens,
                           block_size=self.bs, capacity_blocks=self.cap, forks=tuple(forks), hit_tokens=hits0,
@@ -265,4 +272,7 @@ def analyze_forks(requests: Iterable[ForkRequest] | Iterable[tuple[int, Any]], *
         raise InputError("no requests", source=source)
     analyzer = _Analyzer(reqs, tokenizer=tokenizer, block_size=block_size, capacity_blocks=capacity_blocks,
                          user_fields=user_fields, max_forks=max_forks, max_values=max_values, progress=progress)
-    return analyzer.run(max_passes)
+    try:
+        return analyzer.run(max_passes)
+    finally:
+        del analyzer.causes  # (it holds analyzer.view: a cycle that would keep the analysis' tables until a collection)

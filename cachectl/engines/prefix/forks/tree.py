@@ -89,6 +89,13 @@ class PrefixTree:
         self._leaf(node, n)
         return n
 
+    def release(self) -> None:
+        """Unlink every edge from its parent, for a tree let go: reference counting then frees it at once. (An
+        edge's parent link and its parent's ``children`` make a cycle that only the garbage collector finds, and
+        a pass's tree lives long enough to reach its oldest generation: dead trees lingered until a full
+        collection.)"""
+        _unlink(self.root)
+
     def _leaf(self, edge: _Edge, depth: int) -> None:
         self.leaves.append(edge)
         self.depths.append(depth)
@@ -181,7 +188,18 @@ def _prune_to_summary(tree: PrefixTree) -> None:
     for e in expanded:
         for c in (e.children or {}).values():
             if id(c) not in keep:
+                _unlink(c)
                 c.children = None
+
+
+def _unlink(edge: _Edge) -> None:
+    """The edges below ``edge`` unlinked from their parents (see :meth:`PrefixTree.release`)."""
+    stack = list(edge.children.values()) if edge.children else []
+    while stack:
+        e = stack.pop()
+        e.parent = None
+        if e.children:
+            stack.extend(e.children.values())
 
 
 def _below(node: _Edge, marked: set[int]) -> bool:
