@@ -695,6 +695,11 @@ def handle_errors(fn: Callable) -> Callable:
             # Only in the process ``cachectl`` started: an app invoked in a longer-lived process (tests, a
             # notebook) keeps its collector as it was. main() turned the collector off for start-up.
             gc.freeze()
+            # A command's parsing allocates containers by the million, nearly all of them kept or freed by their
+            # count: with CPython's default (a young collection every 700 allocations, 5,082 of them and 37 full
+            # ones in a 20,000-request `report`) the collector took 10 of its 141 CPU seconds; every 10,000, 2.7
+            # (docs/benchmarks.md). Cyclic garbage waits a little longer for its collection.
+            gc.set_threshold(10_000, 10, 10)
             gc.enable()
         try:
             return fn(*args, **kwargs)
