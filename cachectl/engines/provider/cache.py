@@ -407,8 +407,11 @@ def parse_duration(text: str) -> float:
 # ------------------------------------------------------------------------------------------ token counts
 
 
-#: about how many bytes :class:`TextTokens` spends on memoized texts and their token IDs (the texts seen last)
-TEXT_TOKENS_MEMO_BYTES = 8 << 20
+#: about how many bytes :class:`TextTokens` spends on memoized texts and their token IDs (the texts seen last).
+#: ``report`` simulates the provider cache twice, far apart: its provider section, then the sweep over the fixed
+#: versions, whose unchanged texts are the section's. At 8 MB, 20,000 requests of the bench's log (about 40,000
+#: distinct texts) encoded every text twice (79,607 encodes, 41,018 at 32 MB; docs/benchmarks.md)
+TEXT_TOKENS_MEMO_BYTES = 32 << 20
 
 
 class TextTokens:
