@@ -6,8 +6,12 @@ at most --max-mb of log: a shape whose calls are large gets fewer, said in the c
 ``log_values`` (detection, the shape's reader, the record turned into cachectl's wrapper line), and each value
 parsed into the canonical request where it has a body. The baseline: the same calls written as cachectl's own
 wrapper lines (``Record.value()``), read and parsed the same way, each side's runs interleaved. Printed: the
-bytes per call of each log, CPU seconds for each and their ratio (the issue's bar: at most 1.5x), and the ratio of
-seconds per byte read (a shape whose log holds more than its records, a transcript's conversation, reads more).
+bytes per call of each log, CPU seconds for each and their ratio (the issue's bar: at most 1.5x), the ratio of
+seconds per byte read (a shape whose log holds more than its records, a transcript's conversation, reads more), and
+the parser's floor: the CPU seconds of only parsing the shape's file, every line by orjson (a JSONL shape), every
+event by libyaml (a cassette) or only reading the lines (a text log), over the wrapper's whole read. Where that
+floor is over 1.5x, no reader that parses its input can meet the bar: the shape's own bytes cost more to parse
+than the wrapper's whole read does.
 
     python bench/bench_formats.py --calls 100000
 """
@@ -89,6 +93,26 @@ def _read(path: Path, log_format: str | None) -> tuple[int, float]:
     return n, time.process_time() - start
 
 
+def _floor(path: Path) -> float:
+    """CPU seconds of only parsing ``path``: what any reader of the shape must at least do (see the docstring)."""
+    start = time.process_time()
+    with open(path, "rb") as fh:
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            for _ in yaml.parse(fh, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+                pass
+        elif path.suffix == ".jsonl":
+            loads = orjson.loads
+            for line in fh:
+                if not line.isspace():
+                    loads(line)
+        else:
+            for _ in fh:
+                pass
+    return time.process_time() - start
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=100_000)
@@ -100,7 +124,7 @@ def main() -> int:
 
     only = set(args.only.split(",")) if args.only else None
     print(f"{'shape':24} {'calls':>8} {'size':>9} {'B/call':>8} {'wrap B/c':>8} {'shape s':>9} {'wrapper s':>9} "
-          f"{'ratio':>6} {'per MB':>7}")
+          f"{'ratio':>6} {'per MB':>7} {'floor':>6}")
     worst = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         for module in MODULES:
@@ -114,10 +138,11 @@ def main() -> int:
             with open(wrapper, "wb") as fh:
                 for _, value in log_values(str(grown), name):
                     fh.write(orjson.dumps(value) + b"\n")
-            runs, wraps = [], []
+            runs, wraps, floors = [], [], []
             for _ in range(args.repeat):  # interleaved: a busy machine slows both sides alike
                 runs.append(_read(grown, None))
                 wraps.append(_read(wrapper, "native"))
+                floors.append(_floor(grown))
             calls = runs[0][0]
             assert calls == wraps[0][0], (name, calls, wraps[0][0])
             shape_s, wrap_s = min(t for _, t in runs), min(t for _, t in wraps)
@@ -126,8 +151,9 @@ def main() -> int:
             size, wrap_size = grown.stat().st_size, wrapper.stat().st_size
             # seconds per byte read, shape against wrapper: how the reader does on the bytes it has to read
             per_mb = (shape_s / size) / (wrap_s / wrap_size) if wrap_s else float("inf")
+            floor = min(floors) / wrap_s if wrap_s else float("inf")
             print(f"{name:24} {calls:>8,} {size >> 20:>6} MB {size / calls:>8,.0f} {wrap_size / calls:>8,.0f} "
-                  f"{shape_s:>9.2f} {wrap_s:>9.2f} {ratio:>5.2f}x {per_mb:>6.2f}x", flush=True)
+                  f"{shape_s:>9.2f} {wrap_s:>9.2f} {ratio:>5.2f}x {per_mb:>6.2f}x {floor:>5.2f}x", flush=True)
             grown.unlink()
             wrapper.unlink()
     print(f"worst ratio {worst:.2f}x (bar: 1.5x)")
