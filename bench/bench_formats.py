@@ -5,7 +5,8 @@ grown to N calls (its lines repeated with their ids made distinct per copy; a ca
 at most --max-mb of log: a shape whose calls are large gets fewer, said in the calls column), read through
 ``log_values`` (detection, the shape's reader, the record turned into cachectl's wrapper line), and each value
 parsed into the canonical request where it has a body. The baseline: the same calls written as cachectl's own
-wrapper lines (``Record.value()``), read and parsed the same way, each side's runs interleaved. Printed: the
+wrapper lines (``Record.value()``), read and parsed the same way, each side's runs interleaved, with the garbage
+collector set as a ``cachectl`` command sets it (``cachectl.cli.common.GC_THRESHOLDS``). Printed: the
 bytes per call of each log, CPU seconds for each and their ratio (the issue's bar: at most 1.5x), the ratio of
 seconds per byte read (a shape whose log holds more than its records, a transcript's conversation, reads more), and
 the parser's floor: the CPU seconds of only parsing the shape's file, every line by orjson (a JSONL shape), every
@@ -120,7 +121,13 @@ def main() -> int:
     ap.add_argument("--only", help="comma-separated shape names")
     ap.add_argument("--max-mb", type=int, default=300, help="the most a grown log may take (fewer calls then)")
     args = ap.parse_args()
+    import gc
+
+    from cachectl.cli.common import GC_THRESHOLDS
     from cachectl.inputs.formats import MODULES, SHAPES, log_values
+
+    gc.freeze()  # the collector as a cachectl command runs it: start-up's objects left alone, its thresholds
+    gc.set_threshold(*GC_THRESHOLDS)
 
     only = set(args.only.split(",")) if args.only else None
     print(f"{'shape':24} {'calls':>8} {'size':>9} {'B/call':>8} {'wrap B/c':>8} {'shape s':>9} {'wrapper s':>9} "

@@ -680,6 +680,12 @@ def _os_error(exc: OSError) -> str | None:
 #: set by :func:`cachectl.cli.main`: this process is the ``cachectl`` command and ends with it
 process_entry = False
 
+#: the collector's thresholds while a command runs (CPython's default: 700, 10, 10). A command's parsing allocates
+#: containers by the million, nearly all of them freed by reference counting or kept to the end: with the default,
+#: 5,082 young collections and 37 full ones took 10.0 of the 140.6 CPU seconds of a 20,000-request `report`; with
+#: these, 2.7 s (docs/benchmarks.md). Cyclic garbage waits a little longer for its collection.
+GC_THRESHOLDS = (10_000, 10, 10)
+
 
 def handle_errors(fn: Callable) -> Callable:
     """Turn the errors a user can cause into one line on stderr and exit code 2.
@@ -695,11 +701,7 @@ def handle_errors(fn: Callable) -> Callable:
             # Only in the process ``cachectl`` started: an app invoked in a longer-lived process (tests, a
             # notebook) keeps its collector as it was. main() turned the collector off for start-up.
             gc.freeze()
-            # A command's parsing allocates containers by the million, nearly all of them kept or freed by their
-            # count: with CPython's default (a young collection every 700 allocations, 5,082 of them and 37 full
-            # ones in a 20,000-request `report`) the collector took 10 of its 141 CPU seconds; every 10,000, 2.7
-            # (docs/benchmarks.md). Cyclic garbage waits a little longer for its collection.
-            gc.set_threshold(10_000, 10, 10)
+            gc.set_threshold(*GC_THRESHOLDS)
             gc.enable()
         try:
             return fn(*args, **kwargs)
