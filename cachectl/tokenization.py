@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import json
-import operator
 import os
 import pickle
 import re
@@ -25,7 +24,7 @@ import zlib
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
-from itertools import accumulate, chain
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
@@ -245,32 +244,59 @@ class _SizedBackend:
         setattr(self._backend, name, value)
 
 
-_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
-
-
 class KeptOffsets:
     """Each token's (start, end) in a render's text, as :class:`RenderMemo` keeps them (and as the fork analysis
     splices them): what :class:`Tokenized` reads of a ``tokenizers.Encoding`` (``offsets``, ``token_to_chars``),
     without encoding the text again. A token that
     covers no character (a special token the tokenizer added) reads (s, s), where the Encoding says None: both are
-    no character range to :meth:`Tokenized.char_range`."""
+    no character range to :meth:`Tokenized.char_range`. Read back from the memo (:meth:`unpacked`), the two arrays
+    are made on first use: most readers of a kept render want only its IDs."""
 
-    __slots__ = ("ends", "starts")
+    __slots__ = ("_ends", "_packed", "_starts")
 
     def __init__(self, starts: Sequence[int], ends: Sequence[int]) -> None:
-        self.starts, self.ends = starts, ends
+        self._starts, self._ends = starts, ends
+        self._packed: tuple[bytes, int, int] | None = None
 
     @classmethod
-    def unpacked(cls, steps: array, lengths: array) -> KeptOffsets:
-        starts = array("I", accumulate(steps))  # (4 bytes a token each: a render is far shorter than 4 GiB)
-        return cls(starts, array("I", map(operator.add, starts, lengths)))
+    def unpacked(cls, raw: bytes, at: int, n: int) -> KeptOffsets:
+        """The offsets :meth:`RenderMemo.put_ids` packed in ``raw`` from byte ``at``: ``n`` steps from the previous
+        token's start, then ``n`` lengths (int32 each)."""
+        got = cls.__new__(cls)
+        got._starts = got._ends = None
+        got._packed = (raw, at, n)
+        return got
+
+    def _unpack(self) -> None:
+        import numpy as np
+
+        assert self._packed is not None
+        raw, at, n = self._packed
+        starts = np.cumsum(np.frombuffer(raw, np.int32, n, at), dtype=np.int64)
+        ends = starts + np.frombuffer(raw, np.int32, n, at + 4 * n)
+        # (4 bytes a token each: put_ids keeps no offsets past 2 GiB, so neither wraps)
+        self._starts, self._ends = array("I", starts.astype(np.uint32).tobytes()), array("I", ends.astype(np.uint32).tobytes())
+        self._packed = None
+
+    @property
+    def starts(self) -> Sequence[int]:
+        if self._packed is not None:
+            self._unpack()
+        return self._starts
+
+    @property
+    def ends(self) -> Sequence[int]:
+        if self._packed is not None:
+            self._unpack()
+        return self._ends
 
     @property
     def offsets(self) -> list[tuple[int, int]]:
         return list(zip(self.starts, self.ends))
 
     def token_to_chars(self, i: int) -> tuple[int, int] | None:
-        return (self.starts[i], self.ends[i]) if 0 <= i < len(self.starts) else None
+        starts = self.starts
+        return (starts[i], self.ends[i]) if 0 <= i < len(starts) else None
 
 
 class RenderMemo:
@@ -346,23 +372,21 @@ class RenderMemo:
         ids.frombytes(raw[8:8 + 4 * n])
         if len(raw) == 8 + 4 * n:
             return ids, None
-        steps, lengths = array("i"), array("i")
-        steps.frombytes(raw[8 + 4 * n:8 + 8 * n])
-        lengths.frombytes(raw[8 + 8 * n:])
-        return ids, KeptOffsets.unpacked(steps, lengths)
+        return ids, KeptOffsets.unpacked(raw, 8 + 4 * n, n)
 
     def put_ids(self, key: bytes, ids: Sequence[int], offsets: Sequence[tuple[int, int]] | None = None) -> None:
         """Keep the token IDs of the render kept under ``key`` (encoded as chat renders are: no special tokens
         added), and each token's (start, end) in it when given, compressed (the offsets as the step from the
         previous token's start and the length: mostly small, mostly alike)."""
         payload = len(ids).to_bytes(8, "little") + array("I", ids).tobytes()
-        if offsets is not None:
-            try:
-                starts = array("q", map(_FIRST, offsets))
-                steps = array("i", map(operator.sub, starts, chain((0,), starts)))
-                payload += steps.tobytes() + array("i", map(operator.sub, map(_SECOND, offsets), starts)).tobytes()
-            except OverflowError:  # (a text past 2 GiB, where CACHECTL_MAX_TOKENIZE_CHARS allows one: IDs only)
-                pass
+        if offsets is not None and len(offsets):
+            import numpy as np
+
+            flat = np.fromiter(chain.from_iterable(offsets), np.int64, 2 * len(offsets))
+            steps, lengths = np.diff(flat[0::2], prepend=0), flat[1::2] - flat[0::2]
+            if max(-int(steps.min()), int(steps.max()), int(lengths.max())) < 2**31:
+                payload += steps.astype(np.int32).tobytes() + lengths.astype(np.int32).tobytes()
+            # (else a text past 2 GiB, where CACHECTL_MAX_TOKENIZE_CHARS allows one: IDs only)
         blob = zlib.compress(payload, 1)
         with self._lock:
             self._write(self._ids, key, blob)

@@ -8,6 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cachectl.inputs import PromptInput
 from cachectl.tokenization import RenderMemo, load_tokenizer
@@ -144,3 +146,24 @@ def test_remembered_offsets_locate_every_token_as_the_encoding_does():
     # bytes of one character are tokens of one character range (overlapping offsets)
     assert any(len(set(w.offsets()[i:i + 2])) == 1 for w in want for i in range(len(w.ids) - 1))
     assert isinstance(again[0].encoding.starts, array)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2**31 - 1), st.integers(0, 2**20), st.integers(0, 2**32 - 1)),
+                max_size=60))
+def test_kept_offsets_come_back_as_given(rows):
+    """The offsets put_ids packs (steps between starts, which may go back, and lengths) come back as given, made
+    on first use; past the int32 range the IDs alone are kept."""
+    offsets = [(s, s + n) for s, n, _ in rows]
+    ids = [i for _, _, i in rows]
+    memo = RenderMemo()
+    memo.put_ids(b"k" * 16, ids, offsets)
+    got_ids, kept = memo.get_kept(b"k" * 16)
+    assert list(got_ids) == ids
+    if not rows:
+        assert kept is None
+        return
+    assert kept.offsets == offsets
+    assert kept.token_to_chars(len(ids) - 1) == offsets[-1] and kept.token_to_chars(len(ids)) is None
+    memo.put_ids(b"j" * 16, [1], [(2**31, 2**31 + 1)])
+    assert memo.get_kept(b"j" * 16)[1] is None
