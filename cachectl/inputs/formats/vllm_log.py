@@ -64,13 +64,18 @@ _RECEIVED = re.compile(r"Received request (\S+?): ")
 _RECEIVED_OPENER = "Received request "
 _DETAILS = re.compile(r"Request (\S+?) details: ")
 _IDS = re.compile(r"prompt[_ ]token[_ ]ids: (None|\[[0-9, ]*\])")
-_LORA = re.compile(r"lora_request: (None|LoRARequest\(.*?\))(?:, prompt_adapter_request|\.?$)")
+#: the LoRA adapter: ``LoRARequest(`` up to the first ``)`` followed by the next field or the line's end; each
+#: ``[^)\n]*\)`` runs to the next ``)`` (as ``.*?\)`` would, one character at a time), lazily: the same matches
+_LORA = re.compile(r"lora_request: (None|LoRARequest\((?:[^)\n]*\))+?)(?:, prompt_adapter_request|\.?$)")
+_LORA_OPENER = "lora_request: "
 _LORA_NAME = re.compile(r"lora_name='([^']*)'")
 #: how the message of a request line starts (INFO ``Received request``, DEBUG ``Request ... details``)
 _REQUEST_LINE = (b"Received request ", b"Request ")
 #: the prefix ends within a line's first 400 bytes, with ``] ``: a request line has one of these (``] `` and how
 #: its message starts) within its first ``_SEEN`` bytes
 _REQUEST_OPENERS = (b"] Received request ", b"] Request ")
+#: what both openers start with: a line without it within its first ``_SEEN`` bytes has neither (one scan)
+_OPENERS_START = b"] Re"
 _SEEN = 400 + len(b"Received request ")
 #: requests whose prompt lengths are looked at to infer a --max-log-len cap
 _CAP_WINDOW = 64
@@ -173,7 +178,13 @@ def _ids(text: str, where: dict[str, Any]) -> list[int] | None:
 
 
 def _lora(text: str) -> str | None:
-    m = _LORA.search(text)
+    """The adapter's name (or its whole ``LoRARequest(...)``) as ``_LORA.search`` finds it: a match starts with
+    ``lora_request: ``, so the pattern is matched where ``str.find`` finds that (the regex engine's own scan for
+    it costs more)."""
+    i = text.find(_LORA_OPENER)
+    m = None
+    while i >= 0 and (m := _LORA.match(text, i)) is None:
+        i = text.find(_LORA_OPENER, i + 1)
     if m is None or m.group(1) == "None":
         return None
     name = _LORA_NAME.search(m.group(1))
@@ -233,16 +244,14 @@ def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
             return replace(r, missing=(*r.missing, "the whole prompt (cut by --max-log-len)"))
         return r
 
-    def emit(r: Record) -> Iterator[Record]:
+    def emit(r: Record) -> Iterable[Record]:
+        """What to yield for ``r`` (a function, not a generator: one is not built per record)."""
         nonlocal emitted
         emitted += 1
         if capped:
-            yield flagged(r)
-            return
+            return (flagged(r),)
         window.append(r)
-        if len(window) < _CAP_WINDOW:
-            return
-        yield from close_window()
+        return close_window() if len(window) >= _CAP_WINDOW else ()
 
     def close_window() -> Iterator[Record]:
         nonlocal cap, capped
@@ -257,7 +266,8 @@ def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
         window.clear()
 
     for n, raw in lines:
-        if raw.find(_REQUEST_OPENERS[0], 0, _SEEN) < 0 and raw.find(_REQUEST_OPENERS[1], 0, _SEEN) < 0:
+        if raw.find(_OPENERS_START, 0, _SEEN) < 0 or (raw.find(_REQUEST_OPENERS[0], 0, _SEEN) < 0
+                                                     and raw.find(_REQUEST_OPENERS[1], 0, _SEEN) < 0):
             skipped += 1  # no request line (nor vLLM's ``Added request``): told by C-speed scans, not the regex
             continue
         head = _PREFIX.search(raw, 0, 400)
