@@ -193,3 +193,24 @@ def test_lines_that_are_not_request_lines_are_skipped_before_the_regex(tmp_path)
         "lora_request: None.",
     ])
     assert [v["request_id"] for _, v in log_values(log)] == ["r-1"]
+
+
+#: the LoRA field's regex as first written (``.*?`` a character at a time, found by ``search``)
+_LORA_AS_WRITTEN = r"lora_request: (None|LoRARequest\(.*?\))(?:, prompt_adapter_request|\.?$)"
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.sampled_from(["lora_request: ", "None", "LoRARequest(", ")", ", prompt_adapter_request", ".", "\n",
+                                 "x", "'", "(", " ", "a)", ").", "lora_name='m'", "lora_request"]), max_size=14))
+def test_the_lora_field_is_the_first_regex_s(pieces):
+    """``_lora`` (str.find, then the chunked pattern matched there) reads what the first pattern's search read."""
+    import re
+
+    text = "".join(pieces)
+    m = re.search(_LORA_AS_WRITTEN, text)
+    if m is None or m.group(1) == "None":
+        expected = None
+    else:
+        name = vllm_log._LORA_NAME.search(m.group(1))
+        expected = name.group(1) if name else m.group(1)
+    assert vllm_log._lora(text) == expected, text
