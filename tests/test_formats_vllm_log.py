@@ -153,7 +153,7 @@ def test_the_clock_answers_as_datetime_arithmetic():
 
 
 _PIECES = ["a", "'", '"', "\\", "n", "t", "r", "x", "é", " ", "\u00a0", ":", ": ", "\\\\", "\\'", '\\"', "\\n", "\\x41",
-           "\n"]
+           "\\n\\n", "n\\", "\n"]
 
 
 @settings(max_examples=500, deadline=None)
@@ -170,6 +170,15 @@ def test_the_closing_quote_is_the_literal_regex_s(quote, pieces):
         body = m.group()[1:-1]
         if "\\" in body and vllm_log._OTHER_ESCAPE.search(body) is None:
             assert vllm_log._unescape(body) == ast.literal_eval(m.group())
+        try:
+            want: object = ast.literal_eval(m.group())
+        except (ValueError, SyntaxError):
+            want = "refused"
+        try:  # every road of _literal (nothing escaped, only \n, only the common escapes, literal_eval)
+            got: object = vllm_log._literal(m.group() + ", x", 0, {"source": "s", "line": 1})[0]
+        except InputError:
+            got = "refused"
+        assert got == want, m.group()
 
 
 @settings(max_examples=500, deadline=None)

@@ -140,6 +140,8 @@ def _literal(text: str, start: int, where: dict[str, Any]) -> tuple[str | None, 
     body = text[start + 1:end]
     if "\\" not in body:  # nothing escaped: the text is the literal's body
         return body, end + 1
+    if body.count("\\") == body.count("\\n"):  # each backslash starts a \n (a chat prompt's only escape)
+        return body.replace("\\n", "\n"), end + 1
     if _OTHER_ESCAPE.search(body) is None:  # only \n \t \r \\ \' \" (a chat prompt's): undone at C speed
         return _unescape(body), end + 1
     try:
@@ -276,12 +278,12 @@ def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
             continue
         text = raw[head.end():].decode("utf-8", "replace")
         where: dict[str, Any] = {"source": source, "line": n}
-        details = _DETAILS.match(text)
-        received = _received(text) if details is None else None
-        if details is not None:
-            rid, rest = details.group(1), text[details.end():]
-        elif received is not None:
+        received = _received(text)  # an INFO line (most are): it starts otherwise than a DEBUG details line
+        details = _DETAILS.match(text) if received is None else None
+        if received is not None:
             rid, rest = received[0], text[received[1]:]
+        elif details is not None:
+            rid, rest = details.group(1), text[details.end():]
         else:
             skipped += 1
             continue
