@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -106,5 +107,5 @@ def test_values_are_the_records_values(lines):
     from cachectl.inputs.formats import openai_batch_output as out
 
     raw = [(n, json.dumps(v).encode() + b"\n") for n, v in enumerate(lines, 1)]
-    assert _outcome(lambda: out.values(iter(raw), "o.jsonl")) == _outcome(
-        lambda: ((r.line, r.value()) for r in out.read(iter(raw), "o.jsonl")))
+    assert orjson.dumps(_outcome(lambda: out.values(iter(raw), "o.jsonl"))) == orjson.dumps(_outcome(
+        lambda: ((r.line, r.value()) for r in out.read(iter(raw), "o.jsonl"))))  # keys in the same order

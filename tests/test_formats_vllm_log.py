@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -226,3 +227,66 @@ def test_the_lora_field_is_the_first_regex_s(pieces):
         name = vllm_log._LORA_NAME.search(m.group(1))
         expected = name.group(1) if name else m.group(1)
     assert vllm_log._lora(text) == expected, text
+
+
+def _vllm_line(kind: str, rid: int, prompt: str, ids: int, lora: bool, second: int) -> str:
+    """One line of a vLLM log: an INFO request line (v0.4-v0.10), a DEBUG details line and its INFO line
+    (v0.11.2+), an INFO line without the prompt, prompt embeddings only, a bad one, or one of the other lines."""
+    at = f"INFO 05-14 10:{second // 60:02}:{second % 60:02} [logger.py:43] "
+    tokens = str(list(range(ids))) if ids >= 0 else "None"
+    lora_request = "LoRARequest(lora_name='m', lora_int_id=1)" if lora else "None"
+    return {
+        "info": f"{at}Received request r{rid}: prompt: {prompt!r}, params: {SP}, prompt_token_ids: {tokens}, "
+                f"lora_request: {lora_request}, prompt_adapter_request: None.",
+        "details": f"DEBUG{at[4:]}Request r{rid} details: prompt: {prompt!r}, prompt_token_ids: {tokens}, "
+                   "prompt_embeds shape: None.",
+        "received": f"{at}Received request r{rid}: params: {SP}, lora_request: {lora_request}.",
+        "embeds": f"{at}Received request r{rid}: prompt: None, params: {SP}, prompt_token_ids: None, "
+                  "lora_request: None.",
+        "bad": f"{at}Received request r{rid}: prompt: {prompt!r}, params: {SP}, prompt_token_ids: [1, 2, "
+               "lora_request: None.",
+        "other": f"{at}Added request r{rid}.",
+    }[kind]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["info", "info", "info", "details", "received", "embeds", "other"]),
+                          st.integers(0, 5), st.sampled_from(["", "ab", "x" * 16, "y" * 16, "é\n", "z" * 20]),
+                          st.integers(-1, 20), st.booleans(), st.integers(0, 3599)), max_size=100),
+       st.one_of(st.none(), st.integers(0, 100)))
+def test_values_are_the_records_values(lines, bad_at):
+    """vLLM's ``values`` (what log_values reads, no record built) agree with ``read``'s records' values, line for
+    line, errors included: both layouts, joined and waiting DEBUG lines, prompts cut (or not) by the cap (more
+    than its window of requests), a bad line anywhere."""
+    if bad_at is not None:
+        lines = [*lines[:bad_at], ("bad", 0, "ab", 2, False, 0), *lines[bad_at:]]
+    raw = [(n, _vllm_line(*line).encode() + b"\n") for n, line in enumerate(lines, 1)]
+
+    def outcome(fn):
+        got: list = []
+        try:
+            got.extend(fn())
+        except InputError as e:
+            got.append(("error", str(e)))
+        return got
+
+    assert orjson.dumps(outcome(lambda: vllm_log.values(iter(raw), "s.log"))) == orjson.dumps(outcome(
+        lambda: ((r.line, r.value()) for r in vllm_log.read(iter(raw), "s.log"))))  # keys in the same order
+
+
+def test_values_are_the_records_values_past_the_cap_window():
+    """As above on long random logs (more requests than the cap's window; Hypothesis's lists are mostly short)."""
+    import random
+
+    rng = random.Random(7)
+    past = 0
+    for _ in range(40):
+        lines = [(rng.choice(["info", "info", "details", "received", "other"]), rng.randrange(40),
+                  rng.choice(["ab", "x" * 16, "y" * 16, "z" * 20]), rng.randrange(-1, 21), rng.random() < 0.3,
+                  rng.randrange(3600)) for _ in range(rng.randrange(60, 200))]
+        raw = [(n, _vllm_line(*line).encode() + b"\n") for n, line in enumerate(lines, 1)]
+        records = list(vllm_log.read(iter(raw), "s.log"))
+        assert orjson.dumps(list(vllm_log.values(iter(raw), "s.log"))) == orjson.dumps(
+            [(r.line, r.value()) for r in records])
+        past += len(records) > vllm_log._CAP_WINDOW
+    assert past >= 10

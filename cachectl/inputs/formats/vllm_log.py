@@ -34,12 +34,12 @@ one by more than a day is read as the next year (a log across New Year). Lines t
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -229,44 +229,70 @@ class _Clock:
         return self.last_seconds
 
 
+class _Request(NamedTuple):
+    """One request as its line (or its DEBUG and INFO lines) tell it: what its record and its wrapper line are
+    built from."""
+
+    line: int
+    timestamp: float
+    request_id: str
+    logged_at: str
+    lora: str | None
+    prompt: str | None
+    tokens: list[int] | None
+
+
+#: what every record of a vLLM log lacks, and what a prompt cut by --max-log-len adds
+_NO_MODEL = "model (vLLM's request line does not name it)"
+_CUT = "the whole prompt (cut by --max-log-len)"
+
+
 def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
-    clock = _Clock()
-    pending: OrderedDict[str, Record] = OrderedDict()
-    window: list[Record] = []
-    cap: int | None = None
-    skipped = info_only = emitted = 0
-    capped = False
+    for r, cut in _flagged(_requests(lines, source)):
+        yield Record(shape=SHAPE.name, source=source, line=r.line, timestamp=r.timestamp, tokens=r.tokens,
+                     prompt=r.prompt, keys={"request_id": r.request_id, "logged_at": r.logged_at, "lora": r.lora},
+                     missing=(_NO_MODEL, _CUT) if cut else (_NO_MODEL,))
 
-    def length(r: Record) -> int:
-        return len(r.prompt) if r.prompt is not None else len(r.tokens or ())
 
-    def flagged(r: Record) -> Record:
+def values(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line, record.value())`` of each record :func:`read` yields, without building the records."""
+    for r, _ in _flagged(_requests(lines, source)):
+        value: dict[str, Any] = {"request_id": r.request_id, "logged_at": r.logged_at}
+        if r.lora is not None:
+            value["lora"] = r.lora
+        value["timestamp"] = r.timestamp
+        if r.tokens is not None:
+            value["prompt_token_ids"] = r.tokens
+        elif r.prompt is not None:
+            value["prompt"] = r.prompt
+        yield r.line, value
+
+
+def _length(r: _Request) -> int:
+    return len(r.prompt) if r.prompt is not None else len(r.tokens or ())
+
+
+def _flagged(requests: Iterator[_Request]) -> Iterator[tuple[_Request, bool]]:
+    """Each request, and whether its prompt was cut by --max-log-len: its text and its ID list end at one length,
+    or it has the cap's length, the cap told by the first :data:`_CAP_WINDOW` requests (held until then)."""
+    window = list(itertools.islice(requests, _CAP_WINDOW))
+    cap = None
+    lengths = [_length(r) for r in window if r.prompt is not None or r.tokens]
+    if lengths:
+        top = max(lengths)
+        shapes = {(r.prompt, tuple(r.tokens or ())) for r in window if _length(r) == top}
+        cap = top if top >= 16 and len(shapes) >= 2 else None
+    for r in itertools.chain(window, requests):
         cut = r.prompt is not None and r.tokens is not None and len(r.prompt) == len(r.tokens) > 0
-        if cut or (cap is not None and length(r) == cap):
-            return replace(r, missing=(*r.missing, "the whole prompt (cut by --max-log-len)"))
-        return r
+        yield r, cut or (cap is not None and _length(r) == cap)
 
-    def emit(r: Record) -> Iterable[Record]:
-        """What to yield for ``r`` (a function, not a generator: one is not built per record)."""
-        nonlocal emitted
-        emitted += 1
-        if capped:
-            return (flagged(r),)
-        window.append(r)
-        return close_window() if len(window) >= _CAP_WINDOW else ()
 
-    def close_window() -> Iterator[Record]:
-        nonlocal cap, capped
-        capped = True
-        lengths = [length(r) for r in window if r.prompt is not None or r.tokens]
-        if lengths:
-            top = max(lengths)
-            shapes = {(r.prompt, tuple(r.tokens or ())) for r in window if length(r) == top}
-            cap = top if top >= 16 and len(shapes) >= 2 else None
-        for r in window:
-            yield flagged(r)
-        window.clear()
-
+def _requests(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[_Request]:
+    """The requests of a vLLM log in the order their records come: a DEBUG details line's once its INFO line is
+    read (or at the end, or when too many wait)."""
+    clock = _Clock()
+    pending: OrderedDict[str, _Request] = OrderedDict()
+    skipped = info_only = emitted = 0
     for n, raw in lines:
         if raw.find(_OPENERS_START, 0, _SEEN) < 0 or (raw.find(_REQUEST_OPENERS[0], 0, _SEEN) < 0
                                                      and raw.find(_REQUEST_OPENERS[1], 0, _SEEN) < 0):
@@ -292,7 +318,8 @@ def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
         if received is not None and rid in pending:  # v0.11.2+: the INFO line after the DEBUG details
             r = pending.pop(rid)
             lora = _lora(rest)
-            yield from emit(replace(r, keys={**r.keys, "lora": lora}) if lora else r)
+            emitted += 1
+            yield r._replace(lora=lora) if lora else r
             continue
         if rest.startswith("prompt: "):
             prompt, end = _literal(rest, len("prompt: "), where)
@@ -306,23 +333,25 @@ def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
         if prompt is None and tokens is None:
             skipped += 1  # prompt embeddings only
             continue
-        record = Record(shape=SHAPE.name, source=source, line=n, timestamp=stamp, tokens=tokens, prompt=prompt,
-                        keys={"request_id": rid, "logged_at": logged_at, "lora": _lora(tail)},
-                        missing=("model (vLLM's request line does not name it)",))
-        if details is not None:
-            pending[rid] = record
-            while len(pending) > _PENDING:
-                yield from emit(pending.popitem(last=False)[1])
+        request = _Request(n, stamp, rid, logged_at, _lora(tail), prompt, tokens)
+        if details is None:
+            emitted += 1
+            yield request
             continue
-        yield from emit(record)
-    for r in pending.values():
-        yield from emit(r)
-    if not capped:
-        yield from close_window()
+        pending[rid] = request
+        while len(pending) > _PENDING:
+            emitted += 1
+            yield pending.popitem(last=False)[1]
+    emitted += len(pending)
+    yield from pending.values()
     if not emitted:
-        if info_only:
-            raise InputError(f"{info_only:,} request lines, none with its prompt: vLLM 0.11.2 and later log the "
-                             "prompt and its token IDs only at DEBUG (run the server with VLLM_LOGGING_LEVEL=DEBUG "
-                             "and --enable-log-requests)", source=source)
-        raise InputError(f"no request lines among {skipped:,} vLLM log lines: start the server with "
-                         "--enable-log-requests", source=source)
+        _nothing_read(source, skipped, info_only)
+
+
+def _nothing_read(source: str, skipped: int, info_only: int) -> None:
+    if info_only:
+        raise InputError(f"{info_only:,} request lines, none with its prompt: vLLM 0.11.2 and later log the "
+                         "prompt and its token IDs only at DEBUG (run the server with VLLM_LOGGING_LEVEL=DEBUG "
+                         "and --enable-log-requests)", source=source)
+    raise InputError(f"no request lines among {skipped:,} vLLM log lines: start the server with "
+                     "--enable-log-requests", source=source)
