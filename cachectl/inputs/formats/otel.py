@@ -237,9 +237,15 @@ def _anthropic_body(model: str, messages: list[dict[str, Any]], attrs: dict[str,
 def _openai_body(model: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
     out = []
     for m in messages:
-        texts = [p for p in m["parts"] if p.get("type", "text") in ("text",)]
-        calls = [p for p in m["parts"] if p.get("type") == "tool_call"]
-        results = [p for p in m["parts"] if p.get("type") == "tool_call_response"]
+        texts, calls, results = [], [], []
+        for p in m["parts"]:  # one pass: a part without a type is text
+            kind = p.get("type", "text")
+            if kind == "text":
+                texts.append(p)
+            elif kind == "tool_call":
+                calls.append(p)
+            elif kind == "tool_call_response":
+                results.append(p)
         for r in results:
             res = r.get("result")
             out.append({"role": "tool", "tool_call_id": (r.get("id") or "").strip(),
@@ -319,9 +325,10 @@ def _start(span: dict[str, Any], source: str, line: int, at: tuple[int, int, int
                          field="resourceSpans[{}].scopeSpans[{}].spans[{}].startTimeUnixNano".format(*at)) from None
 
 
-def _record(span: dict[str, Any], attrs: dict[str, Any], skipped: int, source: str, line: int,
-            at: tuple[int, int, int]) -> Record:
-    """The record of one model call's span; ``skipped``: the non-call spans read since the last one."""
+def _fields(span: dict[str, Any], attrs: dict[str, Any], skipped: int, source: str, line: int,
+            at: tuple[int, int, int]) -> dict[str, Any]:
+    """The record's fields (:class:`Record`'s keywords but its origin) of one model call's span; ``skipped``: the
+    non-call spans read since the last one."""
     events = [{"name": e.get("name"), "attributes": _attrs(e.get("attributes"))}
               for e in span.get("events") or [] if isinstance(e, dict)]
     provider = attrs.get("gen_ai.provider.name") or attrs.get("gen_ai.system")
@@ -349,14 +356,14 @@ def _record(span: dict[str, Any], attrs: dict[str, Any], skipped: int, source: s
             "request_id": attrs.get("gen_ai.response.id"),
             "user": attrs.get("user.id") or attrs.get("enduser.id"),
             "trace_id": span.get("traceId"), "span_id": span.get("spanId")}
-    return Record(shape=SHAPE.name, source=source, line=line, body=body, usage=usage, timestamp=ts,
-                  model=model if isinstance(model, str) else None,
-                  keys={k: v for k, v in keys.items() if v}, output_tokens=(usage or {}).get(
-                      "output_tokens", (usage or {}).get("completion_tokens")),
-                  missing=tuple(missing))
+    return {"keys": {k: v for k, v in keys.items() if v}, "timestamp": ts, "body": body, "usage": usage,
+            "model": model if isinstance(model, str) else None,
+            "output_tokens": (usage or {}).get("output_tokens", (usage or {}).get("completion_tokens")),
+            "missing": tuple(missing)}
 
 
-def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
+def _calls(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line, the record's fields)`` of each model call's span."""
     skipped = 0
     for n, raw in lines:
         for span, at in _spans(parse_jsonl_line(raw, source, n), source, n):
@@ -364,5 +371,24 @@ def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
             if not _is_call(attrs):
                 skipped += 1
                 continue
-            yield _record(span, attrs, skipped, source, n, at)
+            yield n, _fields(span, attrs, skipped, source, n, at)
             skipped = 0
+
+
+def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
+    for n, fields in _calls(lines, source):
+        yield Record(shape=SHAPE.name, source=source, line=n, **fields)
+
+
+#: the fields :meth:`Record.value` writes after the keys, in its order, where they are not None
+_VALUE_FIELDS = ("timestamp", "body", "usage", "model", "output_tokens")
+
+
+def values(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line, record.value())`` of each record :func:`read` yields, without building the records."""
+    for n, fields in _calls(lines, source):
+        value = dict(fields["keys"])  # none of them is None
+        for name in _VALUE_FIELDS:
+            if fields[name] is not None:
+                value[name] = fields[name]
+        yield n, value
