@@ -168,8 +168,9 @@ def _received(text: str) -> tuple[str, int] | None:
     return (rid, end + 2) if rid.split() == [rid] else None
 
 
-def _ids(text: str, where: dict[str, Any]) -> list[int] | None:
-    m = _IDS.search(text)
+def _ids(text: str, where: dict[str, Any], pos: int = 0) -> list[int] | None:
+    """The prompt's token IDs logged in ``text[pos:]`` (None where none are)."""
+    m = _IDS.search(text, pos)
     if m is None or m.group(1) == "None":
         return None
     try:
@@ -179,11 +180,11 @@ def _ids(text: str, where: dict[str, Any]) -> list[int] | None:
     return ids
 
 
-def _lora(text: str) -> str | None:
-    """The adapter's name (or its whole ``LoRARequest(...)``) as ``_LORA.search`` finds it: a match starts with
-    ``lora_request: ``, so the pattern is matched where ``str.find`` finds that (the regex engine's own scan for
-    it costs more)."""
-    i = text.find(_LORA_OPENER)
+def _lora(text: str, pos: int = 0) -> str | None:
+    """The adapter's name (or its whole ``LoRARequest(...)``) in ``text[pos:]`` as ``_LORA.search`` finds it: a
+    match starts with ``lora_request: ``, so the pattern is matched where ``str.find`` finds that (the regex
+    engine's own scan for it costs more)."""
+    i = text.find(_LORA_OPENER, pos)
     m = None
     while i >= 0 and (m := _LORA.match(text, i)) is None:
         i = text.find(_LORA_OPENER, i + 1)
@@ -207,8 +208,8 @@ class _Clock:
         self.offset = 0
         self.day_seconds = 0.0
 
-    def seconds(self, m: re.Match) -> float:
-        stamp = m.group(0)[m.start(2) - m.start():m.end(6) - m.start()]
+    def seconds(self, stamp: bytes) -> float:
+        """The seconds of ``MM-DD HH:MM:SS`` since the first request line's."""
         if stamp == self.last:  # lines logged in one second: the same answer (the clock does not move)
             return self.last_seconds
         hh, mm, ss = int(stamp[6:8]), int(stamp[9:11]), int(stamp[12:14])
@@ -248,15 +249,20 @@ _CUT = "the whole prompt (cut by --max-log-len)"
 
 
 def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
-    for r, cut in _flagged(_requests(lines, source)):
+    requests = _requests(lines, source)
+    window, cap = _held(requests)
+    for r in itertools.chain(window, requests):
         yield Record(shape=SHAPE.name, source=source, line=r.line, timestamp=r.timestamp, tokens=r.tokens,
                      prompt=r.prompt, keys={"request_id": r.request_id, "logged_at": r.logged_at, "lora": r.lora},
-                     missing=(_NO_MODEL, _CUT) if cut else (_NO_MODEL,))
+                     missing=(_NO_MODEL, _CUT) if _cut(r, cap) else (_NO_MODEL,))
 
 
 def values(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(line, record.value())`` of each record :func:`read` yields, without building the records."""
-    for r, _ in _flagged(_requests(lines, source)):
+    """``(line, record.value())`` of each record :func:`read` yields, without building the records (nor telling
+    the cut prompts: a record's value does not say it), given when :func:`read` gives them."""
+    requests = _requests(lines, source)
+    window, _ = _held(requests)
+    for r in itertools.chain(window, requests):
         value: dict[str, Any] = {"request_id": r.request_id, "logged_at": r.logged_at}
         if r.lora is not None:
             value["lora"] = r.lora
@@ -272,19 +278,24 @@ def _length(r: _Request) -> int:
     return len(r.prompt) if r.prompt is not None else len(r.tokens or ())
 
 
-def _flagged(requests: Iterator[_Request]) -> Iterator[tuple[_Request, bool]]:
-    """Each request, and whether its prompt was cut by --max-log-len: its text and its ID list end at one length,
-    or it has the cap's length, the cap told by the first :data:`_CAP_WINDOW` requests (held until then)."""
+def _held(requests: Iterator[_Request]) -> tuple[list[_Request], int | None]:
+    """The first :data:`_CAP_WINDOW` requests (read before any is given) and the --max-log-len cap they tell: the
+    largest prompt length, where two different prompts have it."""
     window = list(itertools.islice(requests, _CAP_WINDOW))
-    cap = None
     lengths = [_length(r) for r in window if r.prompt is not None or r.tokens]
-    if lengths:
-        top = max(lengths)
-        shapes = {(r.prompt, tuple(r.tokens or ())) for r in window if _length(r) == top}
-        cap = top if top >= 16 and len(shapes) >= 2 else None
-    for r in itertools.chain(window, requests):
-        cut = r.prompt is not None and r.tokens is not None and len(r.prompt) == len(r.tokens) > 0
-        yield r, cut or (cap is not None and _length(r) == cap)
+    if not lengths:
+        return window, None
+    top = max(lengths)
+    shapes = {(r.prompt, tuple(r.tokens or ())) for r in window if _length(r) == top}
+    return window, top if top >= 16 and len(shapes) >= 2 else None
+
+
+def _cut(r: _Request, cap: int | None) -> bool:
+    """Whether the prompt was cut by --max-log-len: its text and its ID list end at one length, or it has the
+    cap's length."""
+    if r.prompt is not None and r.tokens is not None and len(r.prompt) == len(r.tokens) > 0:
+        return True
+    return cap is not None and _length(r) == cap
 
 
 def _requests(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[_Request]:
@@ -298,7 +309,7 @@ def _requests(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[_Requ
                                                      and raw.find(_REQUEST_OPENERS[1], 0, _SEEN) < 0):
             skipped += 1  # no request line (nor vLLM's ``Added request``): told by C-speed scans, not the regex
             continue
-        head = _PREFIX.search(raw, 0, 400)
+        head = _PREFIX.match(raw, 0, 400) or _PREFIX.search(raw, 0, 400)  # most lines start with their prefix
         if head is None or not raw.startswith(_REQUEST_LINE, head.end()):  # startup, metrics, access logs
             skipped += 1
             continue
@@ -307,33 +318,32 @@ def _requests(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[_Requ
         received = _received(text)  # an INFO line (most are): it starts otherwise than a DEBUG details line
         details = _DETAILS.match(text) if received is None else None
         if received is not None:
-            rid, rest = received[0], text[received[1]:]
+            rid, at = received
         elif details is not None:
-            rid, rest = details.group(1), text[details.end():]
+            rid, at = details.group(1), details.end()
         else:
             skipped += 1
             continue
-        stamp = clock.seconds(head)
-        logged_at = raw[head.start(2):head.end(6)].decode()  # MM-DD HH:MM:SS as logged
+        stamp = raw[head.start(2):head.end(6)]  # MM-DD HH:MM:SS as logged
+        seconds = clock.seconds(stamp)
         if received is not None and rid in pending:  # v0.11.2+: the INFO line after the DEBUG details
             r = pending.pop(rid)
-            lora = _lora(rest)
+            lora = _lora(text, at)
             emitted += 1
             yield r._replace(lora=lora) if lora else r
             continue
-        if rest.startswith("prompt: "):
-            prompt, end = _literal(rest, len("prompt: "), where)
-            tail = rest[end:]
+        if text.startswith("prompt: ", at):
+            prompt, end = _literal(text, at + len("prompt: "), where)
         elif received is not None:
             info_only += 1  # v0.11.2+ at INFO: the prompt is not in the log
             continue
         else:
             raise InputError("expected `prompt: ` after the request id", **where)
-        tokens = _ids(tail, where)
+        tokens = _ids(text, where, end)
         if prompt is None and tokens is None:
             skipped += 1  # prompt embeddings only
             continue
-        request = _Request(n, stamp, rid, logged_at, _lora(tail), prompt, tokens)
+        request = _Request(n, seconds, rid, stamp.decode(), _lora(text, end), prompt, tokens)
         if details is None:
             emitted += 1
             yield request
