@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cachectl.engines.provider.cache import audit_usage
 from cachectl.engines.provider.prices import PriceTable, Usage, cost_usd
@@ -71,3 +74,38 @@ def test_prompt_cost_joins_input_and_output(cli):
     r = cli("prompt-cost", IN, "--usage", OUT, "-t", tok, "--every", "1s")
     assert r.exit_code == 0, r.stderr
     assert "2 of 2 requests agree" in r.stdout and "0.5x the standard rates" in r.stdout
+
+
+def _outcome(fn):
+    """What ``fn()`` yields, then the located error it raises, if any."""
+    got: list = []
+    try:
+        got.extend(fn())
+    except InputError as e:
+        got.append(("error", str(e)))
+    return got
+
+
+_TEXT = st.text(max_size=3)
+#: mostly what a batch output line holds, sometimes what one must not (each field one of a few odd values)
+_ODD = st.sampled_from([None, 1, "x", [], {}])
+_USAGE = st.one_of(st.fixed_dictionaries({"prompt_tokens": st.integers(0, 9)}), _ODD)
+_BODY = st.one_of(st.fixed_dictionaries({"usage": _USAGE}, optional={"model": st.one_of(_TEXT, _ODD)}), _ODD)
+_RESPONSE = st.one_of(
+    st.fixed_dictionaries({"body": _BODY}, optional={"status_code": st.sampled_from([200, 400]),
+                                                     "request_id": st.one_of(_TEXT, _ODD)}),
+    st.fixed_dictionaries({"usage": _USAGE, "model": _TEXT}), _ODD)
+_LINE = st.one_of(st.fixed_dictionaries({"custom_id": _TEXT, "response": _RESPONSE}),
+                  st.fixed_dictionaries({"custom_id": st.one_of(_TEXT, _ODD), "response": _RESPONSE}), _ODD)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_LINE, min_size=1, max_size=6))
+def test_values_are_the_records_values(lines):
+    """The output's ``values`` (what log_values reads, no record built) agree with ``read``'s records' values,
+    line for line, errors included."""
+    from cachectl.inputs.formats import openai_batch_output as out
+
+    raw = [(n, json.dumps(v).encode() + b"\n") for n, v in enumerate(lines, 1)]
+    assert orjson.dumps(_outcome(lambda: out.values(iter(raw), "o.jsonl"))) == orjson.dumps(_outcome(
+        lambda: ((r.line, r.value()) for r in out.read(iter(raw), "o.jsonl"))))  # keys in the same order

@@ -121,3 +121,57 @@ def test_bad_lines_name_file_line_and_field(tmp_path):
     with pytest.raises(InputError) as err:
         _values(path)
     assert err.value.line == 2
+
+
+#: what an attribute's value may be replaced by (odd values among them)
+_ODD_VALUES = [{"stringValue": ""}, {"intValue": "12"}, {"intValue": "x"}, {"doubleValue": 3.0}, {"boolValue": True},
+               {"stringValue": "claude-x"}, {"arrayValue": {"values": []}}, {"kvlistValue": {"values": []}}, None, 7]
+
+
+def _mutated(rng, span: dict) -> dict:
+    """``span`` with some attributes dropped or given other values, its events and start time sometimes gone (or
+    a start time that is no number)."""
+    attrs = []
+    for kv in span.get("attributes", []):
+        roll = rng.random()
+        if roll < 0.15:
+            continue
+        attrs.append({"key": kv["key"], "value": rng.choice(_ODD_VALUES)} if roll < 0.3 else kv)
+    out = {**span, "attributes": attrs}
+    if rng.random() < 0.2:
+        out.pop("events", None)
+    roll = rng.random()
+    if roll < 0.1:
+        out.pop("startTimeUnixNano", None)
+    elif roll < 0.12:
+        out["startTimeUnixNano"] = "soon"  # refused, naming the span
+    return out
+
+
+def test_values_are_the_records_values():
+    """OTel's ``values`` (what log_values reads, no record built) agree with ``read``'s records' values byte for
+    byte (keys in the same order), errors included, on the example's spans mutated at random."""
+    import random
+
+    import orjson
+
+    from cachectl.inputs.formats import otel
+
+    docs = [json.loads(line) for line in EXAMPLE.read_text().splitlines()]
+    spans = [s for d in docs for rs in d["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
+    rng = random.Random(3)
+
+    def outcome(values):
+        got: list = []
+        try:
+            got.extend(values)
+        except InputError as e:
+            got.append(("error", str(e)))
+        return orjson.dumps(got)
+
+    for _ in range(300):
+        lines = [(n, json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [
+            _mutated(rng, rng.choice(spans)) for _ in range(rng.randrange(1, 4))]}]}]}).encode() + b"\n")
+            for n in range(1, rng.randrange(2, 5))]
+        assert outcome(otel.values(iter(lines), "s.jsonl")) == outcome(
+            (r.line, r.value()) for r in otel.read(iter(lines), "s.jsonl"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -144,7 +145,7 @@ def test_the_clock_answers_as_datetime_arithmetic():
             except ValueError as exc:
                 want = str(exc)
             try:
-                got: object = clock.seconds(m)
+                got: object = clock.seconds(line[m.start(2):m.end(6)])
             except ValueError as exc:
                 got = str(exc)
             assert got == want, (line, got, want)
@@ -153,7 +154,7 @@ def test_the_clock_answers_as_datetime_arithmetic():
 
 
 _PIECES = ["a", "'", '"', "\\", "n", "t", "r", "x", "é", " ", "\u00a0", ":", ": ", "\\\\", "\\'", '\\"', "\\n", "\\x41",
-           "\n"]
+           "\\n\\n", "n\\", "\n"]
 
 
 @settings(max_examples=500, deadline=None)
@@ -162,6 +163,7 @@ def test_the_closing_quote_is_the_literal_regex_s(quote, pieces):
     """``_closing`` (str.find and a count of backslashes) ends a literal where the regex ``_STRING`` does, or
     neither does; the body's escapes are undone as Python reads the literal."""
     import ast
+    import warnings
 
     text = quote + "".join(pieces)
     m = vllm_log._STRING[quote].match(text)
@@ -170,6 +172,17 @@ def test_the_closing_quote_is_the_literal_regex_s(quote, pieces):
         body = m.group()[1:-1]
         if "\\" in body and vllm_log._OTHER_ESCAPE.search(body) is None:
             assert vllm_log._unescape(body) == ast.literal_eval(m.group())
+        with warnings.catch_warnings():  # an unknown escape (``\\:``) is read with a warning, by both alike
+            warnings.simplefilter("ignore")
+            try:
+                want: object = ast.literal_eval(m.group())
+            except (ValueError, SyntaxError):
+                want = "refused"
+            try:  # every road of _literal (nothing escaped, only \n, only the common escapes, literal_eval)
+                got: object = vllm_log._literal(m.group() + ", x", 0, {"source": "s", "line": 1})[0]
+            except InputError:
+                got = "refused"
+        assert got == want, m.group()
 
 
 @settings(max_examples=500, deadline=None)
@@ -193,3 +206,87 @@ def test_lines_that_are_not_request_lines_are_skipped_before_the_regex(tmp_path)
         "lora_request: None.",
     ])
     assert [v["request_id"] for _, v in log_values(log)] == ["r-1"]
+
+
+#: the LoRA field's regex as first written (``.*?`` a character at a time, found by ``search``)
+_LORA_AS_WRITTEN = r"lora_request: (None|LoRARequest\(.*?\))(?:, prompt_adapter_request|\.?$)"
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.sampled_from(["lora_request: ", "None", "LoRARequest(", ")", ", prompt_adapter_request", ".", "\n",
+                                 "x", "'", "(", " ", "a)", ").", "lora_name='m'", "lora_request"]), max_size=14))
+def test_the_lora_field_is_the_first_regex_s(pieces):
+    """``_lora`` (str.find, then the chunked pattern matched there) reads what the first pattern's search read."""
+    import re
+
+    text = "".join(pieces)
+    m = re.search(_LORA_AS_WRITTEN, text)
+    if m is None or m.group(1) == "None":
+        expected = None
+    else:
+        name = vllm_log._LORA_NAME.search(m.group(1))
+        expected = name.group(1) if name else m.group(1)
+    assert vllm_log._lora(text) == expected, text
+
+
+def _vllm_line(kind: str, rid: int, prompt: str, ids: int, lora: bool, second: int) -> str:
+    """One line of a vLLM log: an INFO request line (v0.4-v0.10), a DEBUG details line and its INFO line
+    (v0.11.2+), an INFO line without the prompt, prompt embeddings only, a bad one, or one of the other lines."""
+    at = f"INFO 05-14 10:{second // 60:02}:{second % 60:02} [logger.py:43] "
+    tokens = str(list(range(ids))) if ids >= 0 else "None"
+    lora_request = "LoRARequest(lora_name='m', lora_int_id=1)" if lora else "None"
+    return {
+        "info": f"{at}Received request r{rid}: prompt: {prompt!r}, params: {SP}, prompt_token_ids: {tokens}, "
+                f"lora_request: {lora_request}, prompt_adapter_request: None.",
+        "details": f"DEBUG{at[4:]}Request r{rid} details: prompt: {prompt!r}, prompt_token_ids: {tokens}, "
+                   "prompt_embeds shape: None.",
+        "received": f"{at}Received request r{rid}: params: {SP}, lora_request: {lora_request}.",
+        "embeds": f"{at}Received request r{rid}: prompt: None, params: {SP}, prompt_token_ids: None, "
+                  "lora_request: None.",
+        "bad": f"{at}Received request r{rid}: prompt: {prompt!r}, params: {SP}, prompt_token_ids: [1, 2, "
+               "lora_request: None.",
+        "other": f"{at}Added request r{rid}.",
+    }[kind]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["info", "info", "info", "details", "received", "embeds", "other"]),
+                          st.integers(0, 5), st.sampled_from(["", "ab", "x" * 16, "y" * 16, "é\n", "z" * 20]),
+                          st.integers(-1, 20), st.booleans(), st.integers(0, 3599)), max_size=100),
+       st.one_of(st.none(), st.integers(0, 100)))
+def test_values_are_the_records_values(lines, bad_at):
+    """vLLM's ``values`` (what log_values reads, no record built) agree with ``read``'s records' values, line for
+    line, errors included: both layouts, joined and waiting DEBUG lines, prompts cut (or not) by the cap (more
+    than its window of requests), a bad line anywhere."""
+    if bad_at is not None:
+        lines = [*lines[:bad_at], ("bad", 0, "ab", 2, False, 0), *lines[bad_at:]]
+    raw = [(n, _vllm_line(*line).encode() + b"\n") for n, line in enumerate(lines, 1)]
+
+    def outcome(fn):
+        got: list = []
+        try:
+            got.extend(fn())
+        except InputError as e:
+            got.append(("error", str(e)))
+        return got
+
+    assert orjson.dumps(outcome(lambda: vllm_log.values(iter(raw), "s.log"))) == orjson.dumps(outcome(
+        lambda: ((r.line, r.value()) for r in vllm_log.read(iter(raw), "s.log"))))  # keys in the same order
+
+
+def test_values_are_the_records_values_past_the_cap_window():
+    """As above on long random logs (more requests than the cap's window; Hypothesis's lists are mostly short)."""
+    import random
+
+    rng = random.Random(7)
+    past = 0
+    for _ in range(40):
+        lines = [(rng.choice(["info", "info", "details", "received", "other"]), rng.randrange(40),
+                  rng.choice(["ab", "x" * 16, "y" * 16, "z" * 20]), rng.randrange(-1, 21), rng.random() < 0.3,
+                  rng.randrange(3600)) for _ in range(rng.randrange(60, 200))]
+        raw = [(n, _vllm_line(*line).encode() + b"\n") for n, line in enumerate(lines, 1)]
+        records = list(vllm_log.read(iter(raw), "s.log"))
+        assert orjson.dumps(list(vllm_log.values(iter(raw), "s.log"))) == orjson.dumps(
+            [(r.line, r.value()) for r in records])
+        past += len(records) > vllm_log._CAP_WINDOW
+    assert past >= 10

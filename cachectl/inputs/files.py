@@ -8,6 +8,7 @@ same one-line messages.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gzip
 import io
 import json
@@ -471,34 +472,29 @@ class Lines:
 MAX_LINE_BYTES = 64 * 2**20
 
 
-def bounded_lines(fh: Any, source: str, limit: int = MAX_LINE_BYTES) -> Iterator[bytes]:
-    """The lines of ``fh``, each read with a bound: a line longer than ``limit`` bytes is one located error,
-    raised once ``limit`` bytes of it were read (memory stays bounded whatever the stream)."""
-    number = 0
-    while True:
-        line = fh.readline(limit + 1)
-        if not line:
-            return
-        number += 1
-        if len(line) > limit:
-            raise InputError(f"a line over {limit // 2**20} MiB: not a log line (a stream that never ends its line?)",
-                             source=source, line=number)
-        yield line
-
-
 def iter_raw_lines(path: str) -> Iterator[tuple[int, bytes, str]]:
-    """Stream ``(line_number, raw_line, source)`` of non-blank lines; an empty file is an error, and so is a line
-    over :data:`MAX_LINE_BYTES`."""
+    """Stream ``(line_number, raw_line, source)`` of non-blank lines, as :class:`Lines` gives them (a BOM dropped
+    from line 1, blank lines skipped); an empty file is an error, and so is a line over :data:`MAX_LINE_BYTES`,
+    raised once that much of it was read (memory stays bounded whatever the stream). One generator over the
+    stream's bounded ``readline`` (every line of every log passes here)."""
     fh, source = open_binary(path)
-    lines = Lines(bounded_lines(fh, source))
+    seen = False
     try:
-        for lineno, raw in lines:
+        for lineno, raw in enumerate(iter(functools.partial(fh.readline, MAX_LINE_BYTES + 1), b""), start=1):
+            if len(raw) > MAX_LINE_BYTES:
+                raise InputError(f"a line over {MAX_LINE_BYTES // 2**20} MiB: not a log line (a stream that never "
+                                 "ends its line?)", source=source, line=lineno)
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            if not raw or raw.isspace():
+                continue
+            seen = True
             yield lineno, raw, source
     except OSError as exc:
         raise _read_error(exc, source) from None
     finally:
         _close(fh)
-    if not lines.seen:
+    if not seen:
         raise InputError("file is empty", source=source)
 
 

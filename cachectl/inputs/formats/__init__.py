@@ -121,7 +121,11 @@ def log_values(path: str, log_format: str | None = None, *, need_body: bool = Fa
 def record_values(module: ModuleType, lines: Iterator[tuple[int, bytes, str]], source: str, *,
                   need_body: bool = False) -> Iterator[tuple[int, Any]]:
     """``(line, value)`` of each record ``module`` reads from ``lines`` (as :func:`open_log` gives them), each as
-    cachectl's own wrapper line."""
+    cachectl's own wrapper line (the module's ``values`` where it has one and no body is asked for)."""
+    values = getattr(module, "values", None)
+    if values is not None and not need_body:
+        yield from values(((n, raw) for n, raw, _ in lines), source)
+        return
     for record in module.read(((n, raw) for n, raw, _ in lines), source):
         if need_body and record.body is None:
             raise InputError(getattr(module, "NO_BODY", f"{module.SHAPE.title}: this record has no request body"),

@@ -6,7 +6,10 @@ A shape module (one per log shape under this package) defines:
 - ``SHAPE``: its :class:`LogShape` (name, how it is recognized, what it carries, the commands that read it, an
   example in the repository, where it is specified);
 - ``detect(head: Head) -> Verdict``: cheap, from the first non-empty lines only;
-- ``read(path: str) -> Iterator[Record]``: one :class:`Record` per call, in file order, with its origin.
+- ``read(path: str) -> Iterator[Record]``: one :class:`Record` per call, in file order, with its origin;
+- optionally ``values(lines, source) -> Iterator[tuple[int, dict]]``: ``(record.line, record.value())`` of each
+  record ``read`` yields, built without the records (a shape whose calls are small: the record would cost as
+  much as the rest of reading one); :func:`~cachectl.inputs.formats.record_values` reads it where it is defined.
 
 and one line in the registry (``cachectl/inputs/formats/__init__.py``).
 """

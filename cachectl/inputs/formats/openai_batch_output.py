@@ -94,6 +94,25 @@ def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
                      keys={"custom_id": custom_id, "request_id": request_id}, batch=True, missing=_MISSING)
 
 
+def values(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line, record.value())`` of each record :func:`read` yields, without building the records."""
+    from ..files import parse_jsonl_line
+
+    for n, raw in lines:
+        call = _call(parse_jsonl_line(raw, source, n), source, n)
+        if call is None:
+            continue
+        custom_id, usage, model, request_id = call
+        value: dict[str, Any] = {"custom_id": custom_id}  # Record.value(): the keys that are not None first
+        if request_id is not None:
+            value["request_id"] = request_id
+        value["usage"] = usage
+        if model is not None:
+            value["model"] = model
+        value["batch"] = True
+        yield n, value
+
+
 def usage_index(path: str) -> dict[str, tuple[dict, str | None, int]]:
     """``custom_id -> (usage, model, line)`` of a batch output file; a ``custom_id`` twice is an error."""
     from ..files import display_name, iter_raw_lines, parse_jsonl_line

@@ -114,8 +114,10 @@ def _json(v: Any) -> Any:
 def _int(attrs: dict[str, Any], *names: str) -> int | None:
     for n in names:
         v = attrs.get(n)
-        if isinstance(v, bool):
+        if v is None or isinstance(v, bool):
             continue
+        if type(v) is int:  # an intValue, as most counters are: int(v) is v
+            return v
         if isinstance(v, (int, float)):
             return int(v)
         if isinstance(v, str) and v.strip().isdigit():
@@ -235,9 +237,15 @@ def _anthropic_body(model: str, messages: list[dict[str, Any]], attrs: dict[str,
 def _openai_body(model: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
     out = []
     for m in messages:
-        texts = [p for p in m["parts"] if p.get("type", "text") in ("text",)]
-        calls = [p for p in m["parts"] if p.get("type") == "tool_call"]
-        results = [p for p in m["parts"] if p.get("type") == "tool_call_response"]
+        texts, calls, results = [], [], []
+        for p in m["parts"]:  # one pass: a part without a type is text
+            kind = p.get("type", "text")
+            if kind == "text":
+                texts.append(p)
+            elif kind == "tool_call":
+                calls.append(p)
+            elif kind == "tool_call_response":
+                results.append(p)
         for r in results:
             res = r.get("result")
             out.append({"role": "tool", "tool_call_id": (r.get("id") or "").strip(),
@@ -289,13 +297,14 @@ _CALL_KEYS = ("gen_ai.request.model", "gen_ai.response.model", "gen_ai.usage.inp
 
 
 def _is_call(attrs: dict[str, Any]) -> bool:
-    if not any(k in attrs for k in _CALL_KEYS):
+    if attrs.keys().isdisjoint(_CALL_KEYS):
         return False
     op = attrs.get("gen_ai.operation.name")
     return not (isinstance(op, str) and op in _NOT_CALLS)
 
 
-def _spans(doc: Any, source: str, line: int) -> Iterator[tuple[dict[str, Any], str]]:
+def _spans(doc: Any, source: str, line: int) -> Iterator[tuple[dict[str, Any], tuple[int, int, int]]]:
+    """Each span of a traces document, with its indices (its path is written only for an error)."""
     if not isinstance(doc, dict) or not isinstance(doc.get("resourceSpans"), list):
         raise InputError("not an OTLP/JSON traces document: no `resourceSpans` list", source=source, line=line,
                          field="resourceSpans")
@@ -303,53 +312,83 @@ def _spans(doc: Any, source: str, line: int) -> Iterator[tuple[dict[str, Any], s
         for j, ss in enumerate((rs or {}).get("scopeSpans") or [] if isinstance(rs, dict) else []):
             for k, span in enumerate((ss or {}).get("spans") or [] if isinstance(ss, dict) else []):
                 if isinstance(span, dict):
-                    yield span, f"resourceSpans[{i}].scopeSpans[{j}].spans[{k}]"
+                    yield span, (i, j, k)
 
 
-def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
+def _start(span: dict[str, Any], source: str, line: int, at: tuple[int, int, int]) -> float | None:
+    """The span's start in epoch seconds (``startTimeUnixNano``)."""
+    start = span.get("startTimeUnixNano")
+    try:
+        return int(start) / 1e9 if start is not None else None
+    except (TypeError, ValueError):
+        raise InputError(f"startTimeUnixNano {start!r} is not nanoseconds", source=source, line=line,
+                         field="resourceSpans[{}].scopeSpans[{}].spans[{}].startTimeUnixNano".format(*at)) from None
+
+
+def _fields(span: dict[str, Any], attrs: dict[str, Any], skipped: int, source: str, line: int,
+            at: tuple[int, int, int]) -> dict[str, Any]:
+    """The record's fields (:class:`Record`'s keywords but its origin) of one model call's span; ``skipped``: the
+    non-call spans read since the last one."""
+    events = [{"name": e.get("name"), "attributes": _attrs(e.get("attributes"))}
+              for e in span.get("events") or [] if isinstance(e, dict)]
+    provider = attrs.get("gen_ai.provider.name") or attrs.get("gen_ai.system")
+    model = attrs.get("gen_ai.request.model") or attrs.get("gen_ai.response.model")
+    anthropic = provider == "anthropic" or (
+        provider in (None, "aws.bedrock", "gcp.vertex_ai") and "claude" in str(model).lower())
+    messages, _origin = _input(attrs, events)
+    missing: list[str] = []
+    body = None
+    if not isinstance(model, str):
+        missing.append("no gen_ai.request.model")
+    elif messages:
+        body = _anthropic_body(model, messages, attrs) if anthropic else _openai_body(model, messages)
+    else:
+        missing.append("no input messages (content capture off)")
+    usage, note = _usage(anthropic, attrs)
+    if usage is None:
+        missing.append("no gen_ai.usage")
+    if note:
+        missing.append(note)
+    if skipped:
+        missing.append(f"{skipped} non-call span(s) skipped before it")
+    ts = _start(span, source, line, at)
+    keys = {"session": attrs.get("gen_ai.conversation.id") or attrs.get("session.id"),
+            "request_id": attrs.get("gen_ai.response.id"),
+            "user": attrs.get("user.id") or attrs.get("enduser.id"),
+            "trace_id": span.get("traceId"), "span_id": span.get("spanId")}
+    return {"keys": {k: v for k, v in keys.items() if v}, "timestamp": ts, "body": body, "usage": usage,
+            "model": model if isinstance(model, str) else None,
+            "output_tokens": (usage or {}).get("output_tokens", (usage or {}).get("completion_tokens")),
+            "missing": tuple(missing)}
+
+
+def _calls(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line, the record's fields)`` of each model call's span."""
     skipped = 0
     for n, raw in lines:
-        doc = parse_jsonl_line(raw, source, n)
-        for span, path in _spans(doc, source, n):
+        for span, at in _spans(parse_jsonl_line(raw, source, n), source, n):
             attrs = _attrs(span.get("attributes"))
             if not _is_call(attrs):
                 skipped += 1
                 continue
-            events = [{"name": e.get("name"), "attributes": _attrs(e.get("attributes"))}
-                      for e in span.get("events") or [] if isinstance(e, dict)]
-            provider = attrs.get("gen_ai.provider.name") or attrs.get("gen_ai.system")
-            model = attrs.get("gen_ai.request.model") or attrs.get("gen_ai.response.model")
-            anthropic = provider == "anthropic" or (
-                provider in (None, "aws.bedrock", "gcp.vertex_ai") and "claude" in str(model).lower())
-            messages, _origin = _input(attrs, events)
-            missing: list[str] = []
-            body = None
-            if not isinstance(model, str):
-                missing.append("no gen_ai.request.model")
-            elif messages:
-                body = _anthropic_body(model, messages, attrs) if anthropic else _openai_body(model, messages)
-            else:
-                missing.append("no input messages (content capture off)")
-            usage, note = _usage(anthropic, attrs)
-            if usage is None:
-                missing.append("no gen_ai.usage")
-            if note:
-                missing.append(note)
-            if skipped:
-                missing.append(f"{skipped} non-call span(s) skipped before it")
-                skipped = 0
-            start = span.get("startTimeUnixNano")
-            try:
-                ts: float | None = int(start) / 1e9 if start is not None else None
-            except (TypeError, ValueError):
-                raise InputError(f"startTimeUnixNano {start!r} is not nanoseconds", source=source, line=n,
-                                 field=f"{path}.startTimeUnixNano") from None
-            keys = {"session": attrs.get("gen_ai.conversation.id") or attrs.get("session.id"),
-                    "request_id": attrs.get("gen_ai.response.id"),
-                    "user": attrs.get("user.id") or attrs.get("enduser.id"),
-                    "trace_id": span.get("traceId"), "span_id": span.get("spanId")}
-            yield Record(shape=SHAPE.name, source=source, line=n, body=body, usage=usage, timestamp=ts,
-                         model=model if isinstance(model, str) else None,
-                         keys={k: v for k, v in keys.items() if v}, output_tokens=(usage or {}).get(
-                             "output_tokens", (usage or {}).get("completion_tokens")),
-                         missing=tuple(missing))
+            yield n, _fields(span, attrs, skipped, source, n, at)
+            skipped = 0
+
+
+def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
+    for n, fields in _calls(lines, source):
+        yield Record(shape=SHAPE.name, source=source, line=n, **fields)
+
+
+#: the fields :meth:`Record.value` writes after the keys, in its order, where they are not None
+_VALUE_FIELDS = ("timestamp", "body", "usage", "model", "output_tokens")
+
+
+def values(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line, record.value())`` of each record :func:`read` yields, without building the records."""
+    for n, fields in _calls(lines, source):
+        value = dict(fields["keys"])  # none of them is None
+        for name in _VALUE_FIELDS:
+            if fields[name] is not None:
+                value[name] = fields[name]
+        yield n, value

@@ -34,12 +34,12 @@ one by more than a day is read as the next year (a log across New Year). Lines t
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -64,13 +64,18 @@ _RECEIVED = re.compile(r"Received request (\S+?): ")
 _RECEIVED_OPENER = "Received request "
 _DETAILS = re.compile(r"Request (\S+?) details: ")
 _IDS = re.compile(r"prompt[_ ]token[_ ]ids: (None|\[[0-9, ]*\])")
-_LORA = re.compile(r"lora_request: (None|LoRARequest\(.*?\))(?:, prompt_adapter_request|\.?$)")
+#: the LoRA adapter: ``LoRARequest(`` up to the first ``)`` followed by the next field or the line's end; each
+#: ``[^)\n]*\)`` runs to the next ``)`` (as ``.*?\)`` would, one character at a time), lazily: the same matches
+_LORA = re.compile(r"lora_request: (None|LoRARequest\((?:[^)\n]*\))+?)(?:, prompt_adapter_request|\.?$)")
+_LORA_OPENER = "lora_request: "
 _LORA_NAME = re.compile(r"lora_name='([^']*)'")
 #: how the message of a request line starts (INFO ``Received request``, DEBUG ``Request ... details``)
 _REQUEST_LINE = (b"Received request ", b"Request ")
 #: the prefix ends within a line's first 400 bytes, with ``] ``: a request line has one of these (``] `` and how
 #: its message starts) within its first ``_SEEN`` bytes
 _REQUEST_OPENERS = (b"] Received request ", b"] Request ")
+#: what both openers start with: a line without it within its first ``_SEEN`` bytes has neither (one scan)
+_OPENERS_START = b"] Re"
 _SEEN = 400 + len(b"Received request ")
 #: requests whose prompt lengths are looked at to infer a --max-log-len cap
 _CAP_WINDOW = 64
@@ -135,6 +140,8 @@ def _literal(text: str, start: int, where: dict[str, Any]) -> tuple[str | None, 
     body = text[start + 1:end]
     if "\\" not in body:  # nothing escaped: the text is the literal's body
         return body, end + 1
+    if body.count("\\") == body.count("\\n"):  # each backslash starts a \n (a chat prompt's only escape)
+        return body.replace("\\n", "\n"), end + 1
     if _OTHER_ESCAPE.search(body) is None:  # only \n \t \r \\ \' \" (a chat prompt's): undone at C speed
         return _unescape(body), end + 1
     try:
@@ -161,8 +168,9 @@ def _received(text: str) -> tuple[str, int] | None:
     return (rid, end + 2) if rid.split() == [rid] else None
 
 
-def _ids(text: str, where: dict[str, Any]) -> list[int] | None:
-    m = _IDS.search(text)
+def _ids(text: str, where: dict[str, Any], pos: int = 0) -> list[int] | None:
+    """The prompt's token IDs logged in ``text[pos:]`` (None where none are)."""
+    m = _IDS.search(text, pos)
     if m is None or m.group(1) == "None":
         return None
     try:
@@ -172,8 +180,14 @@ def _ids(text: str, where: dict[str, Any]) -> list[int] | None:
     return ids
 
 
-def _lora(text: str) -> str | None:
-    m = _LORA.search(text)
+def _lora(text: str, pos: int = 0) -> str | None:
+    """The adapter's name (or its whole ``LoRARequest(...)``) in ``text[pos:]`` as ``_LORA.search`` finds it: a
+    match starts with ``lora_request: ``, so the pattern is matched where ``str.find`` finds that (the regex
+    engine's own scan for it costs more)."""
+    i = text.find(_LORA_OPENER, pos)
+    m = None
+    while i >= 0 and (m := _LORA.match(text, i)) is None:
+        i = text.find(_LORA_OPENER, i + 1)
     if m is None or m.group(1) == "None":
         return None
     name = _LORA_NAME.search(m.group(1))
@@ -194,8 +208,8 @@ class _Clock:
         self.offset = 0
         self.day_seconds = 0.0
 
-    def seconds(self, m: re.Match) -> float:
-        stamp = m.group(0)[m.start(2) - m.start():m.end(6) - m.start()]
+    def seconds(self, stamp: bytes) -> float:
+        """The seconds of ``MM-DD HH:MM:SS`` since the first request line's."""
         if stamp == self.last:  # lines logged in one second: the same answer (the clock does not move)
             return self.last_seconds
         hh, mm, ss = int(stamp[6:8]), int(stamp[9:11]), int(stamp[12:14])
@@ -216,101 +230,138 @@ class _Clock:
         return self.last_seconds
 
 
+class _Request(NamedTuple):
+    """One request as its line (or its DEBUG and INFO lines) tell it: what its record and its wrapper line are
+    built from."""
+
+    line: int
+    timestamp: float
+    request_id: str
+    logged_at: str
+    lora: str | None
+    prompt: str | None
+    tokens: list[int] | None
+
+
+#: what every record of a vLLM log lacks, and what a prompt cut by --max-log-len adds
+_NO_MODEL = "model (vLLM's request line does not name it)"
+_CUT = "the whole prompt (cut by --max-log-len)"
+
+
 def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
+    requests = _requests(lines, source)
+    window, cap = _held(requests)
+    for r in itertools.chain(window, requests):
+        yield Record(shape=SHAPE.name, source=source, line=r.line, timestamp=r.timestamp, tokens=r.tokens,
+                     prompt=r.prompt, keys={"request_id": r.request_id, "logged_at": r.logged_at, "lora": r.lora},
+                     missing=(_NO_MODEL, _CUT) if _cut(r, cap) else (_NO_MODEL,))
+
+
+def values(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line, record.value())`` of each record :func:`read` yields, without building the records (nor telling
+    the cut prompts: a record's value does not say it), given when :func:`read` gives them."""
+    requests = _requests(lines, source)
+    window, _ = _held(requests)
+    for r in itertools.chain(window, requests):
+        value: dict[str, Any] = {"request_id": r.request_id, "logged_at": r.logged_at}
+        if r.lora is not None:
+            value["lora"] = r.lora
+        value["timestamp"] = r.timestamp
+        if r.tokens is not None:
+            value["prompt_token_ids"] = r.tokens
+        elif r.prompt is not None:
+            value["prompt"] = r.prompt
+        yield r.line, value
+
+
+def _length(r: _Request) -> int:
+    return len(r.prompt) if r.prompt is not None else len(r.tokens or ())
+
+
+def _held(requests: Iterator[_Request]) -> tuple[list[_Request], int | None]:
+    """The first :data:`_CAP_WINDOW` requests (read before any is given) and the --max-log-len cap they tell: the
+    largest prompt length, where two different prompts have it."""
+    window = list(itertools.islice(requests, _CAP_WINDOW))
+    lengths = [_length(r) for r in window if r.prompt is not None or r.tokens]
+    if not lengths:
+        return window, None
+    top = max(lengths)
+    shapes = {(r.prompt, tuple(r.tokens or ())) for r in window if _length(r) == top}
+    return window, top if top >= 16 and len(shapes) >= 2 else None
+
+
+def _cut(r: _Request, cap: int | None) -> bool:
+    """Whether the prompt was cut by --max-log-len: its text and its ID list end at one length, or it has the
+    cap's length."""
+    if r.prompt is not None and r.tokens is not None and len(r.prompt) == len(r.tokens) > 0:
+        return True
+    return cap is not None and _length(r) == cap
+
+
+def _requests(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[_Request]:
+    """The requests of a vLLM log in the order their records come: a DEBUG details line's once its INFO line is
+    read (or at the end, or when too many wait)."""
     clock = _Clock()
-    pending: OrderedDict[str, Record] = OrderedDict()
-    window: list[Record] = []
-    cap: int | None = None
+    pending: OrderedDict[str, _Request] = OrderedDict()
     skipped = info_only = emitted = 0
-    capped = False
-
-    def length(r: Record) -> int:
-        return len(r.prompt) if r.prompt is not None else len(r.tokens or ())
-
-    def flagged(r: Record) -> Record:
-        cut = r.prompt is not None and r.tokens is not None and len(r.prompt) == len(r.tokens) > 0
-        if cut or (cap is not None and length(r) == cap):
-            return replace(r, missing=(*r.missing, "the whole prompt (cut by --max-log-len)"))
-        return r
-
-    def emit(r: Record) -> Iterator[Record]:
-        nonlocal emitted
-        emitted += 1
-        if capped:
-            yield flagged(r)
-            return
-        window.append(r)
-        if len(window) < _CAP_WINDOW:
-            return
-        yield from close_window()
-
-    def close_window() -> Iterator[Record]:
-        nonlocal cap, capped
-        capped = True
-        lengths = [length(r) for r in window if r.prompt is not None or r.tokens]
-        if lengths:
-            top = max(lengths)
-            shapes = {(r.prompt, tuple(r.tokens or ())) for r in window if length(r) == top}
-            cap = top if top >= 16 and len(shapes) >= 2 else None
-        for r in window:
-            yield flagged(r)
-        window.clear()
-
     for n, raw in lines:
-        if raw.find(_REQUEST_OPENERS[0], 0, _SEEN) < 0 and raw.find(_REQUEST_OPENERS[1], 0, _SEEN) < 0:
+        if raw.find(_OPENERS_START, 0, _SEEN) < 0 or (raw.find(_REQUEST_OPENERS[0], 0, _SEEN) < 0
+                                                     and raw.find(_REQUEST_OPENERS[1], 0, _SEEN) < 0):
             skipped += 1  # no request line (nor vLLM's ``Added request``): told by C-speed scans, not the regex
             continue
-        head = _PREFIX.search(raw, 0, 400)
+        head = _PREFIX.match(raw, 0, 400) or _PREFIX.search(raw, 0, 400)  # most lines start with their prefix
         if head is None or not raw.startswith(_REQUEST_LINE, head.end()):  # startup, metrics, access logs
             skipped += 1
             continue
         text = raw[head.end():].decode("utf-8", "replace")
         where: dict[str, Any] = {"source": source, "line": n}
-        details = _DETAILS.match(text)
-        received = _received(text) if details is None else None
-        if details is not None:
-            rid, rest = details.group(1), text[details.end():]
-        elif received is not None:
-            rid, rest = received[0], text[received[1]:]
+        received = _received(text)  # an INFO line (most are): it starts otherwise than a DEBUG details line
+        details = _DETAILS.match(text) if received is None else None
+        if received is not None:
+            rid, at = received
+        elif details is not None:
+            rid, at = details.group(1), details.end()
         else:
             skipped += 1
             continue
-        stamp = clock.seconds(head)
-        logged_at = raw[head.start(2):head.end(6)].decode()  # MM-DD HH:MM:SS as logged
+        stamp = raw[head.start(2):head.end(6)]  # MM-DD HH:MM:SS as logged
+        seconds = clock.seconds(stamp)
         if received is not None and rid in pending:  # v0.11.2+: the INFO line after the DEBUG details
             r = pending.pop(rid)
-            lora = _lora(rest)
-            yield from emit(replace(r, keys={**r.keys, "lora": lora}) if lora else r)
+            lora = _lora(text, at)
+            emitted += 1
+            yield r._replace(lora=lora) if lora else r
             continue
-        if rest.startswith("prompt: "):
-            prompt, end = _literal(rest, len("prompt: "), where)
-            tail = rest[end:]
+        if text.startswith("prompt: ", at):
+            prompt, end = _literal(text, at + len("prompt: "), where)
         elif received is not None:
             info_only += 1  # v0.11.2+ at INFO: the prompt is not in the log
             continue
         else:
             raise InputError("expected `prompt: ` after the request id", **where)
-        tokens = _ids(tail, where)
+        tokens = _ids(text, where, end)
         if prompt is None and tokens is None:
             skipped += 1  # prompt embeddings only
             continue
-        record = Record(shape=SHAPE.name, source=source, line=n, timestamp=stamp, tokens=tokens, prompt=prompt,
-                        keys={"request_id": rid, "logged_at": logged_at, "lora": _lora(tail)},
-                        missing=("model (vLLM's request line does not name it)",))
-        if details is not None:
-            pending[rid] = record
-            while len(pending) > _PENDING:
-                yield from emit(pending.popitem(last=False)[1])
+        request = _Request(n, seconds, rid, stamp.decode(), _lora(text, end), prompt, tokens)
+        if details is None:
+            emitted += 1
+            yield request
             continue
-        yield from emit(record)
-    for r in pending.values():
-        yield from emit(r)
-    if not capped:
-        yield from close_window()
+        pending[rid] = request
+        while len(pending) > _PENDING:
+            emitted += 1
+            yield pending.popitem(last=False)[1]
+    emitted += len(pending)
+    yield from pending.values()
     if not emitted:
-        if info_only:
-            raise InputError(f"{info_only:,} request lines, none with its prompt: vLLM 0.11.2 and later log the "
-                             "prompt and its token IDs only at DEBUG (run the server with VLLM_LOGGING_LEVEL=DEBUG "
-                             "and --enable-log-requests)", source=source)
-        raise InputError(f"no request lines among {skipped:,} vLLM log lines: start the server with "
-                         "--enable-log-requests", source=source)
+        _nothing_read(source, skipped, info_only)
+
+
+def _nothing_read(source: str, skipped: int, info_only: int) -> None:
+    if info_only:
+        raise InputError(f"{info_only:,} request lines, none with its prompt: vLLM 0.11.2 and later log the "
+                         "prompt and its token IDs only at DEBUG (run the server with VLLM_LOGGING_LEVEL=DEBUG "
+                         "and --enable-log-requests)", source=source)
+    raise InputError(f"no request lines among {skipped:,} vLLM log lines: start the server with "
+                     "--enable-log-requests", source=source)
