@@ -71,7 +71,8 @@ _COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 _PASSTHROUGH = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS
 #: a number orjson may write otherwise than json (floats: ``1e-7`` for ``1e-07``, ``0.00001`` for ``1e-05``) or a
 #: null that may have been a NaN or an infinity (orjson writes null for them, json ``NaN``): json writes these
-_DIGITS = bytes.maketrans(b"123456789", b"000000000")
+#: (digits read as 0, and a float's point or exponent as '.': "0." is a digit then one of them)
+_DIGITS = bytes.maketrans(b"123456789eE", b"000000000..")
 _NOT_ORJSON = re.compile(rb"(?:^|[:\[,])(?:-?\d+(?:\.\d+|(?:\.\d+)?[eE][-+]?\d+)|null)(?=[,\]}]|$)")
 
 
@@ -87,7 +88,7 @@ def compact(obj: Any) -> str:
     except TypeError:  # orjson.JSONEncodeError too
         return _COMPACT.encode(obj)
     digits = out.translate(_DIGITS)  # (a cheap look first: most contents hold neither a float nor a null)
-    if (b"0." in digits or b"0e" in digits or b"0E" in digits or b"null" in digits) and _NOT_ORJSON.search(out):
+    if (b"0." in digits or b"null" in out) and _NOT_ORJSON.search(out):
         return _COMPACT.encode(obj)
     return out.decode("utf-8")
 
