@@ -186,9 +186,11 @@ command.__doc__ = HELP
 
 
 def _dumps(value: Any) -> str:
-    import json
+    """``value``'s exact JSON (json's bytes, at orjson's speed where the two agree): two values are one line's
+    original and its rewrite unchanged when these are equal."""
+    from ..inputs.request import compact
 
-    return json.dumps(value, ensure_ascii=False)
+    return compact(value)
 
 
 def _raw_lines(path: str, lines: Any) -> Iterator[bytes]:
