@@ -33,7 +33,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ...errors import InputError, UsageError
-from ...inputs import LogRecord
 from .fixes import CODES, FIXES, REGISTRY, Fix, rewrite
 from .groups import Grouping, LogLine, group_sessions, with_model
 from .measure import Measure, measure_versions
@@ -374,8 +373,3 @@ def _ticking(lines: Iterable[LogLine], progress: Callable[[int], None] | None) -
 def _modelled(lines: Sequence[LogLine], model: str) -> Sequence[LogLine]:
     """The lines, those that name no model given ``model`` (as they are read: nothing is copied)."""
     return Mapped(len(lines), lambda i: with_model(lines[i], model), values_of=lines)
-
-
-def to_records(lines: Sequence[LogLine]) -> list[LogRecord]:
-    """The lines as diff-tokens' log records (its key, or the group number)."""
-    return [LogRecord(line=ln.line, key=ln.key, prompt=ln.prompt) for ln in lines]
