@@ -14,12 +14,10 @@ Both round-trip exactly (``tests/test_forks_packed.py``).
 
 from __future__ import annotations
 
-import operator
 import pickle
 import struct
 from array import array
 from collections.abc import Sequence
-from itertools import accumulate, chain
 from typing import Any
 
 from ...spool import ZlibStreams
@@ -29,9 +27,24 @@ _HEAD = struct.Struct("<BcIII")
 _STARTS, _ENDS, _TEXT = 1, 2, 4
 
 
-def _deltas(values: Sequence[int], base: Sequence[int] | None = None) -> array:
-    """Signed differences: to the previous value, or to ``base`` element by element."""
-    return array("q", map(operator.sub, values, base if base is not None else chain((0,), values)))
+def _deltas(values: Sequence[int], base: Sequence[int] | None = None) -> bytes:
+    """Signed differences (int64 bytes): to the previous value, or to ``base`` element by element."""
+    import numpy as np
+
+    v = np.asarray(values, dtype=np.int64)
+    return (v - np.asarray(base, dtype=np.int64) if base is not None else np.diff(v, prepend=0)).tobytes()
+
+
+def _sums(raw: bytes, at: int, n: int, base: Sequence[int] | None = None) -> array:
+    """The values :func:`_deltas` packed (``n`` of them from byte ``at``), as 4-byte unsigned ints (character
+    offsets: a render is far shorter than 4 GiB)."""
+    import numpy as np
+
+    d = np.frombuffer(raw, np.int64, n, at)
+    got = d + np.frombuffer(base, np.uint32) if base is not None else np.cumsum(d)
+    if n and (int(got.min()) < 0 or int(got.max()) >= 2**32):
+        raise OverflowError("a character offset out of range")
+    return array("I", got.astype(np.uint32).tobytes())
 
 
 class RenderCodec:
@@ -49,11 +62,11 @@ class RenderCodec:
         flags = (_STARTS if starts is not None else 0) | (_ENDS if ends is not None else 0) | (_TEXT if text is not None else 0)
         parts = [_HEAD.pack(flags, ids.typecode.encode(), len(ids), len(starts or ()), len(ends or ())), ids.tobytes()]
         if starts is not None:
-            parts.append(_deltas(starts).tobytes())
+            parts.append(_deltas(starts))
         if ends is not None:
             if starts is None or len(starts) != len(ends):
                 raise ValueError("ends need starts of the same length")
-            parts.append(_deltas(ends, starts).tobytes())
+            parts.append(_deltas(ends, starts))
         if text is not None:
             parts.append(text.encode("utf-8", "surrogatepass"))
         return self._z.compress(b"".join(parts))
@@ -77,16 +90,12 @@ class RenderCodec:
         at += n * ids.itemsize
         starts = ends = None
         if flags & _STARTS:
-            d = array("q")
-            d.frombytes(raw[at:at + 8 * ns])
+            starts = _sums(raw, at, ns)
             at += 8 * ns
-            starts = array("I", accumulate(d))
         if flags & _ENDS:
-            d = array("q")
-            d.frombytes(raw[at:at + 8 * ne])
-            at += 8 * ne
             assert starts is not None
-            ends = array("I", map(operator.add, starts, d))
+            ends = _sums(raw, at, ne, starts)
+            at += 8 * ne
         text = raw[at:].decode("utf-8", "surrogatepass") if flags & _TEXT else None
         return ids, starts, ends, text
 
