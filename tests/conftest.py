@@ -83,3 +83,22 @@ def chat_prompt(messages, tools=None, kind="chat"):
 
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def values_and_records(module, lines: list, source: str) -> tuple[bytes, bytes]:
+    """A log shape module's ``values`` and its ``read`` records' values over the same ``(line, raw)`` pairs, each as
+    JSON bytes (key order counts), the located error it stopped at as the last item."""
+    import orjson
+
+    from cachectl.errors import InputError
+
+    def outcome(pairs) -> bytes:
+        got: list = []
+        try:
+            got.extend(pairs)
+        except InputError as e:
+            got.append(("error", str(e)))
+        return orjson.dumps(got)
+
+    return (outcome(module.values(iter(lines), source)),
+            outcome((r.line, r.value()) for r in module.read(iter(lines), source)))

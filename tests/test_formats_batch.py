@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,6 +14,8 @@ from cachectl.engines.provider.prices import PriceTable, Usage, cost_usd
 from cachectl.errors import InputError
 from cachectl.inputs.formats import log_values, shape_of
 from cachectl.inputs.formats.openai_batch_output import join, usage_index
+
+from .conftest import values_and_records
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 IN, OUT = str(LOGS / "openai_batch_input.jsonl"), str(LOGS / "openai_batch_output.jsonl")
@@ -76,16 +77,6 @@ def test_prompt_cost_joins_input_and_output(cli):
     assert "2 of 2 requests agree" in r.stdout and "0.5x the standard rates" in r.stdout
 
 
-def _outcome(fn):
-    """What ``fn()`` yields, then the located error it raises, if any."""
-    got: list = []
-    try:
-        got.extend(fn())
-    except InputError as e:
-        got.append(("error", str(e)))
-    return got
-
-
 _TEXT = st.text(max_size=3)
 #: mostly what a batch output line holds, sometimes what one must not (each field one of a few odd values)
 _ODD = st.sampled_from([None, 1, "x", [], {}])
@@ -107,5 +98,5 @@ def test_values_are_the_records_values(lines):
     from cachectl.inputs.formats import openai_batch_output as out
 
     raw = [(n, json.dumps(v).encode() + b"\n") for n, v in enumerate(lines, 1)]
-    assert orjson.dumps(_outcome(lambda: out.values(iter(raw), "o.jsonl"))) == orjson.dumps(_outcome(
-        lambda: ((r.line, r.value()) for r in out.read(iter(raw), "o.jsonl"))))  # keys in the same order
+    got, want = values_and_records(out, raw, "o.jsonl")
+    assert got == want

@@ -13,6 +13,8 @@ from cachectl.inputs import parse_request
 from cachectl.inputs.formats import log_values, shape_of
 from cachectl.inputs.usage import parse_usage
 
+from .conftest import values_and_records
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "fixtures" / "logs" / "otel_genai.jsonl"
 
@@ -153,25 +155,15 @@ def test_values_are_the_records_values():
     byte (keys in the same order), errors included, on the example's spans mutated at random."""
     import random
 
-    import orjson
-
     from cachectl.inputs.formats import otel
 
     docs = [json.loads(line) for line in EXAMPLE.read_text().splitlines()]
     spans = [s for d in docs for rs in d["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
     rng = random.Random(3)
 
-    def outcome(values):
-        got: list = []
-        try:
-            got.extend(values)
-        except InputError as e:
-            got.append(("error", str(e)))
-        return orjson.dumps(got)
-
     for _ in range(300):
         lines = [(n, json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [
             _mutated(rng, rng.choice(spans)) for _ in range(rng.randrange(1, 4))]}]}]}).encode() + b"\n")
             for n in range(1, rng.randrange(2, 5))]
-        assert outcome(otel.values(iter(lines), "s.jsonl")) == outcome(
-            (r.line, r.value()) for r in otel.read(iter(lines), "s.jsonl"))
+        got, want = values_and_records(otel, lines, "s.jsonl")
+        assert got == want

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from cachectl.errors import InputError
 from cachectl.inputs.formats import log_values, shape_of, vllm_log
 
+from .conftest import values_and_records
+
 ROOT = Path(__file__).resolve().parents[1]
 LOG = str(ROOT / "fixtures" / "logs" / "vllm_requests.log")
 DEBUG = str(ROOT / "fixtures" / "logs" / "vllm_requests_debug.log")
@@ -261,17 +263,8 @@ def test_values_are_the_records_values(lines, bad_at):
     if bad_at is not None:
         lines = [*lines[:bad_at], ("bad", 0, "ab", 2, False, 0), *lines[bad_at:]]
     raw = [(n, _vllm_line(*line).encode() + b"\n") for n, line in enumerate(lines, 1)]
-
-    def outcome(fn):
-        got: list = []
-        try:
-            got.extend(fn())
-        except InputError as e:
-            got.append(("error", str(e)))
-        return got
-
-    assert orjson.dumps(outcome(lambda: vllm_log.values(iter(raw), "s.log"))) == orjson.dumps(outcome(
-        lambda: ((r.line, r.value()) for r in vllm_log.read(iter(raw), "s.log"))))  # keys in the same order
+    got, want = values_and_records(vllm_log, raw, "s.log")
+    assert got == want
 
 
 def test_values_are_the_records_values_past_the_cap_window():
