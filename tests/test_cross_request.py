@@ -13,7 +13,7 @@ from cachectl.engines.provider.prices import PriceTable
 from cachectl.engines.repair import fix, groups
 from cachectl.engines.repair.shared_prefix import cross_request_loss, log_forks
 from cachectl.engines.tokendiff import MISMATCH, PairResult, diff_log
-from cachectl.inputs import iter_jsonl
+from cachectl.inputs import LogRecord, iter_jsonl
 
 from .conftest import TOK_DIR
 from .test_forks import APPS, FIXED, SHARED, TOOLS, _naive_hits, _rows, _served
@@ -149,7 +149,8 @@ def test_report_never_counts_a_token_twice(tok, cli):
     gain_total = forks.report.fixed_hit_tokens - forks.report.hit_tokens
     assert sum(forks.report.request_gains) == gain_total > 0
     pair_lost = {}
-    for item in diff_log(fix.to_records(_lines(LOG_AGENT, "session")), tok, add_generation_prompt=True):
+    records = [LogRecord(line=ln.line, key=ln.key, prompt=ln.prompt) for ln in _lines(LOG_AGENT, "session")]
+    for item in diff_log(records, tok, add_generation_prompt=True):
         if isinstance(item, PairResult) and item.diff.kind == MISMATCH:
             pair_lost[item.line_b] = min(item.diff.tokens_a, item.diff.tokens_b) - item.diff.common_prefix_tokens
     per_request = sum(max(g - pair_lost.get(ln, 0), 0) for ln, g in zip(forks.lines, forks.report.request_gains))
