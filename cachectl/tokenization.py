@@ -255,7 +255,8 @@ class KeptOffsets:
     __slots__ = ("_ends", "_packed", "_starts")
 
     def __init__(self, starts: Sequence[int], ends: Sequence[int]) -> None:
-        self._starts, self._ends = starts, ends
+        self._starts: Sequence[int] | None = starts
+        self._ends: Sequence[int] | None = ends
         self._packed: tuple[bytes, int, int] | None = None
 
     @classmethod
@@ -282,12 +283,14 @@ class KeptOffsets:
     def starts(self) -> Sequence[int]:
         if self._packed is not None:
             self._unpack()
+        assert self._starts is not None
         return self._starts
 
     @property
     def ends(self) -> Sequence[int]:
         if self._packed is not None:
             self._unpack()
+        assert self._ends is not None
         return self._ends
 
     @property

@@ -35,7 +35,7 @@ def _deltas(values: Sequence[int], base: Sequence[int] | None = None) -> bytes:
     return (v - np.asarray(base, dtype=np.int64) if base is not None else np.diff(v, prepend=0)).tobytes()
 
 
-def _sums(raw: bytes, at: int, n: int, base: Sequence[int] | None = None) -> array:
+def _sums(raw: bytes, at: int, n: int, base: array | None = None) -> array:
     """The values :func:`_deltas` packed (``n`` of them from byte ``at``), as 4-byte unsigned ints (character
     offsets: a render is far shorter than 4 GiB)."""
     import numpy as np
