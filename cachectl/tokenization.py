@@ -279,27 +279,27 @@ class KeptOffsets:
         self._starts, self._ends = array("I", starts.astype(np.uint32).tobytes()), array("I", ends.astype(np.uint32).tobytes())
         self._packed = None
 
-    @property
-    def starts(self) -> Sequence[int]:
+    def _arrays(self) -> tuple[Sequence[int], Sequence[int]]:
         if self._packed is not None:
             self._unpack()
-        assert self._starts is not None
-        return self._starts
+        assert self._starts is not None and self._ends is not None
+        return self._starts, self._ends
+
+    @property
+    def starts(self) -> Sequence[int]:
+        return self._arrays()[0]
 
     @property
     def ends(self) -> Sequence[int]:
-        if self._packed is not None:
-            self._unpack()
-        assert self._ends is not None
-        return self._ends
+        return self._arrays()[1]
 
     @property
     def offsets(self) -> list[tuple[int, int]]:
-        return list(zip(self.starts, self.ends))
+        return list(zip(*self._arrays()))
 
     def token_to_chars(self, i: int) -> tuple[int, int] | None:
-        starts = self.starts
-        return (starts[i], self.ends[i]) if 0 <= i < len(starts) else None
+        starts, ends = self._arrays()
+        return (starts[i], ends[i]) if 0 <= i < len(starts) else None
 
 
 class RenderMemo:
