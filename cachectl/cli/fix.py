@@ -110,6 +110,7 @@ def command(
     from ..inputs import display_name, read_json_file
     from ..inputs.files import spooled
     from ..inputs.formats import raw_log_values
+    from ..inputs.request import compact
     from ..workers import Workers
 
     if diff and out:
@@ -166,7 +167,7 @@ def command(
         output = report.output
         edited = getattr(output, "changed", None)  # (a line no fix code rewrote is its original value)
         changed = [i for i in range(len(output)) if (edited is None or edited(i))
-                   and _dumps(output[i]) != _dumps(lines.value(i))]
+                   and compact(output[i]) != compact(lines.value(i))]  # (json's exact bytes)
         if out is not None:
             _write(out, whole or _raw_lines(path, lines), output, changed)
     if fmt is Format.json:
@@ -183,14 +184,6 @@ def command(
 
 
 command.__doc__ = HELP
-
-
-def _dumps(value: Any) -> str:
-    """``value``'s exact JSON (json's bytes, at orjson's speed where the two agree): two values are one line's
-    original and its rewrite unchanged when these are equal."""
-    from ..inputs.request import compact
-
-    return compact(value)
 
 
 def _raw_lines(path: str, lines: Any) -> Iterator[bytes]:

@@ -28,22 +28,24 @@ _STARTS, _ENDS, _TEXT = 1, 2, 4
 
 
 def _deltas(values: Sequence[int], base: Sequence[int] | None = None) -> bytes:
-    """Signed differences (int64 bytes): to the previous value, or to ``base`` element by element."""
+    """Signed differences (int64 bytes): to the previous value, or to ``base`` element by element. The values are
+    character offsets, which :func:`_sums` gives back as 4-byte unsigned ints: one out of that range is refused
+    here, once, not at each unpack."""
     import numpy as np
 
     v = np.asarray(values, dtype=np.int64)
+    if len(v) and (int(v.min()) < 0 or int(v.max()) >= 2**32):
+        raise OverflowError("a character offset out of range")
     return (v - np.asarray(base, dtype=np.int64) if base is not None else np.diff(v, prepend=0)).tobytes()
 
 
 def _sums(raw: bytes, at: int, n: int, base: array | None = None) -> array:
-    """The values :func:`_deltas` packed (``n`` of them from byte ``at``), as 4-byte unsigned ints (character
-    offsets: a render is far shorter than 4 GiB)."""
+    """The values :func:`_deltas` packed (``n`` of them from byte ``at``), as 4-byte unsigned ints (in range:
+    :func:`_deltas` refused any other)."""
     import numpy as np
 
     d = np.frombuffer(raw, np.int64, n, at)
     got = d + np.frombuffer(base, np.uint32) if base is not None else np.cumsum(d)
-    if n and (int(got.min()) < 0 or int(got.max()) >= 2**32):
-        raise OverflowError("a character offset out of range")
     return array("I", got.astype(np.uint32).tobytes())
 
 

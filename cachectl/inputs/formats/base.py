@@ -8,7 +8,7 @@ A shape module (one per log shape under this package) defines:
 - ``detect(head: Head) -> Verdict``: cheap, from the first non-empty lines only;
 - ``read(path: str) -> Iterator[Record]``: one :class:`Record` per call, in file order, with its origin;
 - optionally ``values(lines, source) -> Iterator[tuple[int, dict]]``: ``(record.line, record.value())`` of each
-  record ``read`` yields, built without the records (a shape whose calls are small: the record would cost as
+  record ``read`` yields, built by :func:`wrapper_value` without the records (a shape whose calls are small: the record would cost as
   much as the rest of reading one); :func:`~cachectl.inputs.formats.record_values` reads it where it is defined.
 
 and one line in the registry (``cachectl/inputs/formats/__init__.py``).
@@ -141,28 +141,39 @@ class Record:
                              body_path=body_path, missing=missing)
 
     def value(self) -> dict[str, Any]:
-        """The record as cachectl's own wrapper line: ``{timestamp, body, usage, model, output_tokens, ...keys}``
-        (what the whole-log commands read today)."""
-        out: dict[str, Any] = {k: v for k, v in self.keys.items() if v is not None}
-        if self.timestamp is not None:
-            out["timestamp"] = self.timestamp
-        if self.body is not None:
-            out["body"] = self.body
-        if self.usage is not None:
-            out["usage"] = self.usage
-        elif self.served is not None:
-            out["usage"] = self.served
-        if self.model is not None:
-            out["model"] = self.model
-        if self.output_tokens is not None:
-            out["output_tokens"] = self.output_tokens
-        if self.tokens is not None:
-            out["prompt_token_ids"] = self.tokens
-        if self.prompt is not None and self.body is None and self.tokens is None:
-            out["prompt"] = self.prompt
-        if self.batch:
-            out["batch"] = True
-        return out
+        """The record as cachectl's own wrapper line (:func:`wrapper_value`)."""
+        return wrapper_value(self.keys, timestamp=self.timestamp, body=self.body, usage=self.usage,
+                             served=self.served, model=self.model, output_tokens=self.output_tokens,
+                             tokens=self.tokens, prompt=self.prompt, batch=self.batch)
+
+
+def wrapper_value(keys: dict[str, Any], *, timestamp: Any = None, body: dict | None = None,
+                  usage: dict | None = None, served: dict | None = None, model: str | None = None,
+                  output_tokens: int | None = None, tokens: list[int] | None = None, prompt: str | None = None,
+                  batch: bool = False) -> dict[str, Any]:
+    """A call as cachectl's own wrapper line: ``{...keys, timestamp, body, usage, model, output_tokens, ...}``
+    (what the whole-log commands read), from :class:`Record`'s fields; a shape's ``values`` builds it from them
+    without the record."""
+    out: dict[str, Any] = {k: v for k, v in keys.items() if v is not None}
+    if timestamp is not None:
+        out["timestamp"] = timestamp
+    if body is not None:
+        out["body"] = body
+    if usage is not None:
+        out["usage"] = usage
+    elif served is not None:
+        out["usage"] = served
+    if model is not None:
+        out["model"] = model
+    if output_tokens is not None:
+        out["output_tokens"] = output_tokens
+    if tokens is not None:
+        out["prompt_token_ids"] = tokens
+    if prompt is not None and body is None and tokens is None:
+        out["prompt"] = prompt
+    if batch:
+        out["batch"] = True
+    return out
 
 
 def json_value(raw: bytes) -> Any:

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ...errors import InputError
-from .base import Head, LogShape, Record, Verdict
+from .base import Head, LogShape, Record, Verdict, wrapper_value
 
 SHAPE = LogShape(
     "openai-batch-output", "OpenAI Batch API output files",
@@ -103,14 +103,8 @@ def values(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[tuple[in
         if call is None:
             continue
         custom_id, usage, model, request_id = call
-        value: dict[str, Any] = {"custom_id": custom_id}  # Record.value(): the keys that are not None first
-        if request_id is not None:
-            value["request_id"] = request_id
-        value["usage"] = usage
-        if model is not None:
-            value["model"] = model
-        value["batch"] = True
-        yield n, value
+        yield n, wrapper_value({"custom_id": custom_id, "request_id": request_id}, usage=usage, model=model,
+                               batch=True)
 
 
 def usage_index(path: str) -> dict[str, tuple[dict, str | None, int]]:

@@ -36,7 +36,7 @@ import orjson
 
 from ...errors import InputError
 from ..files import parse_jsonl_line
-from .base import Head, LogShape, Record, Verdict
+from .base import Head, LogShape, Record, Verdict, wrapper_value
 
 SHAPE = LogShape(
     "otel", "OpenTelemetry GenAI spans (OTLP/JSON)",
@@ -380,15 +380,8 @@ def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
         yield Record(shape=SHAPE.name, source=source, line=n, **fields)
 
 
-#: the fields :meth:`Record.value` writes after the keys, in its order, where they are not None
-_VALUE_FIELDS = ("timestamp", "body", "usage", "model", "output_tokens")
-
-
 def values(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line, record.value())`` of each record :func:`read` yields, without building the records."""
     for n, fields in _calls(lines, source):
-        value = dict(fields["keys"])  # none of them is None
-        for name in _VALUE_FIELDS:
-            if fields[name] is not None:
-                value[name] = fields[name]
-        yield n, value
+        yield n, wrapper_value(fields["keys"], timestamp=fields["timestamp"], body=fields["body"],
+                               usage=fields["usage"], model=fields["model"], output_tokens=fields["output_tokens"])

@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from ...errors import InputError
-from .base import Head, LogShape, Record, Verdict
+from .base import Head, LogShape, Record, Verdict, wrapper_value
 
 SHAPE = LogShape(
     "vllm-log", "vLLM server logs with --enable-log-requests",
@@ -263,15 +263,8 @@ def values(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[tuple[in
     requests = _requests(lines, source)
     window, _ = _held(requests)
     for r in itertools.chain(window, requests):
-        value: dict[str, Any] = {"request_id": r.request_id, "logged_at": r.logged_at}
-        if r.lora is not None:
-            value["lora"] = r.lora
-        value["timestamp"] = r.timestamp
-        if r.tokens is not None:
-            value["prompt_token_ids"] = r.tokens
-        elif r.prompt is not None:
-            value["prompt"] = r.prompt
-        yield r.line, value
+        yield r.line, wrapper_value({"request_id": r.request_id, "logged_at": r.logged_at, "lora": r.lora},
+                                    timestamp=r.timestamp, tokens=r.tokens, prompt=r.prompt)
 
 
 def _length(r: _Request) -> int:
