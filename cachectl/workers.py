@@ -8,10 +8,10 @@ on the same data.
         ...                                              # the parent's own work; pass workers.tick as progress
         m = side.result()                                # the child's value, or its error raised here
 
-A child is a :mod:`multiprocessing` process of the ``fork`` context: it starts from the parent's memory as it is at
-the submit, so a part is any callable, closures over the run's state included, never pickled (which is why this
-is not a ``concurrent.futures`` pool: its workers take pickled callables, and it cannot stop a running one before
-Python 3.14). Its result comes back through a :func:`multiprocessing.Pipe`, its progress through a shared counter
+A part runs in a :class:`concurrent.futures.ProcessPoolExecutor` of one process, of the ``fork`` context, made
+for it at the submit: the child starts from the parent's memory as it is then, so a part is any callable,
+closures over the run's state included. The executor pickles only the part's number; the child finds the part
+itself in :data:`_PARTS`, as the parent left it at the fork. Its progress comes back through a shared counter
 (:func:`multiprocessing.Value`: a busy parent never makes a child wait). Linux only; elsewhere, with one core or
 ``jobs=1``, a part runs in this process when its result is asked for. At most ``jobs`` children run at once (a
 submit beyond waits for the oldest): the parent, which waits for their results at the end, is not counted.
@@ -20,20 +20,23 @@ What a child must not share with its parent is made its own at the fork: the spo
 the child appends to a file of its own), the render watchdog (:mod:`cachectl.sandbox`), the tokenizers library's
 thread pool (``TOKENIZERS_PARALLELISM`` is false in the child: a pool does not survive a fork). A child never
 writes to stdout or stderr. A child that dies without a result (killed, out of memory) has its part run again in
-the parent, with a line on stderr; a child dies with its parent.
+the parent, with a line on stderr; a child dies with its parent, and :meth:`Workers.close` kills the children
+still running (an executor cannot stop a running call before Python 3.14, so its process is killed).
 """
 
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 import pickle
 import signal
 import sys
 import time
-import traceback
 import warnings
 from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -45,6 +48,10 @@ TICK_S = 0.5
 _CHILD_TICKS: Any = None
 _pending = 0        # a child's ticks not yet added to the counter
 _sent_at = 0.0      # when they were last added
+
+#: the parts being forked, by number: (callable, args, kwargs), found by the child in the memory it forked from
+_PARTS: dict[int, tuple[Callable[..., Any], tuple, dict]] = {}
+_numbers = itertools.count()
 
 
 def available_jobs() -> int:
@@ -65,11 +72,12 @@ def in_child() -> bool:
 class Job(Generic[T]):
     """One part of the run: computed in a child (``pid``) or, in one process, when :meth:`result` is called."""
 
-    def __init__(self, workers: Workers, fn: Callable[..., T], args: tuple, kwargs: dict) -> None:
+    def __init__(self, workers: Workers, call: tuple[Callable[..., T], tuple, dict]) -> None:
         self._workers = workers
-        self._call: tuple[Callable[..., T], tuple, dict] | None = (fn, args, kwargs)
-        self._proc: Any = None      # the child (a multiprocessing Process)
-        self._conn: Any = None      # the parent's end of its pipe
+        self._call: tuple[Callable[..., T], tuple, dict] | None = call
+        self._executor: ProcessPoolExecutor | None = None
+        self._future: Future | None = None
+        self._proc: Any = None      # the child (the executor's one process)
         self._ticks: Any = None     # its progress counter, and how much of it was forwarded
         self._forwarded = 0
         self._done = False
@@ -81,10 +89,16 @@ class Job(Generic[T]):
         """The child's process id while it runs (None: in this process, or reaped)."""
         return self._proc.pid if self._proc is not None else None
 
+    def wait(self, timeout: float | None = None) -> bool:
+        """Whether the part has ended (in its child: waiting up to ``timeout`` s; in this process: whether it ran)."""
+        if self._future is None:
+            return self._done
+        return bool(wait([self._future], timeout=timeout).done)
+
     def result(self) -> T:
         """The part's value (waiting for its child), or its error raised here."""
         if not self._done:
-            while self._proc is not None:
+            while self._future is not None:
                 self._drain(TICK_S)
             if not self._done:  # one process, or a child that left no result: the part runs here
                 assert self._call is not None
@@ -99,19 +113,22 @@ class Job(Generic[T]):
             raise self._error
         return self._value
 
-    def _drain(self, wait: float = 0.0) -> None:
-        """Forward the child's progress; take its result once sent (waiting up to ``wait`` s); reap it at the end."""
-        if self._proc is None:
+    def _drain(self, timeout: float = 0.0) -> None:
+        """Forward the child's progress; take its result once it ended (waiting up to ``timeout`` s), and reap it."""
+        if self._future is None:
             return
         self._forward_ticks()
-        try:
-            if not self._conn.poll(wait):
-                return
-            payload = self._conn.recv_bytes()
-        except (EOFError, OSError):  # the child ended without a result
-            self._reap()
+        if not self.wait(timeout):
             return
-        self._received(payload)
+        try:
+            self._value = self._future.result()
+        except BrokenProcessPool:  # the child ended without a result
+            pass
+        except BaseException as exc:
+            self._error = exc
+            self._done = True
+        else:
+            self._done = True
         self._reap()
 
     def _forward_ticks(self) -> None:
@@ -120,40 +137,22 @@ class Job(Generic[T]):
             self._workers._forward(now - self._forwarded)
             self._forwarded = now
 
-    def _received(self, payload: bytes) -> None:
-        try:
-            status, value, where = pickle.loads(payload)  # noqa: S301 (our own child's, through our own pipe)
-        except Exception as exc:  # pragma: no cover - a payload that does not load: the part runs here
-            self._workers._say(f"a worker's result did not load ({exc}); its part runs in this process")
+    def _reap(self, kill: bool = False) -> None:
+        executor, proc = self._executor, self._proc
+        self._executor = self._future = self._proc = None
+        if executor is None:
             return
-        if status == "ok":
-            self._value = value
-        else:
-            if where and os.environ.get("CACHECTL_DEBUG"):
-                sys.stderr.write(where)
-            self._error = value
-        self._done = True
-
-    def _reap(self) -> None:
-        proc, self._proc = self._proc, None
-        proc.join()
-        code = proc.exitcode or 0
-        self._forward_ticks()  # (what it counted after its last look)
-        self._conn.close()
-        proc.close()
+        if kill and proc is not None:
+            proc.kill()
+        executor.shutdown(wait=True, cancel_futures=True)
         self._workers._running.remove(self)
+        if kill:
+            return
+        self._forward_ticks()  # (what it counted after its last look)
         if not self._done:
+            code = (proc.exitcode if proc is not None else None) or 0
             how = f"signal {-code}" if code < 0 else f"exit status {code}"
             self._workers._say(f"a worker process ended without its result ({how}); its part runs in this process")
-
-    def _kill(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        proc.kill()
-        proc.join()
-        proc.close()
-        self._conn.close()
 
 
 class Workers:
@@ -180,11 +179,10 @@ class Workers:
     def close(self) -> None:
         """Kill and reap the children still running (an error or an interrupt in the parent)."""
         for job in list(self._running):
-            job._kill()
-        self._running.clear()
+            job._reap(kill=True)
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Job[T]:
-        job: Job[T] = Job(self, fn, args, kwargs)
+        job: Job[T] = Job(self, (fn, args, kwargs))
         if self.jobs < 2 or in_child():  # (a child's parts run in it: no child of a child)
             return job
         while len(self._running) >= self.jobs:  # (the parent mostly waits while its children compute)
@@ -220,9 +218,10 @@ class Workers:
         import multiprocessing
 
         ctx = multiprocessing.get_context("fork")
-        mine, theirs = ctx.Pipe(duplex=False)
         ticks = ctx.Value("q", 0)
-        proc = ctx.Process(target=_child, args=(job, theirs, ticks, os.getpid()))
+        executor = ProcessPoolExecutor(1, mp_context=ctx, initializer=_child_start, initargs=(ticks, os.getpid()))
+        number = next(_numbers)
+        _PARTS[number] = job._call
         before = os.environ.get("TOKENIZERS_PARALLELISM")
         os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the child's: its parent's thread pool is not there
         sys.stdout.flush()
@@ -231,15 +230,16 @@ class Workers:
         try:
             with warnings.catch_warnings():  # (3.12+ warns of fork with threads: ours are made anew in the child)
                 warnings.simplefilter("ignore", DeprecationWarning)
-                proc.start()
+                future = executor.submit(_run, number)  # (the fork context starts its process here)
         except OSError:
-            mine.close()
+            executor.shutdown(wait=False, cancel_futures=True)
             return  # (no child: the part runs here when its result is asked for)
         finally:
             gc.unfreeze()
             _restore(before)
-            theirs.close()
-        job._proc, job._conn, job._ticks = proc, mine, ticks
+            del _PARTS[number]  # (the child has its copy)
+        job._executor, job._future, job._ticks = executor, future, ticks
+        job._proc = next(iter(getattr(executor, "_processes", {}).values()), None)
         self._running.append(job)
 
 
@@ -250,31 +250,25 @@ def _restore(before: str | None) -> None:
         os.environ["TOKENIZERS_PARALLELISM"] = before
 
 
-def _child(job: Job, conn: Any, ticks: Any, parent: int) -> None:  # pragma: no cover - runs in the forked child
-    """The part, in the child; it ends the process itself (nothing of the parent's exit handlers runs here, and
-    nothing is written to stderr: the parent says what happened)."""
+def _child_start(ticks: Any, parent: int) -> None:  # pragma: no cover - runs in the forked child
+    """The child's set-up: its progress counter; an interrupt ends it (the parent says what happened); it dies with
+    its parent."""
     global _CHILD_TICKS
-    code = 0
+    _CHILD_TICKS = ticks
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    _die_with_parent(parent)
+
+
+def _run(number: int) -> Any:  # pragma: no cover - runs in the forked child
+    """Part ``number``, in the child. An error that would not load in the parent is sent as one that does."""
+    fn, args, kwargs = _PARTS[number]
     try:
-        _CHILD_TICKS = ticks
-        for other in job._workers._running:  # the pipes of the parent's other children are not this one's
-            other._conn.close()
-        job._workers._running = []
-        for sig in (signal.SIGINT, signal.SIGTERM):  # an interrupt ends the child; the parent says what happened
-            signal.signal(sig, signal.SIG_DFL)
-        _die_with_parent(parent)
-        assert job._call is not None
-        fn, args, kwargs = job._call
-        try:
-            payload = pickle.dumps(("ok", fn(*args, **kwargs), None), protocol=pickle.HIGHEST_PROTOCOL)
-        except BaseException as exc:
-            payload = _error_payload(exc)
-        _flush_ticks()
-        conn.send_bytes(payload)  # (all of it, however long the parent takes to read it)
-    except BaseException:
-        code = 1
+        return fn(*args, **kwargs)
+    except BaseException as exc:
+        raise _loadable(exc) from None
     finally:
-        os._exit(code)
+        _flush_ticks()
 
 
 def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the forked child
@@ -289,18 +283,15 @@ def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the for
         os._exit(1)
 
 
-def _error_payload(exc: BaseException) -> bytes:  # pragma: no cover - runs in the forked child
-    where = "".join(traceback.format_exception(exc))
+def _loadable(exc: BaseException) -> BaseException:  # pragma: no cover - runs in the forked child
     try:
-        payload = pickle.dumps(("err", exc, where), protocol=pickle.HIGHEST_PROTOCOL)
-        pickle.loads(payload)  # noqa: S301 (it must load in the parent)
-        return payload
+        pickle.loads(pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL))  # noqa: S301 (it must load in the parent)
+        return exc
     except Exception:
         from .errors import CachectlError
 
-        again: BaseException = (CachectlError(str(exc)) if isinstance(exc, CachectlError)
-                                else RuntimeError(f"{type(exc).__name__}: {exc}"))
-        return pickle.dumps(("err", again, where), protocol=pickle.HIGHEST_PROTOCOL)
+        return (CachectlError(str(exc)) if isinstance(exc, CachectlError)
+                else RuntimeError(f"{type(exc).__name__}: {exc}"))
 
 
 def _child_tick(n: int) -> None:  # pragma: no cover - runs in the forked child
