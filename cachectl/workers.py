@@ -217,6 +217,7 @@ class Workers:
     def _fork(self, job: Job) -> None:
         import multiprocessing
 
+        assert job._call is not None
         ctx = multiprocessing.get_context("fork")
         ticks = ctx.Value("q", 0)
         executor = ProcessPoolExecutor(1, mp_context=ctx, initializer=_child_start, initargs=(ticks, os.getpid()))
