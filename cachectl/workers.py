@@ -121,14 +121,11 @@ class Job(Generic[T]):
         if not self.wait(timeout):
             return
         try:
-            self._value = self._future.result()
+            self._value, self._done = self._future.result(), True
         except BrokenProcessPool:  # the child ended without a result
             pass
         except BaseException as exc:
-            self._error = exc
-            self._done = True
-        else:
-            self._done = True
+            self._error, self._done = exc, True
         self._reap()
 
     def _forward_ticks(self) -> None:

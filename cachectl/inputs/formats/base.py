@@ -155,20 +155,10 @@ def wrapper_value(keys: dict[str, Any], *, timestamp: Any = None, body: dict | N
     (what the whole-log commands read), from :class:`Record`'s fields; a shape's ``values`` builds it from them
     without the record."""
     out: dict[str, Any] = {k: v for k, v in keys.items() if v is not None}
-    if timestamp is not None:
-        out["timestamp"] = timestamp
-    if body is not None:
-        out["body"] = body
-    if usage is not None:
-        out["usage"] = usage
-    elif served is not None:
-        out["usage"] = served
-    if model is not None:
-        out["model"] = model
-    if output_tokens is not None:
-        out["output_tokens"] = output_tokens
-    if tokens is not None:
-        out["prompt_token_ids"] = tokens
+    for k, v in (("timestamp", timestamp), ("body", body), ("usage", usage if usage is not None else served),
+                 ("model", model), ("output_tokens", output_tokens), ("prompt_token_ids", tokens)):
+        if v is not None:
+            out[k] = v
     if prompt is not None and body is None and tokens is None:
         out["prompt"] = prompt
     if batch:
