@@ -1,6 +1,6 @@
 """Kept on disk, not in memory, by the whole-log commands: :class:`Spool`, values appended to a temporary file
-and read back by index, :class:`ZlibStreams`, payloads compressed against the first one, and :class:`DigestTable`, a compact map from a 64-bit digest to such an index (16 to 24
-bytes an entry, where a dict of ints takes about a hundred).
+and read back by index, :class:`ZlibStreams`, payloads compressed against the first one, and :class:`KeyIndex`, a compact map from a 64-bit key to such an index (about
+16 bytes an entry, where a dict of ints takes about a hundred).
 
 Nothing here imports an engine: the tokenizer's render memo, the fork analysis and the log store all use it.
 """
@@ -172,105 +172,92 @@ def _where(exc: OSError) -> OSError:
     return OSError(exc.errno, exc.strerror or str(exc), where)
 
 
-class DigestTable:
-    """A map from 64-bit digests (ints in ``[0, 2**64)``) to non-negative ints below 2**31 (a spool's indices), in
-    two arrays (open addressing, linear probing, at most three quarters full): 12 bytes a slot, 16 to 24 an
-    entry. ``get(d)`` is None for an unknown digest."""
+class KeyIndex:
+    """A map from signed 64-bit int keys (the builtin hash's, the first half of a digest) to non-negative ints, in
+    about 16 bytes an entry where a dict of ints takes about a hundred: the entries in two sorted numpy arrays, and
+    those added since the last merge in a dict (merged into the arrays when it holds :attr:`MERGE`, or a sixteenth
+    of theirs). A request's
+    keys are looked up in one ``numpy.searchsorted`` (:meth:`values`)."""
 
-    __slots__ = ("_keys", "_mask", "_n", "_vals")
+    #: entries the dict holds before they are merged into the arrays (or a sixteenth of the arrays' entries)
+    MERGE = 1 << 12
 
-    def __init__(self, slots: int = 1024):
-        size = 1
-        while size < slots:
-            size *= 2
-        self._mask = size - 1
-        self._keys = array("Q", bytes(8 * size))
-        self._vals = array("i", [-1]) * size      # -1: an empty slot
-        self._n = 0
+    __slots__ = ("_keys", "_new", "_vals")
+
+    def __init__(self) -> None:
+        import numpy as np
+
+        self._keys = np.empty(0, np.int64)
+        self._vals = np.empty(0, np.int64)
+        self._new: dict[int, int] = {}
 
     def __len__(self) -> int:
-        return self._n
+        return len(self._keys) + len(self._new)
 
-    def get(self, digest: int) -> int | None:
-        keys, vals, mask = self._keys, self._vals, self._mask
-        i = digest & mask
-        while True:
-            v = vals[i]
-            if v < 0:
-                return None
-            if keys[i] == digest:
-                return v
-            i = (i + 1) & mask
+    def get(self, key: int) -> int | None:
+        got = self._new.get(key)
+        if got is not None or not len(self._keys):
+            return got
+        i = int(self._keys.searchsorted(key))
+        return int(self._vals[i]) if i < len(self._keys) and self._keys[i] == key else None
 
-    def __setitem__(self, digest: int, value: int) -> None:
-        if not 0 <= value < 2**31:
-            raise ValueError(f"a value in [0, 2**31), not {value}")
-        if not 0 <= digest < 2**64:
-            raise ValueError(f"a 64-bit digest, not {digest}")
-        if 4 * (self._n + 1) > 3 * len(self._vals):
-            self._grow()
-        keys, vals, mask = self._keys, self._vals, self._mask
-        i = digest & mask
-        while vals[i] >= 0 and keys[i] != digest:
-            i = (i + 1) & mask
-        if vals[i] < 0:
-            self._n += 1
-        keys[i] = digest
-        vals[i] = value
+    def __setitem__(self, key: int, value: int) -> None:
+        if key not in self._new and len(self._keys):
+            i = int(self._keys.searchsorted(key))
+            if i < len(self._keys) and self._keys[i] == key:
+                if value < 0:
+                    raise ValueError("the values of a KeyIndex are non-negative")
+                self._vals[i] = value
+                return
+        self.put([key], [value], absent=True)
 
-    def __contains__(self, digest: int) -> bool:
-        return self.get(digest) is not None
+    def values(self, keys: Sequence[int], missing: int = -1) -> list[int]:
+        """Each key's value, ``missing`` where it has none."""
+        import numpy as np
 
-    def leading(self, digests: Sequence[int], limit: int) -> list[int]:
-        """The values of the first ``limit`` digests, up to the first one absent (a prefix lookup in one call)."""
-        get = self.get
-        out: list[int] = []
-        for d in digests[:limit]:
-            v = get(d)
-            if v is None:
-                break
-            out.append(v)
-        return out
+        new = self._new
+        if not len(self._keys) or not len(keys):
+            return [new.get(k, missing) for k in keys]
+        at, found = self._find(np.array(keys, np.int64))
+        got = np.where(found, self._vals[at], missing).tolist()
+        if new:
+            for i in np.flatnonzero(~found).tolist():  # (an entry is in the arrays or in the dict)
+                got[i] = new.get(keys[i], missing)
+        return got
 
-    def fill(self, digests: Sequence[int], value: int) -> None:
-        """Each digest that has no value gets ``value`` (``dict.setdefault`` on each)."""
-        if not 0 <= value < 2**31:
-            raise ValueError(f"a value in [0, 2**31), not {value}")
-        if digests and not (0 <= min(digests) and max(digests) < 2**64):
-            raise ValueError("64-bit digests only")
-        keys, vals, mask = self._keys, self._vals, self._mask
-        room = 3 * len(vals) // 4 - self._n   # entries that fit before the table grows (at most 3/4 full)
-        for d in digests:
-            i = d & mask
-            while True:
-                v = vals[i]
-                if v < 0:
-                    if room <= 0:
-                        self._grow()
-                        keys, vals, mask = self._keys, self._vals, self._mask
-                        room = 3 * len(vals) // 4 - self._n
-                        i = d & mask
-                        continue
-                    keys[i] = d
-                    vals[i] = value
-                    self._n += 1
-                    room -= 1
-                    break
-                if keys[i] == d:
-                    break
-                i = (i + 1) & mask
+    def put(self, keys: Sequence[int], values: Sequence[int], absent: bool = False) -> None:
+        """Set each key's value (the keys distinct; ``absent``: none of them is in the arrays)."""
+        import numpy as np
 
-    def _grow(self) -> None:
-        """Twice the slots, the entries moved one at a time (no list of them: the table is most of what it holds)."""
-        old_keys, old_vals = self._keys, self._vals
-        size = 2 * len(old_vals)
-        mask = self._mask = size - 1
-        keys = self._keys = array("Q", bytes(8 * size))
-        vals = self._vals = array("i", [-1]) * size
-        for k, v in zip(old_keys, old_vals):
-            if v >= 0:
-                i = k & mask
-                while vals[i] >= 0:
-                    i = (i + 1) & mask
-                keys[i] = k
-                vals[i] = v
+        if not len(keys):
+            return
+        if min(values) < 0:
+            raise ValueError("the values of a KeyIndex are non-negative")
+        if len(self._keys) and not absent:
+            at, found = self._find(np.array(keys, np.int64))  # (OverflowError past 64 bits)
+            if found.any():
+                self._vals[at[found]] = np.array(values, np.int64)[found]
+                keep = (~found).tolist()
+                keys, values = [k for k, f in zip(keys, keep) if f], [v for v, f in zip(values, keep) if f]
+        elif not all(-2**63 <= k < 2**63 for k in keys):
+            raise OverflowError("a KeyIndex key is a signed 64-bit int")
+        self._new.update(zip(keys, values))
+        if len(self._new) >= max(self.MERGE, len(self._keys) >> 4):
+            self._merge()
+
+    def _find(self, arr):
+        at = self._keys.searchsorted(arr)
+        at[at == len(self._keys)] = 0
+        return at, self._keys[at] == arr
+
+    def _merge(self) -> None:
+        import numpy as np
+
+        n = len(self._new)
+        keys = np.fromiter(self._new.keys(), np.int64, n)
+        vals = np.fromiter(self._new.values(), np.int64, n)
+        order = keys.argsort()
+        keys, vals = keys[order], vals[order]
+        at = self._keys.searchsorted(keys)  # (none of them is in the arrays: put sets those in place)
+        self._keys, self._vals = np.insert(self._keys, at, keys), np.insert(self._vals, at, vals)
+        self._new.clear()

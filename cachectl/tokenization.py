@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from .errors import InputError, TokenizerError
 from .inputs import PromptInput
-from .spool import DigestTable, Spool, ZlibStreams, content_digest
+from .spool import KeyIndex, Spool, ZlibStreams, content_digest
 
 if TYPE_CHECKING:  # pragma: no cover
     import tokenizers
@@ -306,7 +306,7 @@ class RenderMemo:
     """Chat renders asked for again (a whole-log command's passes render many prompts more than once): each text by
     a 128-bit digest of everything the render reads (the template, the messages and tools, key order and types
     included, the options), compressed in a spool on disk against the first text kept (the system prompt and
-    tools most renders share); in memory a :class:`~cachectl.spool.DigestTable` entry a render (16 to 24 bytes)
+    tools most renders share); in memory a :class:`~cachectl.spool.KeyIndex` entry a render (about 16 bytes)
     and the last :data:`HOT` texts. The first half of the digest finds the entry, the second half, kept with the
     text, confirms it. The token IDs a render was encoded to are kept beside it (zlib, about 2 bytes a token on
     disk), and so are the spans of a render (where each field landed: an instrumented render of their own), by a
@@ -317,9 +317,9 @@ class RenderMemo:
     __slots__ = ("_hot", "_ids", "_lock", "_spans", "_spool", "_table", "_z", "hits", "misses")
 
     def __init__(self) -> None:
-        self._table = DigestTable()
-        self._spans = DigestTable()  # the spans of a render (:meth:`put_spans`), by their own digest
-        self._ids = DigestTable()    # the token IDs of a render (:meth:`put_ids`), by the render's digest
+        self._table = KeyIndex()
+        self._spans = KeyIndex()  # the spans of a render (:meth:`put_spans`), by their own digest
+        self._ids = KeyIndex()    # the token IDs of a render (:meth:`put_ids`), by the render's digest
         self._lock = threading.Lock()
         self._spool: Spool | None = None
         self._hot: OrderedDict[bytes, str] = OrderedDict()
@@ -406,18 +406,18 @@ class RenderMemo:
         with self._lock:
             self._write(self._spans, key, blob)
 
-    def _read(self, table: DigestTable, key: bytes) -> bytes | None:
+    def _read(self, table: KeyIndex, key: bytes) -> bytes | None:
         """What ``table`` keeps under ``key`` (the first half of the digest finds it, the second confirms it)."""
-        k = table.get(int.from_bytes(key[:8], "little"))
+        k = table.get(int.from_bytes(key[:8], "little", signed=True))
         if k is None or self._spool is None:
             return None
         blob = self._spool.get_bytes(k)
         return blob[8:] if blob[:8] == key[8:] else None  # (else another entry under the same first half)
 
-    def _write(self, table: DigestTable, key: bytes, payload: bytes) -> None:
+    def _write(self, table: KeyIndex, key: bytes, payload: bytes) -> None:
         if self._spool is None:
             self._spool = Spool()
-        table[int.from_bytes(key[:8], "little")] = self._spool.put_bytes(key[8:] + payload)
+        table[int.from_bytes(key[:8], "little", signed=True)] = self._spool.put_bytes(key[8:] + payload)
 
     def _keep(self, key: bytes, text: str) -> None:
         self._hot[key] = text

@@ -92,14 +92,19 @@ def test_grouping_by_key_and_recording_a_fix_parse_no_line(tok, table, monkeypat
     assert {f.line for f in rw.fixes} <= {lines.line_number(i) for i in range(len(lines))}
 
 
-def test_the_shared_no_eviction_replay_counts_what_simulate_counts_per_version():
-    """InfiniteVersions replays several versions at once (one dict, a mask a block): each version's totals are
-    simulate's (policy infinite) over that version's requests alone, whichever requests the versions share."""
+@pytest.mark.parametrize("merge", [8, None])
+def test_the_shared_no_eviction_replay_counts_what_simulate_counts_per_version(merge, monkeypatch):
+    """InfiniteVersions replays several versions at once (one map, a mask a block): each version's totals are
+    simulate's (policy infinite) over that version's requests alone, whichever requests the versions share; with
+    the map's entries merged into its arrays every few requests (``merge``), and as they first go in."""
     import random
 
     from cachectl.engines.prefix.replay import InfiniteVersions, simulate
     from cachectl.engines.prefix.trace import TraceRequest
+    from cachectl.spool import KeyIndex
 
+    if merge is not None:
+        monkeypatch.setattr(KeyIndex, "MERGE", merge)
     rng = random.Random(7)
     heads = [[rng.randrange(50) for _ in range(rng.randrange(1, 80))] for _ in range(6)]
     for bs in (1, 4, 16):

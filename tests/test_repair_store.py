@@ -82,6 +82,11 @@ def test_edits_keep_only_what_changed_one_copy_of_each_new_value():
     ({"a": 1, "b": 2}, {"b": 2, "a": 1}, [((), {"b": 2, "a": 1})]),               # keys reordered: the dict
     ({"x": [1, [2, 3], 4]}, {"x": [1, [2, 5], 4]}, [(("x", 1, 1), 5)]),          # one item of a list
     ({"x": [3, 1, 2]}, {"x": [1, 2, 3]}, [(("x",), [1, 2, 3])]),                  # a list sorted: the list
+    ({"m": [{"r": "s", "c": "t0 S"}, {"r": "u", "c": "U"}]},                      # FX001: two messages edited:
+     {"m": [{"r": "s", "c": "S"}, {"r": "u", "c": "U t0"}]},                      # their contents
+     [(("m", 0, "c"), "S"), (("m", 1, "c"), "U t0")]),
+    ({"x": [{"b": 1, "a": 2}, {"d": 3, "c": 4}]}, {"x": [{"a": 2, "b": 1}, {"c": 4, "d": 3}]},  # each item replaced
+     [(("x",), [{"a": 2, "b": 1}, {"c": 4, "d": 3}])]),                           # whole: the list
     ({"x": [1]}, {"x": [1, 2]}, [(("x",), [1, 2])]),                              # a list grown: the list
     ({"x": 1}, {"x": 1.0}, [(("x",), 1.0)]),                                      # 1 and 1.0 are not one value
     ({"x": 1}, ["x"], [((), ["x"])]),                                             # another type: the value

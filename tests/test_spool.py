@@ -1,5 +1,5 @@
-"""cachectl/spool.py: the digest table maps what a dict of the same pairs maps (through growth, overwrites and
-probe chains that wrap around its end), and refuses what it cannot hold."""
+"""cachectl/spool.py: the key index maps what a dict of the same pairs maps (through merges and overwrites), and
+refuses what it cannot hold; the spool's full disk is one line."""
 
 from __future__ import annotations
 
@@ -8,71 +8,65 @@ from pathlib import Path
 
 import pytest
 
-from cachectl.spool import DigestTable
+from cachectl.spool import KeyIndex
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_digest_table_is_the_dict_of_its_pairs(seed):
+def test_key_index_is_the_dict_of_its_pairs(seed, monkeypatch):
+    # through many merges of its dict into the arrays (MERGE made small), overwrites of keys in either part, and
+    # the extremes of a signed 64-bit key
+    monkeypatch.setattr(KeyIndex, "MERGE", 64)
     rng = random.Random(seed)
-    table, want = DigestTable(2), {}
-    keys = [rng.getrandbits(64) for _ in range(30_000)]
-    keys += [k ^ 1 for k in keys[:500]] + [0, 2**64 - 1]      # neighbours in the same slot, the extremes
-    for i, k in enumerate(keys):
-        table[k] = want[k] = i
-        if i % 7 == 0:                                         # overwritten in place: not counted twice
-            table[k] = want[k] = i + 1
-    assert len(table) == len(want)
+    table, want = KeyIndex(), {}
+    keys = [rng.getrandbits(64) - 2**63 for _ in range(20_000)] + [-2**63, 2**63 - 1, 0, -1]
+    for start in range(0, len(keys), 37):
+        batch = keys[start:start + 37]
+        table.put(batch, list(range(start, start + len(batch))))
+        want.update(zip(batch, range(start, start + len(batch))))
+        again = rng.sample(keys[:start + len(batch)], 5)           # overwritten in place: not counted twice
+        table.put(list(dict.fromkeys(again)), [7] * len(set(again)))
+        want.update(dict.fromkeys(again, 7))
+        assert len(table) == len(want)
     assert all(table.get(k) == v for k, v in want.items())
-    misses = [rng.getrandbits(64) for _ in range(2_000)]
+    assert table.values(keys[:500]) == [want[k] for k in keys[:500]]
+    misses = [rng.getrandbits(64) - 2**63 for _ in range(2_000)]
+    assert table.values(misses) == [want.get(k, -1) for k in misses]
     assert all((table.get(k) is None) == (k not in want) for k in misses)
-    flipped = keys[3] ^ 2**63
-    assert keys[3] in table and (flipped in table) == (flipped in want)
 
 
-def test_digest_table_collisions_in_one_small_table():
-    table = DigestTable(8)      # all keys in slot 7 of 8, then of 16: the probe wraps past the end
-    keys = [7 + 16 * i for i in range(3)]
-    for i, k in enumerate(keys):
-        table[k] = i
-    assert [table.get(k) for k in keys] == [0, 1, 2] and table.get(7 + 16 * 3) is None
+def test_key_index_refuses_what_it_cannot_hold():
+    table = KeyIndex()
+    with pytest.raises(ValueError):
+        table[5] = -1
+    for key in (2**63, -2**63 - 1):
+        with pytest.raises(OverflowError):
+            table[key] = 1
+    assert len(table) == 0 and table.get(5) is None and table.values([5, 6]) == [-1, -1]
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_digest_table_prefix_lookup_and_fill_are_dict_setdefault(seed):
-    # leading(): the values of a run of digests up to the first absent; fill(): setdefault on each, growing from a
-    # two-slot table, with digests that share slots and the extremes
+def test_compact_key_table_is_dict_setdefault(seed, monkeypatch):
+    # the no-eviction replay's table (pools._KeyTable): the tenants of a run of keys up to the first absent, then
+    # setdefault on each key from there, as a dict does it; keys in a run twice, keys that are no signed 64-bit int
+    from cachectl.engines.prefix.pools import _KeyTable
+
+    monkeypatch.setattr(KeyIndex, "MERGE", 32)
     rng = random.Random(seed)
-    table, want = DigestTable(2), {}
-    pool = [rng.getrandbits(64) for _ in range(3_000)] + [0, 2**64 - 1, 7, 7 + 2**40]
+    table, want = _KeyTable(), {}
+    pool = [rng.getrandbits(64) - 2**63 for _ in range(3_000)] + [-2**63, 2**63 - 1, 2**64, b"sha"]
     for step in range(400):
         run = [rng.choice(pool) for _ in range(rng.randrange(0, 40))]
         limit = rng.randrange(0, 45)
-        got = table.leading(run, limit)
+        got = table.run(run, limit, step)
         expect = []
-        for d in run[:limit]:
-            if d not in want:
+        for k in run[:limit]:
+            if k not in want:
                 break
-            expect.append(want[d])
+            expect.append(want[k])
         assert got == expect
-        table.fill(run[len(got):], step)
-        for d in run[len(got):]:
-            want.setdefault(d, step)
+        for k in run[len(got):]:
+            want.setdefault(k, step)
         assert len(table) == len(want)
-    assert all(table.get(k) == v for k, v in want.items())
-    for bad in ([2**64], [-1], [1, 2**64 + 5]):
-        with pytest.raises(ValueError):
-            table.fill(bad, 1)
-    with pytest.raises(ValueError):
-        table.fill([1], 2**31)
-    assert len(table) == len(want)
-
-
-def test_digest_table_refuses_what_it_cannot_hold():
-    table = DigestTable()
-    for digest, value in [(5, -1), (5, 2**31), (2**64, 1), (-1, 1)]:
-        with pytest.raises(ValueError):
-            table[digest] = value
-    assert len(table) == 0 and table.get(5) is None
 
 
 def test_a_full_disk_under_the_spool_is_one_line_naming_tmpdir(cli, monkeypatch, tmp_path):

@@ -281,9 +281,9 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
 
 class InfiniteVersions:
     """The no-eviction replay (:func:`simulate`'s ``infinite`` policy, one tenant) of several versions of
-    one log in one pass: version ``j`` is bit ``j`` of a mask. One dict maps each block key to the mask of the
-    versions that cached it, so a request that several versions send alike (a line no fix changed) is hashed, looked
-    up and inserted once for all of them, and a block the versions share is kept once. Each version's counts equal
+    one log in one pass: version ``j`` is bit ``j`` of a mask. One map (a :class:`~cachectl.spool.KeyIndex`, 16
+    bytes an entry) holds each block key with the mask of the versions that cached it, so a request that several
+    versions send alike (a line no fix changed) is hashed, looked up and inserted once for all of them, and a block the versions share is kept once. Each version's counts equal
     :func:`simulate` over that version's requests alone (``tests/test_measure_sweep.py`` checks it).
 
     ``add(tokens, mask, salt=None)``: the versions of ``mask`` each send ``tokens`` (with vLLM's ``cache_salt``, which
@@ -291,10 +291,14 @@ class InfiniteVersions:
     ``totals(j)``: version ``j``'s requests, query tokens and hit tokens."""
 
     def __init__(self, versions: int, block_size: int) -> None:
+        from ...spool import KeyIndex
+
         if not 1 <= block_size <= MAX_BLOCK_SIZE:
             raise UsageError(f"--block-size must be between 1 and {MAX_BLOCK_SIZE:,}")
         self.block_size = block_size
-        self._cached: dict[Any, int] = {}
+        # (the keys are the builtin hash's, signed 64-bit ints, and a mask is one up to 63 versions; past that, a dict)
+        self._table = KeyIndex() if versions < 64 else None
+        self._other: dict[Any, int] = {}
         self._requests = [0] * versions
         self._query = [0] * versions
         self._hits = [0] * versions
@@ -306,18 +310,25 @@ class InfiniteVersions:
         keys = block_keys(tokens, bs, salt)
         n = len(tokens)
         limit = min(len(keys), (n - 1) // bs)  # (vLLM's lookup leaves at least one token to compute)
-        cached = self._cached
+        table = self._table
+        masks = table.values(keys, 0) if table is not None else [self._other.get(k, 0) for k in keys]
         active, i = mask, 0
         while i < limit and active:   # the longest cached prefix, per version: a version drops out at its miss
-            has = cached.get(keys[i], 0)
+            has = masks[i]
             if active & ~has:
                 self._count(active & ~has, i * bs, n)
                 active &= has
             i += 1
         if active:
             self._count(active, i * bs, n)
-        for k in keys:
-            cached[k] = cached.get(k, 0) | mask
+        if table is None:
+            self._other.update((k, m | mask) for k, m in zip(keys, masks) if m & mask != mask)
+            return
+        new = list(dict.fromkeys(k for k, m in zip(keys, masks) if not m))  # (cached by no version yet)
+        grown = {k: m | mask for k, m in zip(keys, masks) if m and m & mask != mask}
+        if grown:
+            table.put(list(grown), list(grown.values()))
+        table.put(new, [mask] * len(new), absent=True)
 
     def _count(self, mask: int, hit: int, n: int) -> None:
         j = 0

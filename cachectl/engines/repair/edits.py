@@ -8,7 +8,8 @@ the value as it was:
 
 - two dicts whose keys stay in order (keys dropped, keys added at the end) differ by their keys: an edit per key
   set, added or dropped, the values of the keys kept compared in turn;
-- two lists of one length with one item changed differ by that item (compared in turn);
+- two lists of one length differ by the items that changed (compared in turn), unless each of them is replaced whole
+  (a list sorted, every tool's keys sorted): then the list is;
 - anything else (a list sorted or reordered, a dict's keys reordered, a string changed) is one edit: the new value
   at that path.
 
@@ -63,10 +64,12 @@ def _diff(old: Any, new: Any, new_bytes: bytes, path: tuple, out: list[tuple[tup
             return
     elif type(old) is list and type(new) is list and len(old) == len(new):
         news = [_encoded(v) for v in new]
-        differ = [k for k, (v, b) in enumerate(zip(old, news)) if _encoded(v) != b]
-        if len(differ) == 1:
-            k = differ[0]
-            _diff(old[k], new[k], news[k], path + (k,), out)
+        sub: list[tuple[tuple, bytes | None]] = []
+        for k, (v, b) in enumerate(zip(old, news)):
+            if _encoded(v) != b:
+                _diff(v, new[k], b, path + (k,), sub)
+        if len(sub) == 1 or any(len(p) > len(path) + 1 for p, _ in sub):  # (else items replaced whole: the list)
+            out.extend(sub)
             return
     out.append((path, new_bytes))
 
