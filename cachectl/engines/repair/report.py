@@ -407,10 +407,11 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
 
     Every version of the log (as it is, after the safe fixes, as each code of the full run left it, after all
     fixes) is measured in one sweep (:func:`.fix.measured_pass`). With ``workers`` (:class:`cachectl.workers.Workers`
-    of more than one job) the parts run side by side: a child builds the token diff, provider and curve sections
-    while this process finds the forks; then a child rewrites and measures the log with the safe fixes while this
-    process rewrites it with all of them and sweeps the rest. The report is the same as in one process
-    (``workers`` None or of one job). ``progress``: pass ``workers.tick`` (it is called in the children too)."""
+    of more than one job) a child builds the token diff, provider and curve sections while this process finds the
+    forks and rewrites the log. (Measuring the safe fixes' version in a child too, beside the sweep of the rest, was
+    no faster and cost a fifth more CPU: the one sweep measures a line the fixes leave alone once for all versions.)
+    The report is the same as in one process (``workers`` None or of one job). ``progress``: pass ``workers.tick``
+    (it is called in the children too)."""
     from ...workers import Workers
     from .fix import assembled, forked, measured_pass, started
     from .measure import provider_measure
@@ -440,17 +441,11 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
                                         counter=counter, source=source, progress=progress)
     # (the report shows the tokens reused per fix code of the full run only)
     safe_options, full_options = replace(options, per_cause=False, list_unsafe=False), replace(options, unsafe=True)
-    safe_job = None
-    if workers.jobs > 1:  # the safe run in a child, beside the full one
-        safe_job = workers.submit(lambda: measured_pass([rewrite(safe_options)], measured, fixed_lines,
-                                                        examples_only=True)[0][0])
-    full_rw = rewrite(full_options)
+    rws = [rewrite(full_options), rewrite(safe_options)]
     before_provider, (r, rate, losses) = side_job.result()
-    rws = [full_rw] if safe_job is not None else [full_rw, rewrite(safe_options)]
-    passes, first = measured_pass(rws, measured, fixed_lines, before=True, before_provider=before_provider,
-                                  examples_only=True)
-    full_pass = passes[0]
-    safe_pass = safe_job.result() if safe_job is not None else passes[1]
+    # (one sweep measures every version: a line the fixes leave as it is is measured once for all of them)
+    (full_pass, safe_pass), first = measured_pass(rws, measured, fixed_lines, before=True,
+                                                  before_provider=before_provider, examples_only=True)
     assert first is not None
     before, before_notes = first
     safe = assembled(fixed_lines, safe_options, grouping, forks, fork_notes, before, before_notes, safe_pass,
