@@ -1,6 +1,7 @@
 """Kept on disk, not in memory, by the whole-log commands: :class:`Spool`, values appended to a temporary file
-and read back by index, :class:`ZlibStreams`, payloads compressed against the first one, and :class:`KeyIndex`, a compact map from a 64-bit key to such an index (about
-16 bytes an entry, where a dict of ints takes about a hundred).
+and read back by index, :class:`ZlibStreams`, payloads compressed against the first one, and :class:`KeyIndex`, a
+compact map from a 64-bit key to such an index (about 16 bytes an entry, where a dict of ints takes about a
+hundred).
 
 Nothing here imports an engine: the tokenizer's render memo, the fork analysis and the log store all use it.
 """
@@ -176,8 +177,7 @@ class KeyIndex:
     """A map from signed 64-bit int keys (the builtin hash's, the first half of a digest) to non-negative ints, in
     about 16 bytes an entry where a dict of ints takes about a hundred: the entries in two sorted numpy arrays, and
     those added since the last merge in a dict (merged into the arrays when it holds :attr:`MERGE`, or a sixteenth
-    of theirs). A request's
-    keys are looked up in one ``numpy.searchsorted`` (:meth:`values`)."""
+    of theirs). A request's keys are looked up in one ``numpy.searchsorted`` (:meth:`values`)."""
 
     #: entries the dict holds before they are merged into the arrays (or a sixteenth of the arrays' entries)
     MERGE = 1 << 12
