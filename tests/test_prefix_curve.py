@@ -52,12 +52,15 @@ token_lists = st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=48), min
 salt_lists = st.lists(st.sampled_from([None, "a", "b"]), min_size=24, max_size=24)
 
 
-@given(token_lists, st.sampled_from([1, 2, 4, 8]), salt_lists, st.integers(0, 30), st.booleans())
+@given(token_lists, st.sampled_from([1, 2, 4, 8]), salt_lists, st.integers(0, 30), st.booleans(),
+       st.sampled_from(["builtin", "sha256"]))
 @settings(max_examples=150, deadline=None)
-def test_every_curve_point_equals_a_single_replay(trace, bs, salts, warm, use_salts):
+def test_every_curve_point_equals_a_single_replay(trace, bs, salts, warm, use_salts, hash_fn):
+    # (sha256 keys are bytes: the keyed store holds them in lists, the stack pass in a dict)
     trace = shape(trace)
     salts = salts[:len(trace)] if use_salts else None
-    kt = key_trace(make(trace, salts), [bs])[bs]
+    kt = key_trace(make(trace, salts), [bs], hash_fn=hash_fn)[bs]
+    assert kt.requests.packed == (hash_fn == "builtin")
     need = max(-(-len(t) // bs) for t in trace)
     assert kt.min_capacity_blocks == need
     warmup = min(warm, len(trace) - 1)
@@ -127,6 +130,28 @@ def test_mooncake_hash_ids_key_at_their_own_block_size_only():
     assert key_trace([r], [512])[512].min_capacity_blocks == 3
     with pytest.raises(UsageError, match="512-token blocks"):
         key_trace([r], [16])
+
+
+def test_keyed_requests_give_back_each_request_as_keyed():
+    # the packed store rebuilds each pre-keyed request as it was read: keys, length, line (or none), index,
+    # tenant, time and output tokens; ids that are no 64-bit integers (Mooncake's may be strings) turn the store
+    # to lists from there on, the requests before them kept
+    reqs = [TraceRequest(index=5, line=None, prompt_tokens=40, hash_ids=[1, -2, 2**63 - 1], hash_block_size=8),
+            TraceRequest(index=6, line=9, prompt_tokens=17, hash_ids=[3, 4], hash_block_size=8, tenant="t",
+                         timestamp=1.5, output_tokens=7),
+            TraceRequest(index=7, line=10, prompt_tokens=24, hash_ids=["a", "b", "c"], hash_block_size=8),
+            TraceRequest(index=8, line=11, prompt_tokens=8, hash_ids=[2**64], hash_block_size=8)]
+    for n in (2, 4):
+        kept = key_trace(reqs[:n], [8])[8].requests
+        assert len(kept) == n
+        for r, got in zip(reqs, kept):
+            assert (list(got.hash_ids), got.prompt_tokens, got.line, got.index, got.tenant, got.timestamp,
+                    got.output_tokens, got.hash_block_size) == (
+                list(r.hash_ids)[:r.prompt_tokens // 8], r.prompt_tokens, r.line, r.index, r.tenant, r.timestamp,
+                r.output_tokens, 8)
+        assert [list(kept.keys(i)) for i in range(n)] == [list(r.hash_ids)[:r.prompt_tokens // 8] for r in reqs[:n]]
+        assert list(kept.tokens) == [r.prompt_tokens for r in reqs[:n]] and kept[-1] == kept[n - 1]
+        assert [x.index for x in kept[1:]] == [r.index for r in reqs[1:n]]
 
 
 def test_warmup_share_and_count():

@@ -63,17 +63,39 @@ def test_edits_keep_only_what_changed_one_copy_of_each_new_value():
     vs = _edits(originals)
     for i in range(50):
         vs[i] = vs[i]          # set back unchanged: no edit
-    assert not any(vs.changed(i) for i in range(50)) and not vs._edits
+    assert not any(vs.changed(i) for i in range(50)) and not any(vs._edits)
     for i in range(50):        # FX002: every request's tools sorted into one list
         v = vs[i]
         v["body"]["tools"] = [json.loads(json.dumps(t, sort_keys=True)) for t in v["body"]["tools"]]
         vs[i] = v
         vs[i] = v              # the same rewrite again: no edit
-    assert all(len(vs._edits[i]) == 1 for i in range(50))
-    assert len({id(vs._edits[i][0][2]) for i in range(50)}) == 1     # one bytes object for the 50 lists
-    assert len({id(vs._edits[i][0][1]) for i in range(50)}) == 1     # and one path
+    assert all(len(vs._edits[i]) == 3 for i in range(50))            # one edit a line: (version, path, bytes)
+    assert len({id(vs._edits[i][2]) for i in range(50)}) == 1        # one bytes object for the 50 lists
+    assert len({id(vs._edits[i][1]) for i in range(50)}) == 1        # and one path
     assert vs.edits(7) == [(("body", "tools"), [json.loads(json.dumps(t, sort_keys=True)) for t in tools])]
     assert list(vs[7]["body"]["tools"][0]) == ["function", "type"] and vs[7]["body"]["messages"] == ["m7"]
+
+
+def test_edits_keep_new_values_at_their_size():
+    # orjson hands back a bytes object of at least 4 KB, however short its text: kept as it is, 1,000 edited
+    # lines of 200-character values would hold 4 MB; copied to their size, about 0.4 MB (tracemalloc counts what
+    # was allocated, not time)
+    import tracemalloc
+
+    originals = [{"m": [{"c": f"{i:04d}" + "x" * 200}]} for i in range(1000)]
+    tracemalloc.start()
+    try:
+        vs = _edits(originals)
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(1000):
+            v = vs[i]
+            v["m"][0]["c"] += " moved"
+            vs[i] = v
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert vs.edits(5) == [(("m", 0, "c"), "0005" + "x" * 200 + " moved")]
+    assert held < 1000 * 1024, f"{held / 1000:.0f} bytes an edited line"
 
 
 @pytest.mark.parametrize(("old", "new", "edits"), [

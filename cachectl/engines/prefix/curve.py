@@ -22,11 +22,11 @@ import heapq
 import math
 from array import array
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from operator import sub
-from typing import cast
+from typing import Any
 
 from ...errors import UsageError
 from .pools import SequentialVllmPool
@@ -40,12 +40,87 @@ CURVE_POINTS = 32
 # ---------------------------------------------------------------------------------------------- keying
 
 
+class KeyedRequests(Sequence[TraceRequest]):
+    """The requests of a :class:`KeyedTrace`, packed: every request's block keys in one ``array('q')`` (8 bytes a
+    key where they are 64-bit integers: the builtin hash, Mooncake ids; else a list of each request's keys), and
+    its length, line, index, tenant, time and output tokens in arrays. Reading request ``r`` builds its
+    pre-keyed :class:`TraceRequest` (what :func:`~.replay.simulate` replays); the curve's passes read
+    :meth:`keys` and :attr:`tokens` alone. (A ``TraceRequest`` and an array a request took about 1 KB.)"""
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self._keys = array("q")
+        self._at = array("q", [0])
+        self._lists: list[Sequence] | None = None   # each request's keys, once a key is not a 64-bit int
+        #: each request's prompt length in tokens
+        self.tokens = array("q")
+        self._index = array("q")
+        self._lines = array("q")        # _NO_LINE: none
+        self._ts = array("d")           # nan: none
+        self._out = array("q")
+        self._tenants: list | None = None  # only when a request has one
+
+    def append(self, req: TraceRequest, keys: Sequence) -> None:
+        if self._lists is None:
+            try:
+                self._keys.extend(keys if isinstance(keys, array) and keys.typecode == "q" else array("q", keys))
+                self._at.append(len(self._keys))
+            except (TypeError, OverflowError):
+                self._lists = [self.keys(r) for r in range(len(self))]
+                self._keys = array("q")
+        if self._lists is not None:
+            self._lists.append(keys)
+        self.tokens.append(req.prompt_tokens)
+        self._index.append(req.index)
+        self._lines.append(_NO_LINE if req.line is None else req.line)
+        self._ts.append(math.nan if req.timestamp is None else req.timestamp)
+        self._out.append(req.output_tokens)
+        if req.tenant is not None and self._tenants is None:
+            self._tenants = [None] * (len(self.tokens) - 1)
+        if self._tenants is not None:
+            self._tenants.append(req.tenant)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def packed(self) -> bool:
+        """Whether every key is a 64-bit integer, in the one array."""
+        return self._lists is None
+
+    def keys(self, r: int) -> Sequence:
+        """Request ``r``'s block keys."""
+        if self._lists is not None:
+            return self._lists[r]
+        return self._keys[self._at[r]:self._at[r + 1]]
+
+    def __getitem__(self, r: Any) -> Any:
+        if isinstance(r, slice):
+            return [self[k] for k in range(*r.indices(len(self)))]
+        if r < 0:
+            r += len(self)
+        if not 0 <= r < len(self):
+            raise IndexError(r)
+        line, ts = self._lines[r], self._ts[r]
+        return TraceRequest(index=self._index[r], line=None if line == _NO_LINE else line,
+                            prompt_tokens=self.tokens[r], hash_ids=self.keys(r), hash_block_size=self.block_size,
+                            tenant=self._tenants[r] if self._tenants is not None else None,
+                            timestamp=None if math.isnan(ts) else ts, output_tokens=self._out[r])
+
+    def __iter__(self) -> Iterator[TraceRequest]:
+        for r in range(len(self)):
+            yield self[r]
+
+
+_NO_LINE = -(1 << 63)
+
+
 @dataclass(frozen=True)
 class KeyedTrace:
     """A trace reduced to block keys at one block size (pre-keyed requests, salts folded into the keys)."""
 
     block_size: int
-    requests: tuple[TraceRequest, ...]
+    requests: KeyedRequests
     min_capacity_blocks: int          # blocks the largest request holds: the smallest capacity that works
     min_capacity_line: int | None     # the line of the (first) largest request
     query_tokens: int
@@ -57,7 +132,7 @@ def key_trace(requests: Iterable[TraceRequest], block_sizes: Sequence[int], *, h
     """Read the requests once and key them at every block size in ``block_sizes``."""
     if not block_sizes or any(bs < 1 for bs in block_sizes):
         raise UsageError("`block_size` must be at least 1")
-    stores: dict[int, list[TraceRequest]] = {bs: [] for bs in block_sizes}
+    stores = {bs: KeyedRequests(bs) for bs in block_sizes}
     largest: dict[int, tuple[int, int | None]] = {bs: (0, None) for bs in block_sizes}
     unbounded = {bs: _Unbounded() for bs in block_sizes}
     query = 0
@@ -68,13 +143,7 @@ def key_trace(requests: Iterable[TraceRequest], block_sizes: Sequence[int], *, h
                 raise UsageError(f"{source}: hash_ids cover {req.hash_block_size}-token blocks; run with "
                                  f"`block_size` {req.hash_block_size} (they cannot be split)")
             keys: Sequence = request_keys(req, bs, hash_fn)
-            try:  # 8 bytes a key where they are 64-bit integers (the builtin hash, Mooncake ids)
-                keys = array("q", keys)
-            except (TypeError, OverflowError):
-                pass
-            stores[bs].append(TraceRequest(index=req.index, line=req.line, prompt_tokens=req.prompt_tokens,
-                                           hash_ids=keys, hash_block_size=bs, tenant=req.tenant,
-                                           timestamp=req.timestamp, output_tokens=req.output_tokens))
+            stores[bs].append(req, keys)
             need = -(-req.prompt_tokens // bs)
             if need > largest[bs][0]:
                 largest[bs] = (need, req.line)
@@ -90,7 +159,7 @@ def key_trace(requests: Iterable[TraceRequest], block_sizes: Sequence[int], *, h
         from ...errors import InputError
 
         raise InputError("the trace has no requests", source=source)
-    return {bs: KeyedTrace(block_size=bs, requests=tuple(stores[bs]), min_capacity_blocks=largest[bs][0],
+    return {bs: KeyedTrace(block_size=bs, requests=stores[bs], min_capacity_blocks=largest[bs][0],
                            min_capacity_line=largest[bs][1], query_tokens=query,
                            unbounded_blocks=max(unbounded[bs].taken, largest[bs][0])) for bs in block_sizes}
 
@@ -105,14 +174,6 @@ class _Unbounded:
         self.seen: set = set()
         self.waiting = 0
         self.taken = 0
-
-
-def _keys(req: TraceRequest) -> Sequence:
-    """The block keys of a request of a :class:`KeyedTrace` (its ``hash_ids``)."""
-    keys = req.hash_ids
-    if keys is None:  # a KeyedTrace holds pre-keyed requests only  # pragma: no cover
-        raise TypeError("not a keyed request")
-    return keys
 
 
 def resolve_warmup(warmup: float | int | None, n_requests: int) -> int:
@@ -134,10 +195,11 @@ def no_eviction_capacity(kt: KeyedTrace) -> int:
     Every block slot a pool of unbounded size ever takes, duplicates from the ``L - 1`` cap and the partial
     tail block included: with that many blocks, never-used blocks are always there to take.
     """
-    total = sum(-(-r.prompt_tokens // kt.block_size) for r in kt.requests)
+    reqs = kt.requests
+    total = sum(-(-t // kt.block_size) for t in reqs.tokens)
     pool = SequentialVllmPool(max(1, total), kt.block_size)
-    for r in kt.requests:
-        pool.run(_keys(r), r.prompt_tokens)
+    for r, length in enumerate(reqs.tokens):
+        pool.run(reqs.keys(r), length)
     return max(pool.fresh, kt.min_capacity_blocks)
 
 
@@ -173,8 +235,8 @@ def optimal_hits(kt: KeyedTrace, capacity_blocks: int, *, warmup: int = 0) -> in
     nxt_of: dict = {}
     next_use: list[list[int]] = [[] for _ in reqs]
     for r in range(len(reqs) - 1, -1, -1):
-        keys = _keys(reqs[r])
-        limit = min(len(keys), (reqs[r].prompt_tokens - 1) // bs)
+        keys = reqs.keys(r)
+        limit = min(len(keys), (reqs.tokens[r] - 1) // bs)
         next_use[r] = [nxt_of.get(k, inf) for k in keys]
         for k in keys[limit:]:
             nxt_of[k] = inf
@@ -183,14 +245,14 @@ def optimal_hits(kt: KeyedTrace, capacity_blocks: int, *, warmup: int = 0) -> in
     cached: dict = {}       # key -> (next use, position): its eviction priority
     heap: list = []         # (-next use, -position, key); stale entries skipped
     hit_tokens = 0
-    for r, req in enumerate(reqs):
-        keys = _keys(req)
-        limit = min(len(keys), (req.prompt_tokens - 1) // bs)
+    for r, length in enumerate(reqs.tokens):
+        keys = reqs.keys(r)
+        limit = min(len(keys), (length - 1) // bs)
         nh = 0
         while nh < limit and keys[nh] in cached:
             nh += 1
         pinned = set(keys[:nh])
-        need = -(-req.prompt_tokens // bs) - nh
+        need = -(-length // bs) - nh
         short = need - (capacity_blocks - len(cached))
         if short > 0:  # cached keys this request computes again cost nothing to drop: they come back at once
             for k in keys[nh:]:
@@ -227,6 +289,26 @@ def optimal_hits(kt: KeyedTrace, capacity_blocks: int, *, warmup: int = 0) -> in
 
 
 _CHUNK = 12          # dead slots are counted per chunk of 2**12 slots
+
+
+class _Slots(dict):
+    """:class:`~cachectl.spool.KeyIndex`'s calls over a dict, for keys that are not 64-bit integers."""
+
+    def values(self, keys: Sequence, missing: int = -1) -> list[int]:  # type: ignore[override]
+        return [self.get(k, missing) for k in keys]
+
+    def put(self, keys: Sequence, values: Iterable[int]) -> None:
+        self.update(zip(keys, values))
+
+
+def _latest(reqs: KeyedRequests) -> Any:
+    """An empty map of block keys to slots: a :class:`~cachectl.spool.KeyIndex` (16 bytes a key, where a dict of
+    ints takes about a hundred) where the keys are 64-bit integers."""
+    if reqs.packed:
+        from ...spool import KeyIndex
+
+        return KeyIndex()
+    return _Slots()
 
 
 class _Thresholds:
@@ -317,7 +399,7 @@ def _stack_pass(kt: KeyedTrace, skip: int, capacities: Sequence[int] = (),
     bs = kt.block_size
     caps = sorted(c for c in set(capacities) if c >= kt.min_capacity_blocks)
     dups: dict[int, _Duplicates] = {}    # capacities holding stale blocks now
-    last: dict = {}                   # key -> slot of its latest touch
+    last = _latest(kt.requests)       # key -> slot of its latest touch (-1: none)
     dead = bytearray()                # slot -> 1 once its key was touched again
     per_chunk: list[int] = []         # dead slots per chunk
     dead_total = 0
@@ -332,23 +414,23 @@ def _stack_pass(kt: KeyedTrace, skip: int, capacities: Sequence[int] = (),
         c = t >> _CHUNK
         return sum(per_chunk[:c]) + dead.count(1, c << _CHUNK, t + 1)
 
-    for r, req in enumerate(kt.requests):
+    reqs = kt.requests
+    for r, length in enumerate(reqs.tokens):
         if progress is not None:
             progress(1)
-        keys = _keys(req)
+        keys = reqs.keys(r)
         n = len(keys)
-        length = req.prompt_tokens
         total = -(-length // bs)
         total_blocks += total
         limit = min(n, (length - 1) // bs)
-        prev = list(map(last.get, keys))
+        prev = last.values(keys)
         try:
-            h = prev.index(None)
+            h = prev.index(-1)
         except ValueError:
             h = n
-        if (h < n and prev.count(None) != n - h) or len(set(keys)) != n:
+        if (h < n and prev.count(-1) != n - h) or len(set(keys)) != n:
             return None                                    # not prefix-chained
-        got = cast("list[int]", prev[:h])                  # the slots of the keys seen before: a prefix
+        got = prev[:h]                                     # the slots of the keys seen before: a prefix
         m = min(h, limit + 1)                              # depths needed: the hits, and the capped block
         thresholds: list[int] = []
         capped = None                                      # the capped block's threshold, when it is cached
@@ -435,7 +517,7 @@ def _stack_pass(kt: KeyedTrace, skip: int, capacities: Sequence[int] = (),
                     dead[t] = 1
                     per_chunk[t >> _CHUNK] += 1
         dead_total += h
-        last.update(zip(keys, range(slots + n - 1, slots - 1, -1)))
+        last.put(keys, range(slots + n - 1, slots - 1, -1))
         slots += n
         dead.extend(bytes(n))
         while len(per_chunk) <= (slots >> _CHUNK):
@@ -520,8 +602,7 @@ def capacity_curve(kt: KeyedTrace, capacities: Sequence[int] | None = None, *, p
     elif any(c < 1 for c in capacities):
         raise UsageError("`capacity_blocks` must be at least one block")
     stack = _stack_pass(kt, skip, capacities, progress) if concurrency == 1 else None
-    counted = kt.requests[skip:]
-    query = sum(r.prompt_tokens for r in counted)
+    query = sum(kt.requests.tokens[skip:])
     if stack is not None:
         ceiling_rate = stack.unbounded_hits * kt.block_size / query if query else None
     else:
