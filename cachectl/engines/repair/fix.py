@@ -214,7 +214,7 @@ def _measurer(grouping: Grouping, options: FixOptions, tokenizer: Any, table: An
 
 def forked(lines: Sequence[LogLine], grouping: Grouping, options: FixOptions, *, tokenizer: Any = None,
            table: Any = None, counter: Any = None, source: str = "", progress: Callable[[int], None] | None = None,
-           ) -> tuple[LogForks | None, list[str], Callable[[FixOptions], Rewritten]]:
+           ) -> tuple[LogForks | None, list[str], Callable[..., Rewritten]]:
     """The forks of the log's shared prefix (:func:`.shared_prefix.log_forks`), their notes, and
     ``rewrite(options)``: :func:`rewritten` on these lines, conversations and forks."""
     forks, notes = log_forks(lines, tokenizer=tokenizer, block_size=options.block_size,
@@ -234,6 +234,8 @@ class Rewritten:
     #: (code, fixes applied, the values as this code and those before it left them), the codes that applied a fix
     #: in the order they are applied (for the tokens reused per cause); the last one's values are ``values``
     steps: tuple[tuple[str, int, Sequence[Any]], ...] = ()
+    applied: int = 0            # fixes applied
+    unsafe_skipped: int = 0     # unsafe fixes found and not applied
 
 
 @dataclass(frozen=True)
@@ -255,9 +257,10 @@ class FixPass:
 
 def rewritten(lines: Sequence[LogLine], grouping: Grouping, forks: LogForks | None, options: FixOptions, *,
               tokenizer: Any = None, table: Any = None, counter: Any = None,
-              progress: Callable[[int], None] | None = None) -> Rewritten:
+              progress: Callable[[int], None] | None = None, examples_only: bool = False) -> Rewritten:
     """The codes of ``options`` applied to ``lines`` (as :func:`prepared` left them); with ``options.per_cause``
-    and a tokenizer, the log as each code left it too (a version number each: nothing is copied)."""
+    and a tokenizer, the log as each code left it too (a version number each: nothing is copied).
+    ``examples_only``: of the fixes, the first applied of each code (what a report shows), and their counts."""
     codes = tuple(options.select) if options.select else CODES
     if not options.unsafe and not options.list_unsafe:
         codes = tuple(c for c in codes if FIXES[c].safe or FIXES[c].proves_safe)
@@ -280,7 +283,16 @@ def rewritten(lines: Sequence[LogLine], grouping: Grouping, forks: LogForks | No
     steps = tuple((c, sum(1 for f in rw.fixes if f.code == c and f.applied), rw.values if c == order[-1] else snaps[c])
                   for c in order)
     fixes = tuple(sorted(rw.fixes, key=lambda f: (f.line, CODES.index(f.code))))
-    return Rewritten(fixes=fixes, notes=tuple(rw.notes), values=rw.values, steps=steps)
+    applied = sum(f.applied for f in fixes)
+    unsafe_skipped = sum(1 for f in fixes if not f.applied and not f.safe)
+    if examples_only:  # (a Fix a rewrite, held through the sweep: some 300 bytes a request on a log FX002 sorts)
+        first: dict[str, Fix] = {}
+        for f in fixes:
+            if f.applied:
+                first.setdefault(f.code, f)
+        fixes = tuple(first.values())
+    return Rewritten(fixes=fixes, notes=tuple(rw.notes), values=rw.values, steps=steps, applied=applied,
+                     unsafe_skipped=unsafe_skipped)
 
 
 def measured_pass(rws: Sequence[Rewritten], measured: Callable[..., list[tuple[Measure, list[str]]]],
@@ -314,15 +326,13 @@ def _passed(rw: Rewritten, step_measures: list[tuple[Measure, list[str]]], after
     stepped = [m for m, _ in step_measures] + [after[0]] if rw.steps else []
     measures = [(c, n, m) for (c, n, _), m in zip(rw.steps, stepped)]
     fixes = rw.fixes
-    applied = sum(f.applied for f in fixes)
-    unsafe_skipped = sum(1 for f in fixes if not f.applied and not f.safe)
-    if examples_only:
+    if examples_only:  # (the first applied fix of each code: :func:`rewritten` may have kept only those)
         first: dict[str, Fix] = {}
         for f in fixes:
             if f.applied:
                 first.setdefault(f.code, f)
         fixes = tuple(first.values())
-    return FixPass(fixes=fixes, applied=applied, unsafe_skipped=unsafe_skipped, notes=rw.notes, after=after[0],
+    return FixPass(fixes=fixes, applied=rw.applied, unsafe_skipped=rw.unsafe_skipped, notes=rw.notes, after=after[0],
                    after_notes=tuple(after[1]), steps=tuple(measures), output=() if examples_only else rw.values)
 
 

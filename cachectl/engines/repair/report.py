@@ -441,7 +441,7 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
                                         counter=counter, source=source, progress=progress)
     # (the report shows the tokens reused per fix code of the full run only)
     safe_options, full_options = replace(options, per_cause=False, list_unsafe=False), replace(options, unsafe=True)
-    rws = [rewrite(full_options), rewrite(safe_options)]
+    rws = [rewrite(full_options, examples_only=True), rewrite(safe_options, examples_only=True)]
     before_provider, (r, rate, losses) = side_job.result()
     # (one sweep measures every version: a line the fixes leave as it is is measured once for all of them)
     (full_pass, safe_pass), first = measured_pass(rws, measured, fixed_lines, before=True,
