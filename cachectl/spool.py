@@ -261,3 +261,16 @@ class KeyIndex:
         at = self._keys.searchsorted(keys)  # (none of them is in the arrays: put sets those in place)
         self._keys, self._vals = np.insert(self._keys, at, keys), np.insert(self._vals, at, vals)
         self._new.clear()
+
+
+class KeyDict(dict):
+    """:class:`KeyIndex`'s calls over a plain dict: for keys that are not signed 64-bit ints (sha256 digests,
+    string ids) or values past 64 bits, where the caller would otherwise keep a second code path."""
+
+    def values(self, keys: Sequence[Any], missing: int = -1) -> list[int]:  # type: ignore[override]
+        """Each key's value, ``missing`` where it has none."""
+        return [self.get(k, missing) for k in keys]
+
+    def put(self, keys: Sequence[Any], values: Sequence[int], absent: bool = False) -> None:
+        """Set each key's value (``absent`` is accepted for :class:`KeyIndex`'s signature; a dict needs no hint)."""
+        self.update(zip(keys, values))

@@ -92,11 +92,12 @@ def test_grouping_by_key_and_recording_a_fix_parse_no_line(tok, table, monkeypat
     assert {f.line for f in rw.fixes} <= {lines.line_number(i) for i in range(len(lines))}
 
 
-@pytest.mark.parametrize("merge", [8, None])
-def test_the_shared_no_eviction_replay_counts_what_simulate_counts_per_version(merge, monkeypatch):
+@pytest.mark.parametrize(("merge", "k"), [(8, 4), (None, 4), (None, 70)])
+def test_the_shared_no_eviction_replay_counts_what_simulate_counts_per_version(merge, k, monkeypatch):
     """InfiniteVersions replays several versions at once (one map, a mask a block): each version's totals are
     simulate's (policy infinite) over that version's requests alone, whichever requests the versions share; with
-    the map's entries merged into its arrays every few requests (``merge``), and as they first go in."""
+    the map's entries merged into its arrays every few requests (``merge``), and as they first go in; past 63
+    versions (``k``) the masks outgrow 64 bits and the map is a dict."""
     import random
 
     from cachectl.engines.prefix.replay import InfiniteVersions, simulate
@@ -108,7 +109,6 @@ def test_the_shared_no_eviction_replay_counts_what_simulate_counts_per_version(m
     rng = random.Random(7)
     heads = [[rng.randrange(50) for _ in range(rng.randrange(1, 80))] for _ in range(6)]
     for bs in (1, 4, 16):
-        k = 4
         both = InfiniteVersions(k, bs)
         alone: list[list[TraceRequest]] = [[] for _ in range(k)]
         for i in range(300):

@@ -292,24 +292,12 @@ def optimal_hits(kt: KeyedTrace, capacity_blocks: int, *, warmup: int = 0) -> in
 _CHUNK = 12          # dead slots are counted per chunk of 2**12 slots
 
 
-class _Slots(dict):
-    """:class:`~cachectl.spool.KeyIndex`'s calls over a dict, for keys that are not 64-bit integers."""
-
-    def values(self, keys: Sequence, missing: int = -1) -> list[int]:  # type: ignore[override]
-        return [self.get(k, missing) for k in keys]
-
-    def put(self, keys: Sequence, values: Iterable[int]) -> None:
-        self.update(zip(keys, values))
-
-
 def _latest(reqs: KeyedRequests) -> Any:
     """An empty map of block keys to slots: a :class:`~cachectl.spool.KeyIndex` (16 bytes a key, where a dict of
-    ints takes about a hundred) where the keys are 64-bit integers."""
-    if reqs.packed:
-        from ...spool import KeyIndex
+    ints takes about a hundred) where the keys are 64-bit integers, else a :class:`~cachectl.spool.KeyDict`."""
+    from ...spool import KeyDict, KeyIndex
 
-        return KeyIndex()
-    return _Slots()
+    return KeyIndex() if reqs.packed else KeyDict()
 
 
 class _Thresholds:

@@ -292,14 +292,13 @@ class InfiniteVersions:
     ``totals(j)``: version ``j``'s requests, query tokens and hit tokens."""
 
     def __init__(self, versions: int, block_size: int) -> None:
-        from ...spool import KeyIndex
+        from ...spool import KeyDict, KeyIndex
 
         if not 1 <= block_size <= MAX_BLOCK_SIZE:
             raise UsageError(f"--block-size must be between 1 and {MAX_BLOCK_SIZE:,}")
         self.block_size = block_size
         # (the keys are the builtin hash's, signed 64-bit ints, and a mask is one up to 63 versions; past that, a dict)
-        self._table = KeyIndex() if versions < 64 else None
-        self._other: dict[Any, int] = {}
+        self._table = KeyIndex() if versions < 64 else KeyDict()
         self._requests = [0] * versions
         self._query = [0] * versions
         self._hits = [0] * versions
@@ -312,7 +311,7 @@ class InfiniteVersions:
         n = len(tokens)
         limit = min(len(keys), (n - 1) // bs)  # (vLLM's lookup leaves at least one token to compute)
         table = self._table
-        masks = table.values(keys, 0) if table is not None else [self._other.get(k, 0) for k in keys]
+        masks = table.values(keys, 0)
         active, i = mask, 0
         while i < limit and active:   # the longest cached prefix, per version: a version drops out at its miss
             has = masks[i]
@@ -322,9 +321,6 @@ class InfiniteVersions:
             i += 1
         if active:
             self._count(active, i * bs, n)
-        if table is None:
-            self._other.update((k, m | mask) for k, m in zip(keys, masks) if m & mask != mask)
-            return
         new = list(dict.fromkeys(k for k, m in zip(keys, masks) if not m))  # (cached by no version yet)
         grown = {k: m | mask for k, m in zip(keys, masks) if m and m & mask != mask}
         if grown:
