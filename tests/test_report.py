@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import asdict
 
 import pytest
 
@@ -23,9 +24,15 @@ from .conftest import PROMPTS, TOK_DIR
 LOG = PROMPTS / "agent_log.jsonl"
 
 
-def _build(tok, path=LOG, key="session", **kw):
-    from cachectl.cli.report import _trace_records
+def _trace_records(path):
+    """simulate-prefix's trace records, a bare chat list as ``{"messages": [...]}`` (what report's curve reads)."""
+    from cachectl.engines.prefix.trace import trace_records
 
+    for line, value, *rest in trace_records(path):
+        yield (line, {"messages": value} if isinstance(value, list) else value, *rest)
+
+
+def _build(tok, path=LOG, key="session", **kw):
     src = str(path)
     return report.build_report(source=src, log=iter_log(src, key), tokenizer=tok, tokenizer_name="fixtures/tok",
                                requests=read_requests(src), table=PriceTable.load(),
@@ -62,8 +69,6 @@ def test_dollars_are_lost_tokens_at_input_less_cache_read_prices(built):
 
 
 def test_cost_and_curve_are_the_engines_own(built, tok):
-    from cachectl.cli.report import _trace_records
-
     r = promptcache.simulate_requests(read_requests(str(LOG)), table=PriceTable.load(), source=str(LOG),
                                       text_counter=promptcache.tokenizer_counter(tok))
     assert built.cost is not None
@@ -239,3 +244,67 @@ def test_the_safe_fixes_column_is_what_fix_applies_without_unsafe_fixes(cli, nam
     assert safe["causes"] == fixed["after"]["causes"]
     if name == "fix_log":  # the fixture FX005 proves two rewrites safe on
         assert sum(1 for f in fixed["fixes"] if f["code"] == "FX005" and f["applied"]) == 2
+
+
+def _one_read_cases(tmp_path):
+    """(name, log, --model): request bodies; lines naming no model, priced by --model (read again for it); bare chat
+    lists (the provider refuses them, the curve reads them); a model named by the line beside --model; no
+    timestamps past the first line (the provider stops there, the curve reads on)."""
+    rows = [json.loads(r) for r in LOG.read_text(encoding="utf-8").splitlines()]
+    nameless = tmp_path / "nameless.jsonl"
+    nameless.write_text("".join(json.dumps({**r, "body": {k: v for k, v in r["body"].items() if k != "model"}}) + "\n"
+                                for r in rows), encoding="utf-8")
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text("".join(json.dumps(r["body"]["messages"]) + "\n" for r in rows[:8]), encoding="utf-8")
+    return [("bodies", LOG, None), ("nameless", nameless, "gpt-4.1"), ("bare", bare, "gpt-4.1"),
+            ("named", PROMPTS / "openai_requests.jsonl", "claude-sonnet-4-5"),
+            ("no-timestamps", PROMPTS / "demo_log.jsonl", "gpt-4.1")]
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_provider_and_curve_read_from_the_lines_are_those_of_the_file(cli, tok, tmp_path, monkeypatch, case):
+    """report reads the log once: its provider section and capacity curve, fed from that read, are the ones
+    prompt-cost's reading of the file (``read_requests``) and simulate-prefix's (``iter_trace``) give."""
+    from cachectl.cli.common import timestamp_reader
+    from cachectl.engines.repair.sections import cost_section, curve_section
+    from cachectl.inputs import display_name, formats
+
+    name, path, model = _one_read_cases(tmp_path)[case]
+    src = str(path)
+    opened = []
+    with monkeypatch.context() as m:
+        m.setattr(formats, "open_log", lambda *a, _open=formats.open_log, **k: opened.append(a) or _open(*a, **k))
+        args = ["report", src, "-t", str(TOK_DIR), "-f", "json", "--jobs", "1"] + (["--model", model] if model else [])
+        r = cli(*args)
+    assert r.exit_code in (0, 1), r.stderr
+    assert opened == [(src,), (src, "native")]  # its shape found from its first lines, then the log read once
+    data = json.loads(r.stdout)
+    costed = cost_section(read_requests(src, default_model=model, timestamps=timestamp_reader(None)),
+                          PriceTable.load(), display_name(src), promptcache.tokenizer_counter(tok), str(TOK_DIR))
+    curve = curve_section(iter_trace(_trace_records(src), source=display_name(src), tokenizer=tok), 16, 16,
+                          display_name(src))
+    assert data["curve"] == json.loads(json.dumps(asdict(curve))), name
+    if costed.section is None:
+        assert data["cost"] is None and costed.notes[0] in data["notes"], name
+    else:
+        assert data["cost"] == json.loads(json.dumps(asdict(costed.section))), name
+    assert (name in ("bare", "no-timestamps")) == (costed.section is None)  # each case reads what it says
+
+
+def test_a_line_the_curve_refuses_is_the_error_it_was(cli, tok, tmp_path):
+    """A line the first read takes and the curve's reader refuses (``output_length`` is only the trace's) ends the
+    report with the trace reader's own line, as when the curve read the file itself (in one process or two)."""
+    from cachectl.errors import InputError
+
+    rows = LOG.read_text(encoding="utf-8").splitlines(keepends=True)
+    odd = json.loads(rows[4])
+    odd.pop("output_tokens", None)
+    odd["output_length"] = "x"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(rows[:4]) + json.dumps(odd) + "\n" + "".join(rows[5:]), encoding="utf-8")
+    with pytest.raises(InputError) as want:
+        list(iter_trace(_trace_records(str(bad)), source=str(bad), tokenizer=tok))
+    assert "line 5" in str(want.value) or ":5:" in str(want.value)
+    for jobs in ("1", "2"):
+        r = cli("report", str(bad), "-t", str(TOK_DIR), "--jobs", jobs)
+        assert r.exit_code == 2 and r.stderr.strip().endswith(str(want.value)), r.stderr

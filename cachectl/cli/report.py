@@ -3,7 +3,6 @@ as text, JSON, or one self-contained HTML page."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Annotated, Any, Optional
 
 import typer
@@ -63,17 +62,6 @@ whether the 1-hour TTL would have been cheaper; exit 1 when breaks other than co
 """
 
 
-def _trace_records(path: str, log_format: Optional[str] = None) -> Iterator[tuple]:
-    """simulate-prefix's trace records, bare chat lists as ``{"messages": [...]}`` (diff-tokens' logs are often
-    those); timestamps are read by the trace reader (ISO 8601 too)."""
-    from ..engines.prefix.trace import trace_records
-
-    for line, value, *rest in trace_records(path, log_format):
-        if isinstance(value, list):  # a bare chat list: the trace reader wants an object
-            value = {"messages": value}
-        yield (line, value, *rest)
-
-
 @handle_errors
 def command(
     log: Annotated[str, typer.Argument(metavar="LOG.jsonl", help="Logged requests, one JSON object per line.",
@@ -111,9 +99,9 @@ def command(
         raise UsageError("report needs --tokenizer (requests become tokens through its chat template)")
     if html is not None:  # before anything is read
         check_output(html, "--html", run_inputs(log, tokenizer=tokenizer, chat_template=chat_template))
-    # the log is read three times (token diff, provider cache, prefix replay): stdin or a pipe is copied once
+    # its shape is found from its first lines, then it is read: stdin or a pipe is copied once
     with spooled(log) as path:
-        shape = forced if forced not in (None, "auto") else shape_of(path)  # found once, read three times
+        shape = forced if forced not in (None, "auto") else shape_of(path)
         _report(path, tokenizer, key, window, chat_template, model, html, block_size, top, fmt, time_unit, jobs,
                 shape, ray)
 
@@ -125,11 +113,10 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
             model: Optional[str], html: Optional[str], block_size: int, top: int, fmt: Format,
             time_unit: Optional[TimeUnit] = None, jobs: Optional[int] = None, shape: str = "native",
             ray: Optional[str] = None) -> None:
-    from ..engines.prefix.trace import iter_trace
     from ..engines.provider.prices import PriceTable
     from ..engines.repair import fix, report
     from ..engines.repair.groups import log_lines
-    from ..inputs import display_name, read_requests
+    from ..inputs import display_name
     from ..inputs.formats import log_values
     from ..tokenization import load_tokenizer
     from ..workers import Workers
@@ -150,13 +137,10 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
 
             prefill(lines, tok, generation_prompts=(True,), ray_address=ray, jobs=workers.jobs)
         tick = workers.tick  # (a part computed in a child process ticks through its parent)
-        result = report.log_report(
-            lines, options, tokenizer=tok, tokenizer_name=tokenizer, table=table, source=source,
-            requests=iter_progress(read_requests(log, default_model=model, timestamps=stamps, log_format=shape),
-                                   tick),
-            trace=iter_trace(iter_progress(_trace_records(log, shape), tick), source=source, tokenizer=tok,
-                             timestamps=stamps),
-            top=top, price_model=model, progress=tick, workers=workers)
+        # (the provider and curve sections read the lines read here, not the file again)
+        result = report.log_report(lines, options, tokenizer=tok, tokenizer_name=tokenizer, table=table,
+                                   source=source, default_model=model, timestamps=stamps, top=top,
+                                   price_model=model, progress=tick, workers=workers)
     if html is not None:
         from ..outputs import write_text
         from .report_html import render

@@ -238,47 +238,78 @@ def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
     (for session-affinity routing); None when none is. ``timestamps``: the reader of the run's timestamps (a
     :class:`~cachectl.inputs.TimestampReader`: ISO 8601, epoch seconds, milliseconds or microseconds).
     """
-    from ...inputs import cache_salt_of
-    from ...inputs.timestamps import TimestampError, parse_timestamp
+    reader = TraceReader(source=source, tokenizer=tokenizer, salt_field=salt_field, tenant_field=tenant_field,
+                         hash_block_size=hash_block_size, as_kind=as_kind, batch_size=batch_size, no_salt=no_salt,
+                         add_generation_prompt=add_generation_prompt, session_fields=session_fields,
+                         timestamps=timestamps)
+    for record in records:
+        yield from reader.feed(record)
+    yield from reader.end()
 
-    read_time = timestamps or parse_timestamp
-    pending: list[tuple[int, Any, Any, dict]] = []
-    index = 0
 
-    def flush() -> Iterator[TraceRequest]:
-        nonlocal index
-        if not pending:
+class TraceReader:
+    """:func:`iter_trace` a record at a time, for a caller that reads the log itself and hands the records here:
+    :meth:`feed` gives the requests a record completes (text and chat ones wait for a batch of ``batch_size``, to
+    be tokenized together), :meth:`end` the rest."""
+
+    def __init__(self, *, source: str, tokenizer: Any = None, salt_field: str | None = None,
+                 tenant_field: str | None = None, hash_block_size: int = 512, as_kind: str | None = None,
+                 batch_size: int = 128, no_salt: bool = False, add_generation_prompt: bool = True,
+                 session_fields: Sequence[str] = (), timestamps: Callable[[Any], float | None] | None = None):
+        from ...inputs.timestamps import parse_timestamp
+
+        self.source, self.tokenizer, self.as_kind, self.batch_size = source, tokenizer, as_kind, batch_size
+        self.salt_field, self.tenant_field, self.no_salt = salt_field, tenant_field, no_salt
+        self.hash_block_size, self.session_fields = hash_block_size, session_fields
+        self.add_generation_prompt = add_generation_prompt
+        self.read_time = timestamps or parse_timestamp
+        self.pending: list[tuple[int, Any, Any, dict, Any]] = []
+        self.index = 0
+
+    def _flush(self) -> Iterator[TraceRequest]:
+        if not self.pending:
             return
         from ...inputs import prompt_from_value
 
-        prompts = [prompt_from_value(v, source=source, line=ln, as_kind=as_kind) for ln, v, _, _ in pending]
+        prompts = [p if p is not None else prompt_from_value(v, source=self.source, line=ln, as_kind=self.as_kind)
+                   for ln, v, _, _, p in self.pending]
         # chat requests as vLLM's chat endpoint renders them by default (with the assistant header)
-        toks = tokenizer.tokenize_many(prompts, add_generation_prompt=add_generation_prompt)
-        for (ln, _, salt, meta), tok in zip(pending, toks):
-            yield TraceRequest(index=index, line=ln, prompt_tokens=len(tok.ids), tokens=list(tok.ids), salt=salt,
-                               **meta)
-            index += 1
-        pending.clear()
+        toks = self.tokenizer.tokenize_many(prompts, add_generation_prompt=self.add_generation_prompt)
+        for (ln, _, salt, meta, _), tok in zip(self.pending, toks):
+            yield TraceRequest(index=self.index, line=ln, prompt_tokens=len(tok.ids), tokens=list(tok.ids),
+                               salt=salt, **meta)
+            self.index += 1
+        self.pending.clear()
 
-    for record in records:
+    def end(self) -> Iterator[TraceRequest]:
+        """The requests still waiting for their batch."""
+        yield from self._flush()
+
+    def feed(self, record: tuple, prompt: Any = None) -> Iterator[TraceRequest]:
+        """The requests ``record`` (as :func:`iter_trace` reads one) completes. ``prompt``: the record's prompt as
+        :func:`~cachectl.inputs.prompt_from_value` reads it (with ``as_kind``), where the caller has it (it is
+        not read again)."""
+        from ...inputs import cache_salt_of
+        from ...inputs.timestamps import TimestampError
+
         line, value = record[0], record[1]
         maybe_bool = record[2] if len(record) > 2 else True
-        where = {"source": source, "line": line}
+        where = {"source": self.source, "line": line}
         if not isinstance(value, dict):
             raise InputError("expected a JSON object per line", **where)
-        salt = _get(value, salt_field) if salt_field else cache_salt_of(value)
+        salt = _get(value, self.salt_field) if self.salt_field else cache_salt_of(value)
         # a request without a salt is an ordinary one (vLLM's cache_salt is optional): cached unsalted, counted
-        unsalted = bool(salt_field) and salt is None
-        tenant = _get(value, tenant_field) if tenant_field else salt
-        no_tenant = bool(tenant_field) and tenant is None
-        if no_salt:
+        unsalted = bool(self.salt_field) and salt is None
+        tenant = _get(value, self.tenant_field) if self.tenant_field else salt
+        no_tenant = bool(self.tenant_field) and tenant is None
+        if self.no_salt:
             salt = None
         if isinstance(salt, (dict, list)):
-            salt = _nested_key(salt, salt_field or "salt", where)
+            salt = _nested_key(salt, self.salt_field or "salt", where)
         if isinstance(tenant, (dict, list)):
-            tenant = _nested_key(tenant, tenant_field or "salt", where)
+            tenant = _nested_key(tenant, self.tenant_field or "salt", where)
         try:
-            ts = read_time(value.get("timestamp"))
+            ts = self.read_time(value.get("timestamp"))
         except TimestampError as exc:
             raise InputError(str(exc), field="timestamp", **where) from None
         if ts is not None and not -MAX_TIMESTAMP < ts < MAX_TIMESTAMP:
@@ -292,20 +323,20 @@ def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
                 "unsalted": unsalted, "no_tenant": no_tenant}
         if "usage" in value or "meta_info" in value or "response" in value:
             _served(value, meta, where)
-        if session_fields:
-            session = next((v for v in map(lambda f: _get(value, f), session_fields) if v is not None), None)
+        if self.session_fields:
+            session = next((v for v in map(lambda f: _get(value, f), self.session_fields) if v is not None), None)
             meta["session"] = (_nested_key(session, "session", where) if isinstance(session, (dict, list))
                                else session)
-        if "hash_ids" in value and as_kind is None:
-            if pending:
-                yield from flush()
+        if "hash_ids" in value and self.as_kind is None:
+            if self.pending:
+                yield from self._flush()
             ids = _int_list(value["hash_ids"], "hash_ids", where)
             length = value.get("input_length")
             if isinstance(length, bool) or not isinstance(length, int) or length < 1:
                 raise InputError(f"expected a positive integer, got {length!r:.60}", field="input_length", **where)
-            if -(-length // hash_block_size) != len(ids):
+            if -(-length // self.hash_block_size) != len(ids):
                 raise InputError(f"{len(ids)} hash_ids do not cover input_length {length} in blocks of "
-                                 f"{hash_block_size} (--hash-block-size)", field="hash_ids", **where)
+                                 f"{self.hash_block_size} (--hash-block-size)", field="hash_ids", **where)
             if len(set(ids)) != len(ids):
                 first: dict = {}
                 for i, h in enumerate(ids):
@@ -314,15 +345,15 @@ def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
                                          "block with its whole prefix, so one request cannot hold it twice",
                                          field=f"hash_ids[{i}]", **where)
                     first[h] = i
-            yield TraceRequest(index=index, line=line, prompt_tokens=length, hash_ids=ids,
-                               hash_block_size=hash_block_size, salt=salt, **meta)
-            index += 1
-            continue
+            yield TraceRequest(index=self.index, line=line, prompt_tokens=length, hash_ids=ids,
+                               hash_block_size=self.hash_block_size, salt=salt, **meta)
+            self.index += 1
+            return
         key = ("tokens" if "tokens" in value else "prompt_token_ids" if "prompt_token_ids" in value
                else "input_ids" if "input_ids" in value else None)
-        if key is not None and as_kind in (None, "ids"):
-            if pending:
-                yield from flush()
+        if key is not None and self.as_kind in (None, "ids"):
+            if self.pending:
+                yield from self._flush()
             tokens = _token_list(value[key], key, where, maybe_bool)
             segments = value.get("segments")
             if segments is not None:
@@ -330,17 +361,16 @@ def iter_trace(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
                 if sum(segments) != len(tokens):
                     raise InputError(f"segments sum to {sum(segments)}, not the {len(tokens)} tokens",
                                      field="segments", **where)
-            yield TraceRequest(index=index, line=line, prompt_tokens=len(tokens), tokens=tokens, salt=salt,
+            yield TraceRequest(index=self.index, line=line, prompt_tokens=len(tokens), tokens=tokens, salt=salt,
                                segments=segments, **meta)
-            index += 1
-            continue
+            self.index += 1
+            return
         if any(k in value for k in ("prompt", "messages", "text", "body")):
-            if tokenizer is None:
+            if self.tokenizer is None:
                 raise InputError("a text or chat request needs --tokenizer to become token IDs", **where)
-            pending.append((line, value, salt, meta))
-            if len(pending) >= batch_size:
-                yield from flush()
-            continue
+            self.pending.append((line, value, salt, meta, prompt))
+            if len(self.pending) >= self.batch_size:
+                yield from self._flush()
+            return
         raise InputError("no tokens: expected 'tokens' (token IDs), 'hash_ids' with 'input_length' (Mooncake), "
                          "or 'prompt'/'messages' with --tokenizer", **where)
-    yield from flush()

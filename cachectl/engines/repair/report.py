@@ -23,8 +23,9 @@ from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from ...errors import CachectlError, InputError
+from ...errors import CachectlError
 from ..causes import cause_label
+from .sections import CostSection, CurveSection, cost_section, curve_section
 
 if TYPE_CHECKING:
     from ...inputs import LogRecord, Request
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from ..tokendiff import PairResult
     from .fix import FixOptions, FixReport
     from .groups import LogLine
+    from .sections import Costed
     from .shared_prefix import LogForks, SharedPrefixSection
 
 SCHEMA_VERSION = 1
@@ -79,43 +81,6 @@ class ConversationLoss:
     usd_lost: float | None
     causes: tuple[str, ...]    # cause ids, in order of first appearance
     worst: PairView | None     # the pair that lost most
-
-
-@dataclass(frozen=True)
-class MissTally:
-    code: str                  # prompt-cost's miss reason code
-    requests: int
-    uncached_input_tokens: int
-
-
-@dataclass(frozen=True)
-class CostSection:
-    models: tuple[str, ...]
-    token_source: str
-    total_usd: float
-    uncached_usd: float
-    savings_usd: float
-    hit_rate: float | None
-    misses: tuple[MissTally, ...]
-    findings: tuple[str, ...]
-    notes: tuple[str, ...]
-    #: with billed usage on the log's lines (any shape that carries it): the requests reconciled, how many of them
-    #: agree with the prediction (read / no read, write / no write), and what the provider billed for them
-    reconciled: int = 0
-    agreed: int = 0
-    billed_usd: float | None = None
-
-
-@dataclass(frozen=True)
-class CurveSection:
-    block_size: int
-    requests: int
-    query_tokens: int
-    ceiling_hit_rate: float | None      # no eviction
-    ceiling_capacity_tokens: int
-    min_capacity_tokens: int
-    points: tuple[tuple[int, float], ...]   # (capacity in tokens, hit rate), the capacities that fit
-    notes: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -305,29 +270,21 @@ def pairs_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
                  progress: Callable[[int], None] | None = None, prompt_of: Callable[[int], Any] | None = None,
                  ends: Container[int] | None = None,
                  lines_of_losses: Container[int] | None = None,
-                 costed: Costed | None = None,
+                 costed: Costed | Callable[[], Costed | None] | None = None,
+                 curve: Callable[[], CurveSection | None] | None = None,
                  add_generation_prompt: bool = False) -> tuple[LogReport, float | None, PairLosses]:
     """:func:`build_report` without the forks of the log's shared prefix (which :func:`with_forks` adds): the
     report, the dollars a lost token costs (None without prices), and the within-conversation loss of the requests
     on ``lines_of_losses`` (None: of every request that lost tokens). ``costed``: the provider section already
-    simulated (:func:`cost_section`; ``requests`` are then not read). ``add_generation_prompt``: the pairs are
-    compared as rendered with it (as a server renders what it serves)."""
+    simulated (:func:`cost_section`; ``requests`` are then not read), or a function that gives it once the pairs
+    are compared (it is fed as ``log`` is read: :class:`OneRead`); ``curve``: the same, for the capacity curve
+    (``trace`` is then not read). ``add_generation_prompt``: the pairs are compared as rendered with it (as a
+    server renders what it serves)."""
     from ..tokendiff import MISMATCH, LogSummary, diff_log
-
     if top < 1:
         raise CachectlError("`top` must be at least 1")
     if costed is None and requests is not None and table is not None:
         costed = cost_section(requests, table, source, text_counter, tokenizer_name)
-    notes: list[str] = list(costed.notes) if costed is not None else []
-    cost = costed.section if costed is not None else None
-    rate = None
-    if table is not None and cost is not None:
-        name = price_model or (cost.models[0] if cost.models else None)
-        if name is not None:
-            price = table.lookup(name)
-            price_model = price.model
-            if price.cache_read is not None:
-                rate = (price.input - price.cache_read) / 1e6
     by_cause: dict[str | None, list[int]] = {}
     convs: dict[Any, dict] = {}
     summary: LogSummary | None = None
@@ -358,6 +315,18 @@ def pairs_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
             conv["worst"] = (item.line_a, item.line_b) if prompt_of is not None else _view(item)
             conv["worst_lost"] = lost
     assert summary is not None
+    if callable(costed):
+        costed = costed()
+    notes: list[str] = list(costed.notes) if costed is not None else []
+    cost = costed.section if costed is not None else None
+    rate = None
+    if table is not None and cost is not None:
+        name = price_model or (cost.models[0] if cost.models else None)
+        if name is not None:
+            price = table.lookup(name)
+            price_model = price.model
+            if price.cache_read is not None:
+                rate = (price.input - price.cache_read) / 1e6
     causes = tuple(sorted((CauseLoss(cause=c, label=cause_label(c), pairs=n, tokens_lost=t,
                                      usd_lost=None if rate is None else t * rate)
                            for c, (n, t) in by_cause.items()), key=lambda c: (-c.tokens_lost, str(c.cause))))
@@ -373,7 +342,8 @@ def pairs_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
                                    causes=tuple(c or "unexplained" for c in convs[k]["causes"]),
                                    worst=convs[k]["worst"]) for k in worst_keys)
     lost_total = summary.reusable_tokens - summary.reused_tokens
-    curve = _curve_section(trace, block_size, curve_points, source, progress) if trace is not None else None
+    curved = (curve() if curve is not None else
+              curve_section(trace, block_size, curve_points, source, progress) if trace is not None else None)
     if rate is not None:
         notes.append(f"dollars lost: tokens not reused, at {price_model}'s input price less its cache-read price, "
                      f"counted with {tokenizer_name}: an estimate of what a provider cache could have read")
@@ -382,7 +352,7 @@ def pairs_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
                      reused_tokens=summary.reused_tokens, tokens_lost=lost_total, reuse_ratio=summary.reuse_ratio,
                      usd_lost=None if rate is None else sum(c.tokens_lost for c in causes) * rate,
                      price_model=price_model if rate is not None else None, causes=causes, worst=worst, cost=cost,
-                     curve=curve, fixes=fixes, tokenizer=tokenizer_name, notes=tuple(notes), total_tokens_lost=lost_total,
+                     curve=curved, fixes=fixes, tokenizer=tokenizer_name, notes=tuple(notes), total_tokens_lost=lost_total,
                      total_usd_lost=None if rate is None else lost_total * rate), rate, pair_lost
 
 
@@ -398,12 +368,14 @@ def with_forks(r: LogReport, forks: LogForks, losses: PairLosses, rate: float | 
 
 
 def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any, tokenizer_name: str,
-               table: PriceTable | None = None, source: str = "", requests: Iterable[Request] | None = None,
-               trace: Iterable[TraceRequest] | None = None, top: int = 5, price_model: str | None = None,
+               table: PriceTable | None = None, source: str = "", default_model: str | None = None,
+               timestamps: Any = None, top: int = 5, price_model: str | None = None,
                progress: Callable[[int], None] | None = None, workers: Workers | None = None) -> LogReport:
     """What ``cachectl report`` shows of a log (``lines``: :func:`.groups.log_lines`' store): :func:`build_report`
     over the log, with the fix engine's two runs (safe fixes only; unsafe ones too, with the tokens each code gains)
-    as its before/after section and the forks of the log's shared prefix.
+    as its before/after section and the forks of the log's shared prefix. The provider and curve sections are fed
+    from the token diff's read of ``lines`` (:class:`.sections.OneRead`), not from the log file: ``default_model``
+    and ``timestamps`` (the run's :class:`~cachectl.inputs.TimestampReader`) are what reading its requests takes.
 
     Every version of the log (as it is, after the safe fixes, as each code of the full run left it, after all
     fixes) is measured in one sweep (:func:`.fix.measured_pass`). With ``workers`` (:class:`cachectl.workers.Workers`
@@ -415,26 +387,31 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     from ...workers import Workers
     from .fix import assembled, forked, measured_pass, started
     from .measure import provider_measure
+    from .sections import OneRead
     from .shared_prefix import auto_records
 
     workers = workers if workers is not None else Workers(jobs=1)
     fixed_lines, grouping, counter, measured = started(lines, options, tokenizer=tokenizer, table=table,
                                                        source=source, progress=progress)
-    records = auto_records(lines, grouping)  # named by the log's own ids where it has them
     ends = grouping.end_lines(lines)
 
     def side() -> tuple:
         # (the sweep's token counter: the positions the fixes leave as they were are encoded once)
-        costed = (cost_section(requests, table, source, counter, tokenizer_name)
-                  if requests is not None and table is not None else None)
+        fed = OneRead(source=source, tokenizer=tokenizer, tokenizer_name=tokenizer_name, table=table,
+                      text_counter=counter, default_model=default_model, timestamps=timestamps,
+                      block_size=options.block_size, progress=progress)
+        r = pairs_report(
+            source=source, log=auto_records(lines, grouping, each=fed),  # named by the log's own ids where it has them
+            tokenizer=tokenizer, tokenizer_name=tokenizer_name, table=table, block_size=options.block_size, top=top,
+            price_model=price_model, progress=progress,
+            prompt_of=lambda line: lines[lines.index_of(line)].prompt,  # type: ignore[attr-defined]
+            ends=ends, lines_of_losses=None, costed=fed.costed, curve=fed.curve,
+            add_generation_prompt=options.add_generation_prompt)
         # the provider section read every line as a request: the log before the fixes is that same simulation
+        costed = fed.costed()
         before = (provider_measure(costed.simulated, costed.requests)
                   if costed is not None and costed.simulated is not None and costed.requests == len(lines) else None)
-        return before, pairs_report(
-            source=source, log=records, tokenizer=tokenizer, tokenizer_name=tokenizer_name, table=table,
-            trace=trace, block_size=options.block_size, top=top, price_model=price_model, progress=progress,
-            prompt_of=lambda line: lines[lines.index_of(line)].prompt,  # type: ignore[attr-defined]
-            ends=ends, lines_of_losses=None, costed=costed, add_generation_prompt=options.add_generation_prompt)
+        return before, r
 
     side_job = workers.submit(side)  # beside the forks analysis
     forks, fork_notes, rewrite = forked(fixed_lines, grouping, options, tokenizer=tokenizer, table=table,
@@ -471,53 +448,3 @@ def _pair_again(key: Any, line_a: int, line_b: int, prompt_of: Callable[[int], A
         ta, tb = tokenizer.tokenize_many([pa, pb], add_generation_prompt=add_generation_prompt)
     d = diff_tokens(ta, tb, block_size=block_size, context=context, tokenizer=tokenizer)
     return PairResult(line_a=line_a, line_b=line_b, key=key, diff=d)
-
-
-@dataclass(frozen=True)
-class Costed:
-    """The provider cache simulated over a log's requests: the report's section and the simulation's totals
-    (None, with a note, where it could not run), and the requests it read."""
-
-    section: CostSection | None
-    simulated: Any = None       # the simulation's CostReport
-    requests: int = 0
-    notes: tuple[str, ...] = ()
-
-
-def cost_section(requests: Iterable[Request], table: PriceTable, source: str, text_counter: Any,
-                 tokenizer_name: str) -> Costed:
-    """prompt-cost's simulation over ``requests`` (with ``table``), as the report's provider section; a log it
-    cannot simulate (no model, no timestamps, out of order) gives a note, and the rest of the report stands."""
-    from ..provider.cache import simulate_requests
-
-    read = [0]
-
-    def counted() -> Iterable[Request]:
-        for req in requests:
-            read[0] += 1
-            yield req
-
-    try:
-        r = simulate_requests(counted(), table=table, source=source, text_counter=text_counter,
-                              token_source=f"tokenizer {tokenizer_name}" if text_counter is not None else "layout",
-                              keep_requests=False)  # the misses in a few numbers, not a row per request
-    except InputError as exc:
-        return Costed(None, notes=(f"provider cache not simulated: {exc}",))
-    misses = tuple(MissTally(code=c, requests=n, uncached_input_tokens=tok) for c, n, tok in r.miss_tallies)
-    return Costed(CostSection(models=r.models, token_source=r.token_source, total_usd=r.total_cost_usd,
-                              uncached_usd=r.uncached_cost_usd, savings_usd=r.savings_usd, hit_rate=r.hit_rate,
-                              misses=misses, findings=tuple(f.message for f in r.findings), notes=r.notes,
-                              reconciled=r.reconciled, agreed=r.agreed, billed_usd=r.billed_cost_usd),
-                  r, read[0])
-
-
-def _curve_section(trace: Iterable[TraceRequest], block_size: int, points: int, source: str,
-                   progress: Callable[[int], None] | None = None) -> CurveSection:
-    from ..prefix.curve import capacity_curve, key_trace
-
-    kt = key_trace(trace, [block_size], source=source)[block_size]
-    c = capacity_curve(kt, points=points, source=source, progress=progress)
-    pts = tuple((p.capacity_tokens, p.hit_rate) for p in c.points if p.fits and p.hit_rate is not None)
-    return CurveSection(block_size=block_size, requests=c.counted_requests, query_tokens=c.query_tokens,
-                        ceiling_hit_rate=c.ceiling_hit_rate, ceiling_capacity_tokens=c.ceiling_capacity_blocks * block_size,
-                        min_capacity_tokens=c.min_capacity_blocks * block_size, points=pts, notes=c.notes)

@@ -109,15 +109,19 @@ def log_forks(lines: Iterable[LogLine], *, tokenizer: Any = None, block_size: in
     return LogForks(rep, reqs, numbers), []
 
 
-def auto_records(lines: Sequence[LogLine], grouping: Any) -> Iterator[Any]:
+def auto_records(lines: Sequence[LogLine], grouping: Any,
+                 each: Callable[[LogLine], None] | None = None) -> Iterator[Any]:
     """The lines as diff-tokens' log records, each keyed by its conversation of ``grouping``
     (:func:`~cachectl.engines.repair.groups.group_sessions`; ``report`` and ``diff-tokens --log`` without ``--key``
     pair requests by them): by the key, or for conversations found automatically by the log's own id
-    (:func:`conversation_names`). Made as they are read (one pass over ``lines``)."""
+    (:func:`conversation_names`). Made as they are read (one pass over ``lines``); ``each`` sees every line as it
+    is read (what else the report reads of it)."""
     from ...inputs import LogRecord
 
     names = None if grouping.how != "automatic" else conversation_names(lines, grouping.groups)
     for i, ln in enumerate(lines):
+        if each is not None:
+            each(ln)
         yield LogRecord(line=ln.line, key=ln.key if names is None else names[i], prompt=ln.prompt)
 
 

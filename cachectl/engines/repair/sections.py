@@ -1,0 +1,220 @@
+"""The report's provider and capacity-curve sections (:mod:`.report`): each built from its engine's run over the
+log (prompt-cost's simulation, simulate-prefix's capacity curve), and :class:`OneRead`, which feeds both from the
+one read of the log's lines that the token diff makes, where each read the log file again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from ...errors import InputError
+
+if TYPE_CHECKING:
+    from ...inputs import Request
+    from ..prefix.trace import TraceRequest
+    from ..provider.prices import PriceTable
+    from .groups import LogLine
+
+#: requests handed to a section's thread at a time
+BATCH = 256
+
+
+@dataclass(frozen=True)
+class MissTally:
+    code: str                  # prompt-cost's miss reason code
+    requests: int
+    uncached_input_tokens: int
+
+
+@dataclass(frozen=True)
+class CostSection:
+    models: tuple[str, ...]
+    token_source: str
+    total_usd: float
+    uncached_usd: float
+    savings_usd: float
+    hit_rate: float | None
+    misses: tuple[MissTally, ...]
+    findings: tuple[str, ...]
+    notes: tuple[str, ...]
+    #: with billed usage on the log's lines (any shape that carries it): the requests reconciled, how many of them
+    #: agree with the prediction (read / no read, write / no write), and what the provider billed for them
+    reconciled: int = 0
+    agreed: int = 0
+    billed_usd: float | None = None
+
+
+@dataclass(frozen=True)
+class CurveSection:
+    block_size: int
+    requests: int
+    query_tokens: int
+    ceiling_hit_rate: float | None      # no eviction
+    ceiling_capacity_tokens: int
+    min_capacity_tokens: int
+    points: tuple[tuple[int, float], ...]   # (capacity in tokens, hit rate), the capacities that fit
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Costed:
+    """The provider cache simulated over a log's requests: the report's section and the simulation's totals
+    (None, with a note, where it could not run), and the requests it read."""
+
+    section: CostSection | None
+    simulated: Any = None       # the simulation's CostReport
+    requests: int = 0
+    notes: tuple[str, ...] = ()
+
+
+def cost_section(requests: Iterable[Request], table: PriceTable, source: str, text_counter: Any,
+                 tokenizer_name: str) -> Costed:
+    """prompt-cost's simulation over ``requests`` (with ``table``), as the report's provider section; a log it
+    cannot simulate (no model, no timestamps, out of order) gives a note, and the rest of the report stands."""
+    from ..provider.cache import simulate_requests
+
+    read = [0]
+
+    def counted() -> Iterable[Request]:
+        for req in requests:
+            read[0] += 1
+            yield req
+
+    try:
+        r = simulate_requests(counted(), table=table, source=source, text_counter=text_counter,
+                              token_source=f"tokenizer {tokenizer_name}" if text_counter is not None else "layout",
+                              keep_requests=False)  # the misses in a few numbers, not a row per request
+    except InputError as exc:
+        return Costed(None, notes=(f"provider cache not simulated: {exc}",))
+    misses = tuple(MissTally(code=c, requests=n, uncached_input_tokens=tok) for c, n, tok in r.miss_tallies)
+    return Costed(CostSection(models=r.models, token_source=r.token_source, total_usd=r.total_cost_usd,
+                              uncached_usd=r.uncached_cost_usd, savings_usd=r.savings_usd, hit_rate=r.hit_rate,
+                              misses=misses, findings=tuple(f.message for f in r.findings), notes=r.notes,
+                              reconciled=r.reconciled, agreed=r.agreed, billed_usd=r.billed_cost_usd),
+                  r, read[0])
+
+
+def curve_section(trace: Iterable[TraceRequest], block_size: int, points: int, source: str,
+                  progress: Callable[[int], None] | None = None) -> CurveSection:
+    from ..prefix.curve import key_trace
+
+    return _curve_of(key_trace(trace, [block_size], source=source)[block_size], points, source, progress)
+
+
+def _curve_of(kt: Any, points: int, source: str, progress: Callable[[int], None] | None = None) -> CurveSection:
+    """The capacity curve of a keyed trace (:func:`~cachectl.engines.prefix.curve.key_trace`), as the report's
+    section."""
+    from ..prefix.curve import capacity_curve
+
+    block_size = kt.block_size
+    c = capacity_curve(kt, points=points, source=source, progress=progress)
+    pts = tuple((p.capacity_tokens, p.hit_rate) for p in c.points if p.fits and p.hit_rate is not None)
+    return CurveSection(block_size=block_size, requests=c.counted_requests, query_tokens=c.query_tokens,
+                        ceiling_hit_rate=c.ceiling_hit_rate, ceiling_capacity_tokens=c.ceiling_capacity_blocks * block_size,
+                        min_capacity_tokens=c.min_capacity_blocks * block_size, points=pts, notes=c.notes)
+
+
+class OneRead:
+    """The provider section and the capacity curve fed from one read of the log's lines (call it with each
+    :class:`~.groups.LogLine` as the token diff reads it: :func:`.shared_prefix.auto_records`' ``each``), instead of
+    each reading the log file again. A line's canonical request and prompt are those that read parsed; its request
+    is parsed again only where the provider section reads it otherwise (a model by ``default_model`` for a line
+    that names none; a bare chat list, which it refuses). The provider simulation and the curve's keying run in
+    threads of their own (:class:`.measure._Fed`), fed a batch at a time; the curve's prompts are rendered here, by
+    the reader. :meth:`costed` and :meth:`curve` give the sections once every line was fed; an error reading
+    a line for the curve is raised by :meth:`curve`, as reading the trace for it raised it there."""
+
+    def __init__(self, *, source: str, tokenizer: Any, tokenizer_name: str, table: PriceTable | None,
+                 text_counter: Any, default_model: str | None, timestamps: Any, block_size: int, points: int = 16,
+                 progress: Callable[[int], None] | None = None) -> None:
+        from ...inputs import parse_request
+        from ..prefix.trace import TraceReader
+        from .measure import _Fed
+
+        self._source, self._points, self._progress, self._model = source, points, progress, default_model
+        self._parse = partial(parse_request, source=source, default_model=default_model, timestamps=timestamps)
+        self._provider = (_Fed(partial(_costed, table, source, text_counter, tokenizer_name))
+                          if table is not None else None)
+        self._reader = TraceReader(source=source, tokenizer=tokenizer, timestamps=timestamps)
+        self._keys = _Fed(partial(_keyed, block_size, source))
+        self._reqs: list[Any] = []
+        self._trace: list[TraceRequest] = []
+        self._unread = False                        # a line the provider could not read: it reads no more
+        self._fed = 0                               # requests fed to the curve
+        self._error: Exception | None = None        # reading a line for the curve
+        self._costed: tuple[Costed | None] | None = None
+
+    def __call__(self, ln: LogLine) -> None:
+        if self._provider is not None and not self._unread:
+            req = ln.request
+            item: Any = req
+            if req is None or req is not ln.prompt.request or (self._model and not req.model):
+                try:
+                    item = self._parse(ln.value, line=ln.line)
+                except InputError as exc:  # raised where the simulation reads it
+                    item, self._unread = exc, True
+            self._reqs.append(item)
+            if len(self._reqs) >= BATCH:
+                self._provider.put(self._reqs)
+                self._reqs = []
+        if self._error is None:
+            value, prompt = ln.value, ln.prompt if ln.prompt.request is not None else None
+            if isinstance(value, list):  # a bare chat list: the trace reader wants an object
+                value, prompt = {"messages": value}, None
+            try:
+                self._trace.extend(self._reader.feed((ln.line, value, True), prompt))
+            except Exception as exc:  # noqa: BLE001 (raised by curve())
+                self._error = exc
+            if len(self._trace) >= BATCH:
+                self._put_trace()
+
+    def _put_trace(self) -> None:
+        self._fed += len(self._trace)
+        self._keys.put(self._trace)
+        self._trace = []
+
+    def costed(self) -> Costed | None:
+        """The provider section (None without a price table)."""
+        if self._costed is None:
+            got = None
+            if self._provider is not None:
+                self._provider.put(self._reqs)
+                self._reqs = []
+                got = self._provider.result()
+            self._costed = (got,)
+        return self._costed[0]
+
+    def curve(self) -> CurveSection:
+        if self._error is None:
+            try:
+                self._trace.extend(self._reader.end())
+            except Exception as exc:  # noqa: BLE001
+                self._error = exc
+        self._put_trace()
+        try:
+            kt = self._keys.result()
+        except Exception:
+            if self._error is None or self._fed:  # (with nothing fed, the keying only says the trace is empty)
+                raise
+        if self._error is not None:
+            raise self._error
+        return _curve_of(kt, self._points, self._source, self._progress)
+
+
+def _costed(table: PriceTable, source: str, text_counter: Any, tokenizer_name: str, items: Iterator[Any]) -> Costed:
+    def requests() -> Iterator[Request]:
+        for x in items:
+            if isinstance(x, InputError):
+                raise x
+            yield x
+
+    return cost_section(requests(), table, source, text_counter, tokenizer_name)
+
+
+def _keyed(block_size: int, source: str, trace: Iterator[TraceRequest]) -> Any:
+    from ..prefix.curve import key_trace
+
+    return key_trace(trace, [block_size], source=source)[block_size]
