@@ -177,18 +177,21 @@ class KeyIndex:
     """A map from signed 64-bit int keys (the builtin hash's, the first half of a digest) to non-negative ints, in
     about 16 bytes an entry where a dict of ints takes about a hundred: the entries in two sorted numpy arrays, and
     those added since the last merge in a dict (merged into the arrays when it holds :attr:`MERGE`, or a sixteenth
-    of theirs). A request's keys are looked up in one ``numpy.searchsorted`` (:meth:`values`)."""
+    of theirs). A request's keys are looked up in one ``numpy.searchsorted`` (:meth:`values`). ``dtype``: the values'
+    numpy integer type (a narrower one for small values: ``uint8`` takes 9 bytes an entry); a value it cannot hold
+    is refused."""
 
     #: entries the dict holds before they are merged into the arrays (or a sixteenth of the arrays' entries)
     MERGE = 1 << 12
 
-    __slots__ = ("_keys", "_new", "_vals")
+    __slots__ = ("_keys", "_new", "_top", "_vals")
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: str = "int64") -> None:
         import numpy as np
 
         self._keys = np.empty(0, np.int64)
-        self._vals = np.empty(0, np.int64)
+        self._vals = np.empty(0, dtype)
+        self._top = int(np.iinfo(self._vals.dtype).max)
         self._new: dict[int, int] = {}
 
     def __len__(self) -> int:
@@ -205,8 +208,7 @@ class KeyIndex:
         if key not in self._new and len(self._keys):
             i = int(self._keys.searchsorted(key))
             if i < len(self._keys) and self._keys[i] == key:
-                if value < 0:
-                    raise ValueError("the values of a KeyIndex are non-negative")
+                self._check(value, value)
                 self._vals[i] = value
                 return
         self.put([key], [value], absent=True)
@@ -231,12 +233,11 @@ class KeyIndex:
 
         if not len(keys):
             return
-        if min(values) < 0:
-            raise ValueError("the values of a KeyIndex are non-negative")
+        self._check(min(values), max(values))
         if len(self._keys) and not absent:
             at, found = self._find(np.array(keys, np.int64))  # (OverflowError past 64 bits)
             if found.any():
-                self._vals[at[found]] = np.array(values, np.int64)[found]
+                self._vals[at[found]] = np.array(values, self._vals.dtype)[found]
                 keep = (~found).tolist()
                 keys, values = [k for k, f in zip(keys, keep) if f], [v for v, f in zip(values, keep) if f]
         elif min(keys) < -2**63 or max(keys) >= 2**63:  # (two passes in C: this is every request's insert)
@@ -244,6 +245,10 @@ class KeyIndex:
         self._new.update(zip(keys, values))
         if len(self._new) >= max(self.MERGE, len(self._keys) >> 4):
             self._merge()
+
+    def _check(self, low: int, high: int) -> None:
+        if low < 0 or high > self._top:
+            raise ValueError(f"the values of this KeyIndex are integers from 0 to {self._top}")
 
     def _find(self, arr):
         at = self._keys.searchsorted(arr)
@@ -255,7 +260,7 @@ class KeyIndex:
 
         n = len(self._new)
         keys = np.fromiter(self._new.keys(), np.int64, n)
-        vals = np.fromiter(self._new.values(), np.int64, n)
+        vals = np.fromiter(self._new.values(), self._vals.dtype, n)
         order = keys.argsort()
         keys, vals = keys[order], vals[order]
         at = self._keys.searchsorted(keys)  # (none of them is in the arrays: put sets those in place)

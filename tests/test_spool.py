@@ -11,18 +11,21 @@ import pytest
 from cachectl.spool import KeyIndex
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_key_index_is_the_dict_of_its_pairs(seed, monkeypatch):
+@pytest.mark.parametrize("seed,dtype", [(0, "int64"), (1, "int64"), (0, "uint8")])
+def test_key_index_is_the_dict_of_its_pairs(seed, dtype, monkeypatch):
     # through many merges of its dict into the arrays (MERGE made small), overwrites of keys in either part, and
-    # the extremes of a signed 64-bit key
+    # the extremes of a signed 64-bit key; values of a narrow type (the replay's masks of a few versions) up to its top
     monkeypatch.setattr(KeyIndex, "MERGE", 64)
     rng = random.Random(seed)
-    table, want = KeyIndex(), {}
+    table, want = KeyIndex(dtype), {}
+    top = 255 if dtype == "uint8" else 2**63 - 1
     keys = [rng.getrandbits(64) - 2**63 for _ in range(20_000)] + [-2**63, 2**63 - 1, 0, -1]
     for start in range(0, len(keys), 37):
         batch = keys[start:start + 37]
-        table.put(batch, list(range(start, start + len(batch))))
-        want.update(zip(batch, range(start, start + len(batch))))
+        vals = [v % (top + 1) for v in range(start, start + len(batch))]
+        vals[0] = top
+        table.put(batch, vals)
+        want.update(zip(batch, vals))
         again = rng.sample(keys[:start + len(batch)], 5)           # overwritten in place: not counted twice
         table.put(list(dict.fromkeys(again)), [7] * len(set(again)))
         want.update(dict.fromkeys(again, 7))
@@ -42,6 +45,14 @@ def test_key_index_refuses_what_it_cannot_hold():
         with pytest.raises(OverflowError):
             table[key] = 1
     assert len(table) == 0 and table.get(5) is None and table.values([5, 6]) == [-1, -1]
+    narrow = KeyIndex("uint8")  # a value past its type is refused, not wrapped: in the dict part and in the arrays
+    narrow.put(list(range(5000)), [255] * 5000)
+    for key in (3, 10_000):
+        with pytest.raises(ValueError):
+            narrow[key] = 256
+        with pytest.raises(ValueError):
+            narrow.put([key], [256])
+    assert narrow.get(3) == 255 and narrow.get(10_000) is None and len(narrow) == 5000
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -282,7 +282,7 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
 class InfiniteVersions:
     """The no-eviction replay (:func:`simulate`'s ``infinite`` policy, one tenant) of several versions of
     one log in one pass: version ``j`` is bit ``j`` of a mask. One map (a :class:`~cachectl.spool.KeyIndex`, 16
-    bytes an entry) holds each block key with the mask of the versions that cached it, so a request that several
+    bytes an entry, 9 up to eight versions) holds each block key with the mask of the versions that cached it, so a request that several
     versions send alike (a line no fix changed) is hashed, looked up and inserted once for all of them, and a block
     the versions share is kept once. Each version's counts equal :func:`simulate` over that version's requests alone
     (``tests/test_measure_sweep.py`` checks it).
@@ -297,8 +297,10 @@ class InfiniteVersions:
         if not 1 <= block_size <= MAX_BLOCK_SIZE:
             raise UsageError(f"--block-size must be between 1 and {MAX_BLOCK_SIZE:,}")
         self.block_size = block_size
-        # (the keys are the builtin hash's, signed 64-bit ints, and a mask is one up to 63 versions; past that, a dict)
-        self._table = KeyIndex() if versions < 64 else KeyDict()
+        # (the keys are the builtin hash's, signed 64-bit ints, and a mask is one up to 63 versions, in a byte up to
+        # eight; past 63, a dict)
+        bits = next((t for n, t in ((8, "uint8"), (16, "uint16"), (32, "uint32"), (63, "int64")) if versions <= n), None)
+        self._table = KeyIndex(bits) if bits is not None else KeyDict()
         self._requests = [0] * versions
         self._query = [0] * versions
         self._hits = [0] * versions
