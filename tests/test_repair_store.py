@@ -144,6 +144,15 @@ def test_edits_snapshot_keeps_the_values_as_they_were():
     snap[4]["i"] = 99                                # a snapshot's values are fresh copies
     assert snap[4] == originals[4]
     assert vs[1]["msgs"][0]["content"] == "second code" and vs[2] == {"replaced": 2} and vs[4]["i"] == -4
+    v["msgs"][0]["content"] = "second code, again"  # a line rewritten twice by one code
+    vs[1] = v
+    later = vs.snapshot()
+    vs[1] = {"third": 3}
+    vs[5] = {"third": 5}
+    assert later[1]["msgs"][0]["content"] == "second code, again" and later[2] == {"replaced": 2}
+    assert later[5] == originals[5] and not later.changed(5) and later.changed(4)
+    assert snap[1]["msgs"][0]["content"] == "first code" and not snap.changed(5)
+    assert vs[1] == {"third": 3} and vs[5] == {"third": 5}
 
 
 def test_line_store_gives_back_the_lines_as_read(monkeypatch):

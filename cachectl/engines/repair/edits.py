@@ -14,9 +14,10 @@ the value as it was:
   at that path.
 
 A new value is kept as its JSON bytes (orjson), one copy per distinct JSON text: the 2,000 requests of a log whose
-tools FX002 sorts into one of a few hundred lists cost one bytes object per list. Each rewrite has a number (the
-version): :meth:`Edits.snapshot` is the log as the rewrites made so far left it (what ``fix`` measures for the
-tokens reused per fix code), later rewrites unseen.
+tools FX002 sorts into one of a few hundred lists cost one bytes object per list. Each rewrite is stamped with the
+number of snapshots taken before it (its version, a small int: no object a rewrite): :meth:`Edits.snapshot` is the
+log as the rewrites made so far left it (what ``fix`` measures for the tokens reused per fix code), later rewrites
+unseen.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ class Edits(Sequence[Any]):
         self._n = n
         self._base = base
         self._edits: list[LineEdits | None] = [None] * n   # a line's edits (None: not rewritten), flat
-        self._version = 0                          # rewrites made so far
+        self._version = 0                          # snapshots taken so far: the version of a rewrite now
         self._same: dict[Any, Any] = {}            # one copy of each new value's bytes, of each path
 
     def __len__(self) -> int:
@@ -132,7 +133,7 @@ class Edits(Sequence[Any]):
         i = self._index(i)
         edits = self._edits[i]
         value = self._base(i)
-        return value if edits is None else _applied(value, edits, self._version if version is None else version)
+        return value if edits is None else _applied(value, edits, self._version + 1 if version is None else version)
 
     def __getitem__(self, i: int | slice) -> Any:
         if isinstance(i, slice):
@@ -155,7 +156,6 @@ class Edits(Sequence[Any]):
         new = tuple(x for path, data in found
                     for x in (v, same.setdefault(path, path), None if data is None else _kept(same, data)))
         self._edits[i] = new if (old := self._edits[i]) is None else old + new
-        self._version += 1
 
     def edits(self, i: int) -> list[tuple[tuple, Any]]:
         """Line ``i``'s edits in the order they apply: (JSON path, new value; the path's key dropped: None)."""
@@ -169,6 +169,7 @@ class Edits(Sequence[Any]):
     def snapshot(self) -> Sequence[Any]:
         """The values as the rewrites made so far left them, read-only, unaffected by later rewrites (a fix code
         applied after it): nothing is copied."""
+        self._version += 1  # (the rewrites from now on are of a later version)
         return _Version(self, self._version)
 
 
