@@ -98,6 +98,36 @@ def test_token_id_requests_and_unknown_parts_are_kept(tok):
     assert store[3] is odd and store.bare == 3
 
 
+def test_the_store_columns_keep_each_requests_own_fields(tok, monkeypatch):
+    """A request is a row of the store's columns: no line, user fields equal but of other types (1, 1.0, True: one
+    tuple shared only between requests of the same), a salt; a chat request's spans, found through one rebuilt
+    request, are read back through the next, not found again."""
+    from cachectl.engines.prefix.forks import requests as fr
+
+    chat = next(iter(fork_requests(iter_jsonl(str(SHARED)), source=str(SHARED), tokenizer=tok)))
+    reqs = [replace(chat, index=k, line=None if k == 1 else k + 1, fields=(("user", v),), salt=("t", k) if k else None)
+            for k, v in enumerate([1, 1.0, True, 1, "1"])]
+    store = RequestStore(recent=1)
+    for r in reqs:
+        store.add(r)
+    for k, r in enumerate(reqs):
+        got = store[k]
+        assert (got.index, got.line, got.salt, store.line(k), store.salt(k)) == (k, r.line, r.salt, r.line, r.salt)
+        assert [(n, type(v), v) for n, v in got.fields] == [(n, type(v), v) for n, v in r.fields]
+    assert store.fields(0) is store.fields(3) and store.fields(0) is not store.fields(2)
+    found = []
+    real = fr._lazy_chat_spans
+    monkeypatch.setattr(fr, "_lazy_chat_spans", lambda *a: found.append(1) or real(*a))
+    first = store[2].tokenized
+    store[0]  # (the store keeps one rebuilt request: request 2 is rebuilt again)
+    again = store[2].tokenized
+    assert first is not None and again is not None and again is not first
+    assert callable(first._spans) and callable(again._spans) and store.spans_at(2) < 0  # (neither found yet)
+    spans = first.spans
+    assert store.spans_at(2) >= 0 and spans == chat.tokenized.spans and len(found) == 1
+    assert again.spans == spans and len(found) == 1  # read back, though rebuilt before they were found
+
+
 def test_the_analysis_is_the_same_packed_or_listed(tok):
     reqs = list(fork_requests(iter_jsonl(str(SHARED)), source=str(SHARED), tokenizer=tok))
     a = analyze_forks(reqs, tokenizer=tok, capacity_blocks=400)

@@ -204,9 +204,10 @@ def _request_tools(r: ForkRequest) -> tuple[Any, ...] | None:
 
 
 class _Packed:
-    """One request in a :class:`RequestStore`: its render packed (:class:`~..packed.RenderCodec`), its prompt
-    pickled and packed (``cold``), the chat spans once an instrumented render found them, and the small fields the
-    passes read for every request (its tools' identities, interned; its log fields and cache salt)."""
+    """One request of a :class:`RequestStore` as it is packed and read back (the store keeps each field in a column
+    of its own): its render packed (:class:`~..packed.RenderCodec`), its prompt pickled and packed (``cold``), the
+    chat spans once an instrumented render found them, and the small fields the passes read for every request (its
+    tools' identities, interned; its log fields and cache salt). Also a re-render of a :class:`_RenderTable`."""
 
     __slots__ = ("cold", "fields", "hot", "index", "line", "meta", "salt", "spans", "tools", "where", "whole")
 
@@ -222,18 +223,22 @@ class _Packed:
         self.tools: tuple[str, tuple[str, ...]] | None = None
         #: a request whose parts this store does not know how to pack, kept as it is
         self.whole: ForkRequest | None = None
-        #: a re-render's place in a :class:`_RenderTable` and its key there (its spans, found later, are kept there)
-        self.where: tuple[_RenderTable, tuple[int, int]] | None = None
+        #: where the spans found later are kept: (the :class:`RequestStore` or :class:`_RenderTable`, its key there)
+        self.where: tuple[Any, Any] | None = None
 
 
 _TEXT_OFFSETS, _KNOWN_OFFSETS = 1, 2
+#: a request without a line number, in the store's column of lines
+_NO_LINE = -(2 ** 63)
 
 
 class RequestStore(Sequence[ForkRequest]):
     """The requests of one fork analysis, packed: each counterfactual replays the whole log, so every request is
     kept, as one zlib stream of its IDs, starts and text (:class:`~..packed.RenderCodec`, against the first request's
     bytes) and its prompt pickled the same way; a few hundred bytes to a couple of KB a request where the parsed
-    forms take some 20 KB, on disk (in memory: a small object a request). Indexing rebuilds a
+    forms take some 20 KB, on disk. In memory a request is a row of columns: five ints in arrays (its index, line and
+    three places in the spool), four references in lists (its render options, tools, log fields and salt, the first
+    three interned), about 72 bytes where an object a request took about 250 with its ints. Indexing rebuilds a
     :class:`ForkRequest` (the last few are kept); :meth:`ids` reads only the IDs. Add requests in log order with
     :meth:`add`."""
 
@@ -244,7 +249,17 @@ class RequestStore(Sequence[ForkRequest]):
         self._objects = ObjectCodec(1)
         #: the packed bytes, in a temporary file (a pass reads each request's once)
         self._disk = Spool()
-        self._recs: list[_Packed] = []
+        # the columns: a request's index, line (_NO_LINE: none), places in the spool of its packed render, prompt
+        # and spans (-1: none), render options, tools, log fields and cache salt; a request the store cannot pack,
+        # kept whole
+        self._index, self._line = array("q"), array("q")
+        self._hot, self._cold, self._spans_at = array("q"), array("q"), array("q")
+        self._meta_of: list[tuple | None] = []
+        self._tools_of: list[tuple[str, tuple[str, ...]] | None] = []
+        self._fields: list[tuple] = []
+        self._salt: list[Any] = []
+        self._whole: dict[int, ForkRequest] = {}
+        self._interned: dict[Any, Any] = {}
         self._meta: dict[tuple, tuple] = {}
         self._tools: dict[str, tuple[str, tuple[str, ...]]] = {}
         self._recent: OrderedDict[int, ForkRequest] = OrderedDict()
@@ -254,7 +269,7 @@ class RequestStore(Sequence[ForkRequest]):
         self.bare = 0
 
     def __len__(self) -> int:
-        return len(self._recs)
+        return len(self._index)
 
     def add(self, r: ForkRequest) -> None:
         rec = _Packed(r.index, r.line, r.fields, r.salt)
@@ -268,8 +283,34 @@ class RequestStore(Sequence[ForkRequest]):
         try:
             self._pack(rec, r)
         except (ValueError, OverflowError, TypeError, pickle.PicklingError, AttributeError):
-            rec.whole = r
-        self._recs.append(rec)
+            self._whole[len(self._index)] = r
+        self._index.append(rec.index)
+        self._line.append(_NO_LINE if rec.line is None else rec.line)
+        self._hot.append(rec.hot)
+        self._cold.append(rec.cold)
+        self._spans_at.append(rec.spans)
+        self._meta_of.append(rec.meta)
+        self._tools_of.append(rec.tools)
+        try:  # (the same user fields on many requests: one tuple; 1, 1.0 and True kept apart by their types)
+            fields = self._interned.setdefault((rec.fields, tuple(type(v) for _, v in rec.fields)), rec.fields)
+        except TypeError:  # a value that is not hashable
+            fields = rec.fields
+        self._fields.append(fields)
+        self._salt.append(rec.salt)
+
+    def _row(self, k: int) -> _Packed:
+        """Request ``k`` as a :class:`_Packed` (its spans, once found, kept in the store's column)."""
+        line = self._line[k]
+        rec = _Packed(self._index[k], None if line == _NO_LINE else line, self._fields[k], self._salt[k])
+        rec.hot, rec.cold, rec.spans, rec.meta = self._hot[k], self._cold[k], self._spans_at[k], self._meta_of[k]
+        rec.where = (self, k)
+        return rec
+
+    def spans_at(self, k: int) -> int:
+        return self._spans_at[k]
+
+    def set_spans(self, k: int, index: int) -> None:
+        self._spans_at[k] = index
 
     def _pack(self, rec: _Packed, r: ForkRequest) -> None:
         ids = r.ids if isinstance(r.ids, array) else _id_array(r.ids)
@@ -309,8 +350,9 @@ class RequestStore(Sequence[ForkRequest]):
         if got is not None:
             self._recent.move_to_end(k)
             return got
-        rec = self._recs[k]
-        got = rec.whole if rec.whole is not None else self._unpack(rec)
+        got = self._whole.get(k) if self._whole else None
+        if got is None:
+            got = self._unpack(self._row(k))
         self._recent[k] = got
         if len(self._recent) > self._keep:
             self._recent.popitem(last=False)
@@ -335,6 +377,8 @@ class RequestStore(Sequence[ForkRequest]):
 
     def _spans(self, rec: _Packed, prompt: Any, text: str | None) -> tuple[Span, ...]:
         """A chat render's spans (an instrumented render, once per request: kept packed)."""
+        if rec.where is not None:  # (found since ``rec`` was read, through another view of the request)
+            rec.spans = rec.where[0].spans_at(rec.where[1])
         if rec.spans >= 0:
             return self._objects.loads(self._disk.get_bytes(rec.spans))
         assert rec.meta is not None and text is not None
@@ -348,26 +392,27 @@ class RequestStore(Sequence[ForkRequest]):
 
     def ids(self, k: int) -> Sequence[int]:
         """Request ``k``'s token IDs, without the rest."""
-        rec = self._recs[k]
-        return rec.whole.ids if rec.whole is not None else self._render.ids(self._disk.get_bytes(rec.hot))
+        whole = self._whole.get(k) if self._whole else None
+        return whole.ids if whole is not None else self._render.ids(self._disk.get_bytes(self._hot[k]))
 
     def line(self, k: int) -> int | None:
-        return self._recs[k].line
+        line = self._line[k]
+        return None if line == _NO_LINE else line
 
     def salt(self, k: int) -> Any:
-        return self._recs[k].salt
+        return self._salt[k]
 
     def fields(self, k: int) -> tuple:
-        return self._recs[k].fields
+        return self._fields[k]
 
     def tool_order(self, k: int) -> str | None:
         """Request ``k``'s tools' identities in order, joined by newlines (None without tools)."""
-        t = self._recs[k].tools
+        t = self._tools_of[k]
         return t[0] if t is not None else None
 
     def tool_set(self, k: int) -> tuple[str, ...] | None:
         """The same, sorted (the set a tools counterfactual matches)."""
-        t = self._recs[k].tools
+        t = self._tools_of[k]
         return t[1] if t is not None else None
 
     # a re-render under a tools counterfactual (kept packed the same way) ----------------------------------
@@ -432,6 +477,11 @@ class _RenderTable:
             spans.extend(array("q", [-1]) * grow)
             meta.extend([None] * grow)
         hot[k], spans[k], meta[k] = rec.hot, rec.spans, rec.meta
+
+    def spans_at(self, key: tuple[int, int]) -> int:
+        k, slot = key
+        got = self._slots.get(slot)
+        return got[1][k] if got is not None and k < len(got[1]) else -1
 
     def set_spans(self, key: tuple[int, int], index: int) -> None:
         k, slot = key
