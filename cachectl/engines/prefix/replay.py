@@ -282,9 +282,9 @@ def simulate(requests: Iterable[TraceRequest], *, policy: str = "vllm", block_si
 class InfiniteVersions:
     """The no-eviction replay (:func:`simulate`'s ``infinite`` policy, one tenant) of several versions of
     one log in one pass: version ``j`` is bit ``j`` of a mask. One map (a :class:`~cachectl.spool.KeyIndex`, 16
-    bytes an entry, 9 up to eight versions) holds each block key with the mask of the versions that cached it, so a request that several
-    versions send alike (a line no fix changed) is hashed, looked up and inserted once for all of them, and a block
-    the versions share is kept once. Each version's counts equal :func:`simulate` over that version's requests alone
+    bytes an entry, 9 up to eight versions) holds each block key with the mask of the versions that cached it, so a
+    request that several versions send alike (a line no fix changed) is hashed, looked up and inserted once for all
+    of them, and a block the versions share is kept once. Each version's counts equal :func:`simulate` over that version's requests alone
     (``tests/test_measure_sweep.py`` checks it).
 
     ``add(tokens, mask, salt=None)``: the versions of ``mask`` each send ``tokens`` (with vLLM's ``cache_salt``, which

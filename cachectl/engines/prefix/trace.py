@@ -256,8 +256,10 @@ class TraceReader:
                  tenant_field: str | None = None, hash_block_size: int = 512, as_kind: str | None = None,
                  batch_size: int = 128, no_salt: bool = False, add_generation_prompt: bool = True,
                  session_fields: Sequence[str] = (), timestamps: Callable[[Any], float | None] | None = None):
-        from ...inputs.timestamps import parse_timestamp
+        from ...inputs import cache_salt_of
+        from ...inputs.timestamps import TimestampError, parse_timestamp
 
+        self._salt_of, self._timestamp_error = cache_salt_of, TimestampError  # (read once, not a record at a time)
         self.source, self.tokenizer, self.as_kind, self.batch_size = source, tokenizer, as_kind, batch_size
         self.salt_field, self.tenant_field, self.no_salt = salt_field, tenant_field, no_salt
         self.hash_block_size, self.session_fields = hash_block_size, session_fields
@@ -289,15 +291,12 @@ class TraceReader:
         """The requests ``record`` (as :func:`iter_trace` reads one) completes. ``prompt``: the record's prompt as
         :func:`~cachectl.inputs.prompt_from_value` reads it (with ``as_kind``), where the caller has it (it is
         not read again)."""
-        from ...inputs import cache_salt_of
-        from ...inputs.timestamps import TimestampError
-
         line, value = record[0], record[1]
         maybe_bool = record[2] if len(record) > 2 else True
         where = {"source": self.source, "line": line}
         if not isinstance(value, dict):
             raise InputError("expected a JSON object per line", **where)
-        salt = _get(value, self.salt_field) if self.salt_field else cache_salt_of(value)
+        salt = _get(value, self.salt_field) if self.salt_field else self._salt_of(value)
         # a request without a salt is an ordinary one (vLLM's cache_salt is optional): cached unsalted, counted
         unsalted = bool(self.salt_field) and salt is None
         tenant = _get(value, self.tenant_field) if self.tenant_field else salt
@@ -310,7 +309,7 @@ class TraceReader:
             tenant = _nested_key(tenant, self.tenant_field or "salt", where)
         try:
             ts = self.read_time(value.get("timestamp"))
-        except TimestampError as exc:
+        except self._timestamp_error as exc:
             raise InputError(str(exc), field="timestamp", **where) from None
         if ts is not None and not -MAX_TIMESTAMP < ts < MAX_TIMESTAMP:
             raise InputError(f"timestamp {ts:g} s is out of range", field="timestamp", **where)

@@ -99,9 +99,7 @@ def cost_section(requests: Iterable[Request], table: PriceTable, source: str, te
 
 def curve_section(trace: Iterable[TraceRequest], block_size: int, points: int, source: str,
                   progress: Callable[[int], None] | None = None) -> CurveSection:
-    from ..prefix.curve import key_trace
-
-    return _curve_of(key_trace(trace, [block_size], source=source)[block_size], points, source, progress)
+    return _curve_of(_keyed(block_size, source, trace), points, source, progress)
 
 
 def _curve_of(kt: Any, points: int, source: str, progress: Callable[[int], None] | None = None) -> CurveSection:
@@ -214,7 +212,7 @@ def _costed(table: PriceTable, source: str, text_counter: Any, tokenizer_name: s
     return cost_section(requests(), table, source, text_counter, tokenizer_name)
 
 
-def _keyed(block_size: int, source: str, trace: Iterator[TraceRequest]) -> Any:
+def _keyed(block_size: int, source: str, trace: Iterable[TraceRequest]) -> Any:
     from ..prefix.curve import key_trace
 
     return key_trace(trace, [block_size], source=source)[block_size]
