@@ -381,18 +381,37 @@ class RenderMemo:
         """Keep the token IDs of the render kept under ``key`` (encoded as chat renders are: no special tokens
         added), and each token's (start, end) in it when given, compressed (the offsets as the step from the
         previous token's start and the length: mostly small, mostly alike)."""
+        self._put_columns(key, ids, _offset_columns(offsets) if offsets is not None and len(offsets) else None)
+
+    def put_encoded(self, key: bytes, enc: Any) -> KeptOffsets | None:
+        """:meth:`put_ids` of a ``tokenizers.Encoding``, whose offsets are read once (reading them builds a list of
+        tuples: about as long as rendering the text): they come back as a :class:`KeptOffsets` for the caller's
+        :class:`Tokenized` (what a later :meth:`get_kept` gives), or None where none were kept."""
+        offsets = enc.offsets
+        cols = _offset_columns(offsets) if len(offsets) else None
+        kept = self._put_columns(key, enc.ids, cols)
+        if not kept or cols is None:
+            return None
+        starts, ends = cols
+        return KeptOffsets(array("I", starts.astype("uint32").tobytes()), array("I", ends.astype("uint32").tobytes()))
+
+    def _put_columns(self, key: bytes, ids: Sequence[int], cols: tuple[Any, Any] | None) -> bool:
+        """Keep the IDs and the offsets' columns (starts, ends); whether the offsets were kept."""
         payload = len(ids).to_bytes(8, "little") + array("I", ids).tobytes()
-        if offsets is not None and len(offsets):
+        kept = False
+        if cols is not None:
             import numpy as np
 
-            flat = np.fromiter(chain.from_iterable(offsets), np.int64, 2 * len(offsets))
-            steps, lengths = np.diff(flat[0::2], prepend=0), flat[1::2] - flat[0::2]
+            starts, ends = cols
+            steps, lengths = np.diff(starts, prepend=0), ends - starts
             if max(-int(steps.min()), int(steps.max()), int(lengths.max())) < 2**31:
                 payload += steps.astype(np.int32).tobytes() + lengths.astype(np.int32).tobytes()
+                kept = True
             # (else a text past 2 GiB, where CACHECTL_MAX_TOKENIZE_CHARS allows one: IDs only)
         blob = zlib.compress(payload, 1)
         with self._lock:
             self._write(self._ids, key, blob)
+        return kept
 
     def get_spans(self, key: bytes) -> tuple[Span, ...] | None:
         """The spans kept under ``key`` (:meth:`put_spans`), or None."""
@@ -423,6 +442,14 @@ class RenderMemo:
         self._hot[key] = text
         if len(self._hot) > self.HOT:
             self._hot.popitem(last=False)
+
+
+def _offset_columns(offsets: Sequence[tuple[int, int]]) -> tuple[Any, Any]:
+    """(starts, ends) of (start, end) pairs, as two int64 numpy arrays."""
+    import numpy as np
+
+    flat = np.fromiter(chain.from_iterable(offsets), np.int64, 2 * len(offsets))
+    return flat[0::2], flat[1::2]
 
 
 class TokenizerHandle:
@@ -576,18 +603,19 @@ class TokenizerHandle:
         enc_text = iter(self.backend.encode_batch(text_batch, add_special_tokens=add_special_tokens)
                         if text_batch else ())
         out: list[Tokenized] = []
-        for p, rendered, sp, key, ids in zip(prompts, texts, spans, keys, known):
+        for p, rendered, sp, key, kept in zip(prompts, texts, spans, keys, known):
             if rendered is None:
                 out.append(Tokenized(p, list(p.ids or ()), tokenizer=self))
                 continue
-            if ids is not None:  # encoded before: the IDs and their offsets kept (else found again if asked for)
-                out.append(Tokenized(p, ids[0].tolist(), rendered, ids[1], sp, self, False, opts,  # (a list, as encoded)
+            if kept is not None:  # encoded before: the IDs and their offsets kept (else found again if asked for)
+                out.append(Tokenized(p, kept[0].tolist(), rendered, kept[1], sp, self, False, opts,  # (a list, as encoded)
                                      key))
                 continue
             enc = next(enc_chat) if p.is_chat else next(enc_text)
-            if key is not None and memo is not None:
-                memo.put_ids(key, enc.ids, enc.offsets)
-            out.append(Tokenized(p, enc.ids, text=rendered, encoding=enc, spans=sp, tokenizer=self,
+            ids = enc.ids
+            if key is not None and memo is not None:  # (the offsets kept are read once, and are this Tokenized's)
+                enc = memo.put_encoded(key, enc) or enc
+            out.append(Tokenized(p, ids, text=rendered, encoding=enc, spans=sp, tokenizer=self,
                                  add_special_tokens=add_special_tokens and not p.is_chat,
                                  render_opts=opts if p.is_chat else None, memo_key=key))
         return out

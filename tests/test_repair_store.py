@@ -31,6 +31,20 @@ def test_spool_round_trips_values_pickle_keeps_exactly():
     assert back[0]["a"][3] == "\ud800 lone surrogate"
 
 
+@pytest.mark.parametrize(("value", "as_json"), [
+    ({"b": 1, "a": [1.5, -0.0, 1.0, 1, True, None, "\u00e9", {"z": {}, "y": []}]}, True),
+    ("x" * 10_000, True), ([], True),
+    # JSON cannot hold these exactly: pickled
+    ({"a": [math.nan]}, False), ({"a": math.inf}, False), ({"a": 2**80}, False), ({"a": "\ud800 lone"}, False),
+    ({"a": (1, 2)}, False), ({1: "a key that is no string"}, False),
+], ids=["json", "long-string", "empty", "nan", "inf", "big-int", "surrogate", "tuple", "int-key"])
+def test_line_store_values_read_back_exactly(value, as_json):
+    data = store._packed(value)
+    assert (data[:1] != b"\x80") == as_json
+    back = store._unpacked(data)
+    assert repr(back) == repr(value) and back is not value  # (types too: 1.0 a float, True a bool, NaN a NaN)
+
+
 def _edits(originals):
     return Edits(len(originals), lambda i: json.loads(json.dumps(originals[i])))
 

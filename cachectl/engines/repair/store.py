@@ -1,13 +1,13 @@
-"""A whole log kept out of memory: each line's JSON value pickled into a temporary file, a few bytes per line in
+"""A whole log kept out of memory: each line's JSON value written to a temporary file, a few bytes per line in
 memory, lines parsed again when they are read (a small cache keeps the ones in use).
 
 ``fix`` and ``report`` read a log several times over (grouping, the fork analysis, each fix code's pass, the
 before/after measures). Held as Python objects a line costs about fifty times its JSON; here it costs its
 offset, its line number and its timestamp (about 24 bytes), its conversation key where there is one, and its
-pickled bytes on disk. The temporary files are deleted when the store is garbage-collected or the process ends.
+bytes on disk. The temporary files are deleted when the store is garbage-collected or the process ends.
 
-- :class:`Spool` (from :mod:`cachectl.spool`): an append-only temporary file of pickled values, read back by
-  offset.
+- :class:`Spool` (from :mod:`cachectl.spool`): an append-only temporary file of values, read back by offset (a
+  line's value as its JSON bytes, pickled where JSON cannot hold it exactly).
 - :class:`LineStore`: the log's :class:`~.groups.LogLine` records as a read-only sequence.
 - :class:`Mapped`: a sequence computed from another one item by item (the lines reparsed after a rewrite).
 """
@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, overload
+
+import orjson
 
 from ...spool import Spool
 
@@ -99,7 +102,7 @@ class LineStore(_Cached[Any]):
         self._facts: list[tuple] = []         # per line: (prompt kind, provider, model), interned
 
     def append(self, ln: Any) -> None:
-        self._spool.put(ln.value)
+        self._spool.put_bytes(_packed(ln.value))
         self._lines.append(ln.line)
         self._ts.append(math.nan if ln.timestamp is None else ln.timestamp)
         if ln.key is not None and self._keys is None:
@@ -117,7 +120,7 @@ class LineStore(_Cached[Any]):
 
     def value(self, i: int) -> Any:
         """A fresh copy of line ``i``'s value (nobody else holds it)."""
-        return self._spool.get(i)
+        return _unpacked(self._spool.get_bytes(i))
 
     def line_number(self, i: int) -> int:
         return self._lines[i]
@@ -146,7 +149,27 @@ class LineStore(_Cached[Any]):
         return self._build_line(value, *self.meta(i))
 
     def _build(self, i: int) -> Any:
-        return self._build_line(self._spool.get(i), *self.meta(i))
+        return self._build_line(_unpacked(self._spool.get_bytes(i)), *self.meta(i))
+
+
+def _packed(value: Any) -> bytes:
+    """``value`` as its JSON bytes (orjson), where they read back equal to it; else pickled (a number JSON cannot
+    hold exactly, a NaN, a lone surrogate, a tuple: pickle's first byte, 0x80, starts no JSON text). A line is read
+    back many times: orjson reads a request body in about half the time pickle takes (7.5 against 15.3 us, on the
+    bench log's lines)."""
+    try:
+        data = orjson.dumps(value)
+        if orjson.loads(data) == value:
+            return data
+    except (orjson.JSONEncodeError, orjson.JSONDecodeError, TypeError):
+        pass
+    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _unpacked(data: bytes) -> Any:
+    if data[:1] == b"\x80":
+        return pickle.loads(data)  # noqa: S301 (pickled by this process: _packed)
+    return orjson.loads(data)
 
 
 def store_of(lines: Any) -> LineStore | None:

@@ -179,8 +179,11 @@ def fork_requests(records: Iterable[tuple], *, source: str, tokenizer: Any = Non
 
 
 def _from_tokenized(index: int, line: int | None, t: Tokenized, flds: tuple = (), salt: Any = None) -> ForkRequest:
-    offsets = t.offsets()  # (read back from the tokenizer's memo, or encoded again where it kept none)
-    starts = array("I", (s for s, _ in offsets)) if offsets is not None else None
+    if isinstance(t.encoding, KeptOffsets):  # (as the tokenizer's memo keeps them: the starts are a column)
+        starts: array | None = t.encoding.starts  # type: ignore[assignment]
+    else:  # (read back from the tokenizer's memo, or encoded again where it kept none)
+        offsets = t.offsets()
+        starts = array("I", (s for s, _ in offsets)) if offsets is not None else None
     return ForkRequest(index=index, line=line, ids=array("I", t.ids), text=t.text, starts=starts,
                        tokenized=t.compact(), fields=flds, salt=salt)
 
