@@ -611,7 +611,7 @@ class TokenizerHandle:
                 out.append(Tokenized(p, kept[0].tolist(), rendered, kept[1], sp, self, False, opts,  # (a list, as encoded)
                                      key))
                 continue
-            enc = next(enc_chat) if p.is_chat else next(enc_text)
+            enc: Any = next(enc_chat) if p.is_chat else next(enc_text)
             ids = enc.ids
             if key is not None and memo is not None:  # (the offsets kept are read once, and are this Tokenized's)
                 enc = memo.put_encoded(key, enc) or enc
