@@ -308,3 +308,45 @@ def test_a_line_the_curve_refuses_is_the_error_it_was(cli, tok, tmp_path):
     for jobs in ("1", "2"):
         r = cli("report", str(bad), "-t", str(TOK_DIR), "--jobs", jobs)
         assert r.exit_code == 2 and r.stderr.strip().endswith(str(want.value)), r.stderr
+
+
+@pytest.mark.parametrize("path,key", [(LOG, None), (LOG, "session"), (PROMPTS / "agent_log.jsonl", None),
+                                      (PROMPTS / "demo_log.jsonl", None)], ids=["auto", "key", "agent", "text"])
+def test_grouping_and_fork_requests_come_from_the_first_read(tok, monkeypatch, path, key):
+    """``report`` and ``fix`` find the conversations and pack the fork analysis's requests as the lines are first
+    read (:class:`FirstRead`): no later pass reads the lines for them, and the reports are those of the passes
+    that did (the lines read again)."""
+    from cachectl.engines.repair import fix, groups, shared_prefix
+    from cachectl.inputs import iter_jsonl
+
+    src = str(path)
+    opts = fix.FixOptions(key=key)
+    seen = {"sessions": 0, "forks": 0}
+    with monkeypatch.context() as m:
+        m.setattr(groups.Sessions, "add", lambda self, ln, _add=groups.Sessions.add: (
+            seen.__setitem__("sessions", seen["sessions"] + 1), _add(self, ln))[1])
+        m.setattr(shared_prefix.ForkLines, "add", lambda self, ln, _add=shared_prefix.ForkLines.add: (
+            seen.__setitem__("forks", seen["forks"] + 1), _add(self, ln))[1])
+        first = fix.FirstRead(opts, tokenizer=tok, source=src)
+        lines = groups.log_lines(iter_jsonl(src), source=src, key=key, each=first.add)
+        n = len(lines)
+        assert seen == {"sessions": 0 if key else n, "forks": n}
+        with_first = report.log_report(lines, opts, tokenizer=tok, tokenizer_name=str(TOK_DIR),
+                                       table=PriceTable.load(), source=src, first_read=first)
+        assert seen == {"sessions": 0 if key else n, "forks": n}  # (nothing read the lines again for them)
+        fix_opts = fix.FixOptions(key=key, unsafe=True)
+        fix_first = fix.FirstRead(fix_opts, tokenizer=tok, source=src)
+        fix_lines = groups.log_lines(iter_jsonl(src), source=src, key=key, each=fix_first.add)
+        fixed = fix.fix_log(fix_lines, fix_opts, tokenizer=tok, table=PriceTable.load(), source=src,
+                            first_read=fix_first)
+        assert seen == {"sessions": 0 if key else 2 * n, "forks": 2 * n}
+        with pytest.raises(ValueError, match="saw 0 lines"):  # (a first read of other lines is refused)
+            fix.fix_log(fix_lines, fix_opts, tokenizer=tok, source=src, first_read=fix.FirstRead(fix_opts))
+    again = groups.log_lines(iter_jsonl(src), source=src, key=key)
+    without = report.log_report(again, opts, tokenizer=tok, tokenizer_name=str(TOK_DIR), table=PriceTable.load(),
+                                source=src)
+    assert json.dumps(with_first.to_dict(), sort_keys=True) == json.dumps(without.to_dict(), sort_keys=True)
+    assert with_first.forks == without.forks and without.fixes.grouping == with_first.fixes.grouping
+    fixed_again = fix.fix_log(again, fix.FixOptions(key=key, unsafe=True), tokenizer=tok, table=PriceTable.load(),
+                              source=src)
+    assert fixed.to_dict() == fixed_again.to_dict() and list(fixed.output) == list(fixed_again.output)

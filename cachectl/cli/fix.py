@@ -158,11 +158,14 @@ def command(
         # full: what --unsafe-fixes would add, measured as report measures it (the log is not written so)
         with Progress("fix: lines read, rewritten and measured") as progress, \
                 Workers(jobs, progress=progress.advance, say=print_note) as workers:
-            lines = log_lines(records(), source=source, key=key, timestamps=stamps)
+            # (the conversations found and the requests packed for the fork analysis as the lines are read; with
+            # --ray, rendered on the cluster first)
+            first = fix.FirstRead(options, tokenizer=tok, source=source, forks=ray is None)
+            lines = log_lines(records(), source=source, key=key, timestamps=stamps, each=first.add)
             if ray is not None:
                 _on_ray(lines, tok, options, ray, workers.jobs)
             report = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source, progress=workers.tick,
-                                 workers=workers, preview_unsafe=True)
+                                 workers=workers, preview_unsafe=True, first_read=first)
             full = report.unsafe_preview
         output = report.output
         edited = getattr(output, "changed", None)  # (a line no fix code rewrote is its original value)

@@ -129,9 +129,11 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
     stamps = timestamp_reader(time_unit)
     with Progress("report: lines read, rewritten, compared and replayed") as progress, \
             Workers(jobs, progress=progress.advance, say=print_note) as workers:
-        # fix's reader and grouping: conversations by --key, else found automatically
+        # fix's reader and grouping: conversations by --key, else found automatically, as the lines are read; the
+        # requests packed for the fork analysis as they are read too (with --ray: rendered on the cluster first)
+        first = fix.FirstRead(options, tokenizer=tok, source=source, forks=ray is None)
         lines = log_lines(iter_progress(log_values(log, shape), progress), source=source, key=key,
-                          timestamps=stamps)
+                          timestamps=stamps, each=first.add)
         if ray is not None:  # (every part renders with the generation prompt, as a server does)
             from ..engines.repair.prefill import prefill
 
@@ -140,7 +142,7 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
         # (the provider and curve sections read the lines read here, not the file again)
         result = report.log_report(lines, options, tokenizer=tok, tokenizer_name=tokenizer, table=table,
                                    source=source, default_model=model, timestamps=stamps, top=top,
-                                   price_model=model, progress=tick, workers=workers)
+                                   price_model=model, progress=tick, workers=workers, first_read=first)
     if html is not None:
         from ..outputs import write_text
         from .report_html import render

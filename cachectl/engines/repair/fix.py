@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import InputError, UsageError
 from .fixes import CODES, FIXES, REGISTRY, Fix, rewrite
-from .groups import Grouping, LogLine, group_sessions, with_model
+from .groups import Grouping, LogLine, Sessions, group_sessions, with_model
 from .measure import Measure, measure_versions
-from .shared_prefix import CrossRequestGain, LogForks, cross_request_gain, log_forks
+from .shared_prefix import CrossRequestGain, ForkLines, LogForks, cross_request_gain, log_forks
 from .store import Mapped
 
 if TYPE_CHECKING:
@@ -127,7 +127,8 @@ class FixReport:
 
 def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tokenizer: Any = None,
             table: Any = None, source: str = "", preview_unsafe: bool = False,
-            progress: Callable[[int], None] | None = None, workers: Workers | None = None) -> FixReport:
+            progress: Callable[[int], None] | None = None, workers: Workers | None = None,
+            first_read: FirstRead | None = None) -> FixReport:
     """Find and apply the fixes on a log, and measure the log before and after (see the module docstring).
 
     ``preview_unsafe``: without ``options.unsafe``, where unsafe fixes were skipped, the log is rewritten with them
@@ -136,14 +137,16 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     again). The tokenizer keeps its chat renders from then on
     (:meth:`~cachectl.tokenization.TokenizerHandle.remember_renders`). ``workers``
     (:class:`cachectl.workers.Workers`): the log before the fixes is measured in a child process while this one
-    finds the forks and rewrites (the same report; pass ``workers.tick`` as ``progress``)."""
+    finds the forks and rewrites (the same report; pass ``workers.tick`` as ``progress``). ``first_read``
+    (:class:`FirstRead`): what the lines' first read found (the conversations, the requests packed for the forks),
+    not read from them again."""
     lines, grouping, counter, measured = started(lines, options, tokenizer=tokenizer, table=table, source=source,
-                                                 progress=progress)
+                                                 progress=progress, first_read=first_read)
     before_job = None
     if workers is not None and workers.jobs > 1:
         before_job = workers.submit(measured, lines, [None])  # beside the forks analysis and the rewrite
     forks, fork_notes, rewrite = forked(lines, grouping, options, tokenizer=tokenizer, table=table, counter=counter,
-                                        source=source, progress=progress)
+                                        source=source, progress=progress, first_read=first_read)
     rws = [rewrite(options)]
     full_options = replace(options, unsafe=True, per_cause=False)
     if preview_unsafe and not options.unsafe and any(not f.applied and not f.safe for f in rws[0].fixes):
@@ -157,6 +160,29 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
         report = replace(report, unsafe_preview=assembled(lines, full_options, grouping, forks, (), before, (),
                                                           passes[1], table=table, source=source, tokenizer=tokenizer))
     return report
+
+
+class FirstRead:
+    """What ``fix`` and ``report`` take from the first read of the log's lines (pass :meth:`add` as
+    :func:`.groups.log_lines`' ``each``), so that no later pass reads the lines again for it: the conversations found
+    automatically (without ``options.key``) and the requests packed for the fork analysis (rendered and tokenized
+    with ``tokenizer``, whose render memo is turned on here: the passes find these renders in it). ``forks``: False
+    leaves them to the analysis (``--ray`` renders the log on the cluster first)."""
+
+    def __init__(self, options: FixOptions, *, tokenizer: Any = None, source: str = "", forks: bool = True):
+        if tokenizer is not None and hasattr(tokenizer, "remember_renders"):
+            tokenizer.remember_renders()
+        self.sessions = Sessions(options.window_s, tokenizer) if options.key is None else None
+        self.forks = (ForkLines(tokenizer=tokenizer, add_generation_prompt=options.add_generation_prompt,
+                                source=source) if forks else None)
+        self.lines = 0
+
+    def add(self, ln: LogLine) -> None:
+        self.lines += 1
+        if self.sessions is not None:
+            self.sessions.add(ln)
+        if self.forks is not None:
+            self.forks.add(ln)
 
 
 def prepared(lines: Sequence[LogLine], options: FixOptions, tokenizer: Any, source: str = "") -> Sequence[LogLine]:
@@ -177,16 +203,21 @@ def prepared(lines: Sequence[LogLine], options: FixOptions, tokenizer: Any, sour
 
 
 def started(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any = None, table: Any = None,
-            source: str = "", progress: Callable[[int], None] | None = None,
+            source: str = "", progress: Callable[[int], None] | None = None, first_read: FirstRead | None = None,
             ) -> tuple[Sequence[LogLine], Grouping, Any, Callable[..., list[tuple[Measure, list[str]]]]]:
     """What every run on a log starts with: the lines :func:`prepared`, their conversations (by
-    ``options.key``, else found), one provider token counter, and the measure of versions of the log in one sweep
-    (``measured(lines, versions, ...)``: :func:`.measure.measure_versions`)."""
+    ``options.key``, else found; ``first_read``: as the lines were first read), one provider token counter, and the
+    measure of versions of the log in one sweep (``measured(lines, versions, ...)``:
+    :func:`.measure.measure_versions`)."""
     lines = prepared(lines, options, tokenizer, source)
+    if first_read is not None and first_read.lines != len(lines):
+        raise ValueError(f"the first read saw {first_read.lines} lines, not the {len(lines)} given")
     if options.key is not None:  # (the keys are read without parsing the lines)
         grouping = group_sessions(lines, key=options.key)
         if progress is not None:
             progress(len(lines))
+    elif first_read is not None and first_read.sessions is not None:
+        grouping = first_read.sessions.grouping()
     else:
         grouping = group_sessions(_ticking(lines, progress), window_s=options.window_s, tokenizer=tokenizer)
     counter = measure_counter(tokenizer)
@@ -214,12 +245,14 @@ def _measurer(grouping: Grouping, options: FixOptions, tokenizer: Any, table: An
 
 def forked(lines: Sequence[LogLine], grouping: Grouping, options: FixOptions, *, tokenizer: Any = None,
            table: Any = None, counter: Any = None, source: str = "", progress: Callable[[int], None] | None = None,
-           ) -> tuple[LogForks | None, list[str], Callable[..., Rewritten]]:
-    """The forks of the log's shared prefix (:func:`.shared_prefix.log_forks`), their notes, and
-    ``rewrite(options)``: :func:`rewritten` on these lines, conversations and forks."""
+           first_read: FirstRead | None = None) -> tuple[LogForks | None, list[str], Callable[..., Rewritten]]:
+    """The forks of the log's shared prefix (:func:`.shared_prefix.log_forks`; ``first_read``: the requests packed as
+    the lines were first read), their notes, and ``rewrite(options)``: :func:`rewritten` on these lines,
+    conversations and forks."""
     forks, notes = log_forks(lines, tokenizer=tokenizer, block_size=options.block_size,
                              capacity_blocks=options.capacity_blocks,
-                             add_generation_prompt=options.add_generation_prompt, source=source, progress=progress)
+                             add_generation_prompt=options.add_generation_prompt, source=source, progress=progress,
+                             packed=first_read.forks if first_read is not None else None)
     return forks, list(notes), partial(rewritten, lines, grouping, forks, tokenizer=tokenizer, table=table,
                                        counter=counter, progress=progress)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -61,17 +61,21 @@ class Grouping:
 
 
 def log_lines(records: Iterable[tuple[int, Any]], *, source: str, key: str | None = None,
-              timestamps: Any = None) -> LineStore:
+              timestamps: Any = None, each: Callable[[LogLine], None] | None = None) -> LineStore:
     """:class:`LogLine` records from ``(line, value)`` pairs (:func:`cachectl.inputs.iter_jsonl`): request bodies
     and wrappers (through :func:`cachectl.inputs.parse_request`), chat lists, raw-text and token-ID prompts
     (through :func:`cachectl.inputs.prompt_from_value`). ``timestamps``: the run's
     :class:`~cachectl.inputs.TimestampReader`.
 
     Every line is read and checked here (a bad line is an error now, not in a later pass); the lines are kept
-    as a :class:`~.store.LineStore`: their values on disk, parsed again when read."""
+    as a :class:`~.store.LineStore`: their values on disk, parsed again when read. ``each(line)`` sees every line
+    as it is read, parsed (what else the run takes from this read: :class:`.fix.FirstRead`)."""
     out = LineStore(partial(_line_again, source))
     for lineno, value in records:
-        out.append(_log_line(lineno, value, source, key, timestamps))
+        ln = _log_line(lineno, value, source, key, timestamps)
+        out.append(ln)
+        if each is not None:
+            each(ln)
     return out
 
 
@@ -224,17 +228,32 @@ def group_sessions(lines: Iterable[LogLine], *, key: str | None = None, window_s
     Time linear in the log and memory in its conversations: each conversation is remembered by a few hashes of
     its last request (:class:`_Index`), looked up by the prefix it must share, never compared with every other.
     """
-    ids: list[int] = []
     if key is not None:
+        ids: list[int] = []
         seen: dict[Any, int] = {}
         for k in _keys(lines):
             ids.append(seen.setdefault(k, len(seen)))
         return Grouping(tuple(ids), len(seen), f"key {key}")
-    index = _Index(window_s)
-    bos = getattr(tokenizer, "bos_token", None)
-    for i, ln in enumerate(lines):
-        ids.append(index.add(*_elements(ln, bos), ln.timestamp, i))
-    return Grouping(tuple(ids), index.count, "automatic", window_s)
+    sessions = Sessions(window_s, tokenizer)
+    for ln in lines:
+        sessions.add(ln)
+    return sessions.grouping()
+
+
+class Sessions:
+    """:func:`group_sessions`' automatic grouping, a line at a time (in log order): ``add(line)``, then
+    ``grouping()``."""
+
+    def __init__(self, window_s: float | None = 1800.0, tokenizer: Any = None):
+        self._index = _Index(window_s)
+        self._bos = getattr(tokenizer, "bos_token", None)
+        self._ids: list[int] = []
+
+    def add(self, ln: LogLine) -> None:
+        self._ids.append(self._index.add(*_elements(ln, self._bos), ln.timestamp, len(self._ids)))
+
+    def grouping(self) -> Grouping:
+        return Grouping(tuple(self._ids), self._index.count, "automatic", self._index.window_s)
 
 
 #: chunk length (characters of a raw text, IDs of a token list) of the prefix hashes: a conversation's last

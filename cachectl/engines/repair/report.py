@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from ..prefix.trace import TraceRequest
     from ..provider.prices import PriceTable
     from ..tokendiff import PairResult
-    from .fix import FixOptions, FixReport
+    from .fix import FirstRead, FixOptions, FixReport
     from .groups import LogLine
     from .sections import Costed
     from .shared_prefix import LogForks, SharedPrefixSection
@@ -405,7 +405,8 @@ def with_forks(r: LogReport, forks: LogForks, losses: PairLosses, rate: float | 
 def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any, tokenizer_name: str,
                table: PriceTable | None = None, source: str = "", default_model: str | None = None,
                timestamps: Any = None, top: int = 5, price_model: str | None = None,
-               progress: Callable[[int], None] | None = None, workers: Workers | None = None) -> LogReport:
+               progress: Callable[[int], None] | None = None, workers: Workers | None = None,
+               first_read: FirstRead | None = None) -> LogReport:
     """What ``cachectl report`` shows of a log (``lines``: :func:`.groups.log_lines`' store): :func:`build_report`
     over the log, with the fix engine's two runs (safe fixes only; unsafe ones too, with the tokens each code gains)
     as its before/after section and the forks of the log's shared prefix. The provider and curve sections are fed
@@ -418,7 +419,8 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     forks and rewrites the log. (Measuring the safe fixes' version in a child too, beside the sweep of the rest, was
     no faster and cost a fifth more CPU: the one sweep measures a line the fixes leave alone once for all versions.)
     The report is the same as in one process (``workers`` None or of one job). ``progress``: pass ``workers.tick``
-    (it is called in the children too)."""
+    (it is called in the children too). ``first_read`` (:class:`.fix.FirstRead`): what the lines' first read found (the
+    conversations, the requests packed for the forks), not read from them again."""
     from ...workers import Workers
     from .fix import assembled, forked, measured_pass, started
     from .measure import provider_measure
@@ -427,7 +429,7 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
 
     workers = workers if workers is not None else Workers(jobs=1)
     fixed_lines, grouping, counter, measured = started(lines, options, tokenizer=tokenizer, table=table,
-                                                       source=source, progress=progress)
+                                                       source=source, progress=progress, first_read=first_read)
     ends = grouping.end_lines(lines)
 
     def side() -> tuple:
@@ -450,7 +452,7 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
 
     side_job = workers.submit(side)  # beside the forks analysis
     forks, fork_notes, rewrite = forked(fixed_lines, grouping, options, tokenizer=tokenizer, table=table,
-                                        counter=counter, source=source, progress=progress)
+                                        counter=counter, source=source, progress=progress, first_read=first_read)
     # (the report shows the tokens reused per fix code of the full run only)
     safe_options, full_options = replace(options, per_cause=False, list_unsafe=False), replace(options, unsafe=True)
     rws = [rewrite(full_options, examples_only=True), rewrite(safe_options, examples_only=True)]

@@ -25,6 +25,7 @@ from typing import Any
 from ...errors import CachectlError, InputError, UsageError
 from ...spool import Spool
 from ..prefix.forks import Fork, ForkReport, ForkRequest, MoveSpan, RequestStore, TreeNode, analyze_forks, pack_requests
+from ..prefix.forks.requests import ForkRecords
 from .groups import LogLine
 from .store import store_of
 
@@ -84,29 +85,73 @@ class LogForks:
 
 def log_forks(lines: Iterable[LogLine], *, tokenizer: Any = None, block_size: int = 16,
               capacity_blocks: int | None = None, add_generation_prompt: bool = True,
-              source: str = "", progress: Callable[[int], None] | None = None) -> tuple[LogForks | None, list[str]]:
+              source: str = "", progress: Callable[[int], None] | None = None,
+              packed: ForkLines | None = None) -> tuple[LogForks | None, list[str]]:
     """The fork analysis of ``lines`` (served tokens rendered with ``tokenizer``, canonical positions without one);
     None and a note when the log cannot be analysed (raw-text lines without a tokenizer). ``lines`` is read once,
     in order, and no line is kept: the requests are kept packed (:class:`~cachectl.engines.prefix.forks.RequestStore`).
-    ``progress(n)``: called as lines are packed and as the replays view them."""
-    numbers = array("q")
-
-    def records() -> Iterator[tuple]:
+    ``packed``: the lines already packed as they were first read (:class:`ForkLines`, given the same tokenizer and
+    options): ``lines`` is not read. ``progress(n)``: called as lines are packed and as the replays view them."""
+    if packed is None:
+        packed = ForkLines(tokenizer=tokenizer, add_generation_prompt=add_generation_prompt, source=source)
         for ln in lines:  # (each with the prompt its line was read as: not read from the value again)
-            numbers.append(ln.line)
+            packed.add(ln)
             if progress is not None:
                 progress(1)
-            yield ln.line, ln.value, True, ln.prompt
-
+    packed.finish()
+    if packed.note is not None:
+        return None, [packed.note]
+    reqs = packed.requests
     try:
-        reqs = pack_requests(records(), source=source, tokenizer=tokenizer, add_generation_prompt=add_generation_prompt)
         if not reqs:
             return None, []
         rep = analyze_forks(reqs, tokenizer=tokenizer, block_size=block_size, capacity_blocks=capacity_blocks,
                             source=source, add_generation_prompt=add_generation_prompt, progress=progress)
     except (InputError, UsageError) as exc:
-        return None, [f"the shared prefix across requests was not analysed: {exc}"]
-    return LogForks(rep, reqs, numbers), []
+        return None, [_not_analysed(exc)]
+    return LogForks(rep, reqs, packed.numbers), []
+
+
+class ForkLines:
+    """A log's lines packed for the fork analysis a line at a time, as they are read (``add(line)``): the requests
+    (:attr:`requests`) and the lines' numbers. A line that cannot be packed ends it: :attr:`note` says why (the
+    analysis is left out; the run goes on)."""
+
+    def __init__(self, *, tokenizer: Any = None, add_generation_prompt: bool = True, source: str = ""):
+        self.requests = RequestStore()
+        self.numbers = array("q")
+        self.note: str | None = None
+        self._records = ForkRecords(source=source, tokenizer=tokenizer, add_generation_prompt=add_generation_prompt)
+        self._done = False
+
+    def add(self, ln: LogLine) -> None:
+        if self.note is not None:
+            return
+        self.numbers.append(ln.line)
+        try:
+            for r in self._records.add((ln.line, ln.value, True, ln.prompt)):
+                self.requests.add(r)
+        except (InputError, UsageError) as exc:
+            self._failed(exc)
+
+    def finish(self) -> None:
+        """The last batch packed (:func:`log_forks` calls it before the analysis)."""
+        if self._done or self.note is not None:
+            return
+        self._done = True
+        try:
+            for r in self._records.flush():
+                self.requests.add(r)
+        except (InputError, UsageError) as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: CachectlError) -> None:
+        self.note = _not_analysed(exc)
+        self.requests = RequestStore()  # (what was packed is let go)
+
+
+def _not_analysed(exc: CachectlError) -> str:
+    return f"the shared prefix across requests was not analysed: {exc}"
 
 
 def auto_records(lines: Sequence[LogLine], grouping: Any,

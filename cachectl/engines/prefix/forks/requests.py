@@ -137,45 +137,67 @@ def fork_requests(records: Iterable[tuple], *, source: str, tokenizer: Any = Non
     canonical word pieces (:func:`canonical_tokens`) and token-ID lines are taken as they are. A record may be
     ``(line, value, has_bool_literal)`` (:func:`cachectl.engines.prefix.trace_records`): token-ID lines without
     a ``true``/``false`` are then validated at C speed; or ``(line, value, has_bool_literal, prompt)``, with the
-    prompt already read from the value (a log's lines as ``fix`` and ``report`` hold them)."""
-    vocab: dict[str, int] = {}
-    pending: list[tuple[int, int, PromptInput, tuple, Any]] = []
-    index = 0
+    prompt already read from the value (a log's lines as ``fix`` and ``report`` hold them). (A record at a time,
+    pushed: :class:`ForkRecords`.)"""
+    made = ForkRecords(source=source, tokenizer=tokenizer, user_fields=user_fields,
+                       add_generation_prompt=add_generation_prompt, batch_size=batch_size)
+    for record in records:
+        yield from made.add(record)
+    yield from made.flush()
 
-    def flush() -> Iterator[ForkRequest]:
-        toks = tokenizer.tokenize_many([p for _, _, p, _, _ in pending], add_generation_prompt=add_generation_prompt)
+
+class ForkRecords:
+    """:func:`fork_requests` a record at a time: ``add(record)`` gives the requests it completes (a batch is
+    tokenized once it holds ``batch_size`` prompts), ``flush()`` the rest."""
+
+    def __init__(self, *, source: str, tokenizer: Any = None, user_fields: Sequence[str] = USER_FIELDS,
+                 add_generation_prompt: bool = True, batch_size: int = 256):
+        self.source, self.tokenizer = source, tokenizer
+        self.add_generation_prompt, self.batch_size = add_generation_prompt, batch_size
+        self._names = [(n, n.split(".")) for n in user_fields]
+        self._vocab: dict[str, int] = {}
+        self._pending: list[tuple[int, int, PromptInput, tuple, Any]] = []
+        self._index = 0
+
+    def flush(self) -> Iterator[ForkRequest]:
+        pending = self._pending
+        if not pending:
+            return
+        toks = self.tokenizer.tokenize_many([p for _, _, p, _, _ in pending],
+                                            add_generation_prompt=self.add_generation_prompt)
         for (idx, line, _, flds, salt), t in zip(pending, toks):
             yield _from_tokenized(idx, line, t, flds, salt)
         pending.clear()
 
-    names = [(n, n.split(".")) for n in user_fields]
-    for record in records:
+    def add(self, record: tuple) -> Iterator[ForkRequest]:
+        source, tokenizer = self.source, self.tokenizer
         line, value = record[0], record[1]
-        flds = _fields(value, names)
+        flds = _fields(value, self._names)
         salt = hashable_salt(cache_salt_of(value), source=source, line=line)
         key = next((k for k in _ID_KEYS if k in value), None) if isinstance(value, dict) else None
+        index = self._index
         if key is not None:  # a token-ID trace line, validated at C speed where the raw line holds no bool
             check_ids(value[key], source=source, line=line, field=key, maybe_bool=record[2] if len(record) > 2 else True)
+            self._index += 1
             yield ForkRequest(index=index, line=line, ids=_id_array(value[key]), fields=flds, salt=salt)
-            index += 1
-            continue
+            return
         prompt = record[3] if len(record) > 3 else prompt_from_value(value, source=source, line=line)
         if prompt.ids is not None:
+            self._index += 1
             yield ForkRequest(index=index, line=line, ids=_id_array(prompt.ids), fields=flds, salt=salt)
         elif tokenizer is not None:
-            pending.append((index, line, prompt, flds, salt))
-            if len(pending) >= batch_size:
-                yield from flush()
+            self._index += 1
+            self._pending.append((index, line, prompt, flds, salt))
+            if len(self._pending) >= self.batch_size:
+                yield from self.flush()
         elif prompt.request is not None:
-            ids, text, starts, tok = canonical_tokens(prompt.request, vocab)
+            self._index += 1
+            ids, text, starts, tok = canonical_tokens(prompt.request, self._vocab)
             yield ForkRequest(index=index, line=line, ids=ids, text=text, starts=starts, tokenized=tok, fields=flds,
                               salt=salt, request=prompt.request)
         else:
             raise InputError("a raw-text or chat-list line needs `tokenizer` to become tokens", source=source,
                              line=line)
-        index += 1
-    if pending:
-        yield from flush()
 
 
 def _from_tokenized(index: int, line: int | None, t: Tokenized, flds: tuple = (), salt: Any = None) -> ForkRequest:
