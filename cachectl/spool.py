@@ -17,7 +17,7 @@ import tempfile
 import weakref
 import zlib
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 
@@ -196,6 +196,11 @@ class KeyIndex:
 
     def __len__(self) -> int:
         return len(self._keys) + len(self._new)
+
+    def __iter__(self) -> Iterator[int]:
+        """The keys (in no particular order)."""
+        yield from self._keys.tolist()
+        yield from list(self._new)
 
     def get(self, key: int) -> int | None:
         got = self._new.get(key)

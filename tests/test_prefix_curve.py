@@ -466,3 +466,29 @@ def test_cli_single_run_too_small_names_the_true_minimum(cli, write):
     # the first request that does not fit needs 13 blocks, but the largest (line 3) needs 32
     assert "at least 13" in r.stderr and "the whole trace needs 32 blocks of 16 (its largest request, line 3)" \
         in r.stderr
+
+
+@given(st.lists(st.lists(st.integers(0, 40), max_size=12), max_size=30), st.integers(0, 30))
+@settings(max_examples=100, deadline=None)
+def test_the_unbounded_pool_sees_keys_as_a_set_does(requests, switch):
+    """The ceiling's keys seen (a KeyIndex of 64-bit keys, a set once a key is not one) answer as a set does, across
+    the switch (keys that were ints, then bytes)."""
+    from cachectl.engines.prefix.curve import _Unbounded
+
+    pool, plain = _Unbounded(), set()
+    for r, keys in enumerate(requests):
+        packed = r < switch
+        keys = keys if packed else [k.to_bytes(2, "little") if k % 2 else k for k in keys]
+        limit = len(keys) - 1 if keys else 0
+        want = next((i for i, k in enumerate(keys[:limit]) if k not in plain), limit)
+        assert pool.seen_then_add(keys, limit, packed) == want
+        plain.update(keys)
+    assert set(pool.seen) == plain
+
+
+@given(token_lists, st.sampled_from([1, 2, 4]))
+@settings(max_examples=60, deadline=None)
+def test_the_ceiling_is_the_same_whichever_keys(trace, bs):
+    trace = shape(trace)
+    a, b = (key_trace(make(trace), [bs], hash_fn=h)[bs] for h in ("builtin", "sha256"))
+    assert a.unbounded_blocks == b.unbounded_blocks and a.min_capacity_blocks == b.min_capacity_blocks

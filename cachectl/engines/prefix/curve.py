@@ -149,13 +149,10 @@ def key_trace(requests: Iterable[TraceRequest], block_sizes: Sequence[int], *, h
             if need > largest[bs][0]:
                 largest[bs] = (need, req.line)
             state = unbounded[bs]
-            limit = min(len(keys), (req.prompt_tokens - 1) // bs)
-            present = list(map(state.seen.__contains__, keys[:limit]))
-            hits = present.index(False) if False in present else limit
+            hits = state.seen_then_add(keys, min(len(keys), (req.prompt_tokens - 1) // bs), stores[bs].packed)
             taken = min(state.waiting, need - hits)
             state.taken += need - hits - taken
             state.waiting += (1 if req.prompt_tokens % bs else 0) - taken
-            state.seen.update(keys)
     if not query and not any(stores.values()):
         from ...errors import InputError
 
@@ -167,14 +164,35 @@ def key_trace(requests: Iterable[TraceRequest], block_sizes: Sequence[int], *, h
 
 class _Unbounded:
     """A pool of unbounded size, as far as the ceiling needs it: the keys seen, a partial block waiting at the
-    front of the free queue (0 or 1), and the block slots taken."""
+    front of the free queue (0 or 1), and the block slots taken. The keys seen are a
+    :class:`~cachectl.spool.KeyIndex` while they are 64-bit integers (9 bytes a key), else a set. (A set of ints
+    for every key: keying 20,000 synthetic requests of 87 keys each peaked at 37.0 MB traced, against 23.8 with
+    the index; it runs beside ``report``'s token diff, in its second process.)"""
 
     __slots__ = ("seen", "waiting", "taken")
 
     def __init__(self) -> None:
-        self.seen: set = set()
+        from ...spool import KeyIndex
+
+        self.seen: Any = KeyIndex("uint8")
         self.waiting = 0
         self.taken = 0
+
+    def seen_then_add(self, keys: Sequence, limit: int, packed: bool) -> int:
+        """How many of ``keys[:limit]`` were seen before the first that was not; then every key is seen. ``packed``:
+        whether every key so far is a 64-bit integer (:attr:`KeyedRequests.packed`)."""
+        seen = self.seen
+        if not packed and not isinstance(seen, set):
+            self.seen = seen = set(seen)
+        if isinstance(seen, set):
+            present = list(map(seen.__contains__, keys[:limit]))
+            seen.update(keys)
+            return present.index(False) if False in present else limit
+        marks = seen.values(keys, 0)
+        hits = next((i for i in range(limit) if not marks[i]), limit)
+        new = list(dict.fromkeys(k for k, m in zip(keys, marks) if not m))
+        seen.put(new, [1] * len(new), absent=True)
+        return hits
 
 
 def resolve_warmup(warmup: float | int | None, n_requests: int) -> int:
