@@ -197,6 +197,18 @@ def test_the_token_memo_is_bounded(tok):
     assert list(counter.ids(texts[0])) == tok.backend.encode(texts[0], add_special_tokens=False).ids
 
 
+def test_the_token_memo_keeps_ids_by_a_digest_of_the_text(tok):
+    """A text is kept by its 16-byte digest, not itself: texts that differ in one character or in key order are
+    different entries, and a text seen again is not encoded again."""
+    counter = pc.TextTokens(tok)
+    texts = ["a" * 5000, "a" * 4999 + "b", '{"a":1,"b":2}', '{"b":2,"a":1}', "é", "e\u0301", ""]
+    for t in texts + texts:
+        assert list(counter.ids(t)) == tok.backend.encode(t, add_special_tokens=False).ids
+    assert counter.encoded == len(texts) and len(counter._cache) == len(texts)
+    assert all(isinstance(k, bytes) and len(k) == 16 for k in counter._cache)
+    assert counter._held == sum(4 * len(v) + 200 for v in counter._cache.values())
+
+
 def test_rows_handed_over_before_the_log_ends(table):
     """``on_request`` sees a row before the next request is read (the CLI writes it out then)."""
     reqs = layout_log(5, 1.0, random.Random(0))

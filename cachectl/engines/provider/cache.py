@@ -407,48 +407,59 @@ def parse_duration(text: str) -> float:
 # ------------------------------------------------------------------------------------------ token counts
 
 
-#: about how many bytes :class:`TextTokens` spends on memoized texts and their token IDs (the texts seen last).
-#: ``report`` simulates the provider cache twice, far apart: its provider section, then the sweep over the fixed
-#: versions, whose unchanged texts are the section's. At 8 MB, 20,000 requests of the bench's log (about 40,000
-#: distinct texts) encoded every text twice (79,607 encodes, 41,018 at 32 MB; docs/benchmarks.md)
-TEXT_TOKENS_MEMO_BYTES = 32 << 20
+#: about how many bytes :class:`TextTokens` spends on memoized token IDs (the texts seen last). ``report``
+#: simulates the provider cache twice, far apart: its provider section, then the sweep over the fixed versions,
+#: whose unchanged texts are the section's (in one process; with two, each keeps its own memo). At 8 MB with the
+#: texts themselves kept, 20,000 requests of the bench's log (about 40,000 distinct texts) encoded every text
+#: twice (79,607 encodes, 41,018 at 32 MB; docs/benchmarks.md). A text is now kept by its digest: 16 MB hold
+#: more texts than 32 did.
+TEXT_TOKENS_MEMO_BYTES = 16 << 20
 
 
 class TextTokens:
     """Token counts (and IDs, for OpenAI's token-prefix caching) of position texts from a local tokenizer.
 
     The IDs of the texts seen last are memoized (a conversation's history comes back on every turn) in about
-    ``memo_bytes`` (a text, its IDs at 4 bytes each, and 200 bytes of bookkeeping each), the least recently
-    used dropped first: memory bounded however long the log. One counter may serve several threads (a sweep's
-    provider simulations share one): the memo is read and changed under a lock, texts are encoded outside it."""
+    ``memo_bytes`` (its IDs at 4 bytes each, and 200 bytes of bookkeeping each: a text is kept by a 16-byte
+    digest of it, not itself), the least recently used dropped first: memory bounded however long the log. One
+    counter may serve several threads (a sweep's provider simulations share one): the memo is read and changed
+    under a lock, texts are encoded outside it."""
 
     def __init__(self, tokenizer: Any, memo_bytes: int = TEXT_TOKENS_MEMO_BYTES) -> None:
         self._tok = tokenizer
-        self._cache: OrderedDict[str, array] = OrderedDict()
+        self._cache: OrderedDict[bytes, array] = OrderedDict()
         self._held = 0
         self._limit = memo_bytes
         self._lock = threading.Lock()
+        #: texts encoded (a memo miss each)
+        self.encoded = 0
 
     @staticmethod
-    def _size(text: str, ids: array) -> int:
-        return len(text) + 4 * len(ids) + 200
+    def _size(ids: array) -> int:
+        return 4 * len(ids) + 200
+
+    @staticmethod
+    def _digest(text: str) -> bytes:
+        return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
     def ids(self, text: str) -> Sequence[int]:
+        key = self._digest(text)
         with self._lock:
-            got = self._cache.get(text)
+            got = self._cache.get(key)
             if got is not None:
-                self._cache.move_to_end(text)
+                self._cache.move_to_end(key)
                 return got
         got = array("I", self._tok.backend.encode(text, add_special_tokens=False).ids)
-        size = self._size(text, got)
-        if size <= self._limit // 8:  # a huge text is counted, not kept
-            with self._lock:
-                if text not in self._cache:  # (another thread may have kept it meanwhile)
-                    self._cache[text] = got
+        size = self._size(got)
+        with self._lock:
+            self.encoded += 1
+            if size <= self._limit // 8:  # a huge text is counted, not kept
+                if key not in self._cache:  # (another thread may have kept it meanwhile)
+                    self._cache[key] = got
                     self._held += size
                 while self._held > self._limit:
-                    old_text, old = self._cache.popitem(last=False)
-                    self._held -= self._size(old_text, old)
+                    _, old = self._cache.popitem(last=False)
+                    self._held -= self._size(old)
         return got
 
     def count(self, text: str) -> int:
