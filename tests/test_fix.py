@@ -359,3 +359,30 @@ def test_out_keeps_an_untouched_line_s_bytes_and_its_crlf_from_a_file_stdin_or_g
         again = tmp_path / "again.jsonl"
         assert cli("fix", *args, "--tokenizer", TOK_DIR, "--out", again, input=stdin).exit_code == 1
         assert again.read_bytes() == out.read_bytes(), args
+
+
+def test_the_prefix_paths_fx001_keeps_a_line_are_shared_by_lines_alike(tok, table, monkeypatch):
+    """FX001 and FX007 keep each line's cached-prefix paths while they run: lines with the same paths share one
+    frozenset (a set a line was 12.6 MB on 20,000 requests), and the fixes are the same as with a set a line."""
+    from cachectl.engines.repair.fixes import fx001_volatile_to_end as fx001
+
+    kept: list = []
+    real_head = fx001._head
+
+    def head(heads, i, req):
+        got = real_head(heads, i, req)
+        if isinstance(heads, fx001.Heads):
+            kept.append(got)
+        return got
+
+    lines = lines_of()
+    opts = fix.FixOptions(key="session", unsafe=True)
+    with monkeypatch.context() as m:
+        m.setattr(fx001, "_head", head)
+        shared = fix.fix_log(lines, opts, tokenizer=tok, table=table, source=str(LOG))
+    sets = [k for k in kept if k is not None]
+    assert len(sets) > len({id(k) for k in sets}) == len(set(sets))  # (one object per distinct set of paths)
+    with monkeypatch.context() as m:  # a frozenset a line, as before
+        m.setattr(fx001.Heads, "same", lambda self, paths: paths)
+        own = fix.fix_log(lines, opts, tokenizer=tok, table=table, source=str(LOG))
+    assert shared.to_dict() == own.to_dict() and list(shared.output) == list(own.output)

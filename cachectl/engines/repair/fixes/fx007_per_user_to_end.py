@@ -8,12 +8,12 @@ the system and developer messages before its first turn). Unsafe: the model read
 
 from __future__ import annotations
 
-from .fx001_volatile_to_end import cross_spans, move_lines
+from .fx001_volatile_to_end import Heads, cross_spans, move_lines
 from .rewriter import FixCode, Rewriter
 
 
 def apply(rw: Rewriter) -> None:
-    heads: dict[int, frozenset[str] | None] = {}  # the lines read: the paths of their cached prefix
+    heads = Heads()  # the lines read: the paths of their cached prefix
     spans = cross_spans(rw, FX007.code, heads)
     if not spans:
         return
