@@ -4,6 +4,7 @@ the requests come packed, as a list, or through LogForks' bounded memo."""
 
 from __future__ import annotations
 
+import heapq
 import random
 from array import array
 from dataclasses import replace
@@ -171,35 +172,78 @@ def test_a_re_render_kept_packed_is_the_re_render(tok):
     assert _View(r, ids, text, got_starts, got).tokenized() is got
 
 
-def _edges(tree) -> int:
-    n, stack = 0, [tree.root]
-    while stack:
-        e = stack.pop()
-        n += 1
-        stack.extend((e.children or {}).values())
-    return n
+def _naive_outline(seqs: list[array], bs: int, max_nodes: int) -> list[tuple]:
+    """The outline :meth:`PrefixTree.outline` should give, from a plain trie of the sequences (one node per
+    prefix, children in the order they first appeared): an edge runs from a node with two or more children (or the
+    root) down to the next such node or to its deepest block, and it also ends where the first request to reach
+    that far ended (a later request that goes on adds a branch there); it holds the requests that enter its first
+    block."""
+    count: dict[tuple, int] = {}
+    kids: dict[tuple, list[tuple]] = {}
+    stop: set[tuple] = set()  # prefixes where the first request to reach them ended
+    for s in seqs:
+        for i in range(len(s)):
+            p = tuple(s[:i + 1])
+            if p not in count:
+                count[p] = 0
+                kids.setdefault(p[:-1], []).append(p)
+                if i == len(s) - 1:
+                    stop.add(p)
+            count[p] += 1
+
+    def edge(p: tuple) -> tuple:  # (first prefix, last prefix) of the edge that starts at ``p``
+        q = p
+        while len(kids.get(q, ())) == 1 and q not in stop:
+            q = kids[q][0]
+        return p, q
+
+    out: list[tuple] = []
+    heap: list = []
+    seq = 0
+
+    def expand(end: tuple, at: int) -> None:
+        nonlocal seq
+        edges = [edge(c) for c in kids.get(end, ())]
+        alone = [e for e in edges if count[e[0]] < 2]
+        if alone:
+            out.append((at, len(end) * bs, max(len(e[1]) for e in alone) * bs, len(alone), len(alone)))
+        for e in edges:
+            if count[e[0]] >= 2:
+                heapq.heappush(heap, (-count[e[0]], seq, at, e))
+                seq += 1
+
+    expand((), -1)
+    while heap and len(out) < max_nodes:
+        _, _, at, (first, last) = heapq.heappop(heap)
+        out.append((at, (len(first) - 1) * bs, len(last) * bs, count[first], 0))
+        expand(last, len(out) - 1)
+    return out
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_first_tree_pruned_to_its_summary_summarizes_the_same(seed):
-    """The fork analysis keeps its first tree only for the summary at the end: cut to the edges the summary
-    expands, the summary (nodes, spans, request counts, forks marked) is the same, and most edges are gone (the
-    children of the expanded edges stay, each without its own subtree)."""
-    from cachectl.engines.prefix.forks.tree import PrefixTree, _prune_to_summary, _summary
+def test_tree_outline_agrees_with_a_plain_trie_and_marks_the_forks(seed):
+    """The fork analysis keeps only its first tree's outline (the branches a summary shows) and marks the forks in
+    it at the end: the outline is the one a plain trie of the same requests gives (spans, request counts, the order
+    of equal branches), and each fork named is marked on its own node."""
+    from cachectl.engines.prefix.forks.tree import PrefixTree, _summary
 
     rng = random.Random(seed)
     tree = PrefixTree()
     stems = [array("q", [rng.randrange(1 << 40) for _ in range(rng.randint(1, 6))]) for _ in range(30)]
-    for k in range(3000):  # shared heads of several depths, then a tail of their own
+    seqs = []
+    for k in range(3000):  # shared heads of several depths, then a tail of their own (keys that are not chained)
         head = array("q")
         for s in rng.sample(stems, rng.randint(1, 3)):
             head.extend(s)
-        tree.insert(head + array("q", [rng.randrange(1 << 40) for _ in range(rng.randint(0, 4))]), k)
+        seqs.append(head + array("q", [rng.randrange(1 << 40) for _ in range(rng.randint(0, 4))]))
+        tree.insert(seqs[-1], k)
+    outline = tree.outline(16, max_nodes=60)
+    assert [(n.parent, n.start, n.end, n.requests, n.alone) for n, _ in outline] == _naive_outline(seqs, 16, 60)
     forks = tree.forks()
-    fork_at = {id(e): i for i, e in enumerate(forks)}
-    want = _summary(tree, 16, fork_at)
-    before = _edges(tree)
-    _prune_to_summary(tree)
-    assert _summary(tree, 16, fork_at) == want
-    assert any(n.fork is not None for n in want)
-    assert _edges(tree) < before / 2
+    fork_at = {e.key: i for i, e in enumerate(forks)}
+    marked = _summary(outline, fork_at)
+    assert any(n.fork is not None for n in marked)
+    for n, (_, key) in zip(marked, outline):
+        assert n.fork == (fork_at.get(key) if key is not None else None)
+        if n.fork is not None:
+            assert len(forks[n.fork].children) >= 2 and forks[n.fork].end * 16 == n.end

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from array import array
 
 import pytest
 from hypothesis import given, settings
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 from cachectl.engines.prefix.pools import CapacityError
 from cachectl.engines.prefix.replay import simulate
 from cachectl.engines.prefix.trace import TraceRequest
+from cachectl.errors import UsageError
 
 from .reference_prefix import NaiveVllm
 
@@ -172,6 +174,21 @@ def test_compact_infinite_keys_replay_as_the_dict_does(trace, bs, tenants, keys)
     assert compact.peak_blocks_in_use == plain.peak_blocks_in_use
     assert compact.cross_tenant_shared_blocks == plain.cross_tenant_shared_blocks
     assert compact == plain
+    # the hits alone, into an array (what the fork analysis reads), without the rows: the rows' hits, in order
+    into = array("q")
+    bare = simulate(requests(), policy="infinite", block_size=bs, hash_fn=hash_fn, compact=True, hits_into=into)
+    assert list(into) == hits(plain) and bare.per_request is None and bare.hit_tokens == plain.hit_tokens
+
+
+def test_hits_into_at_capacity_and_not_for_the_chunk_policy():
+    trace = [TraceRequest(index=i, line=i + 1, prompt_tokens=len(t), tokens=t)
+             for i, t in enumerate([list(range(40)), list(range(40)), [9] * 40, list(range(40))])]
+    into = array("q")
+    rows = simulate(trace, policy="vllm", block_size=4, capacity_blocks=12, per_request=True)
+    simulate(trace, policy="vllm", block_size=4, capacity_blocks=12, hits_into=into)
+    assert list(into) == hits(rows) and 0 in into and max(into) > 0
+    with pytest.raises(UsageError, match="whole tokens"):
+        simulate(trace, policy="chunk", block_size=4, hits_into=array("q"))
 
 
 # ----------------------------------------------------------------------------------------- other policies

@@ -72,10 +72,10 @@ class _Causes:
         if not nodes:
             return []
         took = tree.branches(nodes)
-        sites = [site for node in nodes if (site := self._site(node, took[id(node)], plan)) is not None]
+        sites = [site for node in nodes if (site := self._site(node, took[node.key], plan)) is not None]
         self._values(sites, plan)
         added: list[Any] = []
-        moved: set[int] = set()
+        moved: set[tuple[int, int]] = set()
         for site in sites:
             if site.key in drafts or _below(site.node, moved):
                 continue
@@ -84,23 +84,22 @@ class _Causes:
                                      for x in plan + added):
                 t = None
             dr["plan"] = t
-            dr["node"] = id(site.node)
+            dr["node"] = site.node.key
             drafts[site.key] = dr
             if t is not None:
                 added.append(t)
-                moved.add(id(site.node))
+                moved.add(site.node.key)
         return added
 
     def _site(self, node: _Edge, took: array, plan: Sequence[Any]) -> _Site | None:
         """A fork's representatives (one request per branch), the token where they split, and the line there."""
-        assert node.children is not None
-        children = sorted(node.children.values(), key=lambda c: -c.n)[:self.max_values]
+        children = sorted(node.children, key=lambda c: -c.n)[:self.max_values]
         # the first branch against each other one in turn (two views alive, not one a branch): the shortest common
         # prefix, with the first branch that has it
         first = self.view(children[0].rep, plan)
         d, other = -1, first
-        for c in children[1:]:
-            v = self.view(c.rep, plan)
+        for kid in children[1:]:
+            v = self.view(kid.rep, plan)
             cp = common_prefix_length(first.ids, v.ids)
             if d < 0 or cp < d:
                 d, other = cp, v
@@ -139,7 +138,6 @@ class _Causes:
 
     def _classify(self, site: _Site) -> tuple[dict, Any]:
         node, d = site.node, site.d
-        assert node.children is not None
         requests = len(site.took)
         distinct = len(site.distinct)
         base: dict[str, Any] = {"shared_tokens": d, "branches": len(node.children), "requests": requests,
@@ -168,7 +166,7 @@ class _Causes:
         mover = site.mover
         if mover is None or not _shares_after(mover, site.a, site.b):
             return {**base, "cause": "different_prompt", "fixable": None,
-                    "keep": sum(1 for c in node.children.values() if c.n >= 2) >= 2,
+                    "keep": sum(1 for c in node.children if c.n >= 2) >= 2,
                     "message": "the branches share nothing after the fork (different apps or prompts): legitimate, "
                                "nothing to move"}, None
         kept = self._shared_text(site, mover)

@@ -20,7 +20,7 @@ from ..trace import TraceRequest, block_keys
 from .causes import _Causes
 from .report import Fork, ForkReport
 from .requests import USER_FIELDS, ForkRequest, RequestStore, _RenderTable, pack_requests
-from .tree import PrefixTree, _prune_to_summary, _summary
+from .tree import PrefixTree, _summary
 from .views import _LineMove, _Tools, _View, _view
 
 
@@ -118,7 +118,7 @@ class _Analyzer:
         hits = 0
         bs = self.bs
         for k, n, keys in self._keys(plan, record, reuse):
-            found = tree.insert(array("q", keys), k)
+            found = tree.insert(keys, k)
             h = min(found, (n - 1) // bs) * bs
             hits += h
             if per_request is not None:
@@ -134,13 +134,9 @@ class _Analyzer:
         trace = (TraceRequest(index=k, line=self.reqs.line(k), prompt_tokens=n, hash_ids=keys, hash_block_size=self.bs)
                  for k, n, keys in self._keys(plan, record, reuse, without))
         if capacity:
-            rep = simulate(trace, policy="vllm", block_size=self.bs, capacity_blocks=self.cap,
-                           per_request=per_request is not None)
+            rep = simulate(trace, policy="vllm", block_size=self.bs, capacity_blocks=self.cap, hits_into=per_request)
         else:
-            rep = simulate(trace, policy="infinite", block_size=self.bs, per_request=per_request is not None,
-                           compact=True)
-        if per_request is not None:
-            per_request.extend(int(h.hit_tokens) for h in rep.per_request or ())
+            rep = simulate(trace, policy="infinite", block_size=self.bs, compact=True, hits_into=per_request)
         return int(rep.hit_tokens)
 
     # analysis ------------------------------------------------------------------------------------------
@@ -149,7 +145,7 @@ class _Analyzer:
         drafts: dict[tuple, dict] = {}
         hits0 = 0
         base = array("q")
-        first: PrefixTree | None = None
+        outline0: tuple = ()  # the first tree's, summarized at the end (the tree itself is let go)
         # the keys of the last tree pass under a plan: the replays under that same plan read them back
         seen: tuple[tuple[Any, ...], _PlanKeys] | None = None
         for p in range(max_passes):
@@ -157,12 +153,8 @@ class _Analyzer:
             tree, hits = self.tree_pass(plan, base if p == 0 else None, record=rec_pass)
             seen = (tuple(plan), rec_pass) if rec_pass is not None else None
             added = self.causes.forks_of(tree, plan, drafts)
-            if p == 0:  # the first tree is summarized at the end: only the part the summary reads is kept
-                hits0, first = hits, tree
-                _prune_to_summary(first)
-            tree.leaves, tree.depths = [], array("q")  # a request's path is only needed in its own pass
-            if p:
-                tree.release()
+            if p == 0:  # the first tree is summarized at the end, its forks marked once they are known
+                hits0, outline0 = hits, tree.outline(self.bs)
             del tree  # (not alive while the next pass builds its own)
             if not added:
                 break
@@ -211,7 +203,7 @@ class _Analyzer:
                         for j, t in enumerate(plan)}
         forks = []
         moves: list[tuple[int, _LineMove]] = []
-        fork_at: dict[int, Fork] = {}    # id of a node of the first tree -> its fork
+        fork_at: dict[tuple[int, int], Fork] = {}    # a fork's node (its edge key) -> the fork
         for dr in drafts.values():
             t = dr.pop("plan", None)
             keep = dr.pop("keep")
@@ -229,14 +221,10 @@ class _Analyzer:
                 moves.append((id(forks[-1]), t))
         forks.sort(key=lambda f: (-f.tokens_lost, -f.requests, f.shared_tokens))
         index = {id(f): k for k, f in enumerate(forks)}
-        assert first is not None
-        tree0 = _summary(first, self.bs, {n: index[id(f)] for n, f in fork_at.items()})
-        first.release()
+        tree0 = _summary(outline0, {n: index[id(f)] for n, f in fork_at.items()})
         tree1 = tree0
         if plan:
-            last = self.tree_pass(plan, reuse=rec)[0]
-            tree1 = _summary(last, self.bs, {})
-            last.release()
+            tree1 = _summary(self.tree_pass(plan, reuse=rec)[0].outline(self.bs), {})
         del rec
         return ForkReport(requests=len(self.reqs), query_tokens=self.reqs.tokens,
                           block_size=self.bs, capacity_blocks=self.cap, forks=tuple(forks), hit_tokens=hits0,
