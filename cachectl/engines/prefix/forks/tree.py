@@ -174,9 +174,6 @@ class PrefixTree:
             np.add.at(n, parent[level], n[level])
         self.n = array("i", n.astype(np.int32).tobytes())
 
-    def edge(self, i: int) -> _Edge:
-        return _Edge(self, i)
-
     def forks(self) -> list[_Edge]:
         """Nodes with two or more children, most requests first (then the shallowest)."""
         kids, at = self._children()

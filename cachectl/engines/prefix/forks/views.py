@@ -138,7 +138,7 @@ class _LineMove:
         nl = text.find("\n", c, limit)
         end_char = limit if nl < 0 else nl + 1
         ls = starts[v.orig(self.a)[0]]
-        if nl >= 0 and _opens_field(v, ls):
+        if nl >= 0 and end_char < limit and text[end_char] == "\n" and _opens_field(v, ls):
             # the field's first line: the blank lines that set it apart go with it (what is left starts as the
             # branches that never had it do)
             while end_char < limit and text[end_char] == "\n":
