@@ -86,6 +86,15 @@ def test_edits_keep_only_what_changed_one_copy_of_each_new_value():
     assert all(len(vs._edits[i]) == 3 for i in range(50))            # one edit a line: (version, path, bytes)
     assert len({id(vs._edits[i][2]) for i in range(50)}) == 1        # one bytes object for the 50 lists
     assert len({id(vs._edits[i][1]) for i in range(50)}) == 1        # and one path
+    assert len({id(vs._edits[i]) for i in range(50)}) == 2           # and one line's edits for the 49 after the first
+    for i in range(0, 50, 2):   # a second rewrite on some lines: their edits apply in order, shared or not
+        v = vs[i]
+        v["body"]["messages"] = ["same"] if i % 4 else [f"own {i}"]
+        vs[i] = v
+    assert all(vs[i]["body"]["messages"] == (["same"] if i % 4 else [f"own {i}"]) for i in range(0, 50, 2))
+    assert all(vs[i]["body"]["messages"] == [f"m{i}"] and vs.changed(i) for i in range(1, 50, 2))
+    assert len({id(vs._edits[i]) for i in range(2, 50, 4)}) == 2     # the lines rewritten alike share theirs
+    assert len({id(vs._edits[i]) for i in range(0, 50, 4)}) == 13    # the others keep their own
     assert vs.edits(7) == [(("body", "tools"), [json.loads(json.dumps(t, sort_keys=True)) for t in tools])]
     assert list(vs[7]["body"]["tools"][0]) == ["function", "type"] and vs[7]["body"]["messages"] == ["m7"]
 
