@@ -341,7 +341,7 @@ def test_a_tree_is_freed_without_the_garbage_collector():
 
 
 def test_the_fork_analysis_leaves_no_cyclic_garbage(tok):
-    """Its trees (each pass's, the pruned part of the first, the last one summarized) and the analyzer itself are
+    """Its trees (each pass's, the first and the last one summarized) and the analyzer itself are
     freed by reference counting when the analysis returns: nothing of it waits for the collector."""
     import gc
 
