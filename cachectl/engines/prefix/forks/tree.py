@@ -28,12 +28,13 @@ class PrefixTree:
 
     Edge ``i`` (0 is the root, with no keys) holds ``keys[off[i]:off[i] + size[i]]``, the blocks from depth
     ``start[i]``, below edge ``parent[i]``; the first request to enter it is ``rep[i]`` (the branch's representative),
-    and ``n[i]`` requests enter it (counted once the inserts are over). A node's child is found by its first key (a chained key names its whole prefix, so one map
-    serves the tree; keys that are not chained fall back to a map by node and key). Splitting an edge is offset
-    arithmetic: no key is copied. ``leaves`` keeps, per request, the edge where its path ends and ``depths`` its
-    block depth (an edge split later still finds it: the walk up from there goes to the edge that holds that
-    depth); 8 bytes a request. Once :meth:`forks` (or anything that reads the children) has run, the tree takes no
-    more requests."""
+    and ``n[i]`` requests enter it (counted once the inserts are over). A node's child is found by its first key
+    (a chained key names its whole prefix, so one map serves the tree; keys that are not chained fall back to a map
+    by node and key). Splitting an edge is offset arithmetic: no key is copied. ``leaves`` keeps, per request, the
+    edge where its path ends and ``depths`` its block depth (an edge split later still finds it: the walk up from
+    there goes to the edge that holds that depth), 8 bytes a request; once the inserts are over, ``leaves`` holds
+    that edge itself. Once :meth:`forks` (or anything that reads the children) has run, the tree takes no more
+    requests."""
 
     def __init__(self) -> None:
         self.serial = next(_SERIAL)
@@ -167,6 +168,8 @@ class PrefixTree:
         while up.any():  # a path that ends above where its edge was split later: up to the edge that holds it
             end[up] = parent[end[up]]
             up = (end > 0) & (start[end] >= depth)
+        # each path's own edge from now on (:meth:`branches` walks up from there); the depths have done their part
+        self.leaves, self.depths = array("i", end.tobytes()), array("i")
         n = np.bincount(end, minlength=len(self.size))
         # deepest first, one depth at a time (an edge's parent starts above it): each edge's count into its parent's
         order = np.argsort(-start[1:], kind="stable") + 1
@@ -194,11 +197,10 @@ class PrefixTree:
     def branches(self, forks: Sequence[_Edge]) -> dict[tuple[int, int], array]:
         """For each fork (by :attr:`_Edge.key`): the requests that take one of its children, ascending (8 bytes
         each)."""
+        self._children()  # (the paths' ends resolved to the edges that hold them)
         want = {f.i: array("q") for f in forks}
-        parent, start = self.parent, self.start
-        for r, (e, depth) in enumerate(zip(self.leaves, self.depths)):
-            while e > 0 and start[e] >= depth:
-                e = parent[e]
+        parent = self.parent
+        for r, e in enumerate(self.leaves):
             while e > 0:
                 e = parent[e]
                 got = want.get(e)
@@ -259,10 +261,6 @@ class _Edge:
     @property
     def rep(self) -> int:
         return self.tree.rep[self.i]
-
-    @property
-    def start(self) -> int:
-        return self.tree.start[self.i]
 
     @property
     def end(self) -> int:
