@@ -51,7 +51,7 @@ def apply(rw: Rewriter) -> None:
                lambda moved: f"{moved} changes per request inside the cached prefix", heads)
 
 
-def _confirmed(rw: Rewriter, heads: dict[int, frozenset[str] | None]
+def _confirmed(rw: Rewriter, heads: Heads
                ) -> tuple[dict[str, set[str]], dict[tuple[int, str], list[tuple[int, int]]]]:
     """Slots (body paths) where consecutive requests of a conversation differ in a volatile value, with the
     families seen there, and the spans of those values per (line index, slot). ``heads`` gets the prefix paths
@@ -92,7 +92,7 @@ def _confirmed(rw: Rewriter, heads: dict[int, frozenset[str] | None]
 
 def move_lines(rw: Rewriter, fix: FixCode, confirmed: dict[str, set[str]],
                spans: dict[tuple[int, str], list[tuple[int, int]]], what: Callable[[str], str],
-               heads: dict[int, frozenset[str] | None] | None = None) -> None:
+               heads: Heads | None = None) -> None:
     """Every request that holds a value of a confirmed family in a confirmed slot of its prefix (or a span given
     in ``spans``): the line moved to the end of the request, the rewritten turn carried into the later requests
     of its conversation. ``what`` says what the moved lines are, for the fix's message. ``heads``: the prefix
@@ -119,7 +119,7 @@ def move_lines(rw: Rewriter, fix: FixCode, confirmed: dict[str, set[str]],
             if heads is not None and not carried_in and i in heads:
                 prefix_paths = heads[i]
             else:
-                prefix_paths = _head({}, i, reparse_at(rw.lines, i, value).request)
+                prefix_paths = _paths(reparse_at(rw.lines, i, value).request)
             if prefix_paths is None:
                 rw.values[i] = value
                 continue
@@ -169,7 +169,7 @@ def move_lines(rw: Rewriter, fix: FixCode, confirmed: dict[str, set[str]],
                 rw.values[i] = value
 
 
-def cross_spans(rw: Rewriter, code: str, heads: dict[int, frozenset[str] | None] | None = None
+def cross_spans(rw: Rewriter, code: str, heads: Heads | None = None
                 ) -> dict[tuple[int, str], list[tuple[int, int]]]:
     """(line index, slot) -> char spans of the lines that the log's shared-prefix tree moves with ``code``
     (``rw.forks``), located in each line's current value; only slots of the request's head (tools, and the
@@ -262,12 +262,15 @@ class Heads(dict):
         return self._same.setdefault(paths, paths)
 
 
-def _head(heads: dict[int, frozenset[str] | None], i: int, req: Request | None) -> frozenset[str] | None:
+def _paths(req: Request | None) -> frozenset[str] | None:
+    """The paths of a request's cached prefix (None without a request)."""
+    return None if req is None else frozenset(p.path for p in _prefix_positions(req))
+
+
+def _head(heads: Heads, i: int, req: Request | None) -> frozenset[str] | None:
     """The paths of line ``i``'s cached prefix (None without a request), kept in ``heads``."""
-    got = None if req is None else frozenset(p.path for p in _prefix_positions(req))
-    if got is not None and isinstance(heads, Heads):
-        got = heads.same(got)
-    heads[i] = got
+    got = _paths(req)
+    got = heads[i] = None if got is None else heads.same(got)
     return got
 
 
