@@ -75,6 +75,29 @@ def test_a_line_no_version_changed_is_parsed_and_tokenized_once(tok, table, monk
     assert got[1][0].causes == {} and got[3][0].causes == {}  # (causes asked of the first of each pair only)
 
 
+def test_a_version_the_same_as_another_is_measured_once(tok, table, monkeypatch):
+    """Two rewrites that leave every line alike (two runs of the same codes here; in ``report``, the safe fixes
+    and the full run after its safe codes) are one version to the sweep: simulated once, each given the measure it
+    gets alone (its causes only where it asks for them)."""
+    lines, grouping, measured, rw = _setup(tok, table)
+    again = fix.rewritten(lines, grouping, None, fix.FixOptions(key="session", unsafe=True), tokenizer=tok,
+                          table=table)
+    simulated = []
+    real = measure._provider_fed
+
+    def counting(*args):
+        simulated.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(measure, "_provider_fed", counting)
+    got = measured(lines, [None, rw.values, again.values], causes=[True, False, True])
+    assert len(simulated) == 2  # the lines as they are, and the one rewrite
+    monkeypatch.setattr(measure, "_provider_fed", real)
+    alone = measured(lines, [again.values], causes=[True])[0]
+    assert got[2] == alone and got[1] == (replace(alone[0], causes={}), alone[1])
+    assert got[0][0] != got[2][0]  # (the rewrite changed the log)
+
+
 def test_grouping_by_key_and_recording_a_fix_parse_no_line(tok, table, monkeypatch):
     """Past the lines a store keeps parsed, each read of a line parses it again: grouping by --key reads only the
     keys the store keeps, and a fix code records a rewrite by the line's number."""

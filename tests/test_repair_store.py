@@ -178,6 +178,29 @@ def test_edits_snapshot_keeps_the_values_as_they_were():
     assert vs[1] == {"third": 3} and vs[5] == {"third": 5}
 
 
+def test_edits_signatures_are_equal_where_two_rewrites_left_a_line_alike():
+    """What lets a sweep measure once a version the same as another (the safe fixes, and the full run after its
+    safe codes): a line's signature is its edits without the versions that stamp them, of a snapshot too."""
+    originals = [{"i": i, "tools": [{"b": 1, "a": 2}]} for i in range(4)]
+    one, two = _edits(originals), _edits(originals)
+    for vs in (one, two):
+        v = vs[1]
+        v["tools"][0] = {"a": 2, "b": 1}
+        vs[1] = v
+    first = two.snapshot()  # (two's later rewrites are of a later version: signatures leave versions out)
+    v = two[2]
+    v["i"] = -2
+    two[2] = v
+    assert [one.signature(i) for i in range(4)][::2] == [None, None]
+    assert one.signature(1) == two.signature(1) == first.signature(1) is not None
+    assert one.signature(2) is None and first.signature(2) is None and two.signature(2) is not None
+    assert [first[i] for i in range(4)] == [one[i] for i in range(4)]
+    v = one[1]
+    v["tools"][0]["a"] = 3
+    one[1] = v
+    assert one.signature(1) != two.signature(1) and one[1] != two[1]
+
+
 def test_line_store_gives_back_the_lines_as_read(monkeypatch):
     monkeypatch.setattr(store, "CACHE", 2)
     path = str(LOGS[0])

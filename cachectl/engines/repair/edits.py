@@ -173,6 +173,20 @@ class Edits(Sequence[Any]):
         """Whether line ``i`` was rewritten (its JSON changed at some point)."""
         return self._edits[self._index(i)] is not None
 
+    def signature(self, i: int, version: int | None = None) -> tuple | None:
+        """Line ``i``'s edits before ``version`` (None: all) as (paths, new values' bytes), without the versions
+        that stamp them (None: not rewritten then). Two equal signatures, of this log or of another rewrite of the
+        same lines, are the same value."""
+        edits = self._edits[self._index(i)]
+        if edits is None:
+            return None
+        n = len(edits)
+        if version is not None:
+            n = next((k for k in range(0, n, 3) if edits[k] >= version), n)
+            if n == 0:
+                return None
+        return edits[1:n:3], edits[2:n:3]
+
     def snapshot(self) -> Sequence[Any]:
         """The values as the rewrites made so far left them, read-only, unaffected by later rewrites (a fix code
         applied after it): nothing is copied."""
@@ -197,3 +211,6 @@ class _Version(Sequence[Any]):
     def changed(self, i: int) -> bool:
         edits = self._of._edits[self._of._index(i)]
         return edits is not None and edits[0] < self._v
+
+    def signature(self, i: int) -> tuple | None:
+        return self._of.signature(i, self._v)

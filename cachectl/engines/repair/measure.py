@@ -13,7 +13,7 @@ import json
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -173,24 +173,45 @@ def _simulate_fed(simulate: Callable[..., Any], policy: str, block_size: int, ca
 def _line_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] | None], i: int,
                    model: str | None) -> list[LogLine]:
     """Line ``i`` in each version of the log (None: the lines as they are; else the values a fix pass left), each
-    distinct value parsed once."""
+    distinct value built and parsed once (the versions whose edits of the line are the same share one build)."""
     out: list[LogLine] = []
     parsed: dict[Any, LogLine] = {}
     for vals in versions:
-        if vals is None or not vals.changed(i):  # type: ignore[attr-defined]
-            ln = parsed.get(None)
+        sig = None if vals is None else vals.signature(i)  # type: ignore[attr-defined]
+        ln = parsed.get(sig)
+        if ln is None and sig is None:
+            ln = parsed[None] = (lines[i] if vals is None or model is None
+                                 else with_model(original_at(lines, i), model))
+        elif ln is None:
+            assert vals is not None
+            value = vals[i]
+            key = _encoded(value)
+            ln = parsed.get(key)
             if ln is None:
-                ln = parsed[None] = lines[i] if vals is None or model is None else with_model(original_at(lines, i), model)
-            out.append(ln)
-            continue
-        value = vals[i]
-        key = _encoded(value)
-        ln = parsed.get(key)
-        if ln is None:
-            ln = reparse_at(lines, i, value)
-            ln = parsed[key] = with_model(ln, model) if model is not None else ln
+                ln = reparse_at(lines, i, value)
+                ln = parsed[key] = with_model(ln, model) if model is not None else ln
+            parsed[sig] = ln
         out.append(ln)
     return out
+
+
+def _aliases(versions: Sequence[Sequence[Any] | None], n: int, given: Sequence[Any]) -> list[int]:
+    """For each version, the first version with the same edits on every line (itself where none has): a rewrite
+    that leaves the log as another one did (the safe fixes, and the full run after its safe codes) is measured
+    once. The lines as they are (None) are no other version's, nor is a version ``given`` another provider
+    measure."""
+    k = len(versions)
+    pairs = [(j, e) for j in range(k) for e in range(j)
+             if versions[j] is not None and versions[e] is not None and given[j] is given[e]]
+    for i in range(n):
+        if not pairs:
+            break
+        sigs = [None if v is None else v.signature(i) for v in versions]  # type: ignore[attr-defined]
+        pairs = [(j, e) for j, e in pairs if sigs[j] == sigs[e]]
+    alias = list(range(k))
+    for j, e in sorted(pairs, reverse=True):
+        alias[j] = e  # (the earliest last)
+    return alias
 
 
 def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] | None], grouping: Grouping, *,
@@ -223,7 +244,13 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
 
         counter = promptcache.tokenizer_counter(tokenizer)
     simulated = partial(_provider_fed, table, source, counter) if table is not None else None
-    vs = [_Version(block_size, capacity_blocks, source, want_causes[j], given[j], simulated) for j in range(k)]
+    alias = _aliases(versions, len(lines), given)
+    keep = sorted(set(alias))   # the distinct versions, measured; the others are given their measures
+    weight = [alias.count(j) for j in keep]   # (versions a measured one stands for, in progress ticks)
+    vs = [_Version(block_size, capacity_blocks, source, any(want_causes[e] for e in range(k) if alias[e] == j),
+                   given[j], simulated) for j in keep]
+    versions = [versions[j] for j in keep]
+    k = len(keep)
     # every version's no-eviction replay in one (a request several versions send alike is replayed once)
     infinite = InfiniteVersions(k, block_size)
     ends = grouping.last_indices()
@@ -242,7 +269,7 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
                     alike[id(t), salt] = ids, salt, mask | 1 << j
                 for ids, salt, mask in alike.values():
                     infinite.add(ids, mask, salt)
-                for v, ln, t, salt in zip(vs, row, tok, salts):
+                for v, ln, t, salt, w in zip(vs, row, tok, salts, weight):
                     if v.vllm is not None:
                         v.trace.append(TraceRequest(index=i, line=ln.line, prompt_tokens=len(t.ids), tokens=t.ids,
                                                     timestamp=ln.timestamp, salt=salt))
@@ -253,7 +280,7 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
                     if ends[g] != i:
                         v.last[g] = t
                     if progress is not None:
-                        progress(1)
+                        progress(w)
                     if prev is None:
                         continue
                     c = tokendiff.common_prefix_length(prev.ids, t.ids)
@@ -268,7 +295,12 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
     finally:
         for v in vs:
             v.close()
-    return [_measured(v, len(lines), infinite.totals(j), block_size) for j, v in enumerate(vs)]
+    got = [_measured(v, len(lines), infinite.totals(j), block_size) for j, v in enumerate(vs)]
+    out = []
+    for j, e in enumerate(alias):
+        m, notes = got[keep.index(e)]
+        out.append((replace(m, causes=dict(m.causes) if want_causes[j] else {}), list(notes)))
+    return out
 
 
 def _measured(v: _Version, n: int, totals: tuple[int, int, int], block_size: int) -> tuple[Measure, list[str]]:
