@@ -226,7 +226,7 @@ class KeyIndex:
         if not len(self._keys) or not len(keys):
             return [new.get(k, missing) for k in keys]
         at, found = self._find(np.array(keys, np.int64))
-        got = np.where(found, self._vals[at], missing).tolist()
+        got = np.where(found, self._vals[at].astype(np.int64), missing).tolist()  # (-1 in an unsigned type wraps)
         if new:
             for i in np.flatnonzero(~found).tolist():  # (an entry is in the arrays or in the dict)
                 got[i] = new.get(keys[i], missing)
@@ -250,6 +250,12 @@ class KeyIndex:
         self._new.update(zip(keys, values))
         if len(self._new) >= max(self.MERGE, len(self._keys) >> 4):
             self._merge()
+
+    def arrays(self) -> tuple[Any, Any]:
+        """The keys, sorted, and their values: two numpy arrays (what was added since the last merge merged)."""
+        if self._new:
+            self._merge()
+        return self._keys, self._vals
 
     def _check(self, low: int, high: int) -> None:
         if low < 0 or high > self._top:

@@ -134,8 +134,9 @@ def test_mooncake_hash_ids_key_at_their_own_block_size_only():
 
 def test_keyed_requests_give_back_each_request_as_keyed():
     # the packed store rebuilds each pre-keyed request as it was read: keys, length, line (or none), index,
-    # tenant, time and output tokens; ids that are no 64-bit integers (Mooncake's may be strings) turn the store
-    # to lists from there on, the requests before them kept
+    # tenant, time and output tokens; 64-bit keys come back as their rank among the distinct keys (the same
+    # equalities, the same order); ids that are no 64-bit integers (Mooncake's may be strings) turn the store
+    # to lists from there on, the requests before them kept as given
     reqs = [TraceRequest(index=5, line=None, prompt_tokens=40, hash_ids=[1, -2, 2**63 - 1], hash_block_size=8),
             TraceRequest(index=6, line=9, prompt_tokens=17, hash_ids=[3, 4], hash_block_size=8, tenant="t",
                          timestamp=1.5, output_tokens=7),
@@ -143,13 +144,17 @@ def test_keyed_requests_give_back_each_request_as_keyed():
             TraceRequest(index=8, line=11, prompt_tokens=8, hash_ids=[2**64], hash_block_size=8)]
     for n in (2, 4):
         kept = key_trace(reqs[:n], [8])[8].requests
-        assert len(kept) == n
-        for r, got in zip(reqs, kept):
+        assert len(kept) == n and kept.packed == (n == 2)
+        given = [list(r.hash_ids)[:r.prompt_tokens // 8] for r in reqs[:n]]
+        if n == 2:
+            ranks = {k: i for i, k in enumerate(sorted({k for keys in given for k in keys}))}
+            given = [[ranks[k] for k in keys] for keys in given]
+            assert kept.distinct == len(ranks) == 5
+        for r, keys, got in zip(reqs, given, kept):
             assert (list(got.hash_ids), got.prompt_tokens, got.line, got.index, got.tenant, got.timestamp,
                     got.output_tokens, got.hash_block_size) == (
-                list(r.hash_ids)[:r.prompt_tokens // 8], r.prompt_tokens, r.line, r.index, r.tenant, r.timestamp,
-                r.output_tokens, 8)
-        assert [list(kept.keys(i)) for i in range(n)] == [list(r.hash_ids)[:r.prompt_tokens // 8] for r in reqs[:n]]
+                keys, r.prompt_tokens, r.line, r.index, r.tenant, r.timestamp, r.output_tokens, 8)
+        assert [list(kept.keys(i)) for i in range(n)] == given
         assert list(kept.tokens) == [r.prompt_tokens for r in reqs[:n]] and kept[-1] == kept[n - 1]
         assert [x.index for x in kept[1:]] == [r.index for r in reqs[1:n]]
 
@@ -471,19 +476,27 @@ def test_cli_single_run_too_small_names_the_true_minimum(cli, write):
 @given(st.lists(st.lists(st.integers(0, 40), max_size=12), max_size=30), st.integers(0, 30))
 @settings(max_examples=100, deadline=None)
 def test_the_unbounded_pool_sees_keys_as_a_set_does(requests, switch):
-    """The ceiling's keys seen (a KeyIndex of 64-bit keys, a set once a key is not one) answer as a set does, across
-    the switch (keys that were ints, then bytes)."""
-    from cachectl.engines.prefix.curve import _Unbounded
+    """The ceiling's keys seen (the store's numbers of 64-bit keys, a set once a key is not one) answer as a set
+    does, across the switch (keys that were ints, then bytes); the store numbers the keys as a set sees them."""
+    from cachectl.engines.prefix.curve import KeyedRequests, _Unbounded
 
-    pool, plain = _Unbounded(), set()
+    pool, plain, store = _Unbounded(), set(), KeyedRequests(1)
     for r, keys in enumerate(requests):
-        packed = r < switch
-        keys = keys if packed else [k.to_bytes(2, "little") if k % 2 else k for k in keys]
+        keys = keys if r < switch else [k.to_bytes(2, "little") if k % 2 else k for k in keys]
         limit = len(keys) - 1 if keys else 0
         want = next((i for i, k in enumerate(keys[:limit]) if k not in plain), limit)
-        assert pool.seen_then_add(keys, limit, packed) == want
+        marks = store.append(TraceRequest(index=r, line=None, prompt_tokens=len(keys)), keys)
+        if marks is not None:
+            assert [m >= 0 for m in marks] == [k in plain for k in keys]
+        assert pool.seen_then_add(keys, limit, marks, store) == want
         plain.update(keys)
-    assert set(pool.seen) == plain
+    store.seal()
+    if store.packed:
+        assert pool.seen is None and store.distinct == len(plain)
+        ranks = {k: i for i, k in enumerate(sorted(plain))}
+        assert [list(store.keys(r)) for r in range(len(store))] == [[ranks[k] for k in keys] for keys in requests]
+    else:
+        assert pool.seen == plain
 
 
 @given(token_lists, st.sampled_from([1, 2, 4]))
