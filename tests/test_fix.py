@@ -386,3 +386,21 @@ def test_the_prefix_paths_fx001_keeps_a_line_are_shared_by_lines_alike(tok, tabl
         m.setattr(fx001.Heads, "same", lambda self, paths: paths)
         own = fix.fix_log(lines, opts, tokenizer=tok, table=table, source=str(LOG))
     assert shared.to_dict() == own.to_dict() and list(shared.output) == list(own.output)
+
+
+def test_fx002_sorts_only_the_tools_seen_with_their_keys_in_another_order(tok, table, tmp_path):
+    """A tool sent with its keys in two orders is sorted everywhere; one whose values differ (an int and a float
+    of one value, equal in Python) is another tool, left as it is."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "default": 1}}}
+    flipped = {"function": {"parameters": {"default": 1, "type": "object"}, "name": "f"}, "type": "function"}
+    floaty = {"type": "function", "function": {"name": "g", "parameters": {"default": 1.0, "type": "object"}}}
+    inty = {"type": "function", "function": {"name": "g", "parameters": {"default": 1, "type": "object"}}}
+    null = {"type": "function", "function": {"name": "h", "parameters": {"default": None}}}
+    log = tmp_path / "tools.jsonl"
+    with log.open("w") as f:
+        for k, tools in enumerate([[tool, floaty, null], [flipped, inty, null], [tool, floaty, null]]):
+            body = {"model": "gpt-4o", "messages": [{"role": "user", "content": f"q{k}"}], "tools": tools}
+            f.write(json.dumps({"session": "s", "body": body}) + "\n")
+    report = fix.fix_log(lines_of(log), fix.FixOptions(key="session"), tokenizer=tok, table=table)
+    fx002 = [(f.line, f.path) for f in report.fixes if f.code == "FX002"]
+    assert fx002 == [(1, "body.tools[0]"), (2, "body.tools[0]"), (3, "body.tools[0]")]

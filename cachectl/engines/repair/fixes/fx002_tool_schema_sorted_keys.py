@@ -4,18 +4,31 @@ with sorted keys everywhere it occurs (the same JSON value: a JSON parser reads 
 from __future__ import annotations
 
 import json
+from typing import Any
 
+from ....inputs import compact
 from .body import path_prefix, tool_name, tools_of
 from .rewriter import FixCode, Rewriter
 
 
 def apply(rw: Rewriter) -> None:
-    forms: dict[str, set[str]] = {}
+    texts: dict[str, tuple[str, str]] = {}   # a tool's exact JSON -> (its JSON with sorted keys, its JSON)
+
+    def forms(t: Any) -> tuple[str, str]:
+        # (a log repeats a few tool definitions: each distinct one serialized twice by json, not every time)
+        exact = compact(t)
+        got = texts.get(exact)
+        if got is None:
+            got = texts[exact] = (json.dumps(t, sort_keys=True), json.dumps(t))
+        return got
+
+    seen: dict[str, set[str]] = {}
     for i in range(len(rw.lines)):
         got = tools_of(rw.values[i])
         for t in got[1] if got else ():
-            forms.setdefault(json.dumps(t, sort_keys=True), set()).add(json.dumps(t))
-    unstable = {k for k, v in forms.items() if len(v) > 1}
+            canon, plain = forms(t)
+            seen.setdefault(canon, set()).add(plain)
+    unstable = {k for k, v in seen.items() if len(v) > 1}
     if not unstable:
         return
     for i in range(len(rw.lines)):
@@ -26,11 +39,11 @@ def apply(rw: Rewriter) -> None:
         body, tools = got
         changed = False
         for j, t in enumerate(tools):
-            canon = json.dumps(t, sort_keys=True)
-            if canon in unstable and json.dumps(t) != canon:
+            canon, plain = forms(t)
+            if canon in unstable and plain != canon:
                 if rw.record(FX002, rw.number(i), path_prefix(value) + f"tools[{j}]",
                              f"tool {tool_name(t)!r} is sent with its keys in another order elsewhere: keys "
-                             "sorted", json.dumps(t)[:60], canon[:60]):
+                             "sorted", plain[:60], canon[:60]):
                     tools[j] = json.loads(canon)
                     changed = True
         if changed:
