@@ -226,7 +226,8 @@ class KeyIndex:
         if not len(self._keys) or not len(keys):
             return [new.get(k, missing) for k in keys]
         at, found = self._find(np.array(keys, np.int64))
-        got = np.where(found, self._vals[at].astype(np.int64), missing).tolist()  # (-1 in an unsigned type wraps)
+        # (as int64: a missing -1 in an unsigned type would wrap; no copy where the values are int64 already)
+        got = np.where(found, self._vals[at].astype(np.int64, copy=False), missing).tolist()
         if new:
             for i in np.flatnonzero(~found).tolist():  # (an entry is in the arrays or in the dict)
                 got[i] = new.get(keys[i], missing)

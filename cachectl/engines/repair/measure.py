@@ -206,7 +206,7 @@ def _aliases(versions: Sequence[Sequence[Any] | None], n: int, given: Sequence[A
     for i in range(n):
         if not pairs:
             break
-        sigs = [None if v is None else v.signature(i) for v in versions]  # type: ignore[attr-defined]
+        sigs = {j: versions[j].signature(i) for j in {x for pair in pairs for x in pair}}  # type: ignore[union-attr]
         pairs = [(j, e) for j, e in pairs if sigs[j] == sigs[e]]
     alias = list(range(k))
     for j, e in sorted(pairs, reverse=True):
