@@ -310,6 +310,36 @@ def test_a_line_the_curve_refuses_is_the_error_it_was(cli, tok, tmp_path):
         assert r.exit_code == 2 and r.stderr.strip().endswith(str(want.value)), r.stderr
 
 
+@pytest.mark.parametrize("path,key", [(LOG, "session"), (LOG, None),
+                                      (PROMPTS / "demo_log.jsonl", None), (PROMPTS / "fix_log.jsonl", None)],
+                         ids=["key", "auto", "text", "fix"])
+def test_log_report_pairs_are_diff_tokens_pairs(tok, monkeypatch, path, key):
+    """``report`` compares its pairs in the fix engine's sweep (the log as it is), and runs no token diff of its own:
+    its pair figures, causes and worst conversations (with their windows) are those of diff-tokens' log mode over
+    the same conversations."""
+    from cachectl.engines import tokendiff
+    from cachectl.engines.repair import fix, groups, shared_prefix
+    from cachectl.inputs import iter_jsonl
+
+    src = str(path)
+    opts = fix.FixOptions(key=key)
+    lines = groups.log_lines(iter_jsonl(src), source=src, key=key)
+    grouping = groups.group_sessions(lines, key=key, window_s=opts.window_s, tokenizer=tok)
+    want = report.build_report(source=src, log=shared_prefix.auto_records(lines, grouping), tokenizer=tok,
+                               tokenizer_name=str(TOK_DIR), table=PriceTable.load(),
+                               requests=read_requests(src), ends=grouping.end_lines(lines),
+                               text_counter=promptcache.tokenizer_counter(tok), add_generation_prompt=True)
+    with monkeypatch.context() as m:
+        m.setattr(tokendiff, "diff_log", None)  # (called, it would fail)
+        got = report.log_report(lines, opts, tokenizer=tok, tokenizer_name=str(TOK_DIR), table=PriceTable.load(),
+                                source=src)
+    assert want.pairs > 0 and want.tokens_lost > 0
+    fields = ("requests", "conversations", "pairs", "reusable_tokens", "reused_tokens", "tokens_lost", "reuse_ratio",
+              "usd_lost", "causes", "worst")
+    assert {f: getattr(got, f) for f in fields} == {f: getattr(want, f) for f in fields}
+    assert all(w.worst is not None and w.worst.window_a for w in got.worst)
+
+
 @pytest.mark.parametrize("path,key", [(LOG, None), (LOG, "session"), (PROMPTS / "agent_log.jsonl", None),
                                       (PROMPTS / "demo_log.jsonl", None)], ids=["auto", "key", "agent", "text"])
 def test_grouping_and_fork_requests_come_from_the_first_read(tok, monkeypatch, path, key):

@@ -326,13 +326,15 @@ def rewritten(lines: Sequence[LogLine], grouping: Grouping, forks: LogForks | No
 
 def measured_pass(rws: Sequence[Rewritten], measured: Callable[..., list[tuple[Measure, list[str]]]],
                   lines: Sequence[LogLine], *, before: bool = False, before_provider: Any = None,
-                  examples_only: bool = False) -> tuple[list[FixPass], tuple[Measure, list[str]] | None]:
+                  examples_only: bool = False, pairs: Callable[..., None] | None = None,
+                  ) -> tuple[list[FixPass], tuple[Measure, list[str]] | None]:
     """Rewrites of one log measured in one sweep (:func:`.measure.measure_versions`): of each, the log as each
     code but the last left it and the rewritten log (every line a code rewrote is parsed again: dict equality
     ignores key order, which FX002 changes). ``before``: the log as it is joins the sweep (with ``before_provider``,
     its provider figures already simulated) and its measure is returned beside the passes (None otherwise).
     ``examples_only``: each pass keeps the first applied fix of each code and no rewritten log (what a report
-    shows)."""
+    shows). ``pairs``: sees each line of the log as it is as it is measured (:func:`.measure.measure_versions`'
+    ``pairs``; with ``before``)."""
     versions: list[Any] = [None] if before else []
     causes = [True] if before else []
     for rw in rws:
@@ -340,7 +342,8 @@ def measured_pass(rws: Sequence[Rewritten], measured: Callable[..., list[tuple[M
         versions += [*steps, rw.values]
         causes += [False] * len(steps) + [True]
     providers = [before_provider] + [None] * (len(versions) - 1) if before else None
-    got = measured(lines, versions, causes=causes, providers=providers)
+    got = (measured(lines, versions, causes=causes, providers=providers) if pairs is None or not before else
+           measured(lines, versions, causes=causes, providers=providers, pairs=pairs))
     first = got.pop(0) if before else None
     passes = []
     for rw in rws:

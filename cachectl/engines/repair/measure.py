@@ -219,7 +219,9 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
                      capacity_blocks: int | None = None, add_generation_prompt: bool = True, source: str = "",
                      causes: Sequence[bool] | None = None, counter: Any = None,
                      progress: Callable[[int], None] | None = None,
-                     providers: Sequence[ProviderMeasure | None] | None = None) -> list[tuple[Measure, list[str]]]:
+                     providers: Sequence[ProviderMeasure | None] | None = None,
+                     pairs: Callable[[int, LogLine, Any, Any, int, str | None], None] | None = None,
+                     ) -> list[tuple[Measure, list[str]]]:
     """Versions of a log measured by the existing engines in one sweep: each line read once, each of its distinct
     versions parsed once and each distinct prompt among them tokenized once, and every version's engines fed as
     the sweep goes: the vLLM replay (:func:`cachectl.engines.prefix.simulate`; with ``capacity_blocks`` None, no
@@ -231,11 +233,17 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
     ``versions``: None for ``lines`` as they are, or the values a fix pass left (:class:`~.edits.Edits` or a
     snapshot of it: a line it did not change is the line itself), read with ``model`` where a line names none.
     ``providers``: a version's provider cache already simulated over its very requests (:func:`provider_measure`),
-    not simulated again. ``progress(n)`` is called as each version of a line is measured."""
+    not simulated again. ``progress(n)`` is called as each version of a line is measured. ``pairs(i, line, prev,
+    tokens, common, cause)`` sees each line of the first version as it is measured: its index and line, the tokens of
+    the previous request of its conversation (None for the first) and its own, the tokens they share as a prefix, and
+    the diff-tokens cause where they diverge before either ends (``"unexplained"`` where no rule explains it; None
+    where they do not diverge)."""
     from .. import tokendiff
 
     k = len(versions)
     want_causes = list(causes) if causes is not None else [True] * k
+    if pairs is not None and tokenizer is None:
+        raise UsageError("the pairs of a log are compared as tokens: pass `tokenizer`")
     given = list(providers) if providers is not None else [None] * k
     if tokenizer is None:
         return [_provider_only(lines, versions, j, model, table, source, given[j], progress) for j in range(k)]
@@ -247,7 +255,8 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
     alias = _aliases(versions, len(lines), given)
     keep = sorted(set(alias))   # the distinct versions, measured; the others are given their measures
     weight = [alias.count(j) for j in keep]   # (versions a measured one stands for, in progress ticks)
-    vs = [_Version(block_size, capacity_blocks, source, any(want_causes[e] for e in range(k) if alias[e] == j),
+    vs = [_Version(block_size, capacity_blocks, source,
+                   any(want_causes[e] for e in range(k) if alias[e] == j) or (j == 0 and pairs is not None),
                    given[j], simulated) for j in keep]
     versions = [versions[j] for j in keep]
     k = len(keep)
@@ -269,7 +278,7 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
                     alike[id(t), salt] = ids, salt, mask | 1 << j
                 for ids, salt, mask in alike.values():
                     infinite.add(ids, mask, salt)
-                for v, ln, t, salt, w in zip(vs, row, tok, salts, weight):
+                for j, (v, ln, t, salt, w) in enumerate(zip(vs, row, tok, salts, weight)):
                     if v.vllm is not None:
                         v.trace.append(TraceRequest(index=i, line=ln.line, prompt_tokens=len(t.ids), tokens=t.ids,
                                                     timestamp=ln.timestamp, salt=salt))
@@ -281,15 +290,17 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
                         v.last[g] = t
                     if progress is not None:
                         progress(w)
-                    if prev is None:
-                        continue
-                    c = tokendiff.common_prefix_length(prev.ids, t.ids)
-                    v.reused += c
-                    v.tokens += len(t.ids)
-                    if v.causes and c < min(len(prev.ids), len(t.ids)):  # (diff-tokens' cause, without windows)
-                        cause = tokendiff.explain(prev, t, c, tokenizer)
-                        cid = cause.id if cause is not None else "unexplained"
-                        v.cause_count[cid] = v.cause_count.get(cid, 0) + 1
+                    c, cid = 0, None
+                    if prev is not None:
+                        c = tokendiff.common_prefix_length(prev.ids, t.ids)
+                        v.reused += c
+                        v.tokens += len(t.ids)
+                        if v.causes and c < min(len(prev.ids), len(t.ids)):  # (diff-tokens' cause, without windows)
+                            cause = tokendiff.explain(prev, t, c, tokenizer)
+                            cid = cause.id if cause is not None else "unexplained"
+                            v.cause_count[cid] = v.cause_count.get(cid, 0) + 1
+                    if j == 0 and pairs is not None:
+                        pairs(i, ln, prev, t, c, cid)
             for v in vs:
                 v.flush()
     finally:

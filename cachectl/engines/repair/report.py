@@ -21,6 +21,7 @@ import heapq
 from array import array
 from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ...errors import CachectlError
@@ -222,7 +223,8 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
                  context: int = 24, curve_points: int = 16, price_model: str | None = None,
                  text_counter: Any = None, fixes: BeforeAfter | None = None,
                  forks: LogForks | None = None, progress: Callable[[int], None] | None = None,
-                 prompt_of: Callable[[int], Any] | None = None, ends: Container[int] | None = None) -> LogReport:
+                 prompt_of: Callable[[int], Any] | None = None, ends: Container[int] | None = None,
+                 add_generation_prompt: bool = False) -> LogReport:
     """Run diff-tokens' log mode over ``log``, prompt-cost's simulation over ``requests`` (with ``table``) and
     simulate-prefix's capacity curve over ``trace``, and keep what the report shows.
 
@@ -237,12 +239,14 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
     pair view per conversation: each conversation then keeps the line numbers of its worst pair, and the worst
     conversations' pairs are tokenized and compared again at the end (the same comparison ``diff_log`` made).
     ``ends``: the line numbers that end their conversation (``diff_log`` forgets a conversation there).
+    ``add_generation_prompt``: the pairs are compared as rendered with it (as ``report`` compares them).
     """
     r, rate, losses = pairs_report(source=source, log=log, tokenizer=tokenizer, tokenizer_name=tokenizer_name,
                                    requests=requests, table=table, trace=trace, block_size=block_size, top=top,
                                    context=context, curve_points=curve_points, price_model=price_model,
                                    text_counter=text_counter, fixes=fixes, progress=progress, prompt_of=prompt_of,
-                                   ends=ends, lines_of_losses=forks.gains_by_line() if forks is not None else ())
+                                   ends=ends, lines_of_losses=forks.gains_by_line() if forks is not None else (),
+                                   add_generation_prompt=add_generation_prompt)
     return with_forks(r, forks, losses, rate) if forks is not None else r
 
 
@@ -293,6 +297,56 @@ class _Conversations:
         return self._tuples.setdefault(causes, causes)
 
 
+class PairTally:
+    """The token diff's figures of a log's pairs (each request beside the previous one of its conversation), kept
+    as the pairs are compared: the tokens reused and reusable, the tokens lost by cause and by conversation (with
+    where its worst pair is), and each request's loss. :meth:`request` sees every request, :meth:`pair` every
+    pair; ``lines_of_losses``: the requests whose loss is kept (None: every request that lost tokens)."""
+
+    def __init__(self, lines_of_losses: Container[int] | None = None) -> None:
+        self.requests = self.conversations = self.pairs = self.reusable = self.reused = 0
+        self._names: set[Any] = set()
+        self.by_cause: dict[str | None, list[int]] = {}
+        self.convs = _Conversations()
+        self.losses = PairLosses()
+        self._lines_of_losses = lines_of_losses
+
+    def request(self, key: Any) -> None:
+        self.requests += 1
+        if key not in self._names:
+            self._names.add(key)
+            self.conversations += 1
+
+    def pair(self, key: Any, line_a: int, line_b: int, tokens_a: int, tokens_b: int, common: int, mismatch: bool,
+             cause: str | None, view: Callable[[], PairView] | None = None) -> None:
+        """One pair: ``common`` tokens shared as a prefix; ``mismatch``: they diverge before either ends, for
+        ``cause`` (None: no rule explains it). ``view``: the pair's view, kept where it is its conversation's worst
+        (else only its lines are, to be compared again at the end)."""
+        self.pairs += 1
+        self.reusable += min(tokens_a, tokens_b)
+        self.reused += common
+        convs = self.convs
+        k = convs.row(key)
+        convs.requests[k] += 1
+        if not mismatch:
+            return
+        lost = max(0, min(tokens_a, tokens_b) - common)
+        if self._lines_of_losses is None or line_b in self._lines_of_losses:
+            self.losses.add(line_b, lost)
+        tally = self.by_cause.setdefault(cause, [0, 0])
+        tally[0] += 1
+        tally[1] += lost
+        convs.lost[k] += lost
+        if cause not in convs.causes[k]:
+            convs.causes[k] = convs.interned(convs.causes[k] + (cause,))
+        if lost > convs.worst_lost[k]:
+            if view is None:
+                convs.worst_a[k], convs.worst_b[k] = line_a, line_b
+            else:
+                convs.views[k] = view()
+            convs.worst_lost[k] = lost
+
+
 def pairs_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, tokenizer_name: str,
                  requests: Iterable[Request] | None = None, table: PriceTable | None = None,
                  trace: Iterable[TraceRequest] | None = None, block_size: int = 16, top: int = 5,
@@ -301,57 +355,47 @@ def pairs_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
                  progress: Callable[[int], None] | None = None, prompt_of: Callable[[int], Any] | None = None,
                  ends: Container[int] | None = None,
                  lines_of_losses: Container[int] | None = None,
-                 costed: Costed | Callable[[], Costed | None] | None = None,
-                 curve: Callable[[], CurveSection | None] | None = None,
                  add_generation_prompt: bool = False) -> tuple[LogReport, float | None, PairLosses]:
     """:func:`build_report` without the forks of the log's shared prefix (which :func:`with_forks` adds): the
     report, the dollars a lost token costs (None without prices), and the within-conversation loss of the requests
-    on ``lines_of_losses`` (None: of every request that lost tokens). ``costed``: the provider section already
-    simulated (:func:`cost_section`; ``requests`` are then not read), or a function that gives it once the pairs
-    are compared (it is fed as ``log`` is read: :class:`OneRead`); ``curve``: the same, for the capacity curve
-    (``trace`` is then not read). ``add_generation_prompt``: the pairs are compared as rendered with it (as a
-    server renders what it serves)."""
+    on ``lines_of_losses`` (None: of every request that lost tokens). ``add_generation_prompt``: the pairs are
+    compared as rendered with it (as a server renders what it serves)."""
     from ..tokendiff import MISMATCH, LogSummary, diff_log
 
     if top < 1:
         raise CachectlError("`top` must be at least 1")
-    if costed is None and requests is not None and table is not None:
-        costed = cost_section(requests, table, source, text_counter, tokenizer_name)
-    by_cause: dict[str | None, list[int]] = {}
-    convs = _Conversations()
-    summary: LogSummary | None = None
-    pair_lost = PairLosses()   # within-conversation loss of the requests that gain across requests
+    costed = (cost_section(requests, table, source, text_counter, tokenizer_name)
+              if requests is not None and table is not None else None)
+    tally = PairTally(lines_of_losses)
     for item in diff_log(log, tokenizer, block_size=block_size, context=context, ends=ends,
                          add_generation_prompt=add_generation_prompt):
         if progress is not None:
             progress(1)
         if isinstance(item, LogSummary):
-            summary = item
+            tally.requests, tally.conversations = item.requests, item.conversations
             continue
         d = item.diff
-        k = convs.row(item.key)
-        convs.requests[k] += 1
-        if d.kind != MISMATCH:
-            continue
-        lost = _lost(d)
-        if lines_of_losses is None or item.line_b in lines_of_losses:
-            pair_lost.add(item.line_b, lost)
-        cid = d.cause.id if d.cause else None
-        tally = by_cause.setdefault(cid, [0, 0])
-        tally[0] += 1
-        tally[1] += lost
-        convs.lost[k] += lost
-        if cid not in convs.causes[k]:
-            convs.causes[k] = convs.interned(convs.causes[k] + (cid,))
-        if lost > convs.worst_lost[k]:
-            if prompt_of is not None:
-                convs.worst_a[k], convs.worst_b[k] = item.line_a, item.line_b
-            else:
-                convs.views[k] = _view(item)
-            convs.worst_lost[k] = lost
-    assert summary is not None
-    if callable(costed):
-        costed = costed()
+        tally.pair(item.key, item.line_a, item.line_b, d.tokens_a, d.tokens_b, d.common_prefix_tokens,
+                   d.kind == MISMATCH, d.cause.id if d.cause else None,
+                   None if prompt_of is not None else partial(_view, item))
+    curved = curve_section(trace, block_size, curve_points, source, progress) if trace is not None else None
+    return tallied(tally, source=source, tokenizer=tokenizer, tokenizer_name=tokenizer_name, table=table,
+                   costed=costed, curve=curved, block_size=block_size, top=top, context=context,
+                   price_model=price_model, fixes=fixes, prompt_of=prompt_of,
+                   add_generation_prompt=add_generation_prompt)
+
+
+def tallied(tally: PairTally, *, source: str, tokenizer: Any, tokenizer_name: str, table: PriceTable | None,
+            costed: Costed | None, curve: CurveSection | None, block_size: int, top: int = 5, context: int = 24,
+            price_model: str | None = None, fixes: BeforeAfter | None = None,
+            prompt_of: Callable[[int], Any] | None = None,
+            add_generation_prompt: bool = False) -> tuple[LogReport, float | None, PairLosses]:
+    """The report of a log's pairs (``tally``), with its provider section (``costed``) and capacity curve: the
+    report, the dollars a lost token costs (None without prices), and the requests' within-conversation losses.
+    ``prompt_of(line)``: the prompt of the log's line ``line``, where the conversations kept only the lines of
+    their worst pair: the worst conversations' pairs are tokenized and compared again (as ``diff_log`` compares
+    them)."""
+    convs = tally.convs
     notes: list[str] = list(costed.notes) if costed is not None else []
     cost = costed.section if costed is not None else None
     rate = None
@@ -364,7 +408,7 @@ def pairs_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
                 rate = (price.input - price.cache_read) / 1e6
     causes = tuple(sorted((CauseLoss(cause=c, label=cause_label(c), pairs=n, tokens_lost=t,
                                      usd_lost=None if rate is None else t * rate)
-                           for c, (n, t) in by_cause.items()), key=lambda c: (-c.tokens_lost, str(c.cause))))
+                           for c, (n, t) in tally.by_cause.items()), key=lambda c: (-c.tokens_lost, str(c.cause))))
     worst_rows = heapq.nlargest(top, (k for k in range(len(convs.keys)) if convs.lost[k] > 0),
                                 key=convs.lost.__getitem__)
     if prompt_of is not None:
@@ -376,19 +420,18 @@ def pairs_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
                                    usd_lost=None if rate is None else convs.lost[k] * rate,
                                    causes=tuple(c or "unexplained" for c in convs.causes[k]),
                                    worst=convs.views.get(k)) for k in worst_rows)
-    lost_total = summary.reusable_tokens - summary.reused_tokens
-    curved = (curve() if curve is not None else
-              curve_section(trace, block_size, curve_points, source, progress) if trace is not None else None)
+    lost_total = tally.reusable - tally.reused
     if rate is not None:
         notes.append(f"dollars lost: tokens not reused, at {price_model}'s input price less its cache-read price, "
                      f"counted with {tokenizer_name}: an estimate of what a provider cache could have read")
-    return LogReport(source=source, requests=summary.requests, conversations=summary.conversations,
-                     pairs=summary.pairs, block_size=block_size, reusable_tokens=summary.reusable_tokens,
-                     reused_tokens=summary.reused_tokens, tokens_lost=lost_total, reuse_ratio=summary.reuse_ratio,
+    return LogReport(source=source, requests=tally.requests, conversations=tally.conversations, pairs=tally.pairs,
+                     block_size=block_size, reusable_tokens=tally.reusable, reused_tokens=tally.reused,
+                     tokens_lost=lost_total, reuse_ratio=(tally.reused / tally.reusable) if tally.reusable else None,
                      usd_lost=None if rate is None else sum(c.tokens_lost for c in causes) * rate,
                      price_model=price_model if rate is not None else None, causes=causes, worst=worst, cost=cost,
-                     curve=curved, fixes=fixes, tokenizer=tokenizer_name, notes=tuple(notes), total_tokens_lost=lost_total,
-                     total_usd_lost=None if rate is None else lost_total * rate), rate, pair_lost
+                     curve=curve, fixes=fixes, tokenizer=tokenizer_name, notes=tuple(notes),
+                     total_tokens_lost=lost_total, total_usd_lost=None if rate is None else lost_total * rate), \
+        rate, tally.losses
 
 
 def with_forks(r: LogReport, forks: LogForks, losses: PairLosses, rate: float | None) -> LogReport:
@@ -410,13 +453,13 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     """What ``cachectl report`` shows of a log (``lines``: :func:`.groups.log_lines`' store): :func:`build_report`
     over the log, with the fix engine's two runs (safe fixes only; unsafe ones too, with the tokens each code gains)
     as its before/after section and the forks of the log's shared prefix. The provider and curve sections are fed
-    from the token diff's read of ``lines`` (:class:`.sections.OneRead`), not from the log file: ``default_model``
-    and ``timestamps`` (the run's :class:`~cachectl.inputs.TimestampReader`) are what reading its requests takes.
+    from one read of ``lines`` (:class:`.sections.OneRead`), not from the log file: ``default_model`` and
+    ``timestamps`` (the run's :class:`~cachectl.inputs.TimestampReader`) are what reading its requests takes.
 
     Every version of the log (as it is, after the safe fixes, as each code of the full run left it, after all
-    fixes) is measured in one sweep (:func:`.fix.measured_pass`). With ``workers`` (:class:`cachectl.workers.Workers`
-    of more than one job) a child builds the token diff, provider and curve sections while this process finds the
-    forks and rewrites the log. (Measuring the safe fixes' version in a child too, beside the sweep of the rest, was
+    fixes) is measured in one sweep (:func:`.fix.measured_pass`); the report's pairs are the log's as it is, as that
+    sweep compares them (:class:`PairTally`). With ``workers`` (:class:`cachectl.workers.Workers` of more than one
+    job) a child builds the provider and curve sections while this process finds the forks and rewrites the log. (Measuring the safe fixes' version in a child too, beside the sweep of the rest, was
     no faster and cost a fifth more CPU: the one sweep measures a line the fixes leave alone once for all versions.)
     The report is the same as in one process (``workers`` None or of one job). ``progress``: pass ``workers.tick``
     (it is called in the children too). ``first_read`` (:class:`.fix.FirstRead`): what the lines' first read found (the
@@ -425,30 +468,26 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     from .fix import assembled, forked, measured_pass, started
     from .measure import provider_measure
     from .sections import OneRead
-    from .shared_prefix import auto_records
 
+    if tokenizer is None:
+        raise CachectlError("a report compares the log's requests as tokens: pass `tokenizer`")
     workers = workers if workers is not None else Workers(jobs=1)
     fixed_lines, grouping, counter, measured = started(lines, options, tokenizer=tokenizer, table=table,
                                                        source=source, progress=progress, first_read=first_read)
-    ends = grouping.end_lines(lines)
 
     def side() -> tuple:
         # (the sweep's token counter: the positions the fixes leave as they were are encoded once)
         fed = OneRead(source=source, tokenizer=tokenizer, tokenizer_name=tokenizer_name, table=table,
                       text_counter=counter, default_model=default_model, timestamps=timestamps,
                       block_size=options.block_size, progress=progress)
-        r = pairs_report(
-            source=source, log=auto_records(lines, grouping, each=fed),  # named by the log's own ids where it has them
-            tokenizer=tokenizer, tokenizer_name=tokenizer_name, table=table, block_size=options.block_size, top=top,
-            price_model=price_model, progress=progress,
-            prompt_of=lambda line: lines[lines.index_of(line)].prompt,  # type: ignore[attr-defined]
-            ends=ends, lines_of_losses=None, costed=fed.costed, curve=fed.curve,
-            add_generation_prompt=options.add_generation_prompt)
-        # the provider section read every line as a request: the log before the fixes is that same simulation
+        for ln in lines:
+            fed(ln)
         costed = fed.costed()
+        curve = fed.curve()
+        # the provider section read every line as a request: the log before the fixes is that same simulation
         before = (provider_measure(costed.simulated, costed.requests)
                   if costed is not None and costed.simulated is not None and costed.requests == len(lines) else None)
-        return before, r
+        return before, None if costed is None else replace(costed, simulated=None), curve
 
     side_job = workers.submit(side)  # beside the forks analysis
     forks, fork_notes, rewrite = forked(fixed_lines, grouping, options, tokenizer=tokenizer, table=table,
@@ -456,18 +495,51 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     # (the report shows the tokens reused per fix code of the full run only)
     safe_options, full_options = replace(options, per_cause=False, list_unsafe=False), replace(options, unsafe=True)
     rws = [rewrite(full_options, examples_only=True), rewrite(safe_options, examples_only=True)]
-    before_provider, (r, rate, losses) = side_job.result()
-    # (one sweep measures every version: a line the fixes leave as it is is measured once for all of them)
+    before_provider, costed, curve = side_job.result()
+    # (one sweep measures every version: a line the fixes leave as it is is measured once for all of them; the
+    # report's pairs are the log's as it is, compared there)
+    tally = PairTally()
     (full_pass, safe_pass), first = measured_pass(rws, measured, fixed_lines, before=True,
-                                                  before_provider=before_provider, examples_only=True)
+                                                  before_provider=before_provider, examples_only=True,
+                                                  pairs=_tallying(tally, lines, grouping))
     assert first is not None
     before, before_notes = first
     safe = assembled(fixed_lines, safe_options, grouping, forks, fork_notes, before, before_notes, safe_pass,
                      table=table, source=source, tokenizer=tokenizer)
     full = assembled(fixed_lines, full_options, grouping, forks, (), before, (), full_pass, table=table,
                      source=source, tokenizer=tokenizer)
-    r = replace(r, fixes=before_after(safe, full, safe_applied=safe_pass.applied, full_applied=full_pass.applied))
+    r, rate, losses = tallied(
+        tally, source=source, tokenizer=tokenizer, tokenizer_name=tokenizer_name, table=table, costed=costed,
+        curve=curve, block_size=options.block_size, top=top, price_model=price_model,
+        fixes=before_after(safe, full, safe_applied=safe_pass.applied, full_applied=full_pass.applied),
+        prompt_of=lambda line: lines[lines.index_of(line)].prompt,  # type: ignore[attr-defined]
+        add_generation_prompt=options.add_generation_prompt)
     return with_forks(r, forks, losses, rate) if forks is not None else r
+
+
+def _tallying(tally: PairTally, lines: Sequence[LogLine], grouping: Any) -> Callable[..., None]:
+    """The sweep's ``pairs`` (:func:`.measure.measure_versions`) feeding ``tally``: each line keyed by its
+    conversation of ``grouping`` (named by the log's own ids where it has them: :func:`.shared_prefix.auto_records`),
+    paired with the previous line of it."""
+    from .shared_prefix import conversation_names
+
+    names = None if grouping.how != "automatic" else conversation_names(lines, grouping.groups)
+    groups, ends = grouping.groups, grouping.last_indices()
+    open_line: dict[int, int] = {}   # conversation -> the line number of its last request so far
+
+    def add(i: int, ln: LogLine, prev: Any, tok: Any, common: int, cause: str | None) -> None:
+        key = ln.key if names is None else names[i]
+        tally.request(key)
+        g = groups[i]
+        line_a = open_line.pop(g, None)
+        if ends[g] != i:
+            open_line[g] = ln.line
+        if prev is not None:
+            assert line_a is not None
+            n_a, n_b = len(prev.ids), len(tok.ids)
+            tally.pair(key, line_a, ln.line, n_a, n_b, common, common < min(n_a, n_b),
+                       None if cause == "unexplained" else cause)
+    return add
 
 
 def _pair_again(key: Any, line_a: int, line_b: int, prompt_of: Callable[[int], Any], tokenizer: Any,
