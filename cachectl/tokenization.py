@@ -518,8 +518,9 @@ class TokenizerHandle:
 
     def _render_keyed(self, prompt: PromptInput, add_generation_prompt: bool = False,
                       template_vars: dict | None = None, messages: Sequence[dict] | None = None,
-                      remember: bool = True) -> tuple[str, bytes | None]:
-        """:meth:`render_chat`'s text, and its key in the render memo (None: no memo, or not kept)."""
+                      remember: bool = True, keep: bool = True) -> tuple[str, bytes | None]:
+        """:meth:`render_chat`'s text, and its key in the render memo (None: no memo, or not kept). ``keep``: a text
+        rendered here is kept in the memo (else it is only looked up there)."""
         if self.chat_template is None:
             raise TokenizerError(
                 f"tokenizer {self.name} has no chat template; pass a model directory whose "
@@ -541,7 +542,7 @@ class TokenizerHandle:
                                         add_generation_prompt=add_generation_prompt,
                                         special_tokens=dict(getattr(self.hf, "special_tokens_map", {}) or {}),
                                         **(template_vars or {}))
-            if memo is not None and key is not None:
+            if memo is not None and key is not None and keep:
                 memo.put(key, text)
             return text, key
         except Exception as exc:  # jinja2 TemplateError, TypeError from a filter, the budget, ...
@@ -565,10 +566,11 @@ class TokenizerHandle:
 
     def tokenize_many(self, prompts: Sequence[PromptInput], *, add_generation_prompt: bool = False,
                       add_special_tokens: bool = True, template_vars: dict | None = None,
-                      offsets: bool = False) -> list[Tokenized]:
+                      offsets: bool = False, keep: bool = True) -> list[Tokenized]:
         """Tokenize prompts in one batch (the Rust backend runs the batch in parallel). ``offsets``: a chat render
         whose IDs the render memo keeps without their offsets is encoded again, for them (a caller that locates
-        every prompt's tokens: one batch, not one encode a prompt later)."""
+        every prompt's tokens: one batch, not one encode a prompt later). ``keep``: what is rendered and encoded here
+        is kept in the render memo (else the memo is only read: prompts no later pass asks for again)."""
         texts: list[str | None] = []
         spans: list[Any] = []
         keys: list[bytes | None] = []     # a chat render's key in the render memo
@@ -581,7 +583,7 @@ class TokenizerHandle:
                 texts.append(None)
                 spans.append(())
             elif p.is_chat:
-                text, key = self._render_keyed(p, add_generation_prompt, template_vars)
+                text, key = self._render_keyed(p, add_generation_prompt, template_vars, keep=keep)
                 texts.append(text)
                 spans.append(_lazy_chat_spans(self, p, text, opts))
                 got = memo.get_kept(key) if memo is not None and key is not None else None
@@ -613,7 +615,7 @@ class TokenizerHandle:
                 continue
             enc: Any = next(enc_chat) if p.is_chat else next(enc_text)
             ids = enc.ids
-            if key is not None and memo is not None:  # (the offsets kept are read once, and are this Tokenized's)
+            if key is not None and memo is not None and keep:  # (the offsets kept are read once: this Tokenized's)
                 enc = memo.put_encoded(key, enc) or enc
             out.append(Tokenized(p, ids, text=rendered, encoding=enc, spans=sp, tokenizer=self,
                                  add_special_tokens=add_special_tokens and not p.is_chat,

@@ -169,3 +169,30 @@ def test_kept_offsets_come_back_as_given(rows):
     assert kept.token_to_chars(len(ids) - 1) == offsets[-1] and kept.token_to_chars(len(ids)) is None
     memo.put_ids(b"j" * 16, [1], [(2**31, 2**31 + 1)])
     assert memo.get_kept(b"j" * 16)[1] is None
+
+
+def test_a_batch_not_kept_reads_the_memo_and_adds_nothing_to_it():
+    """``tokenize_many(keep=False)`` (the fix engine's sweep, whose rewritten prompts no later pass asks for): the
+    renders the memo holds are read from it, the others are rendered and encoded as ever but not kept; the tokens
+    are the same either way."""
+    fresh = load_tokenizer(str(TOK_DIR))
+    tok = load_tokenizer(str(TOK_DIR))
+    memo = tok.remember_renders()
+    prompts = _prompts()
+    kept, new = prompts[:3], prompts[3:]
+    tok.tokenize_many(kept)
+    hits, misses = memo.hits, memo.misses
+    got = tok.tokenize_many(prompts, keep=False)
+    assert [t.ids for t in got] == [t.ids for t in fresh.tokenize_many(prompts)]
+    assert [t.text for t in got] == [t.text for t in fresh.tokenize_many(prompts)]
+    assert memo.hits == hits + len(kept) and memo.misses == misses  # (a miss is counted where a render is kept)
+    def key(p):
+        tools = list(p.tools) if p.tools else None
+        return tok.render_key(list(p.messages), tools, False, None, tok.hf.get_chat_template(None, tools))
+
+    assert all(memo.get(key(p)) is not None and memo.get_kept(key(p)) is not None for p in kept)
+    assert all(memo.get(key(p)) is None and memo.get_kept(key(p)) is None for p in new)
+    # the offsets of a prompt not kept are found again from its text, as a kept one's are read back
+    for a, b in zip(got, fresh.tokenize_many(prompts, offsets=True)):
+        c = a.compact()
+        assert [c.char_range(i) for i in range(len(c))] == [b.char_range(i) for i in range(len(b))]
