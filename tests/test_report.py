@@ -261,23 +261,41 @@ def _one_read_cases(tmp_path):
             ("no-timestamps", PROMPTS / "demo_log.jsonl", "gpt-4.1")]
 
 
+@pytest.mark.parametrize("jobs", ["1", "2"])
 @pytest.mark.parametrize("case", range(5))
-def test_provider_and_curve_read_from_the_lines_are_those_of_the_file(cli, tok, tmp_path, monkeypatch, case):
+def test_provider_and_curve_read_from_the_lines_are_those_of_the_file(cli, tok, tmp_path, monkeypatch, case, jobs):
     """report reads the log once: its provider section and capacity curve, fed from that read, are the ones
-    prompt-cost's reading of the file (``read_requests``) and simulate-prefix's (``iter_trace``) give."""
+    prompt-cost's reading of the file (``read_requests``) and simulate-prefix's (``iter_trace``) give. In one
+    process they are fed each line as it is first read (with a child, the child reads the lines for them)."""
     from cachectl.cli.common import timestamp_reader
+    from cachectl.engines.repair import groups, sections
     from cachectl.engines.repair.sections import cost_section, curve_section
     from cachectl.inputs import display_name, formats
 
     name, path, model = _one_read_cases(tmp_path)[case]
     src = str(path)
     opened = []
+    reading, fed = [False], []
+
+    def log_lines(*a, _read=groups.log_lines, **k):
+        reading[0] = True
+        try:
+            return _read(*a, **k)
+        finally:
+            reading[0] = False
+
     with monkeypatch.context() as m:
         m.setattr(formats, "open_log", lambda *a, _open=formats.open_log, **k: opened.append(a) or _open(*a, **k))
-        args = ["report", src, "-t", str(TOK_DIR), "-f", "json", "--jobs", "1"] + (["--model", model] if model else [])
+        m.setattr(groups, "log_lines", log_lines)
+        m.setattr(sections.OneRead, "__call__",
+                  lambda self, ln, _call=sections.OneRead.__call__: fed.append((ln.line, reading[0])) or _call(self, ln))
+        args = ["report", src, "-t", str(TOK_DIR), "-f", "json", "--jobs", jobs] + (["--model", model] if model else [])
         r = cli(*args)
     assert r.exit_code in (0, 1), r.stderr
     assert opened == [(src,), (src, "native")]  # its shape found from its first lines, then the log read once
+    if jobs == "1":
+        lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+        assert len(fed) == len(lines) and len(set(fed)) == len(fed) and all(first for _, first in fed)
     data = json.loads(r.stdout)
     costed = cost_section(read_requests(src, default_model=model, timestamps=timestamp_reader(None)),
                           PriceTable.load(), display_name(src), promptcache.tokenizer_counter(tok), str(TOK_DIR))

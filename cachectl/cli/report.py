@@ -3,6 +3,7 @@ as text, JSON, or one self-contained HTML page."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Optional
 
 import typer
@@ -132,17 +133,25 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
         # fix's reader and grouping: conversations by --key, else found automatically, as the lines are read; the
         # requests packed for the fork analysis as they are read too (with --ray: rendered on the cluster first)
         first = fix.FirstRead(options, tokenizer=tok, source=source, forks=ray is None)
+        tick = workers.tick  # (a part computed in a child process ticks through its parent)
+        sections = None
+        if ray is None and workers.jobs == 1:  # (with a child, it reads the lines for them beside the forks)
+            # the provider and curve sections fed as the lines are read (their renders: those the forks' requests
+            # are packed with, from the render memo)
+            sections = report.sections_reader(source=source, tokenizer=tok, tokenizer_name=tokenizer, table=table,
+                                              default_model=model, timestamps=stamps, block_size=block_size,
+                                              progress=tick)
         lines = log_lines(iter_progress(log_values(log, shape), progress), source=source, key=key,
-                          timestamps=stamps, each=first.add)
+                          timestamps=stamps, each=first.add if sections is None else _each(first.add, sections))
         if ray is not None:  # (every part renders with the generation prompt, as a server does)
             from ..engines.repair.prefill import prefill
 
             prefill(lines, tok, generation_prompts=(True,), ray_address=ray, jobs=workers.jobs)
-        tick = workers.tick  # (a part computed in a child process ticks through its parent)
         # (the provider and curve sections read the lines read here, not the file again)
         result = report.log_report(lines, options, tokenizer=tok, tokenizer_name=tokenizer, table=table,
                                    source=source, default_model=model, timestamps=stamps, top=top,
-                                   price_model=model, progress=tick, workers=workers, first_read=first)
+                                   price_model=model, progress=tick, workers=workers, first_read=first,
+                                   sections_read=sections)
     if html is not None:
         from ..outputs import write_text
         from .report_html import render
@@ -155,6 +164,14 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
     timestamp_note(stamps)
     found = result.total_tokens_lost or result.tokens_lost or any(f.fixable for f in result.forks)
     raise typer.Exit(EXIT_FINDING if found else EXIT_OK)
+
+
+def _each(*feeds: Callable[[Any], None]) -> Callable[[Any], None]:
+    """One callback feeding each line to every one of ``feeds``, in order."""
+    def each(ln: Any) -> None:
+        for feed in feeds:
+            feed(ln)
+    return each
 
 
 def _which_rate(r: Any) -> None:

@@ -204,11 +204,11 @@ def prepared(lines: Sequence[LogLine], options: FixOptions, tokenizer: Any, sour
 
 def started(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any = None, table: Any = None,
             source: str = "", progress: Callable[[int], None] | None = None, first_read: FirstRead | None = None,
-            ) -> tuple[Sequence[LogLine], Grouping, Any, Callable[..., list[tuple[Measure, list[str]]]]]:
+            counter: Any = None) -> tuple[Sequence[LogLine], Grouping, Any, Callable[..., list[tuple[Measure, list[str]]]]]:
     """What every run on a log starts with: the lines :func:`prepared`, their conversations (by
-    ``options.key``, else found; ``first_read``: as the lines were first read), one provider token counter, and the
-    measure of versions of the log in one sweep (``measured(lines, versions, ...)``:
-    :func:`.measure.measure_versions`)."""
+    ``options.key``, else found; ``first_read``: as the lines were first read), one provider token counter
+    (``counter`` where the run has one already: :func:`measure_counter`), and the measure of versions of the log in
+    one sweep (``measured(lines, versions, ...)``: :func:`.measure.measure_versions`)."""
     lines = prepared(lines, options, tokenizer, source)
     if first_read is not None and first_read.lines != len(lines):
         raise ValueError(f"the first read saw {first_read.lines} lines, not the {len(lines)} given")
@@ -220,7 +220,7 @@ def started(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any = N
         grouping = first_read.sessions.grouping()
     else:
         grouping = group_sessions(_ticking(lines, progress), window_s=options.window_s, tokenizer=tokenizer)
-    counter = measure_counter(tokenizer)
+    counter = counter if counter is not None else measure_counter(tokenizer)
     return lines, grouping, counter, _measurer(grouping, options, tokenizer, table, source, counter, progress)
 
 

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ..tokendiff import PairResult
     from .fix import FirstRead, FixOptions, FixReport
     from .groups import LogLine
-    from .sections import Costed
+    from .sections import Costed, OneRead
     from .shared_prefix import LogForks, SharedPrefixSection
 
 SCHEMA_VERSION = 1
@@ -449,7 +449,7 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
                table: PriceTable | None = None, source: str = "", default_model: str | None = None,
                timestamps: Any = None, top: int = 5, price_model: str | None = None,
                progress: Callable[[int], None] | None = None, workers: Workers | None = None,
-               first_read: FirstRead | None = None) -> LogReport:
+               first_read: FirstRead | None = None, sections_read: OneRead | None = None) -> LogReport:
     """What ``cachectl report`` shows of a log (``lines``: :func:`.groups.log_lines`' store): :func:`build_report`
     over the log, with the fix engine's two runs (safe fixes only; unsafe ones too, with the tokens each code gains)
     as its before/after section and the forks of the log's shared prefix. The provider and curve sections are fed
@@ -463,25 +463,27 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     no faster and cost a fifth more CPU: the one sweep measures a line the fixes leave alone once for all versions.)
     The report is the same as in one process (``workers`` None or of one job). ``progress``: pass ``workers.tick``
     (it is called in the children too). ``first_read`` (:class:`.fix.FirstRead`): what the lines' first read found (the
-    conversations, the requests packed for the forks), not read from them again."""
+    conversations, the requests packed for the forks), not read from them again. ``sections_read``
+    (:func:`sections_reader`): the provider and curve sections fed as the lines were first read (in one process: no
+    read of the lines for them), not fed here."""
     from ...workers import Workers
     from .fix import assembled, forked, measured_pass, started
     from .measure import provider_measure
-    from .sections import OneRead
 
     if tokenizer is None:
         raise CachectlError("a report compares the log's requests as tokens: pass `tokenizer`")
     workers = workers if workers is not None else Workers(jobs=1)
-    fixed_lines, grouping, counter, measured = started(lines, options, tokenizer=tokenizer, table=table,
-                                                       source=source, progress=progress, first_read=first_read)
+    fixed_lines, grouping, counter, measured = started(
+        lines, options, tokenizer=tokenizer, table=table, source=source, progress=progress, first_read=first_read,
+        counter=sections_read.text_counter if sections_read is not None else None)
 
-    def side() -> tuple:
-        # (the sweep's token counter: the positions the fixes leave as they were are encoded once)
-        fed = OneRead(source=source, tokenizer=tokenizer, tokenizer_name=tokenizer_name, table=table,
-                      text_counter=counter, default_model=default_model, timestamps=timestamps,
-                      block_size=options.block_size, progress=progress)
-        for ln in lines:
-            fed(ln)
+    def side(fed: OneRead | None = None) -> tuple:
+        if fed is None:  # (the sweep's token counter: the positions the fixes leave as they were are encoded once)
+            fed = sections_reader(source=source, tokenizer=tokenizer, tokenizer_name=tokenizer_name, table=table,
+                                  default_model=default_model, timestamps=timestamps, block_size=options.block_size,
+                                  progress=progress, counter=counter)
+            for ln in lines:
+                fed(ln)
         costed = fed.costed()
         curve = fed.curve()
         # the provider section read every line as a request: the log before the fixes is that same simulation
@@ -489,13 +491,13 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
                   if costed is not None and costed.simulated is not None and costed.requests == len(lines) else None)
         return before, None if costed is None else replace(costed, simulated=None), curve
 
-    side_job = workers.submit(side)  # beside the forks analysis
+    side_job = workers.submit(side) if sections_read is None else None  # beside the forks analysis
     forks, fork_notes, rewrite = forked(fixed_lines, grouping, options, tokenizer=tokenizer, table=table,
                                         counter=counter, source=source, progress=progress, first_read=first_read)
     # (the report shows the tokens reused per fix code of the full run only)
     safe_options, full_options = replace(options, per_cause=False, list_unsafe=False), replace(options, unsafe=True)
     rws = [rewrite(full_options, examples_only=True), rewrite(safe_options, examples_only=True)]
-    before_provider, costed, curve = side_job.result()
+    before_provider, costed, curve = side_job.result() if side_job is not None else side(sections_read)
     # (one sweep measures every version: a line the fixes leave as it is is measured once for all of them; the
     # report's pairs are the log's as it is, compared there)
     tally = PairTally()
@@ -515,6 +517,19 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
         prompt_of=lambda line: lines[lines.index_of(line)].prompt,  # type: ignore[attr-defined]
         add_generation_prompt=options.add_generation_prompt)
     return with_forks(r, forks, losses, rate) if forks is not None else r
+
+
+def sections_reader(*, source: str, tokenizer: Any, tokenizer_name: str, table: PriceTable | None,
+                    default_model: str | None, timestamps: Any, block_size: int,
+                    progress: Callable[[int], None] | None = None, counter: Any = None) -> OneRead:
+    """What feeds :func:`log_report`'s provider and curve sections (a :class:`.sections.OneRead`, with the provider
+    token counter the run's measures share: ``counter``, else a new one): call it with each line as it is read."""
+    from .fix import measure_counter
+    from .sections import OneRead
+
+    return OneRead(source=source, tokenizer=tokenizer, tokenizer_name=tokenizer_name, table=table,
+                   text_counter=counter if counter is not None else measure_counter(tokenizer),
+                   default_model=default_model, timestamps=timestamps, block_size=block_size, progress=progress)
 
 
 def _tallying(tally: PairTally, lines: Sequence[LogLine], grouping: Any) -> Callable[..., None]:

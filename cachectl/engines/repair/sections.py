@@ -133,6 +133,8 @@ class OneRead:
         from .measure import _Fed
 
         self._source, self._points, self._progress, self._model = source, points, progress, default_model
+        #: the provider simulation's token counter (a run's other simulations may share it)
+        self.text_counter = text_counter
         self._parse = partial(parse_request, source=source, default_model=default_model, timestamps=timestamps)
         self._provider = (_Fed(partial(_costed, table, source, text_counter, tokenizer_name))
                           if table is not None else None)
