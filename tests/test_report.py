@@ -398,3 +398,21 @@ def test_grouping_and_fork_requests_come_from_the_first_read(tok, monkeypatch, p
     fixed_again = fix.fix_log(again, fix.FixOptions(key=key, unsafe=True), tokenizer=tok, table=PriceTable.load(),
                               source=src)
     assert fixed.to_dict() == fixed_again.to_dict() and list(fixed.output) == list(fixed_again.output)
+
+
+def test_a_bad_line_lets_the_sections_fed_in_the_first_read_go(cli, tmp_path):
+    """In one process the provider and curve sections are fed as the lines are first read, each in a thread of its
+    own: a line the first read refuses ends the run with its one line, and those threads end too."""
+    import threading
+    import time
+
+    rows = LOG.read_text(encoding="utf-8").splitlines(keepends=True)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(rows[:3]) + "{not json\n" + "".join(rows[3:]), encoding="utf-8")
+    before = threading.active_count()
+    r = cli("report", str(bad), "-t", str(TOK_DIR), "--jobs", "1")
+    assert r.exit_code == 2 and ":4" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    deadline = time.monotonic() + 10
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() <= before, threading.enumerate()

@@ -89,6 +89,7 @@ class _Fed:
         self._q: queue.Queue = queue.Queue(maxsize=4)
         self._done = False     # fn returned or raised: what is put from now on is dropped
         self._ended = False    # fn read the end
+        self._closed = False   # the end was put
         self._out: Any = None
         self._err: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
@@ -117,7 +118,10 @@ class _Fed:
             self._q.put(batch)
 
     def close(self) -> None:
-        self._q.put(self._END)
+        """No more batches (again: nothing)."""
+        if not self._closed:
+            self._closed = True
+            self._q.put(self._END)
 
     def result(self) -> Any:
         self.close()

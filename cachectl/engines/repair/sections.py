@@ -176,6 +176,13 @@ class OneRead:
         self._keys.put(self._trace)
         self._trace = []
 
+    def close(self) -> None:
+        """Let the threads go where the sections are not asked for (the run failed before): nothing once they
+        were."""
+        for job in (self._provider, self._keys):
+            if job is not None:
+                job.close()
+
     def costed(self) -> Costed | None:
         """The provider section (None without a price table)."""
         if self._costed is None:
