@@ -416,3 +416,20 @@ def test_a_bad_line_lets_the_sections_fed_in_the_first_read_go(cli, tmp_path):
     while threading.active_count() > before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert threading.active_count() <= before, threading.enumerate()
+
+
+def test_top_below_one_is_refused_before_the_log_is_analysed(tok, monkeypatch):
+    """``top`` (the worst conversations shown) of 0 is an error, said before the fork analysis runs, by the engine as
+    by ``diff_log``'s report."""
+    from cachectl.engines.repair import fix, groups
+    from cachectl.errors import CachectlError
+    from cachectl.inputs import iter_jsonl
+
+    src = str(LOG)
+    lines = groups.log_lines(iter_jsonl(src), source=src)
+    with monkeypatch.context() as m:
+        m.setattr(fix, "started", None)  # (called, it would fail otherwise)
+        with pytest.raises(CachectlError, match="at least 1"):
+            report.log_report(lines, fix.FixOptions(), tokenizer=tok, tokenizer_name=str(TOK_DIR), top=0)
+    with pytest.raises(CachectlError, match="at least 1"):
+        _build(tok, top=0)

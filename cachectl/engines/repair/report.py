@@ -395,6 +395,8 @@ def tallied(tally: PairTally, *, source: str, tokenizer: Any, tokenizer_name: st
     ``prompt_of(line)``: the prompt of the log's line ``line``, where the conversations kept only the lines of
     their worst pair: the worst conversations' pairs are tokenized and compared again (as ``diff_log`` compares
     them)."""
+    if top < 1:
+        raise CachectlError("`top` must be at least 1")
     convs = tally.convs
     notes: list[str] = list(costed.notes) if costed is not None else []
     cost = costed.section if costed is not None else None
@@ -459,8 +461,9 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     Every version of the log (as it is, after the safe fixes, as each code of the full run left it, after all
     fixes) is measured in one sweep (:func:`.fix.measured_pass`); the report's pairs are the log's as it is, as that
     sweep compares them (:class:`PairTally`). With ``workers`` (:class:`cachectl.workers.Workers` of more than one
-    job) a child builds the provider and curve sections while this process finds the forks and rewrites the log. (Measuring the safe fixes' version in a child too, beside the sweep of the rest, was
-    no faster and cost a fifth more CPU: the one sweep measures a line the fixes leave alone once for all versions.)
+    job) a child builds the provider and curve sections while this process finds the forks and rewrites the log.
+    (Measuring the safe fixes' version in a child too, beside the sweep of the rest, was no faster and cost a fifth
+    more CPU: the one sweep measures a line the fixes leave alone once for all versions.)
     The report is the same as in one process (``workers`` None or of one job). ``progress``: pass ``workers.tick``
     (it is called in the children too). ``first_read`` (:class:`.fix.FirstRead`): what the lines' first read found (the
     conversations, the requests packed for the forks), not read from them again. ``sections_read``
@@ -472,6 +475,8 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
 
     if tokenizer is None:
         raise CachectlError("a report compares the log's requests as tokens: pass `tokenizer`")
+    if top < 1:
+        raise CachectlError("`top` must be at least 1")
     workers = workers if workers is not None else Workers(jobs=1)
     fixed_lines, grouping, counter, measured = started(
         lines, options, tokenizer=tokenizer, table=table, source=source, progress=progress, first_read=first_read,
