@@ -342,8 +342,7 @@ def measured_pass(rws: Sequence[Rewritten], measured: Callable[..., list[tuple[M
         versions += [*steps, rw.values]
         causes += [False] * len(steps) + [True]
     providers = [before_provider] + [None] * (len(versions) - 1) if before else None
-    got = (measured(lines, versions, causes=causes, providers=providers) if pairs is None or not before else
-           measured(lines, versions, causes=causes, providers=providers, pairs=pairs))
+    got = measured(lines, versions, causes=causes, providers=providers, pairs=pairs if before else None)
     first = got.pop(0) if before else None
     passes = []
     for rw in rws:
