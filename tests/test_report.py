@@ -433,3 +433,15 @@ def test_top_below_one_is_refused_before_the_log_is_analysed(tok, monkeypatch):
             report.log_report(lines, fix.FixOptions(), tokenizer=tok, tokenizer_name=str(TOK_DIR), top=0)
     with pytest.raises(CachectlError, match="at least 1"):
         _build(tok, top=0)
+
+
+def test_two_requests_on_one_line_are_paired_as_the_before_column_pairs_them(cli):
+    """An OpenTelemetry log holds two calls of one conversation on one line. ``report``'s pairs are the sweep's, by
+    each request's place in the log (not by line number, which the two share): its headline pairs them as its own
+    before column does."""
+    r = cli("report", str(PROMPTS.parent / "logs" / "otel_genai.jsonl"), "-t", str(TOK_DIR), "--format", "json")
+    assert r.exit_code in (0, 1), r.stderr
+    data = json.loads(r.stdout)
+    before = data["fixes"]["columns"][0]
+    assert data["requests"] == 4 and data["pairs"] == 1
+    assert data["reused_tokens"] == before["pair_reused_tokens"] > 0
