@@ -249,14 +249,14 @@ def test_diff_log_forgets_a_conversation_where_it_ends_and_pairs_the_same(tok):
     path = str(LOGS[1])
     lines = log_lines(iter_jsonl(path), source=path)
     grouping = group_sessions(lines, tokenizer=tok)
-    last = {g: i for i, g in enumerate(grouping.groups)}
-    ends = {lines.line_number(i) for i in last.values()}
+    ends = set(grouping.last_indices())
     plain = [x.to_dict() for x in diff_log(auto_records(lines, grouping), tok)]
-    ended = [x.to_dict() for x in diff_log(auto_records(lines, grouping), tok, ends=ends)]
+    ended = [x.to_dict() for x in diff_log(auto_records(lines, grouping), tok, end_indices=ends)]
     assert plain == ended and len(plain) > grouping.count  # pairs, then the summary
-    # a line named as an end is forgotten: the next request of its key is not paired with it
-    first_key_lines = [lines.line_number(i) for i, g in enumerate(grouping.groups) if g == grouping.groups[0]]
-    cut = [x for x in diff_log(auto_records(lines, grouping), tok, ends={first_key_lines[0]})
+    # a request named as an end is forgotten: the next request of its key is not paired with it
+    first = [i for i, g in enumerate(grouping.groups) if g == grouping.groups[0]]
+    first_key_lines = [lines.line_number(i) for i in first]
+    cut = [x for x in diff_log(auto_records(lines, grouping), tok, end_indices={first[0]})
            if hasattr(x, "line_a")]
     assert not any(p.line_a == first_key_lines[0] for p in cut)
     assert any(p.line_a == first_key_lines[0] for p in diff_log(auto_records(lines, grouping), tok)

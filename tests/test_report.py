@@ -345,7 +345,7 @@ def test_log_report_pairs_are_diff_tokens_pairs(tok, monkeypatch, path, key):
     grouping = groups.group_sessions(lines, key=key, window_s=opts.window_s, tokenizer=tok)
     want = report.build_report(source=src, log=shared_prefix.auto_records(lines, grouping), tokenizer=tok,
                                tokenizer_name=str(TOK_DIR), table=PriceTable.load(),
-                               requests=read_requests(src), ends=grouping.end_lines(lines),
+                               requests=read_requests(src), end_indices=set(grouping.last_indices()),
                                text_counter=promptcache.tokenizer_counter(tok), add_generation_prompt=True)
     with monkeypatch.context() as m:
         m.setattr(tokendiff, "diff_log", None)  # (called, it would fail)
@@ -445,3 +445,16 @@ def test_two_requests_on_one_line_are_paired_as_the_before_column_pairs_them(cli
     before = data["fixes"]["columns"][0]
     assert data["requests"] == 4 and data["pairs"] == 1
     assert data["reused_tokens"] == before["pair_reused_tokens"] > 0
+
+
+def test_diff_tokens_pairs_two_requests_on_one_line_as_report_does(cli):
+    """``diff-tokens --log`` without ``--key`` forgets a conversation at its last request, by the request's place in
+    the log: two calls of one conversation on one line are paired, as ``report`` pairs them (by line number, the
+    conversation was forgotten at the first of them and nothing was paired)."""
+    log = str(PROMPTS.parent / "logs" / "otel_genai.jsonl")
+    r = cli("diff-tokens", "--log", log, "-t", str(TOK_DIR), "--add-generation-prompt", "--format", "json")
+    assert r.exit_code in (0, 1), r.stderr
+    summary = next(o for o in map(json.loads, r.stdout.splitlines()) if o.get("record") == "summary")
+    rep = json.loads(cli("report", log, "-t", str(TOK_DIR), "--format", "json").stdout)
+    assert summary["pairs"] == rep["pairs"] == 1
+    assert summary["reused_tokens"] == rep["reused_tokens"] > 0

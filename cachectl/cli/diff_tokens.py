@@ -101,7 +101,7 @@ def command(
             for item in tokendiff.diff_log(iter_progress(records, progress), tok, block_size=block_size,
                                            context=context, add_generation_prompt=add_generation_prompt,
                                            add_special_tokens=special_tokens, template_vars=tvars,
-                                           max_open=max_open, ends=ends):
+                                           max_open=max_open, end_indices=ends):
                 if isinstance(item, tokendiff.LogSummary):
                     if fmt is Format.json and forks is not None:
                         emit_jsonl({"record": "forks", **forks.report.to_dict()})
@@ -264,7 +264,7 @@ def _auto_log(log: str, tok, block_size: int, add_generation_prompt: bool, fmt: 
                      f"automatically ({how})", soft_wrap=True, markup=False)
         for note in notes:
             print_note(note)
-    return forks, auto_records(lines, grouping), grouping.end_lines(lines)
+    return forks, auto_records(lines, grouping), set(grouping.last_indices())
 
 
 def _render_forks(forks) -> None:

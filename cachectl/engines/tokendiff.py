@@ -695,14 +695,16 @@ def diff_log(records: Iterable[LogRecord], tokenizer: TokenizerHandle | None, *,
              context: int = 6, add_generation_prompt: bool = False, add_special_tokens: bool = True,
              template_vars: dict | None = None, batch_size: int = 128,
              max_open: int = 10_000, keep_full: int = 64,
-             ends: Container[int] | None = None) -> Iterator[PairResult | LogSummary]:
+             end_indices: Container[int] | None = None) -> Iterator[PairResult | LogSummary]:
     """Stream pairs (each request vs the previous one of its conversation), then one summary.
 
     Requests are tokenized in batches of ``batch_size`` (the tokenizer runs a batch in parallel). Only
     the last request of each conversation is kept, compacted to its IDs and text, and at most
     ``max_open`` conversations are remembered (least recently seen forgotten first), so memory follows
-    the working set, not the log size. ``ends``: the line numbers that end their conversation (when the caller
-    knows them): its last request is forgotten there, not kept until ``max_open`` pushes it out.
+    the working set, not the log size. ``end_indices``: the places in ``records`` (counted from 0) of the requests
+    that end their conversation, when the caller knows them: a conversation is forgotten at its last request, not
+    kept until ``max_open`` pushes it out. (Places, not line numbers: a line may hold requests of several
+    conversations, or several requests of one.)
     """
     if block_size < 1:
         raise UsageError("--block-size must be at least 1")
@@ -729,10 +731,11 @@ def diff_log(records: Iterable[LogRecord], tokenizer: TokenizerHandle | None, *,
     # tokenizer releases the GIL, so the comparison costs little on top of the tokenization.
     for chunk, toks in prefetch(tokenized_chunks(), depth=2):
         for rec, tok in zip(chunk, toks):
+            place = summary.requests
             summary.requests += 1
             summary.keys.add(rec.key)
             prev = last.pop(rec.key, None)
-            if ends is None or rec.line not in ends:
+            if end_indices is None or place not in end_indices:
                 last[rec.key] = tok
             # The most recently seen conversations keep their full encoding (offsets at hand for the
             # next diff); older ones are compacted to IDs and text, and re-encoded only if they diverge.

@@ -50,12 +50,6 @@ class Grouping:
             ends[g] = i
         return ends
 
-    def end_lines(self, lines: Any) -> set[int]:
-        """The line numbers that end their conversation (``diff_log``'s ``ends``), of ``lines`` as grouped."""
-        store = store_of(lines)
-        number = store.line_number if store is not None else (lambda i: lines[i].line)
-        return {number(i) for i in self.last_indices()}
-
 
 # --------------------------------------------------------------------------------------------- reading
 

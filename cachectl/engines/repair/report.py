@@ -223,7 +223,7 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
                  context: int = 24, curve_points: int = 16, price_model: str | None = None,
                  text_counter: Any = None, fixes: BeforeAfter | None = None,
                  forks: LogForks | None = None, progress: Callable[[int], None] | None = None,
-                 prompt_of: Callable[[int], Any] | None = None, ends: Container[int] | None = None,
+                 prompt_of: Callable[[int], Any] | None = None, end_indices: Container[int] | None = None,
                  add_generation_prompt: bool = False) -> LogReport:
     """Run diff-tokens' log mode over ``log``, prompt-cost's simulation over ``requests`` (with ``table``) and
     simulate-prefix's capacity curve over ``trace``, and keep what the report shows.
@@ -238,14 +238,15 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
     caller's to count). ``prompt_of(line)``: the prompt of the log's line ``line``, for a log too long to keep a
     pair view per conversation: each conversation then keeps the line numbers of its worst pair, and the worst
     conversations' pairs are tokenized and compared again at the end (the same comparison ``diff_log`` made).
-    ``ends``: the line numbers that end their conversation (``diff_log`` forgets a conversation there).
+    ``end_indices``: the places in ``log`` (from 0) of the requests that end their conversation (``diff_log``
+    forgets a conversation there; :meth:`.groups.Grouping.last_indices`).
     ``add_generation_prompt``: the pairs are compared as rendered with it (as ``report`` compares them).
     """
     r, rate, losses = pairs_report(source=source, log=log, tokenizer=tokenizer, tokenizer_name=tokenizer_name,
                                    requests=requests, table=table, trace=trace, block_size=block_size, top=top,
                                    context=context, curve_points=curve_points, price_model=price_model,
                                    text_counter=text_counter, fixes=fixes, progress=progress, prompt_of=prompt_of,
-                                   ends=ends, lines_of_losses=forks.gains_by_line() if forks is not None else (),
+                                   end_indices=end_indices, lines_of_losses=forks.gains_by_line() if forks is not None else (),
                                    add_generation_prompt=add_generation_prompt)
     return with_forks(r, forks, losses, rate) if forks is not None else r
 
@@ -353,7 +354,7 @@ def pairs_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
                  context: int = 24, curve_points: int = 16, price_model: str | None = None,
                  text_counter: Any = None, fixes: BeforeAfter | None = None,
                  progress: Callable[[int], None] | None = None, prompt_of: Callable[[int], Any] | None = None,
-                 ends: Container[int] | None = None,
+                 end_indices: Container[int] | None = None,
                  lines_of_losses: Container[int] | None = None,
                  add_generation_prompt: bool = False) -> tuple[LogReport, float | None, PairLosses]:
     """:func:`build_report` without the forks of the log's shared prefix (which :func:`with_forks` adds): the
@@ -367,7 +368,7 @@ def pairs_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
     costed = (cost_section(requests, table, source, text_counter, tokenizer_name)
               if requests is not None and table is not None else None)
     tally = PairTally(lines_of_losses)
-    for item in diff_log(log, tokenizer, block_size=block_size, context=context, ends=ends,
+    for item in diff_log(log, tokenizer, block_size=block_size, context=context, end_indices=end_indices,
                          add_generation_prompt=add_generation_prompt):
         if progress is not None:
             progress(1)
