@@ -196,3 +196,24 @@ def test_a_batch_not_kept_reads_the_memo_and_adds_nothing_to_it():
     for a, b in zip(got, fresh.tokenize_many(prompts, offsets=True)):
         c = a.compact()
         assert [c.char_range(i) for i in range(len(c))] == [b.char_range(i) for i in range(len(b))]
+
+
+@pytest.mark.parametrize("template", [None, "Qwen-Qwen3-0.6B.jinja"])
+def test_offsets_kept_by_compact_locate_every_token_as_the_encoding_does(template):
+    """``compact(offsets=True)`` (the sweep's prompts, which no memo keeps): a fresh encoding's offsets are kept, so a
+    cause's location encodes nothing again, and every token's characters and location are the encoding's."""
+    tok = load_tokenizer(str(TOK_DIR), chat_template_file=str(TEMPLATES / template) if template else None)
+    prompts = _prompts(template is None)
+    full = tok.tokenize_many(prompts, add_generation_prompt=True)
+    assert all(type(t.encoding).__name__ == "Encoding" for t in full)
+    calls = []
+    real = tok.backend.encode
+    tok.backend.encode = lambda *a, **k: calls.append(a) or real(*a, **k)  # type: ignore[method-assign]
+    for f in full:
+        c = f.compact(offsets=True)
+        assert type(c.encoding).__name__ == "KeptOffsets"
+        assert [c.char_range(i) for i in range(len(c))] == [f.char_range(i) for i in range(len(f))]
+        assert [c.location(i) for i in range(len(c))] == [f.location(i) for i in range(len(f))]
+        assert c.offsets() == f.offsets()
+        assert f.compact().encoding is None  # (without: found again from the text)
+    assert calls == []

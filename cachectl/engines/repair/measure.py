@@ -346,11 +346,12 @@ def _provider_fed(table: Any, source: str, counter: Any, reqs: Iterator[Any]) ->
 
 
 def _tokenized_rows(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: bool) -> Iterator[list[Any]]:
-    """Each row's prompts tokenized, compacted to their IDs and rendered text (about 4 bytes per token, not a full
-    ``Encoding``'s hundred; offsets come back on first use): a prompt the batch holds more than once (the same
-    content, key order included: the versions of a line a fix left alone, a request sent twice) is tokenized
-    once. The render memo is read, not added to: the renders of rewritten lines are asked for by no later pass (on
-    5,000 requests, `report --jobs 1` took about 4% longer keeping them)."""
+    """Each row's prompts tokenized, compacted to their IDs, rendered text and offsets (about 12 bytes per token, not
+    a full ``Encoding``'s hundred; a render the memo keeps reads its offsets back there, the others keep theirs, so
+    a diverging pair's cause locates its tokens without encoding the text again): a prompt the batch holds more than
+    once (the same content, key order included: the versions of a line a fix left alone, a request sent twice) is
+    tokenized once. The render memo is read, not added to: the renders of rewritten lines are asked for by no later
+    pass (on 5,000 requests, `report --jobs 1` took about 4% longer keeping them)."""
     keys: dict[int, int] = {}     # id of a parsed line -> its prompt's digest
     todo: dict[int, PromptInput] = {}
     for row in batch:
@@ -358,7 +359,7 @@ def _tokenized_rows(batch: list[list[LogLine]], tokenizer: Any, add_generation_p
             if id(ln) not in keys:
                 keys[id(ln)] = key = _prompt_key(ln.prompt)
                 todo.setdefault(key, ln.prompt)
-    done = dict(zip(todo, (t.compact() for t in tokenizer.tokenize_many(list(todo.values()),
+    done = dict(zip(todo, (t.compact(offsets=True) for t in tokenizer.tokenize_many(list(todo.values()),
                                                                      add_generation_prompt=add_generation_prompt,
                                                                      keep=False))))
     for row in batch:
