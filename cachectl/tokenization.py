@@ -396,10 +396,7 @@ class RenderMemo:
         offsets = enc.offsets
         cols = _offset_columns(offsets) if len(offsets) else None
         kept = self._put_columns(key, enc.ids, cols)
-        if not kept or cols is None:
-            return None
-        starts, ends = cols
-        return KeptOffsets(array("I", starts.astype("uint32").tobytes()), array("I", ends.astype("uint32").tobytes()))
+        return _kept_columns(*cols) if kept and cols is not None else None
 
     def _put_columns(self, key: bytes, ids: Sequence[int], cols: tuple[Any, Any] | None) -> bool:
         """Keep the IDs and the offsets' columns (starts, ends); whether the offsets were kept."""
@@ -457,6 +454,11 @@ def _kept_offsets(offsets: Sequence[tuple[int, int]]) -> KeptOffsets | None:
     starts, ends = _offset_columns(offsets)
     if int(ends.max()) >= 2**32 or int(starts.max()) >= 2**32:
         return None
+    return _kept_columns(starts, ends)
+
+
+def _kept_columns(starts: Any, ends: Any) -> KeptOffsets:
+    """:func:`_offset_columns`' two arrays (each value below 2**32) as :class:`KeptOffsets`."""
     return KeptOffsets(array("I", starts.astype("uint32").tobytes()), array("I", ends.astype("uint32").tobytes()))
 
 
