@@ -253,11 +253,17 @@ def test_diff_log_forgets_a_conversation_where_it_ends_and_pairs_the_same(tok):
     plain = [x.to_dict() for x in diff_log(auto_records(lines, grouping), tok)]
     ended = [x.to_dict() for x in diff_log(auto_records(lines, grouping), tok, end_indices=ends)]
     assert plain == ended and len(plain) > grouping.count  # pairs, then the summary
+    # (line numbers, as `ends` named them before `end_indices`: the same on a log of one request a line)
+    by_line = [x.to_dict() for x in diff_log(auto_records(lines, grouping), tok,
+                                             ends={lines.line_number(i) for i in ends})]
+    assert by_line == plain
     # a request named as an end is forgotten: the next request of its key is not paired with it
     first = [i for i, g in enumerate(grouping.groups) if g == grouping.groups[0]]
     first_key_lines = [lines.line_number(i) for i in first]
     cut = [x for x in diff_log(auto_records(lines, grouping), tok, end_indices={first[0]})
            if hasattr(x, "line_a")]
+    assert cut == [x for x in diff_log(auto_records(lines, grouping), tok, ends={first_key_lines[0]})
+                   if hasattr(x, "line_a")]
     assert not any(p.line_a == first_key_lines[0] for p in cut)
     assert any(p.line_a == first_key_lines[0] for p in diff_log(auto_records(lines, grouping), tok)
                if hasattr(p, "line_a"))

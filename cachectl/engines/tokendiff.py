@@ -695,7 +695,8 @@ def diff_log(records: Iterable[LogRecord], tokenizer: TokenizerHandle | None, *,
              context: int = 6, add_generation_prompt: bool = False, add_special_tokens: bool = True,
              template_vars: dict | None = None, batch_size: int = 128,
              max_open: int = 10_000, keep_full: int = 64,
-             end_indices: Container[int] | None = None) -> Iterator[PairResult | LogSummary]:
+             end_indices: Container[int] | None = None,
+             ends: Container[int] | None = None) -> Iterator[PairResult | LogSummary]:
     """Stream pairs (each request vs the previous one of its conversation), then one summary.
 
     Requests are tokenized in batches of ``batch_size`` (the tokenizer runs a batch in parallel). Only
@@ -704,7 +705,9 @@ def diff_log(records: Iterable[LogRecord], tokenizer: TokenizerHandle | None, *,
     the working set, not the log size. ``end_indices``: the places in ``records`` (counted from 0) of the requests
     that end their conversation, when the caller knows them: a conversation is forgotten at its last request, not
     kept until ``max_open`` pushes it out. (Places, not line numbers: a line may hold requests of several
-    conversations, or several requests of one.)
+    conversations, or several requests of one.) ``ends``, as before ``end_indices``: line numbers, each forgetting
+    every conversation a request on that line belongs to (so a second request of one conversation on the line is
+    not paired with the first).
     """
     if block_size < 1:
         raise UsageError("--block-size must be at least 1")
@@ -735,7 +738,7 @@ def diff_log(records: Iterable[LogRecord], tokenizer: TokenizerHandle | None, *,
             summary.requests += 1
             summary.keys.add(rec.key)
             prev = last.pop(rec.key, None)
-            if end_indices is None or place not in end_indices:
+            if (end_indices is None or place not in end_indices) and (ends is None or rec.line not in ends):
                 last[rec.key] = tok
             # The most recently seen conversations keep their full encoding (offsets at hand for the
             # next diff); older ones are compacted to IDs and text, and re-encoded only if they diverge.

@@ -224,7 +224,7 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
                  text_counter: Any = None, fixes: BeforeAfter | None = None,
                  forks: LogForks | None = None, progress: Callable[[int], None] | None = None,
                  prompt_of: Callable[[int], Any] | None = None, end_indices: Container[int] | None = None,
-                 add_generation_prompt: bool = False) -> LogReport:
+                 add_generation_prompt: bool = False, ends: Container[int] | None = None) -> LogReport:
     """Run diff-tokens' log mode over ``log``, prompt-cost's simulation over ``requests`` (with ``table``) and
     simulate-prefix's capacity curve over ``trace``, and keep what the report shows.
 
@@ -239,7 +239,8 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
     pair view per conversation: each conversation then keeps the line numbers of its worst pair, and the worst
     conversations' pairs are tokenized and compared again at the end (the same comparison ``diff_log`` made).
     ``end_indices``: the places in ``log`` (from 0) of the requests that end their conversation (``diff_log``
-    forgets a conversation there; :meth:`.groups.Grouping.last_indices`).
+    forgets a conversation there; :meth:`.groups.Grouping.last_indices`); ``ends``: line numbers, as before it
+    (:func:`~cachectl.engines.tokendiff.diff_log`).
     ``add_generation_prompt``: the pairs are compared as rendered with it (as ``report`` compares them).
     """
     r, rate, losses = pairs_report(source=source, log=log, tokenizer=tokenizer, tokenizer_name=tokenizer_name,
@@ -247,7 +248,7 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
                                    context=context, curve_points=curve_points, price_model=price_model,
                                    text_counter=text_counter, fixes=fixes, progress=progress, prompt_of=prompt_of,
                                    end_indices=end_indices, lines_of_losses=forks.gains_by_line() if forks is not None else (),
-                                   add_generation_prompt=add_generation_prompt)
+                                   add_generation_prompt=add_generation_prompt, ends=ends)
     return with_forks(r, forks, losses, rate) if forks is not None else r
 
 
@@ -356,7 +357,8 @@ def pairs_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
                  progress: Callable[[int], None] | None = None, prompt_of: Callable[[int], Any] | None = None,
                  end_indices: Container[int] | None = None,
                  lines_of_losses: Container[int] | None = None,
-                 add_generation_prompt: bool = False) -> tuple[LogReport, float | None, PairLosses]:
+                 add_generation_prompt: bool = False,
+                 ends: Container[int] | None = None) -> tuple[LogReport, float | None, PairLosses]:
     """:func:`build_report` without the forks of the log's shared prefix (which :func:`with_forks` adds): the
     report, the dollars a lost token costs (None without prices), and the within-conversation loss of the requests
     on ``lines_of_losses`` (None: of every request that lost tokens). ``add_generation_prompt``: the pairs are
@@ -368,7 +370,7 @@ def pairs_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
     costed = (cost_section(requests, table, source, text_counter, tokenizer_name)
               if requests is not None and table is not None else None)
     tally = PairTally(lines_of_losses)
-    for item in diff_log(log, tokenizer, block_size=block_size, context=context, end_indices=end_indices,
+    for item in diff_log(log, tokenizer, block_size=block_size, context=context, end_indices=end_indices, ends=ends,
                          add_generation_prompt=add_generation_prompt):
         if progress is not None:
             progress(1)
