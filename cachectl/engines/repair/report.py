@@ -200,8 +200,9 @@ class LogReport:
         return asdict(self)
 
 
-def _lost(d) -> int:
-    return max(0, min(d.tokens_a, d.tokens_b) - d.common_prefix_tokens)
+def _lost(tokens_a: int, tokens_b: int, common: int) -> int:
+    """The tokens a pair loses: what the shorter side holds beyond the prefix the two share."""
+    return max(0, min(tokens_a, tokens_b) - common)
 
 
 def _where(side) -> str | None:
@@ -213,8 +214,9 @@ def _view(p: PairResult) -> PairView:
     return PairView(key=p.key, line_a=p.line_a, line_b=p.line_b, tokens_a=d.tokens_a, tokens_b=d.tokens_b,
                     common_prefix_tokens=d.common_prefix_tokens, first_diff_index=d.first_diff_index,
                     cause=d.cause.id if d.cause else None, cause_message=d.cause.message if d.cause else None,
-                    tokens_lost=_lost(d), where_a=_where(d.a), where_b=_where(d.b), start_a=d.a.window_start,
-                    start_b=d.b.window_start, window_a=tuple(d.a.window_tokens), window_b=tuple(d.b.window_tokens))
+                    tokens_lost=_lost(d.tokens_a, d.tokens_b, d.common_prefix_tokens), where_a=_where(d.a),
+                    where_b=_where(d.b), start_a=d.a.window_start, start_b=d.b.window_start,
+                    window_a=tuple(d.a.window_tokens), window_b=tuple(d.b.window_tokens))
 
 
 def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, tokenizer_name: str,
@@ -332,7 +334,7 @@ class PairTally:
         convs.requests[k] += 1
         if not mismatch:
             return
-        lost = max(0, min(tokens_a, tokens_b) - common)
+        lost = _lost(tokens_a, tokens_b, common)
         if self._lines_of_losses is None or line_b in self._lines_of_losses:
             self.losses.add(line_b, lost)
         tally = self.by_cause.setdefault(cause, [0, 0])
