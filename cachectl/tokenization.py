@@ -684,7 +684,17 @@ def _lazy_chat_spans(tok: TokenizerHandle, prompt: PromptInput, text: str, opts:
 _MARK = 0xF0000
 _MARK_END = 0xFFFFD
 _MARKS = re.compile("[\U000F0000-\U000FFFFD]")
-_EDGE_WS = re.compile(r"^(\s*)(.*?)(\s*)$", re.S)
+
+
+def _edges(content: str) -> tuple[str, str, str]:
+    """``content`` as its leading whitespace, the rest trimmed, and its trailing whitespace (``str.isspace``'s
+    whitespace, which is the ``\\s`` of a ``str`` pattern: every code point was checked). A string of whitespace only
+    is all lead."""
+    core = content.strip()
+    if not core:
+        return content, "", ""
+    lead = len(content) - len(content.lstrip())
+    return content[:lead], core, content[lead + len(core):]
 
 
 def _marked_spans(prompt: PromptInput, text: str, render: Callable[[Sequence[dict]], str]) -> list[Span] | None:
@@ -706,11 +716,9 @@ def _marked_spans(prompt: PromptInput, text: str, render: Callable[[Sequence[dic
             marked.append(msg)
             cores.append(None)
             continue
-        edge = _EDGE_WS.match(content)  # the pattern matches any string
-        assert edge is not None
-        lead, core, trail = edge.groups()  # markers inside the edge whitespace: trim keeps them
-        marked.append({**msg, "content": f"{lead}{chr(_MARK + 2 * i)}{core}{chr(_MARK + 2 * i + 1)}{trail}"})
-        cores.append((len(lead), core))
+        ws, core, trail = _edges(content)  # markers inside the edge whitespace: trim keeps them
+        marked.append({**msg, "content": f"{ws}{chr(_MARK + 2 * i)}{core}{chr(_MARK + 2 * i + 1)}{trail}"})
+        cores.append((len(ws), core))
     try:
         out = render(marked)
     except Exception:  # the instrumented render is a best effort; the real one already succeeded
@@ -764,9 +772,7 @@ def _found_spans(prompt: PromptInput, text: str) -> list[Span] | None:
         content = msg.get("content")
         if not isinstance(content, str) or not content.strip():
             continue
-        edge = _EDGE_WS.match(content)
-        assert edge is not None
-        lead, core, _ = edge.groups()
+        lead, core, _ = _edges(content)
         at = text.find(core)
         if at < after or text.find(core, at + 1) >= 0:
             return None

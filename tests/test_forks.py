@@ -354,3 +354,29 @@ def test_the_fork_analysis_leaves_no_cyclic_garbage(tok):
         assert gc.collect() == 0
     finally:
         gc.enable()
+
+
+def test_a_line_move_ends_with_its_field_even_where_a_message_quotes_what_follows(tok):
+    """A system prompt's last line ends where the system prompt does, before the template's end-of-turn text,
+    even when a later message quotes that line with the template's text after it (a pasted transcript): the move
+    takes the value, not the template's tokens (it once ran on to the newline when some message held the rest of
+    the line)."""
+    from array import array
+
+    from cachectl.engines.prefix.forks.views import _LineMove, _View
+
+    system = "Answer in one line.\nTicket 4c1f9a"
+    pasted = "Earlier I saw this: Ticket 4c1f9a<|im_end|>\nwhat does it mean?"
+    value = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": pasted}]}
+    r = next(iter(fork_requests([(1, value)], source="<test>", tokenizer=tok)))
+    assert r.text is not None and r.starts is not None
+    at = r.text.index("Ticket 4c1f9a")
+    end = at + len("Ticket 4c1f9a")
+    assert r.text[end:].startswith("<|im_end|>\n") and "Ticket 4c1f9a<|im_end|>\n" in r.text[end:]
+    d = max(i for i, s in enumerate(r.starts) if s <= at + len("Ticket "))   # a token of the value
+    a = max(i for i, s in enumerate(r.starts) if s <= at)                     # the line's first token
+    v = _View(r, r.ids, r.text, r.starts, r.tokenized)
+    got = _LineMove(d, a, array("I", r.ids[:d]), "FX001", "volatile_id").span(v)
+    assert got is not None
+    assert got[2] == r.starts[a] and got[3] == end, r.text[got[2]:got[3]]
+    assert "<|im_end|>" not in r.text[got[2]:got[3]]

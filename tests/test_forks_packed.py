@@ -129,6 +129,57 @@ def test_the_store_columns_keep_each_requests_own_fields(tok, monkeypatch):
     assert again.spans == spans and len(found) == 1  # read back, though rebuilt before they were found
 
 
+def test_a_rebuilt_request_reads_its_prompt_only_when_asked(tok, monkeypatch):
+    """A view of a stored chat request reads its render and its spans: its prompt (pickled beside them) is read
+    when something asks for it (spans not found yet, a cause, a re-render), once a rebuilt request, and it is the
+    prompt. The fork analysis over the store reads far fewer prompts than it rebuilds requests."""
+    reqs = list(fork_requests(iter_jsonl(str(SHARED)), source=str(SHARED), tokenizer=tok))
+    read = []
+    real = RequestStore._prompt
+    monkeypatch.setattr(RequestStore, "_prompt", lambda self, at: read.append(at) or real(self, at))
+    fresh = RequestStore(recent=1)
+    for r in reqs:
+        fresh.add(r)
+    got = fresh[3]
+    assert got.tokenized is not None and list(got.ids) == list(reqs[3].ids) and got.text == reqs[3].text
+    assert read == []
+    spans = got.tokenized.spans   # (found here: the instrumented render reads the prompt)
+    assert spans == reqs[3].tokenized.spans and len(read) == 1
+    fresh[0]
+    again = fresh[3]   # (rebuilt: the spans are read back, the prompt is not)
+    assert again.tokenized is not got.tokenized and again.tokenized.spans == spans and len(read) == 1
+    assert again.tokenized.prompt == reqs[3].tokenized.prompt and len(read) == 2
+    assert again.tokenized.prompt is again.tokenized.prompt and len(read) == 2
+    _same(again, reqs[3])
+    read.clear()
+    rebuilt = []
+    unpack = RequestStore._unpack
+    monkeypatch.setattr(RequestStore, "_unpack", lambda self, rec: rebuilt.append(1) or unpack(self, rec))
+    store = RequestStore(recent=1)   # (every view rebuilds its request)
+    for r in reqs:
+        store.add(r)
+    a = analyze_forks(store, tokenizer=tok, capacity_blocks=400)
+    assert a.to_dict() == analyze_forks(reqs, tokenizer=tok, capacity_blocks=400).to_dict()
+    assert len(rebuilt) > 3 * len(reqs) and len(read) < len(rebuilt) / 2, (len(read), len(rebuilt))
+
+
+def test_a_request_that_lists_the_tools_as_given_is_checked_once(tok, monkeypatch):
+    """Under a tools counterfactual, a request that already lists the reference's tools, serialized alike, is
+    its own render: that is found once (its prompt read), then known from the analysis's table of re-renders."""
+    from cachectl.engines.prefix.forks import views
+
+    reqs = list(fork_requests(iter_jsonl(str(TOOLS)), source=str(TOOLS), tokenizer=tok))
+    checked = []
+    real = views._as_given
+    monkeypatch.setattr(views, "_as_given", lambda r, ref: checked.append(r.index) or real(r, ref))
+    a = analyze_forks(pack_requests(reqs), tokenizer=tok, capacity_blocks=400)
+    assert any(f.fixable in ("FX002", "FX003") for f in a.forks)
+    assert checked and len(checked) == len(set(checked))   # (each request at most once a counterfactual)
+    checked.clear()
+    b = analyze_forks(reqs, tokenizer=tok, capacity_blocks=400)
+    assert a.to_dict() == b.to_dict() and list(a.request_gains) == list(b.request_gains)
+
+
 def test_the_analysis_is_the_same_packed_or_listed(tok):
     reqs = list(fork_requests(iter_jsonl(str(SHARED)), source=str(SHARED), tokenizer=tok))
     a = analyze_forks(reqs, tokenizer=tok, capacity_blocks=400)

@@ -431,3 +431,22 @@ def test_spans_the_text_proves_are_the_instrumented_renders(with_template, name)
             assert found is None
     # Mistral's templates move the system prompt into the last user turn: out of order, so always rendered
     assert found_some >= 1 or "Mistral-Nemo" in name, name
+
+
+def test_content_edges_split_as_the_whitespace_pattern_did():
+    """A content's edge whitespace (where the spans' markers go) is what ``^(\\s*)(.*?)(\\s*)$`` reads: every code
+    point ``\\s`` matches, at either edge, in the middle, alone."""
+    import re
+    import sys
+
+    from cachectl.tokenization import _edges
+
+    pattern = re.compile(r"^(\s*)(.*?)(\s*)$", re.S)
+    spaces = [chr(c) for c in range(sys.maxunicode + 1) if re.match(r"\s", chr(c))]
+    assert len(spaces) > 20 and "\u3000" in spaces and "\x1c" in spaces
+    cases = ["", "a", " a", "a ", "\n\na b\n", " \t ", "x\u00a0y", "\u200bz\u200b"]  # (U+200B is not whitespace)
+    cases += [f"{s}core {s} text{s}" for s in spaces] + [s * 3 for s in spaces]
+    for text in cases:
+        m = pattern.match(text)
+        assert m is not None
+        assert _edges(text) == m.groups(), repr(text)

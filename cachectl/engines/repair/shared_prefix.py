@@ -58,7 +58,7 @@ class LogForks:
             return ()
         at = self._at[i]
         if at == -2:
-            got = self.report.spans_to_move(self.requests[i], analysed=True)
+            got = self.report.spans_to_move(self.requests[i], analysed=True, tool_set=self.requests.tool_set(i))
             if got:
                 if self._spool is None:
                     self._spool = Spool()

@@ -15,7 +15,7 @@ from typing import Any
 
 from .requests import ForkRequest
 from .tree import TreeNode
-from .views import _LineMove, _Tools, _View, _view
+from .views import _UNKNOWN, _LineMove, _Tools, _View, _view
 
 SCHEMA_VERSION = 1
 
@@ -105,12 +105,15 @@ class ForkReport:
         d["notes"] = list(self.notes)
         return d
 
-    def spans_to_move(self, request: ForkRequest, *, analysed: bool = False) -> tuple[MoveSpan, ...]:
+    def spans_to_move(self, request: ForkRequest, *, analysed: bool = False, tool_set: Any = _UNKNOWN
+                      ) -> tuple[MoveSpan, ...]:
         """For one request of the analysed log, every line that a fixable line fork moves out of its shared
         prefix, in the order the analysis moved them, located in the request's own fields. ``analysed``: the
-        request is the analysis's own (its store's, by index): its re-render under a tools fix is the analysis's."""
+        request is the analysis's own (its store's, by index): its re-render under a tools fix is the analysis's.
+        ``tool_set``: the sorted identities of its tools, where the store knows them
+        (:meth:`~.requests.RequestStore.tool_set`)."""
         tools = [t for t in self._plan if isinstance(t, _Tools)]
-        v = _view(request, tools, self._tokenizer, self._rendered if analysed else None)
+        v = _view(request, tools, self._tokenizer, self._rendered if analysed else None, tool_set)
         out = []
         for t in self._plan:
             if not isinstance(t, _LineMove):

@@ -22,7 +22,7 @@ import pickle
 import re
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import chain
@@ -257,6 +257,52 @@ _TEXT_OFFSETS, _KNOWN_OFFSETS = 1, 2
 _NO_LINE = -(2 ** 63)
 
 
+class Later:
+    """A prompt made (read from a store, unpickled) when first called for, then kept: ``Later(fn)()``."""
+
+    __slots__ = ("_fn", "_got")
+
+    def __init__(self, fn: Callable[[], PromptInput]) -> None:
+        self._fn: Callable[[], PromptInput] | None = fn
+        self._got: Any = None
+
+    def __call__(self) -> PromptInput:
+        if self._fn is not None:
+            self._got, self._fn = self._fn(), None
+        return self._got
+
+
+#: a :class:`_RenderTable` entry: the request already lists the counterfactual's tools as it does (no re-render)
+AS_GIVEN: Any = object()
+_GIVEN = -2  # (how a table's column of spool places holds it)
+
+
+_PROMPT_SLOT: Any = Tokenized.__dict__["prompt"]  # (the member of Tokenized's slots that holds the prompt)
+
+
+class _Deferred(Tokenized):
+    """A stored request's :class:`Tokenized` whose prompt is read (unpickled) the first time it is asked for."""
+
+    __slots__ = ("_load",)
+
+    def __init__(self, load: Callable[[], PromptInput], *args: Any) -> None:
+        super().__init__(None, *args)  # type: ignore[arg-type]  # (read by the property below)
+        self._load: Callable[[], PromptInput] | None = load
+
+    @property
+    def prompt(self) -> PromptInput:
+        load = self._load
+        if load is not None:
+            self._load = None
+            _PROMPT_SLOT.__set__(self, load())
+        return _PROMPT_SLOT.__get__(self, Tokenized)
+
+    @prompt.setter
+    def prompt(self, value: PromptInput) -> None:
+        self._load = None
+        _PROMPT_SLOT.__set__(self, value)
+
+
 class RequestStore(Sequence[ForkRequest]):
     """The requests of one fork analysis, packed: each counterfactual replays the whole log, so every request is
     kept, as one zlib stream of its IDs, starts and text (:class:`~..packed.RenderCodec`, against the first request's
@@ -358,7 +404,7 @@ class RequestStore(Sequence[ForkRequest]):
             else:
                 raise ValueError("a full tokenizers.Encoding")
             lazy = callable(tok._spans)
-            if lazy and (tok.render_opts is None or tok.tokenizer is None):
+            if lazy and (tok.render_opts is None or tok.tokenizer is None or r.request is not None):
                 raise ValueError("spans of an unknown kind")
             handle, opts = tok.tokenizer, tok.render_opts
             key = (kind, tok.add_special_tokens, repr(opts), id(handle), lazy)  # opts by value: one per render
@@ -386,29 +432,43 @@ class RequestStore(Sequence[ForkRequest]):
     def _unpack(self, rec: _Packed) -> ForkRequest:
         ids, starts, ends, text = self._render.unpack(self._disk.get_bytes(rec.hot))
         tok = request = None
-        if rec.cold >= 0:
+        if rec.cold >= 0 and rec.meta is not None and rec.meta[4]:
+            # a chat render: its prompt is unpickled when something reads it (a cause, a re-render, spans not found
+            # yet), not for every view (the passes read the render and the spans)
+            tok = self._tokenized(rec, Later(partial(self._prompt, rec.cold)), ids, starts, ends, text, None)
+        elif rec.cold >= 0:
             prompt, request, spans = self._objects.loads(self._disk.get_bytes(rec.cold))
             tok = self._tokenized(rec, prompt, ids, starts, ends, text, spans)
         return ForkRequest(index=rec.index, line=rec.line, ids=ids, text=text, starts=starts, tokenized=tok,
                            fields=rec.fields, salt=rec.salt, request=request)
 
+    def _prompt(self, cold: int) -> PromptInput:
+        return self._objects.loads(self._disk.get_bytes(cold))[0]
+
     def _tokenized(self, rec: _Packed, prompt: Any, ids: array, starts: Any, ends: Any, text: str | None,
                    spans: Any) -> Tokenized:
+        """The request's :class:`Tokenized`; ``prompt``: the prompt, or a :class:`Later` that reads it when it is first
+        asked for."""
         assert rec.meta is not None
         kind, special, opts, handle, _ = rec.meta
         enc = KeptOffsets(starts, ends) if kind == _KNOWN_OFFSETS else None
-        return Tokenized(prompt, ids, text, enc, spans if spans is not None else partial(self._spans, rec, prompt, text),
+        if isinstance(prompt, Later):
+            return _Deferred(prompt, ids, text, enc, spans if spans is not None else partial(self._spans, rec, prompt, text),
+                             handle, special, opts)
+        return Tokenized(prompt, ids, text, enc,
+                         spans if spans is not None else partial(self._spans, rec, lambda: prompt, text),
                          handle, special, opts)
 
-    def _spans(self, rec: _Packed, prompt: Any, text: str | None) -> tuple[Span, ...]:
-        """A chat render's spans (an instrumented render, once per request: kept packed)."""
+    def _spans(self, rec: _Packed, prompt: Callable[[], Any], text: str | None) -> tuple[Span, ...]:
+        """A chat render's spans (an instrumented render, once per request: kept packed); ``prompt()`` gives the
+        prompt, read only when they are found here."""
         if rec.where is not None:  # (found since ``rec`` was read, through another view of the request)
             rec.spans = rec.where[0].spans_at(rec.where[1])
         if rec.spans >= 0:
             return self._objects.loads(self._disk.get_bytes(rec.spans))
         assert rec.meta is not None and text is not None
         _, _, opts, handle, _ = rec.meta
-        got = tuple(_lazy_chat_spans(handle, prompt, text, opts)())
+        got = tuple(_lazy_chat_spans(handle, prompt(), text, opts)())
         rec.spans = self._disk.put_bytes(self._objects.dumps(got))
         if rec.where is not None:
             table, key = rec.where
@@ -479,19 +539,19 @@ class _RenderTable:
         self._odd: dict[tuple[int, int], Any] = {}
 
     def get(self, key: tuple[int, int]) -> Any:
-        """The re-render at ``key`` (None: not rendered yet)."""
+        """The re-render at ``key`` (None: not rendered yet; :data:`AS_GIVEN`: none needed)."""
         if key in self._odd:
             return self._odd[key]
         k, slot = key
         got = self._slots.get(slot)
         if got is None or k >= len(got[0]) or got[0][k] < 0:
-            return None
+            return AS_GIVEN if got is not None and k < len(got[0]) and got[0][k] == _GIVEN else None
         rec = _Packed(-1, None, (), None)
         rec.hot, rec.spans, rec.meta, rec.where = got[0][k], got[1][k], got[2][k], (self, key)
         return rec
 
     def __setitem__(self, key: tuple[int, int], rec: Any) -> None:
-        if not isinstance(rec, _Packed):
+        if not isinstance(rec, _Packed) and rec is not AS_GIVEN:
             self._odd[key] = rec
             return
         k, slot = key
@@ -501,7 +561,10 @@ class _RenderTable:
             hot.extend(array("q", [-1]) * grow)
             spans.extend(array("q", [-1]) * grow)
             meta.extend([None] * grow)
-        hot[k], spans[k], meta[k] = rec.hot, rec.spans, rec.meta
+        if rec is AS_GIVEN:
+            hot[k] = _GIVEN
+        else:
+            hot[k], spans[k], meta[k] = rec.hot, rec.spans, rec.meta
 
     def spans_at(self, key: tuple[int, int]) -> int:
         k, slot = key

@@ -10,12 +10,15 @@ import bisect
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from ....inputs import compact
 from ....tokenization import KeptOffsets, Span, Tokenized
 from .requests import (
+    AS_GIVEN,
     ForkRequest,
+    Later,
     _from_tokenized,
     _id_array,
     _RenderTable,
@@ -168,10 +171,6 @@ def _field_end(v: _View, c: int) -> int | None:
     if tok is None or v.text is None:
         return None
     nl = v.text.find("\n", c)
-    if nl >= 0:  # the cheap case first: a message's content holds the rest of the line and its newline
-        rest = v.text[c:nl + 1]
-        if any(isinstance(m.get("content"), str) and rest in m["content"] for m in tok.prompt.messages or ()):
-            return None
     for sp in tok.spans:  # the spans (an instrumented render of a chat prompt, once per request)
         if sp.start <= c < sp.end:
             return sp.end if nl < 0 or sp.end <= nl else None
@@ -202,11 +201,17 @@ def _view(r: ForkRequest, tools: Sequence[_Tools], tokenizer: Any, memo: _Render
     if tools and ident:
         for t in tools:
             if t.identities == ident:
-                if r.request is None and _as_given(r, t.reference):
-                    break  # the re-render would be the request's own render: nothing to render
                 key = (r.index, id(t))
-                if memo is not None and (got := memo.get(key)) is not None:
-                    v = _View(r, *memo.store.unpack_render(got, _rendered_prompt(r, t)))
+                got = memo.get(key) if memo is not None else None
+                if got is AS_GIVEN:
+                    break
+                if got is None and r.request is None and _as_given(r, t.reference):
+                    if memo is not None:  # (known from now on without reading the prompt)
+                        memo[key] = AS_GIVEN
+                    break  # the re-render would be the request's own render: nothing to render
+                if got is not None:
+                    assert memo is not None
+                    v = _View(r, *memo.store.unpack_render(got, Later(partial(_rendered_prompt, r, t))))
                 else:
                     v = _rerendered(r, t.reference, tokenizer)
                     if memo is not None:
