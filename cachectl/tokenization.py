@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from .errors import InputError, TokenizerError
 from .inputs import PromptInput
+from .inputs.request import dumps_alike
 from .spool import KeyIndex, Spool, ZlibStreams, content_digest
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -852,7 +853,7 @@ def _tool_renderings(tool: dict) -> Iterable[str]:
     fn = tool.get("function") if isinstance(tool.get("function"), dict) else None
     for obj in (tool, fn) if fn else (tool,):
         for indent in (None, 4, 2):
-            yield json.dumps(obj, ensure_ascii=False, indent=indent)
+            yield dumps_alike(obj, ensure_ascii=False, indent=indent)
 
 
 # ----------------------------------------------------------------------------------------- loading

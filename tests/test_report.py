@@ -309,6 +309,58 @@ def test_provider_and_curve_read_from_the_lines_are_those_of_the_file(cli, tok, 
     assert (name in ("bare", "no-timestamps")) == (costed.section is None)  # each case reads what it says
 
 
+def test_the_curve_takes_the_token_ids_the_fork_records_tokenized(tok, tmp_path, monkeypatch):
+    """Fed each line after the fork records (as report's one read does), the curve's reader tokenizes nothing of
+    its own: it takes each prompt's token IDs from the batch the records tokenized, and its curve is the one it
+    makes tokenizing them itself. A prompt the records did not tokenize (another object) is tokenized as before."""
+    from cachectl.engines.repair import fix, groups, sections
+    from cachectl.inputs import iter_jsonl
+
+    rows = LOG.read_text(encoding="utf-8").splitlines(keepends=True)
+    log = tmp_path / "long.jsonl"
+    log.write_text("".join(rows * (600 // len(rows) + 1)), encoding="utf-8")   # (three batches of 256 and a part)
+    asked: list[int] = []
+
+    class Counting:
+        def __init__(self, t):
+            self.t = t
+
+        def tokenize_many(self, prompts, **k):
+            asked.append(len(prompts))
+            return self.t.tokenize_many(prompts, **k)
+
+    monkeypatch.setattr(sections._Known, "__init__",
+                        lambda self, t, known, _init=sections._Known.__init__: _init(self, Counting(t), known))
+    seen: list[int] = []   # prompts the curve's reader asked for through the records
+    monkeypatch.setattr(sections._Known, "tokenize_many", lambda self, prompts, _many=sections._Known.tokenize_many,
+                        **k: seen.append(len(prompts)) or _many(self, prompts, **k))
+
+    def curve(first_read):
+        first = fix.FirstRead(fix.FixOptions(key="session"), tokenizer=tok, source=str(log))
+        fed = report.sections_reader(source=str(log), tokenizer=tok, tokenizer_name=str(TOK_DIR), table=None,
+                                     default_model=None, timestamps=None, block_size=16,
+                                     first_read=first if first_read else None)
+        lines = groups.log_lines(iter_jsonl(str(log)), source=str(log), key="session",
+                                 each=lambda ln: (first.add(ln), fed(ln)))
+        assert first.forks is not None
+        first.forks.finish()   # (the analysis packs the last batch before the sections are asked for)
+        assert len(lines) > 600
+        return fed.curve()
+
+    alone = curve(False)
+    assert asked == [] and seen == []
+    assert curve(True) == alone and asked == [] and sum(seen) > 600
+    fr = fix.FirstRead(fix.FixOptions(key="session"), tokenizer=tok, source=str(log))
+    ln = next(iter(groups.log_lines(iter_jsonl(str(LOG)), source=str(LOG), key="session")))
+    fr.add(ln)
+    fr.forks.finish()
+    assert fr.forks.known(ln.prompt, True) is not None and fr.forks.known(ln.prompt, False) is None
+    again = groups.log_lines(iter_jsonl(str(LOG)), source=str(LOG), key="session")[0]
+    assert again.prompt == ln.prompt and fr.forks.known(again.prompt, True) is None   # (another object)
+    mixed = sections._Known(tok, fr.forks.known).tokenize_many([again.prompt, ln.prompt], add_generation_prompt=True)
+    assert asked[-1] == 1 and [list(t.ids) for t in mixed] == [list(fr.forks.known(ln.prompt, True))] * 2
+
+
 def test_a_line_the_curve_refuses_is_the_error_it_was(cli, tok, tmp_path):
     """A line the first read takes and the curve's reader refuses (``output_length`` is only the trace's) ends the
     report with the trace reader's own line, as when the curve read the file itself (in one process or two)."""

@@ -526,3 +526,23 @@ def test_compact_on_what_orjson_writes_otherwise(value):
     from cachectl.inputs.request import compact
 
     assert compact(value) == json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_JSON, min_size=1, max_size=6), st.booleans(), st.booleans(), st.sampled_from([None, 2, 4]))
+def test_dumps_alike_writes_what_json_dumps_writes_for_each_value(values, sort_keys, ensure_ascii, indent):
+    """dumps_alike() keeps json.dumps' text by the value's exact content: asked again, in any order, for values
+    that differ only where json.dumps shows it (a NaN and a null, 1 and 1.0 and true, key order), each gets its
+    own text."""
+    from cachectl.inputs.request import dumps_alike
+
+    tricky = [{"a": float("nan")}, {"a": None}, [1], [1.0], [True], {"x": 1, "y": 2}, {"y": 2, "x": 1},
+              {1: "k"}, {"1": "k"}, {"s": "\u00e9"}]
+    for v in values + tricky + values[::-1] + tricky:
+        try:
+            want = json.dumps(v, sort_keys=sort_keys, ensure_ascii=ensure_ascii, indent=indent)
+        except TypeError:  # (sort_keys over keys of mixed types: refused alike)
+            with pytest.raises(TypeError):
+                dumps_alike(v, sort_keys=sort_keys, ensure_ascii=ensure_ascii, indent=indent)
+            continue
+        assert dumps_alike(v, sort_keys=sort_keys, ensure_ascii=ensure_ascii, indent=indent) == want

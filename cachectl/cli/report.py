@@ -140,7 +140,7 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
             # are packed with, from the render memo)
             sections = report.sections_reader(source=source, tokenizer=tok, tokenizer_name=tokenizer, table=table,
                                               default_model=model, timestamps=stamps, block_size=block_size,
-                                              progress=tick)
+                                              progress=tick, first_read=first)
         try:
             lines = log_lines(iter_progress(log_values(log, shape), progress), source=source, key=key,
                               timestamps=stamps, each=first.add if sections is None else _each(first.add, sections))

@@ -93,6 +93,27 @@ def compact(obj: Any) -> str:
     return out.decode("utf-8")
 
 
+#: :func:`dumps_alike`'s texts, by the exact content and the options (let go whole when full)
+_DUMPED: dict[tuple, str] = {}
+_DUMPED_MAX = 4096
+
+
+def dumps_alike(obj: Any, *, sort_keys: bool = False, ensure_ascii: bool = True, indent: int | None = None) -> str:
+    """``json.dumps(obj, sort_keys=..., ensure_ascii=..., indent=...)``, kept for values whose content comes back
+    (a log's tools, the same on most of its requests, serialized again for each): found by :func:`compact`'s text,
+    which tells apart whatever ``json.dumps`` writes apart (a NaN and a null, 1 and 1.0 and true, key order) in a
+    value read from JSON (whose keys are strings: ``{1: 0, "2": 0}``, which ``sort_keys`` refuses, reads as
+    ``{"1": 0, "2": 0}`` here)."""
+    key = (compact(obj), sort_keys, ensure_ascii, indent)
+    got = _DUMPED.get(key)
+    if got is None:
+        got = json.dumps(obj, sort_keys=sort_keys, ensure_ascii=ensure_ascii, indent=indent)
+        if len(_DUMPED) >= _DUMPED_MAX:
+            _DUMPED.clear()
+        _DUMPED[key] = got
+    return got
+
+
 def _strip_cc(obj: dict) -> dict:
     return {k: v for k, v in obj.items() if k != "cache_control"}
 

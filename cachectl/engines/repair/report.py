@@ -531,15 +531,20 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
 
 def sections_reader(*, source: str, tokenizer: Any, tokenizer_name: str, table: PriceTable | None,
                     default_model: str | None, timestamps: Any, block_size: int,
-                    progress: Callable[[int], None] | None = None, counter: Any = None) -> OneRead:
+                    progress: Callable[[int], None] | None = None, counter: Any = None,
+                    first_read: FirstRead | None = None) -> OneRead:
     """What feeds :func:`log_report`'s provider and curve sections (a :class:`.sections.OneRead`, with the provider
-    token counter the run's measures share: ``counter``, else a new one): call it with each line as it is read."""
+    token counter the run's measures share: ``counter``, else a new one): call it with each line as it is read.
+    ``first_read``: the run's :class:`.fix.FirstRead`, fed each line just before: the curve takes the token IDs its
+    fork records tokenized."""
     from .fix import measure_counter
     from .sections import OneRead
 
+    forks = first_read.forks if first_read is not None else None
     return OneRead(source=source, tokenizer=tokenizer, tokenizer_name=tokenizer_name, table=table,
                    text_counter=counter if counter is not None else measure_counter(tokenizer),
-                   default_model=default_model, timestamps=timestamps, block_size=block_size, progress=progress)
+                   default_model=default_model, timestamps=timestamps, block_size=block_size, progress=progress,
+                   known=forks)
 
 
 def _tallying(tally: PairTally, lines: Sequence[LogLine], grouping: Any) -> Callable[..., None]:

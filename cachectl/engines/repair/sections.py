@@ -5,7 +5,7 @@ one read of the log's lines that the token diff makes, where each read the log f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -122,12 +122,13 @@ class OneRead:
     is parsed again only where the provider section reads it otherwise (a model by ``default_model`` for a line
     that names none; a bare chat list, which it refuses). The provider simulation and the curve's keying run in
     threads of their own (:class:`.measure._Fed`), fed a batch at a time; the curve's prompts are rendered here, by
-    the reader. :meth:`costed` and :meth:`curve` give the sections once every line was fed; an error reading
+    the reader, or (``known``: the :class:`.shared_prefix.ForkLines` fed each line just before) their token IDs are
+    taken from the batch the fork records tokenized. :meth:`costed` and :meth:`curve` give the sections once every line was fed; an error reading
     a line for the curve is raised by :meth:`curve`, as reading the trace for it raised it there."""
 
     def __init__(self, *, source: str, tokenizer: Any, tokenizer_name: str, table: PriceTable | None,
                  text_counter: Any, default_model: str | None, timestamps: Any, block_size: int, points: int = 16,
-                 progress: Callable[[int], None] | None = None) -> None:
+                 progress: Callable[[int], None] | None = None, known: Any = None) -> None:
         from ...inputs import parse_request
         from ..prefix.trace import TraceReader
         from .measure import _Fed
@@ -138,7 +139,11 @@ class OneRead:
         self._parse = partial(parse_request, source=source, default_model=default_model, timestamps=timestamps)
         self._provider = (_Fed(partial(_costed, table, source, text_counter, tokenizer_name))
                           if table is not None else None)
-        self._reader = TraceReader(source=source, tokenizer=tokenizer, timestamps=timestamps)
+        # (``known``: the reader fed each line before this one, whose token IDs the curve takes:
+        # :class:`.shared_prefix.ForkLines`; in batches as long as its, a batch of the curve's finds its lines there)
+        self._reader = (TraceReader(source=source, tokenizer=tokenizer, timestamps=timestamps) if known is None else
+                        TraceReader(source=source, tokenizer=_Known(tokenizer, known.known), timestamps=timestamps,
+                                    batch_size=known.batch_size))
         self._keys = _Fed(partial(_keyed, block_size, source))
         self._reqs: list[Any] = []
         self._trace: list[TraceRequest] = []
@@ -209,6 +214,35 @@ class OneRead:
         if self._error is not None:
             raise self._error
         return _curve_of(kt, self._points, self._source, self._progress)
+
+
+class _Known:
+    """A tokenizer for the curve's reader that takes a prompt's token IDs where ``known(prompt,
+    add_generation_prompt)`` has them (the fork records, which tokenized the same prompt objects just before), and
+    tokenizes the others."""
+
+    def __init__(self, tokenizer: Any, known: Callable[[Any, bool], Sequence[int] | None]) -> None:
+        self._tok, self._known = tokenizer, known
+
+    def tokenize_many(self, prompts: Sequence[Any], *, add_generation_prompt: bool = False) -> list[Any]:
+        out: list[Any] = [None] * len(prompts)
+        todo = []
+        for i, p in enumerate(prompts):
+            ids = self._known(p, add_generation_prompt)
+            if ids is None:
+                todo.append(i)
+            else:
+                out[i] = _Ids(ids)
+        got = self._tok.tokenize_many([prompts[i] for i in todo], add_generation_prompt=add_generation_prompt) \
+            if todo else ()
+        for i, t in zip(todo, got):
+            out[i] = t
+        return out
+
+
+@dataclass(frozen=True)
+class _Ids:
+    ids: Sequence[int]
 
 
 def _costed(table: PriceTable, source: str, text_counter: Any, tokenizer_name: str, items: Iterator[Any]) -> Costed:

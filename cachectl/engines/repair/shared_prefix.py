@@ -122,6 +122,8 @@ class ForkLines:
         self.numbers = array("q")
         self.note: str | None = None
         self._records = ForkRecords(source=source, tokenizer=tokenizer, add_generation_prompt=add_generation_prompt)
+        #: prompts tokenized at a time
+        self.batch_size = self._records.batch_size
         self._done = False
 
     def add(self, ln: LogLine) -> None:
@@ -133,6 +135,11 @@ class ForkLines:
                 self.requests.add(r)
         except (InputError, UsageError) as exc:
             self._failed(exc)
+
+    def known(self, prompt: Any, add_generation_prompt: bool) -> Sequence[int] | None:
+        """The token IDs of a line's prompt (the object :meth:`add` was given) where its batch was packed last (the
+        next reader of the same lines takes them, not tokenizing again; :class:`~.sections.OneRead`), else None."""
+        return self._records.known(prompt, add_generation_prompt) if self.note is None else None
 
     def finish(self) -> None:
         """The last batch packed (:func:`log_forks` calls it before the analysis)."""

@@ -31,6 +31,7 @@ from typing import Any
 from ....errors import InputError
 from ....inputs import PromptInput, Request, cache_salt_of, prompt_from_request, prompt_from_value, unwrap
 from ....inputs.prompt import check_ids
+from ....inputs.request import dumps_alike
 from ....spool import Spool
 from ....tokenization import KeptOffsets, Span, Tokenized, _lazy_chat_spans
 from ..packed import ObjectCodec, RenderCodec
@@ -148,7 +149,8 @@ def fork_requests(records: Iterable[tuple], *, source: str, tokenizer: Any = Non
 
 class ForkRecords:
     """:func:`fork_requests` a record at a time: ``add(record)`` gives the requests it completes (a batch is
-    tokenized once it holds ``batch_size`` prompts), ``flush()`` the rest."""
+    tokenized once it holds ``batch_size`` prompts), ``flush()`` the rest. :meth:`known` gives the token IDs of a
+    prompt of the batch tokenized last, to another reader of the same lines."""
 
     def __init__(self, *, source: str, tokenizer: Any = None, user_fields: Sequence[str] = USER_FIELDS,
                  add_generation_prompt: bool = True, batch_size: int = 256):
@@ -158,6 +160,15 @@ class ForkRecords:
         self._vocab: dict[str, int] = {}
         self._pending: list[tuple[int, int, PromptInput, tuple, Any]] = []
         self._index = 0
+        #: the batch tokenized last: id of its prompt object -> (the prompt, its token IDs)
+        self._last: dict[int, tuple[PromptInput, Sequence[int]]] = {}
+
+    def known(self, prompt: PromptInput, add_generation_prompt: bool) -> Sequence[int] | None:
+        """The token IDs of ``prompt`` (this very object), rendered with ``add_generation_prompt``, where the batch
+        tokenized last held it; else None."""
+        got = self._last.get(id(prompt))
+        return got[1] if got is not None and got[0] is prompt and add_generation_prompt == self.add_generation_prompt \
+            else None
 
     def flush(self) -> Iterator[ForkRequest]:
         pending = self._pending
@@ -165,6 +176,7 @@ class ForkRecords:
             return
         toks = self.tokenizer.tokenize_many([p for _, _, p, _, _ in pending],
                                             add_generation_prompt=self.add_generation_prompt)
+        self._last = {id(p): (p, t.ids) for (_, _, p, _, _), t in zip(pending, toks)}
         for (idx, line, _, flds, salt), t in zip(pending, toks):
             yield _from_tokenized(idx, line, t, flds, salt)
         pending.clear()
@@ -212,7 +224,7 @@ def _from_tokenized(index: int, line: int | None, t: Tokenized, flds: tuple = ()
 
 def _tool_identity(t: Any) -> str:
     if isinstance(t, dict):
-        return json.dumps(t, sort_keys=True, ensure_ascii=False)
+        return dumps_alike(t, sort_keys=True, ensure_ascii=False)
     try:  # a canonical position: its exact content
         return json.dumps(json.loads(t.content), sort_keys=True, ensure_ascii=False)
     except (ValueError, AttributeError):

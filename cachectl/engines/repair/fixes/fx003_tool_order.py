@@ -3,9 +3,9 @@ in the log (the model sees them in another order, so this is labelled unsafe).""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from ....inputs.request import dumps_alike
 from .body import path_prefix, tool_name, tools_of
 from .rewriter import FixCode, Rewriter
 
@@ -42,7 +42,7 @@ def apply(rw: Rewriter) -> None:
 
 
 def _tool_ident(t: Any) -> str:
-    return json.dumps(t, sort_keys=True)
+    return dumps_alike(t, sort_keys=True)
 
 
 FX003 = FixCode("FX003", "tool_order", safe=False, description="list the same tools in one order",
