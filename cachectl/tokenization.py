@@ -309,6 +309,10 @@ class KeptOffsets:
         return (starts[i], ends[i]) if 0 <= i < len(starts) else None
 
 
+#: an argument not given (where None means something)
+_UNSET: Any = object()
+
+
 class RenderMemo:
     """Chat renders asked for again (a whole-log command's passes render many prompts more than once): each text by
     a 128-bit digest of everything the render reads (the template, the messages and tools, key order and types
@@ -537,9 +541,10 @@ class TokenizerHandle:
 
     def _render_keyed(self, prompt: PromptInput, add_generation_prompt: bool = False,
                       template_vars: dict | None = None, messages: Sequence[dict] | None = None,
-                      remember: bool = True, keep: bool = True) -> tuple[str, bytes | None]:
+                      remember: bool = True, keep: bool = True, key: Any = _UNSET) -> tuple[str, bytes | None]:
         """:meth:`render_chat`'s text, and its key in the render memo (None: no memo, or not kept). ``keep``: a text
-        rendered here is kept in the memo (else it is only looked up there)."""
+        rendered here is kept in the memo (else it is only looked up there). ``key``: the prompt's :meth:`memo_key`,
+        where the caller has it."""
         if self.chat_template is None:
             raise TokenizerError(
                 f"tokenizer {self.name} has no chat template; pass a model directory whose "
@@ -553,7 +558,10 @@ class TokenizerHandle:
             # would pick (a "tool_use" one when there are tools), the values it passes, under the render budget
             source = self.hf.get_chat_template(None, tools)
             memo = self.render_memo
-            key = self.render_key(msgs, tools, add_generation_prompt, template_vars, source) if remember else None
+            if not remember:
+                key = None
+            elif key is _UNSET:
+                key = self.render_key(msgs, tools, add_generation_prompt, template_vars, source)
             got = memo.get(key) if memo is not None and key is not None else None
             if got is not None:
                 return got, key
@@ -583,26 +591,38 @@ class TokenizerHandle:
     def tokenize(self, prompt: PromptInput, **kwargs) -> Tokenized:
         return self.tokenize_many([prompt], **kwargs)[0]
 
+    def memo_key(self, prompt: PromptInput, add_generation_prompt: bool = False,
+                 template_vars: dict | None = None) -> bytes | None:
+        """A chat prompt's key in the render memo, as :meth:`tokenize_many` renders it with these options (None: not
+        a chat prompt, no memo, or parts that do not pickle)."""
+        if not prompt.is_chat or self.render_memo is None:
+            return None
+        return self.render_key(list(prompt.messages or ()), list(prompt.tools) if prompt.tools else None,
+                               add_generation_prompt, template_vars)
+
     def tokenize_many(self, prompts: Sequence[PromptInput], *, add_generation_prompt: bool = False,
                       add_special_tokens: bool = True, template_vars: dict | None = None,
-                      offsets: bool = False, keep: bool = True) -> list[Tokenized]:
+                      offsets: bool = False, keep: bool = True,
+                      memo_keys: Sequence[bytes | None] | None = None) -> list[Tokenized]:
         """Tokenize prompts in one batch (the Rust backend runs the batch in parallel). ``offsets``: a chat render
         whose IDs the render memo keeps without their offsets is encoded again, for them (a caller that locates
         every prompt's tokens: one batch, not one encode a prompt later). ``keep``: what is rendered and encoded here
-        is kept in the render memo (else the memo is only read: prompts no later pass asks for again)."""
+        is kept in the render memo (else the memo is only read: prompts no later pass asks for again).
+        ``memo_keys``: each prompt's :meth:`memo_key` with these options, where the caller has them already."""
         texts: list[str | None] = []
         spans: list[Any] = []
         keys: list[bytes | None] = []     # a chat render's key in the render memo
         known: list[Any] = []             # its IDs, when the memo has them
         memo = self.render_memo
         opts = _render_opts(add_generation_prompt, template_vars)
-        for p in prompts:
+        for n, p in enumerate(prompts):
             key = got = None
             if p.ids is not None:
                 texts.append(None)
                 spans.append(())
             elif p.is_chat:
-                text, key = self._render_keyed(p, add_generation_prompt, template_vars, keep=keep)
+                text, key = self._render_keyed(p, add_generation_prompt, template_vars, keep=keep,
+                                               key=memo_keys[n] if memo_keys is not None else _UNSET)
                 texts.append(text)
                 spans.append(_lazy_chat_spans(self, p, text, opts))
                 got = memo.get_kept(key) if memo is not None and key is not None else None

@@ -217,3 +217,32 @@ def test_offsets_kept_by_compact_locate_every_token_as_the_encoding_does(templat
         assert c.offsets() == f.offsets()
         assert f.compact().encoding is None  # (without: found again from the text)
     assert calls == []
+
+
+def test_the_sweep_digests_each_chat_prompt_once_and_tokenizes_each_distinct_one_once(monkeypatch):
+    """The sweep's batch (:func:`~cachectl.engines.repair.measure._tokenized_rows`) finds a chat prompt's duplicates
+    by its key in the render memo, the digest the memo lookup takes anyway: one digest a parsed line, one render a
+    distinct prompt, and the tokens of each row are the prompts' own."""
+    from types import SimpleNamespace
+
+    from cachectl import spool, tokenization
+    from cachectl.engines.repair import measure
+
+    tok = load_tokenizer(str(TOK_DIR))
+    tok.remember_renders()
+    fresh = load_tokenizer(str(TOK_DIR))
+    prompts = _prompts()
+    twin = replace(prompts[0], line=99)  # (the same content, another object: one render)
+    rows = [[SimpleNamespace(prompt=p) for p in (a, b)] for a, b in zip(prompts, prompts[1:] + [twin])]
+    digests, rendered = [], []
+    monkeypatch.setattr(tokenization, "content_digest",
+                        lambda *a, **k: digests.append(1) or spool.content_digest(*a, **k))
+    monkeypatch.setattr(measure, "content_digest", lambda *a, **k: digests.append(1) or spool.content_digest(*a, **k))
+    monkeypatch.setattr(tokenization, "render_chat_template",
+                        lambda *a, _r=tokenization.render_chat_template, **k: rendered.append(1) or _r(*a, **k))
+    got = list(measure._tokenized_rows(rows, tok, True))
+    assert len(digests) == 2 * len(rows) and len(rendered) == len(prompts)
+    want = {id(p): t for p, t in zip(prompts + [twin], fresh.tokenize_many(prompts + [twin], add_generation_prompt=True))}
+    for row, toks in zip(rows, got):
+        assert [list(t.ids) for t in toks] == [list(want[id(ln.prompt)].ids) for ln in row]
+    assert got[-1][1] is got[0][0]   # (the twin's tokens are its original's)
