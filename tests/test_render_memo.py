@@ -242,7 +242,8 @@ def test_the_sweep_digests_each_chat_prompt_once_and_tokenizes_each_distinct_one
                         lambda *a, _r=tokenization.render_chat_template, **k: rendered.append(1) or _r(*a, **k))
     got = list(measure._tokenized_rows(rows, tok, True))
     assert len(digests) == 2 * len(rows) and len(rendered) == len(prompts)
-    want = {id(p): t for p, t in zip(prompts + [twin], fresh.tokenize_many(prompts + [twin], add_generation_prompt=True))}
+    alone = fresh.tokenize_many(prompts + [twin], add_generation_prompt=True)
+    want = {id(p): t for p, t in zip(prompts + [twin], alone)}
     for row, toks in zip(rows, got):
         assert [list(t.ids) for t in toks] == [list(want[id(ln.prompt)].ids) for ln in row]
     assert got[-1][1] is got[0][0]   # (the twin's tokens are its original's)

@@ -350,8 +350,9 @@ def _tokenized_rows(batch: list[list[LogLine]], tokenizer: Any, add_generation_p
     a full ``Encoding``'s hundred; a render the memo keeps reads its offsets back there, the others keep theirs, so
     a diverging pair's cause locates its tokens without encoding the text again): a prompt the batch holds more than
     once (the same content, key order included: the versions of a line a fix left alone, a request sent twice) is
-    tokenized once; a chat prompt is told apart by its key in the render memo, digested once. The render memo is read, not added to: the renders of rewritten lines are asked for by no later
-    pass (on 5,000 requests, `report --jobs 1` took about 4% longer keeping them)."""
+    tokenized once; a chat prompt is told apart by its key in the render memo, digested once. The render memo is
+    read, not added to: the renders of rewritten lines are asked for by no later pass (on 5,000 requests, `report
+    --jobs 1` took about 4% longer keeping them)."""
     keys: dict[int, Any] = {}     # id of a parsed line -> its prompt's digest
     todo: dict[Any, tuple[PromptInput, bytes | None]] = {}
     keyed = hasattr(tokenizer, "memo_key")

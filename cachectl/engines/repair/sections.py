@@ -123,8 +123,9 @@ class OneRead:
     that names none; a bare chat list, which it refuses). The provider simulation and the curve's keying run in
     threads of their own (:class:`.measure._Fed`), fed a batch at a time; the curve's prompts are rendered here, by
     the reader, or (``known``: the :class:`.shared_prefix.ForkLines` fed each line just before) their token IDs are
-    taken from the batch the fork records tokenized. :meth:`costed` and :meth:`curve` give the sections once every line was fed; an error reading
-    a line for the curve is raised by :meth:`curve`, as reading the trace for it raised it there."""
+    taken from the batch the fork records tokenized. :meth:`costed` and :meth:`curve` give the sections once every
+    line was fed; an error reading a line for the curve is raised by :meth:`curve`, as reading the trace for it
+    raised it there."""
 
     def __init__(self, *, source: str, tokenizer: Any, tokenizer_name: str, table: PriceTable | None,
                  text_counter: Any, default_model: str | None, timestamps: Any, block_size: int, points: int = 16,

@@ -465,8 +465,8 @@ class RequestStore(Sequence[ForkRequest]):
         kind, special, opts, handle, _ = rec.meta
         enc = KeptOffsets(starts, ends) if kind == _KNOWN_OFFSETS else None
         if isinstance(prompt, Later):
-            return _Deferred(prompt, ids, text, enc, spans if spans is not None else partial(self._spans, rec, prompt, text),
-                             handle, special, opts)
+            found = spans if spans is not None else partial(self._spans, rec, prompt, text)
+            return _Deferred(prompt, ids, text, enc, found, handle, special, opts)
         return Tokenized(prompt, ids, text, enc,
                          spans if spans is not None else partial(self._spans, rec, lambda: prompt, text),
                          handle, special, opts)
