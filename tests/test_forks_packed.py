@@ -51,6 +51,25 @@ def test_render_codec_round_trips_every_part():
             assert codec.ids(blob) == ids
 
 
+@pytest.mark.parametrize("starts", [[0, 3, 7, 7, 12], [0, 40_000, 5, 90_000], [0, 3_000_000_000, 2, 4_294_967_294]])
+def test_render_codec_packs_each_width_of_differences(starts):
+    """Starts' and ends' differences are packed in 2, 4 or 8 bytes, the narrowest that holds them all (a token's
+    few characters, a jump past 32,767, one past 2**31), and come back the same."""
+    from cachectl.engines.prefix import packed
+
+    codec = RenderCodec()
+    ids = array("I", range(len(starts)))
+    st = array("I", starts)
+    ends = array("I", (s + 1 for s in starts))
+    blob = codec.pack(ids, st, ends, "x" * 10)
+    assert codec.unpack(blob) == (ids, st, ends, "x" * 10) and codec.ids(blob) == ids
+    steps, code = packed._deltas(st)
+    assert code == {3: 1, 40_000: 2, 3_000_000_000: 0}[starts[1]] and len(steps) == packed._width(code) * len(starts)
+    assert packed._deltas(ends, st)[1] == 1
+    with pytest.raises(OverflowError):
+        codec.pack(ids, array("q", [0, 1, 2, 2**32]))
+
+
 def test_object_codec_round_trips():
     codec = ObjectCodec()
     values = [{"a": [1, 2.5, None]}, ("x" * 1000, {"k": "é"}), (), {"a": [1, 2.5, None]}]

@@ -25,10 +25,14 @@ from ...spool import ZlibStreams
 #: flags, ids typecode, ids count, starts count, ends count
 _HEAD = struct.Struct("<BcIII")
 _STARTS, _ENDS, _TEXT = 1, 2, 4
+#: the bytes each packed difference takes, by its code in the flags (two bits each: starts' at bit 3, ends' at bit 5)
+_WIDTHS = {0: "<i8", 1: "<i2", 2: "<i4"}
+_STARTS_AT, _ENDS_AT = 3, 5
 
 
-def _deltas(values: Sequence[int], base: Sequence[int] | None = None) -> bytes:
-    """Signed differences (int64 bytes): to the previous value, or to ``base`` element by element. The values are
+def _deltas(values: Sequence[int], base: Sequence[int] | None = None) -> tuple[bytes, int]:
+    """Signed differences: to the previous value, or to ``base`` element by element, in the narrowest of 2, 4 or 8
+    bytes that holds them all (most are a token's few characters: 2); and that width's code. The values are
     character offsets, which :func:`_sums` gives back as 4-byte unsigned ints: one out of that range is refused
     here, once, not at each unpack."""
     import numpy as np
@@ -36,23 +40,30 @@ def _deltas(values: Sequence[int], base: Sequence[int] | None = None) -> bytes:
     v = np.asarray(values, dtype=np.int64)
     if len(v) and (int(v.min()) < 0 or int(v.max()) >= 2**32):
         raise OverflowError("a character offset out of range")
-    return (v - np.asarray(base, dtype=np.int64) if base is not None else np.diff(v, prepend=0)).tobytes()
+    d = v - np.asarray(base, dtype=np.int64) if base is not None else np.diff(v, prepend=0)
+    lo, hi = (int(d.min()), int(d.max())) if len(d) else (0, 0)
+    code = 1 if -2**15 <= lo and hi < 2**15 else 2 if -2**31 <= lo and hi < 2**31 else 0
+    return d.astype(_WIDTHS[code]).tobytes(), code
 
 
-def _sums(raw: bytes, at: int, n: int, base: array | None = None) -> array:
-    """The values :func:`_deltas` packed (``n`` of them from byte ``at``), as 4-byte unsigned ints (in range:
-    :func:`_deltas` refused any other)."""
+def _sums(raw: bytes, at: int, n: int, code: int, base: array | None = None) -> array:
+    """The values :func:`_deltas` packed (``n`` of them from byte ``at``, of width ``code``), as 4-byte unsigned ints
+    (in range: :func:`_deltas` refused any other)."""
     import numpy as np
 
-    d = np.frombuffer(raw, np.int64, n, at)
+    d = np.frombuffer(raw, _WIDTHS[code], n, at).astype(np.int64)
     got = d + np.frombuffer(base, np.uint32) if base is not None else np.cumsum(d)
     return array("I", got.astype(np.uint32).tobytes())
+
+
+def _width(code: int) -> int:
+    return int(_WIDTHS[code][2:])
 
 
 class RenderCodec:
     """Token IDs, their character starts and ends (optional) and the rendered text (optional), packed into one
     zlib stream: IDs as they are (4 or 8 bytes), starts as differences to the previous start and ends as each
-    token's length (small numbers that compress well), the text as UTF-8."""
+    token's length (small numbers, in 2 bytes where they fit, that compress well), the text as UTF-8."""
 
     __slots__ = ("_z",)
 
@@ -62,15 +73,20 @@ class RenderCodec:
     def pack(self, ids: array, starts: Sequence[int] | None = None, ends: Sequence[int] | None = None,
              text: str | None = None) -> bytes:
         flags = (_STARTS if starts is not None else 0) | (_ENDS if ends is not None else 0) | (_TEXT if text is not None else 0)
-        parts = [_HEAD.pack(flags, ids.typecode.encode(), len(ids), len(starts or ()), len(ends or ())), ids.tobytes()]
+        parts = [b"", ids.tobytes()]
         if starts is not None:
-            parts.append(_deltas(starts))
+            got, code = _deltas(starts)
+            parts.append(got)
+            flags |= code << _STARTS_AT
         if ends is not None:
             if starts is None or len(starts) != len(ends):
                 raise ValueError("ends need starts of the same length")
-            parts.append(_deltas(ends, starts))
+            got, code = _deltas(ends, starts)
+            parts.append(got)
+            flags |= code << _ENDS_AT
         if text is not None:
             parts.append(text.encode("utf-8", "surrogatepass"))
+        parts[0] = _HEAD.pack(flags, ids.typecode.encode(), len(ids), len(starts or ()), len(ends or ()))
         return self._z.compress(b"".join(parts))
 
     def ids(self, blob: bytes) -> array:
@@ -92,12 +108,14 @@ class RenderCodec:
         at += n * ids.itemsize
         starts = ends = None
         if flags & _STARTS:
-            starts = _sums(raw, at, ns)
-            at += 8 * ns
+            w = flags >> _STARTS_AT & 3
+            starts = _sums(raw, at, ns, w)
+            at += _width(w) * ns
         if flags & _ENDS:
             assert starts is not None
-            ends = _sums(raw, at, ne, starts)
-            at += 8 * ne
+            w = flags >> _ENDS_AT & 3
+            ends = _sums(raw, at, ne, w, starts)
+            at += _width(w) * ne
         text = raw[at:].decode("utf-8", "surrogatepass") if flags & _TEXT else None
         return ids, starts, ends, text
 
