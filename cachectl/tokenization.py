@@ -321,11 +321,13 @@ class RenderMemo:
     and the last :data:`HOT` texts. The first half of the digest finds the entry, the second half, kept with the
     text, confirms it. The token IDs a render was encoded to are kept beside it (zlib, about 2 bytes a token on
     disk), and so are the spans of a render (where each field landed: an instrumented render of their own), by a
-    digest of the same parts and the fields' paths."""
+    digest of the same parts and the fields' paths. A render kept elsewhere already (the fork analysis' store of a
+    log's requests) is linked, not copied (:meth:`link`): read there."""
 
     HOT = 256
 
-    __slots__ = ("_hot", "_ids", "_lock", "_spans", "_spool", "_table", "_z", "hits", "misses")
+    __slots__ = ("_hot", "_ids", "_last", "_link_at", "_link_check", "_link_src", "_linked", "_lock", "_sources",
+                 "_spans", "_spool", "_table", "_z", "hits", "misses")
 
     def __init__(self) -> None:
         self._table = KeyIndex()
@@ -336,6 +338,12 @@ class RenderMemo:
         self._hot: OrderedDict[bytes, str] = OrderedDict()
         self._z = ZlibStreams(1)
         self.hits = self.misses = 0
+        # renders kept elsewhere (:meth:`link`): the digest's first half -> a link; per link, the second half, the
+        # place in its source and the source's number
+        self._linked = KeyIndex()
+        self._link_check, self._link_at, self._link_src = array("q"), array("q"), array("H")
+        self._sources: list[Callable[[int], tuple]] = []
+        self._last: tuple[bytes, tuple] | None = None   # (the last linked render read, as its source gave it)
 
     @staticmethod
     def key(*parts: Any) -> bytes | None:
@@ -356,7 +364,12 @@ class RenderMemo:
             return got
         blob = self._read(self._table, key)
         if blob is None:
-            return None
+            linked = self._read_linked(key)
+            if linked is None or linked[3] is None:
+                return None
+            self._keep(key, linked[3])
+            self.hits += 1
+            return linked[3]
         text = self._z.decompress(blob).decode("utf-8", "surrogatepass")
         self._keep(key, text)
         self.hits += 1
@@ -378,8 +391,12 @@ class RenderMemo:
         None when nothing is kept under ``key``."""
         with self._lock:
             blob = self._read(self._ids, key)
+            linked = self._read_linked(key) if blob is None else None
         if blob is None:
-            return None
+            if linked is None:
+                return None
+            ids, starts, ends, _ = linked
+            return ids, (KeptOffsets(starts, ends) if starts is not None and ends is not None else None)
         raw = zlib.decompress(blob)
         n = int.from_bytes(raw[:8], "little")
         ids = array("I")
@@ -420,6 +437,32 @@ class RenderMemo:
         with self._lock:
             self._write(self._ids, key, blob)
         return kept
+
+    def link(self, key: bytes, source: Callable[[int], tuple], at: int) -> None:
+        """A render kept elsewhere, not here: ``source(at)`` gives its (token IDs, their starts, their ends, text), each
+        None where not kept (a fork analysis' store, :class:`~cachectl.engines.prefix.forks.RequestStore`, which
+        holds every request's render already). :meth:`get` and :meth:`get_kept` read it there."""
+        with self._lock:
+            n = next((j for j, s in enumerate(self._sources) if s == source), None)
+            if n is None:
+                n = len(self._sources)
+                self._sources.append(source)
+            self._linked[int.from_bytes(key[:8], "little", signed=True)] = len(self._link_at)
+            self._link_check.append(int.from_bytes(key[8:16], "little", signed=True))
+            self._link_at.append(at)
+            self._link_src.append(n)
+
+    def _read_linked(self, key: bytes) -> tuple | None:
+        """A linked render's parts (the caller holds the lock), or None."""
+        last = self._last
+        if last is not None and last[0] == key:
+            return last[1]
+        k = self._linked.get(int.from_bytes(key[:8], "little", signed=True))
+        if k is None or self._link_check[k] != int.from_bytes(key[8:16], "little", signed=True):
+            return None
+        got = self._sources[self._link_src[k]](self._link_at[k])
+        self._last = (key, got)
+        return got
 
     def get_spans(self, key: bytes) -> tuple[Span, ...] | None:
         """The spans kept under ``key`` (:meth:`put_spans`), or None."""

@@ -174,8 +174,10 @@ class ForkRecords:
         pending = self._pending
         if not pending:
             return
+        # (the render memo is not written: the store it is packed into keeps each render, and the memo reads it
+        # there: :meth:`RequestStore.add`)
         toks = self.tokenizer.tokenize_many([p for _, _, p, _, _ in pending],
-                                            add_generation_prompt=self.add_generation_prompt)
+                                            add_generation_prompt=self.add_generation_prompt, keep=False)
         self._last = {id(p): (p, t.ids) for (_, _, p, _, _), t in zip(pending, toks)}
         for (idx, line, _, flds, salt), t in zip(pending, toks):
             yield _from_tokenized(idx, line, t, flds, salt)
@@ -213,13 +215,18 @@ class ForkRecords:
 
 
 def _from_tokenized(index: int, line: int | None, t: Tokenized, flds: tuple = (), salt: Any = None) -> ForkRequest:
+    if t.encoding is not None and not isinstance(t.encoding, KeptOffsets):
+        t = t.compact(offsets=True)  # (a fresh encoding's offsets, read once: the starts, and the ends kept with them)
     if isinstance(t.encoding, KeptOffsets):  # (as the tokenizer's memo keeps them: the starts are a column)
         starts: array | None = t.encoding.starts  # type: ignore[assignment]
     else:  # (read back from the tokenizer's memo, or encoded again where it kept none)
         offsets = t.offsets()
         starts = array("I", (s for s, _ in offsets)) if offsets is not None else None
+    kept = t.compact()
+    if isinstance(t.encoding, KeptOffsets):  # (the ends too: the store keeps them, the render memo reads them there)
+        kept.encoding = t.encoding
     return ForkRequest(index=index, line=line, ids=array("I", t.ids), text=t.text, starts=starts,
-                       tokenized=t.compact(), fields=flds, salt=salt)
+                       tokenized=kept, fields=flds, salt=salt)
 
 
 def _tool_identity(t: Any) -> str:
@@ -367,6 +374,12 @@ class RequestStore(Sequence[ForkRequest]):
             self._pack(rec, r)
         except (ValueError, OverflowError, TypeError, pickle.PicklingError, AttributeError):
             self._whole[len(self._index)] = r
+        else:
+            tok = r.tokenized
+            memo = getattr(tok.tokenizer, "render_memo", None) if tok is not None else None
+            if memo is not None and tok is not None and tok.memo_key is not None and rec.hot >= 0:
+                # (the render memo reads this render here: it need not keep a copy of its own)
+                memo.link(tok.memo_key, self._render_at, rec.hot)
         self._index.append(rec.index)
         self._line.append(_NO_LINE if rec.line is None else rec.line)
         self._hot.append(rec.hot)
@@ -453,6 +466,10 @@ class RequestStore(Sequence[ForkRequest]):
             tok = self._tokenized(rec, prompt, ids, starts, ends, text, spans)
         return ForkRequest(index=rec.index, line=rec.line, ids=ids, text=text, starts=starts, tokenized=tok,
                            fields=rec.fields, salt=rec.salt, request=request)
+
+    def _render_at(self, hot: int) -> tuple:
+        """(ids, starts, ends, text) of the render packed at ``hot`` in the spool."""
+        return self._render.unpack(self._disk.get_bytes(hot))
 
     def _prompt(self, cold: int) -> PromptInput:
         return self._objects.loads(self._disk.get_bytes(cold))[0]
