@@ -365,10 +365,9 @@ def _tokenized_rows(batch: list[list[LogLine]], tokenizer: Any, add_generation_p
                 memo = tokenizer.memo_key(p, add_generation_prompt) if keyed else None
                 keys[id(ln)] = key = (p.kind, memo) if memo is not None else _prompt_key(p)
                 todo.setdefault(key, (p, memo))
-    prompts = [p for p, _ in todo.values()]
-    got = (tokenizer.tokenize_many(prompts, add_generation_prompt=add_generation_prompt, keep=False,
-                                   memo_keys=[m for _, m in todo.values()]) if keyed else
-           tokenizer.tokenize_many(prompts, add_generation_prompt=add_generation_prompt, keep=False))
+    given = {"memo_keys": [m for _, m in todo.values()]} if keyed else {}
+    got = tokenizer.tokenize_many([p for p, _ in todo.values()], add_generation_prompt=add_generation_prompt,
+                                  keep=False, **given)
     done = dict(zip(todo, (t.compact(offsets=True) for t in got)))
     for row in batch:
         yield [done[keys[id(ln)]] for ln in row]

@@ -215,18 +215,19 @@ class ForkRecords:
 
 
 def _from_tokenized(index: int, line: int | None, t: Tokenized, flds: tuple = (), salt: Any = None) -> ForkRequest:
-    if t.encoding is not None and not isinstance(t.encoding, KeptOffsets):
+    enc = t.encoding
+    if enc is not None and not isinstance(enc, KeptOffsets):
         t = t.compact(offsets=True)  # (a fresh encoding's offsets, read once: the starts, and the ends kept with them)
-    if isinstance(t.encoding, KeptOffsets):  # (as the tokenizer's memo keeps them: the starts are a column)
+    else:
+        t = t.compact()
+        t.encoding = enc  # (offsets kept already, the render memo's: the store keeps the ends too)
+    if isinstance(t.encoding, KeptOffsets):  # (the starts are a column)
         starts: array | None = t.encoding.starts  # type: ignore[assignment]
     else:  # (read back from the tokenizer's memo, or encoded again where it kept none)
         offsets = t.offsets()
         starts = array("I", (s for s, _ in offsets)) if offsets is not None else None
-    kept = t.compact()
-    if isinstance(t.encoding, KeptOffsets):  # (the ends too: the store keeps them, the render memo reads them there)
-        kept.encoding = t.encoding
-    return ForkRequest(index=index, line=line, ids=array("I", t.ids), text=t.text, starts=starts,
-                       tokenized=kept, fields=flds, salt=salt)
+    return ForkRequest(index=index, line=line, ids=t.ids, text=t.text, starts=starts, tokenized=t, fields=flds,
+                       salt=salt)
 
 
 def _tool_identity(t: Any) -> str:
