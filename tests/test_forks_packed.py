@@ -122,7 +122,7 @@ def test_the_store_columns_keep_each_requests_own_fields(tok, monkeypatch):
     """A request is a row of the store's columns: no line, user fields equal but of other types (1, 1.0, True: one
     tuple shared only between requests of the same), a salt; a chat request's spans, found through one rebuilt
     request, are read back through the next, not found again."""
-    from cachectl.engines.prefix.forks import requests as fr
+    from cachectl.engines.prefix.forks import store as fr
 
     chat = next(iter(fork_requests(iter_jsonl(str(SHARED)), source=str(SHARED), tokenizer=tok)))
     reqs = [replace(chat, index=k, line=None if k == 1 else k + 1, fields=(("user", v),), salt=("t", k) if k else None)

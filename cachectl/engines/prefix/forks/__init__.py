@@ -13,7 +13,8 @@ Library entry::
     report.to_dict()      # {forks: [{path, char, cause, distinct_values, requests, tokens_lost, fixable, ...}], ...}
     report.spans_to_move(reqs[3])   # the (path, char range, text) FX001/FX007 move out of that request's prefix
 
-How it works, a module each: :mod:`.requests` (each request's served tokens, text and log fields, kept packed),
+How it works, a module each: :mod:`.requests` (each request's served tokens, text and log fields), :mod:`.store`
+(the requests kept packed),
 :mod:`.tree` (the radix tree of full blocks: its forks, and the log's no-eviction hits), :mod:`.causes` (the cause
 of each fork, and the fix code offered for it), :mod:`.views` (a request under a counterfactual fix), :mod:`.cost`
 (what each fork costs, by counterfactual replay) and :mod:`.report` (the results).
@@ -26,7 +27,8 @@ from typing import Any
 from .causes import fix_codes
 from .cost import analyze_forks
 from .report import Fork, ForkReport, MoveSpan, fork_span
-from .requests import USER_FIELDS, ForkRequest, RequestStore, canonical_tokens, fork_requests, pack_requests
+from .requests import USER_FIELDS, ForkRequest, canonical_tokens, fork_requests
+from .store import RequestStore, pack_requests
 from .tree import PrefixTree, TreeNode
 
 

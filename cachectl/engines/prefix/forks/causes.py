@@ -25,7 +25,8 @@ from typing import Any
 from ....tokenization import KeptOffsets, Tokenized
 from ....volatile import classify_change
 from ...tokendiff import common_prefix_length, explain
-from .requests import RequestStore, _request_tools, _tool_identity
+from .requests import _request_tools, _tool_identity
+from .store import RequestStore
 from .tree import PrefixTree, _below, _Edge
 from .views import _LineMove, _Tools, _View
 

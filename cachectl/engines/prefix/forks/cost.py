@@ -19,7 +19,8 @@ from ..replay import simulate
 from ..trace import TraceRequest, block_keys
 from .causes import _Causes
 from .report import Fork, ForkReport
-from .requests import USER_FIELDS, ForkRequest, RequestStore, _RenderTable, pack_requests
+from .requests import USER_FIELDS, ForkRequest
+from .store import RequestStore, _RenderTable, pack_requests
 from .tree import PrefixTree, _summary
 from .views import _LineMove, _Tools, _View, _view
 

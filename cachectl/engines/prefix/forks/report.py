@@ -92,7 +92,7 @@ class ForkReport:
     _tokenizer: Any = field(default=None, repr=False, compare=False)
     #: (id of a fork, its line move)
     _moves: tuple = field(default=(), repr=False, compare=False)
-    #: the analysis's re-renders under the plan's tools counterfactuals (a :class:`~.requests._RenderTable`, with the
+    #: the analysis's re-renders under the plan's tools counterfactuals (a :class:`~.store._RenderTable`, with the
     #: store they are packed in), for :meth:`spans_to_move` on the analysed requests (None: re-rendered when asked)
     _rendered: Any = field(default=None, repr=False, compare=False)
 
@@ -111,7 +111,7 @@ class ForkReport:
         prefix, in the order the analysis moved them, located in the request's own fields. ``analysed``: the
         request is the analysis's own (its store's, by index): its re-render under a tools fix is the analysis's.
         ``tool_set``: the sorted identities of its tools, where the store knows them
-        (:meth:`~.requests.RequestStore.tool_set`)."""
+        (:meth:`~.store.RequestStore.tool_set`)."""
         tools = [t for t in self._plan if isinstance(t, _Tools)]
         v = _view(request, tools, self._tokenizer, self._rendered if analysed else None, tool_set)
         out = []

@@ -1,7 +1,7 @@
 """A request under a counterfactual (:class:`_View`, :func:`_view`): the fixes a fork analysis tries, each a
 rewrite of the requests' served tokens. A line fork's (:class:`_LineMove`) moves the diverging line after the part
 the branches share (to the end of the served tokens); a tools fork's (:class:`_Tools`) puts the tools in one order,
-re-rendered (kept packed by the :class:`~.requests.RequestStore`, in a :class:`~.requests._RenderTable`).
+re-rendered (kept packed by the :class:`~.store.RequestStore`, in a :class:`~.store._RenderTable`).
 """
 
 from __future__ import annotations
@@ -15,17 +15,8 @@ from typing import Any
 
 from ....inputs import compact
 from ....tokenization import KeptOffsets, Span, Tokenized
-from .requests import (
-    AS_GIVEN,
-    ForkRequest,
-    Later,
-    _from_tokenized,
-    _id_array,
-    _RenderTable,
-    _request_tools,
-    _tool_identity,
-    canonical_tokens,
-)
+from .requests import ForkRequest, _from_tokenized, _id_array, _request_tools, _tool_identity, canonical_tokens
+from .store import AS_GIVEN, Later, _RenderTable
 
 
 class _View:
