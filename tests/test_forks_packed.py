@@ -345,3 +345,35 @@ def test_the_render_memo_reads_the_first_reads_renders_from_the_fork_store(tok):
         assert a.text == b.text and list(a.ids) == list(b.ids)
         assert type(a.encoding).__name__ == "KeptOffsets" and a.offsets() == b.offsets()
     assert memo.get(b"\0" * 16) is None and memo.get_kept(b"\0" * 16) is None
+
+
+@pytest.mark.parametrize("path", [LOG_AGENT, SHARED.parent / "fix_log.jsonl", TOOLS])
+def test_a_later_pass_moves_a_request_on_its_ids_from_the_spans_found_before(tok, path, monkeypatch):
+    """Once the analysis has found a line move's span in a request (its own render or a tools re-render, nothing
+    moved before it), a later pass under the plan moves the request on its stored IDs alone (no render rebuilt, no
+    text read): the same tokens, and the same counterfactuals changing it, as a view that finds every span again
+    (the agent log's moves keep some lines where they are; the fix log's plan has a tools fix and a move)."""
+    from cachectl.engines.prefix.forks import USER_FIELDS
+    from cachectl.engines.prefix.forks.cost import _Analyzer
+    from cachectl.engines.prefix.forks.views import _LineMove
+
+    store = pack_requests(fork_requests(iter_jsonl(str(path)), source=str(path), tokenizer=tok))
+    an = _Analyzer(store, tokenizer=tok, block_size=16, capacity_blocks=400, user_fields=USER_FIELDS, max_forks=32,
+                   max_values=10_000)
+    plan = list(an.run(8)._plan)
+    again = [replace(t, found=None) if isinstance(t, _LineMove) else t for t in plan]   # (every span found again)
+    rebuilt = []
+    unpack = RequestStore._unpack
+    monkeypatch.setattr(RequestStore, "_unpack", lambda self, rec: rebuilt.append(1) or unpack(self, rec))
+    quick = 0
+    for k in range(len(store)):
+        changed: list[int] = []
+        got = an._ids(k, plan, changed)
+        assert rebuilt == []
+        want: list[int] = []
+        v = an.view(k, again, want)
+        rebuilt.clear()
+        if got is not None:
+            quick += 1
+            assert list(got) == list(v.ids) and changed == want, k
+    assert quick >= len(store) * 3 // 4, (quick, len(store))

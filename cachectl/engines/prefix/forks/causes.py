@@ -28,7 +28,7 @@ from ...tokendiff import common_prefix_length, explain
 from .requests import _request_tools, _tool_identity
 from .store import RequestStore
 from .tree import PrefixTree, _below, _Edge
-from .views import _LineMove, _Tools, _View
+from .views import _LineMove, _Spans, _Tools, _View
 
 
 @cache
@@ -115,7 +115,7 @@ class _Causes:
         holder = next((sp for sp in a.spans if sp.start <= c < sp.end), None)
         if holder is not None:
             ls = max(ls, holder.start)
-        site.mover = _LineMove(d, max(bisect.bisect_right(vstarts, ls) - 1, 0), site.prefix, "", "")
+        site.mover = _LineMove(d, max(bisect.bisect_right(vstarts, ls) - 1, 0), site.prefix, "", "", found=_Spans())
         return site
 
     def _values(self, sites: Sequence[_Site], plan: Sequence[Any]) -> None:
@@ -158,6 +158,7 @@ class _Causes:
         detail = cause.message if cause is not None else ""
         if cid in _STRUCTURAL:
             code = fix_codes().get(cid)
+            assert site.a.req is not None
             ref = _request_tools(self.reqs[site.a.req.index]) if code in ("FX002", "FX003") else None
             tools = _Tools(tuple(sorted(_tool_identity(x) for x in ref)), ref, code, cid) if ref and code else None
             if cid in ("tool_order", "tool_schema_key_order", "tools_changed"):
@@ -202,7 +203,9 @@ class _Causes:
             # and FX007 keep append-only (they move lines of the request's head only): no fix to offer
             return {**base, "cause": final, "fixable": None, "predicted_by": predictor,
                     "message": _message(final, distinct, requests, predictor, detail, head=False)}, None
-        move = replace(mover, code=code, cause=final, keep=kept) if code in ("FX001", "FX007") else None
+        # (the spans the site's move found are this one's, unless some lines are kept where they are)
+        move = (replace(mover, code=code, cause=final, keep=kept, found=_Spans() if kept else mover.found)
+                if code in ("FX001", "FX007") else None)
         return {**base, "cause": final, "fixable": code, "predicted_by": predictor,
                 "message": _message(final, distinct, requests, predictor, detail)}, move
 

@@ -20,9 +20,9 @@ from ..trace import TraceRequest, block_keys
 from .causes import _Causes
 from .report import Fork, ForkReport
 from .requests import USER_FIELDS, ForkRequest
-from .store import RequestStore, _RenderTable, pack_requests
+from .store import AS_GIVEN, RequestStore, _RenderTable, pack_requests
 from .tree import PrefixTree, _summary
-from .views import _LineMove, _Tools, _View, _view
+from .views import _UNSEEN, _LineMove, _Tools, _View, _view
 
 
 class _PlanKeys:
@@ -73,19 +73,57 @@ class _Analyzer:
     def view(self, k: int, plan: Sequence[Any], changed: list[int] | None = None) -> _View:
         """Request ``k`` under ``plan``; ``changed`` gets the index in ``plan`` of each counterfactual that changed
         it (the tools one it was re-rendered under, each line move that moved something)."""
+        self._tick()
+        tools = [t for t in plan if isinstance(t, _Tools)]
+        v = _view(self.reqs[k], tools, self.tok, self.rendered, self.reqs.tool_set(k) if tools else None)
+        if changed is not None and v.tools is not None:
+            changed.append(next(j for j, t in enumerate(plan) if t is v.tools))
+        v.key = k  # (nothing moved yet: the moves' spans found in it are kept, by its place)
+        for j, t in enumerate(plan):
+            if isinstance(t, _LineMove) and t.apply(v) and changed is not None:
+                changed.append(j)
+        return v
+
+    def _ids(self, k: int, plan: Sequence[Any], changed: list[int] | None) -> array | None:
+        """Request ``k``'s token IDs under ``plan`` from its stored IDs and the spans its line moves found in it
+        before (its text is not read); None where that is not enough: a tools re-render applies, or a move's span
+        in it is not known (not found yet, or in a request another move changed first)."""
+        reqs = self.reqs
+        mine = reqs.tool_set(k)
+        # the tools counterfactual the request is re-rendered under: its place in the plan, itself, the re-render
+        under: tuple[int, _Tools, Any] | None = None
+        if mine is not None:
+            j, t = next(((j, t) for j, t in enumerate(plan) if isinstance(t, _Tools) and t.identities == mine),
+                        (-1, None))
+            got = self.rendered.get((k, id(t))) if isinstance(t, _Tools) else AS_GIVEN
+            if got is None:
+                return None
+            if got is not AS_GIVEN and isinstance(t, _Tools):
+                under = (j, t, got)
+        moves: list[tuple[int, Any]] = []
+        for j, t in enumerate(plan):
+            if isinstance(t, _LineMove):
+                sp = t.known(k, under[1] if under is not None else None) if not moves else _UNSEEN
+                if sp is _UNSEEN:
+                    return None
+                if sp is not None and sp[1] > sp[0]:
+                    moves.append((j, sp))
+        v = _View(None, reqs.ids(k) if under is None else reqs.render_ids(under[2]), None, None, None)
+        if under is not None and changed is not None:
+            changed.append(under[0])
+        for j, sp in moves:
+            v.move(sp[0], sp[1])
+            if changed is not None:
+                changed.append(j)
+        self._tick()
+        return v.ids
+
+    def _tick(self) -> None:
         if self.progress is not None:
             self._viewed += 1
             if self._viewed >= 256:  # (a replay views every request: its progress, counted a batch at a time)
                 self.progress(self._viewed)
                 self._viewed = 0
-        tools = [t for t in plan if isinstance(t, _Tools)]
-        v = _view(self.reqs[k], tools, self.tok, self.rendered, self.reqs.tool_set(k) if tools else None)
-        if changed is not None and v.tools is not None:
-            changed.append(next(j for j, t in enumerate(plan) if t is v.tools))
-        for j, t in enumerate(plan):
-            if isinstance(t, _LineMove) and t.apply(v) and changed is not None:
-                changed.append(j)
-        return v
 
     def _keys(self, plan: Sequence[Any], record: _PlanKeys | None = None,
               reuse: _PlanKeys | None = None, without: int = -1) -> Iterator[tuple[int, int, Sequence[int]]]:
@@ -102,7 +140,9 @@ class _Analyzer:
                 yield k, reuse.tokens[k], reuse.keys(k)
                 continue
             changed: list[int] | None = [] if record is not None else None
-            ids = self.view(k, plan, changed).ids if plan else reqs.ids(k)
+            ids = reqs.ids(k) if not plan else self._ids(k, plan, changed)
+            if ids is None:
+                ids = self.view(k, plan, changed).ids
             keys = block_keys(ids, bs, reqs.salt(k))
             if record is not None:
                 record.add(len(ids), keys, changed or ())

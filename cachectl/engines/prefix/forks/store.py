@@ -321,6 +321,10 @@ class RequestStore(Sequence[ForkRequest]):
             rec.spans = self._disk.put_bytes(self._objects.dumps(tuple(tok.spans)))
         return rec
 
+    def render_ids(self, rec: _Packed | tuple) -> Sequence[int]:
+        """The token IDs of a :meth:`pack_render`, without the rest."""
+        return rec[0] if isinstance(rec, tuple) else self._render.ids(self._disk.get_bytes(rec.hot))
+
     def unpack_render(self, rec: _Packed | tuple, prompt: Any) -> tuple:
         """(ids, text, starts, tok) of a :meth:`pack_render`; ``prompt``: the Tokenized's prompt."""
         if isinstance(rec, tuple):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -23,9 +23,9 @@ class _View:
     """A request under a counterfactual: its base render (the request, or re-rendered with other tools) and the
     order of the base's tokens (segments of base token indices; moved spans at the end)."""
 
-    __slots__ = ("base", "ids", "req", "segs", "starts", "text", "tok", "tools")
+    __slots__ = ("base", "ids", "key", "req", "segs", "starts", "text", "tok", "tools")
 
-    def __init__(self, req: ForkRequest, ids: Sequence[int], text: str | None, starts: Sequence[int] | None,
+    def __init__(self, req: ForkRequest | None, ids: Sequence[int], text: str | None, starts: Sequence[int] | None,
                  tok: Tokenized | None):
         self.req = req
         self.base = ids if isinstance(ids, array) else _id_array(ids)
@@ -34,6 +34,9 @@ class _View:
         self.segs: list[tuple[int, int]] | None = None
         #: the tools counterfactual this view is a re-render under (None: the request's own render)
         self.tools: _Tools | None = None
+        #: the request's place in its analysis's store while nothing is moved in the view (its own render, or its
+        #: re-render under ``tools``): a line move's span found in it is kept under that place (:class:`_Spans`)
+        self.key: int | None = None
 
     def orig(self, i: int) -> tuple[int, int]:
         """(base index of view token ``i``, end of its segment in base indices)."""
@@ -46,6 +49,7 @@ class _View:
 
     def move(self, a: int, b: int) -> None:
         """Move view tokens [a, b) to the end."""
+        self.key = None
         segs = self.segs or [(0, len(self.ids))]
         head: list[tuple[int, int]] = []
         mid: list[tuple[int, int]] = []
@@ -116,9 +120,27 @@ class _LineMove:
     #: lines at the fork that are not values but the text the branches share (:meth:`~.causes._Causes._shared_text`):
     #: a request that holds one of them there is not moved
     keep: frozenset = frozenset()
+    #: the spans this move found in the requests before anything was moved in them (shared with a move made from
+    #: this one with the same ``keep``)
+    found: _Spans | None = field(default=None, repr=False, compare=False)
 
     def span(self, v: _View) -> tuple[int, int, int, int] | None:
         """(view token start, view token end, base char start, base char end) of the line in ``v``."""
+        found, k = self.found, v.key
+        if found is None or k is None:
+            return self._span(v)
+        got = found.get(k, v.tools)
+        if got is _UNSEEN:
+            got = self._span(v)
+            found.put(k, v.tools, got)
+        return got
+
+    def known(self, k: int, tools: _Tools | None) -> Any:
+        """This move's span in request ``k`` (rendered as stored, or re-rendered under ``tools``, nothing moved) where
+        it was found before; else :data:`_UNSEEN`."""
+        return self.found.get(k, tools) if self.found is not None else _UNSEEN
+
+    def _span(self, v: _View) -> tuple[int, int, int, int] | None:
         if len(v.ids) <= self.d or v.ids[:self.d] != self.prefix or v.text is None or v.starts is None:
             return None
         od, seg_end = v.orig(self.d)
@@ -148,6 +170,37 @@ class _LineMove:
             return False
         v.move(sp[0], sp[1])
         return True
+
+
+#: a request whose span a :class:`_Spans` has not found yet
+_UNSEEN: Any = object()
+
+
+class _Spans:
+    """A line move's span in each request before anything is moved in it (rendered as stored, or re-rendered under a
+    tools counterfactual), found once: a later tree pass or replay reads the move here, with the request's IDs alone
+    (16 bytes a request, up to the last one found, and render)."""
+
+    __slots__ = ("_at",)
+
+    def __init__(self) -> None:
+        #: the tools counterfactual (None: none) -> 4 ints a request: its span, or -1 (nothing to move), -2 (not
+        #: found yet)
+        self._at: dict[_Tools | None, array] = {}
+
+    def get(self, k: int, tools: _Tools | None) -> Any:
+        at, i = self._at.get(tools), 4 * k
+        if at is None or i >= len(at) or at[i] == -2:
+            return _UNSEEN
+        return None if at[i] == -1 else (at[i], at[i + 1], at[i + 2], at[i + 3])
+
+    def put(self, k: int, tools: _Tools | None, span: tuple[int, int, int, int] | None) -> None:
+        if span is not None and not all(0 <= x < 2 ** 31 for x in span):
+            return  # (past what a column of 32-bit ints holds: found again when asked)
+        at, i = self._at.setdefault(tools, array("i")), 4 * k
+        if i >= len(at):
+            at.extend(array("i", [-2]) * (max(i + 4, 2 * len(at)) - len(at)))
+        at[i:i + 4] = array("i", span if span is not None else (-1, -1, -1, -1))
 
 
 def _opens_field(v: _View, c: int) -> bool:
