@@ -377,3 +377,18 @@ def test_a_later_pass_moves_a_request_on_its_ids_from_the_spans_found_before(tok
             quick += 1
             assert list(got) == list(v.ids) and changed == want, k
     assert quick >= len(store) * 3 // 4, (quick, len(store))
+
+
+@pytest.mark.parametrize("path", [LOG_AGENT, SHARED.parent / "fix_log.jsonl", SHARED, APPS])
+def test_the_analysis_is_the_same_with_every_span_found_again(tok, path, monkeypatch):
+    """The spans a move keeps (and hands to the move made from it, less the requests whose line stays: the agent
+    log's moves keep some lines where they are) give the analysis that finding every span again gives."""
+    from cachectl.engines.prefix.forks import views
+
+    reqs = list(fork_requests(iter_jsonl(str(path)), source=str(path), tokenizer=tok))
+    kept = analyze_forks(pack_requests(reqs), tokenizer=tok, capacity_blocks=400)
+    with monkeypatch.context() as m:
+        m.setattr(views._Spans, "get", lambda self, k, tools: views._UNSEEN)
+        again = analyze_forks(pack_requests(reqs), tokenizer=tok, capacity_blocks=400)
+    assert kept.to_dict() == again.to_dict() and list(kept.request_gains) == list(again.request_gains)
+    assert [kept.spans_to_move(r) for r in reqs] == [again.spans_to_move(r) for r in reqs]

@@ -203,9 +203,12 @@ class _Causes:
             # and FX007 keep append-only (they move lines of the request's head only): no fix to offer
             return {**base, "cause": final, "fixable": None, "predicted_by": predictor,
                     "message": _message(final, distinct, requests, predictor, detail, head=False)}, None
-        # (the spans the site's move found are this one's, unless some lines are kept where they are)
-        move = (replace(mover, code=code, cause=final, keep=kept, found=_Spans() if kept else mover.found)
-                if code in ("FX001", "FX007") else None)
+        # (the spans the site's move found are this one's; where some lines are kept where they are, each request's
+        # value tells whether it moves)
+        found = mover.found
+        if kept and found is not None:
+            found = found.kept(site.took, site.values, lambda at: site.distinct.texts[at] in kept)
+        move = replace(mover, code=code, cause=final, keep=kept, found=found) if code in ("FX001", "FX007") else None
         return {**base, "cause": final, "fixable": code, "predicted_by": predictor,
                 "message": _message(final, distinct, requests, predictor, detail)}, move
 

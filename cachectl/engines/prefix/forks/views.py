@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -200,7 +200,24 @@ class _Spans:
         at, i = self._at.setdefault(tools, array("i")), 4 * k
         if i >= len(at):
             at.extend(array("i", [-2]) * (max(i + 4, 2 * len(at)) - len(at)))
-        at[i:i + 4] = array("i", span if span is not None else (-1, -1, -1, -1))
+        at[i:i + 4] = array("i", span) if span is not None else _NOTHING
+
+    def kept(self, took: Sequence[int], values: Sequence[int], stays: Callable[[int], bool]) -> _Spans:
+        """These spans for a move made from this one that keeps some lines where they are (its ``keep``): of the
+        requests ``took``, with ``values`` beside them (each one's line at the fork, numbered; -1: none), a request's
+        span where ``stays(value)`` is false, nothing to move where it is true; the others not found yet."""
+        out = _Spans()
+        for tools, at in self._at.items():
+            new = out._at[tools] = array("i", [-2]) * len(at)
+            for k, value in zip(took, values):
+                i = 4 * k
+                if i >= len(at) or at[i] == -2 or (at[i] >= 0 and value < 0):
+                    continue  # (not found in this request; or found and no value: not the view its value was read in)
+                new[i:i + 4] = at[i:i + 4] if at[i] >= 0 and not stays(value) else _NOTHING
+        return out
+
+
+_NOTHING = array("i", (-1, -1, -1, -1))
 
 
 def _opens_field(v: _View, c: int) -> bool:
