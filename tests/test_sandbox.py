@@ -290,6 +290,8 @@ def test_nested_lines_without_a_repeated_key_skip_the_json_check(raw):
 @pytest.mark.parametrize("raw", [
     b'{"a":{"b":1,"b":2}}', b'{"a":"x\\":y","a":1}', b'{"\\u0061":1,"a":2}', b'{"a" :1, "b": {"c" : 2}}',
     b'{"a":[{"k":1,"k":2}]}', b'{"a":1.0e5,"a":1}',
+    b'{"t": 1, "args": "{\\"q\\": 1}", "t": 2}', b'{"a\\\\": 1, "a\\\\": 2}', b'{"a": "\\\\", "a": "\\" "}',
+    b'{"a": {"b\\"": 1, "b\\"": 2}}',
 ])
 def test_lines_that_may_repeat_a_key_get_the_json_check(raw):
     import orjson
@@ -297,6 +299,61 @@ def test_lines_that_may_repeat_a_key_get_the_json_check(raw):
     from cachectl.inputs.files import _keys_certainly_once
 
     assert not _keys_certainly_once(raw, orjson.loads(raw)), raw
+
+
+def _objects_with_repeats():
+    """JSON texts written pair by pair (a key may repeat in an object), keys and strings of quotes, backslashes,
+    colons and spaces, with json.dumps' spacing or none: (the text, whether some object names a key twice)."""
+    from hypothesis import strategies as st
+
+    text = st.text(alphabet='ab:" \\{}', max_size=6)
+    leaf = st.one_of(st.integers(-3, 3), text, st.none())
+
+    def obj(children):
+        return st.lists(st.tuples(text, children), max_size=4).map(lambda pairs: ("obj", pairs))
+
+    tree = st.recursive(leaf, lambda children: st.one_of(obj(children), st.lists(children, max_size=3)), max_leaves=12)
+
+    def write(x, sep) -> tuple[str, bool]:
+        if isinstance(x, tuple):
+            got = [(json.dumps(k) + sep[1] + t, r) for k, (t, r) in ((k, write(v, sep)) for k, v in x[1])]
+            repeats = len({k for k, _ in x[1]}) < len(x[1]) or any(r for _, r in got)
+            return "{" + sep[0].join(t for t, _ in got) + "}", repeats
+        if isinstance(x, list):
+            got = [write(v, sep) for v in x]
+            return "[" + sep[0].join(t for t, _ in got) + "]", any(r for _, r in got)
+        return json.dumps(x), False
+
+    return st.tuples(obj(tree), st.sampled_from([(",", ":"), (", ", ": ")])).map(
+        lambda t: (lambda got: (got[0].encode(), got[1]))(write(*t)))
+
+
+def test_a_line_that_names_a_key_twice_is_never_certainly_once():
+    """Over generated objects whose keys and strings hold quotes, backslashes, colons and spaces: where an object
+    names a key twice, the fast check never says "certainly once"; where none does, it agrees with json's hook or
+    leaves the line to it."""
+    import orjson
+    from hypothesis import given, settings
+
+    from cachectl.inputs.files import _keys_certainly_once
+
+    def hook(pairs: list) -> dict:
+        if len(dict(pairs)) != len(pairs):
+            raise KeyError
+        return dict(pairs)
+
+    @settings(max_examples=600, deadline=None)
+    @given(_objects_with_repeats())
+    def check(case):
+        raw, repeats = case
+        try:
+            json.loads(raw, object_pairs_hook=hook)
+            assert not repeats
+        except KeyError:
+            assert repeats
+            assert not _keys_certainly_once(raw, orjson.loads(raw)), raw
+
+    check()
 
 
 def test_no_repeated_key_json_finds_is_certainly_once():
