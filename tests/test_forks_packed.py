@@ -347,12 +347,13 @@ def test_the_render_memo_reads_the_first_reads_renders_from_the_fork_store(tok):
     assert memo.get(b"\0" * 16) is None and memo.get_kept(b"\0" * 16) is None
 
 
-@pytest.mark.parametrize("path", [LOG_AGENT, SHARED.parent / "fix_log.jsonl", TOOLS])
+@pytest.mark.parametrize("path", [LOG_AGENT, SHARED.parent / "fix_log.jsonl", TOOLS, SHARED])
 def test_a_later_pass_moves_a_request_on_its_ids_from_the_spans_found_before(tok, path, monkeypatch):
-    """Once the analysis has found a line move's span in a request (its own render or a tools re-render, nothing
-    moved before it), a later pass under the plan moves the request on its stored IDs alone (no render rebuilt, no
-    text read): the same tokens, and the same counterfactuals changing it, as a view that finds every span again
-    (the agent log's moves keep some lines where they are; the fix log's plan has a tools fix and a move)."""
+    """Once the analysis has found a line move's span in a request in some state (its own render or a tools
+    re-render, the plan's moves before it applied), a later pass under the plan moves the request on its stored IDs
+    alone (no render rebuilt, no text read): the same tokens, and the same counterfactuals changing it, as a view
+    that finds every span again (the agent log's moves keep some lines where they are; the fix log's plan has a
+    tools fix and a move; the shared-prefix log's three moves apply one after another)."""
     from cachectl.engines.prefix.forks import USER_FIELDS
     from cachectl.engines.prefix.forks.cost import _Analyzer
     from cachectl.engines.prefix.forks.views import _LineMove

@@ -58,11 +58,13 @@ class _Causes:
     """The forks of a tree, told apart: each fork's representatives (one request per branch), the token and the
     line where they split, each request's value there, and from those the fork's cause, the fix code that removes
     it and the counterfactual that would fix it (whose cost :mod:`.cost` measures). ``view(k, plan)``: request
-    ``k`` under a plan."""
+    ``k`` under a plan; ``ids(k, plan)``: its token IDs alone (the view's)."""
 
     def __init__(self, view: Callable[[int, Sequence[Any]], _View], reqs: RequestStore, *, tokenizer: Any,
-                 user_fields: Sequence[str], max_forks: int, max_values: int):
+                 user_fields: Sequence[str], max_forks: int, max_values: int,
+                 ids: Callable[[int, Sequence[Any]], Sequence[int]] | None = None):
         self.view, self.reqs, self.tok = view, reqs, tokenizer
+        self.ids = ids if ids is not None else (lambda k, plan: view(k, plan).ids)
         self.user_fields = tuple(user_fields)
         self.max_forks, self.max_values = max_forks, max_values
 
@@ -95,16 +97,15 @@ class _Causes:
     def _site(self, node: _Edge, took: array, plan: Sequence[Any]) -> _Site | None:
         """A fork's representatives (one request per branch), the token where they split, and the line there."""
         children = sorted(node.children, key=lambda c: -c.n)[:self.max_values]
-        # the first branch against each other one in turn (two views alive, not one a branch): the shortest common
-        # prefix, with the first branch that has it
+        # the first branch against each other one in turn (their IDs: a fork of a value on every request has a branch
+        # a request): the shortest common prefix, with the first branch that has it
         first = self.view(children[0].rep, plan)
-        d, other = -1, first
+        d, other = -1, children[0].rep
         for kid in children[1:]:
-            v = self.view(kid.rep, plan)
-            cp = common_prefix_length(first.ids, v.ids)
+            cp = common_prefix_length(first.ids, self.ids(kid.rep, plan))
             if d < 0 or cp < d:
-                d, other = cp, v
-        site = _Site(node, took, d, first.ids[:d], first, other)
+                d, other = cp, kid.rep
+        site = _Site(node, took, d, first.ids[:d], first, first if other == children[0].rep else self.view(other, plan))
         a = first.tokenized()
         if a is None or a.text is None:
             return site

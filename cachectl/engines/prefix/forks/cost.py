@@ -62,7 +62,7 @@ class _Analyzer:
         self.bs = block_size
         self.cap = capacity_blocks
         self.causes = _Causes(self.view, requests, tokenizer=tokenizer, user_fields=user_fields, max_forks=max_forks,
-                              max_values=max_values)
+                              max_values=max_values, ids=self.ids)
         self.passes = 0
         self.replays = 0
         self.notes: list[str] = []
@@ -78,16 +78,24 @@ class _Analyzer:
         v = _view(self.reqs[k], tools, self.tok, self.rendered, self.reqs.tool_set(k) if tools else None)
         if changed is not None and v.tools is not None:
             changed.append(next(j for j, t in enumerate(plan) if t is v.tools))
-        v.key = k  # (nothing moved yet: the moves' spans found in it are kept, by its place)
+        v.key = k  # (the moves' spans found in it are kept, by its place and its state)
         for j, t in enumerate(plan):
             if isinstance(t, _LineMove) and t.apply(v) and changed is not None:
                 changed.append(j)
         return v
 
+    def ids(self, k: int, plan: Sequence[Any]) -> Sequence[int]:
+        """Request ``k``'s token IDs under ``plan`` (its view's, without its text where the spans found before tell
+        the moves: :meth:`_ids`)."""
+        if not plan:
+            return self.reqs.ids(k)
+        got = self._ids(k, plan, None)
+        return got if got is not None else self.view(k, plan).ids
+
     def _ids(self, k: int, plan: Sequence[Any], changed: list[int] | None) -> array | None:
         """Request ``k``'s token IDs under ``plan`` from its stored IDs and the spans its line moves found in it
-        before (its text is not read); None where that is not enough: a tools re-render applies, or a move's span
-        in it is not known (not found yet, or in a request another move changed first)."""
+        before, in the same state (its text is not read); None where that is not enough: a tools re-render not made
+        yet, or a move's span in it not known."""
         reqs = self.reqs
         mine = reqs.tool_set(k)
         # the tools counterfactual the request is re-rendered under: its place in the plan, itself, the re-render
@@ -100,14 +108,17 @@ class _Analyzer:
                 return None
             if got is not AS_GIVEN and isinstance(t, _Tools):
                 under = (j, t, got)
+        tools = under[1] if under is not None else None
         moves: list[tuple[int, Any]] = []
+        moved: tuple[_LineMove, ...] = ()
         for j, t in enumerate(plan):
             if isinstance(t, _LineMove):
-                sp = t.known(k, under[1] if under is not None else None) if not moves else _UNSEEN
+                sp = t.known(k, (tools, moved))
                 if sp is _UNSEEN:
                     return None
                 if sp is not None and sp[1] > sp[0]:
                     moves.append((j, sp))
+                    moved += (t,)
         v = _View(None, reqs.ids(k) if under is None else reqs.render_ids(under[2]), None, None, None)
         if under is not None and changed is not None:
             changed.append(under[0])

@@ -23,7 +23,7 @@ class _View:
     """A request under a counterfactual: its base render (the request, or re-rendered with other tools) and the
     order of the base's tokens (segments of base token indices; moved spans at the end)."""
 
-    __slots__ = ("base", "ids", "key", "req", "segs", "starts", "text", "tok", "tools")
+    __slots__ = ("base", "ids", "key", "moved", "req", "segs", "starts", "text", "tok", "tools")
 
     def __init__(self, req: ForkRequest | None, ids: Sequence[int], text: str | None, starts: Sequence[int] | None,
                  tok: Tokenized | None):
@@ -34,9 +34,11 @@ class _View:
         self.segs: list[tuple[int, int]] | None = None
         #: the tools counterfactual this view is a re-render under (None: the request's own render)
         self.tools: _Tools | None = None
-        #: the request's place in its analysis's store while nothing is moved in the view (its own render, or its
-        #: re-render under ``tools``): a line move's span found in it is kept under that place (:class:`_Spans`)
+        #: the request's place in its analysis's store, while the view is its render (its own, or its re-render under
+        #: ``tools``) with the line moves ``moved`` applied in order: a move's span found in it is kept under that
+        #: place and that state (:class:`_Spans`)
         self.key: int | None = None
+        self.moved: tuple[_LineMove, ...] = ()
 
     def orig(self, i: int) -> tuple[int, int]:
         """(base index of view token ``i``, end of its segment in base indices)."""
@@ -47,9 +49,12 @@ class _View:
             at += e - s
         return len(self.ids), len(self.ids)
 
-    def move(self, a: int, b: int) -> None:
-        """Move view tokens [a, b) to the end."""
-        self.key = None
+    def move(self, a: int, b: int, by: _LineMove | None = None) -> None:
+        """Move view tokens [a, b) to the end (``by``: the line move whose span they are)."""
+        if by is None:
+            self.key = None
+        else:
+            self.moved += (by,)
         segs = self.segs or [(0, len(self.ids))]
         head: list[tuple[int, int]] = []
         mid: list[tuple[int, int]] = []
@@ -120,8 +125,7 @@ class _LineMove:
     #: lines at the fork that are not values but the text the branches share (:meth:`~.causes._Causes._shared_text`):
     #: a request that holds one of them there is not moved
     keep: frozenset = frozenset()
-    #: the spans this move found in the requests before anything was moved in them (shared with a move made from
-    #: this one with the same ``keep``)
+    #: the spans this move found in the requests, by the state they were in (shared with a move made from this one)
     found: _Spans | None = field(default=None, repr=False, compare=False)
 
     def span(self, v: _View) -> tuple[int, int, int, int] | None:
@@ -129,16 +133,17 @@ class _LineMove:
         found, k = self.found, v.key
         if found is None or k is None:
             return self._span(v)
-        got = found.get(k, v.tools)
+        state = (v.tools, v.moved)
+        got = found.get(k, state)
         if got is _UNSEEN:
             got = self._span(v)
-            found.put(k, v.tools, got)
+            found.put(k, state, got)
         return got
 
-    def known(self, k: int, tools: _Tools | None) -> Any:
-        """This move's span in request ``k`` (rendered as stored, or re-rendered under ``tools``, nothing moved) where
-        it was found before; else :data:`_UNSEEN`."""
-        return self.found.get(k, tools) if self.found is not None else _UNSEEN
+    def known(self, k: int, state: tuple) -> Any:
+        """This move's span in request ``k`` in ``state`` (the tools counterfactual it is re-rendered under or None,
+        the line moves applied before, in order) where it was found before; else :data:`_UNSEEN`."""
+        return self.found.get(k, state) if self.found is not None else _UNSEEN
 
     def _span(self, v: _View) -> tuple[int, int, int, int] | None:
         if len(v.ids) <= self.d or v.ids[:self.d] != self.prefix or v.text is None or v.starts is None:
@@ -168,7 +173,7 @@ class _LineMove:
         sp = self.span(v)
         if sp is None or sp[1] <= sp[0]:
             return False
-        v.move(sp[0], sp[1])
+        v.move(sp[0], sp[1], self)
         return True
 
 
@@ -177,27 +182,35 @@ _UNSEEN: Any = object()
 
 
 class _Spans:
-    """A line move's span in each request before anything is moved in it (rendered as stored, or re-rendered under a
-    tools counterfactual), found once: a later tree pass or replay reads the move here, with the request's IDs alone
-    (16 bytes a request, up to the last one found, and render)."""
+    """A line move's span in each request, by the state the request is in (its render: its own or a tools
+    counterfactual's; the line moves applied before it), found once: a later tree pass or replay reads the move
+    here, with the request's IDs alone (16 bytes a request, up to the last one found, and state; at most
+    :data:`MAX_STATES` states)."""
 
     __slots__ = ("_at",)
 
-    def __init__(self) -> None:
-        #: the tools counterfactual (None: none) -> 4 ints a request: its span, or -1 (nothing to move), -2 (not
-        #: found yet)
-        self._at: dict[_Tools | None, array] = {}
+    #: the states a move keeps spans in (a plan's moves apply in a few: each counterfactual's removal adds one)
+    MAX_STATES = 16
 
-    def get(self, k: int, tools: _Tools | None) -> Any:
-        at, i = self._at.get(tools), 4 * k
+    def __init__(self) -> None:
+        #: (the tools counterfactual or None, the moves applied before) -> 4 ints a request: its span, or -1
+        #: (nothing to move), -2 (not found yet)
+        self._at: dict[tuple, array] = {}
+
+    def get(self, k: int, state: tuple) -> Any:
+        at, i = self._at.get(state), 4 * k
         if at is None or i >= len(at) or at[i] == -2:
             return _UNSEEN
         return None if at[i] == -1 else (at[i], at[i + 1], at[i + 2], at[i + 3])
 
-    def put(self, k: int, tools: _Tools | None, span: tuple[int, int, int, int] | None) -> None:
+    def put(self, k: int, state: tuple, span: tuple[int, int, int, int] | None) -> None:
         if span is not None and not all(0 <= x < 2 ** 31 for x in span):
             return  # (past what a column of 32-bit ints holds: found again when asked)
-        at, i = self._at.setdefault(tools, array("i")), 4 * k
+        at, i = self._at.get(state), 4 * k
+        if at is None:
+            if len(self._at) >= self.MAX_STATES:
+                return
+            at = self._at[state] = array("i")
         if i >= len(at):
             at.extend(array("i", [-2]) * (max(i + 4, 2 * len(at)) - len(at)))
         at[i:i + 4] = array("i", span) if span is not None else _NOTHING
@@ -207,8 +220,8 @@ class _Spans:
         requests ``took``, with ``values`` beside them (each one's line at the fork, numbered; -1: none), a request's
         span where ``stays(value)`` is false, nothing to move where it is true; the others not found yet."""
         out = _Spans()
-        for tools, at in self._at.items():
-            new = out._at[tools] = array("i", [-2]) * len(at)
+        for state, at in self._at.items():
+            new = out._at[state] = array("i", [-2]) * len(at)
             for k, value in zip(took, values):
                 i = 4 * k
                 if i >= len(at) or at[i] == -2 or (at[i] >= 0 and value < 0):
