@@ -189,8 +189,10 @@ class _Spans:
 
     __slots__ = ("_at",)
 
-    #: the states a move keeps spans in (a plan's moves apply in a few: each counterfactual's removal adds one)
-    MAX_STATES = 16
+    #: the states a move keeps spans in: those of the plan's passes (its own render, a tools re-render) come first;
+    #: a state the plan less one counterfactual brings is asked for by one replay or two (on bench_forks.py's chat
+    #: log, 2 kept as many views as 16)
+    MAX_STATES = 4
 
     def __init__(self) -> None:
         #: (the tools counterfactual or None, the moves applied before) -> 4 ints a request: its span, or -1
