@@ -116,7 +116,8 @@ class _Causes:
         holder = next((sp for sp in a.spans if sp.start <= c < sp.end), None)
         if holder is not None:
             ls = max(ls, holder.start)
-        site.mover = _LineMove(d, max(bisect.bisect_right(vstarts, ls) - 1, 0), site.prefix, "", "", found=_Spans())
+        site.mover = _LineMove(d, max(bisect.bisect_right(vstarts, ls) - 1, 0), site.prefix, "", "",
+                               found=_Spans(site.took))
         return site
 
     def _values(self, sites: Sequence[_Site], plan: Sequence[Any]) -> None:
@@ -206,9 +207,10 @@ class _Causes:
                     "message": _message(final, distinct, requests, predictor, detail, head=False)}, None
         # (the spans the site's move found are this one's; where some lines are kept where they are, each request's
         # value tells whether it moves)
-        found = mover.found
-        if kept and found is not None:
-            found = found.kept(site.took, site.values, lambda at: site.distinct.texts[at] in kept)
+        found = None
+        if mover.found is not None and code in ("FX001", "FX007"):
+            found = mover.found.moving(len(self.reqs), site.values,
+                                       (lambda at: site.distinct.texts[at] in kept) if kept else None)
         move = replace(mover, code=code, cause=final, keep=kept, found=found) if code in ("FX001", "FX007") else None
         return {**base, "cause": final, "fixable": code, "predicted_by": predictor,
                 "message": _message(final, distinct, requests, predictor, detail)}, move

@@ -184,51 +184,71 @@ _UNSEEN: Any = object()
 class _Spans:
     """A line move's span in each request, by the state the request is in (its render: its own or a tools
     counterfactual's; the line moves applied before it), found once: a later tree pass or replay reads the move
-    here, with the request's IDs alone (16 bytes a request, up to the last one found, and state; at most
-    :data:`MAX_STATES` states)."""
+    here, with the request's IDs alone. Kept for the requests of ``domain`` (a fork's candidate: the requests
+    through the fork, ascending) or for every one of ``n`` (a move of the plan): 16 bytes each, for each state
+    (at most :data:`MAX_STATES`)."""
 
-    __slots__ = ("_at",)
+    __slots__ = ("_at", "_domain", "_n")
 
     #: the states a move keeps spans in: those of the plan's passes (its own render, a tools re-render) come first;
     #: a state the plan less one counterfactual brings is asked for by one replay or two (on bench_forks.py's chat
     #: log, 2 kept as many views as 16)
     MAX_STATES = 4
 
-    def __init__(self) -> None:
+    def __init__(self, domain: array | None = None, n: int = 0) -> None:
+        self._domain = domain
+        self._n = len(domain) if domain is not None else n
         #: (the tools counterfactual or None, the moves applied before) -> 4 ints a request: its span, or -1
         #: (nothing to move), -2 (not found yet)
         self._at: dict[tuple, array] = {}
 
+    def _slot(self, k: int) -> int:
+        d = self._domain
+        if d is None:
+            return k if 0 <= k < self._n else -1
+        i = bisect.bisect_left(d, k)
+        return i if i < len(d) and d[i] == k else -1
+
     def get(self, k: int, state: tuple) -> Any:
-        at, i = self._at.get(state), 4 * k
-        if at is None or i >= len(at) or at[i] == -2:
+        at = self._at.get(state)
+        i = 4 * self._slot(k) if at is not None else -4
+        if i < 0 or at is None or at[i] == -2:
             return _UNSEEN
         return None if at[i] == -1 else (at[i], at[i + 1], at[i + 2], at[i + 3])
 
     def put(self, k: int, state: tuple, span: tuple[int, int, int, int] | None) -> None:
-        if span is not None and not all(0 <= x < 2 ** 31 for x in span):
-            return  # (past what a column of 32-bit ints holds: found again when asked)
-        at, i = self._at.get(state), 4 * k
+        i = 4 * self._slot(k)
+        if i < 0 or (span is not None and not all(0 <= x < 2 ** 31 for x in span)):
+            return  # (a request it keeps none for; past what a column of 32-bit ints holds: found again when asked)
+        at = self._at.get(state)
         if at is None:
             if len(self._at) >= self.MAX_STATES:
                 return
-            at = self._at[state] = array("i")
-        if i >= len(at):
-            at.extend(array("i", [-2]) * (max(i + 4, 2 * len(at)) - len(at)))
+            at = self._at[state] = array("i", [-2]) * (4 * self._n)
         at[i:i + 4] = array("i", span) if span is not None else _NOTHING
 
-    def kept(self, took: Sequence[int], values: Sequence[int], stays: Callable[[int], bool]) -> _Spans:
-        """These spans for a move made from this one that keeps some lines where they are (its ``keep``): of the
-        requests ``took``, with ``values`` beside them (each one's line at the fork, numbered; -1: none), a request's
-        span where ``stays(value)`` is false, nothing to move where it is true; the others not found yet."""
-        out = _Spans()
+    def moving(self, n: int, values: Sequence[int] | None = None, stays: Callable[[int], bool] | None = None
+               ) -> _Spans:
+        """These spans for the move of the plan made from this candidate, kept for each of the log's ``n`` requests.
+        With ``stays`` (the move keeps some lines where they are: its ``keep``), ``values`` beside the domain (each
+        request's line at the fork, numbered; -1: none): a request's span where ``stays(value)`` is false, nothing to
+        move where it is true."""
+        import numpy as np
+
+        out = _Spans(n=n)
+        rows = np.frombuffer(self._domain, np.int64) if self._domain is not None else np.arange(self._n)
         for state, at in self._at.items():
-            new = out._at[state] = array("i", [-2]) * len(at)
-            for k, value in zip(took, values):
-                i = 4 * k
-                if i >= len(at) or at[i] == -2 or (at[i] >= 0 and value < 0):
-                    continue  # (not found in this request; or found and no value: not the view its value was read in)
-                new[i:i + 4] = at[i:i + 4] if at[i] >= 0 and not stays(value) else _NOTHING
+            got = np.frombuffer(at, np.int32).reshape(-1, 4).copy()
+            if stays is not None:
+                assert values is not None
+                value = np.frombuffer(values, np.int32) if isinstance(values, array) else np.asarray(values, np.int32)
+                found = got[:, 0] >= 0
+                got[found & (value < 0)] = -2   # (found and no value: not the view its value was read in)
+                by_value = np.array([stays(v) for v in range(int(value.max(initial=-1)) + 1)] or [False], dtype=bool)
+                got[found & (value >= 0) & by_value[np.maximum(value, 0)]] = -1
+            new = np.full((n, 4), -2, np.int32)
+            new[rows] = got
+            out._at[state] = array("i", new.tobytes())
         return out
 
 
