@@ -236,12 +236,14 @@ class _Spans:
         import numpy as np
 
         out = _Spans(n=n)
+        if not self._n:
+            return out
         rows = np.frombuffer(self._domain, np.int64) if self._domain is not None else np.arange(self._n)
         for state, at in self._at.items():
             got = np.frombuffer(at, np.int32).reshape(-1, 4).copy()
             if stays is not None:
-                assert values is not None
-                value = np.frombuffer(values, np.int32) if isinstance(values, array) else np.asarray(values, np.int32)
+                assert values is not None and len(values) == len(got)
+                value = np.asarray(values, np.int32)
                 found = got[:, 0] >= 0
                 got[found & (value < 0)] = -2   # (found and no value: not the view its value was read in)
                 by_value = np.array([stays(v) for v in range(int(value.max(initial=-1)) + 1)] or [False], dtype=bool)
