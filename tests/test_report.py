@@ -510,4 +510,3 @@ def test_diff_tokens_pairs_two_requests_on_one_line_as_report_does(cli):
     rep = json.loads(cli("report", log, "-t", str(TOK_DIR), "--format", "json").stdout)
     assert summary["pairs"] == rep["pairs"] == 1
     assert summary["reused_tokens"] == rep["reused_tokens"] > 0
-
