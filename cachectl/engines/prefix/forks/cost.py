@@ -84,13 +84,13 @@ class _Analyzer:
                 changed.append(j)
         return v
 
-    def ids(self, k: int, plan: Sequence[Any]) -> Sequence[int]:
+    def ids(self, k: int, plan: Sequence[Any], changed: list[int] | None = None) -> Sequence[int]:
         """Request ``k``'s token IDs under ``plan`` (its view's, without its text where the spans found before tell
-        the moves: :meth:`_ids`)."""
+        the moves: :meth:`_ids`); ``changed`` as :meth:`view` fills it."""
         if not plan:
             return self.reqs.ids(k)
-        got = self._ids(k, plan, None)
-        return got if got is not None else self.view(k, plan).ids
+        got = self._ids(k, plan, changed)
+        return got if got is not None else self.view(k, plan, changed).ids
 
     def _ids(self, k: int, plan: Sequence[Any], changed: list[int] | None) -> array | None:
         """Request ``k``'s token IDs under ``plan`` from its stored IDs and the spans its line moves found in it
@@ -100,14 +100,14 @@ class _Analyzer:
         mine = reqs.tool_set(k)
         # the tools counterfactual the request is re-rendered under: its place in the plan, itself, the re-render
         under: tuple[int, _Tools, Any] | None = None
-        if mine is not None:
-            j, t = next(((j, t) for j, t in enumerate(plan) if isinstance(t, _Tools) and t.identities == mine),
-                        (-1, None))
-            got = self.rendered.get((k, id(t))) if isinstance(t, _Tools) else AS_GIVEN
-            if got is None:
-                return None
-            if got is not AS_GIVEN and isinstance(t, _Tools):
-                under = (j, t, got)
+        for j, t in enumerate(plan if mine is not None else ()):
+            if isinstance(t, _Tools) and t.identities == mine:
+                got = self.rendered.get((k, id(t)))
+                if got is None:   # (not rendered yet)
+                    return None
+                if got is not AS_GIVEN:
+                    under = (j, t, got)
+                break
         tools = under[1] if under is not None else None
         moves: list[tuple[int, Any]] = []
         moved: tuple[_LineMove, ...] = ()
@@ -151,9 +151,7 @@ class _Analyzer:
                 yield k, reuse.tokens[k], reuse.keys(k)
                 continue
             changed: list[int] | None = [] if record is not None else None
-            ids = reqs.ids(k) if not plan else self._ids(k, plan, changed)
-            if ids is None:
-                ids = self.view(k, plan, changed).ids
+            ids = self.ids(k, plan, changed)
             keys = block_keys(ids, bs, reqs.salt(k))
             if record is not None:
                 record.add(len(ids), keys, changed or ())
