@@ -510,3 +510,27 @@ def test_diff_tokens_pairs_two_requests_on_one_line_as_report_does(cli):
     rep = json.loads(cli("report", log, "-t", str(TOK_DIR), "--format", "json").stdout)
     assert summary["pairs"] == rep["pairs"] == 1
     assert summary["reused_tokens"] == rep["reused_tokens"] > 0
+
+
+@pytest.mark.parametrize("log,key", [(LOG, "session"), (PROMPTS / "fix_log.jsonl", None),
+                                     (PROMPTS / "shared_prefix_log.jsonl", None)])
+def test_a_report_in_two_processes_is_the_report_in_one(cli, monkeypatch, log, key):
+    """With two processes, the child reads the lines for the provider and curve sections and measures the log as it
+    is (with its pairs) beside the fork analysis, while this process measures the fixes' versions: the report is
+    the one process's, byte for byte."""
+    from cachectl import workers
+    from cachectl.engines.repair import fix
+
+    if workers.available_jobs() < 2:
+        pytest.skip("one core, or no os.fork: every part runs in this process")
+    here: list[bool] = []   # (what this process's sweeps measured: the log as it is too, or only the fixes)
+    monkeypatch.setattr(fix, "measured_pass", lambda *a, _m=fix.measured_pass, **k: here.append(k.get("before", False))
+                        or _m(*a, **k))
+    args = ["report", str(log), "-t", str(TOK_DIR), "--format", "json"] + (["--key", key] if key else [])
+    one = cli(*args, "--jobs", "1")
+    assert here == [True]
+    here.clear()
+    two = cli(*args, "--jobs", "2")
+    assert here == [False]
+    assert one.exit_code == two.exit_code and one.exit_code in (0, 1), one.stderr + two.stderr
+    assert one.stdout == two.stdout and json.loads(one.stdout)["fixes"]["columns"][-1]["fixes_applied"] > 0

@@ -145,7 +145,7 @@ class OneRead:
         self._reader = (TraceReader(source=source, tokenizer=tokenizer, timestamps=timestamps) if known is None else
                         TraceReader(source=source, tokenizer=_Known(tokenizer, known.known), timestamps=timestamps,
                                     batch_size=known.batch_size))
-        self._keys = _Fed(partial(_keyed, block_size, source))
+        self._keys: Any = _Fed(partial(_keyed, block_size, source))
         self._reqs: list[Any] = []
         self._trace: list[TraceRequest] = []
         self._unread = False                        # a line the provider could not read: it reads no more
@@ -197,18 +197,24 @@ class OneRead:
                 self._provider.put(self._reqs)
                 self._reqs = []
                 got = self._provider.result()
+                self._provider = None  # (its thread is done: what it held goes with it)
             self._costed = (got,)
         return self._costed[0]
 
     def curve(self) -> CurveSection:
+        """The capacity curve, once (the keyed trace it is read from, a few bytes a block of every request, is let
+        go: the run goes on for minutes after)."""
+        if self._keys is None:
+            raise RuntimeError("the curve was made already")
         if self._error is None:
             try:
                 self._trace.extend(self._reader.end())
             except Exception as exc:  # noqa: BLE001
                 self._error = exc
         self._put_trace()
+        keys, self._keys = self._keys, None
         try:
-            kt = self._keys.result()
+            kt = keys.result()
         except Exception:
             if self._error is None or self._fed:  # (with nothing fed, the keying only says the trace is empty)
                 raise
