@@ -463,14 +463,13 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     from one read of ``lines`` (:class:`.sections.OneRead`), not from the log file: ``default_model`` and
     ``timestamps`` (the run's :class:`~cachectl.inputs.TimestampReader`) are what reading its requests takes.
 
-    Every version of the log (as it is, after the safe fixes, as each code of the full run left it, after all
-    fixes) is measured in one sweep (:func:`.fix.measured_pass`); the report's pairs are the log's as it is, as that
-    sweep compares them (:class:`PairTally`). With ``workers`` (:class:`cachectl.workers.Workers` of more than one
-    job) a child builds the provider and curve sections, then measures the log as it is (its pairs too), while this
-    process finds the forks, rewrites the log and measures the fixes' versions in its sweep. (On 100,000 requests,
-    a tenth less wall time than a child that built the sections alone, for 1.9 to 2.0 KB a request summed over the
-    two processes against 1.8. Measuring the safe fixes' version in a child instead was no faster and cost a fifth
-    more CPU: one sweep measures a line the fixes leave alone once for all its versions.)
+    In one process, every version of the log (as it is, after the safe fixes, as each code of the full run left it,
+    after all fixes) is measured in one sweep (:func:`.fix.measured_pass`); the report's pairs are the log's as it
+    is, as the sweep compares them (:class:`PairTally`). With ``workers`` (:class:`cachectl.workers.Workers` of more
+    than one job) a child builds the provider and curve sections, then measures the log as it is (its pairs too),
+    while this process finds the forks, rewrites the log and sweeps the fixes' versions (100,000 requests: a tenth
+    less time than a child building the sections alone, 1.9-2.0 KB a request summed against 1.8; the safe fixes'
+    version measured in a child instead was no faster, for a fifth more CPU).
     The report is the same as in one process (``workers`` None or of one job). ``progress``: pass ``workers.tick``
     (it is called in the children too). ``first_read`` (:class:`.fix.FirstRead`): what the lines' first read found (the
     conversations, the requests packed for the forks), not read from them again. ``sections_read``
@@ -508,8 +507,7 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
                                   pairs=_tallying(tally, lines, grouping))[1]
         return before, None if costed is None else replace(costed, simulated=None), curve, first, tally
 
-    # beside the forks analysis and the rewrites, in a child (where a run has two processes): the provider and curve
-    # sections where the first read did not feed them, and the log as it is after them
+    # in a child (with two processes), beside the forks and rewrites: the sections, then the log as it is
     apart = sections_read is None and workers.jobs > 1
     side_job = workers.submit(side, measure_before=apart) if sections_read is None else None
     forks, fork_notes, rewrite = forked(fixed_lines, grouping, options, tokenizer=tokenizer, table=table,
