@@ -62,9 +62,8 @@ class _Causes:
 
     def __init__(self, view: Callable[[int, Sequence[Any]], _View], reqs: RequestStore, *, tokenizer: Any,
                  user_fields: Sequence[str], max_forks: int, max_values: int,
-                 ids: Callable[[int, Sequence[Any]], Sequence[int]] | None = None):
-        self.view, self.reqs, self.tok = view, reqs, tokenizer
-        self.ids = ids if ids is not None else (lambda k, plan: view(k, plan).ids)
+                 ids: Callable[[int, Sequence[Any]], Sequence[int]]):
+        self.view, self.ids, self.reqs, self.tok = view, ids, reqs, tokenizer
         self.user_fields = tuple(user_fields)
         self.max_forks, self.max_values = max_forks, max_values
 

@@ -239,15 +239,17 @@ class _Spans:
         if not self._n:
             return out
         rows = np.frombuffer(self._domain, np.int64) if self._domain is not None else np.arange(self._n)
+        if stays is not None:  # (each request's value: none, or whether its line stays; the same in every state)
+            assert values is not None and len(values) == self._n
+            value = np.asarray(values, np.int32)
+            by_value = np.array([stays(v) for v in range(int(value.max(initial=-1)) + 1)] or [False], dtype=bool)
+            no_value, staying = value < 0, (value >= 0) & by_value[np.maximum(value, 0)]
         for state, at in self._at.items():
             got = np.frombuffer(at, np.int32).reshape(-1, 4).copy()
             if stays is not None:
-                assert values is not None and len(values) == len(got)
-                value = np.asarray(values, np.int32)
                 found = got[:, 0] >= 0
-                got[found & (value < 0)] = -2   # (found and no value: not the view its value was read in)
-                by_value = np.array([stays(v) for v in range(int(value.max(initial=-1)) + 1)] or [False], dtype=bool)
-                got[found & (value >= 0) & by_value[np.maximum(value, 0)]] = -1
+                got[found & no_value] = -2   # (found and no value: not the view its value was read in)
+                got[found & staying] = -1
             new = np.full((n, 4), -2, np.int32)
             new[rows] = got
             out._at[state] = array("i", new.tobytes())
