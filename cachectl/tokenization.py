@@ -131,6 +131,14 @@ class Tokenized:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def shipped(self) -> tuple:
+        """This prompt compacted (:meth:`compact`) as another process sends it: its IDs, text, kept offsets and how it
+        was rendered, without the prompt and the tokenizer, which the receiver has
+        (:meth:`TokenizerHandle.received`)."""
+        t = self.compact(offsets=True)
+        enc = t.encoding if t.encoding is None or isinstance(t.encoding, KeptOffsets) else None
+        return t.ids, t.text, enc, t.add_special_tokens, t.render_opts, t.memo_key
+
     def _encoded(self) -> Any:
         """The encoding, made again from the text when this one was compacted or its IDs were remembered (None for
         ID inputs)."""
@@ -291,6 +299,9 @@ class KeptOffsets:
             self._unpack()
         assert self._starts is not None and self._ends is not None
         return self._starts, self._ends
+
+    def __reduce__(self) -> tuple:
+        return KeptOffsets, self._arrays()  # (the columns, not the memo's buffer they may be read from)
 
     @property
     def starts(self) -> Sequence[int]:
@@ -642,6 +653,14 @@ class TokenizerHandle:
             return None
         return self.render_key(list(prompt.messages or ()), list(prompt.tools) if prompt.tools else None,
                                add_generation_prompt, template_vars)
+
+    def received(self, prompt: PromptInput, shipped: tuple) -> Tokenized:
+        """``prompt`` as another process tokenized it with this tokenizer (:meth:`Tokenized.shipped`): what
+        :meth:`tokenize_many` gives, compacted."""
+        ids, text, enc, add_special_tokens, opts, key = shipped
+        spans: Any = (() if text is None else _lazy_chat_spans(self, prompt, text, opts) if prompt.is_chat
+                      else _text_spans(prompt))
+        return Tokenized(prompt, ids, text, enc, spans, self, add_special_tokens, opts, key)
 
     def tokenize_many(self, prompts: Sequence[PromptInput], *, add_generation_prompt: bool = False,
                       add_special_tokens: bool = True, template_vars: dict | None = None,

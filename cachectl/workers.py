@@ -16,6 +16,14 @@ itself in :data:`_PARTS`, as the parent left it at the fork. Its progress comes 
 ``jobs=1``, a part runs in this process when its result is asked for. At most ``jobs`` children run at once (a
 submit beyond waits for the oldest): the parent, which waits for their results at the end, is not counted.
 
+A sweep that must take its items in order (a log's lines, measured one batch after another) has its costly part
+computed ahead by a child while a core is free (:meth:`Workers.ahead`): the child takes the next item no one has
+taken and sends its value through a queue of one; the sweep computes an item the child has not taken, and the next
+ones while the child computes the one it is at.
+
+    for value, here in workers.ahead(len(batches), tokens_of, rendered_here):
+        ...                                              # each batch in order, from the child or made here
+
 What a child must not share with its parent is made its own at the fork: the spools (:class:`cachectl.spool.Spool`:
 the child appends to a file of its own), the render watchdog (:mod:`cachectl.sandbox`), the tokenizers library's
 thread pool (``TOKENIZERS_PARALLELISM`` is false in the child: a pool does not survive a fork). A child never
@@ -30,11 +38,12 @@ import gc
 import itertools
 import os
 import pickle
+import queue
 import signal
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Generic, TypeVar
@@ -113,8 +122,9 @@ class Job(Generic[T]):
             raise self._error
         return self._value
 
-    def _drain(self, timeout: float = 0.0) -> None:
-        """Forward the child's progress; take its result once it ended (waiting up to ``timeout`` s), and reap it."""
+    def _drain(self, timeout: float | None = 0.0) -> None:
+        """Forward the child's progress; take its result once it ended (waiting up to ``timeout`` s; None: until it
+        ends), and reap it."""
         if self._future is None:
             return
         self._forward_ticks()
@@ -187,6 +197,73 @@ class Workers:
         self._fork(job)
         return job
 
+    def ahead(self, n: int, fn: Callable[[int], Any], here: Callable[[int], T]) -> Iterator[tuple[T | Any, bool]]:
+        """Items ``0 .. n-1`` of a sweep that takes them in order, computed beside it by a child while a core is free:
+        for each, in order, ``(fn(item), False)`` as the child computed it, or ``(here(item), True)`` computed in this
+        process. The child takes the next item no one has taken, computes it and sends it (at most :data:`AHEAD`
+        waiting); this process computes an item the child has not taken, and while the child computes the item it is
+        at, it computes the next item no one has taken (at most :data:`EARLY` ahead), so neither waits for the other.
+        ``fn`` runs in the child only, on what this process held when the child was forked (when the first item is
+        asked for, and only if no other child is running then); its value must pickle and must not be None. A
+        child that dies leaves its items to this process."""
+        shared = self._shared(n, fn)
+        if shared is None:
+            for item in range(n):
+                yield here(item), True
+            return
+        job, taken, got = shared
+        early: dict[int, T] = {}   # items computed here while the child computed an earlier one
+        dead = done = False
+        try:
+            for item in range(n):
+                if item in early:
+                    yield early.pop(item), True
+                    continue
+                if dead or _take(taken, n, item) is not None:
+                    yield here(item), True
+                    continue
+                while True:  # (the child took it)
+                    value = _received(got, item, job, 0.0 if len(early) < EARLY else None)
+                    if value is _NOT_YET:
+                        nxt = _take(taken, n)
+                        if nxt is not None:
+                            early[nxt] = here(nxt)
+                            continue
+                        value = _received(got, item, job, None)
+                    break
+                if value is None:  # (the child ended without it, with a line if it was killed: its items are ours)
+                    dead = True
+                    yield here(item), True
+                else:
+                    yield value, False
+            done = True
+        finally:
+            with taken.get_lock():
+                taken.value = n  # (the child takes no more)
+            if not dead and done:  # (every item it took was taken from it: it ends now)
+                job._drain(None)
+            elif not dead:  # (it may be waiting to send one)
+                job._reap(kill=True)
+            got.close()
+
+    def _shared(self, n: int, fn: Callable[[int], Any]) -> tuple[Job, Any, Any] | None:
+        """The child of :meth:`ahead`, its counter of the items taken and its queue; None without one."""
+        if self.jobs < 2 or in_child() or n < 2:
+            return None
+        for job in list(self._running):   # (a child that ended is reaped here)
+            job._drain()
+        if self._running:
+            return None
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("fork")
+        taken, got = ctx.Value("q", 0), ctx.Queue(AHEAD)
+        job = self.submit(_ahead, n, fn, taken, got)
+        if job._future is None:  # (no child could be forked)
+            got.close()
+            return None
+        return job, taken, got
+
     def tick(self, n: int = 1) -> None:
         """Progress: in the parent, ``progress(n)`` (and what the children counted since); in a child, to its
         parent."""
@@ -239,6 +316,51 @@ class Workers:
         job._executor, job._future, job._ticks = executor, future, ticks
         job._proc = next(iter(getattr(executor, "_processes", {}).values()), None)
         self._running.append(job)
+
+
+#: the items a child of :meth:`Workers.ahead` holds computed and not yet taken (each may be large)
+AHEAD = 1
+#: the items :meth:`Workers.ahead` computes here ahead of the one it is at, while its child computes that one
+EARLY = 2
+
+
+def _ahead(n: int, fn: Callable[[int], Any], taken: Any, got: Any) -> None:  # pragma: no cover - runs in the child
+    """:meth:`Workers.ahead`'s child: the next item not taken, computed and sent, until every item is taken."""
+    while (item := _take(taken, n)) is not None:
+        got.put((item, fn(item)))
+    got.close()
+    got.join_thread()  # (all sent before the part ends)
+
+
+def _take(taken: Any, n: int, item: int | None = None) -> int | None:
+    """The next item of ``n`` that no one has taken (``item``: only if that is it), now taken; None if none is."""
+    with taken.get_lock():
+        nxt = taken.value
+        if nxt >= n or (item is not None and nxt != item):
+            return None
+        taken.value = nxt + 1
+        return nxt
+
+
+#: :func:`_received`: nothing came in the time given
+_NOT_YET: Any = object()
+
+
+def _received(got: Any, item: int, job: Job, timeout: float | None) -> Any:
+    """Item ``item`` as :func:`_ahead` sent it (the next on the queue), waiting up to ``timeout`` s (None: until it
+    comes); :data:`_NOT_YET` when it did not come in that time, None when the child ended without it."""
+    while True:
+        try:
+            at, value = got.get(timeout=TICK_S if timeout is None else timeout) if timeout != 0.0 else got.get(False)
+        except queue.Empty:
+            job._drain()
+            if job._future is None and got.empty():  # (ended: what it sent is on the queue already)
+                return None
+            if timeout is not None:
+                return _NOT_YET
+            continue
+        assert at == item, f"item {at} came where {item} was due"
+        return value
 
 
 def _restore(before: str | None) -> None:

@@ -150,6 +150,107 @@ def test_a_render_over_budget_in_a_child_is_stopped_by_the_childs_watchdog():
     assert time.monotonic() - t0 < 5
 
 
+# ------------------------------------------------------------------------------ a sweep's items computed ahead
+
+
+def _slow_square(i, s=0.0):
+    time.sleep(s)
+    return i * i
+
+
+def _swept(w, n, fn, here):
+    """What a sweep over ``Workers.ahead`` sees: each item's value, and where it was computed."""
+    return [(v, at) for v, at in w.ahead(n, fn, here)]
+
+
+@forks
+def test_a_sweeps_items_come_in_order_computed_by_a_free_child_or_here():
+    parent = os.getpid()
+    with Workers(jobs=2) as w:
+        got = _swept(w, 40, lambda i: (os.getpid(), i * i), lambda i: (os.getpid(), _slow_square(i, 0.02)))
+        assert w._running == []  # (the child ended with the sweep)
+    assert [v for (_, v), _ in got] == [i * i for i in range(40)]
+    by_child = [pid for (pid, _), here in got if not here]
+    assert by_child and parent not in by_child   # (this process was the slower: the child took items)
+    assert all(pid == parent for (pid, _), here in got if here)
+
+
+@forks
+def test_while_the_child_computes_the_item_due_this_process_computes_the_next_ones():
+    parent = os.getpid()
+    with Workers(jobs=2) as w:
+        got = _swept(w, 12, lambda i: _slow_square(i, 0.3), lambda i: _slow_square(i))
+    assert [v for v, _ in got] == [i * i for i in range(12)]
+    assert sum(here for _, here in got) >= 6 and os.getpid() == parent  # (the child took few: it is slow)
+
+
+def _dies_at_3(parent, i):
+    if os.getpid() != parent and i >= 3:
+        os._exit(3)
+    return _slow_square(i)
+
+
+@forks
+def test_a_child_that_dies_leaves_its_items_to_the_sweep_with_a_line():
+    said: list[str] = []
+    with Workers(jobs=2, say=said.append) as w:
+        got = _swept(w, 30, lambda i, parent=os.getpid(): _dies_at_3(parent, i), lambda i: _slow_square(i, 0.01))
+    assert [v for v, _ in got] == [i * i for i in range(30)]
+    assert said == ["a worker process ended without its result (exit status 3); its part runs in this process"]
+
+
+@forks
+def test_a_sweep_that_stops_early_stops_its_child():
+    with Workers(jobs=2) as w:
+        t0 = time.monotonic()
+        for k, (v, _) in enumerate(w.ahead(1000, lambda i: _slow_square(i, 0.05), lambda i: _slow_square(i, 0.05))):
+            assert v == k * k
+            if k == 3:
+                break
+        assert w._running == [] and time.monotonic() - t0 < 5
+
+
+def test_with_one_job_or_a_child_running_every_item_is_computed_here():
+    with Workers(jobs=1) as w:
+        assert _swept(w, 5, lambda i: 1 / 0, _slow_square) == [(i * i, True) for i in range(5)]
+    if workers.available_jobs() < 2:
+        return
+    with Workers(jobs=2) as w:
+        busy = w.submit(_slow_square, 3, 0.5)  # (the other core is taken)
+        assert _swept(w, 5, lambda i: 1 / 0, _slow_square) == [(i * i, True) for i in range(5)]
+        assert busy.result() == 9
+
+
+@forks
+@pytest.mark.parametrize("command", ["report", "fix"])
+def test_the_sweep_of_the_fixes_shares_its_batches_with_the_idle_child(cli, monkeypatch, tmp_path, command):
+    """The sweep of the fixes' versions takes the renders and tokens of the batches a free child computed: the output
+    is the one process's, byte for byte."""
+    from cachectl.engines.repair import measure
+    from cachectl.tokenization import TokenizerHandle
+
+    monkeypatch.setattr(measure, "BATCH", 3)   # (60 lines: 20 batches; the child is forked after this)
+    # (on a log this small the first child may still be running when the sweep starts: it is waited for; and the
+    # batches this process computes itself are made slower, so that the child takes some)
+    monkeypatch.setattr(Workers, "ahead", lambda self, *a, _a=Workers.ahead: [j._drain(None) for j in self._running]
+                        and False or _a(self, *a))
+    monkeypatch.setattr(measure, "_tokenized_rows", lambda *a, _t=measure._tokenized_rows: time.sleep(0.05)
+                        or _t(*a) if a[3] is None else _t(*a))
+    received: list[int] = []
+    monkeypatch.setattr(TokenizerHandle, "received",
+                        lambda self, p, t, _r=TokenizerHandle.received: received.append(1) or _r(self, p, t))
+    path = PROMPTS / "shared_prefix_log.jsonl"
+    outs = []
+    for jobs in ("1", "2"):
+        extra = ["--unsafe-fixes", "-o", tmp_path / f"fixed{jobs}.jsonl"] if command == "fix" else []
+        r = cli(command, path, "-t", TOK_DIR, "-f", "json", "--jobs", jobs, *extra)
+        assert r.exit_code in (0, 1), r.stderr
+        outs.append((r.exit_code, r.stdout.replace(str(tmp_path / f"fixed{jobs}.jsonl"), "OUT"), r.stderr,
+                     (tmp_path / f"fixed{jobs}.jsonl").read_bytes() if extra else b""))
+        assert bool(received) == (jobs == "2")
+    assert outs[0] == outs[1]
+
+
 # ------------------------------------------------------------------------------ the commands, one job and two
 
 

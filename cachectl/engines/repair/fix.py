@@ -152,7 +152,7 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     if preview_unsafe and not options.unsafe and any(not f.applied and not f.safe for f in rws[0].fixes):
         rws.append(rewrite(full_options))
     # (the log as it is joins the sweep of its versions, unless a child measured it)
-    passes, first = measured_pass(rws, measured, lines, before=before_job is None)
+    passes, first = measured_pass(rws, measured, lines, before=before_job is None, workers=workers)
     before, n1 = first if first is not None else before_job.result()[0]  # type: ignore[union-attr]
     report = assembled(lines, options, grouping, forks, fork_notes, before, n1, passes[0], table=table,
                        source=source, tokenizer=tokenizer)
@@ -326,7 +326,7 @@ def rewritten(lines: Sequence[LogLine], grouping: Grouping, forks: LogForks | No
 
 def measured_pass(rws: Sequence[Rewritten], measured: Callable[..., list[tuple[Measure, list[str]]]],
                   lines: Sequence[LogLine], *, before: bool = False, before_provider: Any = None,
-                  examples_only: bool = False, pairs: Callable[..., None] | None = None,
+                  examples_only: bool = False, pairs: Callable[..., None] | None = None, workers: Any = None,
                   ) -> tuple[list[FixPass], tuple[Measure, list[str]] | None]:
     """Rewrites of one log measured in one sweep (:func:`.measure.measure_versions`): of each, the log as each
     code but the last left it and the rewritten log (every line a code rewrote is parsed again: dict equality
@@ -334,7 +334,8 @@ def measured_pass(rws: Sequence[Rewritten], measured: Callable[..., list[tuple[M
     its provider figures already simulated) and its measure is returned beside the passes (None otherwise).
     ``examples_only``: each pass keeps the first applied fix of each code and no rewritten log (what a report
     shows). ``pairs``: sees each line of the log as it is as it is measured (:func:`.measure.measure_versions`'
-    ``pairs``; with ``before``)."""
+    ``pairs``; with ``before``). ``workers``: a child with a free core tokenizes ahead of the sweep (the same
+    measures)."""
     versions: list[Any] = [None] if before else []
     causes = [True] if before else []
     for rw in rws:
@@ -342,7 +343,8 @@ def measured_pass(rws: Sequence[Rewritten], measured: Callable[..., list[tuple[M
         versions += [*steps, rw.values]
         causes += [False] * len(steps) + [True]
     providers = [before_provider] + [None] * (len(versions) - 1) if before else None
-    got = measured(lines, versions, causes=causes, providers=providers, pairs=pairs if before else None)
+    got = measured(lines, versions, causes=causes, providers=providers, pairs=pairs if before else None,
+                   workers=workers)
     first = got.pop(0) if before else None
     passes = []
     for rw in rws:

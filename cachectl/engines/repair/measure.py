@@ -225,7 +225,7 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
                      progress: Callable[[int], None] | None = None,
                      providers: Sequence[ProviderMeasure | None] | None = None,
                      pairs: Callable[[int, LogLine, Any, Any, int, str | None], None] | None = None,
-                     ) -> list[tuple[Measure, list[str]]]:
+                     workers: Any = None) -> list[tuple[Measure, list[str]]]:
     """Versions of a log measured by the existing engines in one sweep: each line read once, each of its distinct
     versions parsed once and each distinct prompt among them tokenized once, and every version's engines fed as
     the sweep goes: the vLLM replay (:func:`cachectl.engines.prefix.simulate`; with ``capacity_blocks`` None, no
@@ -241,7 +241,9 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
     tokens, common, cause)`` sees each line of the first version as it is measured: its index and line, the tokens of
     the previous request of its conversation (None for the first) and its own, the tokens they share as a prefix, and
     the diff-tokens cause where they diverge before either ends (``"unexplained"`` where no rule explains it; None
-    where they do not diverge)."""
+    where they do not diverge). ``workers`` (:class:`cachectl.workers.Workers`): a child with a free core renders and
+    tokenizes the batches of lines it takes ahead of the sweep (:meth:`~cachectl.workers.Workers.ahead`; the same
+    measures)."""
     from .. import tokendiff
 
     k = len(versions)
@@ -267,11 +269,27 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
     # every version's no-eviction replay in one (a request several versions send alike is replayed once)
     infinite = InfiniteVersions(k, block_size)
     ends = grouping.last_indices()
+    starts = range(0, len(lines), BATCH)
+
+    def rows(start: int) -> list[list[LogLine]]:
+        return [_line_versions(lines, versions, i, model) for i in range(start, min(len(lines), start + BATCH))]
+
+    def shipped(b: int) -> list[tuple]:  # (in a child: batch b's distinct prompts tokenized, as sent)
+        return [t.shipped() for t in _tokenized(_distinct(rows(starts[b]), tokenizer, add_generation_prompt)[1],
+                                                tokenizer, add_generation_prompt)]
+
+    def tokenized(b: int, got: list[tuple] | None = None) -> tuple[list[list[LogLine]], list[list[Any]]]:
+        batch = rows(starts[b])
+        return batch, list(_tokenized_rows(batch, tokenizer, add_generation_prompt, got))
+
+    # a child with a free core renders and tokenizes the batches it takes ahead of this sweep
+    ahead = (workers.ahead(len(starts), shipped, tokenized) if workers is not None
+             else ((tokenized(b), True) for b in range(len(starts))))
     try:
-        for start in range(0, len(lines), BATCH):
-            batch = [_line_versions(lines, versions, i, model) for i in range(start, min(len(lines), start + BATCH))]
-            for i, row, tok in zip(range(start, start + len(batch)), batch,
-                                   _tokenized_rows(batch, tokenizer, add_generation_prompt)):
+        for b, (value, here) in enumerate(ahead):
+            start = starts[b]
+            batch, toks = value if here else tokenized(b, value)
+            for i, row, tok in zip(range(start, start + len(batch)), batch, toks):
                 g = grouping.groups[i]
                 # (vLLM's cache_salt, which keys a request's blocks apart: the fixes leave it as it is)
                 salts = [hashable_salt(cache_salt_of(ln.value), source=source, line=ln.line) for ln in row]
@@ -308,6 +326,7 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
             for v in vs:
                 v.flush()
     finally:
+        ahead.close()
         for v in vs:
             v.close()
     got = [_measured(v, len(lines), infinite.totals(j), block_size) for j, v in enumerate(vs)]
@@ -345,14 +364,31 @@ def _provider_fed(table: Any, source: str, counter: Any, reqs: Iterator[Any]) ->
                                          token_source="tokenizer", keep_requests=False)
 
 
-def _tokenized_rows(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: bool) -> Iterator[list[Any]]:
+def _tokenized_rows(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: bool,
+                    shipped: list[tuple] | None = None) -> Iterator[list[Any]]:
     """Each row's prompts tokenized, compacted to their IDs, rendered text and offsets (about 12 bytes per token, not
     a full ``Encoding``'s hundred; a render the memo keeps reads its offsets back there, the others keep theirs, so
     a diverging pair's cause locates its tokens without encoding the text again): a prompt the batch holds more than
     once (the same content, key order included: the versions of a line a fix left alone, a request sent twice) is
     tokenized once; a chat prompt is told apart by its key in the render memo, digested once. The render memo is
     read, not added to: the renders of rewritten lines are asked for by no later pass (on 5,000 requests, `report
-    --jobs 1` took about 4% longer keeping them)."""
+    --jobs 1` took about 4% longer keeping them). ``shipped``: the batch's distinct prompts as a child tokenized them
+    (:meth:`~cachectl.tokenization.Tokenized.shipped`), not tokenized here."""
+    keys, todo = _distinct(batch, tokenizer, add_generation_prompt)
+    if shipped is None:
+        got = [t.compact(offsets=True) for t in _tokenized(todo, tokenizer, add_generation_prompt)]
+    else:
+        assert len(shipped) == len(todo), "a child tokenized another batch"
+        got = [tokenizer.received(p, t) for (p, _), t in zip(todo.values(), shipped)]
+    done = dict(zip(todo, got))
+    for row in batch:
+        yield [done[keys[id(ln)]] for ln in row]
+
+
+def _distinct(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: bool
+              ) -> tuple[dict[int, Any], dict[Any, tuple[PromptInput, bytes | None]]]:
+    """The distinct prompts of a batch's rows, each with its key in the render memo (None: not a chat prompt, or no
+    memo), by their digest; and the digest of each line's prompt, by the line's id."""
     keys: dict[int, Any] = {}     # id of a parsed line -> its prompt's digest
     todo: dict[Any, tuple[PromptInput, bytes | None]] = {}
     keyed = hasattr(tokenizer, "memo_key")
@@ -365,12 +401,14 @@ def _tokenized_rows(batch: list[list[LogLine]], tokenizer: Any, add_generation_p
                 memo = tokenizer.memo_key(p, add_generation_prompt) if keyed else None
                 keys[id(ln)] = key = (p.kind, memo) if memo is not None else _prompt_key(p)
                 todo.setdefault(key, (p, memo))
-    given = {"memo_keys": [m for _, m in todo.values()]} if keyed else {}
-    got = tokenizer.tokenize_many([p for p, _ in todo.values()], add_generation_prompt=add_generation_prompt,
-                                  keep=False, **given)
-    done = dict(zip(todo, (t.compact(offsets=True) for t in got)))
-    for row in batch:
-        yield [done[keys[id(ln)]] for ln in row]
+    return keys, todo
+
+
+def _tokenized(todo: dict[Any, tuple[PromptInput, bytes | None]], tokenizer: Any,
+               add_generation_prompt: bool) -> list[Any]:
+    given = {"memo_keys": [m for _, m in todo.values()]} if hasattr(tokenizer, "memo_key") else {}
+    return tokenizer.tokenize_many([p for p, _ in todo.values()], add_generation_prompt=add_generation_prompt,
+                                   keep=False, **given)
 
 
 def _provider_only(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] | None], j: int, model: str | None,

@@ -516,7 +516,7 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     safe_options, full_options = replace(options, per_cause=False, list_unsafe=False), replace(options, unsafe=True)
     rws = [rewrite(full_options, examples_only=True), rewrite(safe_options, examples_only=True)]
     if apart:  # (the fixes' versions measured while the child measures the log as it is)
-        (full_pass, safe_pass), _ = measured_pass(rws, measured, fixed_lines, examples_only=True)
+        (full_pass, safe_pass), _ = measured_pass(rws, measured, fixed_lines, examples_only=True, workers=workers)
     before_provider, costed, curve, first, tally = side_job.result() if side_job is not None else side(sections_read)
     if not apart:
         # (one sweep measures every version: a line the fixes leave as it is is measured once for all of them; the
@@ -524,7 +524,7 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
         tally = PairTally()
         (full_pass, safe_pass), first = measured_pass(rws, measured, fixed_lines, before=True,
                                                       before_provider=before_provider, examples_only=True,
-                                                      pairs=_tallying(tally, lines, grouping))
+                                                      pairs=_tallying(tally, lines, grouping), workers=workers)
     assert first is not None and tally is not None
     before, before_notes = first
     safe = assembled(fixed_lines, safe_options, grouping, forks, fork_notes, before, before_notes, safe_pass,
