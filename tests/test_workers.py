@@ -167,9 +167,9 @@ def _swept(w, n, fn, here):
 def test_a_sweeps_items_come_in_order_computed_by_a_free_child_or_here():
     parent = os.getpid()
     with Workers(jobs=2) as w:
-        got = _swept(w, 40, lambda i: (os.getpid(), i * i), lambda i: (os.getpid(), _slow_square(i, 0.02)))
+        got = _swept(w, 100, lambda i: (os.getpid(), i * i), lambda i: (os.getpid(), _slow_square(i, 0.02)))
         assert w._running == []  # (the child ended with the sweep)
-    assert [v for (_, v), _ in got] == [i * i for i in range(40)]
+    assert [v for (_, v), _ in got] == [i * i for i in range(100)]
     by_child = [pid for (pid, _), here in got if not here]
     assert by_child and parent not in by_child   # (this process was the slower: the child took items)
     assert all(pid == parent for (pid, _), here in got if here)
@@ -194,7 +194,7 @@ def _dies_at_3(parent, i):
 def test_a_child_that_dies_leaves_its_items_to_the_sweep_with_a_line():
     said: list[str] = []
     with Workers(jobs=2, say=said.append) as w:
-        got = _swept(w, 30, lambda i, parent=os.getpid(): _dies_at_3(parent, i), lambda i: _slow_square(i, 0.01))
+        got = _swept(w, 30, lambda i, parent=os.getpid(): _dies_at_3(parent, i), lambda i: _slow_square(i, 0.05))
     assert [v for v, _ in got] == [i * i for i in range(30)]
     assert said == ["a worker process ended without its result (exit status 3); its part runs in this process"]
 
