@@ -136,8 +136,7 @@ class Tokenized:
         was rendered, without the prompt and the tokenizer, which the receiver has
         (:meth:`TokenizerHandle.received`)."""
         t = self.compact(offsets=True)
-        enc = t.encoding if t.encoding is None or isinstance(t.encoding, KeptOffsets) else None
-        return t.ids, t.text, enc, t.add_special_tokens, t.render_opts, t.memo_key
+        return t.ids, t.text, t.encoding, t.add_special_tokens, t.render_opts, t.memo_key
 
     def _encoded(self) -> Any:
         """The encoding, made again from the text when this one was compacted or its IDs were remembered (None for

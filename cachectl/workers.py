@@ -43,7 +43,7 @@ import signal
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Generic, TypeVar
@@ -197,7 +197,8 @@ class Workers:
         self._fork(job)
         return job
 
-    def ahead(self, n: int, fn: Callable[[int], Any], here: Callable[[int], T]) -> Iterator[tuple[T | Any, bool]]:
+    def ahead(self, n: int, fn: Callable[[int], Any], here: Callable[[int], T]
+              ) -> Generator[tuple[T | Any, bool], None, None]:
         """Items ``0 .. n-1`` of a sweep that takes them in order, computed beside it by a child while a core is free:
         for each, in order, ``(fn(item), False)`` as the child computed it, or ``(here(item), True)`` computed in this
         process. The child takes the next item no one has taken, computes it and sends it (at most :data:`AHEAD`
@@ -222,15 +223,13 @@ class Workers:
                 if dead or _take(taken, n, item) is not None:
                     yield here(item), True
                     continue
-                while True:  # (the child took it)
-                    value = _received(got, item, job, 0.0 if len(early) < EARLY else None)
-                    if value is _NOT_YET:
-                        nxt = _take(taken, n)
-                        if nxt is not None:
-                            early[nxt] = here(nxt)
-                            continue
-                        value = _received(got, item, job, None)
-                    break
+                value = _NOT_YET  # (the child took it: until it comes, the next items no one took are made here)
+                while value is _NOT_YET:
+                    nxt = _take(taken, n) if len(early) < EARLY and got.empty() else None
+                    if nxt is not None:
+                        early[nxt] = here(nxt)
+                    else:
+                        value = _received(got, item, job)
                 if value is None:  # (the child ended without it, with a line if it was killed: its items are ours)
                     dead = True
                     yield here(item), True
@@ -342,22 +341,20 @@ def _take(taken: Any, n: int, item: int | None = None) -> int | None:
         return nxt
 
 
-#: :func:`_received`: nothing came in the time given
+#: :meth:`Workers.ahead`: an item not come yet
 _NOT_YET: Any = object()
 
 
-def _received(got: Any, item: int, job: Job, timeout: float | None) -> Any:
-    """Item ``item`` as :func:`_ahead` sent it (the next on the queue), waiting up to ``timeout`` s (None: until it
-    comes); :data:`_NOT_YET` when it did not come in that time, None when the child ended without it."""
+def _received(got: Any, item: int, job: Job) -> Any:
+    """Item ``item`` as :func:`_ahead` sent it (the next on the queue), once it comes; None when its child ended
+    without it."""
     while True:
         try:
-            at, value = got.get(timeout=TICK_S if timeout is None else timeout) if timeout != 0.0 else got.get(False)
+            at, value = got.get(timeout=TICK_S)
         except queue.Empty:
             job._drain()
             if job._future is None and got.empty():  # (ended: what it sent is on the queue already)
                 return None
-            if timeout is not None:
-                return _NOT_YET
             continue
         assert at == item, f"item {at} came where {item} was due"
         return value

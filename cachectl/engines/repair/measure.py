@@ -244,6 +244,7 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
     where they do not diverge). ``workers`` (:class:`cachectl.workers.Workers`): a child with a free core renders and
     tokenizes the batches of lines it takes ahead of the sweep (:meth:`~cachectl.workers.Workers.ahead`; the same
     measures)."""
+    from ...workers import Workers
     from .. import tokendiff
 
     k = len(versions)
@@ -280,11 +281,10 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
 
     def tokenized(b: int, got: list[tuple] | None = None) -> tuple[list[list[LogLine]], list[list[Any]]]:
         batch = rows(starts[b])
-        return batch, list(_tokenized_rows(batch, tokenizer, add_generation_prompt, got))
+        return batch, _tokenized_rows(batch, tokenizer, add_generation_prompt, got)
 
     # a child with a free core renders and tokenizes the batches it takes ahead of this sweep
-    ahead = (workers.ahead(len(starts), shipped, tokenized) if workers is not None
-             else ((tokenized(b), True) for b in range(len(starts))))
+    ahead = (workers if workers is not None else Workers(jobs=1)).ahead(len(starts), shipped, tokenized)
     try:
         for b, (value, here) in enumerate(ahead):
             start = starts[b]
@@ -365,7 +365,7 @@ def _provider_fed(table: Any, source: str, counter: Any, reqs: Iterator[Any]) ->
 
 
 def _tokenized_rows(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: bool,
-                    shipped: list[tuple] | None = None) -> Iterator[list[Any]]:
+                    shipped: list[tuple] | None = None) -> list[list[Any]]:
     """Each row's prompts tokenized, compacted to their IDs, rendered text and offsets (about 12 bytes per token, not
     a full ``Encoding``'s hundred; a render the memo keeps reads its offsets back there, the others keep theirs, so
     a diverging pair's cause locates its tokens without encoding the text again): a prompt the batch holds more than
@@ -381,8 +381,7 @@ def _tokenized_rows(batch: list[list[LogLine]], tokenizer: Any, add_generation_p
         assert len(shipped) == len(todo), "a child tokenized another batch"
         got = [tokenizer.received(p, t) for (p, _), t in zip(todo.values(), shipped)]
     done = dict(zip(todo, got))
-    for row in batch:
-        yield [done[keys[id(ln)]] for ln in row]
+    return [[done[keys[id(ln)]] for ln in row] for row in batch]
 
 
 def _distinct(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: bool
