@@ -24,6 +24,16 @@ ones while the child computes the one it is at.
     for value, here in workers.ahead(len(batches), tokens_of, rendered_here):
         ...                                              # each batch in order, from the child or made here
 
+Items that come one at a time as the run reads them (a log's batches of prompts, as its lines are read) are handed
+to a child as they come (:meth:`Workers.beside`: a future an item, the values sent in pickled) while it has a free
+hand, and computed here when it has not; they come back in the order given.
+
+    beside = workers.beside(tokens_of, rendered_here)
+    for batch in batches_as_read:
+        for batch, value, here in beside.put(batch):   # the batches ready now, in order
+            ...
+    for batch, value, here in beside.close(): ...     # the rest
+
 What a child must not share with its parent is made its own at the fork: the spools (:class:`cachectl.spool.Spool`:
 the child appends to a file of its own), the render watchdog (:mod:`cachectl.sandbox`), the tokenizers library's
 thread pool (``TOKENIZERS_PARALLELISM`` is false in the child: a pool does not survive a fork). A child never
@@ -43,12 +53,14 @@ import signal
 import sys
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable, Generator
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+X = TypeVar("X")
 
 #: a child sends its progress at most this often (seconds); the parent forwards it as it ticks itself
 TICK_S = 0.5
@@ -175,6 +187,7 @@ class Workers:
         self._progress = progress
         self._say_to = say
         self._running: list[Job] = []
+        self._besides: list[Beside] = []
         self._last_drain = 0.0
 
     def __enter__(self) -> Workers:
@@ -187,6 +200,14 @@ class Workers:
         """Kill and reap the children still running (an error or an interrupt in the parent)."""
         for job in list(self._running):
             job._reap(kill=True)
+        for b in list(self._besides):
+            b.stop()
+
+    def beside(self, fn: Callable[[Any], Any], here: Callable[[X], T],
+               send: Callable[[X], Any] = lambda x: x) -> Beside[X, T]:
+        """Items computed beside the run as they come (:class:`Beside`): ``fn(send(item))`` in a child, else
+        ``here(item)``."""
+        return Beside(self, fn, here, send)
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Job[T]:
         job: Job[T] = Job(self, (fn, args, kwargs))
@@ -317,6 +338,131 @@ class Workers:
         self._running.append(job)
 
 
+#: the items :class:`Beside`'s child holds at most (the one it computes, the next one queued)
+IN_FLIGHT = 2
+#: the items :class:`Beside` holds at most (computed here, or in its child) before it waits for the first of them
+HELD = 4
+
+
+class Beside(Generic[X, T]):
+    """Items that come one at a time (:meth:`put`), each computed by a child, ``fn(send(item))``, while the child holds
+    fewer than :data:`IN_FLIGHT`, else here, ``here(item)``; given back in the order put, as ``(item, value, here)``
+    (``here``: computed in this process). The child is one process of a :class:`ProcessPoolExecutor` of the fork
+    context, forked at the first item (from this process's memory then: ``fn`` may be a closure), a future an item:
+    what ``send`` makes of an item is pickled to it, its value back. A child that dies, or fails on an item, leaves
+    that item to ``here`` (a death with the workers' line, and the next items are computed here); an error of
+    ``here`` is the run's. Without a second core (or in a child), every item is computed here, as it is put."""
+
+    def __init__(self, workers: Workers, fn: Callable[[Any], Any], here: Callable[[X], T],
+                 send: Callable[[X], Any]) -> None:
+        self._workers, self._fn, self._here, self._send = workers, fn, here, send
+        self._executor: ProcessPoolExecutor | None = None
+        self._number = -1   # (its fn in _PARTS, at the fork)
+        self._started = False
+        self._held: deque[tuple[X, Any]] = deque()   # (item, its future, or (value, here)) in the order put
+
+    def put(self, item: X) -> list[tuple[X, T | Any, bool]]:
+        """Item ``item`` handed to the child, or computed here; the items ready now, in order."""
+        if not (self._start(item) if not self._started else self._submit(item)):
+            self._held.append((item, (self._here(item), True)))
+        return self._ready(False)
+
+    @property
+    def held(self) -> int:
+        """The items put and not given back yet."""
+        return len(self._held)
+
+    def _submit(self, item: X) -> bool:
+        """Whether ``item`` went to the child (not while it holds :data:`IN_FLIGHT` items already)."""
+        if self._executor is None or sum(not v.done() for _, v in self._held if isinstance(v, Future)) >= IN_FLIGHT:
+            return False
+        try:
+            self._held.append((item, self._executor.submit(_run_item, self._number, self._send(item))))
+            return True
+        except (BrokenProcessPool, RuntimeError):  # (it died since: its items are computed here)
+            self._ended(True)
+            return False
+
+    def close(self) -> list[tuple[X, T | Any, bool]]:
+        """The items not given back yet (waiting for the child), and the child ended."""
+        try:
+            return self._ready(True)
+        finally:
+            self._ended(False)
+
+    def stop(self) -> None:
+        """The child killed (an error in the run); its items let go."""
+        self._held.clear()
+        self._ended(False, kill=True)
+
+    def _start(self, item: X) -> bool:
+        """The child forked with the first item (its executor forks at its first call); whether it took it."""
+        self._started = True
+        if self._workers.jobs < 2 or in_child():
+            return False
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("fork")
+        executor = ProcessPoolExecutor(1, mp_context=ctx, initializer=_child_start,
+                                       initargs=(ctx.Value("q", 0), os.getpid()))
+        self._number = number = next(_numbers)
+        _PARTS[number] = (self._fn, (), {})
+        before = os.environ.get("TOKENIZERS_PARALLELISM")
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # (as for a part: the child's own)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        gc.freeze()  # (as for a part: fewer pages copied)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                future = executor.submit(_run_item, number, self._send(item))
+        except OSError:
+            executor.shutdown(wait=False, cancel_futures=True)
+            return False
+        finally:
+            gc.unfreeze()
+            _restore(before)
+            del _PARTS[number]
+        self._executor = executor
+        self._workers._besides.append(self)
+        self._held.append((item, future))
+        return True
+
+    def _ready(self, wait_all: bool) -> list[tuple[X, T | Any, bool]]:
+        out = []
+        held = self._held
+        while held:
+            item, v = held[0]
+            if isinstance(v, Future):
+                if not (wait_all or v.done() or len(held) > HELD):
+                    break
+                v = self._result(item, v)
+            held.popleft()
+            out.append((item, v[0], v[1]))
+        return out
+
+    def _result(self, item: X, future: Future) -> tuple[Any, bool]:
+        try:
+            return future.result(), False
+        except BrokenProcessPool:
+            self._ended(True)
+        except Exception:  # (its error on this item: computed here, where it is the run's)
+            pass
+        return self._here(item), True
+
+    def _ended(self, died: bool, kill: bool = False) -> None:
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        if kill:
+            for proc in list(getattr(executor, "_processes", {}).values()):
+                proc.kill()
+        executor.shutdown(wait=True, cancel_futures=True)
+        self._workers._besides.remove(self)
+        if died:
+            self._workers._say("a worker process ended without its result; its part runs in this process")
+
+
 #: the items a child of :meth:`Workers.ahead` holds computed and not yet taken (each may be large)
 AHEAD = 1
 #: the items :meth:`Workers.ahead` computes here ahead of the one it is at, while its child computes that one
@@ -375,6 +521,15 @@ def _child_start(ticks: Any, parent: int) -> None:  # pragma: no cover - runs in
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
     _die_with_parent(parent)
+
+
+def _run_item(number: int, item: Any) -> Any:  # pragma: no cover - runs in the forked child
+    """:class:`Beside`'s ``fn`` on one item, in the child."""
+    fn = _PARTS[number][0]
+    try:
+        return fn(item)
+    except BaseException as exc:
+        raise _loadable(exc) from None
 
 
 def _run(number: int) -> Any:  # pragma: no cover - runs in the forked child

@@ -251,6 +251,123 @@ def test_the_sweep_of_the_fixes_shares_its_batches_with_the_idle_child(cli, monk
     assert outs[0] == outs[1]
 
 
+# ------------------------------------------------------------------------------ items computed beside, as they come
+
+
+def _put_all(w, items, fn, here):
+    """What a reader handing ``items`` to ``Workers.beside`` one at a time sees: (item, value, computed here)."""
+    b = w.beside(fn, here)
+    got = []
+    for x in items:
+        got += b.put(x)
+    return got + b.close()
+
+
+@forks
+def test_items_put_come_back_in_order_computed_by_the_child_while_it_has_a_free_hand():
+    parent = os.getpid()
+    with Workers(jobs=2) as w:
+        got = _put_all(w, range(60), lambda i: (os.getpid(), i * i),
+                       lambda i: (os.getpid(), _slow_square(i, 0.02)))
+        assert w._besides == []  # (its child ended with close)
+    assert [x for x, _, _ in got] == list(range(60)) and [v for _, (_, v), _ in got] == [i * i for i in range(60)]
+    by_child = [pid for _, (pid, _), here in got if not here]
+    assert len(by_child) > 30 and parent not in by_child   # (this process is the slower: the child takes most)
+    assert all(pid == parent for _, (pid, _), here in got if here)
+
+
+@forks
+def test_while_the_child_holds_two_items_the_next_ones_are_computed_here():
+    with Workers(jobs=2) as w:
+        b = w.beside(lambda i: _slow_square(i, 0.5), _slow_square)
+        first = [b.put(i) for i in range(4)]
+        assert first == [[], [], [], []] and b.held == 4   # (two sent, two made here behind them)
+        rest = b.close()
+    assert [(x, v, here) for x, v, here in rest] == [(0, 0, False), (1, 1, False), (2, 4, True), (3, 9, True)]
+
+
+@forks
+def test_an_item_put_while_four_wait_waits_for_the_first():
+    with Workers(jobs=2) as w:
+        b = w.beside(lambda i: _slow_square(i, 0.3), _slow_square)
+        got = [b.put(i) for i in range(5)]
+        assert got == [[], [], [], [], [(0, 0, False)]] and b.held == workers.HELD  # (no more held than that)
+        assert [x for x, _, _ in b.close()] == [1, 2, 3, 4]
+
+
+def _fails_on_2(parent, i):
+    if os.getpid() != parent and i == 2:
+        raise InputError("only the child fails here", source="x", line=i)
+    return i * i
+
+
+@forks
+def test_an_item_the_child_fails_on_is_computed_here_without_a_line():
+    said: list[str] = []
+    with Workers(jobs=2, say=said.append) as w:
+        got = _put_all(w, range(8), lambda i, parent=os.getpid(): _fails_on_2(parent, i),
+                       lambda i: _slow_square(i, 0.05))
+    assert [(x, v) for x, v, _ in got] == [(i, i * i) for i in range(8)] and said == []
+    assert [x for x, _, here in got if here and x < 2] == []  and (2, 4, True) in got
+
+
+@forks
+def test_a_child_that_dies_leaves_its_items_here_with_one_line():
+    said: list[str] = []
+    with Workers(jobs=2, say=said.append) as w:
+        got = _put_all(w, range(20), lambda i, parent=os.getpid(): _dies_at_3(parent, i),
+                       lambda i: _slow_square(i, 0.05))
+        assert w._besides == []
+    assert [(x, v) for x, v, _ in got] == [(i, i * i) for i in range(20)]
+    assert all(here for x, _, here in got if x >= 3)
+    assert said == ["a worker process ended without its result; its part runs in this process"]
+
+
+@forks
+def test_closing_the_workers_kills_the_child_of_items_put():
+    with Workers(jobs=2) as w:
+        b = w.beside(lambda i: _slow_square(i, 30), _slow_square)
+        b.put(1)
+        pid = next(iter(b._executor._processes))
+    assert w._besides == []
+    with pytest.raises(ProcessLookupError):
+        for _ in range(50):
+            os.kill(pid, 0)
+            time.sleep(0.1)
+
+
+def test_with_one_job_every_item_is_computed_here_as_it_is_put():
+    with Workers(jobs=1) as w:
+        b = w.beside(lambda i: 1 / 0, _slow_square)
+        assert [b.put(i) for i in range(3)] == [[(i, i * i, True)] for i in range(3)] and b.close() == []
+
+
+@forks
+@pytest.mark.parametrize("command", ["report", "fix"])
+def test_the_first_read_has_its_batches_tokenized_by_a_child(cli, monkeypatch, tmp_path, command):
+    """The lines' first read hands its batches of prompts to a child as it reads on: the output is the one process's,
+    byte for byte."""
+    from cachectl.engines.prefix.forks import requests
+    from cachectl.tokenization import TokenizerHandle
+
+    monkeypatch.setattr(requests, "BESIDE_BATCH", 3)   # (60 lines: 20 batches)
+    monkeypatch.setattr(requests.ForkRecords, "_tokenized", lambda self, p, _t=requests.ForkRecords._tokenized:
+                        time.sleep(0.05) or _t(self, p))  # (this process is the slower: the child takes batches)
+    received: list[int] = []
+    monkeypatch.setattr(TokenizerHandle, "received",
+                        lambda self, p, t, _r=TokenizerHandle.received: received.append(1) or _r(self, p, t))
+    path = PROMPTS / "shared_prefix_log.jsonl"
+    outs = []
+    for jobs in ("1", "2"):
+        extra = ["--unsafe-fixes", "-o", tmp_path / f"fixed{jobs}.jsonl"] if command == "fix" else []
+        r = cli(command, path, "-t", TOK_DIR, "-f", "json", "--jobs", jobs, *extra)
+        assert r.exit_code in (0, 1), r.stderr
+        outs.append((r.exit_code, r.stdout.replace(str(tmp_path / f"fixed{jobs}.jsonl"), "OUT"), r.stderr,
+                     (tmp_path / f"fixed{jobs}.jsonl").read_bytes() if extra else b""))
+        assert (len(received) > 20) == (jobs == "2")  # (the sweep's one batch of 60 lines is not shared)
+    assert outs[0] == outs[1]
+
+
 # ------------------------------------------------------------------------------ the commands, one job and two
 
 

@@ -160,7 +160,7 @@ def command(
                 Workers(jobs, progress=progress.advance, say=print_note) as workers:
             # (the conversations found and the requests packed for the fork analysis as the lines are read; with
             # --ray, rendered on the cluster first)
-            first = fix.FirstRead(options, tokenizer=tok, source=source, forks=ray is None)
+            first = fix.FirstRead(options, tokenizer=tok, source=source, forks=ray is None, workers=workers)
             lines = log_lines(records(), source=source, key=key, timestamps=stamps, each=first.add)
             if ray is not None:
                 _on_ray(lines, tok, options, ray, workers.jobs)

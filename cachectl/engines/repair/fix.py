@@ -167,14 +167,19 @@ class FirstRead:
     :func:`.groups.log_lines`' ``each``), so that no later pass reads the lines again for it: the conversations found
     automatically (without ``options.key``) and the requests packed for the fork analysis (rendered and tokenized
     with ``tokenizer``, whose render memo is turned on here: the passes find these renders in it). ``forks``: False
-    leaves them to the analysis (``--ray`` renders the log on the cluster first)."""
+    leaves them to the analysis (``--ray`` renders the log on the cluster first). ``workers``
+    (:class:`cachectl.workers.Workers`): with a second core, a child renders and tokenizes batches of them while the
+    lines are read on (:meth:`~cachectl.workers.Workers.beside`)."""
 
-    def __init__(self, options: FixOptions, *, tokenizer: Any = None, source: str = "", forks: bool = True):
+    def __init__(self, options: FixOptions, *, tokenizer: Any = None, source: str = "", forks: bool = True,
+                 workers: Any = None):
         if tokenizer is not None and hasattr(tokenizer, "remember_renders"):
             tokenizer.remember_renders()
         self.sessions = Sessions(options.window_s, tokenizer) if options.key is None else None
         self.forks = (ForkLines(tokenizer=tokenizer, add_generation_prompt=options.add_generation_prompt,
-                                source=source) if forks else None)
+                                source=source,
+                                beside=workers.beside if workers is not None and workers.jobs > 1 else None)
+                      if forks else None)
         self.lines = 0
 
     def add(self, ln: LogLine) -> None:

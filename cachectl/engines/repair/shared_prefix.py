@@ -115,13 +115,16 @@ def log_forks(lines: Iterable[LogLine], *, tokenizer: Any = None, block_size: in
 class ForkLines:
     """A log's lines packed for the fork analysis a line at a time, as they are read (``add(line)``): the requests
     (:attr:`requests`) and the lines' numbers. A line that cannot be packed ends it: :attr:`note` says why (the
-    analysis is left out; the run goes on)."""
+    analysis is left out; the run goes on). ``beside``: a run's :meth:`~cachectl.workers.Workers.beside`, which
+    renders and tokenizes batches of the prompts in a child while the lines are read on (:class:`ForkRecords`)."""
 
-    def __init__(self, *, tokenizer: Any = None, add_generation_prompt: bool = True, source: str = ""):
+    def __init__(self, *, tokenizer: Any = None, add_generation_prompt: bool = True, source: str = "",
+                 beside: Any = None):
         self.requests = RequestStore()
         self.numbers = array("q")
         self.note: str | None = None
-        self._records = ForkRecords(source=source, tokenizer=tokenizer, add_generation_prompt=add_generation_prompt)
+        self._records = ForkRecords(source=source, tokenizer=tokenizer, add_generation_prompt=add_generation_prompt,
+                                    beside=beside)
         #: prompts tokenized at a time
         self.batch_size = self._records.batch_size
         self._done = False
@@ -153,6 +156,7 @@ class ForkLines:
             self._failed(exc)
 
     def _failed(self, exc: CachectlError) -> None:
+        self._records.stop()
         self.note = _not_analysed(exc)
         self.requests = RequestStore()  # (what was packed is let go)
 
