@@ -230,6 +230,7 @@ def test_the_sweep_of_the_fixes_shares_its_batches_with_the_idle_child(cli, monk
     from cachectl.tokenization import TokenizerHandle
 
     monkeypatch.setattr(measure, "BATCH", 3)   # (60 lines: 20 batches; the child is forked after this)
+    monkeypatch.setattr(measure, "SHARED_BATCH", 3)
     # (on a log this small the first child may still be running when the sweep starts: it is waited for; and the
     # batches this process computes itself are made slower, so that the child takes some)
     monkeypatch.setattr(Workers, "ahead", lambda self, *a, _a=Workers.ahead: [j._drain(None) for j in self._running]
