@@ -54,9 +54,10 @@ import sys
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -309,33 +310,47 @@ class Workers:
             sys.stderr.write(f"cachectl: {line}\n")
 
     def _fork(self, job: Job) -> None:
-        import multiprocessing
-
         assert job._call is not None
-        ctx = multiprocessing.get_context("fork")
-        ticks = ctx.Value("q", 0)
-        executor = ProcessPoolExecutor(1, mp_context=ctx, initializer=_child_start, initargs=(ticks, os.getpid()))
-        number = next(_numbers)
-        _PARTS[number] = job._call
-        before = os.environ.get("TOKENIZERS_PARALLELISM")
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the child's: its parent's thread pool is not there
-        sys.stdout.flush()
-        sys.stderr.flush()
-        gc.freeze()  # what the parent holds now is left alone by the child's collector (fewer pages copied)
+        ticks, executor = _executor()
         try:
-            with warnings.catch_warnings():  # (3.12+ warns of fork with threads: ours are made anew in the child)
-                warnings.simplefilter("ignore", DeprecationWarning)
+            with _forking(job._call) as number:
                 future = executor.submit(_run, number)  # (the fork context starts its process here)
         except OSError:
             executor.shutdown(wait=False, cancel_futures=True)
             return  # (no child: the part runs here when its result is asked for)
-        finally:
-            gc.unfreeze()
-            _restore(before)
-            del _PARTS[number]  # (the child has its copy)
         job._executor, job._future, job._ticks = executor, future, ticks
         job._proc = next(iter(getattr(executor, "_processes", {}).values()), None)
         self._running.append(job)
+
+
+def _executor() -> tuple[Any, ProcessPoolExecutor]:
+    """A child's progress counter and its executor: one process of the fork context, forked at its first call."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    ticks = ctx.Value("q", 0)
+    return ticks, ProcessPoolExecutor(1, mp_context=ctx, initializer=_child_start, initargs=(ticks, os.getpid()))
+
+
+@contextmanager
+def _forking(call: tuple[Callable[..., Any], tuple, dict]) -> Iterator[int]:
+    """Around the call that forks a child: ``call`` registered for it (its number, which the child finds in
+    :data:`_PARTS`), and what the child must not share made its own."""
+    number = next(_numbers)
+    _PARTS[number] = call
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the child's: its parent's thread pool is not there
+    sys.stdout.flush()
+    sys.stderr.flush()
+    gc.freeze()  # what the parent holds now is left alone by the child's collector (fewer pages copied)
+    try:
+        with warnings.catch_warnings():  # (3.12+ warns of fork with threads: ours are made anew in the child)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            yield number
+    finally:
+        gc.unfreeze()
+        _restore(before)
+        del _PARTS[number]  # (the child has its copy)
 
 
 #: the items :class:`Beside`'s child holds at most (the one it computes, the next one queued)
@@ -379,7 +394,7 @@ class Beside(Generic[X, T]):
         try:
             self._held.append((item, self._executor.submit(_run_item, self._number, self._send(item))))
             return True
-        except (BrokenProcessPool, RuntimeError):  # (it died since: its items are computed here)
+        except BrokenProcessPool:  # (it died since: its items are computed here)
             self._ended(True)
             return False
 
@@ -400,29 +415,14 @@ class Beside(Generic[X, T]):
         self._started = True
         if self._workers.jobs < 2 or in_child():
             return False
-        import multiprocessing
-
-        ctx = multiprocessing.get_context("fork")
-        executor = ProcessPoolExecutor(1, mp_context=ctx, initializer=_child_start,
-                                       initargs=(ctx.Value("q", 0), os.getpid()))
-        self._number = number = next(_numbers)
-        _PARTS[number] = (self._fn, (), {})
-        before = os.environ.get("TOKENIZERS_PARALLELISM")
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # (as for a part: the child's own)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        gc.freeze()  # (as for a part: fewer pages copied)
+        _, executor = _executor()
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)
+            with _forking((self._fn, (), {})) as number:
                 future = executor.submit(_run_item, number, self._send(item))
         except OSError:
             executor.shutdown(wait=False, cancel_futures=True)
             return False
-        finally:
-            gc.unfreeze()
-            _restore(before)
-            del _PARTS[number]
+        self._number = number
         self._executor = executor
         self._workers._besides.append(self)
         self._held.append((item, future))
