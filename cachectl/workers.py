@@ -26,7 +26,8 @@ ones while the child computes the one it is at.
 
 Items that come one at a time as the run reads them (a log's batches of prompts, as its lines are read) are handed
 to a child as they come (:meth:`Workers.beside`: a future an item, the values sent in pickled) while it has a free
-hand, and computed here when it has not; they come back in the order given.
+hand and no other child runs; the run reads on meanwhile, and computes the items waiting itself when it holds
+enough of them. They come back in the order given.
 
     beside = workers.beside(tokens_of, rendered_here)
     for batch in batches_as_read:
@@ -170,9 +171,8 @@ class Job(Generic[T]):
             return
         self._forward_ticks()  # (what it counted after its last look)
         if not self._done:
-            code = (proc.exitcode if proc is not None else None) or 0
-            how = f"signal {-code}" if code < 0 else f"exit status {code}"
-            self._workers._say(f"a worker process ended without its result ({how}); its part runs in this process")
+            self._workers._say(f"a worker process ended without its result ({_how([proc])}); its part runs in this "
+                               "process")
 
 
 class Workers:
@@ -355,48 +355,41 @@ def _forking(call: tuple[Callable[..., Any], tuple, dict]) -> Iterator[int]:
 
 #: the items :class:`Beside`'s child holds at most (the one it computes, the next one queued)
 IN_FLIGHT = 2
-#: the items :class:`Beside` holds at most (computed here, or in its child) before it waits for the first of them
+#: the items :class:`Beside` holds at most (waiting for a hand, computed here, or in its child) before it gives back the
+#: first of them (computing the waiting ones here meanwhile)
 HELD = 4
 
 
 class Beside(Generic[X, T]):
-    """Items that come one at a time (:meth:`put`), each computed by a child, ``fn(send(item))``, while the child holds
-    fewer than :data:`IN_FLIGHT`, else here, ``here(item)``; given back in the order put, as ``(item, value, here)``
-    (``here``: computed in this process). The child is one process of a :class:`ProcessPoolExecutor` of the fork
-    context, forked at the first item (from this process's memory then: ``fn`` may be a closure), a future an item:
-    what ``send`` makes of an item is pickled to it, its value back. A child that dies, or fails on an item, leaves
-    that item to ``here`` (a death with the workers' line, and the next items are computed here); an error of
-    ``here`` is the run's. Without a second core (or in a child), every item is computed here, as it is put."""
+    """Items that come one at a time (:meth:`put`), each computed by a child, ``fn(send(item))``, or here,
+    ``here(item)``; given back in the order put, as ``(item, value, here)`` (``here``: computed in this process).
+    An item put waits for the child to hold fewer than :data:`IN_FLIGHT` (the oldest first), until :data:`HELD` are
+    held: then this process computes the waiting ones itself while the child computes the first, so neither waits
+    for the other (and a put is quick while the child keeps up, so that the caller goes on with its own work). The
+    child is one process of a :class:`ProcessPoolExecutor` of the fork context, forked at the first item it takes,
+    once no other child of the run is running (from this process's memory then: ``fn`` may be a closure), a future
+    an item: what ``send`` makes of an item is pickled to it, its value back. A child that dies, or fails on an
+    item, leaves that item to ``here`` (a death with the workers' line, and the next items are computed here); an
+    error of ``here`` is the run's. Without a second core (or in a child), every item is computed here."""
 
     def __init__(self, workers: Workers, fn: Callable[[Any], Any], here: Callable[[X], T],
                  send: Callable[[X], Any]) -> None:
         self._workers, self._fn, self._here, self._send = workers, fn, here, send
         self._executor: ProcessPoolExecutor | None = None
         self._number = -1   # (its fn in _PARTS, at the fork)
-        self._started = False
-        self._held: deque[tuple[X, Any]] = deque()   # (item, its future, or (value, here)) in the order put
+        self._started = False   # (forked, or never to be)
+        # [item, its state] in the order put; the state: None (waiting), its future, or (value, here)
+        self._held: deque[list[Any]] = deque()
 
     def put(self, item: X) -> list[tuple[X, T | Any, bool]]:
-        """Item ``item`` handed to the child, or computed here; the items ready now, in order."""
-        if not (self._start(item) if not self._started else self._submit(item)):
-            self._held.append((item, (self._here(item), True)))
+        """Item ``item`` held for the child, or computed here; the items ready now, in order."""
+        self._held.append([item, None])
         return self._ready(False)
 
     @property
     def held(self) -> int:
         """The items put and not given back yet."""
         return len(self._held)
-
-    def _submit(self, item: X) -> bool:
-        """Whether ``item`` went to the child (not while it holds :data:`IN_FLIGHT` items already)."""
-        if self._executor is None or sum(not v.done() for _, v in self._held if isinstance(v, Future)) >= IN_FLIGHT:
-            return False
-        try:
-            self._held.append((item, self._executor.submit(_run_item, self._number, self._send(item))))
-            return True
-        except BrokenProcessPool:  # (it died since: its items are computed here)
-            self._ended(True)
-            return False
 
     def close(self) -> list[tuple[X, T | Any, bool]]:
         """The items not given back yet (waiting for the child), and the child ended."""
@@ -410,36 +403,77 @@ class Beside(Generic[X, T]):
         self._held.clear()
         self._ended(False, kill=True)
 
-    def _start(self, item: X) -> bool:
-        """The child forked with the first item (its executor forks at its first call); whether it took it."""
+    def _ready(self, wait_all: bool) -> list[tuple[X, T | Any, bool]]:
+        out = []
+        held = self._held
+        while held:
+            self._hand()
+            item, state = held[0]
+            # (else the caller goes on, and asks again at its next item; with no child, each item is computed as put)
+            must = wait_all or len(held) > HELD or (self._started and self._executor is None)
+            if isinstance(state, Future) and not state.done():
+                if not must:
+                    break
+                waiting = next((e for e in held if e[1] is None), None)
+                if waiting is not None:  # (computed here while the child computes the first)
+                    waiting[1] = (self._here(waiting[0]), True)
+                    continue
+            if isinstance(state, Future):
+                state = self._result(item, state)
+            elif state is None:
+                if not must:
+                    break
+                state = (self._here(item), True)
+            held.popleft()
+            out.append((item, state[0], state[1]))
+        return out
+
+    def _hand(self) -> None:
+        """The items waiting, the oldest first, handed to the child while it holds fewer than :data:`IN_FLIGHT`."""
+        if self._started and self._executor is None:
+            return
+        busy = sum(isinstance(e[1], Future) and not e[1].done() for e in self._held)
+        for e in self._held:
+            if busy >= IN_FLIGHT:
+                return
+            if e[1] is None:
+                future = self._submit(e[0]) if self._started else self._start(e[0])
+                if future is None:
+                    return
+                e[1] = future
+                busy += 1
+
+    def _submit(self, item: X) -> Future | None:
+        assert self._executor is not None
+        try:
+            return self._executor.submit(_run_item, self._number, self._send(item))
+        except BrokenProcessPool:  # (it died since: its items are computed here)
+            self._ended(True)
+            return None
+
+    def _start(self, item: X) -> Future | None:
+        """The child forked with ``item`` (its executor forks at its first call), once no other child runs; its
+        future, or None."""
+        workers = self._workers
+        if workers.jobs < 2 or in_child():
+            self._started = True  # (never a child)
+            return None
+        for job in list(workers._running):   # (a child that ended is reaped here)
+            job._drain()
+        if workers._running:  # (its core is taken: asked again at the next item)
+            return None
         self._started = True
-        if self._workers.jobs < 2 or in_child():
-            return False
         _, executor = _executor()
         try:
             with _forking((self._fn, (), {})) as number:
                 future = executor.submit(_run_item, number, self._send(item))
         except OSError:
             executor.shutdown(wait=False, cancel_futures=True)
-            return False
+            return None
         self._number = number
         self._executor = executor
-        self._workers._besides.append(self)
-        self._held.append((item, future))
-        return True
-
-    def _ready(self, wait_all: bool) -> list[tuple[X, T | Any, bool]]:
-        out = []
-        held = self._held
-        while held:
-            item, v = held[0]
-            if isinstance(v, Future):
-                if not (wait_all or v.done() or len(held) > HELD):
-                    break
-                v = self._result(item, v)
-            held.popleft()
-            out.append((item, v[0], v[1]))
-        return out
+        workers._besides.append(self)
+        return future
 
     def _result(self, item: X, future: Future) -> tuple[Any, bool]:
         try:
@@ -454,13 +488,15 @@ class Beside(Generic[X, T]):
         executor, self._executor = self._executor, None
         if executor is None:
             return
+        procs = list(getattr(executor, "_processes", {}).values())
         if kill:
-            for proc in list(getattr(executor, "_processes", {}).values()):
+            for proc in procs:
                 proc.kill()
         executor.shutdown(wait=True, cancel_futures=True)
         self._workers._besides.remove(self)
         if died:
-            self._workers._say("a worker process ended without its result; its part runs in this process")
+            self._workers._say(f"a worker process ended without its result ({_how(procs)}); its part runs in this "
+                               "process")
 
 
 #: the items a child of :meth:`Workers.ahead` holds computed and not yet taken (each may be large)
@@ -504,6 +540,12 @@ def _received(got: Any, item: int, job: Job) -> Any:
             continue
         assert at == item, f"item {at} came where {item} was due"
         return value
+
+
+def _how(procs: list[Any]) -> str:
+    """How a child ended: ``signal N`` or ``exit status N`` (of the first of ``procs``)."""
+    code = next((p.exitcode for p in procs if p is not None and p.exitcode is not None), 0)
+    return f"signal {-code}" if code < 0 else f"exit status {code}"
 
 
 def _restore(before: str | None) -> None:

@@ -269,13 +269,23 @@ def test_items_put_come_back_in_order_computed_by_the_child_while_it_has_a_free_
 
 
 @forks
-def test_while_the_child_holds_two_items_the_next_ones_are_computed_here():
+def test_while_the_child_holds_two_items_the_next_ones_wait_and_are_computed_here_when_the_caller_waits():
     with Workers(jobs=2) as w:
         b = w.beside(lambda i: _slow_square(i, 0.5), _slow_square)
         first = [b.put(i) for i in range(4)]
-        assert first == [[], [], [], []] and b.held == 4   # (two sent, two made here behind them)
+        assert first == [[], [], [], []] and b.held == 4   # (two sent, two waiting)
         rest = b.close()
     assert [(x, v, here) for x, v, here in rest] == [(0, 0, False), (1, 1, False), (2, 4, True), (3, 9, True)]
+
+
+@forks
+def test_an_item_waiting_goes_to_the_child_once_it_has_a_free_hand():
+    with Workers(jobs=2) as w:
+        b = w.beside(lambda i: _slow_square(i, 0.2), lambda i: _slow_square(i, 5))
+        assert [b.put(i) for i in range(3)] == [[], [], []]   # (two sent, one waiting)
+        time.sleep(1.0)   # (the caller's own work: the child ends both meanwhile)
+        assert b.put(3) == [(0, 0, False), (1, 1, False)]
+        assert b.close() == [(2, 4, False), (3, 9, False)]   # (neither waited to be computed here)
 
 
 @forks
@@ -309,7 +319,7 @@ def test_an_item_the_child_fails_on_or_dies_at_is_computed_here(how):
         assert 0 not in here and said == []  # (the first item goes to the child)
     else:
         assert set(range(3, 20)) <= here
-        assert said == ["a worker process ended without its result; its part runs in this process"]
+        assert said == ["a worker process ended without its result (exit status 3); its part runs in this process"]
 
 
 @forks
@@ -329,6 +339,19 @@ def test_with_one_job_every_item_is_computed_here_as_it_is_put():
     with Workers(jobs=1) as w:
         b = w.beside(lambda i: 1 / 0, _slow_square)
         assert [b.put(i) for i in range(3)] == [[(i, i * i, True)] for i in range(3)] and b.close() == []
+
+
+@forks
+def test_while_another_child_runs_items_wait_and_the_child_forks_once_its_core_is_free():
+    with Workers(jobs=2) as w:
+        busy = w.submit(_slow_square, 3, 0.6)  # (the other core is taken)
+        b = w.beside(lambda i: i * i, lambda i: _slow_square(i, 0.01))
+        got = [x for i in range(5) for x in b.put(i)]
+        assert got == [(0, 0, True)] and w._besides == []  # (four held: the fifth put has the first computed here)
+        assert busy.result() == 9
+        got += b.put(5) + b.close()
+    assert [(x, v) for x, v, _ in got] == [(i, i * i) for i in range(6)]
+    assert not got[1][2]  # (the oldest item waiting went to a child of its own once the other ended)
 
 
 @forks
