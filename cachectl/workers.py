@@ -171,7 +171,7 @@ class Job(Generic[T]):
             return
         self._forward_ticks()  # (what it counted after its last look)
         if not self._done:
-            self._workers._say(f"a worker process ended without its result ({_how([proc])}); its part runs in this "
+            self._workers._say(f"a worker process ended without its result ({_how(proc)}); its part runs in this "
                                "process")
 
 
@@ -376,6 +376,7 @@ class Beside(Generic[X, T]):
                  send: Callable[[X], Any]) -> None:
         self._workers, self._fn, self._here, self._send = workers, fn, here, send
         self._executor: ProcessPoolExecutor | None = None
+        self._proc: Any = None   # (the executor's one process)
         self._number = -1   # (its fn in _PARTS, at the fork)
         self._started = False   # (forked, or never to be)
         # [item, its state] in the order put; the state: None (waiting), its future, or (value, here)
@@ -472,6 +473,7 @@ class Beside(Generic[X, T]):
             return None
         self._number = number
         self._executor = executor
+        self._proc = next(iter(getattr(executor, "_processes", {}).values()), None)  # (forked at the submit)
         workers._besides.append(self)
         return future
 
@@ -488,15 +490,13 @@ class Beside(Generic[X, T]):
         executor, self._executor = self._executor, None
         if executor is None:
             return
-        procs = list(getattr(executor, "_processes", {}).values())
-        if kill:
-            for proc in procs:
-                proc.kill()
+        if kill and self._proc is not None:
+            self._proc.kill()
         executor.shutdown(wait=True, cancel_futures=True)
         self._workers._besides.remove(self)
         if died:
-            self._workers._say(f"a worker process ended without its result ({_how(procs)}); its part runs in this "
-                               "process")
+            self._workers._say(f"a worker process ended without its result ({_how(self._proc)}); its part runs in "
+                               "this process")
 
 
 #: the items a child of :meth:`Workers.ahead` holds computed and not yet taken (each may be large)
@@ -542,9 +542,9 @@ def _received(got: Any, item: int, job: Job) -> Any:
         return value
 
 
-def _how(procs: list[Any]) -> str:
-    """How a child ended: ``signal N`` or ``exit status N`` (of the first of ``procs``)."""
-    code = next((p.exitcode for p in procs if p is not None and p.exitcode is not None), 0)
+def _how(proc: Any) -> str:
+    """How a child (a :class:`multiprocessing.Process`, or None) ended: ``signal N`` or ``exit status N``."""
+    code = (proc.exitcode if proc is not None else None) or 0
     return f"signal {-code}" if code < 0 else f"exit status {code}"
 
 
