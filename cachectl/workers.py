@@ -55,10 +55,9 @@ import sys
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -269,11 +268,7 @@ class Workers:
 
     def _shared(self, n: int, fn: Callable[[int], Any]) -> tuple[Job, Any, Any] | None:
         """The child of :meth:`ahead`, its counter of the items taken and its queue; None without one."""
-        if self.jobs < 2 or in_child() or n < 2:
-            return None
-        for job in list(self._running):   # (a child that ended is reaped here)
-            job._drain()
-        if self._running:
+        if self.jobs < 2 or in_child() or n < 2 or not self._idle():
             return None
         import multiprocessing
 
@@ -284,6 +279,12 @@ class Workers:
             got.close()
             return None
         return job, taken, got
+
+    def _idle(self) -> bool:
+        """Whether no child of the run is running (one that ended is reaped here)."""
+        for job in list(self._running):
+            job._drain()
+        return not self._running
 
     def tick(self, n: int = 1) -> None:
         """Progress: in the parent, ``progress(n)`` (and what the children counted since); in a child, to its
@@ -311,31 +312,24 @@ class Workers:
 
     def _fork(self, job: Job) -> None:
         assert job._call is not None
-        ticks, executor = _executor()
-        try:
-            with _forking(job._call) as number:
-                future = executor.submit(_run, number)  # (the fork context starts its process here)
-        except OSError:
-            executor.shutdown(wait=False, cancel_futures=True)
+        forked = _forked(job._call, _run)
+        if forked is None:
             return  # (no child: the part runs here when its result is asked for)
-        job._executor, job._future, job._ticks = executor, future, ticks
-        job._proc = next(iter(getattr(executor, "_processes", {}).values()), None)
+        job._ticks, job._executor, job._future, job._proc, _ = forked
         self._running.append(job)
 
 
-def _executor() -> tuple[Any, ProcessPoolExecutor]:
-    """A child's progress counter and its executor: one process of the fork context, forked at its first call."""
+def _forked(call: tuple[Callable[..., Any], tuple, dict], run: Callable[..., Any], *args: Any
+            ) -> tuple[Any, ProcessPoolExecutor, Future, Any, int] | None:
+    """A child forked for ``call``: a :class:`ProcessPoolExecutor` of one process of the fork context, forked at its
+    first call, ``run(number, *args)`` (the child finds ``call`` by its number in :data:`_PARTS`). What the child must
+    not share is made its own around the fork. Its progress counter, executor, first future, process and number; None
+    when no process could be forked."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("fork")
     ticks = ctx.Value("q", 0)
-    return ticks, ProcessPoolExecutor(1, mp_context=ctx, initializer=_child_start, initargs=(ticks, os.getpid()))
-
-
-@contextmanager
-def _forking(call: tuple[Callable[..., Any], tuple, dict]) -> Iterator[int]:
-    """Around the call that forks a child: ``call`` registered for it (its number, which the child finds in
-    :data:`_PARTS`), and what the child must not share made its own."""
+    executor = ProcessPoolExecutor(1, mp_context=ctx, initializer=_child_start, initargs=(ticks, os.getpid()))
     number = next(_numbers)
     _PARTS[number] = call
     before = os.environ.get("TOKENIZERS_PARALLELISM")
@@ -346,11 +340,15 @@ def _forking(call: tuple[Callable[..., Any], tuple, dict]) -> Iterator[int]:
     try:
         with warnings.catch_warnings():  # (3.12+ warns of fork with threads: ours are made anew in the child)
             warnings.simplefilter("ignore", DeprecationWarning)
-            yield number
+            future = executor.submit(run, number, *args)  # (the fork context starts its process here)
+    except OSError:
+        executor.shutdown(wait=False, cancel_futures=True)
+        return None
     finally:
         gc.unfreeze()
         _restore(before)
         del _PARTS[number]  # (the child has its copy)
+    return ticks, executor, future, next(iter(getattr(executor, "_processes", {}).values()), None), number
 
 
 #: the items :class:`Beside`'s child holds at most (the one it computes, the next one queued)
@@ -459,21 +457,13 @@ class Beside(Generic[X, T]):
         if workers.jobs < 2 or in_child():
             self._started = True  # (never a child)
             return None
-        for job in list(workers._running):   # (a child that ended is reaped here)
-            job._drain()
-        if workers._running:  # (its core is taken: asked again at the next item)
+        if not workers._idle():  # (its core is taken: asked again at the next item)
             return None
         self._started = True
-        _, executor = _executor()
-        try:
-            with _forking((self._fn, (), {})) as number:
-                future = executor.submit(_run_item, number, self._send(item))
-        except OSError:
-            executor.shutdown(wait=False, cancel_futures=True)
+        forked = _forked((self._fn, (), {}), _run_item, self._send(item))
+        if forked is None:
             return None
-        self._number = number
-        self._executor = executor
-        self._proc = next(iter(getattr(executor, "_processes", {}).values()), None)  # (forked at the submit)
+        _, self._executor, future, self._proc, self._number = forked
         workers._besides.append(self)
         return future
 
