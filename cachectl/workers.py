@@ -16,24 +16,15 @@ itself in :data:`_PARTS`, as the parent left it at the fork. Its progress comes 
 ``jobs=1``, a part runs in this process when its result is asked for. At most ``jobs`` children run at once (a
 submit beyond waits for the oldest): the parent, which waits for their results at the end, is not counted.
 
-A sweep that must take its items in order (a log's lines, measured one batch after another) has its costly part
-computed ahead by a child while a core is free (:meth:`Workers.ahead`): the child takes the next item no one has
-taken and sends its value through a queue of one; the sweep computes an item the child has not taken, and the next
-ones while the child computes the one it is at.
+Items that come in an order the run keeps go to a child beside it while a core is free, and come back in that order
+with where each was computed: a sweep's batches (:meth:`Workers.ahead`: the child takes the next item no one has
+taken and sends it through a queue of one; the sweep computes the items it has not taken), or batches handed to it as
+the run reads them (:meth:`Workers.beside`: a future an item, sent pickled; the run reads on, and computes the items
+still waiting itself once it holds five).
 
-    for value, here in workers.ahead(len(batches), tokens_of, rendered_here):
-        ...                                              # each batch in order, from the child or made here
-
-Items that come one at a time as the run reads them (a log's batches of prompts, as its lines are read) are handed
-to a child as they come (:meth:`Workers.beside`: a future an item, the values sent in pickled) while it has a free
-hand and no other child runs; the run reads on meanwhile, and computes the items waiting itself when it holds
-enough of them. They come back in the order given.
-
+    for value, here in workers.ahead(len(batches), tokens_of, rendered_here): ...
     beside = workers.beside(tokens_of, rendered_here)
-    for batch in batches_as_read:
-        for batch, value, here in beside.put(batch):   # the batches ready now, in order
-            ...
-    for batch, value, here in beside.close(): ...     # the rest
+    done = [x for b in batches_as_read for x in beside.put(b)] + beside.close()   # [(batch, value, here)] in order
 
 What a child must not share with its parent is made its own at the fork: the spools (:class:`cachectl.spool.Spool`:
 the child appends to a file of its own), the render watchdog (:mod:`cachectl.sandbox`), the tokenizers library's
@@ -321,10 +312,9 @@ class Workers:
 
 def _forked(call: tuple[Callable[..., Any], tuple, dict], run: Callable[..., Any], *args: Any
             ) -> tuple[Any, ProcessPoolExecutor, Future, Any, int] | None:
-    """A child forked for ``call``: a :class:`ProcessPoolExecutor` of one process of the fork context, forked at its
-    first call, ``run(number, *args)`` (the child finds ``call`` by its number in :data:`_PARTS`). What the child must
-    not share is made its own around the fork. Its progress counter, executor, first future, process and number; None
-    when no process could be forked."""
+    """A child forked for ``call`` (a :class:`ProcessPoolExecutor` of one process of the fork context, at its first
+    call, ``run(number, *args)``: the child finds ``call`` by number in :data:`_PARTS`): its progress counter,
+    executor, first future, process and number; None when no process could be forked."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("fork")
@@ -353,22 +343,19 @@ def _forked(call: tuple[Callable[..., Any], tuple, dict], run: Callable[..., Any
 
 #: the items :class:`Beside`'s child holds at most (the one it computes, the next one queued)
 IN_FLIGHT = 2
-#: the items :class:`Beside` holds at most (waiting for a hand, computed here, or in its child) before it gives back the
-#: first of them (computing the waiting ones here meanwhile)
+#: the items :class:`Beside` holds at most before it gives back the first (computing the waiting ones here meanwhile)
 HELD = 4
 
 
 class Beside(Generic[X, T]):
     """Items that come one at a time (:meth:`put`), each computed by a child, ``fn(send(item))``, or here,
-    ``here(item)``; given back in the order put, as ``(item, value, here)`` (``here``: computed in this process).
-    An item put waits for the child to hold fewer than :data:`IN_FLIGHT` (the oldest first), until :data:`HELD` are
-    held: then this process computes the waiting ones itself while the child computes the first, so neither waits
-    for the other (and a put is quick while the child keeps up, so that the caller goes on with its own work). The
-    child is one process of a :class:`ProcessPoolExecutor` of the fork context, forked at the first item it takes,
-    once no other child of the run is running (from this process's memory then: ``fn`` may be a closure), a future
-    an item: what ``send`` makes of an item is pickled to it, its value back. A child that dies, or fails on an
-    item, leaves that item to ``here`` (a death with the workers' line, and the next items are computed here); an
-    error of ``here`` is the run's. Without a second core (or in a child), every item is computed here."""
+    ``here(item)``; given back in the order put, as ``(item, value, here)``. An item put waits for the child to hold
+    fewer than :data:`IN_FLIGHT` (the oldest first) until more than :data:`HELD` are held: then this process computes
+    the waiting ones while the child computes the first (a put is quick while the child keeps up). The child is one
+    process of a :class:`ProcessPoolExecutor` of the fork context, forked at the first item it takes once no other
+    child of the run runs (``fn`` may be a closure), a future an item: ``send(item)`` is pickled to it, its value
+    back. A child that dies, or fails on an item, leaves that item to ``here`` (a death with the workers' line, and
+    the next items are computed here); an error of ``here`` is the run's. With one job, all are computed here."""
 
     def __init__(self, workers: Workers, fn: Callable[[Any], Any], here: Callable[[X], T],
                  send: Callable[[X], Any]) -> None:
@@ -410,19 +397,15 @@ class Beside(Generic[X, T]):
             item, state = held[0]
             # (else the caller goes on, and asks again at its next item; with no child, each item is computed as put)
             must = wait_all or len(held) > HELD or (self._started and self._executor is None)
-            if isinstance(state, Future) and not state.done():
+            if state is None or isinstance(state, Future) and not state.done():
                 if not must:
                     break
-                waiting = next((e for e in held if e[1] is None), None)
+                waiting = next((e for e in held if e[1] is None), None)  # (the first, or the oldest behind it)
                 if waiting is not None:  # (computed here while the child computes the first)
                     waiting[1] = (self._here(waiting[0]), True)
                     continue
             if isinstance(state, Future):
                 state = self._result(item, state)
-            elif state is None:
-                if not must:
-                    break
-                state = (self._here(item), True)
             held.popleft()
             out.append((item, state[0], state[1]))
         return out
@@ -453,14 +436,11 @@ class Beside(Generic[X, T]):
     def _start(self, item: X) -> Future | None:
         """The child forked with ``item`` (its executor forks at its first call), once no other child runs; its
         future, or None."""
-        workers = self._workers
-        if workers.jobs < 2 or in_child():
-            self._started = True  # (never a child)
+        workers, forks = self._workers, self._workers.jobs > 1 and not in_child()
+        if forks and not workers._idle():  # (its core is taken: asked again at the next item)
             return None
-        if not workers._idle():  # (its core is taken: asked again at the next item)
-            return None
-        self._started = True
-        forked = _forked((self._fn, (), {}), _run_item, self._send(item))
+        self._started = True  # (forked now, or never)
+        forked = _forked((self._fn, (), {}), _run_item, self._send(item)) if forks else None
         if forked is None:
             return None
         _, self._executor, future, self._proc, self._number = forked
