@@ -66,9 +66,27 @@ class VolatileMatch:
 
 @functools.cache
 def _compiled() -> re.Pattern:
-    """One alternation with a named group per pattern, compiled on first use (the CLI imports stay fast)."""
-    parts = [f"(?P<k{i}>{p})" for i, (_, p) in enumerate(_PATTERNS)]
+    """One alternation with a named group per pattern, compiled on first use (the CLI imports stay fast). The patterns
+    that start at a word boundary, one after another, are tried under one ``\\b``: at a position inside a word one
+    check fails them all (the order of the alternatives, which decides the kind, is kept)."""
+    parts: list[str] = []
+    bounded: list[str] = []
+    for i, (_, p) in enumerate(_PATTERNS):
+        assert re.compile(p).groups == 0  # (the match's one named group is its kind: ``Match.lastgroup``)
+        if p.startswith(r"\b"):
+            bounded.append(f"(?P<k{i}>{p[2:]})")
+            continue
+        if bounded:
+            parts.append(r"\b(?:" + "|".join(bounded) + ")")
+            bounded = []
+        parts.append(f"(?P<k{i}>{p})")
+    if bounded:
+        parts.append(r"\b(?:" + "|".join(bounded) + ")")
     return re.compile("|".join(parts))
+
+
+#: every pattern's match holds a digit or a hyphen (a uuid may be all letters): a text with neither holds none
+_ANY = re.compile(r"[\d-]")
 
 
 @functools.cache
@@ -99,9 +117,9 @@ def _memo(text: str, weekdays: bool) -> tuple[VolatileMatch, ...]:
 
 def _find(text: str, weekdays: bool) -> list[VolatileMatch]:
     out: list[VolatileMatch] = []
-    for m in _compiled().finditer(text):
-        i = next(int(name[1:]) for name, v in m.groupdict().items() if v is not None)
-        out.append(VolatileMatch(_PATTERNS[i][0], m.group(0), m.start(), m.end()))
+    if _ANY.search(text) is not None:
+        for m in _compiled().finditer(text):
+            out.append(VolatileMatch(_PATTERNS[int(m.lastgroup[1:])][0], m.group(0), m.start(), m.end()))  # type: ignore[index]
     if weekdays:
         taken = [(v.start, v.end) for v in out]
         for m in _weekday().finditer(text):

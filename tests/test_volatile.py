@@ -1,7 +1,7 @@
 """The shared volatile-value detector: each documented form is found, ordinary prose is not."""
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from cachectl.volatile import classify_change, find_volatile
@@ -84,3 +84,39 @@ def test_memoized_matches_are_the_matches_and_a_fresh_list_each_time():
             assert first == _find(text, weekdays)
             first.clear()   # a caller's list is its own
             assert find_volatile(text, weekdays=weekdays) == _find(text, weekdays)
+
+
+def _one_by_one(text):
+    """The kinds found by the plain scan the grouped alternation stands for: at each position the patterns are tried
+    in their order, the first that matches wins, and the scan goes on after its match."""
+    import re
+
+    from cachectl.volatile import _PATTERNS
+
+    compiled = [(kind, re.compile(p)) for kind, p in _PATTERNS]
+    out, at = [], 0
+    while at < len(text):
+        found = next(((kind, m) for kind, m in ((k, p.match(text, at)) for k, p in compiled) if m is not None), None)
+        if found is None:
+            at += 1
+            continue
+        kind, m = found
+        out.append((kind, m.group(0), m.start()))
+        at = m.end()
+    return out
+
+
+_PIECES = ["2025-03-14", "T09:12:00Z", " ", "\n", "-", "Fri, ", "14 Mar 2025", "March 14th, 2025", "03/14/2025",
+           "12:30", " PM", "1741943520", "3f2a1c9e-1b2c-4d5e-8f90-0123456789ab", "deadbeef-dead-beef-dead-beefdeadbeef",
+           "req_8f3a9b2c1d", "chatcmpl-", "9f86d081884c7d659a2feaa0c55ad015", "abc", "abcdef", "x", "7", "٣", ".", ":", "_"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES), max_size=12) | st.text(max_size=80).map(lambda t: [t]))
+@example(["1741943520", "abcdef", "abcdef"])  # an epoch and a hex id at one place: the epoch's pattern comes first
+@example(["Fri, ", "14 Mar 2025", " ", "12:30"])
+def test_the_grouped_alternation_finds_what_each_pattern_in_order_finds(pieces):
+    from cachectl.volatile import _find
+
+    text = "".join(pieces)
+    assert [(v.kind, v.text, v.start) for v in _find(text, False)] == _one_by_one(text)
