@@ -198,3 +198,40 @@ def test_one_token_counter_serves_the_sweeps_threads(tok):
     finally:
         sys.setswitchinterval(old)
     assert errors == []
+
+
+@pytest.mark.parametrize("name", ["fix_log", "agent_log", "shuffled_tools_log", "shared_prefix_log", "three_apps_log",
+                                  "demo_log", "openai_requests"])
+def test_a_rewrite_taken_up_where_another_parts_from_it_is_the_rewrite_made_whole(tok, table, name):
+    """report's safe rewrite after its full one, fix's full preview after its own: taken up after the codes that did
+    the same in both (rewrite's ``then`` and ``start``), the fixes, notes and values are those of the rewrite made
+    from the first code."""
+    from cachectl.engines.repair.shared_prefix import log_forks
+
+    log = PROMPTS / f"{name}.jsonl"
+    lines = groups.log_lines(iter_jsonl(str(log)), source=str(log))
+    base = fix.FixOptions()
+    lines, grouping, counter, _ = fix.started(lines, base, tokenizer=tok, table=table, source=str(log))
+    forks, _ = log_forks(lines, tokenizer=tok, source=str(log))
+    full, safe = replace(base, unsafe=True), replace(base, per_cause=False, list_unsafe=False)
+    preview = replace(base, unsafe=True, per_cause=False)
+    taken = 0
+    for first, then in ((full, safe), (base, preview))[::-1]:
+        kw = dict(tokenizer=tok, table=table, counter=counter)
+        a = fix.rewritten(lines, grouping, forks, first, then=then, **kw)
+        whole = fix.rewritten(lines, grouping, forks, then, **kw)
+        again = fix.rewritten(lines, grouping, forks, then, start=a.start, **kw)
+        assert again.fixes == whole.fixes and again.notes == whole.notes
+        assert (again.applied, again.unsafe_skipped) == (whole.applied, whole.unsafe_skipped)
+        assert [again.values[i] for i in range(len(lines))] == [whole.values[i] for i in range(len(lines))]
+        assert [again.values.signature(i) for i in range(len(lines))] == \
+            [whole.values.signature(i) for i in range(len(lines))]
+        alone = fix.rewritten(lines, grouping, forks, first, **kw)  # (the first rewrite is as without ``then``)
+        assert (a.fixes, a.notes, [a.values[i] for i in range(len(lines))], [c for c, _, _ in a.steps]) == \
+            (alone.fixes, alone.notes, [alone.values[i] for i in range(len(lines))], [c for c, _, _ in alone.steps])
+        taken += a.start is not None
+    # (agent_log's FX002 rewrites are the two runs' alike, up to its FX003: taken up after them; fix_log's full run
+    # starts with an unsafe FX004 fix: taken up nowhere)
+    assert taken == {"fix_log": 0}.get(name, 2)
+    if name == "agent_log":
+        assert {f.code for f in a.start.fixes} == {"FX002"}

@@ -201,6 +201,41 @@ def test_edits_signatures_are_equal_where_two_rewrites_left_a_line_alike():
     assert one.signature(1) != two.signature(1) and one[1] != two[1]
 
 
+def test_an_edits_branch_holds_the_rewrites_before_its_snapshot_and_is_rewritten_apart():
+    """Where another rewrite takes up one (fix's full rewrite after its safe codes): the branch reads the values as
+    the snapshot left them, its own rewrites leave the edits it came from as they are, and they leave it alike."""
+    originals = [{"i": i, "tools": [{"b": 1, "a": 2}]} for i in range(5)]
+    vs = _edits(originals)
+    v = vs[1]
+    v["tools"][0] = {"a": 2, "b": 1}
+    vs[1] = v
+    v = vs[2]
+    v["i"] = -2
+    vs[2] = v
+    at = vs.snapshot()
+    v = vs[2]
+    v["i"] = -20           # after the snapshot: not the branch's
+    vs[2] = v
+    vs[3] = {"later": 3}
+    assert vs.writes == 4
+    vs[4] = vs[4]          # (the same value: no rewrite)
+    assert vs.writes == 4
+    branch = vs.branch(at)
+    assert [branch[i] for i in range(5)] == [at[i] for i in range(5)]
+    assert [branch.changed(i) for i in range(5)] == [False, True, True, False, False]
+    assert [branch.signature(i) for i in range(5)] == [at.signature(i) for i in range(5)]
+    b = branch[2]
+    b["i"] = 7
+    branch[2] = b
+    branch[0] = {"own": 0}
+    assert branch.writes == 2 and branch[2]["i"] == 7 and branch[0] == {"own": 0}
+    assert vs[2]["i"] == -20 and vs[0] == originals[0] and vs[3] == {"later": 3}
+    assert at[2]["i"] == -2 and at[0] == originals[0]
+    again = branch.snapshot()
+    branch[1] = {"last": 1}
+    assert again[1]["tools"][0] == {"a": 2, "b": 1} and again[2]["i"] == 7 and branch[1] == {"last": 1}
+
+
 def test_line_store_gives_back_the_lines_as_read(monkeypatch):
     monkeypatch.setattr(store, "CACHE", 2)
     path = str(LOGS[0])

@@ -116,6 +116,8 @@ class Edits(Sequence[Any]):
         self._version = 0                          # snapshots taken so far: the version of a rewrite now
         self._same: dict[Any, Any] = {}            # one copy of each new value's bytes, of each path
         self._lines: dict[LineEdits, LineEdits] = {}  # one copy of each line's edits made of values seen before
+        #: rewrites made (a value set that changed nothing is none)
+        self.writes = 0
 
     def __len__(self) -> int:
         return self._n
@@ -159,6 +161,7 @@ class Edits(Sequence[Any]):
             if got is None and data is not None:
                 got, seen = _kept(same, data), False
             parts += (v, same.setdefault(path, path), got)
+        self.writes += 1
         line = tuple(parts) if (old := self._edits[i]) is None else old + tuple(parts)
         # edits made of values seen before are likely the edits of other lines too (FX002's one sorted list, a
         # line moved alike): one tuple for them all (on 5,000 requests, 743 tuples for 10,000 edited lines)
@@ -187,11 +190,29 @@ class Edits(Sequence[Any]):
                 return None
         return edits[1:n:3], edits[2:n:3]
 
-    def snapshot(self) -> Sequence[Any]:
+    def snapshot(self) -> _Version:
         """The values as the rewrites made so far left them, read-only, unaffected by later rewrites (a fix code
         applied after it): nothing is copied."""
         self._version += 1  # (the rewrites from now on are of a later version)
         return _Version(self, self._version)
+
+    def branch(self, at: _Version) -> Edits:
+        """The values as the snapshot ``at`` (of these edits) holds them, to be rewritten apart from these: another
+        rewrite of the same lines that went as this one did until then goes on from there. A slot a line is copied,
+        no edit."""
+        assert at._of is self
+        v = at._v
+        out = Edits(self._n, self._base)
+        out._version = v  # (its own rewrites come after those it holds)
+        out._same, out._lines = self._same, self._lines
+        out._edits = [e if e is None or e[-3] < v else _before(e, v) for e in self._edits]
+        return out
+
+
+def _before(edits: LineEdits, version: int) -> LineEdits | None:
+    """A line's edits stamped before ``version`` (None: none)."""
+    n = next(k for k in range(0, len(edits), 3) if edits[k] >= version)
+    return edits[:n] or None
 
 
 class _Version(Sequence[Any]):

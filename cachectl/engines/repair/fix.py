@@ -147,10 +147,9 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
         before_job = workers.submit(measured, lines, [None])  # beside the forks analysis and the rewrite
     forks, fork_notes, rewrite = forked(lines, grouping, options, tokenizer=tokenizer, table=table, counter=counter,
                                         source=source, progress=progress, first_read=first_read)
-    rws = [rewrite(options)]
     full_options = replace(options, unsafe=True, per_cause=False)
-    if preview_unsafe and not options.unsafe and any(not f.applied and not f.safe for f in rws[0].fixes):
-        rws.append(rewrite(full_options))
+    rws = rewrites(rewrite, options, full_options if preview_unsafe and not options.unsafe else None,
+                   lambda rw: any(not f.applied and not f.safe for f in rw.fixes))
     # (the log as it is joins the sweep of its versions, unless a child measured it)
     passes, first = measured_pass(rws, measured, lines, before=before_job is None, workers=workers)
     before, n1 = first if first is not None else before_job.result()[0]  # type: ignore[union-attr]
@@ -274,6 +273,8 @@ class Rewritten:
     steps: tuple[tuple[str, int, Sequence[Any]], ...] = ()
     applied: int = 0            # fixes applied
     unsafe_skipped: int = 0     # unsafe fixes found and not applied
+    #: where the next rewrite may take up this one (:func:`rewritten`'s ``then``); let go once it did
+    start: Any = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -295,14 +296,19 @@ class FixPass:
 
 def rewritten(lines: Sequence[LogLine], grouping: Grouping, forks: LogForks | None, options: FixOptions, *,
               tokenizer: Any = None, table: Any = None, counter: Any = None,
-              progress: Callable[[int], None] | None = None, examples_only: bool = False) -> Rewritten:
+              progress: Callable[[int], None] | None = None, examples_only: bool = False,
+              then: FixOptions | None = None, start: Any = None) -> Rewritten:
     """The codes of ``options`` applied to ``lines`` (as :func:`prepared` left them); with ``options.per_cause``
     and a tokenizer, the log as each code left it too (a version number each: nothing is copied).
-    ``examples_only``: of the fixes, the first applied of each code (what a report shows), and their counts."""
-    codes = tuple(options.select) if options.select else CODES
-    if not options.unsafe and not options.list_unsafe:
-        codes = tuple(c for c in codes if FIXES[c].safe or FIXES[c].proves_safe)
+    ``examples_only``: of the fixes, the first applied of each code (what a report shows), and their counts.
+    ``then``: the options of the rewrite to come next (without the log as each code left it): the result's
+    ``start`` is where it may take up this one (:func:`.fixes.rewrite`), its ``start`` (the codes through it are
+    not applied again; the same rewrite)."""
+    codes = _codes(options)
     per_cause_wanted = options.per_cause and tokenizer is not None
+    after_this = None
+    if then is not None and not (then.per_cause and tokenizer is not None):
+        after_this = (frozenset(_codes(then)), then.unsafe)
     # the values as each code that applied a fix left them: what applying the codes one after another gives (a
     # code that applied nothing changed nothing)
     snaps: dict[str, Sequence[Any]] = {}
@@ -315,7 +321,7 @@ def rewritten(lines: Sequence[LogLine], grouping: Grouping, forks: LogForks | No
             snaps[code] = rw.values.snapshot()
 
     rw = rewrite(lines, grouping, codes, options.unsafe, tokenizer, table, options.model, counter, forks, progress,
-                 after=_step if per_cause_wanted else None)
+                 after=_step if per_cause_wanted else None, then=after_this, start=start)
     applied_codes = [c for c in codes if any(f.code == c and f.applied for f in rw.fixes)]
     order = [f.code for f in REGISTRY if f.code in applied_codes] if per_cause_wanted else []
     steps = tuple((c, sum(1 for f in rw.fixes if f.code == c and f.applied), rw.values if c == order[-1] else snaps[c])
@@ -326,7 +332,27 @@ def rewritten(lines: Sequence[LogLine], grouping: Grouping, forks: LogForks | No
     if examples_only:  # (a Fix a rewrite, held through the sweep: about 220 bytes a request on 20,000 requests)
         fixes = _examples(fixes)
     return Rewritten(fixes=fixes, notes=tuple(rw.notes), values=rw.values, steps=steps, applied=applied,
-                     unsafe_skipped=unsafe_skipped)
+                     unsafe_skipped=unsafe_skipped, start=rw.start)
+
+
+def rewrites(rewrite: Callable[..., Rewritten], first: FixOptions, then: FixOptions | None,
+             wanted: Callable[[Rewritten], bool] = lambda rw: True, **kw: Any) -> list[Rewritten]:
+    """``rewrite(first)`` (:func:`forked`'s), and ``rewrite(then)`` where ``then`` is given and ``wanted`` of the first:
+    the second takes up the first where the two part (:func:`rewritten`'s ``then``), the codes before that are not
+    applied again."""
+    one = rewrite(first, then=then, **kw)
+    out = [replace(one, start=None)]
+    if then is not None and wanted(one):
+        out.append(rewrite(then, start=one.start, **kw))
+    return out
+
+
+def _codes(options: FixOptions) -> tuple[str, ...]:
+    """The codes a rewrite with ``options`` runs."""
+    codes = tuple(options.select) if options.select else CODES
+    if not options.unsafe and not options.list_unsafe:
+        codes = tuple(c for c in codes if FIXES[c].safe or FIXES[c].proves_safe)
+    return codes
 
 
 def measured_pass(rws: Sequence[Rewritten], measured: Callable[..., list[tuple[Measure, list[str]]]],

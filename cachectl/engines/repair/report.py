@@ -476,7 +476,7 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     (:func:`sections_reader`): the provider and curve sections fed as the lines were first read (in one process: no
     read of the lines for them), not fed here."""
     from ...workers import Workers
-    from .fix import assembled, forked, measured_pass, started
+    from .fix import assembled, forked, measured_pass, rewrites, started
     from .measure import provider_measure
 
     if tokenizer is None:
@@ -514,7 +514,7 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
                                         counter=counter, source=source, progress=progress, first_read=first_read)
     # (the report shows the tokens reused per fix code of the full run only)
     safe_options, full_options = replace(options, per_cause=False, list_unsafe=False), replace(options, unsafe=True)
-    rws = [rewrite(full_options, examples_only=True), rewrite(safe_options, examples_only=True)]
+    rws = rewrites(rewrite, full_options, safe_options, examples_only=True)  # (the safe one takes up the full one)
     if apart:  # (the fixes' versions measured while the child measures the log as it is)
         (full_pass, safe_pass), _ = measured_pass(rws, measured, fixed_lines, examples_only=True, workers=workers)
     before_provider, costed, curve, first, tally = side_job.result() if side_job is not None else side(sections_read)

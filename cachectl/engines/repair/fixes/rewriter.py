@@ -72,6 +72,8 @@ class Rewriter:
         self.forks = forks
         #: called with 1 each time a fix code reads a line as rewritten so far (a fix code's pass over the log)
         self.progress = progress
+        #: where another run may take up this one (:func:`~cachectl.engines.repair.fixes.rewrite`'s ``then``)
+        self.start: Any = None
 
     def allowed(self, safe: bool) -> bool:
         return safe or self.unsafe
