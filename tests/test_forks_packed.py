@@ -182,19 +182,24 @@ def test_a_rebuilt_request_reads_its_prompt_only_when_asked(tok, monkeypatch):
     assert len(rebuilt) > 3 * len(reqs) and len(read) < len(rebuilt) / 2, (len(read), len(rebuilt))
 
 
-def test_a_request_that_lists_the_tools_as_given_is_checked_once(tok, monkeypatch):
-    """Under a tools counterfactual, a request that already lists the reference's tools, serialized alike, is
-    its own render: that is found once (its prompt read), then known from the analysis's table of re-renders."""
+def test_a_request_that_lists_the_tools_as_given_is_told_by_its_tools_digest(tok, monkeypatch):
+    """Under a tools counterfactual, a request that already lists the reference's tools, serialized alike, is its
+    own render: the store tells it by a digest of its tools taken as it was packed (its prompt is not read for it),
+    which says what comparing the prompt's tools does, request by request and counterfactual by counterfactual."""
     from cachectl.engines.prefix.forks import views
 
     reqs = list(fork_requests(iter_jsonl(str(TOOLS)), source=str(TOOLS), tokenizer=tok))
     checked = []
     real = views._as_given
     monkeypatch.setattr(views, "_as_given", lambda r, ref: checked.append(r.index) or real(r, ref))
-    a = analyze_forks(pack_requests(reqs), tokenizer=tok, capacity_blocks=400)
+    store = pack_requests(reqs)
+    a = analyze_forks(store, tokenizer=tok, capacity_blocks=400)
     assert any(f.fixable in ("FX002", "FX003") for f in a.forks)
-    assert checked and len(checked) == len(set(checked))   # (each request at most once a counterfactual)
-    checked.clear()
+    assert not checked
+    counterfactuals = [t for t in a._plan if isinstance(t, views._Tools)]
+    verdicts = [(store.tools_exact(k) == t.exact, real(r, t.reference)) for t in counterfactuals
+                for k, r in enumerate(reqs) if store.tool_set(k) == t.identities]
+    assert verdicts and all(x == y for x, y in verdicts) and {y for _, y in verdicts} == {True, False}
     b = analyze_forks(reqs, tokenizer=tok, capacity_blocks=400)
     assert a.to_dict() == b.to_dict() and list(a.request_gains) == list(b.request_gains)
 

@@ -75,7 +75,8 @@ class _Analyzer:
         it (the tools one it was re-rendered under, each line move that moved something)."""
         self._tick()
         tools = [t for t in plan if isinstance(t, _Tools)]
-        v = _view(self.reqs[k], tools, self.tok, self.rendered, self.reqs.tool_set(k) if tools else None)
+        v = _view(self.reqs[k], tools, self.tok, self.rendered, self.reqs.tool_set(k) if tools else None,
+                  self.reqs.tools_exact(k) if tools else None)
         if changed is not None and v.tools is not None:
             changed.append(next(j for j, t in enumerate(plan) if t is v.tools))
         v.key = k  # (the moves' spans found in it are kept, by its place and its state)

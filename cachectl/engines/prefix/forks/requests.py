@@ -11,6 +11,7 @@ Kept packed for the analysis's passes by :mod:`.store`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from array import array
@@ -22,7 +23,7 @@ from typing import Any
 from ....errors import InputError
 from ....inputs import PromptInput, Request, cache_salt_of, prompt_from_request, prompt_from_value, unwrap
 from ....inputs.prompt import check_ids
-from ....inputs.request import dumps_alike
+from ....inputs.request import compact, dumps_alike
 from ....tokenization import KeptOffsets, Span, Tokenized
 from ..trace import hashable_salt
 
@@ -264,6 +265,13 @@ def _tool_identity(t: Any) -> str:
         return json.dumps(json.loads(t.content), sort_keys=True, ensure_ascii=False)
     except (ValueError, AttributeError):
         return str(getattr(t, "content", t))
+
+
+def exact_tools(tools: Sequence[Any]) -> bytes:
+    """A digest of a chat prompt's tools as the template reads them: each one's exact serialization (key order and
+    value types included), in order (two lists with one digest render alike)."""
+    text = "\n".join(compact(t) for t in tools)  # (compact JSON holds no newline)
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def _request_tools(r: ForkRequest) -> tuple[Any, ...] | None:

@@ -22,7 +22,7 @@ from ....inputs import PromptInput
 from ....spool import Spool
 from ....tokenization import KeptOffsets, Span, Tokenized, _lazy_chat_spans
 from ..packed import ObjectCodec, RenderCodec
-from .requests import USER_FIELDS, ForkRequest, _id_array, _request_tools, _tool_identity, fork_requests
+from .requests import USER_FIELDS, ForkRequest, _id_array, _request_tools, _tool_identity, exact_tools, fork_requests
 
 
 class _Packed:
@@ -41,8 +41,9 @@ class _Packed:
         self.spans: int = -1
         #: (offsets kind, add_special_tokens, render_opts, tokenizer handle), interned
         self.meta: tuple | None = None
-        #: (the tools' identities in order, joined by newlines; the same sorted), interned; None without tools
-        self.tools: tuple[str, tuple[str, ...]] | None = None
+        #: (the tools' identities in order, joined by newlines; the same sorted; a chat prompt's
+        #: :func:`~.requests.exact_tools`), interned; None without tools
+        self.tools: tuple[str, tuple[str, ...], bytes | None] | None = None
         #: a request whose parts this store does not know how to pack, kept as it is
         self.whole: ForkRequest | None = None
         #: where the spans found later are kept: (the :class:`RequestStore` or :class:`_RenderTable`, its key there)
@@ -123,13 +124,13 @@ class RequestStore(Sequence[ForkRequest]):
         self._index, self._line = array("q"), array("q")
         self._hot, self._cold, self._spans_at = array("q"), array("q"), array("q")
         self._meta_of: list[tuple | None] = []
-        self._tools_of: list[tuple[str, tuple[str, ...]] | None] = []
+        self._tools_of: list[tuple[str, tuple[str, ...], bytes | None] | None] = []
         self._fields: list[tuple] = []
         self._salt: list[Any] = []
         self._whole: dict[int, ForkRequest] = {}
         self._interned: dict[Any, Any] = {}
         self._meta: dict[tuple, tuple] = {}
-        self._tools: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self._tools: dict[tuple[str, bytes | None], tuple[str, tuple[str, ...], bytes | None]] = {}
         self._recent: OrderedDict[int, ForkRequest] = OrderedDict()
         self._keep = recent
         #: token count and token-ID-only requests (no text), over all requests
@@ -147,7 +148,10 @@ class RequestStore(Sequence[ForkRequest]):
         if mine:
             names = [_tool_identity(t) for t in mine]
             order = "\n".join(names)
-            rec.tools = self._tools.get(order) or self._tools.setdefault(order, (order, tuple(sorted(names))))
+            # (a chat prompt's tools as the template reads them: whether a re-render under other tools is its own)
+            exact = exact_tools(mine) if r.request is None else None
+            rec.tools = self._tools.get((order, exact)) or self._tools.setdefault((order, exact),
+                                                                                (order, tuple(sorted(names)), exact))
         try:
             self._pack(rec, r)
         except (ValueError, OverflowError, TypeError, pickle.PicklingError, AttributeError):
@@ -306,6 +310,11 @@ class RequestStore(Sequence[ForkRequest]):
         """The same, sorted (the set a tools counterfactual matches)."""
         t = self._tools_of[k]
         return t[1] if t is not None else None
+
+    def tools_exact(self, k: int) -> bytes | None:
+        """A chat request's :func:`~.requests.exact_tools` (None: no tools, or a canonical request)."""
+        t = self._tools_of[k]
+        return t[2] if t is not None else None
 
     # a re-render under a tools counterfactual (kept packed the same way) ----------------------------------
     def pack_render(self, ids: array, text: str | None, starts: Any, tok: Tokenized | None) -> _Packed | tuple:

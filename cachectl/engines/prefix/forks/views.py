@@ -7,6 +7,7 @@ re-rendered (kept packed by the :class:`~.store.RequestStore`, in a :class:`~.st
 from __future__ import annotations
 
 import bisect
+import functools
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -15,7 +16,15 @@ from typing import Any
 
 from ....inputs import compact
 from ....tokenization import KeptOffsets, Span, Tokenized
-from .requests import ForkRequest, _from_tokenized, _id_array, _request_tools, _tool_identity, canonical_tokens
+from .requests import (
+    ForkRequest,
+    _from_tokenized,
+    _id_array,
+    _request_tools,
+    _tool_identity,
+    canonical_tokens,
+    exact_tools,
+)
 from .store import AS_GIVEN, Later, _RenderTable
 
 
@@ -287,14 +296,20 @@ class _Tools:
     code: str
     cause: str
 
+    @functools.cached_property
+    def exact(self) -> bytes:
+        """The reference's :func:`~.requests.exact_tools` (a chat request whose tools have it renders as given)."""
+        return exact_tools(self.reference)
+
 
 _UNKNOWN: Any = object()
 
 
 def _view(r: ForkRequest, tools: Sequence[_Tools], tokenizer: Any, memo: _RenderTable | None = None,
-          ident: Any = _UNKNOWN) -> _View:
+          ident: Any = _UNKNOWN, exact: Any = _UNKNOWN) -> _View:
     """``r`` under the tools counterfactuals in ``tools`` (re-rendered when one applies; ``memo`` keeps re-renders,
-    packed by its store). ``ident``: the sorted identities of ``r``'s tools, when known."""
+    packed by its store). ``ident``, ``exact``: the sorted identities of ``r``'s tools and their
+    :func:`~.requests.exact_tools`, when known (its prompt is not read for them)."""
     if tools and ident is _UNKNOWN:
         mine = _request_tools(r)
         ident = tuple(sorted(_tool_identity(t) for t in mine)) if mine else None
@@ -305,7 +320,8 @@ def _view(r: ForkRequest, tools: Sequence[_Tools], tokenizer: Any, memo: _Render
                 got = memo.get(key) if memo is not None else None
                 if got is AS_GIVEN:
                     break
-                if got is None and r.request is None and _as_given(r, t.reference):
+                if got is None and r.request is None and (_as_given(r, t.reference) if exact is _UNKNOWN
+                                                          else exact == t.exact):
                     if memo is not None:  # (known from now on without reading the prompt)
                         memo[key] = AS_GIVEN
                     break  # the re-render would be the request's own render: nothing to render
