@@ -9,6 +9,7 @@ reference replay of tests/reference_prefix.py, not against the engine.
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -362,8 +363,9 @@ def test_out_keeps_an_untouched_line_s_bytes_and_its_crlf_from_a_file_stdin_or_g
 
 
 def test_the_prefix_paths_fx001_keeps_a_line_are_shared_by_lines_alike(tok, table, monkeypatch):
-    """FX001 and FX007 keep each line's cached-prefix paths while they run: lines with the same paths share one
-    frozenset (a set a line was 12.6 MB on 20,000 requests), and the fixes are the same as with a set a line."""
+    """FX001 and FX007 keep each line's cached-prefix and head paths while they run: lines with the same paths share
+    one pair of frozensets (a set a line was 12.6 MB on 20,000 requests), and the fixes are the same as with a pair
+    a line."""
     from cachectl.engines.repair.fixes import fx001_volatile_to_end as fx001
 
     kept: list = []
@@ -386,6 +388,34 @@ def test_the_prefix_paths_fx001_keeps_a_line_are_shared_by_lines_alike(tok, tabl
         m.setattr(fx001.Heads, "same", lambda self, paths: paths)
         own = fix.fix_log(lines, opts, tokenizer=tok, table=table, source=str(LOG))
     assert shared.to_dict() == own.to_dict() and list(shared.output) == list(own.output)
+
+
+@pytest.mark.parametrize("path", [PROMPTS / "shared_prefix_log.jsonl", PROMPTS / "agent_log.jsonl", LOG])
+def test_fx001_reads_each_line_as_rewritten_at_most_once(tok, table, monkeypatch, path):
+    """FX001's three steps (the volatile values two turns show, the lines the fork analysis moves, the moves) parse
+    a line as the codes before it left it once at most: the lines the analysis moves take their head's paths from
+    the first step's read."""
+    from collections import Counter
+
+    from cachectl.engines.repair.fixes import fx001_volatile_to_end as fx001
+    from cachectl.engines.repair.fixes.rewriter import Rewriter
+
+    reads: Counter = Counter()
+    real_current = Rewriter.current
+
+    def current(self, i):
+        f = sys._getframe(1)
+        while f is not None and (f.f_code.co_name, f.f_code.co_filename) != ("apply", fx001.__file__):
+            f = f.f_back
+        if f is not None:  # (FX001's reads; FX007, which runs after it, reads the lines it moves as they are then)
+            reads[i] += 1
+        return real_current(self, i)
+
+    lines = lines_of(path, key=None)
+    opts = fix.FixOptions(unsafe=True)
+    monkeypatch.setattr(Rewriter, "current", current)
+    got = fix.fix_log(lines, opts, tokenizer=tok, table=table, source=str(path))
+    assert any(f.code == "FX001" for f in got.fixes) and reads and max(reads.values()) == 1
 
 
 def test_fx002_sorts_only_the_tools_seen_with_their_keys_in_another_order(tok, table, tmp_path):

@@ -117,7 +117,7 @@ def move_lines(rw: Rewriter, fix: FixCode, confirmed: dict[str, set[str]],
             edits: list[tuple[str, str, str]] = []
             carried_in = msgs is not None and bool(carry)  # (the value read differs from the line's own)
             if heads is not None and not carried_in and i in heads:
-                prefix_paths = heads[i]
+                prefix_paths = heads.prefix(i)
             else:
                 prefix_paths = _paths(reparse_at(rw.lines, i, value).request)
             if prefix_paths is None:
@@ -185,10 +185,14 @@ def cross_spans(rw: Rewriter, code: str, heads: Heads | None = None
             continue
         value = rw.values[i]
         body, pre = body_of(value)[0], path_prefix(value)
-        req = rw.current(i).request
-        if heads is not None:
-            _head(heads, i, req)
-        if req is None:
+        # (the head's paths of a line read before: it is not parsed again)
+        kept = heads.get(i, _UNREAD) if heads is not None else _UNREAD
+        head = kept[1] if kept is not _UNREAD and kept is not None else None
+        if kept is _UNREAD:
+            req = rw.current(i).request
+            got = _head(heads, i, req) if heads is not None else _parts(req)
+            head = got[1] if got is not None else None
+        if head is None:
             continue
         for ms in todo:
             slot = ms.path[len(pre):] if pre and ms.path.startswith(pre) else ms.path
@@ -199,7 +203,7 @@ def cross_spans(rw: Rewriter, code: str, heads: Heads | None = None
             found = _in_parts(text, slot, ms.start, ms.text) if isinstance(text, list) else (
                 [(slot, _locate(text, ms.start, ms.text))] if isinstance(text, str) else [])
             for at_slot, at in found:
-                if at is not None and _in_head(req, at_slot):
+                if at is not None and any(at_slot == pp or at_slot.startswith((pp + ".", pp + "[")) for pp in head):
                     out.setdefault((i, at_slot), []).append(at)
                     break
     return out
@@ -222,15 +226,6 @@ def _in_parts(parts_value: list, slot: str, start: int, piece: str) -> list[tupl
     return out
 
 
-def _in_head(req: Request, slot: str) -> bool:
-    for p in req.positions:
-        if p.segment == "messages" and p.role not in ("system", "developer"):
-            return False
-        if slot == p.path or slot.startswith(p.path + ".") or slot.startswith(p.path + "["):
-            return True
-    return False
-
-
 def _locate(text: str, start: int, piece: str) -> tuple[int, int] | None:
     """Where ``piece`` (a line found at ``start`` in the original) is in ``text`` now (earlier fixes may have cut
     lines above it): at ``start``, else the occurrence at a line start nearest to it."""
@@ -248,18 +243,27 @@ def _locate(text: str, start: int, piece: str) -> tuple[int, int] | None:
 
 
 class Heads(dict):
-    """Line index -> the paths of its cached prefix (None: no request), as :func:`_head` keeps them: one frozenset
-    for each distinct set of paths, shared by the lines that have it (a frozenset a line took 12.6 MB at once, on
-    20,000 requests of the bench log)."""
+    """Line index -> the paths of its cached prefix and of its head (tools, and the system and developer messages
+    before its first turn), as :func:`_head` keeps them (None: no request): one pair of frozensets for each distinct
+    pair, shared by the lines that have it (a frozenset a line took 12.6 MB at once, on 20,000 requests of the bench
+    log)."""
 
     __slots__ = ("_same",)
 
     def __init__(self) -> None:
         super().__init__()
-        self._same: dict[frozenset[str], frozenset[str]] = {}
+        self._same: dict[tuple, tuple] = {}
 
-    def same(self, paths: frozenset[str]) -> frozenset[str]:
-        return self._same.setdefault(paths, paths)
+    def same(self, parts: tuple[frozenset[str], frozenset[str]]) -> tuple[frozenset[str], frozenset[str]]:
+        return self._same.setdefault(parts, parts)
+
+    def prefix(self, i: int) -> frozenset[str] | None:
+        got = self[i]
+        return None if got is None else got[0]
+
+
+#: a line :func:`_head` has not read
+_UNREAD: Any = object()
 
 
 def _paths(req: Request | None) -> frozenset[str] | None:
@@ -267,9 +271,21 @@ def _paths(req: Request | None) -> frozenset[str] | None:
     return None if req is None else frozenset(p.path for p in _prefix_positions(req))
 
 
-def _head(heads: Heads, i: int, req: Request | None) -> frozenset[str] | None:
-    """The paths of line ``i``'s cached prefix (None without a request), kept in ``heads``."""
-    got = _paths(req)
+def _parts(req: Request | None) -> tuple[frozenset[str], frozenset[str]] | None:
+    """The paths of a request's cached prefix and of its head (None without a request)."""
+    if req is None:
+        return None
+    head = []
+    for p in req.positions:
+        if p.segment == "messages" and p.role not in ("system", "developer"):
+            break
+        head.append(p.path)
+    return frozenset(p.path for p in _prefix_positions(req)), frozenset(head)
+
+
+def _head(heads: Heads, i: int, req: Request | None) -> tuple[frozenset[str], frozenset[str]] | None:
+    """The paths of line ``i``'s cached prefix and head (None without a request), kept in ``heads``."""
+    got = _parts(req)
     got = heads[i] = None if got is None else heads.same(got)
     return got
 
