@@ -418,6 +418,36 @@ def test_fx001_reads_each_line_as_rewritten_at_most_once(tok, table, monkeypatch
     assert any(f.code == "FX001" for f in got.fixes) and reads and max(reads.values()) == 1
 
 
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_fx001_after_a_request_that_ends_with_an_assistant_turn(tok, table, tmp_path, provider):
+    """A request that ends with an assistant turn after another one (no user turn, no prefill to put the value
+    before): OpenAI's gets a trailing system message; Anthropic's, whose messages have no system role, has no place
+    after its prefix, and says so (the provider as the line was read: the rewrite keeps it)."""
+    log = tmp_path / f"{provider}.jsonl"
+    with log.open("w") as f:
+        for day in (14, 15):
+            turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a"},
+                     {"role": "assistant", "content": "b"}]
+            system = f"You are a bot.\nToday is 2025-03-{day}."
+            body = ({"model": "gpt-4o", "messages": [{"role": "system", "content": system}, *turns]}
+                    if provider == "openai" else {"model": "claude-sonnet-4-5", "max_tokens": 9, "system": system,
+                                                  "messages": turns})
+            f.write(json.dumps({"session": "s", "body": body}) + "\n")
+    report = fix.fix_log(lines_of(log), fix.FixOptions(key="session", unsafe=True), tokenizer=tok, table=table)
+    held = fix.fix_log(list(lines_of(log)), fix.FixOptions(key="session", unsafe=True), tokenizer=tok, table=table)
+    assert held.to_dict() == report.to_dict() and list(held.output) == list(report.output)  # (lines in memory)
+    moved = [f for f in report.fixes if f.code == "FX001"]
+    if provider == "openai":
+        assert [f.line for f in moved] == [1, 2] and all("a trailing system message" in f.message for f in moved)
+        assert [report.output[k]["body"]["messages"][-1] for k in (0, 1)] == [
+            {"role": "system", "content": f"Today is 2025-03-{day}."} for day in (14, 15)]
+    else:
+        assert not moved and [report.output[k] for k in (0, 1)] == [json.loads(x) for x in log.read_text().splitlines()]
+        assert [n for n in report.notes if "no place after its prefix" in n] == [
+            f"line {k}: a volatile value was found but the request has no place after its prefix to move it to"
+            for k in (1, 2)]
+
+
 def test_fx002_sorts_only_the_tools_seen_with_their_keys_in_another_order(tok, table, tmp_path):
     """A tool sent with its keys in two orders is sorted everywhere; one whose values differ (an int and a float
     of one value, equal in Python) is another tool, left as it is."""

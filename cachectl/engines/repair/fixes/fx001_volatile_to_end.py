@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ....inputs import Request
-from ..groups import LogLine, reparse_at
+from ..groups import reparse_at
 from .body import (
     apply_carry,
     body_of,
@@ -146,10 +146,10 @@ def move_lines(rw: Rewriter, fix: FixCode, confirmed: dict[str, set[str]],
                 rw.values[i] = value
                 continue
             note = "\n".join(dict.fromkeys(moved))
-            ln = rw.lines[i]  # (read only for a line with something to move)
-            where, new_value, carried = _append_note(value, note, ln)
+            number = rw.number(i)
+            where, new_value, carried = _append_note(value, note, rw.provider(i) == "anthropic")
             if where is None:
-                rw.notes.append(f"line {ln.line}: a {'per-user' if fix.code == 'FX007' else 'volatile'} value was "
+                rw.notes.append(f"line {number}: a {'per-user' if fix.code == 'FX007' else 'volatile'} value was "
                                 "found but the request has no place after its prefix to move it to")
                 rw.values[i] = value
                 continue
@@ -159,7 +159,7 @@ def move_lines(rw: Rewriter, fix: FixCode, confirmed: dict[str, set[str]],
             # a text block that held only the moved lines goes with them (an empty block is not a valid request)
             drop_emptied_parts(new_body, [slot for slot, _old, new in edits if not new.strip()])
             for slot, _old, _new in edits:
-                rw.record(fix, ln, path_prefix(value) + slot,
+                rw.record(fix, number, path_prefix(value) + slot,
                           f"{what(', '.join(repr(x) for x in dict.fromkeys(moved)))}: moved to {where}", note, where)
             if rw.allowed(fix.safe):
                 rw.values[i] = new_value
@@ -375,12 +375,10 @@ def _cut_lines(text: str, spans: list[tuple[int, int]]) -> tuple[str, list[str]]
 
 
 
-def _append_note(value: Any, note: str, ln: LogLine) -> tuple[str | None, Any, tuple[int, str, Any] | None]:
-    """The request with ``note`` at its end: ``(where, new value, carry)``."""
+def _append_note(value: Any, note: str, anthropic: bool) -> tuple[str | None, Any, tuple[int, str, Any] | None]:
+    """The request with ``note`` at its end: ``(where, new value, carry)`` (``anthropic``: its provider's)."""
     value = copy.deepcopy(value)
     body, bp = body_of(value)
-    req = ln.request
-    anthropic = req is not None and req.provider == "anthropic"
     key = "messages" if "messages" in body else "input" if isinstance(body.get("input"), list) else None
     if key is None:
         if isinstance(body.get("input"), str):
