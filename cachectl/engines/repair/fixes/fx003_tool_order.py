@@ -22,6 +22,8 @@ def apply(rw: Rewriter) -> None:
             first.setdefault(n, len(first))
         orders.setdefault(tuple(sorted(names)), set()).add(names)
     unstable = {k for k, v in orders.items() if len(v) > 1}
+    if not unstable:  # (every set of tools is listed in one order: no line to read again)
+        return
     for i in range(len(rw.lines)):
         value = rw.values[i]
         got = tools_of(value)

@@ -20,16 +20,15 @@ def apply(rw: Rewriter) -> None:
             continue
         seen: dict[int, set] = {}       # assistant message index -> reasoning texts seen ("" = none)
         rendered: dict[int, set] = {}   # ... -> whether the render holds it
-        for i in members:
-            msgs = messages_of(rw.values[i])
+        read = [(i, messages_of(rw.values[i])) for i in members]  # (each member's value read once here)
+        for _, msgs in read:
             if msgs is None:
                 continue
             for m, msg in enumerate(msgs):
                 if isinstance(msg, dict) and msg.get("role") == "assistant":
                     seen.setdefault(m, set()).add(_reasoning_of(msg))
         if rw.tok is not None and rw.tok.chat_template is not None:
-            for i in members:
-                msgs = messages_of(rw.values[i])
+            for i, msgs in read:
                 if msgs is None:
                     continue
                 held = [(m, r) for m, msg in enumerate(msgs)
