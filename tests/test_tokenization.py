@@ -160,18 +160,3 @@ def test_minilm_wordpiece_diff(minilm):
 def test_minilm_has_no_chat_template(minilm):
     with pytest.raises(TokenizerError, match="has no chat template"):
         minilm.tokenize(chat_prompt([{"role": "user", "content": "hi"}]))
-
-
-@pytest.mark.parametrize("special", [False, True])
-def test_ids_of_one_text_are_its_encodings_ids(tok, minilm, special):
-    """The backend's IDs-only encode (what the provider counter and lint count with) gives an ``Encoding``'s IDs, for
-    a BPE and a WordPiece tokenizer, special-token text and non-ASCII included; and it checks the text's size."""
-    from cachectl import tokenization
-
-    texts = ["", "hello world", "<|im_start|>user\nhi<|im_end|>", "Grüße, 東京 🚀 \n\n  tabs\there", "a" * 3000,
-             "2025-03-14T09:12:00Z req_8f3a9b2c1d"]
-    for handle in (tok, minilm):
-        assert [handle.backend.ids(t, add_special_tokens=special) for t in texts] == \
-            [handle.backend.encode(t, add_special_tokens=special).ids for t in texts]
-    with pytest.raises(InputError):
-        tok.backend.ids("x" * (tokenization.MAX_TOKENIZE_CHARS + 1))

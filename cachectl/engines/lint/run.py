@@ -54,7 +54,7 @@ def lint_paths(paths: Sequence[str], config: LintConfig, tokenizer: Any = None,
     """Lint every file under ``paths``. A file that cannot be checked becomes a :class:`FileError` and the
     others are still checked; a path that holds no lintable file is an error too. ``progress(1)``: called as
     each file is done."""
-    count = (lambda text: len(tokenizer.backend.ids(text))) if tokenizer \
+    count = (lambda text: len(tokenizer.backend.encode(text, add_special_tokens=False).ids)) if tokenizer \
         else (lambda text: max(1, len(text) // 4))
     from ...sandbox import budget
 

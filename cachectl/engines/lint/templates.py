@@ -72,7 +72,7 @@ _FALLBACK = re.compile(r"\w+|[^\w\s]|\s+")
 def _tokenizer_fn(tokenizer: Any) -> Callable[[str], list]:
     if tokenizer is None:
         return lambda text: _FALLBACK.findall(text)
-    return lambda text: tokenizer.backend.ids(text)
+    return lambda text: tokenizer.backend.encode(text, add_special_tokens=False).ids
 
 
 def _common_suffix(a: Sequence, b: Sequence, limit: int) -> int:

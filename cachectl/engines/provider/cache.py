@@ -449,7 +449,7 @@ class TextTokens:
             if got is not None:
                 self._cache.move_to_end(key)
                 return got
-        got = array("I", self._tok.backend.ids(text))
+        got = array("I", self._tok.backend.encode(text, add_special_tokens=False).ids)
         size = self._size(got)
         with self._lock:
             self.encoded += 1

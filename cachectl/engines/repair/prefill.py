@@ -97,7 +97,7 @@ def render_chunk(spec: tuple[str, str | None], items: Sequence[tuple]) -> list[t
         except CachectlError:
             out.append(None)
             continue
-        out.append((text, array("I", tok.backend.ids(text)).tobytes()))
+        out.append((text, array("I", tok.backend.encode(text, add_special_tokens=False).ids).tobytes()))
     return out
 
 
