@@ -301,9 +301,9 @@ def rewritten(lines: Sequence[LogLine], grouping: Grouping, forks: LogForks | No
     """The codes of ``options`` applied to ``lines`` (as :func:`prepared` left them); with ``options.per_cause``
     and a tokenizer, the log as each code left it too (a version number each: nothing is copied).
     ``examples_only``: of the fixes, the first applied of each code (what a report shows), and their counts.
-    ``then``: the options of the rewrite to come next (without the log as each code left it): the result's
-    ``start`` is where it may take up this one (:func:`.fixes.rewrite`), its ``start`` (the codes through it are
-    not applied again; the same rewrite)."""
+    ``then``: the options of the rewrite to come next (one without the log as each code left it): the result's
+    ``start`` is where that one may take up this one (:func:`.fixes.rewrite`). ``start``: such a place, taken up
+    (the codes through it are not applied again; the rewrite is the same)."""
     codes = _codes(options)
     per_cause_wanted = options.per_cause and tokenizer is not None
     after_this = None
