@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ....inputs import Request
-from ..groups import reparse_at
+from ..groups import line_facts, reparse_at
 from .body import (
     apply_carry,
     body_of,
@@ -147,7 +147,7 @@ def move_lines(rw: Rewriter, fix: FixCode, confirmed: dict[str, set[str]],
                 continue
             note = "\n".join(dict.fromkeys(moved))
             number = rw.number(i)
-            where, new_value, carried = _append_note(value, note, rw.provider(i) == "anthropic")
+            where, new_value, carried = _append_note(value, note, line_facts(rw.lines, i)[1] == "anthropic")
             if where is None:
                 rw.notes.append(f"line {number}: a {'per-user' if fix.code == 'FX007' else 'volatile'} value was "
                                 "found but the request has no place after its prefix to move it to")
@@ -185,15 +185,13 @@ def cross_spans(rw: Rewriter, code: str, heads: Heads | None = None
             continue
         value = rw.values[i]
         body, pre = body_of(value)[0], path_prefix(value)
-        # (the head's paths of a line read before: it is not parsed again)
-        kept = heads.get(i, _UNREAD) if heads is not None else _UNREAD
-        head = kept[1] if kept is not _UNREAD and kept is not None else None
-        if kept is _UNREAD:
+        parts = heads.get(i, _UNREAD) if heads is not None else _UNREAD  # (a line read before is not parsed again)
+        if parts is _UNREAD:
             req = rw.current(i).request
-            got = _head(heads, i, req) if heads is not None else _parts(req)
-            head = got[1] if got is not None else None
-        if head is None:
+            parts = _head(heads, i, req) if heads is not None else _parts(req)
+        if parts is None:
             continue
+        head = parts[1]
         for ms in todo:
             slot = ms.path[len(pre):] if pre and ms.path.startswith(pre) else ms.path
             try:

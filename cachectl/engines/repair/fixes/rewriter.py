@@ -103,15 +103,6 @@ class Rewriter:
         store = store_of(self.lines)
         return store.line_number(i) if store is not None else self.lines[i].line
 
-    def provider(self, i: int) -> str | None:
-        """Line ``i``'s request's provider (None: no request body), as it was read (a line store's, without parsing
-        the line): the fix codes keep it."""
-        store = store_of(self.lines)
-        if store is not None:
-            return store.facts(i)[1]
-        req = self.lines[i].request
-        return req.provider if req is not None else None
-
     def current(self, i: int) -> LogLine:
         """Line ``i`` as rewritten so far (parsed again only where a fix code rewrote it)."""
         if self.progress is not None:
