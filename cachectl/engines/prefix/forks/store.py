@@ -130,7 +130,7 @@ class RequestStore(Sequence[ForkRequest]):
         self._whole: dict[int, ForkRequest] = {}
         self._interned: dict[Any, Any] = {}
         self._meta: dict[tuple, tuple] = {}
-        self._tools: dict[tuple[str, bytes | None], tuple[str, tuple[str, ...], bytes | None]] = {}
+        self._tools: dict[str | bytes, tuple[str, tuple[str, ...], bytes | None]] = {}  # by digest, or order
         self._recent: OrderedDict[int, ForkRequest] = OrderedDict()
         self._keep = recent
         #: token count and token-ID-only requests (no text), over all requests
@@ -146,12 +146,15 @@ class RequestStore(Sequence[ForkRequest]):
         self.bare += r.text is None
         mine = _request_tools(r)
         if mine:
-            names = [_tool_identity(t) for t in mine]
-            order = "\n".join(names)
-            # (a chat prompt's tools as the template reads them: whether a re-render under other tools is its own)
+            # (a chat prompt's tools as the template reads them, which also tells whether a re-render under other
+            # tools is its own: a list seen before is found by it, its identities not serialized again)
             exact = exact_tools(mine) if r.request is None else None
-            rec.tools = self._tools.get((order, exact)) or self._tools.setdefault((order, exact),
-                                                                                (order, tuple(sorted(names)), exact))
+            rec.tools = self._tools.get(exact) if exact is not None else None
+            if rec.tools is None:
+                names = [_tool_identity(t) for t in mine]
+                order = "\n".join(names)
+                key = exact if exact is not None else order
+                rec.tools = self._tools.get(key) or self._tools.setdefault(key, (order, tuple(sorted(names)), exact))
         try:
             self._pack(rec, r)
         except (ValueError, OverflowError, TypeError, pickle.PicklingError, AttributeError):
