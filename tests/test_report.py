@@ -288,7 +288,8 @@ def test_provider_and_curve_read_from_the_lines_are_those_of_the_file(cli, tok, 
         m.setattr(formats, "open_log", lambda *a, _open=formats.open_log, **k: opened.append(a) or _open(*a, **k))
         m.setattr(groups, "log_lines", log_lines)
         m.setattr(sections.OneRead, "__call__",
-                  lambda self, ln, _call=sections.OneRead.__call__: fed.append((ln.line, reading[0])) or _call(self, ln))
+                  lambda self, ln, *a, _call=sections.OneRead.__call__: fed.append((ln.line, reading[0]))
+                  or _call(self, ln, *a))
         args = ["report", src, "-t", str(TOK_DIR), "-f", "json", "--jobs", jobs] + (["--model", model] if model else [])
         r = cli(*args)
     assert r.exit_code in (0, 1), r.stderr
@@ -337,7 +338,7 @@ def test_the_curve_takes_the_token_ids_the_fork_records_tokenized(tok, tmp_path,
 
     def curve(first_read):
         first = fix.FirstRead(fix.FixOptions(key="session"), tokenizer=tok, source=str(log))
-        fed = report.sections_reader(source=str(log), tokenizer=tok, tokenizer_name=str(TOK_DIR), table=None,
+        fed = sections.sections_reader(source=str(log), tokenizer=tok, tokenizer_name=str(TOK_DIR), table=None,
                                      default_model=None, timestamps=None, block_size=16,
                                      first_read=first if first_read else None)
         lines = groups.log_lines(iter_jsonl(str(log)), source=str(log), key="session",
@@ -348,7 +349,9 @@ def test_the_curve_takes_the_token_ids_the_fork_records_tokenized(tok, tmp_path,
         return fed.curve()
 
     alone = curve(False)
-    assert asked == [] and seen == []
+    assert sum(asked) == sum(seen) > 600   # (alone, it tokenizes every prompt itself)
+    asked.clear()
+    seen.clear()
     assert curve(True) == alone and asked == [] and sum(seen) > 600
     fr = fix.FirstRead(fix.FixOptions(key="session"), tokenizer=tok, source=str(log))
     ln = next(iter(groups.log_lines(iter_jsonl(str(LOG)), source=str(LOG), key="session")))
@@ -514,23 +517,67 @@ def test_diff_tokens_pairs_two_requests_on_one_line_as_report_does(cli):
 
 @pytest.mark.parametrize("log,key", [(LOG, "session"), (PROMPTS / "fix_log.jsonl", None),
                                      (PROMPTS / "shared_prefix_log.jsonl", None)])
-def test_a_report_in_two_processes_is_the_report_in_one(cli, monkeypatch, log, key):
-    """With two processes, the child reads the lines for the provider and curve sections and measures the log as it
-    is (with its pairs) beside the fork analysis, while this process measures the fixes' versions: the report is
-    the one process's, byte for byte."""
+def test_a_report_in_two_processes_is_the_report_in_one(cli, monkeypatch, tmp_path, log, key):
+    """With two processes, the child measures the log as it is (with its pairs) beside the fork analysis, feeding
+    the provider and curve sections each line as it goes, while this process measures the fixes' versions: the
+    report is the one process's, byte for byte. The child's curve tokenizes no prompt of its own: it takes the
+    tokens its sweep encoded."""
     from cachectl import workers
-    from cachectl.engines.repair import fix
+    from cachectl.engines.repair import fix, sections
 
     if workers.available_jobs() < 2:
         pytest.skip("one core, or no os.fork: every part runs in this process")
     here: list[bool] = []   # (what this process's sweeps measured: the log as it is too, or only the fixes)
     monkeypatch.setattr(fix, "measured_pass", lambda *a, _m=fix.measured_pass, **k: here.append(k.get("before", False))
                         or _m(*a, **k))
+    asked = tmp_path / "asked"   # (the prompts the curve's reader tokenized itself, a line per call: in the child too)
+
+    class Counting:
+        def __init__(self, t):
+            self.t = t
+
+        def tokenize_many(self, prompts, **k):
+            with asked.open("a") as fh:
+                fh.write(f"{len(prompts)}\n")
+            return self.t.tokenize_many(prompts, **k)
+
+    monkeypatch.setattr(sections._Known, "__init__",
+                        lambda self, t, known, _init=sections._Known.__init__: _init(self, Counting(t), known))
     args = ["report", str(log), "-t", str(TOK_DIR), "--format", "json"] + (["--key", key] if key else [])
+
+    def tokenized_by_the_curve() -> int:
+        got = sum(map(int, asked.read_text().split())) if asked.exists() else 0
+        asked.unlink(missing_ok=True)
+        return got
+
     one = cli(*args, "--jobs", "1")
     assert here == [True]
+    in_one = tokenized_by_the_curve()   # (a raw-text line's prompt, which the reader reads itself, in both)
     here.clear()
     two = cli(*args, "--jobs", "2")
     assert here == [False]
     assert one.exit_code == two.exit_code and one.exit_code in (0, 1), one.stderr + two.stderr
     assert one.stdout == two.stdout and json.loads(one.stdout)["fixes"]["columns"][-1]["fixes_applied"] > 0
+    assert tokenized_by_the_curve() == in_one == (3 if log.name == "fix_log.jsonl" else 0)
+
+
+@pytest.mark.parametrize("case", [1, 2, 4])
+def test_two_processes_measure_the_log_as_it_is_where_the_provider_section_could_not(cli, tmp_path, case):
+    """The child's sweep takes the provider section's simulation as the log's measure before the fixes once the
+    section is done; where it did not run over every line (bare chat lists, which it refuses; no timestamps after
+    the first line), the sweep's requests are simulated then, and the report is still the one process's: lines
+    that name no model (priced by --model), bare chat lists, a log without timestamps."""
+    from cachectl import workers
+
+    if workers.available_jobs() < 2:
+        pytest.skip("one core, or no os.fork: every part runs in this process")
+    name, path, model = _one_read_cases(tmp_path)[case]
+    args = ["report", str(path), "-t", str(TOK_DIR), "--format", "json", "--model", model]
+    one, two = cli(*args, "--jobs", "1"), cli(*args, "--jobs", "2")
+    assert one.exit_code == two.exit_code and one.exit_code in (0, 1), one.stderr + two.stderr
+    assert one.stdout == two.stdout, name
+    data = json.loads(one.stdout)
+    before = data["fixes"]["columns"][0]
+    # (each case is what it says: the provider section stops at a bare chat list and at a line without a timestamp)
+    assert (before["provider_cost_usd"] is None) == (data["cost"] is None) == (name != "nameless"), name
+    assert any("provider cache not simulated" in n for n in data["fixes"]["notes"]) == (name != "nameless")

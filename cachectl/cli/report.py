@@ -117,6 +117,7 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
     from ..engines.provider.prices import PriceTable
     from ..engines.repair import fix, report
     from ..engines.repair.groups import log_lines
+    from ..engines.repair.sections import sections_reader
     from ..inputs import display_name
     from ..inputs.formats import log_values
     from ..tokenization import load_tokenizer
@@ -138,9 +139,9 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
         if ray is None and workers.jobs == 1:  # (with a child, it reads the lines for them beside the forks)
             # the provider and curve sections fed as the lines are read (their renders: those the forks' requests
             # are packed with, from the render memo)
-            sections = report.sections_reader(source=source, tokenizer=tok, tokenizer_name=tokenizer, table=table,
-                                              default_model=model, timestamps=stamps, block_size=block_size,
-                                              progress=tick, first_read=first)
+            sections = sections_reader(source=source, tokenizer=tok, tokenizer_name=tokenizer, table=table,
+                                       default_model=model, timestamps=stamps, block_size=block_size, progress=tick,
+                                       first_read=first)
         try:
             lines = log_lines(iter_progress(log_values(log, shape), progress), source=source, key=key,
                               timestamps=stamps, each=first.add if sections is None else _each(first.add, sections))

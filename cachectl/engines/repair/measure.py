@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
+from itertools import chain
 from typing import Any
 
 from ...errors import InputError, UsageError
@@ -141,7 +142,7 @@ class _Version:
     conversation, and its provider simulation (started at its first request)."""
 
     def __init__(self, block_size: int, capacity_blocks: int | None, source: str, causes: bool,
-                 provider: ProviderMeasure | None, simulated: Callable[[Iterator[Any]], Any] | None) -> None:
+                 provider: Any, simulated: Callable[[Iterator[Any]], Any] | None) -> None:
         from ..prefix.replay import simulate
 
         self.causes = causes
@@ -227,7 +228,7 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
                      capacity_blocks: int | None = None, add_generation_prompt: bool = True, source: str = "",
                      causes: Sequence[bool] | None = None, counter: Any = None,
                      progress: Callable[[int], None] | None = None,
-                     providers: Sequence[ProviderMeasure | None] | None = None,
+                     providers: Sequence[ProviderMeasure | Callable[[], ProviderMeasure | None] | None] | None = None,
                      pairs: Callable[[int, LogLine, Any, Any, int, str | None], None] | None = None,
                      workers: Any = None) -> list[tuple[Measure, list[str]]]:
     """Versions of a log measured by the existing engines in one sweep: each line read once, each of its distinct
@@ -241,7 +242,8 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
     ``versions``: None for ``lines`` as they are, or the values a fix pass left (:class:`~.edits.Edits` or a
     snapshot of it: a line it did not change is the line itself), read with ``model`` where a line names none.
     ``providers``: a version's provider cache already simulated over its very requests (:func:`provider_measure`),
-    not simulated again. ``progress(n)`` is called as each version of a line is measured. ``pairs(i, line, prev,
+    not simulated again, or a call that gives it once the sweep is done (a simulation fed as the sweep goes; None
+    where it could not run: the version's requests are then simulated here, read again). ``progress(n)`` is called as each version of a line is measured. ``pairs(i, line, prev,
     tokens, common, cause)`` sees each line of the first version as it is measured: its index and line, the tokens of
     the previous request of its conversation (None for the first) and its own, the tokens they share as a prefix, and
     the diff-tokens cause where they diverge before either ends (``"unexplained"`` where no rule explains it; None
@@ -257,7 +259,8 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
         raise UsageError("the pairs of a log are compared as tokens: pass `tokenizer`")
     given = list(providers) if providers is not None else [None] * k
     if tokenizer is None:
-        return [_provider_only(lines, versions, j, model, table, source, given[j], progress) for j in range(k)]
+        return [_provider_only(lines, versions, j, model, table, source, g() if callable(g) else g, progress)
+                for j, g in enumerate(given)]
     if counter is None and table is not None:
         from ..provider import cache as promptcache
 
@@ -334,7 +337,9 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
         ahead.close()
         for v in vs:
             v.close()
-    got = [_measured(v, len(lines), infinite.totals(j), block_size) for j, v in enumerate(vs)]
+    got = [_measured(v, len(lines), infinite.totals(j), block_size,
+                     partial(_simulated_again, lines, versions[j], model, simulated) if simulated else None)
+           for j, v in enumerate(vs)]
     out = []
     for j, e in enumerate(alias):
         m, notes = got[keep.index(e)]
@@ -342,7 +347,26 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
     return out
 
 
-def _measured(v: _Version, n: int, totals: tuple[int, int, int], block_size: int) -> tuple[Measure, list[str]]:
+def _simulated_again(lines: Sequence[LogLine], values: Sequence[Any] | None, model: str | None,
+                     simulated: Callable[[Iterator[Any]], Any]) -> tuple[Any, int] | None:
+    """A version's provider cache simulated over its requests, read again from ``lines`` (no token is encoded): the
+    simulation's report and the requests it read; None where it has none (as the sweep starts a simulation at its
+    first request)."""
+    n = [0]
+
+    def reqs() -> Iterator[Any]:
+        for i in range(len(lines)):
+            ln = _line_versions(lines, [values], i, model)[0]
+            if ln.request is not None:
+                n[0] += 1
+                yield ln.request
+    got = reqs()
+    first = next(got, None)
+    return (simulated(chain((first,), got)), n[0]) if first is not None else None
+
+
+def _measured(v: _Version, n: int, totals: tuple[int, int, int], block_size: int,
+              again: Callable[[], tuple[Any, int] | None] | None = None) -> tuple[Measure, list[str]]:
     requests, query, hits = totals
     # without eviction (with a capacity: the ceiling, what the log's shared prefix is worth)
     infinite = VllmMeasure("infinite", block_size, None, requests, query, hits, hits / query if query else None)
@@ -354,6 +378,14 @@ def _measured(v: _Version, n: int, totals: tuple[int, int, int], block_size: int
         ceiling = infinite
     notes: list[str] = []
     provider = v.provider
+    if callable(provider):  # (given once the sweep is done; where it is not, simulated from the lines read again)
+        provider = provider()
+        if provider is None and again is not None:
+            try:
+                got = again()
+                provider = provider_measure(got[0], got[1], n - got[1]) if got is not None else None
+            except (InputError, UsageError) as exc:
+                notes.append(f"provider cache not simulated: {exc}")
     if v.provider_job is not None:
         try:
             provider = provider_measure(v.provider_job.result(), v.requests, n - v.requests)

@@ -466,18 +466,21 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     In one process, every version of the log (as it is, after the safe fixes, as each code of the full run left it,
     after all fixes) is measured in one sweep (:func:`.fix.measured_pass`); the report's pairs are the log's as it
     is, as the sweep compares them (:class:`PairTally`). With ``workers`` (:class:`cachectl.workers.Workers` of more
-    than one job) a child builds the provider and curve sections, then measures the log as it is (its pairs too),
-    while this process finds the forks, rewrites the log and sweeps the fixes' versions (100,000 requests: a tenth
-    less time than a child building the sections alone, 1.9-2.0 KB a request summed against 1.8; the safe fixes'
-    version measured in a child instead was no faster, for a fifth more CPU).
+    than one job) a child measures the log as it is (its pairs too) in one sweep that feeds the provider and curve
+    sections each line with the tokens it encoded, while this process finds the forks, rewrites the log and sweeps
+    the fixes' versions (100,000 requests: a tenth less time than a child building the sections alone, 1.9-2.0 KB a
+    request summed against 1.8; the safe fixes' version measured in a child instead was no faster, for a fifth more
+    CPU; the sections read in a pass of their own before the sweep took the child a fifth more CPU, 12.2 s against
+    10.0 s on 20,000 requests).
     The report is the same as in one process (``workers`` None or of one job). ``progress``: pass ``workers.tick``
     (it is called in the children too). ``first_read`` (:class:`.fix.FirstRead`): what the lines' first read found (the
     conversations, the requests packed for the forks), not read from them again. ``sections_read``
-    (:func:`sections_reader`): the provider and curve sections fed as the lines were first read (in one process: no
+    (:func:`.sections.sections_reader`): the provider and curve sections fed as the lines were first read (in one process: no
     read of the lines for them), not fed here."""
     from ...workers import Workers
     from .fix import assembled, forked, measured_pass, rewrites, started
     from .measure import provider_measure
+    from .sections import feeding, sections_reader
 
     if tokenizer is None:
         raise CachectlError("a report compares the log's requests as tokens: pass `tokenizer`")
@@ -489,23 +492,30 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
         counter=sections_read.text_counter if sections_read is not None else None)
 
     def side(fed: OneRead | None = None, measure_before: bool = False) -> tuple:
+        first = tally = None
         if fed is None:  # (the sweep's token counter: the positions the fixes leave as they were are encoded once)
             fed = sections_reader(source=source, tokenizer=tokenizer, tokenizer_name=tokenizer_name, table=table,
                                   default_model=default_model, timestamps=timestamps, block_size=options.block_size,
                                   progress=progress, counter=counter)
-            for ln in lines:
-                fed(ln)
+            if measure_before:
+                # one sweep of the log as it is: its measure and its pairs (the main sweep measures the fixes'), each
+                # line fed to the sections as it goes, the curve taking the tokens the sweep encoded for the
+                # line (the provider measure is the section's simulation, once it is done)
+                tally, sections = PairTally(), fed
+                first = measured_pass([], measured, fixed_lines, before=True,
+                                      before_provider=lambda: before_of(sections.costed()),
+                                      pairs=feeding(_tallying(tally, lines, grouping), fed, lines, options))[1]
+            else:
+                for ln in lines:
+                    fed(ln)
         costed = fed.costed()
         curve = fed.curve()
+        return before_of(costed), None if costed is None else replace(costed, simulated=None), curve, first, tally
+
+    def before_of(costed: Costed | None) -> Any:
         # the provider section read every line as a request: the log before the fixes is that same simulation
-        before = (provider_measure(costed.simulated, costed.requests)
-                  if costed is not None and costed.simulated is not None and costed.requests == len(lines) else None)
-        first = tally = None
-        if measure_before:  # (the log as it is, and its pairs, measured here too: the sweep measures the fixes')
-            tally = PairTally()
-            first = measured_pass([], measured, fixed_lines, before=True, before_provider=before,
-                                  pairs=_tallying(tally, lines, grouping))[1]
-        return before, None if costed is None else replace(costed, simulated=None), curve, first, tally
+        return (provider_measure(costed.simulated, costed.requests)
+                if costed is not None and costed.simulated is not None and costed.requests == len(lines) else None)
 
     # in a child (with two processes), beside the forks and rewrites: the sections, then the log as it is
     apart = sections_read is None and workers.jobs > 1
@@ -538,24 +548,6 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
         prompt_of=lambda line: lines[lines.index_of(line)].prompt,  # type: ignore[attr-defined]
         add_generation_prompt=options.add_generation_prompt)
     return with_forks(r, forks, losses, rate) if forks is not None else r
-
-
-def sections_reader(*, source: str, tokenizer: Any, tokenizer_name: str, table: PriceTable | None,
-                    default_model: str | None, timestamps: Any, block_size: int,
-                    progress: Callable[[int], None] | None = None, counter: Any = None,
-                    first_read: FirstRead | None = None) -> OneRead:
-    """What feeds :func:`log_report`'s provider and curve sections (a :class:`.sections.OneRead`, with the provider
-    token counter the run's measures share: ``counter``, else a new one): call it with each line as it is read.
-    ``first_read``: the run's :class:`.fix.FirstRead`, fed each line just before: the curve takes the token IDs its
-    fork records tokenized."""
-    from .fix import measure_counter
-    from .sections import OneRead
-
-    forks = first_read.forks if first_read is not None else None
-    return OneRead(source=source, tokenizer=tokenizer, tokenizer_name=tokenizer_name, table=table,
-                   text_counter=counter if counter is not None else measure_counter(tokenizer),
-                   default_model=default_model, timestamps=timestamps, block_size=block_size, progress=progress,
-                   known=forks)
 
 
 def _tallying(tally: PairTally, lines: Sequence[LogLine], grouping: Any) -> Callable[..., None]:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ...inputs import Request
     from ..prefix.trace import TraceRequest
     from ..provider.prices import PriceTable
+    from .fix import FirstRead, FixOptions
     from .groups import LogLine
 
 #: requests handed to a section's thread at a time
@@ -122,8 +123,9 @@ class OneRead:
     is parsed again only where the provider section reads it otherwise (a model by ``default_model`` for a line
     that names none; a bare chat list, which it refuses). The provider simulation and the curve's keying run in
     threads of their own (:class:`.measure._Fed`), fed a batch at a time; the curve's prompts are rendered here, by
-    the reader, or (``known``: the :class:`.shared_prefix.ForkLines` fed each line just before) their token IDs are
-    taken from the batch the fork records tokenized. :meth:`costed` and :meth:`curve` give the sections once every
+    the reader, or their token IDs are taken from the caller (a line's ``tokens``: the sweep that measures the log as
+    it is encoded them) or (``known``: the :class:`.shared_prefix.ForkLines` fed each line just before) from the batch
+    the fork records tokenized. :meth:`costed` and :meth:`curve` give the sections once every
     line was fed; an error reading a line for the curve is raised by :meth:`curve`, as reading the trace for it
     raised it there."""
 
@@ -142,9 +144,11 @@ class OneRead:
                           if table is not None else None)
         # (``known``: the reader fed each line before this one, whose token IDs the curve takes:
         # :class:`.shared_prefix.ForkLines`; in batches as long as its, a batch of the curve's finds its lines there)
-        self._reader = (TraceReader(source=source, tokenizer=tokenizer, timestamps=timestamps) if known is None else
-                        TraceReader(source=source, tokenizer=_Known(tokenizer, known.known), timestamps=timestamps,
-                                    batch_size=known.batch_size))
+        self._known = known.known if known is not None else None
+        #: id of a prompt -> (the prompt, add_generation_prompt, its token IDs), as the caller gave them with its line
+        self._given: dict[int, tuple[Any, bool, Sequence[int]]] = {}
+        self._reader = TraceReader(source=source, tokenizer=_Known(tokenizer, self._ids_of), timestamps=timestamps,
+                                   **({"batch_size": known.batch_size} if known is not None else {}))
         self._keys: Any = _Fed(partial(_keyed, block_size, source))
         self._reqs: list[Any] = []
         self._trace: list[TraceRequest] = []
@@ -153,7 +157,15 @@ class OneRead:
         self._error: Exception | None = None        # reading a line for the curve
         self._costed: tuple[Costed | None] | None = None
 
-    def __call__(self, ln: LogLine) -> None:
+    def _ids_of(self, prompt: Any, add_generation_prompt: bool) -> Sequence[int] | None:
+        given = self._given.pop(id(prompt), None)
+        if given is not None and given[0] is prompt and given[1] == add_generation_prompt:
+            return given[2]
+        return self._known(prompt, add_generation_prompt) if self._known is not None else None
+
+    def __call__(self, ln: LogLine, tokens: tuple[bool, Sequence[int]] | None = None) -> None:
+        """Feed ``ln``. ``tokens``: its prompt's token IDs where the caller has them (``(add_generation_prompt,
+        ids)``): the curve takes them, not rendering and tokenizing the prompt again."""
         if self._provider is not None and not self._unread:
             req = ln.request
             item: Any = req
@@ -170,10 +182,14 @@ class OneRead:
             value, prompt = ln.value, ln.prompt if ln.prompt.request is not None else None
             if isinstance(value, list):  # a bare chat list: the trace reader wants an object
                 value, prompt = {"messages": value}, None
+            if tokens is not None and prompt is not None:
+                self._given[id(prompt)] = (prompt, *tokens)
             try:
                 self._trace.extend(self._reader.feed((ln.line, value, True), prompt))
             except Exception as exc:  # noqa: BLE001 (raised by curve())
                 self._error = exc
+            if not self._reader.pending:  # (what the reader did not tokenize is not kept)
+                self._given.clear()
             if len(self._trace) >= BATCH:
                 self._put_trace()
 
@@ -266,3 +282,36 @@ def _keyed(block_size: int, source: str, trace: Iterable[TraceRequest]) -> Any:
     from ..prefix.curve import key_trace
 
     return key_trace(trace, [block_size], source=source)[block_size]
+
+
+def sections_reader(*, source: str, tokenizer: Any, tokenizer_name: str, table: PriceTable | None,
+                    default_model: str | None, timestamps: Any, block_size: int,
+                    progress: Callable[[int], None] | None = None, counter: Any = None,
+                    first_read: FirstRead | None = None) -> OneRead:
+    """What feeds :func:`.report.log_report`'s provider and curve sections (a :class:`OneRead`, with the provider
+    token counter the run's measures share: ``counter``, else a new one): call it with each line as it is read.
+    ``first_read``: the run's :class:`.fix.FirstRead`, fed each line just before: the curve takes the token IDs its
+    fork records tokenized."""
+    from .fix import measure_counter
+
+    forks = first_read.forks if first_read is not None else None
+    return OneRead(source=source, tokenizer=tokenizer, tokenizer_name=tokenizer_name, table=table,
+                   text_counter=counter if counter is not None else measure_counter(tokenizer),
+                   default_model=default_model, timestamps=timestamps, block_size=block_size, progress=progress,
+                   known=forks)
+
+
+def feeding(pairs: Callable[..., None], fed: OneRead, lines: Sequence[LogLine], options: FixOptions
+            ) -> Callable[..., None]:
+    """The sweep's ``pairs`` (:func:`.measure.measure_versions`, the log as it is) calling ``pairs``, then feeding
+    each line to the sections (``fed``) with the token IDs the sweep encoded (a line read with ``options.model``
+    is not the log's own: the log's is fed, its prompt tokenized there)."""
+    agp = options.add_generation_prompt
+
+    def add(i: int, ln: LogLine, prev: Any, tok: Any, common: int, cause: str | None) -> None:
+        pairs(i, ln, prev, tok, common, cause)
+        if options.model is None:
+            fed(ln, (agp, tok.ids))
+        else:
+            fed(lines[i])
+    return add
