@@ -243,13 +243,14 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
     snapshot of it: a line it did not change is the line itself), read with ``model`` where a line names none.
     ``providers``: a version's provider cache already simulated over its very requests (:func:`provider_measure`),
     not simulated again, or a call that gives it once the sweep is done (a simulation fed as the sweep goes; None
-    where it could not run: the version's requests are then simulated here, read again). ``progress(n)`` is called as each version of a line is measured. ``pairs(i, line, prev,
-    tokens, common, cause)`` sees each line of the first version as it is measured: its index and line, the tokens of
-    the previous request of its conversation (None for the first) and its own, the tokens they share as a prefix, and
-    the diff-tokens cause where they diverge before either ends (``"unexplained"`` where no rule explains it; None
-    where they do not diverge). ``workers`` (:class:`cachectl.workers.Workers`): a child with a free core renders and
-    tokenizes the batches of lines it takes ahead of the sweep (:meth:`~cachectl.workers.Workers.ahead`, batches of
-    :data:`SHARED_BATCH` lines; the same measures)."""
+    where it could not run: the version's requests are then simulated here, read again). ``progress(n)`` is called
+    as each version of a line is measured. ``pairs(i, line, prev, tokens, common, cause)`` sees each line of the
+    first version as it is measured: its index and line, the tokens of the previous request of its conversation
+    (None for the first) and its own, the tokens they share as a prefix, and the diff-tokens cause where they
+    diverge before either ends (``"unexplained"`` where no rule explains it; None where they do not diverge).
+    ``workers`` (:class:`cachectl.workers.Workers`): a child with a free core renders and tokenizes the batches of
+    lines it takes ahead of the sweep (:meth:`~cachectl.workers.Workers.ahead`, batches of :data:`SHARED_BATCH`
+    lines; the same measures)."""
     from ...workers import Workers
     from .. import tokendiff
 

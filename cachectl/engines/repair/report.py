@@ -475,8 +475,8 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     The report is the same as in one process (``workers`` None or of one job). ``progress``: pass ``workers.tick``
     (it is called in the children too). ``first_read`` (:class:`.fix.FirstRead`): what the lines' first read found (the
     conversations, the requests packed for the forks), not read from them again. ``sections_read``
-    (:func:`.sections.sections_reader`): the provider and curve sections fed as the lines were first read (in one process: no
-    read of the lines for them), not fed here."""
+    (:func:`.sections.sections_reader`): the provider and curve sections fed as the lines were first read (in one
+    process: no read of the lines for them), not fed here."""
     from ...workers import Workers
     from .fix import assembled, forked, measured_pass, rewrites, started
     from .measure import provider_measure
@@ -517,7 +517,7 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
         return (provider_measure(costed.simulated, costed.requests)
                 if costed is not None and costed.simulated is not None and costed.requests == len(lines) else None)
 
-    # in a child (with two processes), beside the forks and rewrites: the sections, then the log as it is
+    # in a child (with two processes), beside the forks and rewrites: the log as it is, feeding the sections
     apart = sections_read is None and workers.jobs > 1
     side_job = workers.submit(side, measure_before=apart) if sections_read is None else None
     forks, fork_notes, rewrite = forked(fixed_lines, grouping, options, tokenizer=tokenizer, table=table,
