@@ -354,16 +354,22 @@ def _simulated_again(lines: Sequence[LogLine], values: Sequence[Any] | None, mod
     simulation's report and the requests it read; None where it has none (as the sweep starts a simulation at its
     first request)."""
     n = [0]
-
-    def reqs() -> Iterator[Any]:
-        for i in range(len(lines)):
-            ln = _line_versions(lines, [values], i, model)[0]
-            if ln.request is not None:
-                n[0] += 1
-                yield ln.request
-    got = reqs()
+    got = _requests(lines, values, model, n)
     first = next(got, None)
     return (simulated(chain((first,), got)), n[0]) if first is not None else None
+
+
+def _requests(lines: Sequence[LogLine], values: Sequence[Any] | None, model: str | None, counted: list[int],
+              progress: Callable[[int], None] | None = None) -> Iterator[Any]:
+    """The requests of one version of the log (``values``: as :func:`measure_versions` reads them), its lines read
+    again; ``counted[0]`` counts them (the lines without a request body are not requests)."""
+    for i in range(len(lines)):
+        ln = _line_versions(lines, [values], i, model)[0]
+        if progress is not None:
+            progress(1)
+        if ln.request is not None:
+            counted[0] += 1
+            yield ln.request
 
 
 def _measured(v: _Version, n: int, totals: tuple[int, int, int], block_size: int,
@@ -456,13 +462,7 @@ def _provider_only(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] | 
     counted = [0]  # the requests simulated (the lines without a request body are not)
 
     def reqs() -> Iterator[Any]:
-        for i in range(len(lines)):
-            ln = _line_versions(lines, [versions[j]], i, model)[0]
-            if progress is not None:
-                progress(1)
-            if ln.request is not None:
-                counted[0] += 1
-                yield ln.request
+        return _requests(lines, versions[j], model, counted, progress)
 
     any_req = provider is None and next(reqs(), None) is not None
     if any_req and table is not None and any(p.tokens is None for r in reqs() for p in r.positions):
