@@ -1,7 +1,8 @@
 """Benchmark: where one ``report`` (or ``fix``) spends its time, phase by phase and process by process.
 
 Runs the command once, in a process of its own, with each phase of the whole-log pipeline timed where it runs
-(wall clock from the process's start, and the CPU the process had used by then): the first read, the fork
+(wall clock from the process's start, and the CPU the process had used by then; the fixture tokenizer,
+``--format json``): the first read, the fork
 analysis (``fix.forked``), the rewrites of the fix codes (``fix.rewrites``), and each sweep that measures versions
 of the log (``fix.measured_pass``: the fixes' sweep in the main process; with two processes, the child's sweep,
 which measures the log as it is and feeds the provider and curve sections as it goes). A forked child reports under
@@ -108,6 +109,10 @@ def main() -> None:
         raise SystemExit(f"{args.command} failed ({proc.returncode}): {proc.stderr[-800:]}")
     rows = phases(proc.stderr)
     main_pid = next((r[0] for r in rows if r[1] == "process"), None)
+    missing = {"fork analysis", "rewrites", "sweep"} - {r[1] for r in rows if r[0] == main_pid}
+    if main_pid is None or missing:  # (a phase renamed, or a run that ended before it: no table with a gap)
+        raise SystemExit(f"{args.command} did not report {sorted(missing) or ['its end']} "
+                         f"(exit {proc.returncode}): {proc.stderr[-800:]}")
     print(f"{args.command} {args.log} ({' '.join(cmd[2:])}); seconds from the main process's start")
     print(f"{'process':>12} {'phase':<36} {'from':>9} {'to':>9} {'seconds':>9} {'CPU s':>9}")
     for pid, name, start, end, cpu in rows:
