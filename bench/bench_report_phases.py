@@ -67,11 +67,11 @@ finally:
 LINE = re.compile(r"^PHASE (.+) (start|end) (\d+) ([\d.]+) ([\d.]+)$")
 
 
-def phases(stderr: str) -> list[tuple[int, str, float, float, float]]:
+def phases(stderr: str) -> list[tuple[int, str, float, float, float | None]]:
     """(pid, phase, start, end, CPU seconds in it) of each phase the run reported, in the order they started; the
-    first read is the main process's time from its start to the fork analysis."""
+    first read is the main process's time from its start to the fork analysis (its CPU: None, not told apart)."""
     open_: dict[tuple[int, str], tuple[float, float]] = {}
-    out: list[tuple[int, str, float, float, float]] = []
+    out: list[tuple[int, str, float, float, float | None]] = []
     for line in stderr.splitlines():
         m = LINE.match(line)
         if m is None:
@@ -85,7 +85,7 @@ def phases(stderr: str) -> list[tuple[int, str, float, float, float]]:
     main = next((r for r in out if r[1] == "process"), None)
     fork = next((r for r in out if r[1] == "fork analysis"), None)
     if main is not None and fork is not None and fork[0] == main[0]:
-        out.append((main[0], "first read (to the fork analysis)", main[2], fork[2], float("nan")))
+        out.append((main[0], "first read (to the fork analysis)", main[2], fork[2], None))
     return sorted(out, key=lambda r: (r[2], r[0]))
 
 
@@ -117,7 +117,7 @@ def main() -> None:
     print(f"{'process':>12} {'phase':<36} {'from':>9} {'to':>9} {'seconds':>9} {'CPU s':>9}")
     for pid, name, start, end, cpu in rows:
         who = "main" if pid == main_pid else f"child {pid}"
-        cpu_s = "" if cpu != cpu else f"{cpu:9.1f}"
+        cpu_s = "" if cpu is None else f"{cpu:9.1f}"
         print(f"{who:>12} {name:<36} {start:9.1f} {end:9.1f} {end - start:9.1f} {cpu_s:>9}")
 
 
