@@ -100,7 +100,8 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown command(s) {unknown}; known: {', '.join(COMMANDS)}")
     exe = kvlint_exe(args.kvlint_venv, args.kvlint_version) if "kvlint fix" in names else None
-    kv_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # (kvlint as a user runs it: not on the checkout's path, bytecode caching on, as cachectl's runs have it)
+    kv_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")}
     print(f"{sys.platform}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; kvlint "
           f"{args.kvlint_version}; wall and CPU seconds, the main process's peak RSS")
     print(f"{'requests':>9} {'round':>5}  {'command':<17}{'wall s':>8}{'CPU s':>8}{'RSS MB':>8}")
