@@ -36,7 +36,7 @@ from benchutil import ENV, ROOT  # noqa: E402
 
 TOK = str(ROOT / "fixtures" / "tok")
 
-#: name -> cachectl arguments ({log}, {out}); "kvlint" is the peer's
+#: name -> cachectl arguments ({log}, {out}); "kvlint fix" is the peer's (its arguments are made in :func:`main`)
 COMMANDS: dict[str, list[str]] = {
     "simulate-prefix": ["simulate-prefix", "{log}", "--policy", "infinite", "-t", TOK, "--format", "json"],
     "report --jobs 1": ["report", "{log}", "-t", TOK, "--format", "json", "--jobs", "1"],
@@ -58,17 +58,24 @@ def kvlint_log(src: Path, dst: Path) -> int:
     return n
 
 
-def kvlint_exe(venv: Path, version: str) -> Path:
-    """kvlint's command in ``venv``, installed there first where it is not."""
+def kvlint_exe(venv: Path, version: str) -> tuple[Path, str]:
+    """kvlint's command in ``venv`` (installed there first where it is not) and the version installed there."""
     exe = venv / "bin" / "kvlint"
     if exe.exists():
-        return exe
+        return exe, _installed(venv)
     print(f"installing kvlint=={version} into {venv}", file=sys.stderr, flush=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", f"kvlint=={version}"], check=True)
     if not exe.exists():
         raise SystemExit(f"no {exe} after installing kvlint=={version}")
-    return exe
+    return exe, _installed(venv)
+
+
+def _installed(venv: Path) -> str:
+    """The version of kvlint in ``venv`` (the one measured, whatever ``--kvlint-version`` asked for)."""
+    code = "import importlib.metadata as m; print(m.version('kvlint'))"
+    got = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True)
+    return got.stdout.strip()
 
 
 def run(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, int]:
@@ -91,19 +98,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--commands", default=",".join(COMMANDS), help=f"among: {', '.join(COMMANDS)}")
     ap.add_argument("--kvlint-venv", type=Path,
-                    default=Path(tempfile.gettempdir()) / "cachectl-bench-kvlint",
-                    help="kvlint's own virtualenv (made where missing)")
+                    help="kvlint's own virtualenv, made where missing (default: cachectl-bench-kvlint-VERSION in the "
+                         "temporary directory)")
     ap.add_argument("--kvlint-version", default="0.1.1")
     args = ap.parse_args()
     names = [c.strip() for c in args.commands.split(",") if c.strip()]
     unknown = [c for c in names if c not in COMMANDS]
     if unknown:
         raise SystemExit(f"unknown command(s) {unknown}; known: {', '.join(COMMANDS)}")
-    exe = kvlint_exe(args.kvlint_venv, args.kvlint_version) if "kvlint fix" in names else None
+    venv = args.kvlint_venv or Path(tempfile.gettempdir()) / f"cachectl-bench-kvlint-{args.kvlint_version}"
+    exe, version = kvlint_exe(venv, args.kvlint_version) if "kvlint fix" in names else (None, "not run")
     # (kvlint as a user runs it: not on the checkout's path, bytecode caching on, as cachectl's runs have it)
     kv_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")}
-    print(f"{sys.platform}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; kvlint "
-          f"{args.kvlint_version}; wall and CPU seconds, the main process's peak RSS")
+    print(f"{sys.platform}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; kvlint {version}; wall "
+          "and CPU seconds, the main process's peak RSS")
     print(f"{'requests':>9} {'round':>5}  {'command':<17}{'wall s':>8}{'CPU s':>8}{'RSS MB':>8}")
     summary: list[tuple[int, str, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
