@@ -31,10 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_log_memory import make_log  # noqa: E402
+from bench_log_memory import TOK, make_log  # noqa: E402
 from benchutil import ENV, ROOT  # noqa: E402
-
-TOK = str(ROOT / "fixtures" / "tok")
 
 #: name -> cachectl arguments ({log}, {out}); "kvlint fix" is the peer's (its arguments are made in :func:`main`)
 COMMANDS: dict[str, list[str]] = {
