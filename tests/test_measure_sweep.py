@@ -83,16 +83,16 @@ def test_a_version_the_same_as_another_is_measured_once(tok, table, monkeypatch)
     again = fix.rewritten(lines, grouping, None, fix.FixOptions(key="session", unsafe=True), tokenizer=tok,
                           table=table)
     simulated = []
-    real = measure._provider_fed
+    real = measure._provider_run
 
     def counting(*args):
         simulated.append(args)
         return real(*args)
 
-    monkeypatch.setattr(measure, "_provider_fed", counting)
+    monkeypatch.setattr(measure, "_provider_run", counting)
     got = measured(lines, [None, rw.values, again.values], causes=[True, False, True])
     assert len(simulated) == 2  # the lines as they are, and the one rewrite
-    monkeypatch.setattr(measure, "_provider_fed", real)
+    monkeypatch.setattr(measure, "_provider_run", real)
     alone = measured(lines, [again.values], causes=[True])[0]
     assert got[2] == alone and got[1] == (replace(alone[0], causes={}), alone[1])
     assert got[0][0] != got[2][0]  # (the rewrite changed the log)

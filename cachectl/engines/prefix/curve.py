@@ -189,37 +189,54 @@ class KeyedTrace:
 def key_trace(requests: Iterable[TraceRequest], block_sizes: Sequence[int], *, hash_fn: str = "builtin",
               source: str = "") -> dict[int, KeyedTrace]:
     """Read the requests once and key them at every block size in ``block_sizes``."""
-    if not block_sizes or any(bs < 1 for bs in block_sizes):
-        raise UsageError("`block_size` must be at least 1")
-    stores = {bs: KeyedRequests(bs) for bs in block_sizes}
-    largest: dict[int, tuple[int, int | None]] = {bs: (0, None) for bs in block_sizes}
-    unbounded = {bs: _Unbounded() for bs in block_sizes}
-    query = 0
+    keyer = TraceKeyer(block_sizes, hash_fn=hash_fn, source=source)
     for req in requests:
-        query += req.prompt_tokens
-        for bs in block_sizes:
+        keyer.add(req)
+    return keyer.result()
+
+
+class TraceKeyer:
+    """:func:`key_trace` fed one request at a time (:meth:`add`), its keyed traces made at the end (:meth:`result`)."""
+
+    def __init__(self, block_sizes: Sequence[int], *, hash_fn: str = "builtin", source: str = "") -> None:
+        if not block_sizes or any(bs < 1 for bs in block_sizes):
+            raise UsageError("`block_size` must be at least 1")
+        self.block_sizes, self.hash_fn, self.source = list(block_sizes), hash_fn, source
+        self.stores = {bs: KeyedRequests(bs) for bs in block_sizes}
+        self.largest: dict[int, tuple[int, int | None]] = {bs: (0, None) for bs in block_sizes}
+        self.unbounded = {bs: _Unbounded() for bs in block_sizes}
+        self.query = 0
+
+    def add(self, req: TraceRequest) -> None:
+        self.query += req.prompt_tokens
+        for bs in self.block_sizes:
             if req.hash_ids is not None and req.hash_block_size != bs:
-                raise UsageError(f"{source}: hash_ids cover {req.hash_block_size}-token blocks; run with "
+                raise UsageError(f"{self.source}: hash_ids cover {req.hash_block_size}-token blocks; run with "
                                  f"`block_size` {req.hash_block_size} (they cannot be split)")
-            keys: Sequence = request_keys(req, bs, hash_fn)
-            marks = stores[bs].append(req, keys)
+            store = self.stores[bs]
+            keys: Sequence = request_keys(req, bs, self.hash_fn)
+            marks = store.append(req, keys)
             need = -(-req.prompt_tokens // bs)
-            if need > largest[bs][0]:
-                largest[bs] = (need, req.line)
-            state = unbounded[bs]
-            hits = state.seen_then_add(keys, min(len(keys), (req.prompt_tokens - 1) // bs), marks, stores[bs])
+            if need > self.largest[bs][0]:
+                self.largest[bs] = (need, req.line)
+            state = self.unbounded[bs]
+            hits = state.seen_then_add(keys, min(len(keys), (req.prompt_tokens - 1) // bs), marks, store)
             taken = min(state.waiting, need - hits)
             state.taken += need - hits - taken
             state.waiting += (1 if req.prompt_tokens % bs else 0) - taken
-    if not query and not any(stores.values()):
-        from ...errors import InputError
 
-        raise InputError("the trace has no requests", source=source)
-    for store in stores.values():
-        store.seal()
-    return {bs: KeyedTrace(block_size=bs, requests=stores[bs], min_capacity_blocks=largest[bs][0],
-                           min_capacity_line=largest[bs][1], query_tokens=query,
-                           unbounded_blocks=max(unbounded[bs].taken, largest[bs][0])) for bs in block_sizes}
+    def result(self) -> dict[int, KeyedTrace]:
+        stores, largest = self.stores, self.largest
+        if not self.query and not any(stores.values()):
+            from ...errors import InputError
+
+            raise InputError("the trace has no requests", source=self.source)
+        for store in stores.values():
+            store.seal()
+        return {bs: KeyedTrace(block_size=bs, requests=stores[bs], min_capacity_blocks=largest[bs][0],
+                               min_capacity_line=largest[bs][1], query_tokens=self.query,
+                               unbounded_blocks=max(self.unbounded[bs].taken, largest[bs][0]))
+                for bs in self.block_sizes}
 
 
 class _Unbounded:

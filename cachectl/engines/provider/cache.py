@@ -1073,23 +1073,49 @@ def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source:
 
     ``on_request`` sees each request's row as soon as it is simulated. With ``keep_requests=False`` the report
     keeps no rows (``requests`` is empty; totals, costs, findings, notes and ``miss_tallies`` are the same), and
-    memory stays bounded by the live cache entries, not the length of the log."""
-    sim = CacheSimulator(table, source)
-    tally = _Tally(keep_requests)
-    notes = _Notes()
-    counter = api_counter(api) if api is not None else None
-    last_t: float | None = None
-    estimate = False
-    unknown_output = 0
-    routed = 0
-    gaps = _Misses()
-    volatile = _Misses()
-    for index, req in enumerate(requests):
+    memory stays bounded by the live cache entries, not the length of the log. :class:`CostRun` is the same
+    simulation fed one request at a time."""
+    run = CostRun(table=table, source=source, text_counter=text_counter, api=api, every=every,
+                  token_source=token_source, model_as=model_as, keep_requests=keep_requests, on_request=on_request)
+    for req in requests:
+        run.add(req)
+    return run.report()
+
+
+class CostRun:
+    """:func:`simulate_requests` fed by its caller, one request at a time (:meth:`add`), its report made at the end
+    (:meth:`report`): a sweep that feeds several simulations as it reads a log runs them in its own thread, one
+    request after the other, with no thread of their own to hand the requests to. The arguments are
+    :func:`simulate_requests`'."""
+
+    def __init__(self, *, table: PriceTable, source: str,
+                 text_counter: TextTokens | Callable[[str], int] | None = None, api: Any = None,
+                 every: float | None = None, token_source: str = "layout", model_as: str | None = None,
+                 keep_requests: bool = True, on_request: Callable[[RequestCost], None] | None = None) -> None:
+        self.table, self.source, self.text_counter, self.api = table, source, text_counter, api
+        self.every, self.token_source, self.model_as, self.on_request = every, token_source, model_as, on_request
+        self.sim = CacheSimulator(table, source)
+        self.tally = _Tally(keep_requests)
+        self.notes = _Notes()
+        self.counter = api_counter(api) if api is not None else None
+        self.index = 0
+        self.last_t: float | None = None
+        self.estimate = False
+        self.unknown_output = 0
+        self.routed = 0
+        self.gaps = _Misses()
+        self.volatile = _Misses()
+
+    def add(self, req: Request) -> None:
+        """Simulate and price ``req``, the next request of the log."""
+        index, notes, sim, table, text_counter, counter = (self.index, self.notes, self.sim, self.table,
+                                                           self.text_counter, self.counter)
+        self.index += 1
         if not req.model:
             raise req.error("no model on this line; pass `default_model`")
         t = req.timestamp
         if t is None:
-            if every is None:
+            if self.every is None:
                 if index == 0:
                     t = 0.0
                 else:
@@ -1097,23 +1123,23 @@ def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source:
                                      "add 'timestamp' (seconds or ISO 8601) or pass `every`",
                                      source=req.source, line=req.line)
             else:
-                t = index * every
-        if last_t is not None and t < last_t:
-            raise InputError(f"timestamp {t} is earlier than the previous request's ({last_t}); sort the log by time",
-                             source=req.source, line=req.line, field="timestamp")
-        last_t = t
+                t = index * self.every
+        if self.last_t is not None and t < self.last_t:
+            raise InputError(f"timestamp {t} is earlier than the previous request's ({self.last_t}); sort the log "
+                             "by time", source=req.source, line=req.line, field="timestamp")
+        self.last_t = t
         sim.advance(t)
-        price = _dated(_lookup(table, req.model, req.source, req.line, model_as, notes), req.timestamp, notes)
+        price = _dated(_lookup(table, req.model, req.source, req.line, self.model_as, notes), req.timestamp, notes)
         if req.provider == "anthropic" and price.provider != "anthropic":
             notes.append(f"{price.model} is not a Claude model but a request body is Anthropic-shaped: simulated "
                          f"with {price.model}'s rules")
         for btype in req.unknown_blocks:
             notes.append(unknown_block_note(btype))
         keys = chain_keys(price.model, req)
-        unknown_output += req.output_tokens is None
-        routed += "prompt_cache_key" in req.params
+        self.unknown_output += req.output_tokens is None
+        self.routed += "prompt_cache_key" in req.params
         if any(p.tokens is None for p in req.positions):
-            estimate = True
+            self.estimate = True
         written: list[int] = []
         keep: dict = {}
         _check_cache_params(req, price)
@@ -1136,39 +1162,45 @@ def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source:
         if note:
             notes.append(note)
         if miss is not None and miss.code == "ttl_expired":
-            gaps.add(req.line)
+            self.gaps.add(req.line)
         if miss is not None and miss.code == "content_changed" and miss.volatile is not None:
-            volatile.add(req.line, miss.path or "")
+            self.volatile.add(req.line, miss.path or "")
         batch = req.meta.get("batch") is True
         if batch:
             notes.append(_batch_note(price))
-        recon = _reconcile(req, price, usage, miss, source, estimate, batch=batch)
+        recon = _reconcile(req, price, usage, miss, self.source, self.estimate, batch=batch)
         reported = _openai_reported(usage) if price.usage_style == "openai" else {}
         row = _row(index, req.line, price, usage, timestamp=t, reported=reported, note=note, miss=miss,
                    reconciliation=recon, batch=batch)
-        tally.add(row)
-        if on_request is not None:
-            on_request(row)
+        self.tally.add(row)
+        if self.on_request is not None:
+            self.on_request(row)
         sim.remember(req, keys, written, **keep)
-    if not tally.count:
-        raise InputError("no requests", source=source)
-    if unknown_output:
-        notes.append(f"{unknown_output} request(s) give no output_tokens: their output is not priced "
-                     "(add output_tokens to those lines)")
-    if tally.disagreed:
-        notes.append("predicted and billed counters disagree on some requests: see each request's reconciliation")
-    if tally.first_model is not None and table.lookup(tally.first_model).provider == "anthropic" and \
-            tally.scope_changed:
-        notes.append("thinking and effort changes are predicted by the documented rule (they invalidate the "
-                     "messages cache); their effect is model-dependent, and an effort change was observed to miss "
-                     "the system cache too")
-    if routed:
-        notes.append(f"{routed} request(s) set prompt_cache_key: it steers which cache a request is routed to "
-                     "and is not part of the cached prefix, so it changes no prediction here")
-    if estimate:
-        token_source = "count_tokens API (an estimate)" if api is not None else f"{token_source} (an estimate)"
-    findings = _findings(sim, gaps, volatile)
-    return tally.report("simulate", estimate=estimate, token_source=token_source, notes=notes, findings=findings)
+
+    def report(self) -> CostReport:
+        """The report of the requests added (an error where there were none)."""
+        tally, notes, table, token_source = self.tally, self.notes, self.table, self.token_source
+        if not tally.count:
+            raise InputError("no requests", source=self.source)
+        if self.unknown_output:
+            notes.append(f"{self.unknown_output} request(s) give no output_tokens: their output is not priced "
+                         "(add output_tokens to those lines)")
+        if tally.disagreed:
+            notes.append("predicted and billed counters disagree on some requests: see each request's reconciliation")
+        if tally.first_model is not None and table.lookup(tally.first_model).provider == "anthropic" and \
+                tally.scope_changed:
+            notes.append("thinking and effort changes are predicted by the documented rule (they invalidate the "
+                         "messages cache); their effect is model-dependent, and an effort change was observed to miss "
+                         "the system cache too")
+        if self.routed:
+            notes.append(f"{self.routed} request(s) set prompt_cache_key: it steers which cache a request is routed "
+                         "to and is not part of the cached prefix, so it changes no prediction here")
+        if self.estimate:
+            token_source = ("count_tokens API (an estimate)" if self.api is not None
+                            else f"{token_source} (an estimate)")
+        findings = _findings(self.sim, self.gaps, self.volatile)
+        return tally.report("simulate", estimate=self.estimate, token_source=token_source, notes=notes,
+                            findings=findings)
 
 
 def _check_cache_params(req: Request, price: ModelPrice) -> None:

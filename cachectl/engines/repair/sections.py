@@ -5,7 +5,7 @@ one read of the log's lines that the token diff makes, where each read the log f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from .fix import FirstRead, FixOptions
     from .groups import LogLine
 
-#: requests handed to a section's thread at a time
+#: trace requests handed to the curve's keying at a time
 BATCH = 256
 
 
@@ -75,27 +75,53 @@ def cost_section(requests: Iterable[Request], table: PriceTable, source: str, te
                  tokenizer_name: str) -> Costed:
     """prompt-cost's simulation over ``requests`` (with ``table``), as the report's provider section; a log it
     cannot simulate (no model, no timestamps, out of order) gives a note, and the rest of the report stands."""
-    from ..provider.cache import simulate_requests
-
-    read = [0]
-
-    def counted() -> Iterable[Request]:
-        for req in requests:
-            read[0] += 1
-            yield req
-
+    feed = CostFeed(table, source, text_counter, tokenizer_name)
     try:
-        r = simulate_requests(counted(), table=table, source=source, text_counter=text_counter,
-                              token_source=f"tokenizer {tokenizer_name}" if text_counter is not None else "layout",
-                              keep_requests=False)  # the misses in a few numbers, not a row per request
-    except InputError as exc:
-        return Costed(None, notes=(f"provider cache not simulated: {exc}",))
-    misses = tuple(MissTally(code=c, requests=n, uncached_input_tokens=tok) for c, n, tok in r.miss_tallies)
-    return Costed(CostSection(models=r.models, token_source=r.token_source, total_usd=r.total_cost_usd,
-                              uncached_usd=r.uncached_cost_usd, savings_usd=r.savings_usd, hit_rate=r.hit_rate,
-                              misses=misses, findings=tuple(f.message for f in r.findings), notes=r.notes,
-                              reconciled=r.reconciled, agreed=r.agreed, billed_usd=r.billed_cost_usd),
-                  r, read[0])
+        for req in requests:
+            feed.add(req)
+    except InputError as exc:  # (reading the requests)
+        feed.error = feed.error or exc
+    return feed.result()
+
+
+class CostFeed:
+    """:func:`cost_section` fed one request at a time (:meth:`add`), in the caller's thread: an item that is an
+    :class:`InputError` (a line that could not be read) stops the simulation there, as any error of a request
+    does; :meth:`result` gives the section, or a note for an :class:`InputError`, and raises any other error."""
+
+    def __init__(self, table: PriceTable, source: str, text_counter: Any, tokenizer_name: str) -> None:
+        from ..provider.cache import CostRun
+
+        self._run = CostRun(table=table, source=source, text_counter=text_counter,
+                            token_source=f"tokenizer {tokenizer_name}" if text_counter is not None else "layout",
+                            keep_requests=False)  # the misses in a few numbers, not a row per request
+        self.read = 0
+        self.error: Exception | None = None
+
+    def add(self, item: Request | InputError) -> None:
+        if self.error is not None:
+            return
+        try:
+            if isinstance(item, InputError):
+                raise item
+            self.read += 1
+            self._run.add(item)
+        except Exception as exc:  # noqa: BLE001 (raised, or noted, by result())
+            self.error = exc
+
+    def result(self) -> Costed:
+        try:
+            if self.error is not None:
+                raise self.error
+            r = self._run.report()
+        except InputError as exc:
+            return Costed(None, notes=(f"provider cache not simulated: {exc}",))
+        misses = tuple(MissTally(code=c, requests=n, uncached_input_tokens=tok) for c, n, tok in r.miss_tallies)
+        return Costed(CostSection(models=r.models, token_source=r.token_source, total_usd=r.total_cost_usd,
+                                  uncached_usd=r.uncached_cost_usd, savings_usd=r.savings_usd, hit_rate=r.hit_rate,
+                                  misses=misses, findings=tuple(f.message for f in r.findings), notes=r.notes,
+                                  reconciled=r.reconciled, agreed=r.agreed, billed_usd=r.billed_cost_usd),
+                      r, self.read)
 
 
 def curve_section(trace: Iterable[TraceRequest], block_size: int, points: int, source: str,
@@ -121,8 +147,8 @@ class OneRead:
     :class:`~.groups.LogLine` as the token diff reads it: :func:`.shared_prefix.auto_records`' ``each``), instead of
     each reading the log file again. A line's canonical request and prompt are those that read parsed; its request
     is parsed again only where the provider section reads it otherwise (a model by ``default_model`` for a line
-    that names none; a bare chat list, which it refuses). The provider simulation and the curve's keying run in
-    threads of their own (:class:`.measure._Fed`), fed a batch at a time; the curve's prompts are rendered here, by
+    that names none; a bare chat list, which it refuses). The provider simulation and the curve's keying are fed as
+    the lines come, in the reader's thread (:class:`CostFeed`, :class:`.measure._Pushed`); the curve's prompts are rendered here, by
     the reader, or their token IDs are taken from the caller (a line's ``tokens``: the sweep that measures the log as
     it is encoded them) or (``known``: the :class:`.shared_prefix.ForkLines` fed each line just before) from the batch
     the fork records tokenized. :meth:`costed` and :meth:`curve` give the sections once every
@@ -133,15 +159,15 @@ class OneRead:
                  text_counter: Any, default_model: str | None, timestamps: Any, block_size: int, points: int = 16,
                  progress: Callable[[int], None] | None = None, known: Any = None) -> None:
         from ...inputs import parse_request
+        from ..prefix.curve import TraceKeyer
         from ..prefix.trace import TraceReader
-        from .measure import _Fed
+        from .measure import _Pushed
 
         self._source, self._points, self._progress, self._model = source, points, progress, default_model
         #: the provider simulation's token counter (a run's other simulations may share it)
         self.text_counter = text_counter
         self._parse = partial(parse_request, source=source, default_model=default_model, timestamps=timestamps)
-        self._provider = (_Fed(partial(_costed, table, source, text_counter, tokenizer_name))
-                          if table is not None else None)
+        self._provider = CostFeed(table, source, text_counter, tokenizer_name) if table is not None else None
         # (``known``: the reader fed each line before this one, whose token IDs the curve takes:
         # :class:`.shared_prefix.ForkLines`; in batches as long as its, a batch of the curve's finds its lines there)
         self._known = known.known if known is not None else None
@@ -149,8 +175,8 @@ class OneRead:
         self._given: dict[int, tuple[Any, bool, Sequence[int]]] = {}
         self._reader = TraceReader(source=source, tokenizer=_Known(tokenizer, self._ids_of), timestamps=timestamps,
                                    **({"batch_size": known.batch_size} if known is not None else {}))
-        self._keys: Any = _Fed(partial(_keyed, block_size, source))
-        self._reqs: list[Any] = []
+        keyer = TraceKeyer([block_size], source=source)
+        self._keys: Any = _Pushed(keyer.add, lambda: keyer.result()[block_size])
         self._trace: list[TraceRequest] = []
         self._unread = False                        # a line the provider could not read: it reads no more
         self._fed = 0                               # requests fed to the curve
@@ -174,10 +200,7 @@ class OneRead:
                     item = self._parse(ln.value, line=ln.line)
                 except InputError as exc:  # raised where the simulation reads it
                     item, self._unread = exc, True
-            self._reqs.append(item)
-            if len(self._reqs) >= BATCH:
-                self._provider.put(self._reqs)
-                self._reqs = []
+            self._provider.add(item)
         if self._error is None:
             value, prompt = ln.value, ln.prompt if ln.prompt.request is not None else None
             if isinstance(value, list):  # a bare chat list: the trace reader wants an object
@@ -199,21 +222,15 @@ class OneRead:
         self._trace = []
 
     def close(self) -> None:
-        """Let the threads go where the sections are not asked for (the run failed before): nothing once they
-        were."""
-        for job in (self._provider, self._keys):
-            if job is not None:
-                job.close()
+        """(Nothing to let go: the sections are fed in the reader's thread.)"""
 
     def costed(self) -> Costed | None:
         """The provider section (None without a price table)."""
         if self._costed is None:
             got = None
             if self._provider is not None:
-                self._provider.put(self._reqs)
-                self._reqs = []
                 got = self._provider.result()
-                self._provider = None  # (its thread is done: what it held goes with it)
+                self._provider = None  # (what the simulation held goes with it)
             self._costed = (got,)
         return self._costed[0]
 
@@ -266,16 +283,6 @@ class _Known:
 @dataclass(frozen=True)
 class _Ids:
     ids: Sequence[int]
-
-
-def _costed(table: PriceTable, source: str, text_counter: Any, tokenizer_name: str, items: Iterator[Any]) -> Costed:
-    def requests() -> Iterator[Request]:
-        for x in items:
-            if isinstance(x, InputError):
-                raise x
-            yield x
-
-    return cost_section(requests(), table, source, text_counter, tokenizer_name)
 
 
 def _keyed(block_size: int, source: str, trace: Iterable[TraceRequest]) -> Any:
