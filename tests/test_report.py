@@ -310,6 +310,34 @@ def test_provider_and_curve_read_from_the_lines_are_those_of_the_file(cli, tok, 
     assert (name in ("bare", "no-timestamps")) == (costed.section is None)  # each case reads what it says
 
 
+def test_the_provider_section_stops_reading_at_its_first_error(tok):
+    """The provider section's simulation stops at a request it cannot simulate (a note, the report stands) and reads
+    no request after it, as a simulation reading the requests itself stops there: here the next one is an error of
+    the reader's that would end the run."""
+    from cachectl.engines.repair.sections import cost_section
+    from cachectl.inputs import parse_request
+
+    good = {"model": "gpt-4.1", "timestamp": 1000.0, "messages": [{"role": "user", "content": "hello"}],
+            "usage": {"prompt_tokens": 8, "completion_tokens": 2}}
+    nameless = {**good, "model": None, "timestamp": 1001.0}
+    read = []
+
+    def requests():
+        for n, body in enumerate([good, nameless], 1):
+            read.append(n)
+            yield parse_request(body, source="log.jsonl", line=n)
+        read.append(3)
+        raise RuntimeError("read past the first error")
+
+    counter = promptcache.tokenizer_counter(tok)
+    costed = cost_section(requests(), PriceTable.load(), "log.jsonl", counter, str(TOK_DIR))
+    assert costed.section is None and read == [1, 2]
+    assert costed.notes[0].startswith("provider cache not simulated") and "no model" in costed.notes[0]
+    one = cost_section(iter([parse_request(good, source="log.jsonl", line=1)]), PriceTable.load(), "log.jsonl",
+                       counter, str(TOK_DIR))
+    assert one.section is not None and one.requests == 1
+
+
 def test_the_curve_takes_the_token_ids_the_fork_records_tokenized(tok, tmp_path, monkeypatch):
     """Fed each line after the fork records (as report's one read does), the curve's reader tokenizes nothing of
     its own: it takes each prompt's token IDs from the batch the records tokenized, and its curve is the one it

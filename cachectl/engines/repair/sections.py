@@ -79,8 +79,10 @@ def cost_section(requests: Iterable[Request], table: PriceTable, source: str, te
     try:
         for req in requests:
             feed.add(req)
+            if feed.error is not None:  # (the simulation stops at its first error: the rest is not read)
+                break
     except InputError as exc:  # (reading the requests)
-        feed.error = feed.error or exc
+        feed.error = exc
     return feed.result()
 
 
@@ -148,10 +150,10 @@ class OneRead:
     each reading the log file again. A line's canonical request and prompt are those that read parsed; its request
     is parsed again only where the provider section reads it otherwise (a model by ``default_model`` for a line
     that names none; a bare chat list, which it refuses). The provider simulation and the curve's keying are fed as
-    the lines come, in the reader's thread (:class:`CostFeed`, :class:`.measure._Pushed`); the curve's prompts are rendered here, by
-    the reader, or their token IDs are taken from the caller (a line's ``tokens``: the sweep that measures the log as
-    it is encoded them) or (``known``: the :class:`.shared_prefix.ForkLines` fed each line just before) from the batch
-    the fork records tokenized. :meth:`costed` and :meth:`curve` give the sections once every
+    the lines come, in the reader's thread (:class:`CostFeed`, :class:`.measure._Pushed`); the curve's prompts are
+    rendered here, by the reader, or their token IDs are taken from the caller (a line's ``tokens``: the sweep that
+    measures the log as it is encoded them) or (``known``: the :class:`.shared_prefix.ForkLines` fed each line just
+    before) from the batch the fork records tokenized. :meth:`costed` and :meth:`curve` give the sections once every
     line was fed; an error reading a line for the curve is raised by :meth:`curve`, as reading the trace for it
     raised it there."""
 
