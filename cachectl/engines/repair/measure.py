@@ -12,7 +12,7 @@ import hashlib
 import json
 import queue
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import chain
@@ -148,7 +148,7 @@ class _Pushed:
         self._add, self._finish = add, finish
         self._err: Exception | None = None
 
-    def put(self, batch: list) -> None:
+    def put(self, batch: Iterable[Any]) -> None:
         if self._err is None:
             try:
                 for x in batch:
@@ -295,14 +295,13 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
         from ..provider import cache as promptcache
 
         counter = promptcache.tokenizer_counter(tokenizer)
-    simulated = partial(_provider_fed, table, source, counter) if table is not None else None
-    pushed = partial(_provider_run, table, source, counter) if table is not None else None
+    simulated = partial(_provider_run, table, source, counter) if table is not None else None
     alias = _aliases(versions, len(lines), given)
     keep = sorted(set(alias))   # the distinct versions, measured; the others are given their measures
     weight = [alias.count(j) for j in keep]   # (versions a measured one stands for, in progress ticks)
     vs = [_Version(block_size, capacity_blocks, source,
                    any(want_causes[e] for e in range(k) if alias[e] == j) or (j == 0 and pairs is not None),
-                   given[j], pushed) for j in keep]
+                   given[j], simulated) for j in keep]
     versions = [versions[j] for j in keep]
     k = len(keep)
     # every version's no-eviction replay in one (a request several versions send alike is replayed once)
@@ -379,14 +378,18 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
 
 
 def _simulated_again(lines: Sequence[LogLine], values: Sequence[Any] | None, model: str | None,
-                     simulated: Callable[[Iterator[Any]], Any]) -> tuple[Any, int] | None:
+                     simulated: Callable[[], _Pushed]) -> tuple[Any, int] | None:
     """A version's provider cache simulated over its requests, read again from ``lines`` (no token is encoded): the
     simulation's report and the requests it read; None where it has none (as the sweep starts a simulation at its
     first request)."""
     n = [0]
     got = _requests(lines, values, model, n)
     first = next(got, None)
-    return (simulated(chain((first,), got)), n[0]) if first is not None else None
+    if first is None:
+        return None
+    run = simulated()
+    run.put(chain((first,), got))
+    return run.result(), n[0]
 
 
 def _requests(lines: Sequence[LogLine], values: Sequence[Any] | None, model: str | None, counted: list[int],
@@ -431,15 +434,8 @@ def _measured(v: _Version, n: int, totals: tuple[int, int, int], block_size: int
     return Measure(vllm, provider, v.reused, v.tokens, v.cause_count, ceiling), notes
 
 
-def _provider_fed(table: Any, source: str, counter: Any, reqs: Iterator[Any]) -> Any:
-    from ..provider import cache as promptcache
-
-    return promptcache.simulate_requests(reqs, table=table, source=source, text_counter=counter, every=None,
-                                         token_source="tokenizer", keep_requests=False)
-
-
 def _provider_run(table: Any, source: str, counter: Any) -> _Pushed:
-    """:func:`_provider_fed`'s simulation, fed as the sweep goes."""
+    """A version's provider simulation (prompt-cost's, with the sweep's token counter), fed as the sweep goes."""
     from ..provider.cache import CostRun
 
     run = CostRun(table=table, source=source, text_counter=counter, every=None, token_source="tokenizer",

@@ -19,10 +19,6 @@ if TYPE_CHECKING:
     from .fix import FirstRead, FixOptions
     from .groups import LogLine
 
-#: trace requests handed to the curve's keying at a time
-BATCH = 256
-
-
 @dataclass(frozen=True)
 class MissTally:
     code: str                  # prompt-cost's miss reason code
@@ -215,8 +211,7 @@ class OneRead:
                 self._error = exc
             if not self._reader.pending:  # (what the reader did not tokenize is not kept)
                 self._given.clear()
-            if len(self._trace) >= BATCH:
-                self._put_trace()
+            self._put_trace()
 
     def _put_trace(self) -> None:
         self._fed += len(self._trace)
