@@ -20,7 +20,6 @@ import os
 import pickle
 import re
 import threading
-import zlib
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 from .errors import InputError, TokenizerError
 from .inputs import PromptInput
 from .inputs.request import dumps_alike
-from .spool import KeyIndex, Spool, ZlibStreams, content_digest
+from .spool import DictStreams, KeyIndex, Spool, content_digest
 
 if TYPE_CHECKING:  # pragma: no cover
     import tokenizers
@@ -329,15 +328,15 @@ class RenderMemo:
     included, the options), compressed in a spool on disk against the first text kept (the system prompt and
     tools most renders share); in memory a :class:`~cachectl.spool.KeyIndex` entry a render (about 16 bytes)
     and the last :data:`HOT` texts. The first half of the digest finds the entry, the second half, kept with the
-    text, confirms it. The token IDs a render was encoded to are kept beside it (zlib, about 2 bytes a token on
-    disk), and so are the spans of a render (where each field landed: an instrumented render of their own), by a
-    digest of the same parts and the fields' paths. A render kept elsewhere already (the fork analysis' store of a
+    text, confirms it. The token IDs a render was encoded to are kept beside it (compressed the same way, against
+    the first render's IDs), and so are the spans of a render (where each field landed: an instrumented render of
+    their own), by a digest of the same parts and the fields' paths. A render kept elsewhere already (the fork analysis' store of a
     log's requests) is linked, not copied (:meth:`link`): read there."""
 
     HOT = 256
 
     __slots__ = ("_hot", "_ids", "_last", "_link_at", "_link_check", "_link_src", "_linked", "_lock", "_sources",
-                 "_spans", "_spool", "_table", "_z", "hits", "misses")
+                 "_spans", "_spool", "_table", "_z", "_zids", "hits", "misses")
 
     def __init__(self) -> None:
         self._table = KeyIndex()
@@ -346,7 +345,8 @@ class RenderMemo:
         self._lock = threading.Lock()
         self._spool: Spool | None = None
         self._hot: OrderedDict[bytes, str] = OrderedDict()
-        self._z = ZlibStreams(1)
+        self._z = DictStreams()
+        self._zids = DictStreams()  # (the token IDs against the first render's: a log's prompts share their tops)
         self.hits = self.misses = 0
         # renders kept elsewhere (:meth:`link`): the digest's first half -> a link; per link, the second half, the
         # place in its source and the source's number
@@ -407,7 +407,7 @@ class RenderMemo:
                 return None
             ids, starts, ends, _ = linked
             return ids, (KeptOffsets(starts, ends) if starts is not None and ends is not None else None)
-        raw = zlib.decompress(blob)
+        raw = self._zids.decompress(blob)
         n = int.from_bytes(raw[:8], "little")
         ids = array("I")
         ids.frombytes(raw[8:8 + 4 * n])
@@ -443,7 +443,7 @@ class RenderMemo:
                 payload += steps.astype(np.int32).tobytes() + lengths.astype(np.int32).tobytes()
                 kept = True
             # (else a text past 2 GiB, where CACHECTL_MAX_TOKENIZE_CHARS allows one: IDs only)
-        blob = zlib.compress(payload, 1)
+        blob = self._zids.compress(payload)
         with self._lock:
             self._write(self._ids, key, blob)
         return kept

@@ -129,3 +129,36 @@ def test_content_digest_reads_content_not_object_identity():
     loop: list = []
     loop.append(loop)
     assert content_digest(loop) is None and len(content_digest(a, size=8) or b"") == 8
+
+
+def test_dict_streams_round_trip_from_many_threads_against_one_dictionary():
+    """Payloads compressed by several threads at once (the render memo's IDs are compressed outside its lock) all
+    read back, whichever thread reads them: one dictionary, made from the first payload, whichever thread sent it;
+    and a payload that repeats the first costs a few bytes."""
+    import threading
+
+    from cachectl.spool import DictStreams
+
+    z = DictStreams()
+    rng = random.Random(7)
+    top = bytes(rng.randrange(256) for _ in range(4000))  # (random: only the dictionary can make it small)
+    payloads = [top + str(i).encode() * rng.randrange(1, 50) for i in range(400)]
+    blobs: dict[int, bytes] = {}
+    start = threading.Barrier(4)
+
+    def work(part: int) -> None:
+        start.wait()
+        for i in range(part, len(payloads), 4):
+            blobs[i] = z.compress(payloads[i])
+
+    threads = [threading.Thread(target=work, args=(p,)) for p in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [z.decompress(blobs[i]) for i in range(len(payloads))] == payloads
+    assert max(len(b) for b in blobs.values()) < 200  # (each payload holds 4,000 random bytes of the first's)
+    other = DictStreams()
+    other.compress(b"something else")
+    with pytest.raises(Exception):  # another stream's dictionary does not read these
+        assert other.decompress(blobs[0]) == payloads[0]

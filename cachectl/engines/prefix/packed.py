@@ -1,10 +1,10 @@
 """Compact storage for whole-log analyses that must keep something of every request (the fork analysis replays
-the log once per counterfactual): one zlib stream a request, compressed against a preset dictionary (the first
-request's own bytes: the system prompt and tools most requests of a log share), so what a request holds beyond
-its first copy is roughly what it says that the first one did not.
+the log once per counterfactual): one compressed stream a request, against a preset dictionary (the first request's
+own bytes: the system prompt and tools most requests of a log share; :class:`cachectl.spool.DictStreams`), so what a
+request holds beyond its first copy is roughly what it says that the first one did not.
 
 - :class:`RenderCodec`: a render (token IDs, the character each token starts and ends at, the rendered text) in one
-  stream; :meth:`RenderCodec.ids` decompresses only the IDs (they come first).
+  stream; :meth:`RenderCodec.ids` reads only the IDs (they come first).
 - :class:`ObjectCodec`: any picklable value (a parsed prompt), the same way.
 - what a whole-log analysis keeps of every request but reads only once a pass goes to a
   :class:`cachectl.spool.Spool` (a temporary file).
@@ -20,7 +20,7 @@ from array import array
 from collections.abc import Sequence
 from typing import Any
 
-from ...spool import ZlibStreams
+from ...spool import DictStreams
 
 #: flags, ids typecode, ids count, starts count, ends count
 _HEAD = struct.Struct("<BcIII")
@@ -67,13 +67,13 @@ def _width(code: int) -> int:
 
 class RenderCodec:
     """Token IDs, their character starts and ends (optional) and the rendered text (optional), packed into one
-    zlib stream: IDs as they are (4 or 8 bytes), starts as differences to the previous start and ends as each
+    stream: IDs as they are (4 or 8 bytes), starts as differences to the previous start and ends as each
     token's length (small numbers, in 2 bytes where they fit, that compress well), the text as UTF-8."""
 
     __slots__ = ("_z",)
 
-    def __init__(self, level: int = 6):
-        self._z = ZlibStreams(level)
+    def __init__(self, level: int = 1):
+        self._z = DictStreams(level)
 
     def pack(self, ids: array, starts: Sequence[int] | None = None, ends: Sequence[int] | None = None,
              text: str | None = None) -> bytes:
@@ -96,11 +96,10 @@ class RenderCodec:
 
     def ids(self, blob: bytes) -> array:
         """Only the IDs (the head of the stream)."""
-        head = self._z.decompress(blob, _HEAD.size)
-        _, code, n, _, _ = _HEAD.unpack(head)
+        raw = self._z.decompress(blob)
+        _, code, n, _, _ = _HEAD.unpack_from(raw)
         ids = array(code.decode())
-        raw = self._z.decompress(blob, _HEAD.size + n * ids.itemsize)
-        ids.frombytes(raw[_HEAD.size:])
+        ids.frombytes(raw[_HEAD.size:_HEAD.size + n * ids.itemsize])
         return ids
 
     def unpack(self, blob: bytes) -> tuple[array, array | None, array | None, str | None]:
@@ -126,12 +125,12 @@ class RenderCodec:
 
 
 class ObjectCodec:
-    """A picklable value as one zlib stream (against the first value's pickle)."""
+    """A picklable value as one compressed stream (against the first value's pickle)."""
 
     __slots__ = ("_z",)
 
-    def __init__(self, level: int = 6):
-        self._z = ZlibStreams(level)
+    def __init__(self, level: int = 1):
+        self._z = DictStreams(level)
 
     def dumps(self, value: Any) -> bytes:
         return self._z.compress(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))

@@ -1,5 +1,5 @@
 """The requests of a fork analysis kept packed (:class:`RequestStore`, :func:`pack_requests`): every counterfactual is
-a pass over the whole log, so every request is kept, as one zlib stream of its IDs, starts and text (compressed
+a pass over the whole log, so every request is kept, as one compressed stream of its IDs, starts and text (compressed
 against the first request's, which holds what most requests share; :mod:`..packed`) and its prompt pickled the same
 way: 2 to 3 KB a request on a log of 400-token chat requests, where the parsed forms took some 16 KB, written to a
 temporary file (a :class:`cachectl.spool.Spool`; in memory, a row of small columns a request). A pass rebuilds each
@@ -103,7 +103,7 @@ class _Deferred(Tokenized):
 
 class RequestStore(Sequence[ForkRequest]):
     """The requests of one fork analysis, packed: each counterfactual replays the whole log, so every request is
-    kept, as one zlib stream of its IDs, starts and text (:class:`~..packed.RenderCodec`, against the first request's
+    kept, as one compressed stream of its IDs, starts and text (:class:`~..packed.RenderCodec`, against the first request's
     bytes) and its prompt pickled the same way; a few hundred bytes to a couple of KB a request where the parsed
     forms take some 20 KB, on disk. In memory a request is a row of columns: five ints in arrays (its index, line and
     three places in the spool), four references in lists (its render options, tools, log fields and salt, the first
@@ -112,10 +112,8 @@ class RequestStore(Sequence[ForkRequest]):
     :meth:`add`."""
 
     def __init__(self, recent: int = 64):
-        # zlib's fastest level: on 2,000 requests 0.27 s of compressing against 0.47 at level 6, and 18% more bytes,
-        # on disk
-        self._render = RenderCodec(1)
-        self._objects = ObjectCodec(1)
+        self._render = RenderCodec()  # (zstd's level 1: the fastest of its usual levels)
+        self._objects = ObjectCodec()
         #: the packed bytes, in a temporary file (a pass reads each request's once)
         self._disk = Spool()
         # the columns: a request's index, line (_NO_LINE: none), places in the spool of its packed render, prompt
