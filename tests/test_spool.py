@@ -160,5 +160,7 @@ def test_dict_streams_round_trip_from_many_threads_against_one_dictionary():
     assert max(len(b) for b in blobs.values()) < 200  # (each payload holds 4,000 random bytes of the first's)
     other = DictStreams()
     other.compress(b"something else")
-    with pytest.raises(Exception):  # another stream's dictionary does not read these
-        assert other.decompress(blobs[0]) == payloads[0]
+    import zstandard
+
+    with pytest.raises(zstandard.ZstdError):  # another stream's dictionary does not read these
+        other.decompress(blobs[0])
