@@ -330,8 +330,8 @@ class RenderMemo:
     and the last :data:`HOT` texts. The first half of the digest finds the entry, the second half, kept with the
     text, confirms it. The token IDs a render was encoded to are kept beside it (compressed the same way, against
     the first render's IDs), and so are the spans of a render (where each field landed: an instrumented render of
-    their own), by a digest of the same parts and the fields' paths. A render kept elsewhere already (the fork analysis' store of a
-    log's requests) is linked, not copied (:meth:`link`): read there."""
+    their own), by a digest of the same parts and the fields' paths. A render kept elsewhere already (the fork
+    analysis' store of a log's requests) is linked, not copied (:meth:`link`): read there."""
 
     HOT = 256
 

@@ -1,10 +1,10 @@
-"""The requests of a fork analysis kept packed (:class:`RequestStore`, :func:`pack_requests`): every counterfactual is
-a pass over the whole log, so every request is kept, as one compressed stream of its IDs, starts and text (compressed
-against the first request's, which holds what most requests share; :mod:`..packed`) and its prompt pickled the same
-way: 2 to 3 KB a request on a log of 400-token chat requests, where the parsed forms took some 16 KB, written to a
-temporary file (a :class:`cachectl.spool.Spool`; in memory, a row of small columns a request). A pass rebuilds each
-request as it reaches it (the tree pass as logged reads only the IDs; a chat request's prompt is read when first asked
-for: :class:`Later`); a tools counterfactual's re-renders are kept packed the same way (:class:`_RenderTable`).
+"""The requests of a fork analysis kept packed (:class:`RequestStore`, :func:`pack_requests`): every counterfactual is a
+pass over the whole log, so every request is kept, as one compressed stream of its IDs, starts and text (against the
+first request's, which holds what most requests share; :mod:`..packed`) and its prompt pickled the same way: 2 to 3 KB a
+request on a log of 400-token chat requests, where the parsed forms took some 16 KB, written to a temporary file (a
+:class:`cachectl.spool.Spool`; in memory, a row of small columns a request). A pass rebuilds each request as it reaches
+it (the tree pass as logged reads only the IDs; a chat request's prompt is read when first asked for: :class:`Later`); a
+tools counterfactual's re-renders are kept packed the same way (:class:`_RenderTable`).
 """
 
 from __future__ import annotations
@@ -102,12 +102,12 @@ class _Deferred(Tokenized):
 
 
 class RequestStore(Sequence[ForkRequest]):
-    """The requests of one fork analysis, packed: each counterfactual replays the whole log, so every request is
-    kept, as one compressed stream of its IDs, starts and text (:class:`~..packed.RenderCodec`, against the first request's
-    bytes) and its prompt pickled the same way; a few hundred bytes to a couple of KB a request where the parsed
-    forms take some 20 KB, on disk. In memory a request is a row of columns: five ints in arrays (its index, line and
-    three places in the spool), four references in lists (its render options, tools, log fields and salt, the first
-    three interned), about 72 bytes where an object a request took about 250 with its ints. Indexing rebuilds a
+    """The requests of one fork analysis, packed: each counterfactual replays the whole log, so every request is kept,
+    as one compressed stream of its IDs, starts and text (:class:`~..packed.RenderCodec`, against the first request's
+    bytes) and its prompt pickled the same way; a few hundred bytes to a couple of KB a request where the parsed forms
+    take some 20 KB, on disk. In memory a request is a row of columns: five ints in arrays (its index, line and three
+    places in the spool), four references in lists (its render options, tools, log fields and salt, the first three
+    interned), about 72 bytes where an object a request took about 250 with its ints. Indexing rebuilds a
     :class:`ForkRequest` (the last few are kept); :meth:`ids` reads only the IDs. Add requests in log order with
     :meth:`add`."""
 
