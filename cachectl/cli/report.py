@@ -142,21 +142,17 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
             sections = sections_reader(source=source, tokenizer=tok, tokenizer_name=tokenizer, table=table,
                                        default_model=model, timestamps=stamps, block_size=block_size, progress=tick,
                                        first_read=first)
-        try:
-            lines = log_lines(iter_progress(log_values(log, shape), progress), source=source, key=key,
-                              timestamps=stamps, each=first.add if sections is None else _each(first.add, sections))
-            if ray is not None:  # (every part renders with the generation prompt, as a server does)
-                from ..engines.repair.prefill import prefill
+        lines = log_lines(iter_progress(log_values(log, shape), progress), source=source, key=key,
+                          timestamps=stamps, each=first.add if sections is None else _each(first.add, sections))
+        if ray is not None:  # (every part renders with the generation prompt, as a server does)
+            from ..engines.repair.prefill import prefill
 
-                prefill(lines, tok, generation_prompts=(True,), ray_address=ray, jobs=workers.jobs)
-            # (the provider and curve sections read the lines read here, not the file again)
-            result = report.log_report(lines, options, tokenizer=tok, tokenizer_name=tokenizer, table=table,
-                                       source=source, default_model=model, timestamps=stamps, top=top,
-                                       price_model=model, progress=tick, workers=workers, first_read=first,
-                                       sections_read=sections)
-        finally:
-            if sections is not None:  # (its threads, where a bad line ended the run first)
-                sections.close()
+            prefill(lines, tok, generation_prompts=(True,), ray_address=ray, jobs=workers.jobs)
+        # (the provider and curve sections read the lines read here, not the file again)
+        result = report.log_report(lines, options, tokenizer=tok, tokenizer_name=tokenizer, table=table,
+                                   source=source, default_model=model, timestamps=stamps, top=top,
+                                   price_model=model, progress=tick, workers=workers, first_read=first,
+                                   sections_read=sections)
     if html is not None:
         from ..outputs import write_text
         from .report_html import render

@@ -175,8 +175,6 @@ class OneRead:
                                    **({"batch_size": known.batch_size} if known is not None else {}))
         keyer = TraceKeyer([block_size], source=source)
         self._keys: Any = _Pushed(keyer.add, lambda: keyer.result()[block_size])
-        self._trace: list[TraceRequest] = []
-        self._unread = False                        # a line the provider could not read: it reads no more
         self._fed = 0                               # requests fed to the curve
         self._error: Exception | None = None        # reading a line for the curve
         self._costed: tuple[Costed | None] | None = None
@@ -190,14 +188,14 @@ class OneRead:
     def __call__(self, ln: LogLine, tokens: tuple[bool, Sequence[int]] | None = None) -> None:
         """Feed ``ln``. ``tokens``: its prompt's token IDs where the caller has them (``(add_generation_prompt,
         ids)``): the curve takes them, not rendering and tokenizing the prompt again."""
-        if self._provider is not None and not self._unread:
+        if self._provider is not None and self._provider.error is None:  # (it reads no more after an error)
             req = ln.request
             item: Any = req
             if req is None or req is not ln.prompt.request or (self._model and not req.model):
                 try:
                     item = self._parse(ln.value, line=ln.line)
                 except InputError as exc:  # raised where the simulation reads it
-                    item, self._unread = exc, True
+                    item = exc
             self._provider.add(item)
         if self._error is None:
             value, prompt = ln.value, ln.prompt if ln.prompt.request is not None else None
@@ -205,21 +203,18 @@ class OneRead:
                 value, prompt = {"messages": value}, None
             if tokens is not None and prompt is not None:
                 self._given[id(prompt)] = (prompt, *tokens)
+            trace: list[TraceRequest] = []
             try:
-                self._trace.extend(self._reader.feed((ln.line, value, True), prompt))
+                trace.extend(self._reader.feed((ln.line, value, True), prompt))
             except Exception as exc:  # noqa: BLE001 (raised by curve())
                 self._error = exc
             if not self._reader.pending:  # (what the reader did not tokenize is not kept)
                 self._given.clear()
-            self._put_trace()
+            self._key(trace)
 
-    def _put_trace(self) -> None:
-        self._fed += len(self._trace)
-        self._keys.put(self._trace)
-        self._trace = []
-
-    def close(self) -> None:
-        """(Nothing to let go: the sections are fed in the reader's thread.)"""
+    def _key(self, trace: list[TraceRequest]) -> None:
+        self._fed += len(trace)
+        self._keys.put(trace)
 
     def costed(self) -> Costed | None:
         """The provider section (None without a price table)."""
@@ -236,12 +231,13 @@ class OneRead:
         go: the run goes on for minutes after)."""
         if self._keys is None:
             raise RuntimeError("the curve was made already")
+        trace: list[TraceRequest] = []
         if self._error is None:
             try:
-                self._trace.extend(self._reader.end())
+                trace.extend(self._reader.end())
             except Exception as exc:  # noqa: BLE001
                 self._error = exc
-        self._put_trace()
+        self._key(trace)
         keys, self._keys = self._keys, None
         try:
             kt = keys.result()
