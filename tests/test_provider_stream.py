@@ -209,6 +209,25 @@ def test_the_token_memo_keeps_ids_by_a_digest_of_the_text(tok):
     assert counter._held == sum(4 * len(v) + 200 for v in counter._cache.values())
 
 
+def test_texts_primed_in_a_batch_are_the_ids_one_text_at_a_time_gives(tok):
+    """``prime`` encodes the texts the memo lacks in one batch (each distinct text once), and ``ids`` then reads
+    them there without encoding: the same IDs the tokenizer gives one text at a time, multi-byte and empty texts
+    included; a text too large to keep is left to ``ids``."""
+    texts = ["a" * 300, "héllo wörld 👋", "", "e\u0301", '{"b":2,"a":1}', "same", "same"]
+    counter = pc.TextTokens(tok, memo_bytes=200_000)
+    counter.ids("e\u0301")  # held already: not encoded again
+    counter.prime(texts)
+    assert counter.encoded == 1 + 5
+    for t in texts:
+        assert list(counter.ids(t)) == tok.backend.encode(t, add_special_tokens=False).ids
+    assert counter.encoded == 6  # every text read from the memo
+    assert counter._held == sum(4 * len(v) + 200 for v in counter._cache.values())
+    small = pc.TextTokens(tok, memo_bytes=8 * 400)
+    small.prime(["word " * 200])  # 4 bytes a char is past an eighth of the memo: not encoded ahead
+    assert small.encoded == 0 and not small._cache
+    assert small.count("word " * 200) == len(tok.backend.encode("word " * 200, add_special_tokens=False).ids)
+
+
 def test_rows_handed_over_before_the_log_ends(table):
     """``on_request`` sees a row before the next request is read (the CLI writes it out then)."""
     reqs = layout_log(5, 1.0, random.Random(0))

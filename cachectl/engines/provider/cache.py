@@ -465,6 +465,31 @@ class TextTokens:
     def count(self, text: str) -> int:
         return len(self.ids(text))
 
+    def prime(self, texts: Iterable[str]) -> None:
+        """Encode, in one batch, those of ``texts`` the memo does not hold yet, and keep them there: a sweep that
+        is about to simulate many requests asks for their position texts first. The tokenizer encodes a batch of
+        the bench log's position texts in about 30 us a text against 46 one at a time (docs/benchmarks.md). The
+        IDs are the same as :meth:`ids` gives; a text too large to keep is left to it."""
+        todo: dict[bytes, str] = {}
+        with self._lock:
+            for text in texts:
+                key = self._digest(text)
+                if key not in self._cache and key not in todo and 4 * len(text) + 200 <= self._limit // 8:
+                    todo[key] = text
+        if not todo:
+            return
+        encoded = self._tok.backend.encode_batch(list(todo.values()), add_special_tokens=False)
+        with self._lock:
+            for key, enc in zip(todo, encoded):
+                got = array("I", enc.ids)
+                self.encoded += 1
+                if key not in self._cache and self._size(got) <= self._limit // 8:
+                    self._cache[key] = got
+                    self._held += self._size(got)
+            while self._held > self._limit:
+                _, old = self._cache.popitem(last=False)
+                self._held -= self._size(old)
+
 
 def tokenizer_counter(tokenizer: Any) -> TextTokens:
     return TextTokens(tokenizer)

@@ -187,6 +187,11 @@ class _Version:
         self.trace: list = []
         self.reqs: list = []
 
+    @property
+    def simulates(self) -> bool:
+        """Whether this version's requests are simulated in the sweep (not given simulated already)."""
+        return self._simulated is not None
+
     def flush(self) -> None:
         if self.vllm is not None:
             self.vllm.put(self.trace)
@@ -322,11 +327,14 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
         return batch, _tokenized_rows(batch, tokenizer, add_generation_prompt, got)
 
     # a child with a free core renders and tokenizes the batches it takes ahead of this sweep
+    prime = getattr(counter, "prime", None) if simulated is not None else None
     ahead = (workers if workers is not None else Workers(jobs=1)).ahead(len(starts), shipped, tokenized)
     try:
         for b, (value, here) in enumerate(ahead):
             start = starts[b]
             batch, toks = value if here else tokenized(b, value)
+            if prime is not None:  # (the batch's provider position texts, encoded together before they are asked for)
+                prime(_position_texts(batch, [j for j, v in enumerate(vs) if v.simulates]))
             for i, row, tok in zip(range(start, start + len(batch)), batch, toks):
                 g = grouping.groups[i]
                 # (vLLM's cache_salt, which keys a request's blocks apart: the fixes leave it as it is)
@@ -432,6 +440,18 @@ def _measured(v: _Version, n: int, totals: tuple[int, int, int], block_size: int
         except (InputError, UsageError) as exc:
             notes.append(f"provider cache not simulated: {exc}")
     return Measure(vllm, provider, v.reused, v.tokens, v.cause_count, ceiling), notes
+
+
+def _position_texts(batch: list[list[LogLine]], versions: Sequence[int]) -> Iterator[str]:
+    """The texts of the positions without a token count of the requests of ``versions`` in a batch of rows (a
+    request several versions share, once)."""
+    seen: set[int] = set()
+    for row in batch:
+        for j in versions:
+            req = row[j].request
+            if req is not None and id(req) not in seen:
+                seen.add(id(req))
+                yield from (p.text for p in req.positions if p.tokens is None)
 
 
 def _provider_run(table: Any, source: str, counter: Any) -> _Pushed:
