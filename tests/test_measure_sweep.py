@@ -50,6 +50,28 @@ def test_an_engine_error_in_the_sweep_is_raised_not_waited_for(tok, table):
                                  source=str(LOG))
 
 
+def test_only_the_versions_whose_causes_are_counted_keep_their_offsets(tok, table):
+    """A sweep keeps the token offsets (to locate a diverging pair's cause) of the prompts of the versions whose causes
+    it counts; the other versions' prompts keep their IDs and text, their offsets made again if asked for. The
+    measures are those of each version measured alone."""
+    from cachectl.tokenization import KeptOffsets
+
+    lines, _, measured, rw = _setup(tok, table)
+    versions = [None, *(v for _, _, v in rw.steps)]
+    mixed = [True] + [False] * (len(versions) - 2) + [True]
+    together = measured(lines, versions, causes=mixed)
+    assert together == [measured(lines, [v], causes=[c])[0] for v, c in zip(versions, mixed)]
+    assert together[0][0].causes and not together[1][0].causes
+    batch = [measure._line_versions(lines, [None, rw.values], i, None) for i in range(len(lines))]
+    rows = measure._tokenized_rows(batch, tok, True, located=[0])
+    apart = [(a, b) for a, b in rows if a is not b]
+    assert apart  # (the fixes changed lines: their two versions are two prompts)
+    for a, b in apart:
+        assert isinstance(a.encoding, KeptOffsets) and b.encoding is None
+        want = tok.backend.encode(b.text, add_special_tokens=b.add_special_tokens).offsets
+        assert list(b.offsets()) == want and b.char_range(len(b.ids) - 1) == want[-1]
+
+
 def test_a_line_no_version_changed_is_parsed_and_tokenized_once(tok, table, monkeypatch):
     lines, grouping, measured, rw = _setup(tok, table)
     reparsed, prompts = [], []

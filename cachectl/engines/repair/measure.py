@@ -324,8 +324,9 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
 
     def tokenized(b: int, got: list[tuple] | None = None) -> tuple[list[list[LogLine]], list[list[Any]]]:
         batch = rows(starts[b])
-        return batch, _tokenized_rows(batch, tokenizer, add_generation_prompt, got)
+        return batch, _tokenized_rows(batch, tokenizer, add_generation_prompt, got, located)
 
+    located = [j for j, v in enumerate(vs) if v.causes]  # (the versions whose diverging pairs are located)
     # a child with a free core renders and tokenizes the batches it takes ahead of this sweep
     prime = getattr(counter, "prime", None) if simulated is not None else None
     ahead = (workers if workers is not None else Workers(jobs=1)).ahead(len(starts), shipped, tokenized)
@@ -464,10 +465,12 @@ def _provider_run(table: Any, source: str, counter: Any) -> _Pushed:
 
 
 def _tokenized_rows(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: bool,
-                    shipped: list[tuple] | None = None) -> list[list[Any]]:
+                    shipped: list[tuple] | None = None, located: Sequence[int] | None = None) -> list[list[Any]]:
     """Each row's prompts tokenized, compacted to their IDs, rendered text and offsets (about 12 bytes per token, not
     a full ``Encoding``'s hundred; a render the memo keeps reads its offsets back there, the others keep theirs, so
-    a diverging pair's cause locates its tokens without encoding the text again): a prompt the batch holds more than
+    a diverging pair's cause locates its tokens without encoding the text again; ``located``: only the prompts of
+    these columns keep theirs, the versions whose causes are counted, and the others have theirs made again if
+    ever asked for. Reading an ``Encoding``'s offsets costs about 80 ns a token): a prompt the batch holds more than
     once (the same content, key order included: the versions of a line a fix left alone, a request sent twice) is
     tokenized once; a chat prompt is told apart by its key in the render memo, digested once. The render memo is
     read, not added to: the renders of rewritten lines are asked for by no later pass (on 5,000 requests, `report
@@ -475,7 +478,9 @@ def _tokenized_rows(batch: list[list[LogLine]], tokenizer: Any, add_generation_p
     (:meth:`~cachectl.tokenization.Tokenized.shipped`), not tokenized here."""
     keys, todo = _distinct(batch, tokenizer, add_generation_prompt)
     if shipped is None:
-        got = [t.compact(offsets=True) for t in _tokenized(todo, tokenizer, add_generation_prompt)]
+        want = ({keys[id(row[j])] for row in batch for j in located} if located is not None else todo)
+        got = [t.compact(offsets=key in want) for key, t in zip(todo, _tokenized(todo, tokenizer,
+                                                                                   add_generation_prompt))]
     else:
         assert len(shipped) == len(todo), "a child tokenized another batch"
         got = [tokenizer.received(p, t) for (p, _), t in zip(todo.values(), shipped)]
