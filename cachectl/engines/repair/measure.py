@@ -322,20 +322,23 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
         return [t.shipped() for t in _tokenized(_distinct(rows(starts[b]), tokenizer, add_generation_prompt)[1],
                                                 tokenizer, add_generation_prompt)]
 
+    located = [j for j, v in enumerate(vs) if v.causes]  # (the versions whose diverging pairs are located)
+
     def tokenized(b: int, got: list[tuple] | None = None) -> tuple[list[list[LogLine]], list[list[Any]]]:
         batch = rows(starts[b])
         return batch, _tokenized_rows(batch, tokenizer, add_generation_prompt, got, located)
 
-    located = [j for j, v in enumerate(vs) if v.causes]  # (the versions whose diverging pairs are located)
+    # the provider simulations' position texts, a batch's together, encoded before they are asked for one at a time
+    simulating = [j for j, v in enumerate(vs) if v.simulates]
+    prime = getattr(counter, "prime", None) if simulating else None
     # a child with a free core renders and tokenizes the batches it takes ahead of this sweep
-    prime = getattr(counter, "prime", None) if simulated is not None else None
     ahead = (workers if workers is not None else Workers(jobs=1)).ahead(len(starts), shipped, tokenized)
     try:
         for b, (value, here) in enumerate(ahead):
             start = starts[b]
             batch, toks = value if here else tokenized(b, value)
-            if prime is not None:  # (the batch's provider position texts, encoded together before they are asked for)
-                prime(_position_texts(batch, [j for j, v in enumerate(vs) if v.simulates]))
+            if prime is not None:
+                prime(_position_texts(batch, simulating))
             for i, row, tok in zip(range(start, start + len(batch)), batch, toks):
                 g = grouping.groups[i]
                 # (vLLM's cache_salt, which keys a request's blocks apart: the fixes leave it as it is)
@@ -466,16 +469,19 @@ def _provider_run(table: Any, source: str, counter: Any) -> _Pushed:
 
 def _tokenized_rows(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: bool,
                     shipped: list[tuple] | None = None, located: Sequence[int] | None = None) -> list[list[Any]]:
-    """Each row's prompts tokenized, compacted to their IDs, rendered text and offsets (about 12 bytes per token, not
-    a full ``Encoding``'s hundred; a render the memo keeps reads its offsets back there, the others keep theirs, so
-    a diverging pair's cause locates its tokens without encoding the text again; ``located``: only the prompts of
-    these columns keep theirs, the versions whose causes are counted, and the others have theirs made again if
-    ever asked for. Reading an ``Encoding``'s offsets costs about 80 ns a token): a prompt the batch holds more than
-    once (the same content, key order included: the versions of a line a fix left alone, a request sent twice) is
-    tokenized once; a chat prompt is told apart by its key in the render memo, digested once. The render memo is
-    read, not added to: the renders of rewritten lines are asked for by no later pass (on 5,000 requests, `report
-    --jobs 1` took about 4% longer keeping them). ``shipped``: the batch's distinct prompts as a child tokenized them
-    (:meth:`~cachectl.tokenization.Tokenized.shipped`), not tokenized here."""
+    """Each row's prompts tokenized and compacted to their IDs and rendered text (4 bytes a token, not a full
+    ``Encoding``'s hundred). A prompt the batch holds more than once (the same content, key order included: the
+    versions of a line a fix left alone, a request sent twice) is tokenized once; a chat prompt is told apart by its
+    key in the render memo, digested once.
+
+    Offsets (8 bytes a token more): a render the memo keeps reads its offsets back there. The prompts of the
+    ``located`` columns (the versions whose causes are counted; every column when None) keep their own, so that a
+    diverging pair's cause locates its tokens without encoding the text again. The others make theirs again if
+    ever asked: reading an ``Encoding``'s offsets and packing them costs about 120 ns a token.
+
+    The render memo is read, not added to: the renders of rewritten lines are asked for by no later pass (on 5,000
+    requests, `report --jobs 1` took about 4% longer keeping them). ``shipped``: the batch's distinct prompts as a
+    child tokenized them (:meth:`~cachectl.tokenization.Tokenized.shipped`), not tokenized here."""
     keys, todo = _distinct(batch, tokenizer, add_generation_prompt)
     if shipped is None:
         want = ({keys[id(row[j])] for row in batch for j in located} if located is not None else todo)
