@@ -13,7 +13,7 @@ from cachectl.engines.provider.prices import PriceTable
 from cachectl.engines.repair import fix, groups, measure
 from cachectl.inputs import iter_jsonl
 
-from .conftest import PROMPTS
+from .conftest import PROMPTS, TOK_DIR
 
 LOG = PROMPTS / "fix_log.jsonl"
 
@@ -54,7 +54,7 @@ def test_only_the_versions_whose_causes_are_counted_keep_their_offsets(tok, tabl
     """A sweep keeps the token offsets (to locate a diverging pair's cause) of the prompts of the versions whose causes
     it counts; the other versions' prompts keep their IDs and text, their offsets made again if asked for. The
     measures are those of each version measured alone."""
-    from cachectl.tokenization import KeptOffsets
+    from cachectl.tokenization import KeptOffsets, load_tokenizer
 
     lines, _, measured, rw = _setup(tok, table)
     versions = [None, *(v for _, _, v in rw.steps)]
@@ -62,13 +62,16 @@ def test_only_the_versions_whose_causes_are_counted_keep_their_offsets(tok, tabl
     together = measured(lines, versions, causes=mixed)
     assert together == [measured(lines, [v], causes=[c])[0] for v, c in zip(versions, mixed)]
     assert together[0][0].causes and not together[1][0].causes
+    # (a tokenizer of its own, without the render memo that the session's has once a run turned it on: a render the
+    # memo keeps is read back there with its offsets, which the compacted prompt then leaves out)
+    fresh = load_tokenizer(str(TOK_DIR))
     batch = [measure._line_versions(lines, [None, rw.values], i, None) for i in range(len(lines))]
-    rows = measure._tokenized_rows(batch, tok, True, located=[0])
+    rows = measure._tokenized_rows(batch, fresh, True, located=[0])
     apart = [(a, b) for a, b in rows if a is not b]
     assert apart  # (the fixes changed lines: their two versions are two prompts)
     for a, b in apart:
         assert isinstance(a.encoding, KeptOffsets) and b.encoding is None
-        want = tok.backend.encode(b.text, add_special_tokens=b.add_special_tokens).offsets
+        want = fresh.backend.encode(b.text, add_special_tokens=b.add_special_tokens).offsets
         assert list(b.offsets()) == want and b.char_range(len(b.ids) - 1) == want[-1]
 
 
