@@ -450,17 +450,21 @@ class TextTokens:
                 self._cache.move_to_end(key)
                 return got
         got = array("I", self._tok.backend.encode(text, add_special_tokens=False).ids)
-        size = self._size(got)
         with self._lock:
-            self.encoded += 1
-            if size <= self._limit // 8:  # a huge text is counted, not kept
-                if key not in self._cache:  # (another thread may have kept it meanwhile)
-                    self._cache[key] = got
-                    self._held += size
-                while self._held > self._limit:
-                    _, old = self._cache.popitem(last=False)
-                    self._held -= self._size(old)
+            self._keep(key, got)
         return got
+
+    def _keep(self, key: bytes, got: array) -> None:
+        """Count a text encoded and keep its IDs, the least recently used let go past the bound (under the lock)."""
+        self.encoded += 1
+        size = self._size(got)
+        if size <= self._limit // 8:  # a huge text is counted, not kept
+            if key not in self._cache:  # (another thread may have kept it meanwhile)
+                self._cache[key] = got
+                self._held += size
+            while self._held > self._limit:
+                _, old = self._cache.popitem(last=False)
+                self._held -= self._size(old)
 
     def count(self, text: str) -> int:
         return len(self.ids(text))
@@ -481,14 +485,7 @@ class TextTokens:
         encoded = self._tok.backend.encode_batch(list(todo.values()), add_special_tokens=False)
         with self._lock:
             for key, enc in zip(todo, encoded):
-                got = array("I", enc.ids)
-                self.encoded += 1
-                if key not in self._cache and self._size(got) <= self._limit // 8:
-                    self._cache[key] = got
-                    self._held += self._size(got)
-            while self._held > self._limit:
-                _, old = self._cache.popitem(last=False)
-                self._held -= self._size(old)
+                self._keep(key, array("I", enc.ids))
 
 
 def tokenizer_counter(tokenizer: Any) -> TextTokens:

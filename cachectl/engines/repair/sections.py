@@ -99,10 +99,11 @@ class CostFeed:
     def add(self, item: Request | InputError) -> None:
         if self.error is not None:
             return
+        if isinstance(item, InputError):
+            self.error = item
+            return
+        self.read += 1
         try:
-            if isinstance(item, InputError):
-                raise item
-            self.read += 1
             self._run.add(item)
         except Exception as exc:  # noqa: BLE001 (raised, or noted, by result())
             self.error = exc
