@@ -45,6 +45,29 @@ def test_line_store_values_read_back_exactly(value, as_json):
     assert repr(back) == repr(value) and back is not value  # (types too: 1.0 a float, True a bool, NaN a NaN)
 
 
+_LINES = [{"a": 1, "b": [1.5, None, "\u00e9"]}, {"a": None}, {"a": math.nan}, {"n": 2**70}, {"a": "\ud800 lone"}]
+_REWRITES = [
+    {"a": 1, "b": [1.5, None, "\u00e9"]}, {"b": [1.5, None, "\u00e9"], "a": 1}, {"a": 1.0, "b": [1.5, None, "\u00e9"]},
+    {"a": True, "b": [1.5, None, "\u00e9"]}, {"a": None}, {"a": math.nan}, {"a": math.inf}, {"a": -math.inf},
+    {"n": 2**70}, {"n": 2**70 + 1}, {"a": "\ud800 lone"}, {"a": "\ud801 lone"}, {"a": (None,)}, {"a": [None]}, {},
+]
+
+
+@pytest.mark.parametrize("i", range(len(_LINES)))
+def test_a_rewrite_differs_from_its_line_where_its_json_text_does(i):
+    """``fix`` writes a rewritten line, and names it changed, where its JSON text differs from the line's own
+    (compact's): the store compares orjson's bytes of the two where it can, and the texts where orjson writes a NaN
+    or an infinity as null or refuses a value, so every pair here is decided as their texts decide it."""
+    from cachectl.inputs.request import compact
+
+    lines = store.LineStore(lambda value, line, key, ts: value)
+    for n, value in enumerate(_LINES):
+        lines.append(type("Line", (), {"value": value, "line": n + 1, "timestamp": None, "key": None,
+                                       "request": None, "prompt": type("P", (), {"kind": "chat"})()})())
+    for new in _REWRITES:
+        assert lines.differs(i, new) == (compact(new) != compact(_LINES[i])), (new, _LINES[i])
+
+
 def _edits(originals):
     return Edits(len(originals), lambda i: json.loads(json.dumps(originals[i])))
 

@@ -338,6 +338,61 @@ def test_the_provider_section_stops_reading_at_its_first_error(tok):
     assert one.section is not None and one.requests == 1
 
 
+def test_the_provider_section_fed_in_batches_is_the_one_fed_a_request_at_a_time(tok):
+    """The report's provider section simulates the requests it is fed in batches, their position texts encoded
+    together first: the section is the one a request at a time gives, and an error inside a batch (a request it
+    cannot simulate, then a line the reader could not read) stops it at the same request with the same note."""
+    from cachectl.engines.repair.sections import CostFeed
+    from cachectl.errors import InputError
+    from cachectl.inputs import parse_request
+
+    def body(n: int, model: str | None = "gpt-4.1") -> dict:
+        system = f"You are agent {n % 7}. Current time: 2026-11-30T10:{n % 60:02d}:00Z. " + "Be brief. " * (n % 5)
+        return {"model": model, "timestamp": 1000.0 + n,
+                "messages": [{"role": "system", "content": system},
+                             {"role": "user", "content": f"question {n} " + "why? " * (n % 40)}],
+                "usage": {"prompt_tokens": 40 + n % 50, "completion_tokens": 2}}
+
+    class Spied:  # (the tokenizer, its batches counted)
+        def __init__(self) -> None:
+            self.batches: list[int] = []
+
+        @property
+        def backend(self) -> Spied:
+            return self
+
+        def encode_batch(self, texts, *a, **kw):
+            self.batches.append(len(texts))
+            return tok.backend.encode_batch(texts, *a, **kw)
+
+        def __getattr__(self, name: str):
+            return getattr(tok.backend, name)
+
+    def fed(batch: int, items: list) -> tuple:
+        counter = promptcache.tokenizer_counter(tok)
+        counter._tok = spied = Spied()
+        feed = CostFeed(PriceTable.load(), "log.jsonl", counter, str(TOK_DIR), batch=batch)
+        for item in items:
+            feed.add(item)
+        got = feed.result()
+        return got.section, got.requests, got.notes, feed.read, spied.batches
+
+    reqs = [parse_request(body(n), source="log.jsonl", line=n) for n in range(1, 301)]
+    one, batched = fed(1, reqs), fed(128, reqs)
+    assert batched[:4] == one[:4] and one[0] is not None and one[1] == 300
+    assert one[4] == [] and len(batched[4]) == 3 and sum(batched[4]) > 300  # (three batches; each text once)
+
+    nameless = parse_request(body(200, model=None), source="log.jsonl", line=200)
+    broken = InputError("not JSON", source="log.jsonl", line=250)
+    items = reqs[:199] + [nameless] + reqs[200:249] + [broken] + reqs[250:]
+    one, batched = fed(1, items), fed(128, items)
+    assert batched[:4] == one[:4] and one[0] is None and one[3] == 200
+    assert "no model" in one[2][0]
+    items = reqs[:249] + [broken] + reqs[250:]
+    one, batched = fed(1, items), fed(128, items)
+    assert batched[:4] == one[:4] and one[0] is None and one[3] == 249 and "not JSON" in one[2][0]
+
+
 def test_the_curve_takes_the_token_ids_the_fork_records_tokenized(tok, tmp_path, monkeypatch):
     """Fed each line after the fork records (as report's one read does), the curve's reader tokenizes nothing of
     its own: it takes each prompt's token IDs from the batch the records tokenized, and its curve is the one it

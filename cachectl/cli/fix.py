@@ -110,7 +110,6 @@ def command(
     from ..inputs import display_name, read_json_file
     from ..inputs.files import spooled
     from ..inputs.formats import raw_log_values
-    from ..inputs.request import compact
     from ..workers import Workers
 
     if diff and out:
@@ -167,12 +166,9 @@ def command(
             report = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source, progress=workers.tick,
                                  workers=workers, preview_unsafe=True, first_read=first)
             full = report.unsafe_preview
-        output = report.output
-        edited = getattr(output, "changed", None)  # (a line no fix code rewrote is its original value)
-        changed = [i for i in range(len(output)) if (edited is None or edited(i))
-                   and compact(output[i]) != compact(lines.value(i))]  # (json's exact bytes)
-        if out is not None:
-            _write(out, whole or _raw_lines(path, lines), output, changed)
+        changes = _changes(lines, report.output)
+        changed = (_write(out, whole or _raw_lines(path, lines), changes) if out is not None
+                   else [i for i, _ in changes])
     if fmt is Format.json:
         emit_json({**report.to_dict(), "out": out, "changed_lines": [lines.line_number(i) for i in changed],
                    **({"with_unsafe_fixes": _preview(full)} if full is not None else {})})
@@ -215,23 +211,39 @@ def _on_ray(lines: Any, tok: Any, options: Any, address: str, jobs: int) -> None
     prefill(lines, tok, generation_prompts=(options.add_generation_prompt,), ray_address=address, jobs=jobs)
 
 
-def _write(path: str, raw: Iterable[bytes], values: Any, changed: list[int]) -> None:
-    """The log written once as its lines are read again: unchanged lines are copied byte for byte (their own line
-    ends kept); a rewritten line keeps the input's separators style and its own line end (``\r\n`` in a CRLF
-    file). The log reaches ``path`` whole or not at all (a temporary file renamed into place)."""
+def _changes(lines: Any, output: Any) -> Iterator[tuple[int, Any]]:
+    """``(i, value)`` of each line whose rewritten value's JSON differs from its own, in order (a line no fix code
+    rewrote is its original value: it is not read)."""
+    edited = getattr(output, "changed", None)
+    for i in range(len(output)):
+        if edited is None or edited(i):
+            value = output[i]
+            if lines.differs(i, value):
+                yield i, value
+
+
+def _write(path: str, raw: Iterable[bytes], changes: Iterator[tuple[int, Any]]) -> list[int]:
+    """The log written once as its lines are read again, ``changes`` (:func:`_changes`) taken as they come:
+    unchanged lines are copied byte for byte (their own line ends kept); a rewritten line keeps the input's
+    separators style and its own line end (``\r\n`` in a CRLF file). The log reaches ``path`` whole or not at all (a
+    temporary file renamed into place). The indices of the lines rewritten."""
     import json
 
     from ..outputs import atomic_write
 
-    todo = set(changed)
+    changed: list[int] = []
+    nxt = next(changes, None)
     with atomic_write(path) as fh:
         for i, line in enumerate(raw):
-            if i not in todo:
+            if nxt is None or nxt[0] != i:
                 fh.write(line if line.endswith(b"\n") else line + b"\n")
                 continue
             spaced = b'": ' in line or b'", "' in line
-            text = json.dumps(values[i], ensure_ascii=False, separators=(", ", ": ") if spaced else (",", ":"))
+            text = json.dumps(nxt[1], ensure_ascii=False, separators=(", ", ": ") if spaced else (",", ":"))
             fh.write(text.encode("utf-8") + (b"\r\n" if line.endswith(b"\r\n") else b"\n"))
+            changed.append(i)
+            nxt = next(changes, None)
+    return changed
 
 
 def _render_diff(source: str, lines: Any, values: Any, changed: list[int]) -> None:

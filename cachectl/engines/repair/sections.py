@@ -71,28 +71,39 @@ def cost_section(requests: Iterable[Request], table: PriceTable, source: str, te
                  tokenizer_name: str) -> Costed:
     """prompt-cost's simulation over ``requests`` (with ``table``), as the report's provider section; a log it
     cannot simulate (no model, no timestamps, out of order) gives a note, and the rest of the report stands."""
-    feed = CostFeed(table, source, text_counter, tokenizer_name)
+    feed = CostFeed(table, source, text_counter, tokenizer_name, batch=1)  # (it reads no request past an error)
     try:
         for req in requests:
             feed.add(req)
             if feed.error is not None:  # (the simulation stops at its first error: the rest is not read)
                 break
-    except InputError as exc:  # (reading the requests)
-        feed.error = exc
+    except InputError as exc:  # (reading the requests: the simulation stops there)
+        feed.add(exc)
     return feed.result()
 
 
 class CostFeed:
     """:func:`cost_section` fed one request at a time (:meth:`add`), in the caller's thread: an item that is an
     :class:`InputError` (a line that could not be read) stops the simulation there, as any error of a request
-    does; :meth:`result` gives the section, or a note for an :class:`InputError`, and raises any other error."""
+    does; :meth:`result` gives the section, or a note for an :class:`InputError`, and raises any other error.
 
-    def __init__(self, table: PriceTable, source: str, text_counter: Any, tokenizer_name: str) -> None:
+    The requests are simulated :data:`BATCH` at a time, in order, their position texts encoded in one batch first
+    (:meth:`~cachectl.engines.provider.cache.TextTokens.prime`): ``error`` says what stopped the simulation once
+    the batch that holds it was simulated (``batch=1``: each request is simulated as it is added)."""
+
+    #: requests held before they are simulated (their texts encoded together)
+    BATCH = 128
+
+    def __init__(self, table: PriceTable, source: str, text_counter: Any, tokenizer_name: str,
+                 batch: int = BATCH) -> None:
         from ..provider.cache import CostRun
 
         self._run = CostRun(table=table, source=source, text_counter=text_counter,
                             token_source=f"tokenizer {tokenizer_name}" if text_counter is not None else "layout",
                             keep_requests=False)  # the misses in a few numbers, not a row per request
+        self._prime = getattr(text_counter, "prime", None)
+        self._held: list[Request] = []
+        self._batch = batch
         self.read = 0
         self.error: Exception | None = None
 
@@ -100,15 +111,31 @@ class CostFeed:
         if self.error is not None:
             return
         if isinstance(item, InputError):
-            self.error = item
+            self.flush()  # (the requests before it are simulated first: an error among them stops it there)
+            if self.error is None:
+                self.error = item
             return
-        self.read += 1
-        try:
-            self._run.add(item)
-        except Exception as exc:  # noqa: BLE001 (raised, or noted, by result())
-            self.error = exc
+        self._held.append(item)
+        if len(self._held) >= self._batch:
+            self.flush()
+
+    def flush(self) -> None:
+        """Simulate the requests held (up to the first that fails)."""
+        held, self._held = self._held, []
+        if self.error is not None or not held:
+            return
+        if self._prime is not None and len(held) > 1:
+            self._prime(p.text for req in held for p in req.positions if p.tokens is None)
+        for req in held:
+            self.read += 1
+            try:
+                self._run.add(req)
+            except Exception as exc:  # noqa: BLE001 (raised, or noted, by result())
+                self.error = exc
+                return
 
     def result(self) -> Costed:
+        self.flush()
         try:
             if self.error is not None:
                 raise self.error

@@ -125,6 +125,24 @@ class LineStore(_Cached[Any]):
     def line_number(self, i: int) -> int:
         return self._lines[i]
 
+    def differs(self, i: int, value: Any) -> bool:
+        """Whether ``value``'s JSON text differs from line ``i``'s value's (:func:`cachectl.inputs.request.compact`'s
+        exact text: what a rewrite must change to be written), compared with the line's bytes as kept where they are
+        orjson's: the line is not read back. Two values that orjson encodes alike have one JSON text, unless one
+        holds a NaN or an infinity (orjson writes ``null``; a line kept as orjson's holds neither): encodings with a
+        ``null`` in them, and values orjson refuses, are compared by their texts."""
+        kept = self._spool.get_bytes(i)
+        if kept[:1] != b"\x80":
+            try:
+                data = orjson.dumps(value)
+            except (orjson.JSONEncodeError, TypeError):
+                data = None
+            if data is not None and (data != kept or b"null" not in data):
+                return data != kept
+        from ...inputs.request import compact
+
+        return compact(value) != compact(_unpacked(kept))
+
     def index_of(self, line: int) -> int:
         """The index of the line numbered ``line`` (line numbers only grow along a log)."""
         from bisect import bisect_left
