@@ -528,6 +528,30 @@ def _offset_columns(offsets: Sequence[tuple[int, int]]) -> tuple[Any, Any]:
     return flat[0::2], flat[1::2]
 
 
+def encoding_beside() -> Callable[[], None]:
+    """For a pass that encodes its batches on a thread of its own beside the one that renders and measures them
+    (:meth:`TokenizerHandle.tokenize_later`): on a machine of two cores or fewer, the backend encodes a batch on that
+    one thread (``TOKENIZERS_PARALLELISM`` false) and leaves the other core to the pass, until the call returned is
+    called (it restores the setting). With its own threads on both cores too, the encoding and the pass shared two
+    cores three ways, and a one-process ``fix`` on 5,000 requests gained nothing (docs/benchmarks.md). Call both
+    from the thread that runs the pass, with no encoding in flight: the setting is the process's environment."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover
+        cores = os.cpu_count() or 1
+    if cores > 2:
+        return lambda: None
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+    def restore() -> None:
+        if before is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
+    return restore
+
+
 class TokenizerHandle:
     """A loaded tokenizer: the transformers tokenizer (for chat templates) and its fast backend."""
 
@@ -670,6 +694,19 @@ class TokenizerHandle:
         every prompt's tokens: one batch, not one encode a prompt later). ``keep``: what is rendered and encoded here
         is kept in the render memo (else the memo is only read: prompts no later pass asks for again).
         ``memo_keys``: each prompt's :meth:`memo_key` with these options, where the caller has them already."""
+        return self.tokenize_later(prompts, add_generation_prompt=add_generation_prompt,
+                                   add_special_tokens=add_special_tokens, template_vars=template_vars,
+                                   offsets=offsets, keep=keep, memo_keys=memo_keys)()
+
+    def tokenize_later(self, prompts: Sequence[PromptInput], *, add_generation_prompt: bool = False,
+                       add_special_tokens: bool = True, template_vars: dict | None = None,
+                       offsets: bool = False, keep: bool = True,
+                       memo_keys: Sequence[bytes | None] | None = None,
+                       encoder: Any = None) -> Callable[[], list[Tokenized]]:
+        """:meth:`tokenize_many` in two steps: the prompts are rendered (and looked up in the render memo) now, and
+        ``done()``, the call returned, gives their :class:`Tokenized`. ``encoder`` (a
+        :class:`concurrent.futures.Executor` of threads): the batch is encoded there, the backend's encoding
+        releasing the GIL, while this thread goes on until it calls ``done()``; an error encoding is raised there."""
         texts: list[str | None] = []
         spans: list[Any] = []
         keys: list[bytes | None] = []     # a chat render's key in the render memo
@@ -701,26 +738,35 @@ class TokenizerHandle:
                 check_text_size(t, p)
         chat_batch = [t for t, p, k in zip(texts, prompts, known) if t is not None and p.is_chat and k is None]
         text_batch = [t for t, p in zip(texts, prompts) if t is not None and not p.is_chat]
-        enc_chat = iter(self.backend.encode_batch(chat_batch, add_special_tokens=False) if chat_batch else ())
-        enc_text = iter(self.backend.encode_batch(text_batch, add_special_tokens=add_special_tokens)
-                        if text_batch else ())
-        out: list[Tokenized] = []
-        for p, rendered, sp, key, kept in zip(prompts, texts, spans, keys, known):
-            if rendered is None:
-                out.append(Tokenized(p, list(p.ids or ()), tokenizer=self))
-                continue
-            if kept is not None:  # encoded before: the IDs and their offsets kept (else found again if asked for)
-                out.append(Tokenized(p, kept[0].tolist(), rendered, kept[1], sp, self, False, opts,  # (a list, as encoded)
-                                     key))
-                continue
-            enc: Any = next(enc_chat) if p.is_chat else next(enc_text)
-            ids = enc.ids
-            if key is not None and memo is not None and keep:  # (the offsets kept are read once: this Tokenized's)
-                enc = memo.put_encoded(key, enc) or enc
-            out.append(Tokenized(p, ids, text=rendered, encoding=enc, spans=sp, tokenizer=self,
-                                 add_special_tokens=add_special_tokens and not p.is_chat,
-                                 render_opts=opts if p.is_chat else None, memo_key=key))
-        return out
+        backend = self.backend
+
+        def encoded() -> tuple[list, list]:
+            return (backend.encode_batch(chat_batch, add_special_tokens=False) if chat_batch else [],
+                    backend.encode_batch(text_batch, add_special_tokens=add_special_tokens) if text_batch else [])
+
+        future = encoder.submit(encoded) if encoder is not None and (chat_batch or text_batch) else None
+
+        def done() -> list[Tokenized]:
+            chats, plain = future.result() if future is not None else encoded()
+            enc_chat, enc_text = iter(chats), iter(plain)
+            out: list[Tokenized] = []
+            for p, rendered, sp, key, kept in zip(prompts, texts, spans, keys, known):
+                if rendered is None:
+                    out.append(Tokenized(p, list(p.ids or ()), tokenizer=self))
+                    continue
+                if kept is not None:  # encoded before: the IDs and their offsets kept (else found again if asked for)
+                    out.append(Tokenized(p, kept[0].tolist(), rendered, kept[1], sp, self, False, opts,  # (a list)
+                                         key))
+                    continue
+                enc: Any = next(enc_chat) if p.is_chat else next(enc_text)
+                ids = enc.ids
+                if key is not None and memo is not None and keep:  # (the offsets kept are read once: this one's)
+                    enc = memo.put_encoded(key, enc) or enc
+                out.append(Tokenized(p, ids, text=rendered, encoding=enc, spans=sp, tokenizer=self,
+                                     add_special_tokens=add_special_tokens and not p.is_chat,
+                                     render_opts=opts if p.is_chat else None, memo_key=key))
+            return out
+        return done
 
 
 def _render_opts(add_generation_prompt: bool, template_vars: dict | None) -> dict:

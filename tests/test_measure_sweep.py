@@ -260,3 +260,49 @@ def test_a_rewrite_taken_up_where_another_parts_from_it_is_the_rewrite_made_whol
     assert taken == {"fix_log": 0}.get(name, 2)
     if name == "agent_log":
         assert {f.code for f in a.start.fixes} == {"FX002"}
+
+
+class _Plain:
+    """The session's tokenizer without ``tokenize_later``: a run that cannot encode beside (one batch at a time)."""
+
+    def __init__(self, tok):
+        self._tok = tok
+
+    def __getattr__(self, name):
+        if name == "tokenize_later":
+            raise AttributeError(name)
+        return getattr(self._tok, name)
+
+
+def test_one_process_encodes_beside_and_measures_and_packs_the_same(tok, table, tmp_path, monkeypatch):
+    """In one process, the first read and the sweep hand each batch's encoding to a thread and render the next batch
+    meanwhile (the tokenizer encoding on that one thread on a machine of two cores): on a log of several batches the
+    report is the one a run that encodes each batch in turn gives, the thread is used, and the tokenizer's setting is
+    as it was after the run."""
+    import os
+
+    from cachectl.tokenization import TokenizerHandle
+
+    rows = LOG.read_text(encoding="utf-8").splitlines(keepends=True)
+    log = tmp_path / "long.jsonl"
+    log.write_text("".join(rows * (3 * measure.BATCH // len(rows) + 1)), encoding="utf-8")  # (four batches)
+    beside: list[int] = []
+    monkeypatch.setattr(TokenizerHandle, "tokenize_later",
+                        lambda self, prompts, _later=TokenizerHandle.tokenize_later, **k:
+                        beside.append(k.get("encoder") is not None) or _later(self, prompts, **k))
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+
+    def run(t):
+        options = fix.FixOptions(key="session", unsafe=True)
+        first = fix.FirstRead(options, tokenizer=t, source=str(log))
+        lines = groups.log_lines(iter_jsonl(str(log)), source=str(log), key="session", each=first.add)
+        assert len(lines) > 3 * measure.BATCH
+        return fix.fix_log(lines, options, tokenizer=t, table=table, source=str(log), first_read=first).to_dict()
+
+    together = run(tok)
+    assert sum(beside) >= 6 and os.environ.get("TOKENIZERS_PARALLELISM") == before
+    beside.clear()
+    plain = run(_Plain(tok))
+    assert {k for k in together if together[k] != plain[k]} == set() and not any(beside)
+    assert plain == together
+    assert together["applied"] and together["per_cause"]

@@ -266,9 +266,10 @@ def _one_read_cases(tmp_path):
 def test_provider_and_curve_read_from_the_lines_are_those_of_the_file(cli, tok, tmp_path, monkeypatch, case, jobs):
     """report reads the log once: its provider section and capacity curve, fed from that read, are the ones
     prompt-cost's reading of the file (``read_requests``) and simulate-prefix's (``iter_trace``) give. In one
-    process they are fed each line as it is first read (with a child, the child reads the lines for them)."""
+    process they are fed each line of the first read, as it is read or, for the lines whose batch of the fork
+    records was not packed yet, when that read ends (with a child, the child reads the lines for them)."""
     from cachectl.cli.common import timestamp_reader
-    from cachectl.engines.repair import groups, sections
+    from cachectl.engines.repair import fix, groups, sections
     from cachectl.engines.repair.sections import cost_section, curve_section
     from cachectl.inputs import display_name, formats
 
@@ -284,9 +285,17 @@ def test_provider_and_curve_read_from_the_lines_are_those_of_the_file(cli, tok, 
         finally:
             reading[0] = False
 
+    def finish(self, _finish=fix.FirstRead.finish):  # (the first read's end: the lines it holds are fed)
+        reading[0] = True
+        try:
+            return _finish(self)
+        finally:
+            reading[0] = False
+
     with monkeypatch.context() as m:
         m.setattr(formats, "open_log", lambda *a, _open=formats.open_log, **k: opened.append(a) or _open(*a, **k))
         m.setattr(groups, "log_lines", log_lines)
+        m.setattr(fix.FirstRead, "finish", finish)
         m.setattr(sections.OneRead, "__call__",
                   lambda self, ln, *a, _call=sections.OneRead.__call__: fed.append((ln.line, reading[0]))
                   or _call(self, ln, *a))
@@ -394,9 +403,11 @@ def test_the_provider_section_fed_in_batches_is_the_one_fed_a_request_at_a_time(
 
 
 def test_the_curve_takes_the_token_ids_the_fork_records_tokenized(tok, tmp_path, monkeypatch):
-    """Fed each line after the fork records (as report's one read does), the curve's reader tokenizes nothing of
-    its own: it takes each prompt's token IDs from the batch the records tokenized, and its curve is the one it
-    makes tokenizing them itself. A prompt the records did not tokenize (another object) is tokenized as before."""
+    """Fed each line once the fork records packed its batch (as report's one read does: ``FirstRead.then``; in one
+    process a batch is encoded on a thread while the next lines are read, so the lines come a batch late), the
+    curve's reader tokenizes nothing of its own: it takes each prompt's token IDs from the batches the records
+    tokenized, and its curve is the one it makes tokenizing them itself. A prompt the records did not tokenize
+    (another object) is tokenized as before."""
     from cachectl.engines.repair import fix, groups, sections
     from cachectl.inputs import iter_jsonl
 
@@ -424,11 +435,11 @@ def test_the_curve_takes_the_token_ids_the_fork_records_tokenized(tok, tmp_path,
         fed = sections.sections_reader(source=str(log), tokenizer=tok, tokenizer_name=str(TOK_DIR), table=None,
                                      default_model=None, timestamps=None, block_size=16,
                                      first_read=first if first_read else None)
-        lines = groups.log_lines(iter_jsonl(str(log)), source=str(log), key="session",
-                                 each=lambda ln: (first.add(ln), fed(ln)))
-        assert first.forks is not None
-        first.forks.finish()   # (the analysis packs the last batch before the sections are asked for)
-        assert len(lines) > 600
+        first.then(fed)
+        lines = groups.log_lines(iter_jsonl(str(log)), source=str(log), key="session", each=first.add)
+        assert first.forks is not None and first.forks.waiting > 0
+        first.finish()   # (the last batches packed and their lines fed, before the sections are asked for)
+        assert len(lines) > 600 and first.forks.waiting == 0
         return fed.curve()
 
     alone = curve(False)

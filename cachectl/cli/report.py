@@ -3,7 +3,6 @@ as text, JSON, or one self-contained HTML page."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated, Any, Optional
 
 import typer
@@ -142,8 +141,9 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
             sections = sections_reader(source=source, tokenizer=tok, tokenizer_name=tokenizer, table=table,
                                        default_model=model, timestamps=stamps, block_size=block_size, progress=tick,
                                        first_read=first)
+            first.then(sections)  # (each line once its batch is packed: the curve takes its token IDs there)
         lines = log_lines(iter_progress(log_values(log, shape), progress), source=source, key=key,
-                          timestamps=stamps, each=first.add if sections is None else _each(first.add, sections))
+                          timestamps=stamps, each=first.add)
         if ray is not None:  # (every part renders with the generation prompt, as a server does)
             from ..engines.repair.prefill import prefill
 
@@ -165,14 +165,6 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
     timestamp_note(stamps)
     found = result.total_tokens_lost or result.tokens_lost or any(f.fixable for f in result.forks)
     raise typer.Exit(EXIT_FINDING if found else EXIT_OK)
-
-
-def _each(*feeds: Callable[[Any], None]) -> Callable[[Any], None]:
-    """One callback feeding each line to every one of ``feeds``, in order."""
-    def each(ln: Any) -> None:
-        for feed in feeds:
-            feed(ln)
-    return each
 
 
 def _which_rate(r: Any) -> None:

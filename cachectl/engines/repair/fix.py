@@ -27,6 +27,7 @@ value where requests that otherwise share a prefix split; FX003 puts the same to
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -168,18 +169,27 @@ class FirstRead:
     with ``tokenizer``, whose render memo is turned on here: the passes find these renders in it). ``forks``: False
     leaves them to the analysis (``--ray`` renders the log on the cluster first). ``workers``
     (:class:`cachectl.workers.Workers`): with a second core, a child renders and tokenizes batches of them while the
-    lines are read on (:meth:`~cachectl.workers.Workers.beside`)."""
+    lines are read on (:meth:`~cachectl.workers.Workers.beside`); in one process, a thread encodes a batch while the
+    next lines are read (:class:`.shared_prefix.ForkLines`' ``encode_beside``). :meth:`finish` ends the read."""
 
     def __init__(self, options: FixOptions, *, tokenizer: Any = None, source: str = "", forks: bool = True,
                  workers: Any = None):
         if tokenizer is not None and hasattr(tokenizer, "remember_renders"):
             tokenizer.remember_renders()
         self.sessions = Sessions(options.window_s, tokenizer) if options.key is None else None
+        children = workers is not None and workers.jobs > 1
         self.forks = (ForkLines(tokenizer=tokenizer, add_generation_prompt=options.add_generation_prompt,
-                                source=source,
-                                beside=workers.beside if workers is not None and workers.jobs > 1 else None)
+                                source=source, beside=workers.beside if children else None,
+                                encode_beside=not children)
                       if forks else None)
         self.lines = 0
+        self._then: list[Callable[[LogLine], None]] = []
+        self._held: deque[LogLine] = deque()   # lines read, not yet fed to ``_then``
+
+    def then(self, feed: Callable[[LogLine], None]) -> None:
+        """``feed(line)`` for every line, in order, once the requests of its batch are packed: a reader that takes
+        their token IDs (:meth:`.shared_prefix.ForkLines.known`) finds them there."""
+        self._then.append(feed)
 
     def add(self, ln: LogLine) -> None:
         self.lines += 1
@@ -187,6 +197,21 @@ class FirstRead:
             self.sessions.add(ln)
         if self.forks is not None:
             self.forks.add(ln)
+        if self._then:
+            self._held.append(ln)
+            self._feed(len(self._held) - (self.forks.waiting if self.forks is not None else 0))
+
+    def finish(self) -> None:
+        """The last batch packed and every line fed (once; :func:`started` calls it)."""
+        if self.forks is not None:
+            self.forks.finish()
+        self._feed(len(self._held))
+
+    def _feed(self, n: int) -> None:
+        for _ in range(n):
+            ln = self._held.popleft()
+            for feed in self._then:
+                feed(ln)
 
 
 def prepared(lines: Sequence[LogLine], options: FixOptions, tokenizer: Any, source: str = "") -> Sequence[LogLine]:
@@ -216,6 +241,8 @@ def started(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any = N
     lines = prepared(lines, options, tokenizer, source)
     if first_read is not None and first_read.lines != len(lines):
         raise ValueError(f"the first read saw {first_read.lines} lines, not the {len(lines)} given")
+    if first_read is not None:
+        first_read.finish()
     if options.key is not None:  # (the keys are read without parsing the lines)
         grouping = group_sessions(lines, key=options.key)
         if progress is not None:

@@ -13,6 +13,7 @@ import json
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import chain
@@ -285,6 +286,7 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
     ``workers`` (:class:`cachectl.workers.Workers`): a child with a free core renders and tokenizes the batches of
     lines it takes ahead of the sweep (:meth:`~cachectl.workers.Workers.ahead`, batches of :data:`SHARED_BATCH`
     lines; the same measures)."""
+    from ...tokenization import encoding_beside
     from ...workers import Workers
     from .. import tokendiff
 
@@ -331,13 +333,34 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
     # the provider simulations' position texts, a batch's together, encoded before they are asked for one at a time
     simulating = [j for j, v in enumerate(vs) if v.simulates]
     prime = getattr(counter, "prime", None) if simulating else None
+    # in one process, the batches in order: the next one is rendered and its encoding started in a thread of its own
+    # (the tokenizer's encoding releases the GIL: :func:`~cachectl.tokenization.encoding_beside`), its position texts
+    # too, before this one is measured
+    beside = (workers is None or workers.jobs < 2) and hasattr(tokenizer, "tokenize_later")
+    encoder = ThreadPoolExecutor(1, thread_name_prefix="cachectl-encode") if beside else None
+    begun: dict[int, tuple[list[list[LogLine]], Callable[[], list[list[Any]]]]] = {}
+
+    def begin(b: int) -> tuple[list[list[LogLine]], Callable[[], list[list[Any]]]]:
+        batch = rows(starts[b])
+        if prime is not None and encoder is not None:
+            encoder.submit(prime, list(_position_texts(batch, simulating)))
+        return batch, _rows_later(batch, tokenizer, add_generation_prompt, located, encoder)
+
+    def pipelined(b: int) -> tuple[list[list[LogLine]], list[list[Any]]]:
+        batch, done = begun.pop(b) if b in begun else begin(b)
+        if b + 1 < len(starts):
+            begun[b + 1] = begin(b + 1)
+        return batch, done()
+
     # a child with a free core renders and tokenizes the batches it takes ahead of this sweep
-    ahead = (workers if workers is not None else Workers(jobs=1)).ahead(len(starts), shipped, tokenized)
+    ahead = (workers if workers is not None else Workers(jobs=1)).ahead(len(starts), shipped,
+                                                                         pipelined if encoder else tokenized)
+    restore = encoding_beside() if encoder is not None else None
     try:
         for b, (value, here) in enumerate(ahead):
             start = starts[b]
             batch, toks = value if here else tokenized(b, value)
-            if prime is not None:
+            if prime is not None and encoder is None:
                 prime(_position_texts(batch, simulating))
             for i, row, tok in zip(range(start, start + len(batch)), batch, toks):
                 g = grouping.groups[i]
@@ -377,6 +400,11 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
                 v.flush()
     finally:
         ahead.close()
+        begun.clear()
+        if encoder is not None:
+            encoder.shutdown()
+        if restore is not None:
+            restore()
         for v in vs:
             v.close()
     got = [_measured(v, len(lines), infinite.totals(j), block_size,
@@ -470,9 +498,25 @@ def _provider_run(table: Any, source: str, counter: Any) -> _Pushed:
 def _tokenized_rows(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: bool,
                     shipped: list[tuple] | None = None, located: Sequence[int] | None = None) -> list[list[Any]]:
     """Each row's prompts tokenized and compacted to their IDs and rendered text (4 bytes a token, not a full
-    ``Encoding``'s hundred). A prompt the batch holds more than once (the same content, key order included: the
-    versions of a line a fix left alone, a request sent twice) is tokenized once; a chat prompt is told apart by its
-    key in the render memo, digested once.
+    ``Encoding``'s hundred): :func:`_rows_later`, done at once. ``shipped``: the batch's distinct prompts as a child
+    tokenized them (:meth:`~cachectl.tokenization.Tokenized.shipped`), not tokenized here."""
+    if shipped is None:
+        return _rows_later(batch, tokenizer, add_generation_prompt, located)()
+    keys, todo = _distinct(batch, tokenizer, add_generation_prompt)
+    assert len(shipped) == len(todo), "a child tokenized another batch"
+    done = dict(zip(todo, [tokenizer.received(p, t) for (p, _), t in zip(todo.values(), shipped)]))
+    return [[done[keys[id(ln)]] for ln in row] for row in batch]
+
+
+def _rows_later(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: bool,
+                located: Sequence[int] | None = None, encoder: Any = None) -> Callable[[], list[list[Any]]]:
+    """A batch's rows tokenized in two steps: their prompts rendered now, and ``done()``, the call returned, gives
+    each row's prompts tokenized and compacted. ``encoder``: the executor the batch is encoded in meanwhile
+    (:meth:`~cachectl.tokenization.TokenizerHandle.tokenize_later`).
+
+    A prompt the batch holds more than once (the same content, key order included: the versions of a line a fix
+    left alone, a request sent twice) is tokenized once; a chat prompt is told apart by its key in the render memo,
+    digested once.
 
     Offsets (8 bytes a token more): a render the memo keeps reads its offsets back there. The prompts of the
     ``located`` columns (the versions whose causes are counted; every column when None) keep their own, so that a
@@ -480,18 +524,22 @@ def _tokenized_rows(batch: list[list[LogLine]], tokenizer: Any, add_generation_p
     ever asked: reading an ``Encoding``'s offsets and packing them costs about 120 ns a token.
 
     The render memo is read, not added to: the renders of rewritten lines are asked for by no later pass (on 5,000
-    requests, `report --jobs 1` took about 4% longer keeping them). ``shipped``: the batch's distinct prompts as a
-    child tokenized them (:meth:`~cachectl.tokenization.Tokenized.shipped`), not tokenized here."""
+    requests, `report --jobs 1` took about 4% longer keeping them)."""
     keys, todo = _distinct(batch, tokenizer, add_generation_prompt)
-    if shipped is None:
-        want = ({keys[id(row[j])] for row in batch for j in located} if located is not None else todo)
-        got = [t.compact(offsets=key in want) for key, t in zip(todo, _tokenized(todo, tokenizer,
-                                                                                   add_generation_prompt))]
+    want = {keys[id(row[j])] for row in batch for j in located} if located is not None else todo
+    prompts = [p for p, _ in todo.values()]
+    given: dict[str, Any] = {"memo_keys": [m for _, m in todo.values()]} if hasattr(tokenizer, "memo_key") else {}
+    if hasattr(tokenizer, "tokenize_later"):
+        tokens = tokenizer.tokenize_later(prompts, add_generation_prompt=add_generation_prompt, keep=False,
+                                          encoder=encoder, **given)
     else:
-        assert len(shipped) == len(todo), "a child tokenized another batch"
-        got = [tokenizer.received(p, t) for (p, _), t in zip(todo.values(), shipped)]
-    done = dict(zip(todo, got))
-    return [[done[keys[id(ln)]] for ln in row] for row in batch]
+        made = tokenizer.tokenize_many(prompts, add_generation_prompt=add_generation_prompt, keep=False, **given)
+        tokens = lambda: made  # noqa: E731
+
+    def done() -> list[list[Any]]:
+        got = dict(zip(todo, [t.compact(offsets=key in want) for key, t in zip(todo, tokens())]))
+        return [[got[keys[id(ln)]] for ln in row] for row in batch]
+    return done
 
 
 def _distinct(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: bool

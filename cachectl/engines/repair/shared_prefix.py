@@ -116,18 +116,34 @@ class ForkLines:
     """A log's lines packed for the fork analysis a line at a time, as they are read (``add(line)``): the requests
     (:attr:`requests`) and the lines' numbers. A line that cannot be packed ends it: :attr:`note` says why (the
     analysis is left out; the run goes on). ``beside``: a run's :meth:`~cachectl.workers.Workers.beside`, which
-    renders and tokenizes batches of the prompts in a child while the lines are read on (:class:`ForkRecords`)."""
+    renders and tokenizes batches of the prompts in a child while the lines are read on (:class:`ForkRecords`).
+    ``encode_beside`` (without ``beside``): a full batch's prompts are encoded on a thread of this process while the
+    lines are read on (:func:`~cachectl.tokenization.encoding_beside`), until :meth:`finish`."""
 
     def __init__(self, *, tokenizer: Any = None, add_generation_prompt: bool = True, source: str = "",
-                 beside: Any = None):
+                 beside: Any = None, encode_beside: bool = False):
         self.requests = RequestStore()
         self.numbers = array("q")
         self.note: str | None = None
+        self._encoder: Any = None
+        self._restore: Any = None
+        if encode_beside and beside is None and hasattr(tokenizer, "tokenize_later"):
+            from concurrent.futures import ThreadPoolExecutor
+
+            from ...tokenization import encoding_beside
+
+            self._encoder = ThreadPoolExecutor(1, thread_name_prefix="cachectl-encode")
+            self._restore = encoding_beside()
         self._records = ForkRecords(source=source, tokenizer=tokenizer, add_generation_prompt=add_generation_prompt,
-                                    beside=beside)
+                                    beside=beside, encoder=self._encoder)
         #: prompts tokenized at a time
         self.batch_size = self._records.batch_size
         self._done = False
+
+    @property
+    def waiting(self) -> int:
+        """Lines added whose prompts are not packed yet (:meth:`known` has not their token IDs)."""
+        return self._records.waiting if self.note is None else 0
 
     def add(self, ln: LogLine) -> None:
         if self.note is not None:
@@ -154,11 +170,22 @@ class ForkLines:
                 self.requests.add(r)
         except (InputError, UsageError) as exc:
             self._failed(exc)
+        self._ended()
 
     def _failed(self, exc: CachectlError) -> None:
         self._records.stop()
         self.note = _not_analysed(exc)
         self.requests = RequestStore()  # (what was packed is let go)
+        self._ended()
+
+    def _ended(self) -> None:
+        """The thread that encoded beside the read let go, and the tokenizer's setting restored."""
+        encoder, self._encoder = self._encoder, None
+        if encoder is not None:
+            encoder.shutdown()
+        restore, self._restore = self._restore, None
+        if restore is not None:
+            restore()
 
 
 def _not_analysed(exc: CachectlError) -> str:

@@ -15,7 +15,7 @@ import hashlib
 import json
 import re
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -148,10 +148,13 @@ class ForkRecords:
     tokenized once it holds ``batch_size`` prompts), ``flush()`` the rest. :meth:`known` gives the token IDs of a
     prompt of the batch tokenized last, to another reader of the same lines. ``beside``: a run's
     :meth:`~cachectl.workers.Workers.beside`, which tokenizes batches in a child while this process reads on (the
-    requests still come in order)."""
+    requests still come in order). ``encoder`` (without ``beside``; a :class:`concurrent.futures.Executor` of one
+    thread): a full batch is rendered here and encoded there while the next lines are read, its requests given
+    when the next batch is full (:meth:`~cachectl.tokenization.TokenizerHandle.tokenize_later`)."""
 
     def __init__(self, *, source: str, tokenizer: Any = None, user_fields: Sequence[str] = USER_FIELDS,
-                 add_generation_prompt: bool = True, batch_size: int | None = None, beside: Any = None):
+                 add_generation_prompt: bool = True, batch_size: int | None = None, beside: Any = None,
+                 encoder: Any = None):
         self.source, self.tokenizer = source, tokenizer
         self.add_generation_prompt = add_generation_prompt
         self.batch_size = batch_size or (BATCH if beside is None else BESIDE_BATCH)
@@ -163,10 +166,18 @@ class ForkRecords:
         self._last: dict[int, tuple[PromptInput, Sequence[int]]] = {}
         self._beside = (beside(partial(_shipped, tokenizer, add_generation_prompt), self._tokenized, _sent)
                         if beside is not None and tokenizer is not None else None)
+        self._encoder = encoder if self._beside is None and tokenizer is not None else None
+        #: the full batch being encoded (``encoder``): its records, and the call that gives its prompts tokenized
+        self._begun: tuple[list[tuple], Callable[[], list[Tokenized]]] | None = None
+
+    @property
+    def waiting(self) -> int:
+        """Records added whose requests have not been given yet (a batch not full, a batch being encoded)."""
+        return len(self._pending) + (len(self._begun[0]) if self._begun is not None else 0)
 
     def known(self, prompt: PromptInput, add_generation_prompt: bool) -> Sequence[int] | None:
-        """The token IDs of ``prompt`` (this very object), rendered with ``add_generation_prompt``, where the batch
-        tokenized last held it; else None."""
+        """The token IDs of ``prompt`` (this very object), rendered with ``add_generation_prompt``, where the batches
+        whose requests were given last held it; else None."""
         got = self._last.get(id(prompt))
         return got[1] if got is not None and got[0] is prompt and add_generation_prompt == self.add_generation_prompt \
             else None
@@ -176,16 +187,28 @@ class ForkRecords:
         child or here)."""
         pending, self._pending = self._pending, []
         beside = self._beside
-        if beside is None or (last and not beside.held):  # (a last batch waited for is tokenized here)
+        if self._encoder is not None:
+            # (the full batch is rendered and its encoding started before the one begun before it is waited for)
+            begun, self._begun = self._begun, None
+            if pending and not last:
+                self._begun = pending, self.tokenizer.tokenize_later(
+                    [p for _, _, p, _, _ in pending], add_generation_prompt=self.add_generation_prompt, keep=False,
+                    encoder=self._encoder)
+            batches = [(begun[0], begun[1](), True)] if begun is not None else []
+            if pending and last:
+                batches.append((pending, self._tokenized(pending), True))
+        elif beside is None or (last and not beside.held):  # (a last batch waited for is tokenized here)
             batches = [(pending, self._tokenized(pending), True)] if pending else []
         else:
             batches = beside.put(pending) if pending else []
         if beside is not None and last:
             batches += beside.close()
+        if batches:
+            self._last = {}
         for batch, toks, here in batches:
             if not here:  # (sent by the child: made here as tokenize_many makes them)
                 toks = [self.tokenizer.received(p, s) for (_, _, p, _, _), s in zip(batch, toks)]
-            self._last = {id(p): (p, t.ids) for (_, _, p, _, _), t in zip(batch, toks)}
+            self._last.update((id(p), (p, t.ids)) for (_, _, p, _, _), t in zip(batch, toks))
             for (idx, line, _, flds, salt), t in zip(batch, toks):
                 yield _from_tokenized(idx, line, t, flds, salt)
 
