@@ -330,12 +330,11 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
         batch = rows(starts[b])
         return batch, _tokenized_rows(batch, tokenizer, add_generation_prompt, got, located)
 
-    # the provider simulations' position texts, a batch's together, encoded before they are asked for one at a time
+    # the provider simulations' position texts, a batch's together, encoded before they are asked for one at a time;
+    # in one process the next batch is rendered and its encoding (and texts) started on a thread of its own before
+    # this one is measured (the encoding releases the GIL: :func:`~cachectl.tokenization.encoding_beside`)
     simulating = [j for j, v in enumerate(vs) if v.simulates]
     prime = getattr(counter, "prime", None) if simulating else None
-    # in one process, the batches in order: the next one is rendered and its encoding started in a thread of its own
-    # (the tokenizer's encoding releases the GIL: :func:`~cachectl.tokenization.encoding_beside`), its position texts
-    # too, before this one is measured
     beside = (workers is None or workers.jobs < 2) and hasattr(tokenizer, "tokenize_later")
     encoder = ThreadPoolExecutor(1, thread_name_prefix="cachectl-encode") if beside else None
     begun: dict[int, tuple[list[list[LogLine]], Callable[[], list[list[Any]]]]] = {}
@@ -355,7 +354,7 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
     # a child with a free core renders and tokenizes the batches it takes ahead of this sweep
     ahead = (workers if workers is not None else Workers(jobs=1)).ahead(len(starts), shipped,
                                                                          pipelined if encoder else tokenized)
-    restore = encoding_beside() if encoder is not None else None
+    restore = encoding_beside() if encoder is not None else lambda: None
     try:
         for b, (value, here) in enumerate(ahead):
             start = starts[b]
@@ -403,8 +402,7 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
         begun.clear()
         if encoder is not None:
             encoder.shutdown()
-        if restore is not None:
-            restore()
+        restore()
         for v in vs:
             v.close()
     got = [_measured(v, len(lines), infinite.totals(j), block_size,
@@ -497,9 +495,8 @@ def _provider_run(table: Any, source: str, counter: Any) -> _Pushed:
 
 def _tokenized_rows(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: bool,
                     shipped: list[tuple] | None = None, located: Sequence[int] | None = None) -> list[list[Any]]:
-    """Each row's prompts tokenized and compacted to their IDs and rendered text (4 bytes a token, not a full
-    ``Encoding``'s hundred): :func:`_rows_later`, done at once. ``shipped``: the batch's distinct prompts as a child
-    tokenized them (:meth:`~cachectl.tokenization.Tokenized.shipped`), not tokenized here."""
+    """:func:`_rows_later`, done at once; ``shipped``: the batch's distinct prompts as a child tokenized them
+    (:meth:`~cachectl.tokenization.Tokenized.shipped`), not tokenized here."""
     if shipped is None:
         return _rows_later(batch, tokenizer, add_generation_prompt, located)()
     keys, todo = _distinct(batch, tokenizer, add_generation_prompt)
@@ -510,13 +507,12 @@ def _tokenized_rows(batch: list[list[LogLine]], tokenizer: Any, add_generation_p
 
 def _rows_later(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: bool,
                 located: Sequence[int] | None = None, encoder: Any = None) -> Callable[[], list[list[Any]]]:
-    """A batch's rows tokenized in two steps: their prompts rendered now, and ``done()``, the call returned, gives
-    each row's prompts tokenized and compacted. ``encoder``: the executor the batch is encoded in meanwhile
-    (:meth:`~cachectl.tokenization.TokenizerHandle.tokenize_later`).
-
-    A prompt the batch holds more than once (the same content, key order included: the versions of a line a fix
-    left alone, a request sent twice) is tokenized once; a chat prompt is told apart by its key in the render memo,
-    digested once.
+    """A batch's rows tokenized in two steps: their prompts rendered now; ``done()``, the call returned, gives each
+    row's prompts tokenized and compacted to their IDs and rendered text (4 bytes a token, not a full ``Encoding``'s
+    hundred). ``encoder``: the executor that encodes the batch meanwhile
+    (:meth:`~cachectl.tokenization.TokenizerHandle.tokenize_later`). A prompt the batch holds more than once (the
+    same content, key order included: the versions of a line a fix left alone, a request sent twice) is tokenized
+    once; a chat prompt is told apart by its key in the render memo, digested once.
 
     Offsets (8 bytes a token more): a render the memo keeps reads its offsets back there. The prompts of the
     ``located`` columns (the versions whose causes are counted; every column when None) keep their own, so that a
