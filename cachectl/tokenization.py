@@ -528,19 +528,11 @@ def _offset_columns(offsets: Sequence[tuple[int, int]]) -> tuple[Any, Any]:
     return flat[0::2], flat[1::2]
 
 
-def encoding_beside() -> Callable[[], None]:
-    """For a pass that encodes its batches on a thread of its own beside the one that renders and measures them
-    (:meth:`TokenizerHandle.tokenize_later`): on a machine of two cores or fewer, the backend encodes a batch on that
-    one thread (``TOKENIZERS_PARALLELISM`` false) and leaves the other core to the pass, until the call returned is
-    called (it restores the setting). With its own threads on both cores too, the encoding and the pass shared two
-    cores three ways, and a one-process ``fix`` on 5,000 requests gained nothing (docs/benchmarks.md). Call both
-    from the thread that runs the pass, with no encoding in flight: the setting is the process's environment."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover
-        cores = os.cpu_count() or 1
-    if cores > 2:
-        return lambda: None
+def serial_encoding() -> Callable[[], None]:
+    """``TOKENIZERS_PARALLELISM`` false (the backend encodes a batch on the calling thread alone, and a forked child
+    finds no thread pool it lacks) until the call returned is called: it sets the setting back as it was. The setting
+    is the process's environment, read by the backend at each call: set it and set it back with no encoding in
+    flight."""
     before = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
@@ -550,6 +542,28 @@ def encoding_beside() -> Callable[[], None]:
         else:
             os.environ["TOKENIZERS_PARALLELISM"] = before
     return restore
+
+
+def encoder_beside() -> tuple[Any, Callable[[], None]]:
+    """A thread for a pass to encode its batches on beside the one that renders and measures them (an executor of
+    one thread: :meth:`TokenizerHandle.tokenize_later`'s ``encoder``), and ``close()``, which waits for the last
+    batch, lets the thread go and sets the tokenizer back. On a machine of two cores or fewer the backend encodes a
+    batch on that one thread meanwhile (:func:`serial_encoding`) and leaves the other core to the pass: with its own
+    threads on both cores too, the encoding and the pass shared two cores three ways, and a one-process ``fix`` on
+    5,000 requests gained nothing (docs/benchmarks.md). Call both from the thread that runs the pass."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover
+        cores = os.cpu_count() or 1
+    restore = serial_encoding() if cores <= 2 else (lambda: None)
+    executor = ThreadPoolExecutor(1, thread_name_prefix="cachectl-encode")
+
+    def close() -> None:
+        executor.shutdown()
+        restore()
+    return executor, close
 
 
 class TokenizerHandle:

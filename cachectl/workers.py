@@ -317,13 +317,14 @@ def _forked(call: tuple[Callable[..., Any], tuple, dict], run: Callable[..., Any
     executor, first future, process and number; None when no process could be forked."""
     import multiprocessing
 
+    from .tokenization import serial_encoding
+
     ctx = multiprocessing.get_context("fork")
     ticks = ctx.Value("q", 0)
     executor = ProcessPoolExecutor(1, mp_context=ctx, initializer=_child_start, initargs=(ticks, os.getpid()))
     number = next(_numbers)
     _PARTS[number] = call
-    before = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the child's: its parent's thread pool is not there
+    restore = serial_encoding()  # the child's: its parent's thread pool is not there
     sys.stdout.flush()
     sys.stderr.flush()
     gc.freeze()  # what the parent holds now is left alone by the child's collector (fewer pages copied)
@@ -336,7 +337,7 @@ def _forked(call: tuple[Callable[..., Any], tuple, dict], run: Callable[..., Any
         return None
     finally:
         gc.unfreeze()
-        _restore(before)
+        restore()
         del _PARTS[number]  # (the child has its copy)
     return ticks, executor, future, next(iter(getattr(executor, "_processes", {}).values()), None), number
 
@@ -516,13 +517,6 @@ def _how(proc: Any) -> str:
     """How a child (a :class:`multiprocessing.Process`, or None) ended: ``signal N`` or ``exit status N``."""
     code = (proc.exitcode if proc is not None else None) or 0
     return f"signal {-code}" if code < 0 else f"exit status {code}"
-
-
-def _restore(before: str | None) -> None:
-    if before is None:
-        os.environ.pop("TOKENIZERS_PARALLELISM", None)
-    else:
-        os.environ["TOKENIZERS_PARALLELISM"] = before
 
 
 def _child_start(ticks: Any, parent: int) -> None:  # pragma: no cover - runs in the forked child

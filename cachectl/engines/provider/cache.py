@@ -469,6 +469,12 @@ class TextTokens:
     def count(self, text: str) -> int:
         return len(self.ids(text))
 
+    def prime_requests(self, requests: Iterable[Request | None]) -> None:
+        """:meth:`prime` with the texts a simulation of ``requests`` asks for: their positions without a token count
+        (a request given twice, once; None skipped)."""
+        distinct = {id(req): req for req in requests if req is not None}
+        self.prime(p.text for req in distinct.values() for p in req.positions if p.tokens is None)
+
     def prime(self, texts: Iterable[str]) -> None:
         """Encode, in one batch, those of ``texts`` the memo does not hold yet, and keep them there: a sweep that
         is about to simulate many requests asks for their position texts first. The tokenizer encodes a batch of

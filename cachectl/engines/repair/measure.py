@@ -13,7 +13,6 @@ import json
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import chain
@@ -286,7 +285,7 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
     ``workers`` (:class:`cachectl.workers.Workers`): a child with a free core renders and tokenizes the batches of
     lines it takes ahead of the sweep (:meth:`~cachectl.workers.Workers.ahead`, batches of :data:`SHARED_BATCH`
     lines; the same measures)."""
-    from ...tokenization import encoding_beside
+    from ...tokenization import encoder_beside
     from ...workers import Workers
     from .. import tokendiff
 
@@ -332,17 +331,17 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
 
     # the provider simulations' position texts, a batch's together, encoded before they are asked for one at a time;
     # in one process the next batch is rendered and its encoding (and texts) started on a thread of its own before
-    # this one is measured (the encoding releases the GIL: :func:`~cachectl.tokenization.encoding_beside`)
+    # this one is measured (the encoding releases the GIL: :func:`~cachectl.tokenization.encoder_beside`)
     simulating = [j for j, v in enumerate(vs) if v.simulates]
-    prime = getattr(counter, "prime", None) if simulating else None
+    prime = getattr(counter, "prime_requests", None) if simulating else None
     beside = (workers is None or workers.jobs < 2) and hasattr(tokenizer, "tokenize_later")
-    encoder = ThreadPoolExecutor(1, thread_name_prefix="cachectl-encode") if beside else None
+    encoder, close = encoder_beside() if beside else (None, lambda: None)
     begun: dict[int, tuple[list[list[LogLine]], Callable[[], list[list[Any]]]]] = {}
 
     def begin(b: int) -> tuple[list[list[LogLine]], Callable[[], list[list[Any]]]]:
         batch = rows(starts[b])
         if prime is not None and encoder is not None:
-            encoder.submit(prime, list(_position_texts(batch, simulating)))
+            encoder.submit(prime, [row[j].request for row in batch for j in simulating])
         return batch, _rows_later(batch, tokenizer, add_generation_prompt, located, encoder)
 
     def pipelined(b: int) -> tuple[list[list[LogLine]], list[list[Any]]]:
@@ -354,13 +353,12 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
     # a child with a free core renders and tokenizes the batches it takes ahead of this sweep
     ahead = (workers if workers is not None else Workers(jobs=1)).ahead(len(starts), shipped,
                                                                          pipelined if encoder else tokenized)
-    restore = encoding_beside() if encoder is not None else lambda: None
     try:
         for b, (value, here) in enumerate(ahead):
             start = starts[b]
             batch, toks = value if here else tokenized(b, value)
             if prime is not None and encoder is None:
-                prime(_position_texts(batch, simulating))
+                prime(row[j].request for row in batch for j in simulating)
             for i, row, tok in zip(range(start, start + len(batch)), batch, toks):
                 g = grouping.groups[i]
                 # (vLLM's cache_salt, which keys a request's blocks apart: the fixes leave it as it is)
@@ -400,9 +398,7 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
     finally:
         ahead.close()
         begun.clear()
-        if encoder is not None:
-            encoder.shutdown()
-        restore()
+        close()
         for v in vs:
             v.close()
     got = [_measured(v, len(lines), infinite.totals(j), block_size,
@@ -470,18 +466,6 @@ def _measured(v: _Version, n: int, totals: tuple[int, int, int], block_size: int
         except (InputError, UsageError) as exc:
             notes.append(f"provider cache not simulated: {exc}")
     return Measure(vllm, provider, v.reused, v.tokens, v.cause_count, ceiling), notes
-
-
-def _position_texts(batch: list[list[LogLine]], versions: Sequence[int]) -> Iterator[str]:
-    """The texts of the positions without a token count of the requests of ``versions`` in a batch of rows (a
-    request several versions share, once)."""
-    seen: set[int] = set()
-    for row in batch:
-        for j in versions:
-            req = row[j].request
-            if req is not None and id(req) not in seen:
-                seen.add(id(req))
-                yield from (p.text for p in req.positions if p.tokens is None)
 
 
 def _provider_run(table: Any, source: str, counter: Any) -> _Pushed:

@@ -101,7 +101,7 @@ class CostFeed:
         self._run = CostRun(table=table, source=source, text_counter=text_counter,
                             token_source=f"tokenizer {tokenizer_name}" if text_counter is not None else "layout",
                             keep_requests=False)  # the misses in a few numbers, not a row per request
-        self._prime = getattr(text_counter, "prime", None)
+        self._prime = getattr(text_counter, "prime_requests", None)
         self._held: list[Request] = []
         self._batch = batch
         self.read = 0
@@ -125,7 +125,7 @@ class CostFeed:
         if self.error is not None or not held:
             return
         if self._prime is not None and len(held) > 1:
-            self._prime(p.text for req in held for p in req.positions if p.tokens is None)
+            self._prime(held)
         for req in held:
             self.read += 1
             try:

@@ -118,24 +118,20 @@ class ForkLines:
     analysis is left out; the run goes on). ``beside``: a run's :meth:`~cachectl.workers.Workers.beside`, which
     renders and tokenizes batches of the prompts in a child while the lines are read on (:class:`ForkRecords`).
     ``encode_beside`` (without ``beside``): a full batch's prompts are encoded on a thread of this process while the
-    lines are read on (:func:`~cachectl.tokenization.encoding_beside`), until :meth:`finish`."""
+    lines are read on (:func:`~cachectl.tokenization.encoder_beside`), until :meth:`finish`."""
 
     def __init__(self, *, tokenizer: Any = None, add_generation_prompt: bool = True, source: str = "",
                  beside: Any = None, encode_beside: bool = False):
         self.requests = RequestStore()
         self.numbers = array("q")
         self.note: str | None = None
-        self._encoder: Any = None
-        self._restore: Any = None
+        encoder, self._close = None, None
         if encode_beside and beside is None and hasattr(tokenizer, "tokenize_later"):
-            from concurrent.futures import ThreadPoolExecutor
+            from ...tokenization import encoder_beside
 
-            from ...tokenization import encoding_beside
-
-            self._encoder = ThreadPoolExecutor(1, thread_name_prefix="cachectl-encode")
-            self._restore = encoding_beside()
+            encoder, self._close = encoder_beside()
         self._records = ForkRecords(source=source, tokenizer=tokenizer, add_generation_prompt=add_generation_prompt,
-                                    beside=beside, encoder=self._encoder)
+                                    beside=beside, encoder=encoder)
         #: prompts tokenized at a time
         self.batch_size = self._records.batch_size
         self._done = False
@@ -179,13 +175,10 @@ class ForkLines:
         self._ended()
 
     def _ended(self) -> None:
-        """The thread that encoded beside the read let go, and the tokenizer's setting restored."""
-        encoder, self._encoder = self._encoder, None
-        if encoder is not None:
-            encoder.shutdown()
-        restore, self._restore = self._restore, None
-        if restore is not None:
-            restore()
+        """The thread that encoded beside the read let go (the tokenizer set back)."""
+        close, self._close = self._close, None
+        if close is not None:
+            close()
 
 
 def _not_analysed(exc: CachectlError) -> str:
