@@ -450,12 +450,57 @@ def test_the_curve_takes_the_token_ids_the_fork_records_tokenized(tok, tmp_path,
     fr = fix.FirstRead(fix.FixOptions(key="session"), tokenizer=tok, source=str(log))
     ln = next(iter(groups.log_lines(iter_jsonl(str(LOG)), source=str(LOG), key="session")))
     fr.add(ln)
-    fr.forks.finish()
+    fr.finish()   # (the last batch packed, the encoding thread let go)
     assert fr.forks.known(ln.prompt, True) is not None and fr.forks.known(ln.prompt, False) is None
     again = groups.log_lines(iter_jsonl(str(LOG)), source=str(LOG), key="session")[0]
     assert again.prompt == ln.prompt and fr.forks.known(again.prompt, True) is None   # (another object)
     mixed = sections._Known(tok, fr.forks.known).tokenize_many([again.prompt, ln.prompt], add_generation_prompt=True)
     assert asked[-1] == 1 and [list(t.ids) for t in mixed] == [list(fr.forks.known(ln.prompt, True))] * 2
+
+
+def test_the_provider_texts_are_encoded_on_the_thread_as_the_lines_are_read(tok, tmp_path, monkeypatch):
+    """In one process, report's first read hands the provider section's position texts to its encoding thread as
+    each line is read (``OneRead.ahead``), a batch of the fork records before the line is fed to the section: the
+    section is the one it makes encoding the texts itself, each text is still encoded once, and most are encoded on
+    that thread, not in the read's."""
+    import copy
+    import threading
+
+    from cachectl.engines.repair import fix, groups, sections
+    from cachectl.inputs import iter_jsonl
+
+    rows = [json.loads(r) for r in LOG.read_text(encoding="utf-8").splitlines()]
+    log = tmp_path / "long.jsonl"
+    with log.open("w", encoding="utf-8") as f:
+        for n in range(600):   # (three batches of 256 and a part; each request's last text its own)
+            row = copy.deepcopy(rows[n % len(rows)])
+            row["body"]["messages"][-1]["content"] += f" (request {n})"
+            row["timestamp"] = f"2026-11-30T{10 + n // 180:02d}:{n // 3 % 60:02d}:{n % 3 * 20:02d}Z"   # (in order)
+            f.write(json.dumps(row) + "\n")
+    on_thread: list[bool] = []   # a text encoded (and kept by the counter): on the encoding thread?
+    keep = promptcache.TextTokens._keep
+    monkeypatch.setattr(promptcache.TextTokens, "_keep", lambda self, key, got: on_thread.append(
+        threading.current_thread().name.startswith("cachectl-encode")) or keep(self, key, got))
+
+    def section(ahead: bool):
+        first = fix.FirstRead(fix.FixOptions(key="session"), tokenizer=tok, source=str(log))
+        assert first.encoder is not None
+        fed = sections.sections_reader(source=str(log), tokenizer=tok, tokenizer_name=str(TOK_DIR),
+                                       table=PriceTable.load(), default_model=None, timestamps=None, block_size=16,
+                                       first_read=first)
+        first.then(fed, ahead=fed.ahead if ahead else None)
+        groups.log_lines(iter_jsonl(str(log)), source=str(log), key="session", each=first.add)
+        first.finish()
+        got = fed.costed()
+        assert got is not None and got.section is not None
+        return got.section, got.notes, got.requests
+
+    alone = section(False)
+    assert on_thread and not any(on_thread) and len(on_thread) > 600
+    texts = len(on_thread)
+    on_thread.clear()
+    assert section(True) == alone
+    assert len(on_thread) == texts and sum(on_thread) > 3 * texts // 4
 
 
 def test_a_line_the_curve_refuses_is_the_error_it_was(cli, tok, tmp_path):

@@ -141,7 +141,9 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
             sections = sections_reader(source=source, tokenizer=tok, tokenizer_name=tokenizer, table=table,
                                        default_model=model, timestamps=stamps, block_size=block_size, progress=tick,
                                        first_read=first)
-            first.then(sections)  # (each line once its batch is packed: the curve takes its token IDs there)
+            # (each line once its batch is packed: the curve takes its token IDs there; as it is read, the provider's
+            # texts are handed to the encoding thread)
+            first.then(sections, ahead=sections.ahead)
         lines = log_lines(iter_progress(log_values(log, shape), progress), source=source, key=key,
                           timestamps=stamps, each=first.add)
         if ray is not None:  # (every part renders with the generation prompt, as a server does)

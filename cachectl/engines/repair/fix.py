@@ -170,7 +170,8 @@ class FirstRead:
     leaves them to the analysis (``--ray`` renders the log on the cluster first). ``workers``
     (:class:`cachectl.workers.Workers`): with a second core, a child renders and tokenizes batches of them while the
     lines are read on (:meth:`~cachectl.workers.Workers.beside`); in one process, a thread encodes a batch while the
-    next lines are read (:class:`.shared_prefix.ForkLines`' ``encode_beside``). :meth:`finish` ends the read."""
+    next lines are read (:attr:`encoder`: :class:`.shared_prefix.ForkLines`' ``encoder``, and a reader's
+    ``ahead``: :meth:`then`). :meth:`finish` ends the read (and lets the thread go)."""
 
     def __init__(self, options: FixOptions, *, tokenizer: Any = None, source: str = "", forks: bool = True,
                  workers: Any = None):
@@ -178,21 +179,34 @@ class FirstRead:
             tokenizer.remember_renders()
         self.sessions = Sessions(options.window_s, tokenizer) if options.key is None else None
         children = workers is not None and workers.jobs > 1
+        #: the executor (one thread) the first read's batches are encoded on, in one process; None: none
+        self.encoder: Any = None
+        self._close: Callable[[], None] | None = None
+        if forks and not children and hasattr(tokenizer, "tokenize_later"):
+            from ...tokenization import encoder_beside
+
+            self.encoder, self._close = encoder_beside()
         self.forks = (ForkLines(tokenizer=tokenizer, add_generation_prompt=options.add_generation_prompt,
-                                source=source, beside=workers.beside if children else None,
-                                encode_beside=not children)
+                                source=source, beside=workers.beside if children else None, encoder=self.encoder)
                       if forks else None)
         self.lines = 0
         self._then: list[Callable[[LogLine], None]] = []
+        self._ahead: list[Callable[[LogLine], None]] = []
         self._held: deque[LogLine] = deque()   # lines read, not yet fed to ``_then``
 
-    def then(self, feed: Callable[[LogLine], None]) -> None:
+    def then(self, feed: Callable[[LogLine], None], ahead: Callable[[LogLine], None] | None = None) -> None:
         """``feed(line)`` for every line, in order, once the requests of its batch are packed: a reader that takes
-        their token IDs (:meth:`.shared_prefix.ForkLines.known`) finds them there."""
+        their token IDs (:meth:`.shared_prefix.ForkLines.known`) finds them there. ``ahead(line)``: as each line is
+        read, before its batch is handed to :attr:`encoder` (what it hands there first is done by the time the line
+        is fed, unless the fork analysis was given up)."""
         self._then.append(feed)
+        if ahead is not None:
+            self._ahead.append(ahead)
 
     def add(self, ln: LogLine) -> None:
         self.lines += 1
+        for ahead in self._ahead:
+            ahead(ln)
         if self.sessions is not None:
             self.sessions.add(ln)
         if self.forks is not None:
@@ -202,10 +216,14 @@ class FirstRead:
             self._feed(len(self._held) - (self.forks.waiting if self.forks is not None else 0))
 
     def finish(self) -> None:
-        """The last batch packed and every line fed (once; :func:`started` calls it)."""
+        """The last batch packed, every line fed and the encoding thread let go, the tokenizer set back (once;
+        :func:`started` calls it)."""
         if self.forks is not None:
             self.forks.finish()
         self._feed(len(self._held))
+        close, self._close, self.encoder = self._close, None, None
+        if close is not None:
+            close()
 
     def _feed(self, n: int) -> None:
         for _ in range(n):

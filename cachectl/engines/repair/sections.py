@@ -183,7 +183,7 @@ class OneRead:
 
     def __init__(self, *, source: str, tokenizer: Any, tokenizer_name: str, table: PriceTable | None,
                  text_counter: Any, default_model: str | None, timestamps: Any, block_size: int, points: int = 16,
-                 progress: Callable[[int], None] | None = None, known: Any = None) -> None:
+                 progress: Callable[[int], None] | None = None, known: Any = None, encoder: Any = None) -> None:
         from ...inputs import parse_request
         from ..prefix.curve import TraceKeyer
         from ..prefix.trace import TraceReader
@@ -194,6 +194,9 @@ class OneRead:
         self.text_counter = text_counter
         self._parse = partial(parse_request, source=source, default_model=default_model, timestamps=timestamps)
         self._provider = CostFeed(table, source, text_counter, tokenizer_name) if table is not None else None
+        # (``encoder``: the thread the first read encodes on; :meth:`ahead` hands it the provider's texts to encode)
+        self._encoder = encoder if self._provider is not None and hasattr(text_counter, "prime_requests") else None
+        self._ahead: list[Request] = []
         # (``known``: the reader fed each line before this one, whose token IDs the curve takes:
         # :class:`.shared_prefix.ForkLines`; in batches as long as its, a batch of the curve's finds its lines there)
         self._known = known.known if known is not None else None
@@ -212,6 +215,18 @@ class OneRead:
         if given is not None and given[0] is prompt and given[1] == add_generation_prompt:
             return given[2]
         return self._known(prompt, add_generation_prompt) if self._known is not None else None
+
+    def ahead(self, ln: LogLine) -> None:
+        """``ln`` as it is read, before it is fed (:meth:`.fix.FirstRead.then`): with an ``encoder``, the position
+        texts of its request are encoded there, :data:`CostFeed.BATCH` requests at a time, and kept by the token
+        counter, where the provider simulation finds them once the line is fed (the counter encodes what it does
+        not find)."""
+        if self._encoder is None or ln.request is None:
+            return
+        self._ahead.append(ln.request)
+        if len(self._ahead) >= CostFeed.BATCH:
+            self._encoder.submit(self.text_counter.prime_requests, self._ahead)
+            self._ahead = []
 
     def __call__(self, ln: LogLine, tokens: tuple[bool, Sequence[int]] | None = None) -> None:
         """Feed ``ln``. ``tokens``: its prompt's token IDs where the caller has them (``(add_generation_prompt,
@@ -326,7 +341,7 @@ def sections_reader(*, source: str, tokenizer: Any, tokenizer_name: str, table: 
     return OneRead(source=source, tokenizer=tokenizer, tokenizer_name=tokenizer_name, table=table,
                    text_counter=counter if counter is not None else measure_counter(tokenizer),
                    default_model=default_model, timestamps=timestamps, block_size=block_size, progress=progress,
-                   known=forks)
+                   known=forks, encoder=first_read.encoder if first_read is not None else None)
 
 
 def feeding(pairs: Callable[..., None], fed: OneRead, lines: Sequence[LogLine], options: FixOptions

@@ -117,19 +117,14 @@ class ForkLines:
     (:attr:`requests`) and the lines' numbers. A line that cannot be packed ends it: :attr:`note` says why (the
     analysis is left out; the run goes on). ``beside``: a run's :meth:`~cachectl.workers.Workers.beside`, which
     renders and tokenizes batches of the prompts in a child while the lines are read on (:class:`ForkRecords`).
-    ``encode_beside`` (without ``beside``): a full batch's prompts are encoded on a thread of this process while the
-    lines are read on (:func:`~cachectl.tokenization.encoder_beside`), until :meth:`finish`."""
+    ``encoder`` (without ``beside``): the executor a full batch's prompts are encoded on, a thread of this process,
+    while the lines are read on (:func:`~cachectl.tokenization.encoder_beside`; the caller lets it go)."""
 
     def __init__(self, *, tokenizer: Any = None, add_generation_prompt: bool = True, source: str = "",
-                 beside: Any = None, encode_beside: bool = False):
+                 beside: Any = None, encoder: Any = None):
         self.requests = RequestStore()
         self.numbers = array("q")
         self.note: str | None = None
-        encoder, self._close = None, None
-        if encode_beside and beside is None and hasattr(tokenizer, "tokenize_later"):
-            from ...tokenization import encoder_beside
-
-            encoder, self._close = encoder_beside()
         self._records = ForkRecords(source=source, tokenizer=tokenizer, add_generation_prompt=add_generation_prompt,
                                     beside=beside, encoder=encoder)
         #: prompts tokenized at a time
@@ -166,19 +161,11 @@ class ForkLines:
                 self.requests.add(r)
         except (InputError, UsageError) as exc:
             self._failed(exc)
-        self._ended()
 
     def _failed(self, exc: CachectlError) -> None:
         self._records.stop()
         self.note = _not_analysed(exc)
         self.requests = RequestStore()  # (what was packed is let go)
-        self._ended()
-
-    def _ended(self) -> None:
-        """The thread that encoded beside the read let go (the tokenizer set back)."""
-        close, self._close = self._close, None
-        if close is not None:
-            close()
 
 
 def _not_analysed(exc: CachectlError) -> str:
