@@ -100,3 +100,56 @@ def test_values_are_the_records_values(lines):
     raw = [(n, json.dumps(v).encode() + b"\n") for n, v in enumerate(lines, 1)]
     got, want = values_and_records(out, raw, "o.jsonl")
     assert got == want
+
+
+def test_fix_rewrites_a_batch_input_file_and_both_commands_price_it_at_batch_rates(cli, tmp_path):
+    """``fix`` rewrites an OpenAI Batch input file as it stands (its lines are the requests, the body at ``body``):
+    where a tool was serialized with its keys in another order, each body that carries it is rewritten in place
+    (its keys sorted), its ``custom_id``, ``method`` and ``url`` kept, and a line without it byte for byte. A Batch file has no timestamps: ``--every`` spaces
+    its requests for the provider simulation, and ``report`` and ``fix`` then price them at the batch rates, half
+    of what the same bodies cost as cachectl's own lines sent 30 s apart."""
+    tool = {"type": "function", "function": {"name": "lookup", "description": "Look a word up in the glossary.",
+                                             "parameters": {"type": "object",
+                                                            "properties": {"word": {"type": "string"}}}}}
+    shuffled = {"function": {"parameters": tool["function"]["parameters"], "name": "lookup",
+                             "description": tool["function"]["description"]}, "type": "function"}
+    system = "You answer questions about prompt caching. " * 40
+    bodies = [{"model": "gpt-4o-mini", "messages": [{"role": "system", "content": system},
+                                                    {"role": "user", "content": f"Question {n}: what is a prefix?"}],
+               "tools": [shuffled if n == 2 else tool], "max_tokens": 100} for n in range(4)]
+    del bodies[3]["tools"]
+    batch, plain = tmp_path / "batch.jsonl", tmp_path / "plain.jsonl"
+    batch.write_text("".join(json.dumps({"custom_id": f"request-{n}", "method": "POST", "url": "/v1/chat/completions",
+                                         "body": b}) + "\n" for n, b in enumerate(bodies)), encoding="utf-8")
+    plain.write_text("".join(json.dumps({"timestamp": 30 * n, "body": b}) + "\n" for n, b in enumerate(bodies)),
+                     encoding="utf-8")
+    assert shape_of(str(batch)) == "openai-batch-input"
+    before = batch.read_bytes()
+    fixed = tmp_path / "fixed.jsonl"
+    r = cli("fix", batch, "-t", "fixtures/tok", "--every", "30s", "-o", fixed, "--format", "json")
+    assert r.exit_code == 1, r.stderr
+    assert batch.read_bytes() == before
+    got = json.loads(r.stdout)
+    assert {f["code"] for f in got["fixes"]} == {"FX002"} and got["changed_lines"] == [1, 2, 3]
+    old, new = before.splitlines(keepends=True), fixed.read_bytes().splitlines(keepends=True)
+    assert len(new) == 4 and new[3] == old[3]
+    for n in range(3):
+        rewritten = json.loads(new[n])
+        assert {k: rewritten[k] for k in ("custom_id", "method", "url")} == {
+            "custom_id": f"request-{n}", "method": "POST", "url": "/v1/chat/completions"}
+        assert rewritten["body"]["tools"] == [tool] and rewritten["body"]["messages"] == bodies[n]["messages"]
+        assert list(rewritten["body"]["tools"][0]["function"]) == ["description", "name", "parameters"]
+
+    def costs(path: Path, *every: str) -> tuple[float, float]:
+        rep = cli("report", path, "-t", "fixtures/tok", *every, "--format", "json")
+        fx = cli("fix", path, "-t", "fixtures/tok", *every, "--format", "json")
+        assert rep.exit_code in (0, 1) and fx.exit_code in (0, 1), rep.stderr + fx.stderr
+        return json.loads(rep.stdout)["cost"]["total_usd"], json.loads(fx.stdout)["before"]["provider"]["cost_usd"]
+
+    as_batch, as_plain = costs(batch, "--every", "30s"), costs(plain)
+    assert as_plain[0] > 0 and as_plain[0] == pytest.approx(as_plain[1])
+    assert as_batch == pytest.approx((as_plain[0] / 2, as_plain[1] / 2))
+    r = cli("report", batch, "-t", "fixtures/tok", "--format", "json")   # (no --every: said, and the rest stands)
+    assert r.exit_code in (0, 1) and json.loads(r.stdout)["cost"] is None
+    assert any("pass `every`" in n for n in json.loads(r.stdout)["notes"])   # (the text output names --every)
+    assert cli("fix", batch, "-t", "fixtures/tok", "--every", "soon").exit_code == 2

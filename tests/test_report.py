@@ -265,7 +265,8 @@ def _one_read_cases(tmp_path):
 @pytest.mark.parametrize("case", range(5))
 def test_provider_and_curve_read_from_the_lines_are_those_of_the_file(cli, tok, tmp_path, monkeypatch, case, jobs):
     """report reads the log once: its provider section and capacity curve, fed from that read, are the ones
-    prompt-cost's reading of the file (``read_requests``) and simulate-prefix's (``iter_trace``) give. In one
+    prompt-cost's reading of the file (``read_requests``; a bare chat list read as the Chat request fix prices) and
+    simulate-prefix's (``iter_trace``) give. In one
     process they are fed each line of the first read, as it is read or, for the lines whose batch of the fork
     records was not packed yet, when that read ends (with a child, the child reads the lines for them)."""
     from cachectl.cli.common import timestamp_reader
@@ -307,8 +308,14 @@ def test_provider_and_curve_read_from_the_lines_are_those_of_the_file(cli, tok, 
         lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
         assert len(fed) == len(lines) and len(set(fed)) == len(fed) and all(first for _, first in fed)
     data = json.loads(r.stdout)
-    costed = cost_section(read_requests(src, default_model=model, timestamps=timestamp_reader(None)),
-                          PriceTable.load(), display_name(src), promptcache.tokenizer_counter(tok), str(TOK_DIR))
+    reqs = read_requests(src, default_model=model, timestamps=timestamp_reader(None))
+    if name == "bare":  # (prompt-cost refuses a bare chat list; report prices it as fix does, a Chat request)
+        from cachectl.inputs import parse_request
+
+        reqs = (parse_request({"messages": json.loads(x)}, source=display_name(src), line=n, provider="openai",
+                              default_model=model)
+                for n, x in enumerate(path.read_text(encoding="utf-8").splitlines(), 1))
+    costed = cost_section(reqs, PriceTable.load(), display_name(src), promptcache.tokenizer_counter(tok), str(TOK_DIR))
     curve = curve_section(iter_trace(_trace_records(src), source=display_name(src), tokenizer=tok), 16, 16,
                           display_name(src))
     assert data["curve"] == json.loads(json.dumps(asdict(curve))), name
@@ -539,7 +546,8 @@ def test_log_report_pairs_are_diff_tokens_pairs(tok, monkeypatch, path, key):
     grouping = groups.group_sessions(lines, key=key, window_s=opts.window_s, tokenizer=tok)
     want = report.build_report(source=src, log=shared_prefix.auto_records(lines, grouping), tokenizer=tok,
                                tokenizer_name=str(TOK_DIR), table=PriceTable.load(),
-                               requests=read_requests(src), end_indices=set(grouping.last_indices()),
+                               requests=(ln.request for ln in lines if ln.request is not None),  # (with a body)
+                               end_indices=set(grouping.last_indices()),
                                text_counter=promptcache.tokenizer_counter(tok), add_generation_prompt=True)
     with monkeypatch.context() as m:
         m.setattr(tokendiff, "diff_log", None)  # (called, it would fail)
@@ -720,3 +728,29 @@ def test_two_processes_measure_the_log_as_it_is_where_the_provider_section_could
     # (each case is what it says: the provider section stops at a bare chat list and at a line without a timestamp)
     assert (before["provider_cost_usd"] is None) == (data["cost"] is None) == (name != "nameless"), name
     assert any("provider cache not simulated" in n for n in data["fixes"]["notes"]) == (name != "nameless")
+
+
+def test_the_provider_section_prices_the_requests_fix_prices(cli):
+    """On a log whose raw-text lines carry no request body, report's provider section leaves those lines out, as
+    fix's measures do, and says so under the section: its total is fix's before column, the text shows the note, and
+    the text lists every fork the headline counts as having a fix (FX005's loses no token, behind larger forks)."""
+    path = str(PROMPTS / "fix_log.jsonl")
+    raw = sum(1 for x in (PROMPTS / "fix_log.jsonl").read_text(encoding="utf-8").splitlines()
+              if "body" not in json.loads(x) and "messages" not in json.loads(x))
+    assert raw == 3
+    rep = cli("report", path, "-t", str(TOK_DIR), "--format", "json")
+    fx = cli("fix", path, "-t", str(TOK_DIR), "--format", "json")
+    assert rep.exit_code == 1 and fx.exit_code == 1, rep.stderr + fx.stderr
+    cost, before = json.loads(rep.stdout)["cost"], json.loads(fx.stdout)["before"]["provider"]
+    assert cost is not None and cost["total_usd"] == pytest.approx(before["cost_usd"]) and before["skipped"] == raw
+    note = f"{raw} line(s) without a request body (a prompt's text or token IDs) not priced"
+    assert note in cost["notes"]
+    text = cli("report", path, "-t", str(TOK_DIR)).stdout
+    assert f"\n  {note}\n" in text and "no provider cache was simulated" not in text
+    forks = json.loads(rep.stdout)["forks"]
+    fixable = [f for f in forks if f["fixable"]]
+    headline = re.search(r"(\d+) forks? with a fix", text)
+    assert headline and int(headline.group(1)) == len(fixable) == 3
+    assert fixable[-1]["fixable"] == "FX005" and forks.index(fixable[-1]) >= 5   # (past the top five)
+    rows = [ln for ln in text.splitlines() if re.search(r"\bFX00\d\s*$", ln)]
+    assert len(rows) == len(fixable) and rows[-1].rstrip().endswith("FX005")

@@ -130,6 +130,11 @@ WindowOpt = Annotated[str, typer.Option(
                                          "(30s, 30m, 2h; a bare number is seconds).")]
 
 
+EveryOpt = Annotated[Optional[str], typer.Option(
+    "--every", metavar="DURATION", help="Time between requests for the provider cache's simulation where the log "
+                                        "gives none (a cassette, a Batch file): request i at i x DURATION (30s, 2m).")]
+
+
 TimeUnitOpt = Annotated[Optional[TimeUnit], typer.Option(
     "--time-unit", case_sensitive=False, show_default=False,
     help="Unit of numeric timestamps: epoch (or log-relative) seconds, milliseconds or microseconds. Default: "
@@ -148,6 +153,18 @@ def timestamp_note(reader: Any) -> None:
     note = reader.note()
     if note:
         stderr.print(f"cachectl: note: {note}", markup=False, highlight=False, soft_wrap=True)
+
+
+def parse_every(text: str | None) -> float | None:
+    """``--every``'s seconds (None: not given)."""
+    from ..engines.provider.cache import parse_duration
+
+    if text is None:
+        return None
+    try:
+        return parse_duration(text)
+    except UsageError as exc:
+        raise UsageError(f"--every: {exc}") from None
 
 
 def parse_window(text: str) -> float:

@@ -17,6 +17,7 @@ from .common import (
     CapacityGibOpt,
     ChatTemplateOpt,
     Dtype,
+    EveryOpt,
     Format,
     FormatOpt,
     JobsOpt,
@@ -31,6 +32,7 @@ from .common import (
     check_price_model,
     emit_json,
     handle_errors,
+    parse_every,
     parse_window,
     plural,
     print_note,
@@ -80,6 +82,7 @@ def command(
         "--key", "--session-field", metavar="FIELD", help="Conversation key field (dotted path, e.g. metadata.session); default: "
                                        "conversations are found automatically.")] = None,
     window: WindowOpt = "30m",
+    every: EveryOpt = None,
     time_unit: TimeUnitOpt = None,
     tokenizer: TokenizerOpt = None,
     chat_template: ChatTemplateOpt = None,
@@ -124,6 +127,7 @@ def command(
         if bad:
             raise UsageError(f"--select: unknown fix code(s) {', '.join(bad)} (known: {', '.join(fixes.CODES)})")
     window_s = parse_window(window)
+    every_s = parse_every(every)
     capacity = KvCapacity(capacity_blocks, capacity_gib, kv_model or model, dtype.value, block_size,
                           model_flag="--kv-model (or --model)")
     table = PriceTable.load(read_json_file(prices) if prices else None)
@@ -153,7 +157,7 @@ def command(
         stamps = timestamp_reader(time_unit)
         options = fix.FixOptions(unsafe=unsafe_fixes, key=key, window_s=window_s, select=codes, block_size=block_size,
                                  capacity_blocks=capacity.blocks(block_size), model=model,
-                                 add_generation_prompt=not no_generation_prompt)
+                                 add_generation_prompt=not no_generation_prompt, every=every_s)
         # full: what --unsafe-fixes would add, measured as report measures it (the log is not written so)
         with Progress("fix: lines read, rewritten and measured") as progress, \
                 Workers(jobs, progress=progress.advance, say=print_note) as workers:

@@ -15,11 +15,12 @@ def where(f: Any) -> str:
 
 
 def print_forks(forks: Sequence[Any], *, top: int = 5, title: str | None = None) -> None:
-    """The top ``top`` forks (``Fork`` records, sorted by tokens lost): where, cause, values, requests, tokens lost
+    """The top ``top`` forks (``Fork`` records, sorted by tokens lost), and up to ``top`` more that have a fix (the
+    forks a headline counts as fixable are listed, whatever they lose): where, cause, values, requests, tokens lost
     (no eviction, and at capacity where measured), the fix."""
     from rich.table import Table
 
-    shown = list(forks[:top])
+    shown = list(forks[:top]) + [f for f in forks[top:] if f.fixable][:top]
     if not shown:
         return
     cap = any(f.tokens_lost_at_capacity is not None for f in shown)
@@ -36,6 +37,7 @@ def print_forks(forks: Sequence[Any], *, top: int = 5, title: str | None = None)
         row.append(f.fixable or "-")
         t.add_row(*row)
     stdout.print(t)
-    if len(forks) > top:
-        stdout.print(f"({len(forks) - top} more fork{'s' if len(forks) - top != 1 else ''}: --format json lists them)",
+    rest = len(forks) - len(shown)
+    if rest:
+        stdout.print(f"({rest} more fork{'s' if rest != 1 else ''}: --format json lists them)",
                      soft_wrap=True, markup=False)

@@ -14,6 +14,7 @@ from .common import (
     EXIT_OK,
     BlockSizeOpt,
     ChatTemplateOpt,
+    EveryOpt,
     Format,
     FormatOpt,
     JobsOpt,
@@ -25,8 +26,10 @@ from .common import (
     check_output,
     check_price_model,
     emit_json,
+    flags_for_params,
     handle_errors,
     iter_progress,
+    parse_every,
     parse_window,
     plural,
     print_note,
@@ -64,7 +67,9 @@ whether the 1-hour TTL would have been cheaper; exit 1 when breaks other than co
 
 @handle_errors
 def command(
-    log: Annotated[str, typer.Argument(metavar="LOG.jsonl", help="Logged requests, one JSON object per line.",
+    log: Annotated[str, typer.Argument(metavar="LOG.jsonl", help="Logged requests: cachectl's JSON lines or any "
+                                                               "log shape it reads (a folder, a cassette too; "
+                                                               "--log-format).",
                                        show_default=False)],
     tokenizer: Annotated[Optional[str], typer.Option(
         "--tokenizer", "-t", metavar="T", help="Required: model directory, tokenizer.json, or a Hugging Face id "
@@ -73,6 +78,7 @@ def command(
         "--key", "--session-field", metavar="FIELD", help="Conversation key field (dotted path, e.g. metadata.session); "
                                        "default: conversations found automatically.")] = None,
     window: WindowOpt = "30m",
+    every: EveryOpt = None,
     time_unit: TimeUnitOpt = None,
     chat_template: ChatTemplateOpt = None,
     model: Annotated[Optional[str], typer.Option(
@@ -103,7 +109,7 @@ def command(
     with spooled(log) as path:
         shape = forced if forced not in (None, "auto") else shape_of(path)
         _report(path, tokenizer, key, window, chat_template, model, html, block_size, top, fmt, time_unit, jobs,
-                shape, ray)
+                shape, ray, every)
 
 
 command.__doc__ = HELP
@@ -112,7 +118,7 @@ command.__doc__ = HELP
 def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_template: Optional[str],
             model: Optional[str], html: Optional[str], block_size: int, top: int, fmt: Format,
             time_unit: Optional[TimeUnit] = None, jobs: Optional[int] = None, shape: str = "native",
-            ray: Optional[str] = None) -> None:
+            ray: Optional[str] = None, every: Optional[str] = None) -> None:
     from ..engines.provider.prices import PriceTable
     from ..engines.repair import fix, report
     from ..engines.repair.groups import log_lines
@@ -126,7 +132,8 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
     table = PriceTable.load()
     check_price_model(table, model)
     source = display_name(log)
-    options = fix.FixOptions(key=key, window_s=parse_window(window), block_size=block_size, model=model)
+    options = fix.FixOptions(key=key, window_s=parse_window(window), block_size=block_size, model=model,
+                             every=parse_every(every))
     stamps = timestamp_reader(time_unit)
     with Progress("report: lines read, rewritten, compared and replayed") as progress, \
             Workers(jobs, progress=progress.advance, say=print_note) as workers:
@@ -140,7 +147,7 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
             # are packed with, from the render memo)
             sections = sections_reader(source=source, tokenizer=tok, tokenizer_name=tokenizer, table=table,
                                        default_model=model, timestamps=stamps, block_size=block_size, progress=tick,
-                                       first_read=first)
+                                       first_read=first, every=options.every)
             # (each line once its batch is packed: the curve takes its token IDs there; as it is read, the provider's
             # texts are handed to the encoding thread)
             first.then(sections, ahead=sections.ahead)
@@ -230,12 +237,14 @@ def _render_text(r, html: str | None) -> None:
             billed = f"{_usd(c.billed_usd)} billed" if c.billed_usd is not None else "billed"
             stdout.print(f"  against the logged usage: {billed} for {plural(c.reconciled, 'request')}; the prediction "
                          f"agrees on {c.agreed:,} (read or not, written or not)", soft_wrap=True, markup=False)
+        for said in (*c.findings, *c.notes):  # (what the rate and the dollars rest on: a minimum, a batch rate)
+            stdout.print(f"  {flags_for_params(said)}", soft_wrap=True, markup=False)
     if r.curve is not None:
         cv = r.curve
         ceil = f"{cv.ceiling_hit_rate:.1%}" if cv.ceiling_hit_rate is not None else "n/a"
-        stdout.print(f"vLLM prefix cache (blocks of {cv.block_size:,}): {ceil} hit rate with no eviction "
-                     f"({cv.ceiling_capacity_tokens:,} tokens); {plural(len(cv.points), 'capacity', 'capacities')} on "
-                     "the curve",
+        stdout.print(f"vLLM prefix cache (blocks of {cv.block_size:,}): {ceil} hit rate with no eviction, reached "
+                     f"with {cv.ceiling_capacity_tokens:,} tokens of cache; "
+                     f"{plural(len(cv.points), 'capacity', 'capacities')} on the curve",
                      soft_wrap=True, markup=False)
     _which_rate(r)
     if r.fixes is not None:

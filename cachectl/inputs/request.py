@@ -322,6 +322,9 @@ def parse_request(value: Any, *, source: str = "<memory>", line: int | None = No
     if not is_request_body(body):
         if "usage" in value and "messages" not in value:
             raise ctx.err("this is a response, not a request (it has 'usage' but no 'messages')")
+        if any(k in value for k in ("prompt_token_ids", "tokens", "prompt")):
+            raise ctx.err("a prompt (its text or token IDs) without a request body: what needs the request's "
+                          "messages (a provider's prompt cache, its fixes) cannot read it")
         raise ctx.err("not a request body: expected 'messages' (Chat, Anthropic), 'input' (Responses) or "
                       "'blocks' (a token layout)")
     model = body.get("model", wrapper.get("model"))

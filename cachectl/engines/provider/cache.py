@@ -345,10 +345,19 @@ def record_time(value: Any) -> float | None:
 
 
 def is_batch_line(value: Any) -> bool:
-    """A call made through a provider's Batch API: a record a batch shape marked (``"batch": true``), or an
-    OpenAI Batch output line (``custom_id`` with a ``response``)."""
+    """A call made through a provider's Batch API: a record a batch shape marked (``"batch": true``), an OpenAI
+    Batch output line (``custom_id`` with a ``response``) or input line (``custom_id``, ``url`` and a ``body``
+    object: ``fix`` reads those as they stand)."""
     return isinstance(value, dict) and (value.get("batch") is True or (
-        "custom_id" in value and isinstance(value.get("response"), dict)))
+        "custom_id" in value and (isinstance(value.get("response"), dict)
+                                  or ("url" in value and isinstance(value.get("body"), dict)))))
+
+
+def is_batch_request(req: Request) -> bool:
+    """:func:`is_batch_line` for a parsed request: marked so by its shape, or an OpenAI Batch input line read as it
+    stands (its wrapper's ``custom_id`` and ``url``, its body at ``body``)."""
+    meta = req.meta
+    return meta.get("batch") is True or (req.body_path == "body." and "custom_id" in meta and "url" in meta)
 
 
 def _batch_note(price: ModelPrice) -> str:
@@ -1193,7 +1202,7 @@ class CostRun:
             self.gaps.add(req.line)
         if miss is not None and miss.code == "content_changed" and miss.volatile is not None:
             self.volatile.add(req.line, miss.path or "")
-        batch = req.meta.get("batch") is True
+        batch = is_batch_request(req)
         if batch:
             notes.append(_batch_note(price))
         recon = _reconcile(req, price, usage, miss, self.source, self.estimate, batch=batch)

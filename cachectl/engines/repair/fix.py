@@ -60,6 +60,8 @@ class FixOptions:
     #: price table model for lines that name none
     model: str | None = None
     add_generation_prompt: bool = True
+    #: the provider simulations' time between requests where a line has no timestamp (request i at i x every s)
+    every: float | None = None
     #: measure tokens reused per fix code (one more rewrite and tokenization per code found)
     per_cause: bool = True
     #: without ``unsafe``, still run the unsafe codes to list what they would fix (``fix`` does); ``report``'s run
@@ -289,7 +291,7 @@ def _measurer(grouping: Grouping, options: FixOptions, tokenizer: Any, table: An
     return partial(measure_versions, grouping=grouping, model=options.model, tokenizer=tokenizer, table=table,
                    block_size=options.block_size, capacity_blocks=options.capacity_blocks,
                    add_generation_prompt=options.add_generation_prompt, source=source, counter=counter,
-                   progress=progress)
+                   progress=progress, every=options.every)
 
 
 def forked(lines: Sequence[LogLine], grouping: Grouping, options: FixOptions, *, tokenizer: Any = None,

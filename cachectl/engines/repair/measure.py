@@ -264,7 +264,7 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
                      progress: Callable[[int], None] | None = None,
                      providers: Sequence[ProviderMeasure | Callable[[], ProviderMeasure | None] | None] | None = None,
                      pairs: Callable[[int, LogLine, Any, Any, int, str | None], None] | None = None,
-                     workers: Any = None) -> list[tuple[Measure, list[str]]]:
+                     workers: Any = None, every: float | None = None) -> list[tuple[Measure, list[str]]]:
     """Versions of a log measured by the existing engines in one sweep: each line read once, each of its distinct
     versions parsed once and each distinct prompt among them tokenized once, and every version's engines fed as
     the sweep goes: the vLLM replay (:func:`cachectl.engines.prefix.simulate`; with ``capacity_blocks`` None, no
@@ -295,13 +295,13 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
         raise UsageError("the pairs of a log are compared as tokens: pass `tokenizer`")
     given = list(providers) if providers is not None else [None] * k
     if tokenizer is None:
-        return [_provider_only(lines, versions, j, model, table, source, g() if callable(g) else g, progress)
+        return [_provider_only(lines, versions, j, model, table, source, g() if callable(g) else g, progress, every)
                 for j, g in enumerate(given)]
     if counter is None and table is not None:
         from ..provider import cache as promptcache
 
         counter = promptcache.tokenizer_counter(tokenizer)
-    simulated = partial(_provider_run, table, source, counter) if table is not None else None
+    simulated = partial(_provider_run, table, source, counter, every) if table is not None else None
     alias = _aliases(versions, len(lines), given)
     keep = sorted(set(alias))   # the distinct versions, measured; the others are given their measures
     weight = [alias.count(j) for j in keep]   # (versions a measured one stands for, in progress ticks)
@@ -468,11 +468,11 @@ def _measured(v: _Version, n: int, totals: tuple[int, int, int], block_size: int
     return Measure(vllm, provider, v.reused, v.tokens, v.cause_count, ceiling), notes
 
 
-def _provider_run(table: Any, source: str, counter: Any) -> _Pushed:
+def _provider_run(table: Any, source: str, counter: Any, every: float | None = None) -> _Pushed:
     """A version's provider simulation (prompt-cost's, with the sweep's token counter), fed as the sweep goes."""
     from ..provider.cache import CostRun
 
-    run = CostRun(table=table, source=source, text_counter=counter, every=None, token_source="tokenizer",
+    run = CostRun(table=table, source=source, text_counter=counter, every=every, token_source="tokenizer",
                   keep_requests=False)
     return _Pushed(run.add, run.report)
 
@@ -550,7 +550,7 @@ def _tokenized(todo: dict[Any, tuple[PromptInput, bytes | None]], tokenizer: Any
 
 def _provider_only(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] | None], j: int, model: str | None,
                    table: Any, source: str, provider: ProviderMeasure | None,
-                   progress: Callable[[int], None] | None) -> tuple[Measure, list[str]]:
+                   progress: Callable[[int], None] | None, every: float | None = None) -> tuple[Measure, list[str]]:
     """A version measured without a tokenizer: the provider cache alone, where the lines give token counts."""
     notes: list[str] = []
     counted = [0]  # the requests simulated (the lines without a request body are not)
@@ -567,7 +567,7 @@ def _provider_only(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] | 
         try:
             counted[0] = 0
             rep = promptcache.simulate_requests(reqs(), table=table, source=source, text_counter=None,
-                                                every=None, token_source="tokenizer", keep_requests=False)
+                                                every=every, token_source="tokenizer", keep_requests=False)
         except (InputError, UsageError) as exc:
             notes.append(f"provider cache not simulated: {exc}")
         else:

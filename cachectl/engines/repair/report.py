@@ -496,7 +496,7 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
         if fed is None:  # (the sweep's token counter: the positions the fixes leave as they were are encoded once)
             fed = sections_reader(source=source, tokenizer=tokenizer, tokenizer_name=tokenizer_name, table=table,
                                   default_model=default_model, timestamps=timestamps, block_size=options.block_size,
-                                  progress=progress, counter=counter)
+                                  progress=progress, counter=counter, every=options.every)
             if measure_before:
                 # one sweep of the log as it is: its measure and its pairs (the main sweep measures the fixes'), each
                 # line fed to the sections as it goes, the curve taking the tokens the sweep encoded for the

@@ -6,8 +6,7 @@ one read of the log's lines that the token diff makes, where each read the log f
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from functools import partial
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ...errors import InputError
@@ -68,10 +67,11 @@ class Costed:
 
 
 def cost_section(requests: Iterable[Request], table: PriceTable, source: str, text_counter: Any,
-                 tokenizer_name: str) -> Costed:
-    """prompt-cost's simulation over ``requests`` (with ``table``), as the report's provider section; a log it
-    cannot simulate (no model, no timestamps, out of order) gives a note, and the rest of the report stands."""
-    feed = CostFeed(table, source, text_counter, tokenizer_name, batch=1)  # (it reads no request past an error)
+                 tokenizer_name: str, every: float | None = None) -> Costed:
+    """prompt-cost's simulation over ``requests`` (with ``table``; ``every``: its ``every``), as the report's provider
+    section; a log it cannot simulate (no model, no timestamps, out of order) gives a note, and the rest of the
+    report stands."""
+    feed = CostFeed(table, source, text_counter, tokenizer_name, batch=1, every=every)  # (it reads no request past an error)
     try:
         for req in requests:
             feed.add(req)
@@ -95,16 +95,18 @@ class CostFeed:
     BATCH = 128
 
     def __init__(self, table: PriceTable, source: str, text_counter: Any, tokenizer_name: str,
-                 batch: int = BATCH) -> None:
+                 batch: int = BATCH, every: float | None = None) -> None:
         from ..provider.cache import CostRun
 
-        self._run = CostRun(table=table, source=source, text_counter=text_counter,
+        self._run = CostRun(table=table, source=source, text_counter=text_counter, every=every,
                             token_source=f"tokenizer {tokenizer_name}" if text_counter is not None else "layout",
                             keep_requests=False)  # the misses in a few numbers, not a row per request
         self._prime = getattr(text_counter, "prime_requests", None)
         self._held: list[Request] = []
         self._batch = batch
         self.read = 0
+        #: lines left out: no request body (said in the section's notes)
+        self.skipped = 0
         self.error: Exception | None = None
 
     def add(self, item: Request | InputError) -> None:
@@ -143,9 +145,11 @@ class CostFeed:
         except InputError as exc:
             return Costed(None, notes=(f"provider cache not simulated: {exc}",))
         misses = tuple(MissTally(code=c, requests=n, uncached_input_tokens=tok) for c, n, tok in r.miss_tallies)
+        notes = r.notes + ((f"{self.skipped:,} line(s) without a request body (a prompt's text or token IDs) not "
+                            "priced",) if self.skipped else ())
         return Costed(CostSection(models=r.models, token_source=r.token_source, total_usd=r.total_cost_usd,
                                   uncached_usd=r.uncached_cost_usd, savings_usd=r.savings_usd, hit_rate=r.hit_rate,
-                                  misses=misses, findings=tuple(f.message for f in r.findings), notes=r.notes,
+                                  misses=misses, findings=tuple(f.message for f in r.findings), notes=notes,
                                   reconciled=r.reconciled, agreed=r.agreed, billed_usd=r.billed_cost_usd),
                       r, self.read)
 
@@ -171,9 +175,9 @@ def _curve_of(kt: Any, points: int, source: str, progress: Callable[[int], None]
 class OneRead:
     """The provider section and the capacity curve fed from one read of the log's lines (call it with each
     :class:`~.groups.LogLine` as the token diff reads it: :func:`.shared_prefix.auto_records`' ``each``), instead of
-    each reading the log file again. A line's canonical request and prompt are those that read parsed; its request
-    is parsed again only where the provider section reads it otherwise (a model by ``default_model`` for a line
-    that names none; a bare chat list, which it refuses). The provider simulation and the curve's keying are fed as
+    each reading the log file again. A line's canonical request and prompt are those that read parsed: the provider
+    section prices the requests ``fix``'s measures price (``default_model`` for a line that names none; a line
+    without a request body left out, and counted in a note). The provider simulation and the curve's keying are fed as
     the lines come, in the reader's thread (:class:`CostFeed`, :class:`.measure._Pushed`); the curve's prompts are
     rendered here, by the reader, or their token IDs are taken from the caller (a line's ``tokens``: the sweep that
     measures the log as it is encoded them) or (``known``: the :class:`.shared_prefix.ForkLines` fed each line just
@@ -183,8 +187,8 @@ class OneRead:
 
     def __init__(self, *, source: str, tokenizer: Any, tokenizer_name: str, table: PriceTable | None,
                  text_counter: Any, default_model: str | None, timestamps: Any, block_size: int, points: int = 16,
-                 progress: Callable[[int], None] | None = None, known: Any = None, encoder: Any = None) -> None:
-        from ...inputs import parse_request
+                 progress: Callable[[int], None] | None = None, known: Any = None, encoder: Any = None,
+                 every: float | None = None) -> None:
         from ..prefix.curve import TraceKeyer
         from ..prefix.trace import TraceReader
         from .measure import _Pushed
@@ -192,8 +196,8 @@ class OneRead:
         self._source, self._points, self._progress, self._model = source, points, progress, default_model
         #: the provider simulation's token counter (a run's other simulations may share it)
         self.text_counter = text_counter
-        self._parse = partial(parse_request, source=source, default_model=default_model, timestamps=timestamps)
-        self._provider = CostFeed(table, source, text_counter, tokenizer_name) if table is not None else None
+        self._provider = (CostFeed(table, source, text_counter, tokenizer_name, every=every) if table is not None
+                          else None)
         # (``encoder``: the thread the first read encodes on; :meth:`ahead` hands it the provider's texts to encode)
         self._encoder = encoder if self._provider is not None and hasattr(text_counter, "prime_requests") else None
         self._ahead: list[Request] = []
@@ -232,14 +236,13 @@ class OneRead:
         """Feed ``ln``. ``tokens``: its prompt's token IDs where the caller has them (``(add_generation_prompt,
         ids)``): the curve takes them, not rendering and tokenizing the prompt again."""
         if self._provider is not None and self._provider.error is None:  # (it reads no more after an error)
+            # the requests fix's measures price (groups.with_model): a line without a request body (a prompt's text
+            # or token IDs) is left out, a bare chat list priced as the Chat request it is
             req = ln.request
-            item: Any = req
-            if req is None or req is not ln.prompt.request or (self._model and not req.model):
-                try:
-                    item = self._parse(ln.value, line=ln.line)
-                except InputError as exc:  # raised where the simulation reads it
-                    item = exc
-            self._provider.add(item)
+            if req is None:
+                self._provider.skipped += 1
+            else:
+                self._provider.add(replace(req, model=self._model) if self._model and not req.model else req)
         if self._error is None:
             value, prompt = ln.value, ln.prompt if ln.prompt.request is not None else None
             if isinstance(value, list):  # a bare chat list: the trace reader wants an object
@@ -330,7 +333,7 @@ def _keyed(block_size: int, source: str, trace: Iterable[TraceRequest]) -> Any:
 def sections_reader(*, source: str, tokenizer: Any, tokenizer_name: str, table: PriceTable | None,
                     default_model: str | None, timestamps: Any, block_size: int,
                     progress: Callable[[int], None] | None = None, counter: Any = None,
-                    first_read: FirstRead | None = None) -> OneRead:
+                    first_read: FirstRead | None = None, every: float | None = None) -> OneRead:
     """What feeds :func:`.report.log_report`'s provider and curve sections (a :class:`OneRead`, with the provider
     token counter the run's measures share: ``counter``, else a new one): call it with each line as it is read.
     ``first_read``: the run's :class:`.fix.FirstRead`, fed each line just before: the curve takes the token IDs its
@@ -341,7 +344,7 @@ def sections_reader(*, source: str, tokenizer: Any, tokenizer_name: str, table: 
     return OneRead(source=source, tokenizer=tokenizer, tokenizer_name=tokenizer_name, table=table,
                    text_counter=counter if counter is not None else measure_counter(tokenizer),
                    default_model=default_model, timestamps=timestamps, block_size=block_size, progress=progress,
-                   known=forks, encoder=first_read.encoder if first_read is not None else None)
+                   known=forks, encoder=first_read.encoder if first_read is not None else None, every=every)
 
 
 def feeding(pairs: Callable[..., None], fed: OneRead, lines: Sequence[LogLine], options: FixOptions

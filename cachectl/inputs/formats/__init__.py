@@ -137,11 +137,12 @@ def raw_log_values(path: str, log_format: str | None = None, *, command: str) ->
     """``(line, raw_line, value)`` of a log whose lines are themselves the requests (cachectl's own shapes: the
     raw bytes are what an unchanged line is written back as; one pretty-printed body is a log of one line); any
     other shape is one line saying that ``command`` rewrites logs whose lines hold request bodies, and naming
-    ``report`` for the shape."""
+    ``report`` for the shape. A shape whose lines are requests at cachectl's ``body`` (``REWRITTEN_AS_NATIVE``:
+    OpenAI Batch input) is read as cachectl's own."""
     from ..files import display_name, iter_log_values
 
     name, module, lines = open_log(path, log_format)
-    if module is not None:
+    if module is not None and not getattr(module, "REWRITTEN_AS_NATIVE", False):
         raise InputError(getattr(module, "NO_BODY", None) or
                          f"{command} rewrites logs whose lines are request bodies (cachectl's wrapper, bare bodies, "
                          f"OpenAI Batch input); this is {SHAPES[name].title}: `cachectl report` reads it",

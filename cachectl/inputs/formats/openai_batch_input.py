@@ -5,7 +5,8 @@ Read from OpenAI's Batch guide and API reference (platform.openai.com/docs/guide
 (vllm-project/vllm examples/offline_inference/openai_batch/openai_example_batch.jsonl): ``body`` is the request
 body of ``url`` (``/v1/chat/completions``, ``/v1/responses``, ...), sent as is. Every record is marked as a Batch
 API call (``batch``: priced at the provider's batch rates where the price table has them), with its ``custom_id``
-as a key; the body is taken verbatim from ``body`` (edits can be written back). The output file's usage joins it by
+as a key; the body is taken verbatim from ``body`` (edits can be written back: ``fix`` reads and rewrites these lines
+as cachectl's own, whose request is at ``body`` too, :data:`REWRITTEN_AS_NATIVE`). The output file's usage joins it by
 ``custom_id`` (:mod:`.openai_batch_output`). No timestamps: a batch runs within its completion window, in no
 order the file gives (``--every`` spaces the lines).
 """
@@ -22,10 +23,16 @@ SHAPE = LogShape(
     "a JSON object per line with `custom_id`, `method`, `url` and a `body` object",
     "the request body, its `custom_id`, marked as a Batch API call (batch prices); joined to the output's usage "
     "by `custom_id` with `--usage OUTPUT.jsonl`",
-    ("prompt-cost", "report"),
+    ("prompt-cost", "report", "fix"),
     "fixtures/logs/openai_batch_input.jsonl",
     "https://platform.openai.com/docs/api-reference/batch/request-input",
 )
+
+
+#: a line is a request itself, its body at ``body`` as in cachectl's own wrapper: ``fix`` rewrites the file as one of
+#: cachectl's own (a Batch line is priced at the batch rates there too:
+#: :func:`cachectl.engines.provider.cache.is_batch_line`)
+REWRITTEN_AS_NATIVE = True
 
 
 def detect(head: Head) -> Verdict:

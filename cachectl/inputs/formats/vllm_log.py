@@ -52,7 +52,7 @@ SHAPE = LogShape(
     "one record per `Received request` (or DEBUG `Request ... details`) line: the prompt text and its "
     "`prompt_token_ids` when logged (no tokenizer needed then), the request id, the time since the first request, "
     "the LoRA adapter; prompts cut by `--max-log-len` flagged",
-    ("simulate-prefix",),
+    ("simulate-prefix", "report"),
     "fixtures/logs/vllm_requests.log",
     "github.com/vllm-project/vllm vllm/entrypoints/logger.py (RequestLogger.log_inputs), vllm/logger.py",
 )
