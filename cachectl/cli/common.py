@@ -155,25 +155,23 @@ def timestamp_note(reader: Any) -> None:
         stderr.print(f"cachectl: note: {note}", markup=False, highlight=False, soft_wrap=True)
 
 
-def parse_every(text: str | None) -> float | None:
-    """``--every``'s seconds (None: not given)."""
+def _flag_seconds(text: str, flag: str) -> float:
+    """A duration flag's seconds; a bad one is an error naming ``flag``."""
     from ..engines.provider.cache import parse_duration
 
-    if text is None:
-        return None
     try:
         return parse_duration(text)
     except UsageError as exc:
-        raise UsageError(f"--every: {exc}") from None
+        raise UsageError(f"{flag}: {exc}") from None
+
+
+def parse_every(text: str | None) -> float | None:
+    """``--every``'s seconds (None: not given)."""
+    return None if text is None else _flag_seconds(text, "--every")
 
 
 def parse_window(text: str) -> float:
-    from ..engines.provider.cache import parse_duration
-
-    try:
-        return parse_duration(text)
-    except UsageError as exc:
-        raise UsageError(f"--window: {exc}") from None
+    return _flag_seconds(text, "--window")
 
 
 JobsOpt = Annotated[Optional[int], typer.Option(

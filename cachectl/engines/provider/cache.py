@@ -349,15 +349,20 @@ def is_batch_line(value: Any) -> bool:
     Batch output line (``custom_id`` with a ``response``) or input line (``custom_id``, ``url`` and a ``body``
     object: ``fix`` reads those as they stand)."""
     return isinstance(value, dict) and (value.get("batch") is True or (
-        "custom_id" in value and (isinstance(value.get("response"), dict)
-                                  or ("url" in value and isinstance(value.get("body"), dict)))))
+        "custom_id" in value and isinstance(value.get("response"), dict)) or (
+        isinstance(value.get("body"), dict) and _batch_input(value)))
 
 
 def is_batch_request(req: Request) -> bool:
-    """:func:`is_batch_line` for a parsed request: marked so by its shape, or an OpenAI Batch input line read as it
-    stands (its wrapper's ``custom_id`` and ``url``, its body at ``body``)."""
+    """:func:`is_batch_line` for a parsed request (its ``meta``: the wrapper's keys and the body's)."""
     meta = req.meta
-    return meta.get("batch") is True or (req.body_path == "body." and "custom_id" in meta and "url" in meta)
+    return meta.get("batch") is True or (req.body_path == "body." and _batch_input(meta))
+
+
+def _batch_input(wrapper: Any) -> bool:
+    """The keys of an OpenAI Batch input line around its ``body`` (the shape's own test:
+    :mod:`cachectl.inputs.formats.openai_batch_input`)."""
+    return "custom_id" in wrapper and "url" in wrapper
 
 
 def _batch_note(price: ModelPrice) -> str:
