@@ -35,6 +35,12 @@ class InputError(CachectlError):
         return f"{where}{field}{self.message}"
 
 
+class MalformedInput(InputError):
+    """A value a line holds that cannot be read as what its field holds (a usage count that is not a number).
+    What a log only lacks (timestamps, token counts, a priced model) a whole-log simulation notes and goes on
+    without; a malformed value ends every command with exit 2, wherever it is first read."""
+
+
 class TokenizerError(CachectlError):
     """A tokenizer that cannot be loaded or used for the asked purpose."""
 

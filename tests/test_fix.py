@@ -228,6 +228,29 @@ def test_bad_input_is_one_line_exit_2(cli, tmp_path):
     assert r.exit_code == 2 and "FX999" in r.stderr
 
 
+def test_a_malformed_usage_ends_fix_and_report_with_exit_2_and_a_log_without_times_runs_on(cli, tmp_path):
+    """A value a line holds that cannot be read (a usage count that is not a number) is bad input wherever it is first
+    read: `fix` and `report` both exit 2 with one line naming the file, line and field (one process or two), and
+    `fix -o` writes nothing. A log that only lacks something (timestamps) is not priced, with a note, and runs on."""
+    rows = [json.loads(line) for line in LOG.read_text().splitlines()]
+    assert "body" in rows[2]
+    bad, out = tmp_path / "bad.jsonl", tmp_path / "out.jsonl"
+    bad.write_text("".join(json.dumps(dict(r, usage={"prompt_tokens": "many"}) if i == 2 else r) + "\n"
+                           for i, r in enumerate(rows)))
+    for args in (("fix", bad, "-o", out), ("report", bad)):
+        for jobs in ("1", "2"):
+            r = cli(*args, "--tokenizer", TOK_DIR, "--jobs", jobs)
+            assert r.exit_code == 2, (args, jobs, r.stdout)
+            assert r.stderr.count("\n") == 1 and "bad.jsonl:3: field 'usage.prompt_tokens': expected an integer" in r.stderr
+    assert not out.exists()
+
+    timeless = tmp_path / "timeless.jsonl"
+    timeless.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "timestamp"}) + "\n" for r in rows))
+    r = cli("fix", timeless, "--tokenizer", TOK_DIR, "--jobs", "1", "--format", "json")
+    assert r.exit_code == 1
+    assert any(n.startswith("provider cache not simulated: ") and "no timestamp" in n for n in json.loads(r.stdout)["notes"])
+
+
 def test_grouping_without_a_key_finds_the_conversations(tok):
     keyed = lines_of()
     auto = lines_of(key=None)

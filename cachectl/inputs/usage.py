@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InputError
+from ..errors import MalformedInput
 
 #: known counters per convention; values: None = a token counter read here, "info" = known, not a token
 #: counter that changes the bill of input tokens (listed so that nothing is silently dropped)
@@ -62,19 +62,19 @@ def _count(obj: dict, key: str, loc: dict, path: str, *, required: bool = False)
     value = obj.get(key)
     if value is None:
         if required:
-            raise InputError("missing token counter", field=f"{path}{key}", **loc)
+            raise MalformedInput("missing token counter", field=f"{path}{key}", **loc)
         return 0
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InputError(f"expected an integer token count, got {value!r}", field=f"{path}{key}", **loc)
+        raise MalformedInput(f"expected an integer token count, got {value!r}", field=f"{path}{key}", **loc)
     if value < 0:
-        raise InputError(f"negative token count {value}", field=f"{path}{key}", **loc)
+        raise MalformedInput(f"negative token count {value}", field=f"{path}{key}", **loc)
     return value
 
 
 def _check_known(obj: dict, known, loc: dict, path: str, what: str) -> None:
     for key in obj:
         if key not in known:
-            raise InputError(f"unknown {what} {key!r}: not priced, so the bill would be wrong (known: "
+            raise MalformedInput(f"unknown {what} {key!r}: not priced, so the bill would be wrong (known: "
                              f"{', '.join(known)})", field=f"{path}{key}", **loc)
 
 
@@ -115,7 +115,7 @@ def parse_usage(usage: dict, *, source: str, line: int | None, path: str = "usag
     (Anthropic's additive or OpenAI Responses' inclusive counters) from the model's provider."""
     loc: dict[str, Any] = {"source": source, "line": line}
     if not isinstance(usage, dict):
-        raise InputError("expected a usage object", field=path.rstrip(".") or None, **loc)
+        raise MalformedInput("expected a usage object", field=path.rstrip(".") or None, **loc)
     keys = set(usage)
     if "prompt_tokens" in keys:
         style = "openai-chat"
@@ -129,9 +129,9 @@ def parse_usage(usage: dict, *, source: str, line: int | None, path: str = "usag
     else:
         unknown = sorted(keys - _ANY_USAGE)
         if unknown:
-            raise InputError(f"unknown usage counter {unknown[0]!r} and no input or prompt token counter",
+            raise MalformedInput(f"unknown usage counter {unknown[0]!r} and no input or prompt token counter",
                              field=f"{path}{unknown[0]}", **loc)
-        raise InputError("usage has no input or prompt token counter", field=path.rstrip(".") or None, **loc)
+        raise MalformedInput("usage has no input or prompt token counter", field=path.rstrip(".") or None, **loc)
     if style == "anthropic":
         _check_known(usage, ANTHROPIC_KEYS, loc, path, "usage counter")
         inp = _count(usage, "input_tokens", loc, path, required=True)
@@ -144,11 +144,11 @@ def parse_usage(usage: dict, *, source: str, line: int | None, path: str = "usag
             w5 = _count(split, "ephemeral_5m_input_tokens", loc, f"{path}cache_creation.")
             w1 = _count(split, "ephemeral_1h_input_tokens", loc, f"{path}cache_creation.")
             if w5 + w1 != created:
-                raise InputError(f"cache_creation splits into {w5} + {w1} tokens but cache_creation_input_tokens "
+                raise MalformedInput(f"cache_creation splits into {w5} + {w1} tokens but cache_creation_input_tokens "
                                  f"is {created}", field=f"{path}cache_creation", **loc)
             known = True
         elif split is not None:
-            raise InputError("expected an object", field=f"{path}cache_creation", **loc)
+            raise MalformedInput("expected an object", field=f"{path}cache_creation", **loc)
         else:
             w5, w1, known = created, 0, created == 0
         reported = {"input_tokens": inp, "cache_creation_input_tokens": created, "cache_read_input_tokens": read,
@@ -167,7 +167,7 @@ def parse_usage(usage: dict, *, source: str, line: int | None, path: str = "usag
     details = usage.get(dkey) or {}
     dpath = f"{path}{dkey}."
     if not isinstance(details, dict):
-        raise InputError("expected an object", field=dpath.rstrip("."), **loc)
+        raise MalformedInput("expected an object", field=dpath.rstrip("."), **loc)
     _check_known(details, OPENAI_DETAIL_KEYS, loc, dpath, "token detail")
     cached = _count(details, "cached_tokens", loc, dpath)
     writes = _count(details, "cache_write_tokens", loc, dpath)
@@ -175,14 +175,14 @@ def parse_usage(usage: dict, *, source: str, line: int | None, path: str = "usag
         hit = _count(usage, "prompt_cache_hit_tokens", loc, path)
         miss = _count(usage, "prompt_cache_miss_tokens", loc, path)
         if "prompt_cache_miss_tokens" in usage and hit + miss != prompt:
-            raise InputError(f"prompt_cache_hit_tokens ({hit}) + prompt_cache_miss_tokens ({miss}) is not "
+            raise MalformedInput(f"prompt_cache_hit_tokens ({hit}) + prompt_cache_miss_tokens ({miss}) is not "
                              f"prompt_tokens ({prompt})", field=f"{path}prompt_cache_hit_tokens", **loc)
         if "cached_tokens" in details and cached != hit:
-            raise InputError(f"cached_tokens ({cached}) disagrees with prompt_cache_hit_tokens ({hit})",
+            raise MalformedInput(f"cached_tokens ({cached}) disagrees with prompt_cache_hit_tokens ({hit})",
                              field=f"{dpath}cached_tokens", **loc)
         cached = hit
     if cached + writes > prompt:
-        raise InputError(f"cached ({cached}) + written ({writes}) tokens exceed the {prompt} prompt tokens",
+        raise MalformedInput(f"cached ({cached}) + written ({writes}) tokens exceed the {prompt} prompt tokens",
                          field=dpath + "cached_tokens", **loc)
     reported = {k: v for k, v in usage.items() if k != "total_tokens"}
     return LoggedUsage(style, model, prompt - cached - writes, writes, cached, out, writes, 0, True, reported)
@@ -235,7 +235,7 @@ def served_cache(value: Any, *, source: str, line: int | None) -> ServedCache | 
 def _served_from_usage(usage: Any, *, source: str, line: int | None, path: str) -> ServedCache | None:
     loc: dict[str, Any] = {"source": source, "line": line}
     if not isinstance(usage, dict):
-        raise InputError("expected a usage object", field=path.rstrip("."), **loc)
+        raise MalformedInput("expected a usage object", field=path.rstrip("."), **loc)
     details_key = "prompt_tokens_details" if "prompt_tokens_details" in usage else "input_tokens_details"
     details = usage.get(details_key)
     if "prompt_tokens" in usage or "input_tokens" in usage:
@@ -251,7 +251,7 @@ def _served_from_usage(usage: Any, *, source: str, line: int | None, path: str) 
         return None
     dpath = f"{path}{details_key}."
     if not isinstance(details, dict):
-        raise InputError("expected an object", field=dpath.rstrip("."), **loc)
+        raise MalformedInput("expected an object", field=dpath.rstrip("."), **loc)
     _check_known(details, OPENAI_DETAIL_KEYS, loc, dpath, "token detail")
     if "cached_tokens" not in details or details["cached_tokens"] is None:
         return None
@@ -261,12 +261,12 @@ def _served_from_usage(usage: Any, *, source: str, line: int | None, path: str) 
 def _served_from_meta(meta: Any, *, source: str, line: int | None, path: str) -> ServedCache | None:
     loc: dict[str, Any] = {"source": source, "line": line}
     if not isinstance(meta, dict):
-        raise InputError("expected an object (SGLang's meta_info)", field=path.rstrip("."), **loc)
+        raise MalformedInput("expected an object (SGLang's meta_info)", field=path.rstrip("."), **loc)
     if meta.get("cached_tokens") is None:
         return None
     cached = _count(meta, "cached_tokens", loc, path)
     prompt = _count(meta, "prompt_tokens", loc, path) if meta.get("prompt_tokens") is not None else None
     if prompt is not None and cached > prompt:
-        raise InputError(f"cached_tokens ({cached}) exceed the {prompt} prompt tokens", field=f"{path}cached_tokens",
+        raise MalformedInput(f"cached_tokens ({cached}) exceed the {prompt} prompt tokens", field=f"{path}cached_tokens",
                          **loc)
     return ServedCache(cached, prompt, f"{path}cached_tokens")

@@ -18,7 +18,7 @@ from functools import partial
 from itertools import chain
 from typing import Any
 
-from ...errors import InputError, UsageError
+from ...errors import InputError, MalformedInput, UsageError
 from ...inputs import PromptInput, cache_salt_of
 from ...spool import content_digest
 from ..prefix.replay import InfiniteVersions
@@ -458,11 +458,15 @@ def _measured(v: _Version, n: int, totals: tuple[int, int, int], block_size: int
             try:
                 got = again()
                 provider = provider_measure(got[0], got[1], n - got[1]) if got is not None else None
+            except MalformedInput:
+                raise
             except (InputError, UsageError) as exc:
                 notes.append(f"provider cache not simulated: {exc}")
     if v.provider_job is not None:
         try:
             provider = provider_measure(v.provider_job.result(), v.requests, n - v.requests)
+        except MalformedInput:
+            raise
         except (InputError, UsageError) as exc:
             notes.append(f"provider cache not simulated: {exc}")
     return Measure(vllm, provider, v.reused, v.tokens, v.cause_count, ceiling), notes
@@ -568,6 +572,8 @@ def _provider_only(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] | 
             counted[0] = 0
             rep = promptcache.simulate_requests(reqs(), table=table, source=source, text_counter=None,
                                                 every=every, token_source="tokenizer", keep_requests=False)
+        except MalformedInput:
+            raise
         except (InputError, UsageError) as exc:
             notes.append(f"provider cache not simulated: {exc}")
         else:

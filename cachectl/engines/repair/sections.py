@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ...errors import InputError
+from ...errors import InputError, MalformedInput
 
 if TYPE_CHECKING:
     from ...inputs import Request
@@ -85,7 +85,8 @@ def cost_section(requests: Iterable[Request], table: PriceTable, source: str, te
 class CostFeed:
     """:func:`cost_section` fed one request at a time (:meth:`add`), in the caller's thread: an item that is an
     :class:`InputError` (a line that could not be read) stops the simulation there, as any error of a request
-    does; :meth:`result` gives the section, or a note for an :class:`InputError`, and raises any other error.
+    does; :meth:`result` gives the section, or a note for an :class:`InputError` (what the log lacks), and raises
+    any other error (a :class:`MalformedInput` among them).
 
     The requests are simulated :data:`BATCH` at a time, in order, their position texts encoded in one batch first
     (:meth:`~cachectl.engines.provider.cache.TextTokens.prime`): ``error`` says what stopped the simulation once
@@ -142,6 +143,8 @@ class CostFeed:
             if self.error is not None:
                 raise self.error
             r = self._run.report()
+        except MalformedInput:  # (a malformed value ends the run, as on a first read)
+            raise
         except InputError as exc:
             return Costed(None, notes=(f"provider cache not simulated: {exc}",))
         misses = tuple(MissTally(code=c, requests=n, uncached_input_tokens=tok) for c, n, tok in r.miss_tallies)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import CachectlError, InputError, UsageError
+from ...errors import CachectlError, InputError, MalformedInput, UsageError
 from ...spool import Spool
 from ..prefix.forks import Fork, ForkReport, ForkRequest, MoveSpan, RequestStore, TreeNode, analyze_forks, pack_requests
 from ..prefix.forks.requests import ForkRecords
@@ -107,6 +107,8 @@ def log_forks(lines: Iterable[LogLine], *, tokenizer: Any = None, block_size: in
             return None, []
         rep = analyze_forks(reqs, tokenizer=tokenizer, block_size=block_size, capacity_blocks=capacity_blocks,
                             source=source, add_generation_prompt=add_generation_prompt, progress=progress)
+    except MalformedInput:
+        raise
     except (InputError, UsageError) as exc:
         return None, [_not_analysed(exc)]
     return LogForks(rep, reqs, packed.numbers), []
@@ -143,6 +145,8 @@ class ForkLines:
         try:
             for r in self._records.add((ln.line, ln.value, True, ln.prompt)):
                 self.requests.add(r)
+        except MalformedInput:
+            raise
         except (InputError, UsageError) as exc:
             self._failed(exc)
 
@@ -159,6 +163,8 @@ class ForkLines:
         try:
             for r in self._records.flush():
                 self.requests.add(r)
+        except MalformedInput:
+            raise
         except (InputError, UsageError) as exc:
             self._failed(exc)
 
