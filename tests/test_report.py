@@ -754,3 +754,25 @@ def test_the_provider_section_prices_the_requests_fix_prices(cli):
     assert fixable[-1]["fixable"] == "FX005" and forks.index(fixable[-1]) >= 5   # (past the top five)
     rows = [ln for ln in text.splitlines() if re.search(r"\bFX00\d\s*$", ln)]
     assert len(rows) == len(fixable) and rows[-1].rstrip().endswith("FX005")
+
+
+def test_a_fork_in_tools_the_template_wrote_its_own_way_is_at_tools(cli, tmp_path):
+    """Langfuse's own events: two apps' requests split where the fixture template renders their tool lists in its own
+    words (no tool's JSON is in the text). The fork is at `tools`, where a user would look, with no character offset
+    (none inside `tools` is known), in JSON, text and HTML; a fork in text the template wrote for no field stays at
+    `<template>` with its offset in the rendered text (fix_log's different apps)."""
+    from .conftest import ROOT
+
+    log = ROOT / "fixtures" / "logs" / "langfuse_events.jsonl"
+    r = cli("report", str(log), "-t", str(TOK_DIR), "--jobs", "1", "--format", "json")
+    forks = json.loads(r.stdout)["forks"]
+    assert [(f["path"], f["char"], f["cause"]) for f in forks] == [("tools", None, "tools_changed")]
+    page = tmp_path / "r.html"
+    r = cli("report", str(log), "-t", str(TOK_DIR), "--jobs", "1", "--html", str(page))
+    assert re.search(r"^tools +tools_changed ", r.stdout, re.M), r.stdout
+    html = page.read_text(encoding="utf-8")
+    assert "<td><code>tools</code>" in html and "split at tools: tools_changed (1 value)" in html and "char None" not in html
+
+    r = cli("report", str(PROMPTS / "fix_log.jsonl"), "-t", str(TOK_DIR), "--jobs", "1", "--format", "json")
+    template = [f for f in json.loads(r.stdout)["forks"] if f["path"] == "<template>"]
+    assert template and all(f["cause"] == "different_prompt" and isinstance(f["char"], int) for f in template)

@@ -10,7 +10,9 @@ from html import escape
 from ..engines.causes import cause_label
 from ..engines.prefix.forks import Fork, TreeNode
 from ..engines.repair.report import BeforeAfter, CurveSection, LogReport, PairView
+from ..errors import plural
 from .common import flags_for_params
+from .forks_view import where
 
 CSS = """
 :root { --ink:#1d2330; --muted:#5d6677; --line:#e3e6ec; --bg:#f6f7f9; --card:#fff; --accent:#2f6fde;
@@ -214,7 +216,7 @@ def prefix_tree_svg(nodes: Sequence[TreeNode], forks: Sequence[Fork], label: str
         what = (f"{n.alone:,} request(s), each on its own branch" if n.alone else f"{n.requests:,} requests share "
                 f"tokens {n.start:,} to {n.end:,}")
         if f is not None:
-            what += f"; they split at {f.path or ''} char {f.char}: {f.cause} ({f.distinct_values:,} values)"
+            what += f"; they split at {where(f)}: {f.cause} ({plural(f.distinct_values, 'value')})"
         parts.append(f'<rect x="{x0:.1f}" y="{y + 0.5:.1f}" width="{max(x1 - x0, 1):.1f}" height="{max(h - 1, 0.5):.1f}" '
                      f'fill="{fill}" fill-opacity="{0.55 if n.alone else 0.8}" rx="2"><title>{escape(what)}</title>'
                      "</rect>")
@@ -272,7 +274,7 @@ def _shared_html(r: LogReport) -> str:
         for f in r.forks[:10]:
             ex = "".join(f"<br><code>{escape(e)}</code>" for e in f.examples[:2])
             by = f" (predicted by <code>{escape(f.predicted_by)}</code>)" if f.predicted_by else ""
-            out.append(f"<tr><td><code>{escape(f.path or 'token IDs')}</code> char {_n(f.char or 0)}{ex}</td>"
+            out.append(f"<tr><td><code>{escape(where(f))}</code>{ex}</td>"
                        f"<td>{escape(f.cause)}{by}</td><td class=\"n\">{_n(f.distinct_values)}</td>"
                        f'<td class="n">{_n(f.requests)}</td><td class="n">{_n(f.tokens_lost)}</td>'
                        f"<td>{escape(f.fixable or '-')}</td></tr>")

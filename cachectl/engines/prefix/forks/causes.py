@@ -41,8 +41,9 @@ def fix_codes() -> dict[str, str]:
 
 
 #: causes that are about tools or the template: taken from diff-tokens as they are
-_STRUCTURAL = ("tool_order", "tool_schema_key_order", "tools_changed", "doubled_bos", "bos_mismatch",
-               "default_system_prompt", "think_stripped", "message_relocated", "last_turn_closed_differently")
+_TOOL_CAUSES = ("tool_order", "tool_schema_key_order", "tools_changed")
+_STRUCTURAL = _TOOL_CAUSES + ("doubled_bos", "bos_mismatch", "default_system_prompt", "think_stripped",
+                              "message_relocated", "last_turn_closed_differently")
 _TEXTUAL = ("json_key_order", "unicode_normalization", "whitespace", "token_boundary")
 _LINE_CAUSES = ("date_time", "volatile_id", "counter", "per_user_value")
 
@@ -152,17 +153,19 @@ class _Causes:
         path = loc.field
         if path is not None and re.search(r"(^|\.)tools\[\d+\]$", path):
             path = re.sub(r"\[\d+\]$", "", path)
-        base.update(path=path if path is not None else ("<template>" if loc.in_template else None),
-                    char=loc.char_offset if loc.char_offset is not None else loc.rendered_char_offset)
         cause = explain(a, b, d, self.tok)
         cid = cause.id if cause is not None else None
+        char = loc.char_offset if loc.char_offset is not None else loc.rendered_char_offset
+        if path is None and loc.in_template and cid in _TOOL_CAUSES:  # (tools the template wrote its own way)
+            path, char = "tools", None
+        base.update(path=path if path is not None else ("<template>" if loc.in_template else None), char=char)
         detail = cause.message if cause is not None else ""
         if cid in _STRUCTURAL:
             code = fix_codes().get(cid)
             assert site.a.req is not None
             ref = _request_tools(self.reqs[site.a.req.index]) if code in ("FX002", "FX003") else None
             tools = _Tools(tuple(sorted(_tool_identity(x) for x in ref)), ref, code, cid) if ref and code else None
-            if cid in ("tool_order", "tool_schema_key_order", "tools_changed"):
+            if cid in _TOOL_CAUSES:
                 base["distinct_values"] = len(site.orders)
             return {**base, "cause": cid, "fixable": code, "message": detail}, tools
         base["examples"] = tuple(_short(x) for x in site.distinct.texts[:3])

@@ -24,9 +24,11 @@ SCHEMA_VERSION = 1
 class Fork:
     """One place where requests that share a prefix split."""
 
-    #: JSON path of the position where the branches diverge (``messages[0].content``, ``system[0]``, ``tools``)
+    #: JSON path of the position where the branches diverge (``messages[0].content``, ``system[0]``, ``tools``);
+    #: ``<template>`` in text the chat template wrote itself; None for token IDs
     path: str | None
-    #: character offset inside ``path``
+    #: character offset inside ``path`` (in the rendered prompt for ``<template>``); None where none is known (token
+    #: IDs, or tools the template wrote its own way)
     char: int | None
     cause: str
     distinct_values: int
