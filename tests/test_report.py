@@ -766,12 +766,14 @@ def test_a_fork_in_tools_the_template_wrote_its_own_way_is_at_tools(cli, tmp_pat
     log = ROOT / "fixtures" / "logs" / "langfuse_events.jsonl"
     r = cli("report", str(log), "-t", str(TOK_DIR), "--jobs", "1", "--format", "json")
     forks = json.loads(r.stdout)["forks"]
-    assert [(f["path"], f["char"], f["cause"]) for f in forks] == [("tools", None, "tools_changed")]
+    # two values at the split: the Anthropic requests' tool list, and none (the OpenAI request has no tools)
+    assert [(f["path"], f["char"], f["cause"], f["distinct_values"]) for f in forks] == [
+        ("tools", None, "tools_changed", 2)]
     page = tmp_path / "r.html"
     r = cli("report", str(log), "-t", str(TOK_DIR), "--jobs", "1", "--html", str(page))
     assert re.search(r"^tools +tools_changed ", r.stdout, re.M), r.stdout
     html = page.read_text(encoding="utf-8")
-    assert "<td><code>tools</code>" in html and "split at tools: tools_changed (1 value)" in html and "char None" not in html
+    assert "<td><code>tools</code>" in html and "split at tools: tools_changed (2 values)" in html and "char None" not in html
 
     r = cli("report", str(PROMPTS / "fix_log.jsonl"), "-t", str(TOK_DIR), "--jobs", "1", "--format", "json")
     template = [f for f in json.loads(r.stdout)["forks"] if f["path"] == "<template>"]

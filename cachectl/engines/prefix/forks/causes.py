@@ -131,8 +131,7 @@ class _Causes:
             v = self.view(r, plan) if any(s.mover is not None for s in mine) else None
             order = self.reqs.tool_order(r)
             for site in mine:
-                if order is not None:
-                    site.orders.add(order)
+                site.orders.add(order)  # (None: a request without tools, one value of a tools fork)
                 val = None
                 if site.mover is not None and v is not None:
                     sp = site.mover.span(v)
@@ -265,7 +264,7 @@ class _Site:
         #: ones (-1: none); and the distinct orders of their tools
         self.values = array("i")
         self.distinct = _Distinct()
-        self.orders: set[str] = set()
+        self.orders: set[str | None] = set()
 
 
 class _Distinct:
