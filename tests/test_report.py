@@ -778,3 +778,40 @@ def test_a_fork_in_tools_the_template_wrote_its_own_way_is_at_tools(cli, tmp_pat
     r = cli("report", str(PROMPTS / "fix_log.jsonl"), "-t", str(TOK_DIR), "--jobs", "1", "--format", "json")
     template = [f for f in json.loads(r.stdout)["forks"] if f["path"] == "<template>"]
     assert template and all(f["cause"] == "different_prompt" and isinstance(f["char"], int) for f in template)
+
+
+def test_lost_tokens_are_priced_at_the_log_s_one_price_or_not_at_all(cli, tmp_path):
+    """Dollars lost come from the models the log's lines name, not from the provider simulation: a log without
+    timestamps (no provider section) still prices them; a log that mixes models of different prices gets no dollar
+    figure and a note, not the first model's prices for every token, unless --model names the one to use; `fix`
+    follows the same rule for what fixing the forks saves."""
+    rows = [json.loads(line) for line in LOG.read_text().splitlines()]
+    table = PriceTable.load()
+    gpt = table.lookup("gpt-4.1")
+    rate = (gpt.input - gpt.cache_read) / 1e6
+
+    timeless = tmp_path / "timeless.jsonl"
+    timeless.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "timestamp"}) + "\n" for r in rows))
+    d = json.loads(cli("report", str(timeless), "-t", str(TOK_DIR), "--key", "session", "--jobs", "1",
+                       "--format", "json").stdout)
+    assert d["cost"] is None and d["price_model"] == "gpt-4.1"
+    assert d["usd_lost"] == pytest.approx(d["tokens_lost"] * rate) and d["usd_lost"] > 0
+
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("".join(json.dumps(dict(r, body=dict(r["body"], model="claude-sonnet-4-5"))
+                                        if r["session"].startswith(("s2", "s4")) else r) + "\n" for r in rows))
+    d = json.loads(cli("report", str(mixed), "-t", str(TOK_DIR), "--key", "session", "--jobs", "1",
+                       "--format", "json").stdout)
+    assert d["cost"]["models"] == ["gpt-4.1", "claude-sonnet-4-5"]
+    assert d["usd_lost"] is None and d["total_usd_lost"] is None and d["price_model"] is None
+    assert all(c["usd_lost"] is None for c in d["causes"]) and d["tokens_lost"] > 0
+    assert any(n.startswith("no dollar figure for lost tokens: the log's models are priced differently (gpt-4.1, "
+                            "claude-sonnet-4-5)") for n in d["notes"])
+    f = json.loads(cli("fix", str(mixed), "-t", str(TOK_DIR), "--key", "session", "--jobs", "1",
+                       "--format", "json").stdout)
+    assert f["cross_request"]["usd_saved"] is None and f["cross_request"]["price_model"] is None
+    assert any(n.startswith("no dollar figure for lost tokens") for n in f["notes"])
+
+    d = json.loads(cli("report", str(mixed), "-t", str(TOK_DIR), "--key", "session", "--jobs", "1", "-m", "gpt-4.1",
+                       "--format", "json").stdout)
+    assert d["price_model"] == "gpt-4.1" and d["usd_lost"] == pytest.approx(d["tokens_lost"] * rate)

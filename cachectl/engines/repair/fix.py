@@ -35,8 +35,9 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import InputError, UsageError
 from .fixes import CODES, FIXES, REGISTRY, Fix, rewrite
-from .groups import Grouping, LogLine, Sessions, group_sessions, with_model
+from .groups import Grouping, LogLine, Sessions, group_sessions, log_models, with_model
 from .measure import Measure, measure_versions
+from .sections import lost_token_price
 from .shared_prefix import CrossRequestGain, ForkLines, LogForks, cross_request_gain, log_forks
 from .store import Mapped
 
@@ -473,9 +474,9 @@ def assembled(lines: Sequence[LogLine], options: FixOptions, grouping: Grouping,
         prev_reused, prev_provider, prev_hits = reused, p1, hits
     cross = None
     if forks is not None and forks.fixable:
-        model = options.model or next((ln.request.model for ln in lines if ln.request is not None
-                                       and ln.request.model), None)
-        cross = cross_request_gain(forks, before, done.after, table=table, model=model)
+        rate, model, why = lost_token_price(table, log_models(lines), options.model)
+        notes += [why] if why and why not in notes else []
+        cross = cross_request_gain(forks, before, done.after, rate=rate, model=model)
     return FixReport(source=source, requests=len(lines), grouping=grouping, fixes=done.fixes, before=before,
                      after=done.after, per_cause=tuple(per_cause), notes=tuple(notes), output=done.output,
                      cross_request=cross, forks=forks)

@@ -113,6 +113,14 @@ def line_facts(lines: Any, i: int) -> tuple[str, str | None, str | None]:
     return (ln.prompt.kind, req.provider, req.model) if req is not None else (ln.prompt.kind, None, None)
 
 
+def log_models(lines: Any) -> list[str]:
+    """The models the requests of ``lines`` name, in the order they first appear (a line store's kept facts)."""
+    store = store_of(lines)
+    if store is not None:
+        return store.models()
+    return list(dict.fromkeys(ln.request.model for ln in lines if ln.request is not None and ln.request.model))
+
+
 def reparse_at(lines: Any, i: int, value: Any) -> LogLine:
     """Line ``i`` of ``lines`` after a rewrite to ``value``, parsed again as :func:`reparse` does (a line store's
     line is not parsed first for its number, key and time)."""

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import CachectlError
 from ..causes import cause_label
-from .sections import CostSection, CurveSection, cost_section, curve_section
+from .sections import CostSection, CurveSection, cost_section, curve_section, lost_token_price
 
 if TYPE_CHECKING:
     from ...inputs import LogRecord, Request
@@ -393,10 +393,11 @@ def pairs_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
 def tallied(tally: PairTally, *, source: str, tokenizer: Any, tokenizer_name: str, table: PriceTable | None,
             costed: Costed | None, curve: CurveSection | None, block_size: int, top: int = 5, context: int = 24,
             price_model: str | None = None, fixes: BeforeAfter | None = None,
-            prompt_of: Callable[[int], Any] | None = None,
-            add_generation_prompt: bool = False) -> tuple[LogReport, float | None, PairLosses]:
+            prompt_of: Callable[[int], Any] | None = None, add_generation_prompt: bool = False,
+            models: Sequence[str] | None = None) -> tuple[LogReport, float | None, PairLosses]:
     """The report of a log's pairs (``tally``), with its provider section (``costed``) and capacity curve: the
-    report, the dollars a lost token costs (None without prices), and the requests' within-conversation losses.
+    report, the dollars a lost token costs (None without prices: :func:`.sections.lost_token_price`, over ``models``,
+    the models the log names, or the provider section's), and the requests' within-conversation losses.
     ``prompt_of(line)``: the prompt of the log's line ``line``, where the conversations kept only the lines of
     their worst pair: the worst conversations' pairs are tokenized and compared again (as ``diff_log`` compares
     them)."""
@@ -405,14 +406,9 @@ def tallied(tally: PairTally, *, source: str, tokenizer: Any, tokenizer_name: st
     convs = tally.convs
     notes: list[str] = list(costed.notes) if costed is not None else []
     cost = costed.section if costed is not None else None
-    rate = None
-    if table is not None and cost is not None:
-        name = price_model or (cost.models[0] if cost.models else None)
-        if name is not None:
-            price = table.lookup(name)
-            price_model = price.model
-            if price.cache_read is not None:
-                rate = (price.input - price.cache_read) / 1e6
+    rate, price_model, why = lost_token_price(table, cost.models if models is None and cost else models or (),
+                                              price_model)
+    notes += [why] if why else []
     causes = tuple(sorted((CauseLoss(cause=c, label=cause_label(c), pairs=n, tokens_lost=t,
                                      usd_lost=None if rate is None else t * rate)
                            for c, (n, t) in tally.by_cause.items()), key=lambda c: (-c.tokens_lost, str(c.cause))))
@@ -479,6 +475,7 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     process: no read of the lines for them), not fed here."""
     from ...workers import Workers
     from .fix import assembled, forked, measured_pass, rewrites, started
+    from .groups import log_models
     from .measure import provider_measure
     from .sections import feeding, sections_reader
 
@@ -546,7 +543,7 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
         curve=curve, block_size=options.block_size, top=top, price_model=price_model,
         fixes=before_after(safe, full, safe_applied=safe_pass.applied, full_applied=full_pass.applied),
         prompt_of=lambda line: lines[lines.index_of(line)].prompt,  # type: ignore[attr-defined]
-        add_generation_prompt=options.add_generation_prompt)
+        add_generation_prompt=options.add_generation_prompt, models=log_models(lines))
     return with_forks(r, forks, losses, rate) if forks is not None else r
 
 

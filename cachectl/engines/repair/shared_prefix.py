@@ -288,9 +288,11 @@ class CrossRequestGain:
     price_model: str | None = None
 
 
-def cross_request_gain(forks: LogForks, before: Any, after: Any, *, table: Any = None,
+def cross_request_gain(forks: LogForks, before: Any, after: Any, *, rate: float | None = None,
                        model: str | None = None) -> CrossRequestGain:
-    """``before``/``after``: :class:`~cachectl.engines.repair.measure.Measure` of the log and of the fixed log."""
+    """``before``/``after``: :class:`~cachectl.engines.repair.measure.Measure` of the log and of the fixed log;
+    ``rate``: the dollars a token read from the cache saves, at ``model``'s prices
+    (:func:`.sections.lost_token_price`)."""
 
     def no_evict(m: Any) -> float | None:
         v = getattr(m, "vllm_no_eviction", None) or (m.vllm if m is not None and m.vllm is not None
@@ -303,17 +305,11 @@ def cross_request_gain(forks: LogForks, before: Any, after: Any, *, table: Any =
 
     b, a = no_evict(before), no_evict(after)
     cap = before.vllm.capacity_blocks if before is not None and before.vllm is not None else None
-    usd = None
-    name = None
-    if table is not None and model is not None and b is not None and a is not None:
-        try:
-            price = table.lookup(model)
-        except CachectlError:
-            price = None
-        if price is not None and price.cache_read is not None:
-            name = price.model
-            gained = (at_cap(after) - at_cap(before)) if cap is not None else (a - b)  # type: ignore[operator]
-            usd = gained * (price.input - price.cache_read) / 1e6
+    usd = name = None
+    if rate is not None and b is not None and a is not None:
+        name = model
+        gained = (at_cap(after) - at_cap(before)) if cap is not None else (a - b)  # type: ignore[operator]
+        usd = gained * rate
     return CrossRequestGain(forks=forks.report.forks, hit_tokens_before=b, hit_tokens_after=a,
                             predicted_hit_tokens=forks.report.fixed_hit_tokens, capacity_blocks=cap,
                             hit_tokens_before_at_capacity=at_cap(before), hit_tokens_after_at_capacity=at_cap(after),

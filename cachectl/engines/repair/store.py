@@ -162,6 +162,10 @@ class LineStore(_Cached[Any]):
         body), without parsing it: a fix code's rewrites keep them."""
         return self._facts[i]
 
+    def models(self) -> list[str]:
+        """The models the lines' requests name, in the order they first appear (from the kept facts)."""
+        return list(dict.fromkeys(k[1][2] for k in self._interned if type(k) is tuple and k[0] == "facts" and k[1][2]))
+
     def line_again(self, i: int, value: Any) -> Any:
         """Line ``i`` as ``value`` parses (a rewrite of its value), with its number, key and time."""
         return self._build_line(value, *self.meta(i))
