@@ -209,6 +209,25 @@ def test_missing_timestamp_where_ttl_matters(table):
     assert counters(sim(table, lines, every=60.0)) == [(0, 2000, 0), (0, 0, 2000)]
 
 
+def test_every_places_a_line_without_a_time_after_the_request_before_it(table):
+    """In a log that gives some times, `every` fills a missing one in after the request before it (not at i x every
+    from zero, earlier than the logged times around it): the 5-minute entry written at t is read 60 s later, expired
+    4,000 s later. A logged time earlier than a time filled in before it is taken as that time; a logged time
+    earlier than a logged one is still an error."""
+    epoch = 1_796_032_800.0
+
+    def line(t, q):
+        v = {"model": SONNET, "blocks": [blk("sys", 2000, "5m"), blk(q, 10)]}
+        return v if t is None else dict(v, timestamp=t)
+
+    r = sim(table, [line(epoch, "a"), line(None, "b"), line(epoch + 4000, "c"), line(None, "d")], every=60.0)
+    assert counters(r) == [(10, 2000, 0), (10, 0, 2000), (10, 2000, 0), (10, 0, 2000)]
+    r = sim(table, [line(epoch, "a"), line(None, "b"), line(epoch + 30, "c")], every=60.0)
+    assert counters(r)[2] == (10, 0, 2000)
+    with pytest.raises(InputError, match="t.jsonl:2: field 'timestamp': timestamp .* is earlier"):
+        sim(table, [line(epoch, "a"), line(epoch - 1, "b")], every=60.0)
+
+
 def test_layout_bad_input(table):
     with pytest.raises(InputError, match=r"field 'blocks\[0\].tokens': negative token count"):
         parse_request(layout(0, [blk("a", -5)]), line=3, source="t")

@@ -132,7 +132,8 @@ WindowOpt = Annotated[str, typer.Option(
 
 EveryOpt = Annotated[Optional[str], typer.Option(
     "--every", metavar="DURATION", help="Time between requests for the provider cache's simulation where the log "
-                                        "gives none (a cassette, a Batch file): request i at i x DURATION (30s, 2m).")]
+                                        "gives none (a cassette, a Batch file): a line without one is sent DURATION "
+                                        "after the request before it (30s, 2m).")]
 
 
 TimeUnitOpt = Annotated[Optional[TimeUnit], typer.Option(

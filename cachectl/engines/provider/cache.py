@@ -1142,6 +1142,7 @@ class CostRun:
         self.counter = api_counter(api) if api is not None else None
         self.index = 0
         self.last_t: float | None = None
+        self.last_filled = False  # (the last request's time was filled in: ``every``)
         self.estimate = False
         self.unknown_output = 0
         self.routed = 0
@@ -1156,20 +1157,20 @@ class CostRun:
         if not req.model:
             raise req.error("no model on this line; pass `default_model`")
         t = req.timestamp
+        filled = t is None
         if t is None:
-            if self.every is None:
-                if index == 0:
-                    t = 0.0
-                else:
-                    raise InputError("no timestamp: cache entries expire (5 minutes or 1 hour), so TTL matters; "
-                                     "add 'timestamp' (seconds or ISO 8601) or pass `every`",
-                                     source=req.source, line=req.line)
-            else:
-                t = index * self.every
+            if self.every is None and index > 0:
+                raise InputError("no timestamp: cache entries expire (5 minutes or 1 hour), so TTL matters; "
+                                 "add 'timestamp' (seconds or ISO 8601) or pass `every`",
+                                 source=req.source, line=req.line)
+            # (``every`` after the request before: in a log that gives some times, next to them)
+            t = 0.0 if self.last_t is None or self.every is None else self.last_t + self.every
         if self.last_t is not None and t < self.last_t:
-            raise InputError(f"timestamp {t} is earlier than the previous request's ({self.last_t}); sort the log "
-                             "by time", source=req.source, line=req.line, field="timestamp")
-        self.last_t = t
+            if not self.last_filled:
+                raise InputError(f"timestamp {t} is earlier than the previous request's ({self.last_t}); sort the "
+                                 "log by time", source=req.source, line=req.line, field="timestamp")
+            t = self.last_t  # (a time filled in before a logged one earlier than it: the two at once)
+        self.last_t, self.last_filled = t, filled
         sim.advance(t)
         price = _dated(_lookup(table, req.model, req.source, req.line, self.model_as, notes), req.timestamp, notes)
         if req.provider == "anthropic" and price.provider != "anthropic":
