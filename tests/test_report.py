@@ -815,3 +815,21 @@ def test_lost_tokens_are_priced_at_the_log_s_one_price_or_not_at_all(cli, tmp_pa
     d = json.loads(cli("report", str(mixed), "-t", str(TOK_DIR), "--key", "session", "--jobs", "1", "-m", "gpt-4.1",
                        "--format", "json").stdout)
     assert d["price_model"] == "gpt-4.1" and d["usd_lost"] == pytest.approx(d["tokens_lost"] * rate)
+
+
+def test_report_takes_prices_and_its_notes_name_only_flags_it_has(cli, tmp_path):
+    """The note on a model the price table lacks points to `--prices FILE` and to `prompt-cost --list-models`:
+    `report` takes `--prices` (as `fix` and `prompt-cost` do), and the log is then priced with it."""
+    rows = [json.loads(line) for line in LOG.read_text().splitlines()]
+    log = tmp_path / "local.jsonl"
+    log.write_text("".join(json.dumps(dict(r, body=dict(r["body"], model="my-local-llama"))) + "\n" for r in rows))
+    r = cli("report", str(log), "-t", str(TOK_DIR), "--key", "session", "--jobs", "1")
+    note = next(line for line in r.stdout.splitlines() if "unknown model 'my-local-llama'" in line)
+    assert "cachectl prompt-cost --list-models" in note and "--prices FILE" in note
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"models": {"my-local-llama": {"provider": "openai", "input": 0.5, "output": 1.0,
+                                                                "cache_read": 0.05}}}))
+    d = json.loads(cli("report", str(log), "-t", str(TOK_DIR), "--key", "session", "--jobs", "1", "--prices",
+                       str(prices), "--format", "json").stdout)
+    assert d["cost"]["models"] == ["my-local-llama"] and d["price_model"] == "my-local-llama"
+    assert d["usd_lost"] == pytest.approx(d["tokens_lost"] * 0.45 / 1e6)

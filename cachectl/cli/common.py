@@ -130,6 +130,10 @@ WindowOpt = Annotated[str, typer.Option(
                                          "(30s, 30m, 2h; a bare number is seconds).")]
 
 
+PricesOpt = Annotated[Optional[str], typer.Option(
+    "--prices", metavar="FILE", help="Prices that override or extend the shipped table (cachectl's format or "
+                                     "LiteLLM's model_prices_and_context_window.json).")]
+
 EveryOpt = Annotated[Optional[str], typer.Option(
     "--every", metavar="DURATION", help="Time between requests for the provider cache's simulation where the log "
                                         "gives none (a cassette, a Batch file): a line without one is sent DURATION "
@@ -589,7 +593,7 @@ def save_figure(fig, path: str) -> None:
 #: The one table from parameter names to flags.
 PARAM_FLAGS = {
     "default_model": "--model", "model": "--model", "tokenizer": "--tokenizer", "count_with_api": "--count-with-api",
-    "every": "--every DURATION", "prices": "--prices FILE", "list_models": "--list-models", "usage": "--usage",
+    "every": "--every DURATION", "prices": "--prices FILE", "list_models": "cachectl prompt-cost --list-models", "usage": "--usage",
     "requests": "a REQUESTS.jsonl argument", "hash_block_size": "--hash-block-size", "block_size": "--block-size",
     "capacity_blocks": "--capacity-blocks", "capacity_gib": "--capacity-gib", "policy": "--policy",
     "concurrency": "--concurrency", "recompute_ratio": "--recompute-ratio", "hash": "--hash",

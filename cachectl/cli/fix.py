@@ -23,6 +23,7 @@ from .common import (
     JobsOpt,
     KvCapacity,
     KvDtypeOpt,
+    PricesOpt,
     Progress,
     RayRenderOpt,
     TimeUnitOpt,
@@ -97,8 +98,7 @@ def command(
     kv_model: Annotated[Optional[str], typer.Option("--kv-model", metavar="MODEL",
                                                     help="For --capacity-gib: the served model (catalog name, "
                                                          "cached HF id, model directory, config.json or .gguf).")] = None,
-    prices: Annotated[Optional[str], typer.Option(
-        "--prices", metavar="FILE", help="Prices that override or extend the shipped table.")] = None,
+    prices: PricesOpt = None,
     no_generation_prompt: Annotated[bool, typer.Option(
         "--no-generation-prompt", help="Tokenize chat requests without the assistant header (completion-style "
                                        "logs).")] = False,

@@ -13,6 +13,7 @@ from .common import (
     EXIT_OK,
     Format,
     FormatOpt,
+    PricesOpt,
     Progress,
     TimeUnit,
     TimeUnitOpt,
@@ -57,9 +58,7 @@ def command(
     usage: Annotated[Optional[str], typer.Option(
         "--usage", metavar="RESPONSES.jsonl", help="Audit logged responses from their usage counters.")] = None,
     model: Annotated[Optional[str], typer.Option("--model", "-m", metavar="MODEL", help="Provider model for lines that name none (and for what-if).")] = None,
-    prices: Annotated[Optional[str], typer.Option(
-        "--prices", metavar="FILE", help="Prices that override or extend the shipped table "
-                                         "(cachectl's format or LiteLLM's model_prices_and_context_window.json).")] = None,
+    prices: PricesOpt = None,
     list_models: Annotated[bool, typer.Option("--list-models", help="Show the price table and exit.")] = False,
     model_as: Annotated[Optional[str], typer.Option(
         "--model-as", metavar="NAME", help="Price (and simulate) models the table does not know as NAME, "

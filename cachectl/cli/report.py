@@ -18,6 +18,7 @@ from .common import (
     Format,
     FormatOpt,
     JobsOpt,
+    PricesOpt,
     Progress,
     RayRenderOpt,
     TimeUnit,
@@ -84,6 +85,7 @@ def command(
     model: Annotated[Optional[str], typer.Option(
         "--model", "-m", metavar="MODEL", help="Price table model for requests that name none (and whose prices "
                                                "turn lost tokens into dollars).")] = None,
+    prices: PricesOpt = None,
     html: Annotated[Optional[str], typer.Option("--html", metavar="FILE.html",
                                                 help="Write the report as one self-contained HTML page.")] = None,
     block_size: BlockSizeOpt = 16,
@@ -104,12 +106,12 @@ def command(
     if not tokenizer:
         raise UsageError("report needs --tokenizer (requests become tokens through its chat template)")
     if html is not None:  # before anything is read
-        check_output(html, "--html", run_inputs(log, tokenizer=tokenizer, chat_template=chat_template))
+        check_output(html, "--html", run_inputs(log, tokenizer=tokenizer, chat_template=chat_template, prices=prices))
     # its shape is found from its first lines, then it is read: stdin or a pipe is copied once
     with spooled(log) as path:
         shape = forced if forced not in (None, "auto") else shape_of(path)
         _report(path, tokenizer, key, window, chat_template, model, html, block_size, top, fmt, time_unit, jobs,
-                shape, ray, every)
+                shape, ray, every, prices)
 
 
 command.__doc__ = HELP
@@ -118,18 +120,18 @@ command.__doc__ = HELP
 def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_template: Optional[str],
             model: Optional[str], html: Optional[str], block_size: int, top: int, fmt: Format,
             time_unit: Optional[TimeUnit] = None, jobs: Optional[int] = None, shape: str = "native",
-            ray: Optional[str] = None, every: Optional[str] = None) -> None:
+            ray: Optional[str] = None, every: Optional[str] = None, prices: Optional[str] = None) -> None:
     from ..engines.provider.prices import PriceTable
     from ..engines.repair import fix, report
     from ..engines.repair.groups import log_lines
     from ..engines.repair.sections import sections_reader
-    from ..inputs import display_name
+    from ..inputs import display_name, read_json_file
     from ..inputs.formats import log_values
     from ..tokenization import load_tokenizer
     from ..workers import Workers
 
     tok = load_tokenizer(tokenizer, chat_template_file=chat_template)
-    table = PriceTable.load()
+    table = PriceTable.load(read_json_file(prices) if prices else None)
     check_price_model(table, model)
     source = display_name(log)
     options = fix.FixOptions(key=key, window_s=parse_window(window), block_size=block_size, model=model,

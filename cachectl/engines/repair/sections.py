@@ -32,14 +32,14 @@ def lost_token_price(table: PriceTable | None, models: Iterable[str], model: str
         try:
             price = table.lookup(name)
         except CachectlError:
-            return None, None, (f"no dollar figure for lost tokens: no price for {name!r} (pass --model to price "
-                                "them at one model's)")
+            return None, None, (f"no dollar figure for lost tokens: no price for {name!r} (add it with `prices`, or "
+                                "pass `model` to price them at one model's)")
         if price.cache_read is None:
             return None, None, f"no dollar figure for lost tokens: {price.model} has no cache-read price"
         rates[price.model] = (price.input - price.cache_read) / 1e6
     if len(set(rates.values())) > 1:
         return None, None, ("no dollar figure for lost tokens: the log's models are priced differently "
-                            f"({', '.join(rates)}); pass --model to price them at one model's")
+                            f"({', '.join(rates)}); pass `model` to price them at one model's")
     name, rate = next(iter(rates.items()))
     return rate, name, None
 
