@@ -228,6 +228,17 @@ def test_every_places_a_line_without_a_time_after_the_request_before_it(table):
         sim(table, [line(epoch, "a"), line(epoch - 1, "b")], every=60.0)
 
 
+def test_a_ttl_gap_advises_the_1h_ttl_only_for_a_model_that_has_one(table):
+    def gap(model):
+        r = sim(table, [layout(0, [blk("sys", 2000, "5m" if model == SONNET else None), blk("q1", 10)], model=model),
+                        layout(1000, [blk("sys", 2000, "5m" if model == SONNET else None), blk("q2", 10)],
+                               model=model)])
+        return next(f.message for f in r.findings if f.code == "ttl_gap")
+
+    assert gap(SONNET).endswith("space them closer than the TTL, or use the 1h TTL")
+    assert gap("gpt-4o").endswith("space them closer than the TTL")  # (OpenAI's automatic cache: one TTL)
+
+
 def test_layout_bad_input(table):
     with pytest.raises(InputError, match=r"field 'blocks\[0\].tokens': negative token count"):
         parse_request(layout(0, [blk("a", -5)]), line=3, source="t")

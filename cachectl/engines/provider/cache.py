@@ -1147,6 +1147,7 @@ class CostRun:
         self.unknown_output = 0
         self.routed = 0
         self.gaps = _Misses()
+        self.gaps_1h = False
         self.volatile = _Misses()
 
     def add(self, req: Request) -> None:
@@ -1206,6 +1207,7 @@ class CostRun:
             notes.append(note)
         if miss is not None and miss.code == "ttl_expired":
             self.gaps.add(req.line)
+            self.gaps_1h = self.gaps_1h or "1h" in price.ttls  # (the advice to use it, where a model has it)
         if miss is not None and miss.code == "content_changed" and miss.volatile is not None:
             self.volatile.add(req.line, miss.path or "")
         batch = is_batch_request(req)
@@ -1241,7 +1243,7 @@ class CostRun:
         if self.estimate:
             token_source = ("count_tokens API (an estimate)" if self.api is not None
                             else f"{token_source} (an estimate)")
-        findings = _findings(self.sim, self.gaps, self.volatile)
+        findings = _findings(self.sim, self.gaps, self.volatile, self.gaps_1h)
         return tally.report("simulate", estimate=self.estimate, token_source=token_source, notes=notes,
                             findings=findings)
 
@@ -1283,7 +1285,7 @@ class _Misses:
             self.paths.add(path)
 
 
-def _findings(sim: CacheSimulator, ttl_gaps: _Misses, volatile: _Misses) -> list[Finding]:
+def _findings(sim: CacheSimulator, ttl_gaps: _Misses, volatile: _Misses, one_hour: bool = False) -> list[Finding]:
     out = []
     never, alive, tokens, lines = sim.finish()
     if never:
@@ -1293,7 +1295,8 @@ def _findings(sim: CacheSimulator, ttl_gaps: _Misses, volatile: _Misses) -> list
                            tokens=tokens))
     if ttl_gaps.count:
         out.append(Finding("ttl_gap", f"{ttl_gaps.count} request(s) missed because the entry expired between "
-                           "requests: space them closer than the TTL, or use the 1h TTL", ttl_gaps.count,
+                           "requests: space them closer than the TTL" + (", or use the 1h TTL" if one_hour else ""),
+                           ttl_gaps.count,
                            tuple(ttl_gaps.lines)))
     if volatile.count:
         paths = sorted(volatile.paths)
