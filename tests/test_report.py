@@ -833,3 +833,20 @@ def test_report_takes_prices_and_its_notes_name_only_flags_it_has(cli, tmp_path)
                        str(prices), "--format", "json").stdout)
     assert d["cost"]["models"] == ["my-local-llama"] and d["price_model"] == "my-local-llama"
     assert d["usd_lost"] == pytest.approx(d["tokens_lost"] * 0.45 / 1e6)
+
+
+def test_the_page_shows_the_provider_section_as_the_text_does_and_billed_output_is_priced(cli, tmp_path):
+    """A recorded Anthropic cassette (its responses bill their output tokens): the HTML page shows the provider
+    section's reconciliation against the billed usage and its notes, as the text does; the output tokens the
+    responses bill are priced (no note asks to add output_tokens), and no advice names a flag `report` lacks."""
+    from .conftest import ROOT
+
+    page = tmp_path / "r.html"
+    r = cli("report", str(ROOT / "fixtures" / "logs" / "vcr_anthropic_cache.yaml"), "-t", str(TOK_DIR), "--jobs", "1",
+            "--every", "1m", "--html", str(page))
+    html = page.read_text(encoding="utf-8")
+    billed = re.search(r"against the logged usage: (\$[0-9.]+) billed for 2 requests", r.stdout)
+    assert billed and f"Against the logged usage: {billed.group(1)} billed for 2 requests" in html
+    assert "reconciliation says why (cachectl prompt-cost lists them)" in r.stdout
+    assert "reconciliation says why (cachectl prompt-cost lists them)" in html
+    assert "output_tokens" not in r.stdout and "output_tokens" not in html

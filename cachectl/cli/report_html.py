@@ -373,14 +373,20 @@ def render(r: LogReport, version: str) -> str:
                 out.append(f'<tr><td>{escape(m.code.replace("_", " "))}</td><td class="n">{_n(m.requests)}</td>'
                            f'<td class="n">{_n(m.uncached_input_tokens)}</td></tr>')
             out.append("</table>")
+        if cs.reconciled:
+            billed = f"{_usd(cs.billed_usd)} billed" if cs.billed_usd is not None else "billed"
+            out.append(f'<p class="note">Against the logged usage: {billed} for {plural(cs.reconciled, "request")}; '
+                       f"the prediction agrees on {_n(cs.agreed)} (read or not, written or not).</p>")
         for f in cs.findings:
             out.append(f'<p class="note">finding: {escape(f)}</p>')
+        for n in cs.notes:  # (what the rate and the dollars rest on: a minimum, a batch rate, lines left out)
+            out.append(f'<p class="note">{escape(flags_for_params(n))}</p>')
 
     if r.curve is not None and r.curve.points:
         cv = r.curve
         out.append("<h2>vLLM prefix cache: hit rate against capacity</h2>")
         out.append(f'<p class="note">The log replayed through vLLM\'s block pool (blocks of {cv.block_size}, LRU '
-                   f"eviction) at {len(cv.points)} capacities, from the smallest that holds the largest request "
+                   f"eviction) at {plural(len(cv.points), 'capacity', 'capacities')}, from the smallest that holds the largest request "
                    f"({_n(cv.min_capacity_tokens)} tokens) to the one where nothing is evicted "
                    f"({_n(cv.ceiling_capacity_tokens)} tokens).</p>")
         out.append(f'<div class="chart">{curve_svg(cv)}<div class="legend"><span class="swatch" '

@@ -344,6 +344,9 @@ def parse_request(value: Any, *, source: str = "<memory>", line: int | None = No
     usage = wrapper.get("usage")
     if usage is None and isinstance(wrapper.get("response"), dict):
         usage = wrapper["response"].get("usage")
+    if out_raw is None and isinstance(usage, dict):  # (the output as billed, where the line gives no count of it)
+        billed = usage.get("output_tokens", usage.get("completion_tokens"))
+        out_raw = billed if type(billed) is int and billed >= 0 else None
     kind = provider or detect_provider(body, model)
     if kind == "layout":
         parsed = _layout(body, ctx)

@@ -1231,7 +1231,8 @@ class CostRun:
             notes.append(f"{self.unknown_output} request(s) give no output_tokens: their output is not priced "
                          "(add output_tokens to those lines)")
         if tally.disagreed:
-            notes.append("predicted and billed counters disagree on some requests: see each request's reconciliation")
+            notes.append("predicted and billed counters disagree on some requests: each request's reconciliation says "
+                         "why (cachectl prompt-cost lists them)")
         if tally.first_model is not None and table.lookup(tally.first_model).provider == "anthropic" and \
                 tally.scope_changed:
             notes.append("thinking and effort changes are predicted by the documented rule (they invalidate the "
