@@ -850,3 +850,17 @@ def test_the_page_shows_the_provider_section_as_the_text_does_and_billed_output_
     assert "reconciliation says why (cachectl prompt-cost lists them)" in r.stdout
     assert "reconciliation says why (cachectl prompt-cost lists them)" in html
     assert "output_tokens" not in r.stdout and "output_tokens" not in html
+
+
+def test_a_bare_list_of_token_ids_is_a_prompt_to_report_as_to_fix(cli, tmp_path):
+    """A line that is a JSON list of integers is a token-ID prompt (as `fix`, `simulate-prefix` and the first read
+    take it), not a chat list: `report`'s capacity curve reads it as such (it exited 2 on it, 'expected a message
+    object', where `fix` ran)."""
+    log = tmp_path / "ids.jsonl"
+    log.write_text(json.dumps({"timestamp": "2026-11-30T10:00:00Z", "body": {
+        "model": "gpt-4.1", "messages": [{"role": "user", "content": "hi there"}]}}) + "\n" + json.dumps(
+        list(range(1, 40))) + "\n")
+    r = cli("report", str(log), "-t", str(TOK_DIR), "--jobs", "1", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["curve"]["requests"] == 2
+    assert cli("fix", str(log), "-t", str(TOK_DIR), "--jobs", "1").exit_code == 0

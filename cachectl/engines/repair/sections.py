@@ -274,8 +274,8 @@ class OneRead:
                 self._provider.add(replace(req, model=self._model) if self._model and not req.model else req)
         if self._error is None:
             value, prompt = ln.value, ln.prompt if ln.prompt.request is not None else None
-            if isinstance(value, list):  # a bare chat list: the trace reader wants an object
-                value, prompt = {"messages": value}, None
+            if isinstance(value, list):  # a bare chat list or token IDs: the trace reader wants an object
+                value, prompt = {"messages" if ln.prompt.kind == "chat" else "tokens": value}, None
             if tokens is not None and prompt is not None:
                 self._given[id(prompt)] = (prompt, *tokens)
             trace: list[TraceRequest] = []
