@@ -10,6 +10,7 @@ from html import escape
 from ..engines.causes import cause_label
 from ..engines.prefix.forks import Fork, TreeNode
 from ..engines.repair.report import BeforeAfter, CurveSection, LogReport, PairView
+from ..engines.repair.sections import CostSection
 from ..errors import plural
 from .common import flags_for_params
 from .forks_view import where
@@ -355,32 +356,7 @@ def render(r: LogReport, version: str) -> str:
             out.append("</div>")
 
     if r.cost is not None:
-        cs = r.cost
-        out.append("<h2>Provider prompt cache</h2>")
-        out.append(f'<p class="note">Simulated with the price table\'s rules for {escape(", ".join(cs.models))}; '
-                   f"tokens from {escape(cs.token_source)}.</p>")
-        out.append('<div class="cards c4">'
-                   f'<div class="card"><div class="v">{_usd(cs.total_usd)}</div><div class="k">paid with caching</div></div>'
-                   f'<div class="card"><div class="v">{_usd(cs.uncached_usd)}</div><div class="k">without caching</div></div>'
-                   f'<div class="card {"good" if cs.savings_usd >= 0 else "bad"}"><div class="v">{_usd(cs.savings_usd)}'
-                   f'</div><div class="k">saved by the cache</div></div>'
-                   f'<div class="card"><div class="v">{_pct(cs.hit_rate)}</div><div class="k">of prompt tokens read '
-                   "from cache</div></div></div>")
-        if cs.misses:
-            out.append('<p></p><table><tr><th>why requests missed</th><th class="n">requests</th>'
-                       '<th class="n">uncached input tokens</th></tr>')
-            for m in cs.misses:
-                out.append(f'<tr><td>{escape(m.code.replace("_", " "))}</td><td class="n">{_n(m.requests)}</td>'
-                           f'<td class="n">{_n(m.uncached_input_tokens)}</td></tr>')
-            out.append("</table>")
-        if cs.reconciled:
-            billed = f"{_usd(cs.billed_usd)} billed" if cs.billed_usd is not None else "billed"
-            out.append(f'<p class="note">Against the logged usage: {billed} for {plural(cs.reconciled, "request")}; '
-                       f"the prediction agrees on {_n(cs.agreed)} (read or not, written or not).</p>")
-        for f in cs.findings:
-            out.append(f'<p class="note">finding: {escape(f)}</p>')
-        for n in cs.notes:  # (what the rate and the dollars rest on: a minimum, a batch rate, lines left out)
-            out.append(f'<p class="note">{escape(flags_for_params(n))}</p>')
+        out.extend(_provider_html(r.cost))
 
     if r.curve is not None and r.curve.points:
         cv = r.curve
@@ -406,6 +382,38 @@ def render(r: LogReport, version: str) -> str:
     out.append(f"<footer>cachectl {escape(version)} &middot; one self-contained page: no script, no network."
                "</footer></main></body></html>\n")
     return "\n".join(out)
+
+
+def _provider_html(cs: CostSection) -> list[str]:
+    """The provider section: what the cache cost and saved, why requests missed, the billed usage it was checked
+    against, and its findings and notes (as the text shows them)."""
+    out: list[str] = []
+    out.append("<h2>Provider prompt cache</h2>")
+    out.append(f'<p class="note">Simulated with the price table\'s rules for {escape(", ".join(cs.models))}; '
+               f"tokens from {escape(cs.token_source)}.</p>")
+    out.append('<div class="cards c4">'
+               f'<div class="card"><div class="v">{_usd(cs.total_usd)}</div><div class="k">paid with caching</div></div>'
+               f'<div class="card"><div class="v">{_usd(cs.uncached_usd)}</div><div class="k">without caching</div></div>'
+               f'<div class="card {"good" if cs.savings_usd >= 0 else "bad"}"><div class="v">{_usd(cs.savings_usd)}'
+               f'</div><div class="k">saved by the cache</div></div>'
+               f'<div class="card"><div class="v">{_pct(cs.hit_rate)}</div><div class="k">of prompt tokens read '
+               "from cache</div></div></div>")
+    if cs.misses:
+        out.append('<p></p><table><tr><th>why requests missed</th><th class="n">requests</th>'
+                   '<th class="n">uncached input tokens</th></tr>')
+        for m in cs.misses:
+            out.append(f'<tr><td>{escape(m.code.replace("_", " "))}</td><td class="n">{_n(m.requests)}</td>'
+                       f'<td class="n">{_n(m.uncached_input_tokens)}</td></tr>')
+        out.append("</table>")
+    if cs.reconciled:
+        billed = f"{_usd(cs.billed_usd)} billed" if cs.billed_usd is not None else "billed"
+        out.append(f'<p class="note">Against the logged usage: {billed} for {plural(cs.reconciled, "request")}; '
+                   f"the prediction agrees on {_n(cs.agreed)} (read or not, written or not).</p>")
+    for f in cs.findings:
+        out.append(f'<p class="note">finding: {escape(f)}</p>')
+    for n in cs.notes:  # (what the rate and the dollars rest on: a minimum, a batch rate, lines left out)
+        out.append(f'<p class="note">{escape(flags_for_params(n))}</p>')
+    return out
 
 
 def _fixes_html(fx: BeforeAfter) -> str:

@@ -37,8 +37,7 @@ from ...errors import InputError, UsageError
 from .fixes import CODES, FIXES, REGISTRY, Fix, rewrite
 from .groups import Grouping, LogLine, Sessions, group_sessions, log_models, with_model
 from .measure import Measure, measure_versions
-from .sections import lost_token_price
-from .shared_prefix import CrossRequestGain, ForkLines, LogForks, cross_request_gain, log_forks
+from .shared_prefix import CrossRequestGain, ForkLines, LogForks, cross_request_gain, log_forks, lost_token_price
 from .store import Mapped
 
 if TYPE_CHECKING:

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import CachectlError
 from ..causes import cause_label
-from .sections import CostSection, CurveSection, cost_section, curve_section, lost_token_price
+from .sections import CostSection, CurveSection, cost_section, curve_section
+from .shared_prefix import lost_token_price
 
 if TYPE_CHECKING:
     from ...inputs import LogRecord, Request
@@ -396,7 +397,7 @@ def tallied(tally: PairTally, *, source: str, tokenizer: Any, tokenizer_name: st
             prompt_of: Callable[[int], Any] | None = None, add_generation_prompt: bool = False,
             models: Sequence[str] | None = None) -> tuple[LogReport, float | None, PairLosses]:
     """The report of a log's pairs (``tally``), with its provider section (``costed``) and capacity curve: the
-    report, the dollars a lost token costs (None without prices: :func:`.sections.lost_token_price`, over ``models``,
+    report, the dollars a lost token costs (None without prices: :func:`.shared_prefix.lost_token_price`, over ``models``,
     the models the log names, or the provider section's), and the requests' within-conversation losses.
     ``prompt_of(line)``: the prompt of the log's line ``line``, where the conversations kept only the lines of
     their worst pair: the worst conversations' pairs are tokenized and compared again (as ``diff_log`` compares

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ...errors import CachectlError, InputError, MalformedInput
+from ...errors import InputError, MalformedInput
 
 if TYPE_CHECKING:
     from ...inputs import Request
@@ -17,32 +17,6 @@ if TYPE_CHECKING:
     from ..provider.prices import PriceTable
     from .fix import FirstRead, FixOptions
     from .groups import LogLine
-
-def lost_token_price(table: PriceTable | None, models: Iterable[str], model: str | None = None
-                     ) -> tuple[float | None, str | None, str | None]:
-    """What a prompt token a provider cache did not read costs, in dollars (its model's input price less its
-    cache-read price), the model priced, and a note where no price is given. ``model`` (``--model``) prices every
-    token; else the models the log's requests name must share one such price: a log that mixes models of different
-    prices gets no dollar figure (and a note saying so), not the first model's for every token."""
-    names = [model] if model else list(dict.fromkeys(models))
-    if table is None or not names:
-        return None, None, None
-    rates: dict[str, float] = {}
-    for name in names:
-        try:
-            price = table.lookup(name)
-        except CachectlError:
-            return None, None, (f"no dollar figure for lost tokens: no price for {name!r} (add it with `prices`, or "
-                                "pass `model` to price them at one model's)")
-        if price.cache_read is None:
-            return None, None, f"no dollar figure for lost tokens: {price.model} has no cache-read price"
-        rates[price.model] = (price.input - price.cache_read) / 1e6
-    if len(set(rates.values())) > 1:
-        return None, None, ("no dollar figure for lost tokens: the log's models are priced differently "
-                            f"({', '.join(rates)}); pass `model` to price them at one model's")
-    name, rate = next(iter(rates.items()))
-    return rate, name, None
-
 
 @dataclass(frozen=True)
 class MissTally:

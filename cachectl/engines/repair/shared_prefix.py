@@ -288,11 +288,37 @@ class CrossRequestGain:
     price_model: str | None = None
 
 
+def lost_token_price(table: Any, models: Iterable[str], model: str | None = None
+                     ) -> tuple[float | None, str | None, str | None]:
+    """What a prompt token a provider cache did not read costs, in dollars (its model's input price less its
+    cache-read price), the model priced, and a note where no price is given. ``model`` (``--model``) prices every
+    token; else the models the log's requests name must share one such price: a log that mixes models of different
+    prices gets no dollar figure (and a note saying so), not the first model's for every token."""
+    names = [model] if model else list(dict.fromkeys(models))
+    if table is None or not names:
+        return None, None, None
+    rates: dict[str, float] = {}
+    for name in names:
+        try:
+            price = table.lookup(name)
+        except CachectlError:
+            return None, None, (f"no dollar figure for lost tokens: no price for {name!r} (add it with `prices`, or "
+                                "pass `model` to price them at one model's)")
+        if price.cache_read is None:
+            return None, None, f"no dollar figure for lost tokens: {price.model} has no cache-read price"
+        rates[price.model] = (price.input - price.cache_read) / 1e6
+    if len(set(rates.values())) > 1:
+        return None, None, ("no dollar figure for lost tokens: the log's models are priced differently "
+                            f"({', '.join(rates)}); pass `model` to price them at one model's")
+    name, rate = next(iter(rates.items()))
+    return rate, name, None
+
+
 def cross_request_gain(forks: LogForks, before: Any, after: Any, *, rate: float | None = None,
                        model: str | None = None) -> CrossRequestGain:
     """``before``/``after``: :class:`~cachectl.engines.repair.measure.Measure` of the log and of the fixed log;
     ``rate``: the dollars a token read from the cache saves, at ``model``'s prices
-    (:func:`.sections.lost_token_price`)."""
+    (:func:`lost_token_price`)."""
 
     def no_evict(m: Any) -> float | None:
         v = getattr(m, "vllm_no_eviction", None) or (m.vllm if m is not None and m.vllm is not None
