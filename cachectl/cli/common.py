@@ -593,7 +593,8 @@ def save_figure(fig, path: str) -> None:
 #: The one table from parameter names to flags.
 PARAM_FLAGS = {
     "default_model": "--model", "model": "--model", "tokenizer": "--tokenizer", "count_with_api": "--count-with-api",
-    "every": "--every DURATION", "prices": "--prices FILE", "list_models": "cachectl prompt-cost --list-models", "usage": "--usage",
+    "every": "--every DURATION", "prices": "--prices FILE", "list_models": "cachectl prompt-cost --list-models",
+    "usage": "--usage",
     "requests": "a REQUESTS.jsonl argument", "hash_block_size": "--hash-block-size", "block_size": "--block-size",
     "capacity_blocks": "--capacity-blocks", "capacity_gib": "--capacity-gib", "policy": "--policy",
     "concurrency": "--concurrency", "recompute_ratio": "--recompute-ratio", "hash": "--hash",

@@ -362,8 +362,8 @@ def render(r: LogReport, version: str) -> str:
         cv = r.curve
         out.append("<h2>vLLM prefix cache: hit rate against capacity</h2>")
         out.append(f'<p class="note">The log replayed through vLLM\'s block pool (blocks of {cv.block_size}, LRU '
-                   f"eviction) at {plural(len(cv.points), 'capacity', 'capacities')}, from the smallest that holds the largest request "
-                   f"({_n(cv.min_capacity_tokens)} tokens) to the one where nothing is evicted "
+                   f"eviction) at {plural(len(cv.points), 'capacity', 'capacities')}, from the smallest that holds the "
+                   f"largest request ({_n(cv.min_capacity_tokens)} tokens) to the one where nothing is evicted "
                    f"({_n(cv.ceiling_capacity_tokens)} tokens).</p>")
         out.append(f'<div class="chart">{curve_svg(cv)}<div class="legend"><span class="swatch" '
                    'style="background:#2f6fde"></span>hit rate at that capacity<span class="swatch" '

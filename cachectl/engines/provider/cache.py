@@ -1297,8 +1297,7 @@ def _findings(sim: CacheSimulator, ttl_gaps: _Misses, volatile: _Misses, one_hou
     if ttl_gaps.count:
         out.append(Finding("ttl_gap", f"{ttl_gaps.count} request(s) missed because the entry expired between "
                            "requests: space them closer than the TTL" + (", or use the 1h TTL" if one_hour else ""),
-                           ttl_gaps.count,
-                           tuple(ttl_gaps.lines)))
+                           ttl_gaps.count, tuple(ttl_gaps.lines)))
     if volatile.count:
         paths = sorted(volatile.paths)
         out.append(Finding("breakpoint_after_volatile", f"{volatile.count} request(s) missed because a value that "

@@ -60,7 +60,8 @@ class FixOptions:
     #: price table model for lines that name none
     model: str | None = None
     add_generation_prompt: bool = True
-    #: the provider simulations' time between requests where a line has no timestamp (``every`` s after the request before it)
+    #: the provider simulations' time between requests where a line has no timestamp (a line without one is sent
+    #: ``every`` s after the request before it)
     every: float | None = None
     #: measure tokens reused per fix code (one more rewrite and tokenization per code found)
     per_cause: bool = True

@@ -397,8 +397,8 @@ def tallied(tally: PairTally, *, source: str, tokenizer: Any, tokenizer_name: st
             prompt_of: Callable[[int], Any] | None = None, add_generation_prompt: bool = False,
             models: Sequence[str] | None = None) -> tuple[LogReport, float | None, PairLosses]:
     """The report of a log's pairs (``tally``), with its provider section (``costed``) and capacity curve: the
-    report, the dollars a lost token costs (None without prices: :func:`.shared_prefix.lost_token_price`, over ``models``,
-    the models the log names, or the provider section's), and the requests' within-conversation losses.
+    report, the dollars a lost token costs (None without prices: :func:`.shared_prefix.lost_token_price`, over
+    ``models``, the models the log names, or the provider section's), and the requests' within-conversation losses.
     ``prompt_of(line)``: the prompt of the log's line ``line``, where the conversations kept only the lines of
     their worst pair: the worst conversations' pairs are tokenized and compared again (as ``diff_log`` compares
     them)."""
@@ -407,8 +407,8 @@ def tallied(tally: PairTally, *, source: str, tokenizer: Any, tokenizer_name: st
     convs = tally.convs
     notes: list[str] = list(costed.notes) if costed is not None else []
     cost = costed.section if costed is not None else None
-    rate, price_model, why = lost_token_price(table, cost.models if models is None and cost else models or (),
-                                              price_model)
+    named = models if models is not None else (cost.models if cost is not None else ())
+    rate, price_model, why = lost_token_price(table, named, price_model)
     notes += [why] if why else []
     causes = tuple(sorted((CauseLoss(cause=c, label=cause_label(c), pairs=n, tokens_lost=t,
                                      usd_lost=None if rate is None else t * rate)
