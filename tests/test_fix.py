@@ -207,6 +207,9 @@ def test_out_copies_unchanged_lines_byte_for_byte_and_diff_writes_nothing(cli, t
     assert "-Current time: 2026-11-30T10:00:00Z" in r.stdout and not d.exists()
     bad = cli("fix", LOG, "--diff", "--out", d)
     assert bad.exit_code == 2 and "--diff" in bad.stderr and not d.exists()
+    js = cli("fix", LOG, "--tokenizer", TOK_DIR, "--diff", "--select", "FX001", "--unsafe-fixes", "--format", "json")
+    assert js.exit_code == 1 and json.loads(js.stdout)["changed_lines"]   # (stdout stays one JSON document)
+    assert "cachectl: note: --diff shows with the text output; the JSON lists the lines rewritten (changed_lines)" in js.stderr
 
 
 def test_a_clean_log_needs_no_fix(cli, tmp_path, tok):

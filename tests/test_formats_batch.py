@@ -153,3 +153,28 @@ def test_fix_rewrites_a_batch_input_file_and_both_commands_price_it_at_batch_rat
     assert r.exit_code in (0, 1) and json.loads(r.stdout)["cost"] is None
     assert any("pass `every`" in n for n in json.loads(r.stdout)["notes"])   # (the text output names --every)
     assert cli("fix", batch, "-t", "fixtures/tok", "--every", "soon").exit_code == 2
+
+
+def test_each_whole_log_command_names_what_reads_a_shape_it_cannot_use(cli):
+    """A Batch output file holds responses, not requests: ``report``, ``fix`` and ``diff-tokens --log`` say that
+    ``prompt-cost --usage`` audits it (``report`` said 'not a prompt' and ``fix`` that ``report`` reads it). A
+    shape ``report`` reads and ``fix`` cannot rewrite (Langfuse events): ``fix`` names the commands the shape
+    lists, and ``report`` says its fixes are made at the source, in the text and in the JSON's notes."""
+    out = "fixtures/logs/openai_batch_output.jsonl"
+    for args in (("report", out, "-t", "fixtures/tok"), ("fix", out, "-t", "fixtures/tok"),
+                 ("diff-tokens", "--log", out, "-t", "fixtures/tok")):
+        r = cli(*args)
+        assert r.exit_code == 2 and "`cachectl prompt-cost --usage FILE` audits" in r.stderr, (args, r.stderr)
+        assert "report` reads it" not in r.stderr and "Traceback" not in r.stderr
+    events = "fixtures/logs/langfuse_litellm_batch.jsonl"
+    r = cli("fix", events, "-t", "fixtures/tok")
+    assert r.exit_code == 2 and "this is Langfuse" in r.stderr and "`cachectl report`" in r.stderr
+    assert "`cachectl fix`" not in r.stderr
+    text = cli("report", events, "-t", "fixtures/tok")
+    assert text.exit_code in (0, 1) and "fixed at the source: vLLM hit rate" in text.stdout
+    assert "cachectl fix: vLLM" not in text.stdout
+    js = json.loads(cli("report", events, "-t", "fixtures/tok", "--format", "json").stdout)
+    assert js["fixes"] is not None and any("`cachectl fix` rewrites logs whose lines are request bodies" in n
+                                           and "not Langfuse" in n for n in js["notes"])
+    native = cli("report", "fixtures/prompts/fix_log.jsonl", "-t", "fixtures/tok")
+    assert "cachectl fix: vLLM hit rate" in native.stdout and "made where the requests are built" not in native.stdout

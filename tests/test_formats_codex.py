@@ -115,3 +115,17 @@ def test_concatenated_rollouts_start_each_session_afresh(tmp_path):
     for a, b in zip(alone, together[len(alone):]):
         assert b["usage"] == a["usage"] and len(b["body"]["input"]) == len(a["body"]["input"])
         assert b["session"] != a["session"]
+
+
+def test_a_forced_log_format_that_the_file_is_not_is_said_on_its_first_line(cli):
+    """``--log-format codex`` on cachectl's own log: its reader would skip every line (report said 'no requests');
+    a forced shape whose detector does not see the file is one line naming the shape and what it expects. Each
+    shape's own example still reads under its name forced."""
+    from cachectl.inputs.formats import MODULES, open_log
+
+    r = cli("report", "fixtures/prompts/fix_log.jsonl", "-t", "fixtures/tok", "--log-format", "codex")
+    assert r.exit_code == 2 and r.stderr.startswith("cachectl: error: fixtures/prompts/fix_log.jsonl:1: not Codex CLI")
+    assert "--log-format codex" in r.stderr and "no requests" not in r.stderr
+    for module in MODULES:
+        name, reader, lines = open_log(module.SHAPE.example, module.SHAPE.name)
+        assert (name, reader) == (module.SHAPE.name, module) and next(lines)

@@ -283,3 +283,17 @@ def test_values_are_the_records_values_past_the_cap_window():
             [(r.line, r.value()) for r in records])
         past += len(records) > vllm_log._CAP_WINDOW
     assert past >= 10
+
+
+def test_report_on_a_server_log_says_why_no_provider_cache_is_simulated(cli):
+    """A vLLM server log holds prompts and token IDs, no API request body: the provider section's note says so
+    (it said 'no requests', beside a report of two requests)."""
+    import json
+
+    r = cli("report", "fixtures/logs/vllm_requests.log", "-t", "fixtures/tok", "--format", "json")
+    assert r.exit_code in (0, 1), r.stderr
+    out = json.loads(r.stdout)
+    assert out["requests"] == 2 and out["cost"] is None
+    assert "provider cache not simulated: none of the 2 lines is an API request body (each is a prompt's text or " \
+           "token IDs)" in out["notes"]
+    assert not any(n.endswith("no requests") for n in out["notes"])

@@ -118,8 +118,20 @@ def test_log_streams_and_locates_errors(write):
     assert (first.line, first.key, first.prompt.text) == (1, 1, "a")
     second = next(it)
     assert second.line == 3  # the blank line is skipped but still counted
-    with pytest.raises(InputError, match=r"log.jsonl:4: invalid JSON"):
+    with pytest.raises(InputError, match=r"log.jsonl:4: invalid JSON: the line ends before its value does"):
         next(it)
+
+
+@pytest.mark.parametrize("cut", [b'{"model": "gpt-4.1", "messa', b'{"a": 1,', b'{"a": [1, 2', b'{"a": 1,\r'])
+def test_a_line_cut_short_is_said_to_end_before_its_value(write, cut):
+    """A line cut inside a string, an object or an array is said to end early, not named by the parser's last
+    complaint ('unexpected control character in string' at the newline); other errors keep their column."""
+    path = write("log.jsonl", b'{"prompt": "a"}\n' + cut + b"\n")
+    with pytest.raises(InputError, match=r"log.jsonl:2: invalid JSON: the line ends before its value does"):
+        list(iter_log(str(path)))
+    bad = write("bad.jsonl", b'{"prompt": "a\tb"}\n{"prompt": "a"}}\n')
+    with pytest.raises(InputError, match=r"bad.jsonl:1: invalid JSON: unexpected control character in string \(col"):
+        list(iter_log(str(bad)))
 
 
 def test_log_missing_key_names_line_and_field(write):

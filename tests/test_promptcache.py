@@ -224,8 +224,11 @@ def test_every_places_a_line_without_a_time_after_the_request_before_it(table):
     assert counters(r) == [(10, 2000, 0), (10, 0, 2000), (10, 2000, 0), (10, 0, 2000)]
     r = sim(table, [line(epoch, "a"), line(None, "b"), line(epoch + 30, "c")], every=60.0)
     assert counters(r)[2] == (10, 0, 2000)
-    with pytest.raises(InputError, match="t.jsonl:2: field 'timestamp': timestamp .* is earlier"):
+    with pytest.raises(InputError, match=r"t.jsonl:2: field 'timestamp': timestamp 2026-11-30T09:59:59.000Z is "
+                       r"earlier than the previous request's \(2026-11-30T10:00:00.000Z\)"):  # (instants, as read)
         sim(table, [line(epoch, "a"), line(epoch - 1, "b")], every=60.0)
+    with pytest.raises(InputError, match=r"timestamp 29.5 s is earlier than the previous request's \(30 s\)"):
+        sim(table, [line(30, "a"), line(29.5, "b")])  # (small times: seconds from the log's start)
 
 
 def test_a_ttl_gap_advises_the_1h_ttl_only_for_a_model_that_has_one(table):

@@ -38,6 +38,7 @@ from .common import (
     plural,
     print_note,
     run_inputs,
+    stderr,
     stdout,
     timestamp_note,
     timestamp_reader,
@@ -176,6 +177,9 @@ def command(
     if fmt is Format.json:
         emit_json({**report.to_dict(), "out": out, "changed_lines": [lines.line_number(i) for i in changed],
                    **({"with_unsafe_fixes": _preview(full)} if full is not None else {})})
+        if diff:  # (stdout is the JSON document)
+            stderr.print("cachectl: note: --diff shows with the text output; the JSON lists the lines rewritten "
+                         "(changed_lines), and -o writes them", markup=False, highlight=False, soft_wrap=True)
     else:
         if diff:
             _render_diff(source, lines, report.output, changed)

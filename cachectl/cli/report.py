@@ -95,8 +95,8 @@ def command(
     ray: RayRenderOpt = None,
     log_format: LogFormatOpt = None,
 ) -> None:
-    from ..inputs.files import spooled
-    from ..inputs.formats import shape_of
+    from ..inputs.files import display_name, spooled
+    from ..inputs.formats import refuse_unread, shape_of
     from .transcript_view import is_transcript_log, report_transcript
 
     forced = log_format_name(log_format)
@@ -110,6 +110,7 @@ def command(
     # its shape is found from its first lines, then it is read: stdin or a pipe is copied once
     with spooled(log) as path:
         shape = forced if forced not in (None, "auto") else shape_of(path)
+        refuse_unread(shape, "report", display_name(path))
         _report(path, tokenizer, key, window, chat_template, model, html, block_size, top, fmt, time_unit, jobs,
                 shape, ray, every, prices)
 
@@ -121,12 +122,14 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
             model: Optional[str], html: Optional[str], block_size: int, top: int, fmt: Format,
             time_unit: Optional[TimeUnit] = None, jobs: Optional[int] = None, shape: str = "native",
             ray: Optional[str] = None, every: Optional[str] = None, prices: Optional[str] = None) -> None:
+    from dataclasses import replace
+
     from ..engines.provider.prices import PriceTable
     from ..engines.repair import fix, report
     from ..engines.repair.groups import log_lines
     from ..engines.repair.sections import sections_reader
     from ..inputs import display_name, read_json_file
-    from ..inputs.formats import log_values
+    from ..inputs.formats import REWRITABLE, SHAPES, log_values, rewritable
     from ..tokenization import load_tokenizer
     from ..workers import Workers
 
@@ -164,6 +167,9 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
                                    source=source, default_model=model, timestamps=stamps, top=top,
                                    price_model=model, progress=tick, workers=workers, first_read=first,
                                    sections_read=sections)
+    if result.fixes is not None and not rewritable(shape):  # (the fixes are real; this log is not theirs to rewrite)
+        result = replace(result, notes=(*result.notes, f"the fixes are made where the requests are built: `cachectl "
+                                        f"fix` rewrites {REWRITABLE}, not {SHAPES[shape].title}"))
     if html is not None:
         from ..outputs import write_text
         from .report_html import render
@@ -172,7 +178,7 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
     if fmt is Format.json:
         emit_json(result)
     else:
-        _render_text(result, html)
+        _render_text(result, html, rewritable(shape))
     timestamp_note(stamps)
     found = result.total_tokens_lost or result.tokens_lost or any(f.fixable for f in result.forks)
     raise typer.Exit(EXIT_FINDING if found else EXIT_OK)
@@ -198,7 +204,9 @@ def _usd(x: Any) -> str:
     return "n/a" if x is None else f"${x:,.4f}" if abs(x) < 100 else f"${x:,.2f}"
 
 
-def _render_text(r, html: str | None) -> None:
+def _render_text(r, html: str | None, rewritten: bool = True) -> None:
+    """``rewritten``: ``cachectl fix`` rewrites a log of this shape (else its fixes are said as made at the
+    source)."""
     from rich.table import Table
 
     ratio = f"{r.reuse_ratio:.1%}" if r.reuse_ratio is not None else "n/a"
@@ -255,7 +263,7 @@ def _render_text(r, html: str | None) -> None:
         def rate(x: Any) -> str:
             return "n/a" if x is None else f"{x:.1%}"
 
-        stdout.print(f"cachectl fix: vLLM hit rate {rate(before.vllm_hit_rate)} -> {rate(safe.vllm_hit_rate)} (safe "
+        stdout.print(f"{'cachectl fix' if rewritten else 'fixed at the source'}: vLLM hit rate {rate(before.vllm_hit_rate)} -> {rate(safe.vllm_hit_rate)} (safe "
                      f"fixes) -> {rate(full.vllm_hit_rate)} (all fixes); provider {_usd(before.provider_cost_usd)} -> "
                      f"{_usd(safe.provider_cost_usd)} -> {_usd(full.provider_cost_usd)}", soft_wrap=True, markup=False)
     for note in r.notes:

@@ -1124,6 +1124,16 @@ def simulate_requests(requests: Iterable[Request], *, table: PriceTable, source:
     return run.report()
 
 
+def _when(t: float) -> str:
+    """A time as a message shows it: an instant in UTC (ISO 8601), or seconds where the log's times are small
+    numbers (seconds from the log's start, not an epoch)."""
+    if t >= 1e8:  # (1973 on: an epoch instant)
+        from datetime import UTC, datetime
+
+        return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return f"{t:g} s"
+
+
 class CostRun:
     """:func:`simulate_requests` fed by its caller, one request at a time (:meth:`add`), its report made at the end
     (:meth:`report`): a sweep that feeds several simulations as it reads a log runs them in its own thread, one
@@ -1168,8 +1178,9 @@ class CostRun:
             t = 0.0 if self.last_t is None or self.every is None else self.last_t + self.every
         if self.last_t is not None and t < self.last_t:
             if not self.last_filled:
-                raise InputError(f"timestamp {t} is earlier than the previous request's ({self.last_t}); sort the "
-                                 "log by time", source=req.source, line=req.line, field="timestamp")
+                raise InputError(f"timestamp {_when(t)} is earlier than the previous request's "
+                                 f"({_when(self.last_t)}); sort the log by time", source=req.source, line=req.line,
+                                 field="timestamp")
             t = self.last_t  # (a time filled in before a logged one earlier than it: the two at once)
         self.last_t, self.last_filled = t, filled
         sim.advance(t)

@@ -139,6 +139,9 @@ class CostFeed:
 
     def result(self) -> Costed:
         self.flush()
+        if not self.read and self.skipped:  # (a server's log: token IDs or texts, which no provider bills as such)
+            return Costed(None, notes=(f"provider cache not simulated: none of the {self.skipped:,} lines is an API "
+                                       "request body (each is a prompt's text or token IDs)",))
         try:
             if self.error is not None:
                 raise self.error

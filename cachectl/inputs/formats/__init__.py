@@ -97,7 +97,16 @@ def open_log(path: str, log_format: str | None = None) -> tuple[str, ModuleType 
             return "native", None, lines
         if log_format not in READERS:
             raise UsageError(f"unknown log format {log_format!r} (known: {', '.join(LOG_FORMATS)})")
-        return log_format, READERS[log_format], lines
+        module = READERS[log_format]
+        if module is None:
+            return log_format, None, lines
+        # a forced shape its detector does not see at all is said now (its reader would skip every line)
+        head, taken = _head(lines, display_name(path))
+        if head.lines and module.detect(head).score == 0:
+            raise InputError(f"not {module.SHAPE.title} (--log-format {log_format}): expected "
+                             f"{module.SHAPE.recognized}; leave --log-format out to have the shape found",
+                             source=head.source, line=head.lines[0].line)
+        return log_format, module, itertools.chain(taken, lines)
     head, taken = _head(lines, display_name(path))
     name, module = detect(head)
     return name, module, itertools.chain(taken, lines)
@@ -141,13 +150,34 @@ def raw_log_values(path: str, log_format: str | None = None, *, command: str) ->
     OpenAI Batch input) is read as cachectl's own."""
     from ..files import display_name, iter_log_values
 
-    name, module, lines = open_log(path, log_format)
-    if module is not None and not getattr(module, "REWRITTEN_AS_NATIVE", False):
-        raise InputError(getattr(module, "NO_BODY", None) or
-                         f"{command} rewrites logs whose lines are request bodies (cachectl's wrapper, bare bodies, "
-                         f"OpenAI Batch input); this is {SHAPES[name].title}: `cachectl report` reads it",
-                         source=display_name(path))
+    name, _, lines = open_log(path, log_format)
+    refuse_unread(name, command, display_name(path))
     yield from iter_log_values(path, lines)
+
+
+#: the logs ``fix`` rewrites, as its refusals and ``report``'s note name them
+REWRITABLE = "logs whose lines are request bodies (cachectl's wrapper, bare bodies, OpenAI Batch input)"
+
+
+def rewritable(name: str) -> bool:
+    """Whether ``fix`` rewrites a log of the shape ``name``: cachectl's own shapes, and a shape whose lines are
+    requests at cachectl's ``body`` (``REWRITTEN_AS_NATIVE``: OpenAI Batch input)."""
+    module = READERS.get(name)
+    return module is None or getattr(module, "REWRITTEN_AS_NATIVE", False)
+
+
+def refuse_unread(name: str, command: str, source: str) -> None:
+    """One line, where ``command`` (``fix``, ``report``) does not read a log of the shape ``name``: the shape's
+    ``NO_BODY`` where its records have no request body (it names what reads them), else what ``fix`` rewrites
+    and the commands the shape names (:attr:`~.base.LogShape.commands`). cachectl's own shapes pass (their
+    readers name any line a command cannot use)."""
+    module = READERS.get(name)
+    if module is None or (rewritable(name) if command == "fix" else command in module.SHAPE.commands):
+        return
+    readers = ", ".join(f"`cachectl {c}`" for c in module.SHAPE.commands if c != command)
+    what = f"{command} rewrites {REWRITABLE}; " if command == "fix" else ""
+    raise InputError(getattr(module, "NO_BODY", None) or f"{what}this is {SHAPES[name].title}: {readers} "
+                     f"read{'s' if ',' not in readers else ''} it", source=source)
 
 
 def shape_of(path: str) -> str:
@@ -155,5 +185,6 @@ def shape_of(path: str) -> str:
     return open_log(path)[0]
 
 
-__all__ = ["CONTAINERS", "LOG_FORMATS", "MODULES", "READERS", "SHAPES", "LogShape", "Record", "detect",
-           "log_values", "open_log", "raw_log_values", "record_values", "shape_of"]
+__all__ = ["CONTAINERS", "LOG_FORMATS", "MODULES", "READERS", "REWRITABLE", "SHAPES", "LogShape", "Record", "detect",
+           "log_values", "open_log", "raw_log_values", "record_values", "refuse_unread", "rewritable",
+           "shape_of"]

@@ -78,6 +78,11 @@ def _call(value: Any, source: str, n: int) -> tuple[str, dict, str | None, str |
             request_id if isinstance(request_id, str) else None)
 
 
+#: what commands that need request bodies say on a batch output (report, fix, diff-tokens --log)
+NO_BODY = ("an OpenAI Batch output file holds the responses, not the requests: `cachectl prompt-cost --usage FILE` "
+           "audits what they billed, and `cachectl prompt-cost INPUT.jsonl --usage FILE` joins them to the batch "
+           "input's requests")
+
 #: what every record of a batch output lacks
 _MISSING = ("the request (a batch output has none: pass the input file, with this one as `--usage`)",)
 
