@@ -41,6 +41,12 @@ class MalformedInput(InputError):
     without; a malformed value ends every command with exit 2, wherever it is first read."""
 
 
+class UnrenderablePart(InputError):
+    """A content part (image, audio, document or file) that a tokenizer cannot render to token IDs without the
+    model's processor. ``report`` and ``fix`` leave such a line out of their analyses and say so; the commands
+    that read one prompt stop on it."""
+
+
 class TokenizerError(CachectlError):
     """A tokenizer that cannot be loaded or used for the asked purpose."""
 

@@ -490,3 +490,43 @@ def test_fx002_sorts_only_the_tools_seen_with_their_keys_in_another_order(tok, t
     report = fix.fix_log(lines_of(log), fix.FixOptions(key="session"), tokenizer=tok, table=table)
     fx002 = [(f.line, f.path) for f in report.fixes if f.code == "FX002"]
     assert fx002 == [(1, "body.tools[0]"), (2, "body.tools[0]"), (3, "body.tools[0]")]
+
+
+def test_a_line_with_an_image_is_left_out_of_report_and_fix_and_said(cli, tmp_path):
+    """A request with an image part has no token IDs without the model's processor. ``report`` and ``fix`` leave
+    its line out, and say so first among their notes. Every figure is then the figure of the log without that
+    line; ``fix -o`` writes the line back byte for byte. A log of nothing else still ends with the line's error
+    (exit 2), and ``diff-tokens --log`` still stops on it."""
+    src = LOG.read_bytes().splitlines(keepends=True)
+    image = json.loads(src[2])
+    image["body"]["messages"][-1]["content"] = [{"type": "text", "text": "what is this?"},
+                                                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]
+    raw = (json.dumps(image) + "\n").encode()
+    with_image, without = tmp_path / "with.jsonl", tmp_path / "without.jsonl"
+    with_image.write_bytes(b"".join(src[:3] + [raw] + src[3:]))
+    without.write_bytes(b"".join(src))
+    args = ("-t", TOK_DIR, "--format", "json")
+
+    def figures(path):
+        r = cli("report", path, *args)
+        assert r.exit_code == 1, r.stderr
+        out = json.loads(r.stdout)
+        return out, (out["requests"], out["reused_tokens"], out["total_tokens_lost"], out["cost"]["total_usd"],
+                     out["curve"]["ceiling_hit_rate"], [c["tokens_lost"] for c in out["causes"]])
+
+    got, want = figures(with_image), figures(without)
+    assert got[1] == want[1]
+    note = ("1 line left out: a request holds a content part (image, audio, document or file) that has no token IDs "
+            "without the model's processor (the first: line 4, body.messages[1].content[1]); every figure is of the "
+            "other requests")
+    assert got[0]["notes"][0] == note and note not in want[0]["notes"]
+    out = tmp_path / "fixed.jsonl"
+    r = cli("fix", with_image, *args, "--unsafe-fixes", "-o", out)
+    assert r.exit_code == 1 and json.loads(r.stdout)["notes"][0] == note, r.stderr
+    written = out.read_bytes().splitlines(keepends=True)
+    assert len(written) == len(src) + 1 and written[3] == raw and written[0] != src[0]  # (line 1 is rewritten)
+    only = tmp_path / "only.jsonl"
+    only.write_bytes(raw)
+    for command in (("report", only, *args), ("fix", only, *args), ("diff-tokens", "--log", with_image, "-t", TOK_DIR)):
+        r = cli(*command)
+        assert r.exit_code == 2 and "cannot be rendered to token IDs without the model's processor" in r.stderr

@@ -165,14 +165,14 @@ def command(
             # (the conversations found and the requests packed for the fork analysis as the lines are read; with
             # --ray, rendered on the cluster first)
             first = fix.FirstRead(options, tokenizer=tok, source=source, forks=ray is None, workers=workers)
-            lines = log_lines(records(), source=source, key=key, timestamps=stamps, each=first.add)
+            lines = log_lines(records(), source=source, key=key, timestamps=stamps, each=first.add, leave_out=True)
             if ray is not None:
                 _on_ray(lines, tok, options, ray, workers.jobs)
             report = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source, progress=workers.tick,
                                  workers=workers, preview_unsafe=True, first_read=first)
             full = report.unsafe_preview
         changes = _changes(lines, report.output)
-        changed = (_write(out, whole or _raw_lines(path, lines), changes) if out is not None
+        changed = (_write(out, [(0, whole[0])] if whole else _raw_lines(path, lines), changes) if out is not None
                    else [i for i, _ in changes])
     if fmt is Format.json:
         emit_json({**report.to_dict(), "out": out, "changed_lines": [lines.line_number(i) for i in changed],
@@ -193,19 +193,24 @@ def command(
 command.__doc__ = HELP
 
 
-def _raw_lines(path: str, lines: Any) -> Iterator[bytes]:
-    """The bytes of each line of the log ``path`` (read again), one per line of ``lines`` (read from it): a log
+def _raw_lines(path: str, lines: Any) -> Iterator[tuple[int | None, bytes]]:
+    """``(i, bytes)`` of each line of the log ``path`` (read again), ``i`` its index in ``lines`` (read from it), or
+    None for a line ``lines`` left out (:func:`~cachectl.engines.repair.groups.log_lines`' ``leave_out``): a log
     that changed in between is an error."""
     from ..errors import InputError
     from ..inputs import display_name
     from ..inputs.files import iter_raw_lines
 
     n = 0
+    left = {exc.line for exc in lines.left_out}
     for lineno, raw, source in iter_raw_lines(path):
+        if lineno in left:
+            yield None, raw
+            continue
         if n >= len(lines) or lines.line_number(n) != lineno:
             raise InputError("changed while it was being fixed (read it again)", source=source, line=lineno)
+        yield n, raw
         n += 1
-        yield raw
     if n != len(lines):
         raise InputError("changed while it was being fixed (read it again)", source=display_name(path))
 
@@ -230,7 +235,7 @@ def _changes(lines: Any, output: Any) -> Iterator[tuple[int, Any]]:
                 yield i, value
 
 
-def _write(path: str, raw: Iterable[bytes], changes: Iterator[tuple[int, Any]]) -> list[int]:
+def _write(path: str, raw: Iterable[tuple[int | None, bytes]], changes: Iterator[tuple[int, Any]]) -> list[int]:
     """The log written once as its lines are read again, ``changes`` (:func:`_changes`) taken as they come:
     unchanged lines are copied byte for byte (their own line ends kept); a rewritten line keeps the input's
     separators style and its own line end (``\r\n`` in a CRLF file). The log reaches ``path`` whole or not at all (a
@@ -242,8 +247,8 @@ def _write(path: str, raw: Iterable[bytes], changes: Iterator[tuple[int, Any]]) 
     changed: list[int] = []
     nxt = next(changes, None)
     with atomic_write(path) as fh:
-        for i, line in enumerate(raw):
-            if nxt is None or nxt[0] != i:
+        for i, line in raw:
+            if nxt is None or nxt[0] != i:  # (unchanged, or a line left out)
                 fh.write(line if line.endswith(b"\n") else line + b"\n")
                 continue
             spaced = b'": ' in line or b'", "' in line

@@ -157,7 +157,7 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
             # texts are handed to the encoding thread)
             first.then(sections, ahead=sections.ahead)
         lines = log_lines(iter_progress(log_values(log, shape), progress), source=source, key=key,
-                          timestamps=stamps, each=first.add)
+                          timestamps=stamps, each=first.add, leave_out=True)
         if ray is not None:  # (every part renders with the generation prompt, as a server does)
             from ..engines.repair.prefill import prefill
 

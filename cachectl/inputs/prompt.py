@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InputError
+from ..errors import InputError, UnrenderablePart
 from .files import JSONL_NOT_JSON, display_name, parse_json_document, read_text
 from .jsonpos import Locator
 from .request import Request, is_request_body, parse_request, unwrap
@@ -167,10 +167,10 @@ def prompt_from_request(req: Request) -> PromptInput:
 def _refuse_unrenderable(req: Request, source: str, line: int | None, strip: str = "") -> None:
     if req.chat is not None and req.chat.unrenderable:
         path = req.body_path + req.chat.unrenderable[0]
-        raise InputError("this content part (image, audio, document or file) cannot be rendered to token IDs "
-                         "without the model's processor; only text parts are supported", source=source,
-                         line=line if line is not None else req.locate(req.chat.unrenderable[0])[0],
-                         field=path[len(strip):] if strip and path.startswith(strip) else path)
+        raise UnrenderablePart("this content part (image, audio, document or file) cannot be rendered to token "
+                               "IDs without the model's processor; only text parts are supported", source=source,
+                               line=line if line is not None else req.locate(req.chat.unrenderable[0])[0],
+                               field=path[len(strip):] if strip and path.startswith(strip) else path)
 
 
 def _shift(locator: Locator | None):

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import InputError, UsageError
 from .fixes import CODES, FIXES, REGISTRY, Fix, rewrite
-from .groups import Grouping, LogLine, Sessions, group_sessions, log_models, with_model
+from .groups import Grouping, LogLine, Sessions, group_sessions, left_out_note, log_models, with_model
 from .measure import Measure, measure_versions
 from .shared_prefix import CrossRequestGain, ForkLines, LogForks, cross_request_gain, log_forks, lost_token_price
 from .store import Mapped
@@ -455,7 +455,7 @@ def assembled(lines: Sequence[LogLine], options: FixOptions, grouping: Grouping,
               fork_notes: Sequence[str], before: Measure, before_notes: Sequence[str], done: FixPass, *,
               table: Any = None, source: str = "", tokenizer: Any = None) -> FixReport:
     """The report of one fix pass: the tokens reused per fix code against ``before``, the gain across requests."""
-    notes = list(fork_notes) + list(done.notes)
+    notes = [n for n in (left_out_note(lines),) if n] + list(fork_notes) + list(done.notes)
     notes += list(dict.fromkeys(list(before_notes) + list(done.after_notes)))
     if tokenizer is None:
         notes.append("no tokenizer: the vLLM hit rate and the tokens reused per cause need --tokenizer")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from ...errors import InputError
+from ...errors import InputError, UnrenderablePart, plural
 from ...inputs import PromptInput, Request, compact, get_path, parse_request, prompt_from_value
 from .store import LineStore, store_of
 
@@ -55,7 +55,8 @@ class Grouping:
 
 
 def log_lines(records: Iterable[tuple[int, Any]], *, source: str, key: str | None = None,
-              timestamps: Any = None, each: Callable[[LogLine], None] | None = None) -> LineStore:
+              timestamps: Any = None, each: Callable[[LogLine], None] | None = None,
+              leave_out: bool = False) -> LineStore:
     """:class:`LogLine` records from ``(line, value)`` pairs (:func:`cachectl.inputs.iter_jsonl`): request bodies
     and wrappers (through :func:`cachectl.inputs.parse_request`), chat lists, raw-text and token-ID prompts
     (through :func:`cachectl.inputs.prompt_from_value`). ``timestamps``: the run's
@@ -63,14 +64,37 @@ def log_lines(records: Iterable[tuple[int, Any]], *, source: str, key: str | Non
 
     Every line is read and checked here (a bad line is an error now, not in a later pass); the lines are kept
     as a :class:`~.store.LineStore`: their values on disk, parsed again when read. ``each(line)`` sees every line
-    as it is read, parsed (what else the run takes from this read: :class:`.fix.FirstRead`)."""
+    as it is read, parsed (what else the run takes from this read: :class:`.fix.FirstRead`).
+
+    ``leave_out``: a line whose request holds a part no tokenizer renders (an image, audio, a file:
+    :class:`~cachectl.errors.UnrenderablePart`) is left out of the store, and kept in its ``left_out`` (``report``
+    and ``fix`` say so: :func:`left_out_note`); a log of nothing else is that line's error."""
     out = LineStore(partial(_line_again, source))
     for lineno, value in records:
-        ln = _log_line(lineno, value, source, key, timestamps)
+        try:
+            ln = _log_line(lineno, value, source, key, timestamps)
+        except UnrenderablePart as exc:
+            if not leave_out:
+                raise
+            out.left_out.append(exc)
+            continue
         out.append(ln)
         if each is not None:
             each(ln)
+    if out.left_out and not len(out):
+        raise out.left_out[0]
     return out
+
+
+def left_out_note(lines: Any) -> str | None:
+    """The note of the lines :func:`log_lines` left out (None where none was)."""
+    left = getattr(store_of(lines) or lines, "left_out", None)
+    if not left:
+        return None
+    first = left[0]
+    return (f"{plural(len(left), 'line')} left out: a request holds a content part (image, audio, document or file) "
+            f"that has no token IDs without the model's processor (the first: line {first.line}, "
+            f"{first.field}); every figure is of the other requests")
 
 
 def _line_again(source: str, value: Any, lineno: int, key: Any, ts: float | None) -> LogLine:

@@ -476,7 +476,7 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     process: no read of the lines for them), not fed here."""
     from ...workers import Workers
     from .fix import assembled, forked, measured_pass, rewrites, started
-    from .groups import log_models
+    from .groups import left_out_note, log_models
     from .measure import provider_measure
     from .sections import feeding, sections_reader
 
@@ -545,6 +545,8 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
         fixes=before_after(safe, full, safe_applied=safe_pass.applied, full_applied=full_pass.applied),
         prompt_of=lambda line: lines[lines.index_of(line)].prompt,  # type: ignore[attr-defined]
         add_generation_prompt=options.add_generation_prompt, models=log_models(lines))
+    left = left_out_note(lines)  # (lines of parts no tokenizer renders: said first)
+    r = replace(r, notes=(left, *r.notes)) if left else r
     return with_forks(r, forks, losses, rate) if forks is not None else r
 
 

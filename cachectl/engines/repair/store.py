@@ -100,6 +100,8 @@ class LineStore(_Cached[Any]):
         self._keys: list[Any] | None = None   # only when a line has one
         self._interned: dict[Any, Any] = {}
         self._facts: list[tuple] = []         # per line: (prompt kind, provider, model), interned
+        #: the errors of the lines left out (:func:`.groups.log_lines`' ``leave_out``), in the log's order
+        self.left_out: list[Any] = []
 
     def append(self, ln: Any) -> None:
         self._spool.put_bytes(_packed(ln.value))
