@@ -263,7 +263,8 @@ def _render_text(r, html: str | None, rewritten: bool = True) -> None:
         def rate(x: Any) -> str:
             return "n/a" if x is None else f"{x:.1%}"
 
-        stdout.print(f"{'cachectl fix' if rewritten else 'fixed at the source'}: vLLM hit rate {rate(before.vllm_hit_rate)} -> {rate(safe.vllm_hit_rate)} (safe "
+        label = "cachectl fix" if rewritten else "fixed at the source"
+        stdout.print(f"{label}: vLLM hit rate {rate(before.vllm_hit_rate)} -> {rate(safe.vllm_hit_rate)} (safe "
                      f"fixes) -> {rate(full.vllm_hit_rate)} (all fixes); provider {_usd(before.provider_cost_usd)} -> "
                      f"{_usd(safe.provider_cost_usd)} -> {_usd(full.provider_cost_usd)}", soft_wrap=True, markup=False)
     for note in r.notes:

@@ -174,10 +174,11 @@ def refuse_unread(name: str, command: str, source: str) -> None:
     module = READERS.get(name)
     if module is None or (rewritable(name) if command == "fix" else command in module.SHAPE.commands):
         return
-    readers = ", ".join(f"`cachectl {c}`" for c in module.SHAPE.commands if c != command)
+    readers = [f"`cachectl {c}`" for c in module.SHAPE.commands if c != command]
     what = f"{command} rewrites {REWRITABLE}; " if command == "fix" else ""
-    raise InputError(getattr(module, "NO_BODY", None) or f"{what}this is {SHAPES[name].title}: {readers} "
-                     f"read{'s' if ',' not in readers else ''} it", source=source)
+    verb = "reads" if len(readers) == 1 else "read"
+    raise InputError(getattr(module, "NO_BODY", None) or f"{what}this is {SHAPES[name].title}: "
+                     f"{', '.join(readers)} {verb} it", source=source)
 
 
 def shape_of(path: str) -> str:
