@@ -96,3 +96,71 @@ def test_an_ambiguous_timestamp_is_one_line_naming_the_unit_to_state(cli, tmp_pa
     assert "odd.jsonl:1" in r.stderr and "--time-unit s|ms|us" in r.stderr
     ok = cli(*[str(log) if a == "{log}" else a for a in command], "--time-unit", "ms")
     assert ok.exit_code in (0, 1) and "timestamp" not in ok.stderr, ok.stderr
+
+
+def test_a_time_zone_is_an_iana_name_utc_or_an_offset_and_anything_else_is_refused():
+    from datetime import timedelta, timezone
+
+    from cachectl.inputs.timestamps import time_zone
+
+    assert time_zone("UTC") is time_zone("Z") is time_zone(" utc ")
+    assert time_zone("+01:00").utcoffset(None) == timedelta(hours=1)
+    assert time_zone("-0530").utcoffset(None) == timedelta(hours=-5, minutes=-30)
+    assert time_zone("+09") == timezone(timedelta(hours=9))
+    assert str(time_zone("Europe/Berlin")) == "Europe/Berlin"
+    for bad in ("Mars/Base", "+24:00", "+01:60", "../../etc/passwd", "/etc/localtime", "", "x" * 300):
+        with pytest.raises(TimestampError, match="time zone"):
+            time_zone(bad)
+
+
+def test_a_time_without_a_zone_is_read_in_the_zone_named_and_a_time_with_one_keeps_it():
+    # 29 March 2026: Berlin moves from +01:00 to +02:00 at 02:00 local time
+    before, after = "2026-03-29 00:30:00", "2026-03-29T03:10:00"
+    berlin = TimestampReader(zone="Europe/Berlin")
+    assert berlin(before) == datetime.fromisoformat(before + "+01:00").timestamp()
+    assert berlin(after) == datetime.fromisoformat(after + "+02:00").timestamp()
+    assert berlin(after) - berlin(before) == 100 * 60  # 1 h 40 min apart, not the 2 h 40 min the clock shows
+    fixed = TimestampReader(zone="+01:00")
+    assert fixed(after) - fixed(before) == 160 * 60
+    assert berlin(ISO) == fixed(ISO) == EPOCH and berlin(EPOCH) == EPOCH  # a zone given, or a number: as it was
+    with pytest.raises(TimestampError, match="--time-zone"):  # the refusal names the option that reads them
+        TimestampReader()(before)
+    import pickle
+
+    assert pickle.loads(pickle.dumps(berlin))(after) == berlin(after)  # a forked or Ray worker reads alike
+
+
+NAIVE = [{"timestamp": t, "body": {"model": "gpt-4.1", "messages": [
+    {"role": "system", "content": "You are a careful assistant for a cache diagnostics product. " * 8},
+    {"role": "user", "content": q}]}} for t, q in (("2026-03-29 00:30:00", "hi"), ("2026-03-29 03:10:00", "again"))]
+
+
+@pytest.mark.parametrize("command", [
+    ["prompt-cost", "{log}", "-t", "fixtures/tok"],
+    ["report", "{log}", "-t", "fixtures/tok"],
+    ["fix", "{log}", "-t", "fixtures/tok"],
+    ["diff-tokens", "--log", "{log}", "-t", "fixtures/tok"],
+    ["simulate-prefix", "replay", "{log}", "-t", "fixtures/tok", "--policy", "infinite"],
+    ["simulate-prefix", "curve", "{log}", "-t", "fixtures/tok"],
+])
+def test_every_command_that_reads_log_times_takes_the_zone_of_times_logged_without_one(cli, tmp_path, command):
+    log = tmp_path / "local.jsonl"
+    log.write_text("".join(json.dumps(v) + "\n" for v in NAIVE))
+    args = [str(log) if a == "{log}" else a for a in command]
+    r = cli(*args)
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "local.jsonl:1" in r.stderr and "no time zone" in r.stderr and "--time-zone" in r.stderr
+    ok = cli(*args, "--time-zone", "Europe/Berlin")
+    assert ok.exit_code in (0, 1) and "time zone" not in ok.stderr, ok.stderr
+    bad = cli(*args, "--time-zone", "Europe/Nowhere")
+    assert bad.exit_code == 2 and "--time-zone: unknown time zone 'Europe/Nowhere'" in bad.stderr, bad.stderr
+
+
+def test_prompt_cost_places_times_logged_without_a_zone_in_the_zone_named(cli, tmp_path):
+    log = tmp_path / "local.jsonl"
+    log.write_text("".join(json.dumps(v) + "\n" for v in NAIVE))
+    for zone, offsets in (("Europe/Berlin", ("+01:00", "+02:00")), ("+01:00", ("+01:00", "+01:00"))):
+        r = cli("prompt-cost", str(log), "-t", "fixtures/tok", "-f", "json", "--time-zone", zone)
+        assert r.exit_code == 0, r.stderr
+        got = [q["timestamp"] for q in json.loads(r.stdout)["requests"]]
+        assert got == [datetime.fromisoformat(v["timestamp"] + off).timestamp() for v, off in zip(NAIVE, offsets)]

@@ -146,11 +146,21 @@ TimeUnitOpt = Annotated[Optional[TimeUnit], typer.Option(
          "recognized by magnitude (a note says when not seconds); ISO 8601 times need a zone.")]
 
 
-def timestamp_reader(unit: Optional[TimeUnit]) -> Any:
-    """The run's reader of timestamps, for ``--time-unit`` (see :mod:`cachectl.inputs.timestamps`)."""
-    from ..inputs.timestamps import TimestampReader
+TimeZoneOpt = Annotated[Optional[str], typer.Option(
+    "--time-zone", metavar="ZONE", show_default=False,
+    help="Zone of ISO 8601 times logged without one: an IANA name (Europe/Berlin), UTC, or an offset (+01:00). "
+         "Times that name their zone keep it. Default: such times are refused.")]
 
-    return TimestampReader(None if unit is None else str(unit))
+
+def timestamp_reader(unit: Optional[TimeUnit], zone: Optional[str] = None) -> Any:
+    """The run's reader of timestamps, for ``--time-unit`` and ``--time-zone`` (see
+    :mod:`cachectl.inputs.timestamps`); a zone it cannot read is a usage error."""
+    from ..inputs.timestamps import TimestampError, TimestampReader
+
+    try:
+        return TimestampReader(None if unit is None else str(unit), zone)
+    except TimestampError as exc:
+        raise UsageError(f"--time-zone: {exc}") from None
 
 
 def timestamp_note(reader: Any) -> None:

@@ -12,8 +12,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ..engines.tokendiff import LogSummary, PairResult, Side, StabilityReport, TokenDiff
 from .common import (EXIT_FINDING, EXIT_OK, AsOpt, BlockSizeOpt, ChatTemplateOpt, Format, FormatOpt, Progress,
-                     TemplateVarOpt, TokenizerOpt, emit_json, emit_jsonl, handle_errors, iter_progress,
-                     parse_template_vars, plural, print_note, stdout)
+                     TemplateVarOpt, TimeUnitOpt, TimeZoneOpt, TokenizerOpt, emit_json, emit_jsonl, handle_errors,
+                     iter_progress, parse_template_vars, plural, print_note, stdout, timestamp_reader)
 from .logformat import LogFormatOpt, log_format_name
 
 HELP = """Where two prompts stop matching in token space, and why.
@@ -65,6 +65,8 @@ def command(
         help="Check that rendering turns[:k] is a token prefix of rendering turns[:k+1] for every k.")] = None,
     fmt: FormatOpt = Format.text,
     log_format: LogFormatOpt = None,
+    time_unit: TimeUnitOpt = None,
+    time_zone: TimeZoneOpt = None,
 ) -> None:
     # Imported here, not at the top: `cachectl --help` and the other commands start without them.
     from ..engines import tokendiff
@@ -93,11 +95,13 @@ def command(
         mismatches = 0
         forks = None
         ends = None
+        stamps = timestamp_reader(time_unit, time_zone)
         with Progress("requests") as progress:
             if key is None:  # fix's and report's grouping, and the log's shared prefix across requests
-                forks, records, ends = _auto_log(log, tok, block_size, add_generation_prompt, fmt, log_format_name(log_format))
+                forks, records, ends = _auto_log(log, tok, block_size, add_generation_prompt, fmt,
+                                                 log_format_name(log_format), stamps)
             else:
-                records = iter_log(log, key, kind, log_format_name(log_format))
+                records = iter_log(log, key, kind, log_format_name(log_format), timestamps=stamps)
             for item in tokendiff.diff_log(iter_progress(records, progress), tok, block_size=block_size,
                                            context=context, add_generation_prompt=add_generation_prompt,
                                            add_special_tokens=special_tokens, template_vars=tvars,
@@ -241,7 +245,7 @@ def _render_pair(p: "PairResult", fmt: Format) -> None:
 
 
 def _auto_log(log: str, tok, block_size: int, add_generation_prompt: bool, fmt: Format,
-              log_format: Optional[str] = None):
+              log_format: Optional[str] = None, stamps: Any = None):
     """Without --key: the conversations found as fix and report find them (one grouping for the three), said
     before the pairs, and the log's shared-prefix analysis (its forks, summarized after the pairs)."""
     from ..engines.repair.groups import group_sessions, log_lines
@@ -250,7 +254,7 @@ def _auto_log(log: str, tok, block_size: int, add_generation_prompt: bool, fmt: 
     from ..inputs.formats import log_values
 
     source = display_name(log)
-    lines = log_lines(log_values(log, log_format, need_body=True), source=source)
+    lines = log_lines(log_values(log, log_format, need_body=True), source=source, timestamps=stamps)
     grouping = group_sessions(lines, tokenizer=tok)
     forks, notes = log_forks(lines, tokenizer=tok, block_size=block_size, add_generation_prompt=add_generation_prompt,
                              source=source)

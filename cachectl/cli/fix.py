@@ -27,6 +27,7 @@ from .common import (
     Progress,
     RayRenderOpt,
     TimeUnitOpt,
+    TimeZoneOpt,
     TokenizerOpt,
     WindowOpt,
     check_output,
@@ -86,6 +87,7 @@ def command(
     window: WindowOpt = "30m",
     every: EveryOpt = None,
     time_unit: TimeUnitOpt = None,
+    time_zone: TimeZoneOpt = None,
     tokenizer: TokenizerOpt = None,
     chat_template: ChatTemplateOpt = None,
     block_size: BlockSizeOpt = 16,
@@ -127,8 +129,7 @@ def command(
         bad = [c for c in codes if c not in fixes.FIXES]
         if bad:
             raise UsageError(f"--select: unknown fix code(s) {', '.join(bad)} (known: {', '.join(fixes.CODES)})")
-    window_s = parse_window(window)
-    every_s = parse_every(every)
+    window_s, every_s, stamps = parse_window(window), parse_every(every), timestamp_reader(time_unit, time_zone)
     capacity = KvCapacity(capacity_blocks, capacity_gib, kv_model or model, dtype.value, block_size,
                           model_flag="--kv-model (or --model)")
     table = PriceTable.load(read_json_file(prices) if prices else None)
@@ -155,7 +156,6 @@ def command(
                 progress.advance()
                 yield lineno, value
 
-        stamps = timestamp_reader(time_unit)
         options = fix.FixOptions(unsafe=unsafe_fixes, key=key, window_s=window_s, select=codes, block_size=block_size,
                                  capacity_blocks=capacity.blocks(block_size), model=model,
                                  add_generation_prompt=not no_generation_prompt, every=every_s)

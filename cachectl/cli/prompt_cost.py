@@ -17,6 +17,7 @@ from .common import (
     Progress,
     TimeUnit,
     TimeUnitOpt,
+    TimeZoneOpt,
     TokenizerOpt,
     Ttl,
     _write_bytes,
@@ -76,6 +77,7 @@ def command(
                                             "lines without a timestamp.")] = None,
     ttl: Annotated[Ttl, typer.Option("--ttl", help="What-if: cache TTL of the prefix breakpoint.")] = Ttl.m5,
     time_unit: TimeUnitOpt = None,
+    time_zone: TimeZoneOpt = None,
     log_format: LogFormatOpt = None,
     fmt: FormatOpt = Format.text,
 ) -> None:
@@ -109,7 +111,7 @@ def command(
         case _:
             assert requests is not None
             report = _simulate(table, requests, model, model_as, tokenizer, count_with_api, every, time_unit,
-                               out.add, log_format_name(log_format), usage)
+                               out.add, log_format_name(log_format), usage, time_zone)
     out.finish(report)
     raise typer.Exit(EXIT_OK)
 
@@ -163,7 +165,7 @@ def _joined(requests: str, usage: str, model: Optional[str], stamps, log_format:
 
 def _simulate(table, requests: str, model: Optional[str], model_as: Optional[str], tokenizer: Optional[str],
               count_with_api: bool, every: Optional[str], time_unit: Optional[TimeUnit], on_request,
-              log_format: Optional[str] = None, usage: Optional[str] = None):
+              log_format: Optional[str] = None, usage: Optional[str] = None, time_zone: Optional[str] = None):
     from ..engines.provider import cache as promptcache
     from ..inputs import display_name, read_requests
 
@@ -175,7 +177,7 @@ def _simulate(table, requests: str, model: Optional[str], model_as: Optional[str
         text_counter = promptcache.tokenizer_counter(load_tokenizer(tokenizer))
         token_source = f"tokenizer {tokenizer}"
     api = _anthropic_client() if count_with_api else None
-    stamps = timestamp_reader(time_unit)
+    stamps = timestamp_reader(time_unit, time_zone)
     with Progress("prompt-cost: requests") as progress:
         report = promptcache.simulate_requests(
             iter_progress(_joined(requests, usage, model, stamps, log_format) if usage is not None else

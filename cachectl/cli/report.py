@@ -23,6 +23,7 @@ from .common import (
     RayRenderOpt,
     TimeUnit,
     TimeUnitOpt,
+    TimeZoneOpt,
     WindowOpt,
     check_output,
     check_price_model,
@@ -81,6 +82,7 @@ def command(
     window: WindowOpt = "30m",
     every: EveryOpt = None,
     time_unit: TimeUnitOpt = None,
+    time_zone: TimeZoneOpt = None,
     chat_template: ChatTemplateOpt = None,
     model: Annotated[Optional[str], typer.Option(
         "--model", "-m", metavar="MODEL", help="Price table model for requests that name none (and whose prices "
@@ -112,7 +114,7 @@ def command(
         shape = forced if forced not in (None, "auto") else shape_of(path)
         refuse_unread(shape, "report", display_name(path))
         _report(path, tokenizer, key, window, chat_template, model, html, block_size, top, fmt, time_unit, jobs,
-                shape, ray, every, prices)
+                shape, ray, every, prices, time_zone)
 
 
 command.__doc__ = HELP
@@ -121,7 +123,8 @@ command.__doc__ = HELP
 def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_template: Optional[str],
             model: Optional[str], html: Optional[str], block_size: int, top: int, fmt: Format,
             time_unit: Optional[TimeUnit] = None, jobs: Optional[int] = None, shape: str = "native",
-            ray: Optional[str] = None, every: Optional[str] = None, prices: Optional[str] = None) -> None:
+            ray: Optional[str] = None, every: Optional[str] = None, prices: Optional[str] = None,
+            time_zone: Optional[str] = None) -> None:
     from dataclasses import replace
 
     from ..engines.provider.prices import PriceTable
@@ -139,7 +142,7 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
     source = display_name(log)
     options = fix.FixOptions(key=key, window_s=parse_window(window), block_size=block_size, model=model,
                              every=parse_every(every))
-    stamps = timestamp_reader(time_unit)
+    stamps = timestamp_reader(time_unit, time_zone)
     with Progress("report: lines read, rewritten, compared and replayed") as progress, \
             Workers(jobs, progress=progress.advance, say=print_note) as workers:
         # fix's reader and grouping: conversations by --key, else found automatically, as the lines are read; the

@@ -223,8 +223,9 @@ class LogRecord:
 
 
 def iter_log(path: str, key_field: str | None = None, as_kind: str | None = None,
-             log_format: str | None = None) -> Iterator[LogRecord]:
-    """Stream prompts from a log in any shape (``log_format``, or found from its first lines), one per record."""
+             log_format: str | None = None, timestamps: Any = None) -> Iterator[LogRecord]:
+    """Stream prompts from a log in any shape (``log_format``, or found from its first lines), one per record.
+    ``timestamps``: the run's reader of them (:class:`~.timestamps.TimestampReader`)."""
     from .files import get_path
     from .formats import log_values
 
@@ -238,5 +239,5 @@ def iter_log(path: str, key_field: str | None = None, as_kind: str | None = None
                 key = json.dumps(key, sort_keys=True)
         else:
             key = None
-        prompt = prompt_from_value(value, source=source, line=lineno, as_kind=as_kind)
+        prompt = prompt_from_value(value, source=source, line=lineno, as_kind=as_kind, timestamps=timestamps)
         yield LogRecord(line=lineno, key=key, prompt=prompt)

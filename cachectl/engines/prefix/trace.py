@@ -273,7 +273,8 @@ class TraceReader:
             return
         from ...inputs import prompt_from_value
 
-        prompts = [p if p is not None else prompt_from_value(v, source=self.source, line=ln, as_kind=self.as_kind)
+        prompts = [p if p is not None else prompt_from_value(v, source=self.source, line=ln, as_kind=self.as_kind,
+                                                                  timestamps=self.read_time)
                    for ln, v, _, _, p in self.pending]
         # chat requests as vLLM's chat endpoint renders them by default (with the assistant header)
         toks = self.tokenizer.tokenize_many(prompts, add_generation_prompt=self.add_generation_prompt)
