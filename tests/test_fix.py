@@ -525,6 +525,9 @@ def test_a_line_with_an_image_is_left_out_of_report_and_fix_and_said(cli, tmp_pa
     assert r.exit_code == 1 and json.loads(r.stdout)["notes"][0] == note, r.stderr
     written = out.read_bytes().splitlines(keepends=True)
     assert len(written) == len(src) + 1 and written[3] == raw and written[0] != src[0]  # (line 1 is rewritten)
+    text = cli("fix", with_image, "-t", TOK_DIR, "--unsafe-fixes", "-o", tmp_path / "again.jsonl")
+    assert (f"({len(json.loads(r.stdout)['changed_lines'])} of {len(src)} requests rewritten; 1 line left out, copied "
+            "as it was)") in text.stdout, text.stdout
     only = tmp_path / "only.jsonl"
     only.write_bytes(raw)
     for command in (("report", only, *args), ("fix", only, *args), ("diff-tokens", "--log", with_image, "-t", TOK_DIR)):

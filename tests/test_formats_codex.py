@@ -129,3 +129,20 @@ def test_a_forced_log_format_that_the_file_is_not_is_said_on_its_first_line(cli)
     for module in MODULES:
         name, reader, lines = open_log(module.SHAPE.example, module.SHAPE.name)
         assert (name, reader) == (module.SHAPE.name, module) and next(lines)
+
+
+@pytest.mark.parametrize("command", [
+    ["report", TOTALS, "-t", "fixtures/tok"],
+    ["prompt-cost", TOTALS, "-t", "fixtures/tok"],
+    ["diff-tokens", "--log", TOTALS, "-t", "fixtures/tok"],
+    ["simulate-prefix", "replay", TOTALS, "-t", "fixtures/tok", "--policy", "infinite"],
+])
+def test_a_rollout_of_counts_without_items_is_said_to_hold_usage_and_sent_to_the_audit(cli, command):
+    # its calls log their token counts and none of the items sent: there is no prompt to render (it said "no
+    # messages to render"; prompt-cost priced an empty prompt and then disagreed with the bill)
+    r = cli(*command)
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "codex_rollout_totals.jsonl:2: this is a response's usage, not a request" in r.stderr
+    assert "`cachectl prompt-cost --usage FILE` audits what it billed" in r.stderr
+    audit = cli("prompt-cost", "--usage", TOTALS, "-f", "json")
+    assert audit.exit_code == 0 and len(json.loads(audit.stdout)["requests"]) == 2, audit.stderr

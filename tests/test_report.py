@@ -864,3 +864,24 @@ def test_a_bare_list_of_token_ids_is_a_prompt_to_report_as_to_fix(cli, tmp_path)
     assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout)["curve"]["requests"] == 2
     assert cli("fix", str(log), "-t", str(TOK_DIR), "--jobs", "1").exit_code == 0
+
+
+def test_the_page_shows_one_prefix_reuse_the_headlines_in_its_before_column(cli, tmp_path):
+    """The page's headline card and its before/after table gave two prefix-reuse figures for one log (69.4% of
+    the reusable tokens, and 61.0% of the later requests' tokens, under a label that read as the same thing). The
+    table's row is now the headline's measure, taken again on each version."""
+    page = tmp_path / "r.html"
+    r = cli("report", str(PROMPTS / "fix_log.jsonl"), "-t", str(TOK_DIR), "--format", "json", "--html", str(page))
+    assert r.exit_code in (0, 1), r.stderr
+    data = json.loads(r.stdout)
+    before = data["fixes"]["columns"][0]
+    assert (before["pair_reused_tokens"], before["pair_reusable_tokens"]) == (data["reused_tokens"],
+                                                                             data["reusable_tokens"])
+    import html as html_mod
+    import re
+
+    text = re.sub(r"\s+", " ", html_mod.unescape(re.sub(r"<[^>]+>", " ", page.read_text(encoding="utf-8"))))
+    row = re.search(r"prefix reuse \(reusable tokens reused within conversations\) ([\d.]+)%", text)
+    assert row is not None and row.group(1) + "%" == f"{data['reuse_ratio']:.1%}"
+    assert f"{data['reuse_ratio']:.1%} of reusable prefix tokens reused" in text
+    assert "tokens shared with the previous request of the conversation" not in text

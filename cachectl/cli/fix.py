@@ -183,7 +183,7 @@ def command(
     else:
         if diff:
             _render_diff(source, lines, report.output, changed)
-        _render(report, out, len(changed))
+        _render(report, out, len(changed), len(getattr(lines, "left_out", ())))
         if full is not None:
             _render_unsafe_preview(report, full)
     timestamp_note(stamps)
@@ -287,7 +287,7 @@ def _money(x: float) -> str:
     return f"{sign}${abs(x):,.4f}" if abs(x) < 100 else f"{sign}${abs(x):,.2f}"
 
 
-def _render(r: FixReport, out: Optional[str], changed: int) -> None:
+def _render(r: FixReport, out: Optional[str], changed: int, left_out: int = 0) -> None:
     from rich.table import Table
 
     g = r.grouping
@@ -332,7 +332,10 @@ def _render(r: FixReport, out: Optional[str], changed: int) -> None:
         line += f"; {r.unsafe_skipped:,} unsafe not applied (--unsafe-fixes)"
     stdout.print(line, soft_wrap=True, markup=False)
     if out is not None:
-        stdout.print(f"wrote {out} ({changed:,} of {plural(r.requests, 'line')} rewritten)", soft_wrap=True, markup=False)
+        # (a line left out is a line copied as it was: the count of rewritable lines does not hold it)
+        kept = f"; {plural(left_out, 'line')} left out, copied as it was" if left_out else ""
+        stdout.print(f"wrote {out} ({changed:,} of {plural(r.requests, 'request')} rewritten{kept})", soft_wrap=True,
+                     markup=False)
     from .common import print_note
 
     for note in r.notes:

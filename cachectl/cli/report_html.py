@@ -436,8 +436,10 @@ def _fixes_html(fx: BeforeAfter) -> str:
 
     out.append(rate_row("vLLM prefix hit rate (no eviction)", [c.vllm_hit_rate for c in cols]))
     out.append(rate_row("provider cache hit rate", [c.provider_hit_rate for c in cols]))
-    out.append(rate_row("tokens shared with the previous request of the conversation",
-                        [None if not c.pair_tokens else (c.pair_reused_tokens or 0) / c.pair_tokens for c in cols]))
+    # (the headline's prefix reuse, measured again on each version: one figure, not two that read alike)
+    out.append(rate_row("prefix reuse (reusable tokens reused within conversations)",
+                        [None if not c.pair_reusable_tokens else (c.pair_reused_tokens or 0) / c.pair_reusable_tokens
+                         for c in cols]))
     costs = [c.provider_cost_usd for c in cols]
     low = min((v for v in costs if v is not None), default=None)
     out.append("<tr><td>provider cost</td>" + "".join(

@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import InputError, UnrenderablePart
 from .files import JSONL_NOT_JSON, display_name, parse_json_document, read_text
 from .jsonpos import Locator
-from .request import Request, is_request_body, parse_request, unwrap
+from .request import USAGE_ONLY, Request, is_request_body, is_usage_only, parse_request, unwrap
 
 KINDS = ("text", "chat", "openai", "anthropic", "ids")
 _ID_KEYS = ("tokens", "prompt_token_ids", "input_ids", "token_ids")
@@ -149,6 +149,8 @@ def prompt_from_value(value: Any, *, source: str, line: int | None, as_kind: str
     if "text" in body and isinstance(body["text"], str):
         return PromptInput(kind="text", source=source, line=line, text=body["text"],
                            field_paths=(body_path + "text",), meta=meta)
+    if is_usage_only(value):
+        raise InputError(USAGE_ONLY, **loc)
     raise InputError("not a prompt: expected 'messages', 'input', 'prompt', 'text' or a token-ID field "
                      f"({', '.join(_ID_KEYS)})", **loc)
 

@@ -279,6 +279,19 @@ def is_request_body(value: Any) -> bool:
     return isinstance(value, dict) and ("messages" in value or "blocks" in value or "input" in value)
 
 
+#: what a line that holds a response's usage and no request is told (the commands that need its prompt)
+USAGE_ONLY = ("this is a response's usage, not a request (it has 'usage' but no request to render): "
+              "`cachectl prompt-cost --usage FILE` audits what it billed")
+
+
+def is_usage_only(value: Any) -> bool:
+    """A line that holds a response's ``usage`` and nothing a prompt is read from (a request body, a wrapper's,
+    a prompt, its text or token IDs)."""
+    return (isinstance(value, dict) and "usage" in value and not any(
+        k in value for k in ("messages", "input", "blocks", "prompt", "text", "tokens", "prompt_token_ids",
+                             "hash_ids", *WRAPPER_KEYS)))
+
+
 def unwrap(value: Any) -> tuple[Any, str, dict]:
     """``(body, body_path, wrapper_fields)`` of a log line: the body itself, or the one inside a wrapper."""
     if isinstance(value, dict) and not is_request_body(value):
@@ -320,8 +333,8 @@ def parse_request(value: Any, *, source: str = "<memory>", line: int | None = No
     body, body_path, wrapper = unwrap(value)
     ctx = _Ctx(source, line, body_path, loc)
     if not is_request_body(body):
-        if "usage" in value and "messages" not in value:
-            raise ctx.err("this is a response, not a request (it has 'usage' but no 'messages')")
+        if is_usage_only(value):
+            raise ctx.err(USAGE_ONLY)
         if any(k in value for k in ("prompt_token_ids", "tokens", "prompt")):
             raise ctx.err("a prompt (its text or token IDs) without a request body: what needs the request's "
                           "messages (a provider's prompt cache, its fixes) cannot read it")

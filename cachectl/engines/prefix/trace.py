@@ -372,5 +372,9 @@ class TraceReader:
             if len(self.pending) >= self.batch_size:
                 yield from self._flush()
             return
+        from ...inputs.request import USAGE_ONLY, is_usage_only
+
+        if is_usage_only(value):
+            raise InputError(USAGE_ONLY, **where)
         raise InputError("no tokens: expected 'tokens' (token IDs), 'hash_ids' with 'input_length' (Mooncake), "
                          "or 'prompt'/'messages' with --tokenizer", **where)

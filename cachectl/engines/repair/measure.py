@@ -63,6 +63,9 @@ class Measure:
     causes: dict = field(default_factory=dict)
     #: the no-eviction replay (the ceiling) beside ``vllm`` when that one runs at a capacity; None otherwise
     vllm_no_eviction: VllmMeasure | None = None
+    #: what each pair could share at most (the shorter request's tokens), summed: the report's reusable tokens, so
+    #: that ``pair_reused_tokens`` over it is the report's prefix reuse
+    pair_reusable_tokens: int | None = None
 
 
 
@@ -181,7 +184,7 @@ class _Version:
         self._simulated = simulated if provider is None else None
         self.provider_job: _Pushed | None = None
         self.last: dict[int, Any] = {}
-        self.reused = self.tokens = 0
+        self.reused = self.tokens = self.reusable = 0
         self.cause_count: dict[str, int] = {}
         self.requests = 0
         self.trace: list = []
@@ -387,6 +390,7 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
                         c = tokendiff.common_prefix_length(prev.ids, t.ids)
                         v.reused += c
                         v.tokens += len(t.ids)
+                        v.reusable += min(len(prev.ids), len(t.ids))
                         if v.causes and c < min(len(prev.ids), len(t.ids)):  # (diff-tokens' cause, without windows)
                             cause = tokendiff.explain(prev, t, c, tokenizer)
                             cid = cause.id if cause is not None else "unexplained"
@@ -469,7 +473,7 @@ def _measured(v: _Version, n: int, totals: tuple[int, int, int], block_size: int
             raise
         except (InputError, UsageError) as exc:
             notes.append(f"provider cache not simulated: {exc}")
-    return Measure(vllm, provider, v.reused, v.tokens, v.cause_count, ceiling), notes
+    return Measure(vllm, provider, v.reused, v.tokens, v.cause_count, ceiling, v.reusable), notes
 
 
 def _provider_run(table: Any, source: str, counter: Any, every: float | None = None) -> _Pushed:

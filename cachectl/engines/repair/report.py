@@ -98,6 +98,9 @@ class FixColumn:
     pair_reused_tokens: int | None      # tokens each request shares with the previous one of its conversation
     pair_tokens: int | None
     causes: dict                        # diff-tokens causes of the pairs that still diverge
+    #: the most those pairs could share (the shorter request's tokens, summed): prefix reuse is
+    #: ``pair_reused_tokens / pair_reusable_tokens``, as the report's ``reuse_ratio`` is in the before column
+    pair_reusable_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -148,7 +151,8 @@ def before_after(safe: FixReport, full: FixReport, *, safe_applied: int | None =
                          provider_hit_rate=p.hit_rate if p else None,
                          pair_reused_tokens=m.pair_reused_tokens if m is not None else None,
                          pair_tokens=m.pair_tokens if m is not None else None,
-                         causes=dict(m.causes) if m is not None else {})
+                         causes=dict(m.causes) if m is not None else {},
+                         pair_reusable_tokens=m.pair_reusable_tokens if m is not None else None)
 
     cols = (column("before", safe.before, 0),
             column("safe fixes", safe.after, safe.applied if safe_applied is None else safe_applied),

@@ -137,7 +137,10 @@ def record_values(module: ModuleType, lines: Iterator[tuple[int, bytes, str]], s
         return
     for record in module.read(((n, raw) for n, raw, _ in lines), source):
         if need_body and record.body is None:
-            raise InputError(getattr(module, "NO_BODY", f"{module.SHAPE.title}: this record has no request body"),
+            from ..request import USAGE_ONLY
+
+            plain = f"{module.SHAPE.title}: this record has no request body"
+            raise InputError(getattr(module, "NO_BODY", USAGE_ONLY if record.usage is not None else plain),
                              source=source, line=record.line)
         yield record.line, record.value()
 

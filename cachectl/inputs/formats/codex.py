@@ -202,10 +202,12 @@ def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
                 path = "payload.info.last_token_usage"
             total = now if now is not None else total
             usage = _responses_usage(last, source, n, path)
-            body: dict[str, Any] = {"input": items[:boundary] if boundary is not None else list(items)}
-            if model is not None:
+            sent = items[:boundary] if boundary is not None else list(items)
+            # (no item logged before the count: the rollout kept the counts only, and the call's prompt is unknown)
+            body: dict[str, Any] | None = {"input": sent} if sent else None
+            if body is not None and model is not None:
                 body = {"model": model, **body}
-            if instructions is not None:
+            if body is not None and instructions is not None:
                 body["instructions"] = instructions
             missing = ["tools (a rollout does not log the tool definitions)"]
             if instructions is None:
