@@ -164,3 +164,23 @@ def test_prompt_cost_places_times_logged_without_a_zone_in_the_zone_named(cli, t
         assert r.exit_code == 0, r.stderr
         got = [q["timestamp"] for q in json.loads(r.stdout)["requests"]]
         assert got == [datetime.fromisoformat(v["timestamp"] + off).timestamp() for v, off in zip(NAIVE, offsets)]
+
+
+def test_the_audit_dates_its_prices_by_times_logged_without_a_zone_in_the_zone_named(cli, tmp_path):
+    # Sonnet 5.5's cache reads were cut from 0.1x to 0.05x input on 2026-10-07 (the shipped table's history): a
+    # call logged at 23:30 local time on 6 October was billed at the old rates in UTC, at the new ones in New York
+    log = tmp_path / "usage.jsonl"
+    log.write_text(json.dumps({"timestamp": "2026-10-06 23:30:00", "model": "claude-sonnet-5-5", "usage": {
+        "input_tokens": 100, "cache_read_input_tokens": 1_000_000, "cache_creation_input_tokens": 0,
+        "output_tokens": 10}}) + "\n")
+
+    def audit(*zone):
+        r = cli("prompt-cost", "--usage", str(log), "-f", "json", *zone)
+        assert r.exit_code == 0, r.stderr
+        data = json.loads(r.stdout)
+        return data["total_cost_usd"], " ".join(data["notes"])
+
+    undated, utc, new_york = audit(), audit("--time-zone", "UTC"), audit("--time-zone", "America/New_York")
+    assert "calls without a date" in undated[1] and "--time-zone" in undated[1]
+    assert "priced at the rates in force then" in utc[1] and "calls without a date" not in new_york[1]
+    assert new_york[0] == undated[0] and utc[0] - new_york[0] == pytest.approx(0.10)  # a million reads at $0.10 more

@@ -107,7 +107,8 @@ def command(
                 out.add(q)
         case "audit":
             assert usage is not None
-            report = _audit(table, usage, model, model_as, out.add, log_format_name(log_format))
+            report = _audit(table, usage, model, model_as, out.add, log_format_name(log_format),
+                            timestamp_reader(time_unit, time_zone))
         case _:
             assert requests is not None
             report = _simulate(table, requests, model, model_as, tokenizer, count_with_api, every, time_unit,
@@ -134,7 +135,7 @@ def _what_if(table, model: Optional[str], prefix_tokens: int, suffix_tokens: int
 
 
 def _audit(table, usage: str, model: Optional[str], model_as: Optional[str], on_request,
-           log_format: Optional[str] = None):
+           log_format: Optional[str] = None, stamps: Any = None):
     from ..engines.provider import cache as promptcache
     from ..inputs import display_name
     from ..inputs.formats import log_values
@@ -142,7 +143,7 @@ def _audit(table, usage: str, model: Optional[str], model_as: Optional[str], on_
     try:
         return promptcache.audit_usage(log_values(usage, log_format), source=display_name(usage), table=table,
                                        default_model=model, model_as=model_as, keep_requests=False,
-                                       on_request=on_request)
+                                       on_request=on_request, timestamps=stamps)
     except InputError as exc:
         if not exc.message.startswith("this is a request, not a response"):
             raise

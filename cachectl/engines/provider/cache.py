@@ -328,17 +328,18 @@ def _dated(price: ModelPrice, when: float | None, notes: list[str] | _Notes) -> 
     return dated
 
 
-def record_time(value: Any) -> float | None:
-    """When a logged response was made: its line's ``timestamp`` (a log wrapper's), else the response's own
-    ``created_at`` (Responses API) or ``created`` (Chat Completions), epoch seconds; None when it gives none that
-    can be read (the call is then priced at today's rates, with a note)."""
+def record_time(value: Any, timestamps: Callable[[Any], float | None] | None = None) -> float | None:
+    """When a logged response was made: its line's ``timestamp`` (a log wrapper's, read by ``timestamps``: the
+    run's reader, with its ``--time-unit`` and ``--time-zone``), else the response's own ``created_at`` (Responses
+    API) or ``created`` (Chat Completions), epoch seconds; None when it gives none that can be read (the call is
+    then priced at today's rates, with a note)."""
     from ...inputs.timestamps import parse_timestamp
 
     _, _, rec = find_usage(value)
     for key in ("timestamp", "created_at", "created"):
         if rec.get(key) is not None:
             try:
-                return parse_timestamp(rec[key])
+                return (timestamps if timestamps is not None and key == "timestamp" else parse_timestamp)(rec[key])
             except ValueError:
                 return None
     return None
@@ -379,17 +380,19 @@ _SPLIT_NOTE = ("some lines report cache writes without the cache_creation split:
 
 def audit_usage(records: Iterable[tuple[int, Any]], *, source: str, table: PriceTable,
                 default_model: str | None = None, model_as: str | None = None, keep_requests: bool = True,
-                on_request: Callable[[RequestCost], None] | None = None) -> CostReport:
+                on_request: Callable[[RequestCost], None] | None = None,
+                timestamps: Callable[[Any], float | None] | None = None) -> CostReport:
     """Price logged responses exactly from their usage counters (writes at the model's write rate: OpenAI's
     ``cache_write_tokens`` at 1.25x input on GPT-5.6+). ``model_as``: the model to price a line's unknown model
     as (said in a note), instead of an error. ``on_request`` sees each row as it is priced; with
-    ``keep_requests=False`` the report keeps none (its ``requests`` is empty, all else the same)."""
+    ``keep_requests=False`` the report keeps none (its ``requests`` is empty, all else the same). ``timestamps``:
+    the run's reader of the lines' times, which date the prices (:func:`record_time`)."""
     tally = _Tally(keep_requests)
     notes = _Notes()
     for index, (line, value) in enumerate(records):
         price, logged = usage_from_record(value, default_model=default_model, table=table, source=source,
                                           line=line, model_as=model_as, notes=notes)
-        price = _dated(price, record_time(value), notes)
+        price = _dated(price, record_time(value, timestamps), notes)
         if not logged.split_known:
             notes.append(_SPLIT_NOTE)
         batch = is_batch_line(value)

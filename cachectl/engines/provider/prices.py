@@ -483,9 +483,10 @@ def priced_at(price: ModelPrice, when: float | None) -> tuple[ModelPrice, str | 
 def undated_note(price: ModelPrice) -> str:
     """What a report says of a call without a date to a model whose price changed."""
     since = price.effective_from or price.price_sets[-1].effective_to
-    return (f"{price.model}: calls without a date (no timestamp, or seconds from the start of the log) priced at "
-            f"today's rates, in force since {since}; earlier calls were billed at other rates (prompt-cost "
-            "--list-models shows its history): give each line an ISO 8601 or epoch timestamp")
+    return (f"{price.model}: calls without a date (no timestamp, seconds from the start of the log, or an ISO time "
+            f"without a zone) priced at today's rates, in force since {since}; earlier calls were billed at other "
+            "rates (prompt-cost --list-models shows its history): give each line an ISO 8601 or epoch timestamp "
+            "(--time-zone names the zone of times logged without one)")
 
 
 def batch_factor(price: ModelPrice, batch: bool) -> float:
