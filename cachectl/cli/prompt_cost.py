@@ -15,7 +15,6 @@ from .common import (
     FormatOpt,
     PricesOpt,
     Progress,
-    TimeUnit,
     TimeUnitOpt,
     TimeZoneOpt,
     TokenizerOpt,
@@ -99,6 +98,7 @@ def command(
         raise typer.Exit(EXIT_OK)
     # the rows go to the output as they are priced, and are not kept (memory bounded however long the log)
     out: _JsonOut | _TextOut = _JsonOut(modes[0]) if fmt is Format.json else _TextOut()
+    stamps = timestamp_reader(time_unit, time_zone)  # (the audit's and the simulation's: one reader of the times)
     match modes[0]:
         case "what-if":
             assert prefix_tokens is not None  # the mode says so
@@ -107,12 +107,11 @@ def command(
                 out.add(q)
         case "audit":
             assert usage is not None
-            report = _audit(table, usage, model, model_as, out.add, log_format_name(log_format),
-                            timestamp_reader(time_unit, time_zone))
+            report = _audit(table, usage, model, model_as, out.add, log_format_name(log_format), stamps)
         case _:
             assert requests is not None
-            report = _simulate(table, requests, model, model_as, tokenizer, count_with_api, every, time_unit,
-                               out.add, log_format_name(log_format), usage, time_zone)
+            report = _simulate(table, requests, model, model_as, tokenizer, count_with_api, every, stamps,
+                               out.add, log_format_name(log_format), usage)
     out.finish(report)
     raise typer.Exit(EXIT_OK)
 
@@ -165,8 +164,8 @@ def _joined(requests: str, usage: str, model: Optional[str], stamps, log_format:
 
 
 def _simulate(table, requests: str, model: Optional[str], model_as: Optional[str], tokenizer: Optional[str],
-              count_with_api: bool, every: Optional[str], time_unit: Optional[TimeUnit], on_request,
-              log_format: Optional[str] = None, usage: Optional[str] = None, time_zone: Optional[str] = None):
+              count_with_api: bool, every: Optional[str], stamps: Any, on_request,
+              log_format: Optional[str] = None, usage: Optional[str] = None):
     from ..engines.provider import cache as promptcache
     from ..inputs import display_name, read_requests
 
@@ -178,7 +177,6 @@ def _simulate(table, requests: str, model: Optional[str], model_as: Optional[str
         text_counter = promptcache.tokenizer_counter(load_tokenizer(tokenizer))
         token_source = f"tokenizer {tokenizer}"
     api = _anthropic_client() if count_with_api else None
-    stamps = timestamp_reader(time_unit, time_zone)
     with Progress("prompt-cost: requests") as progress:
         report = promptcache.simulate_requests(
             iter_progress(_joined(requests, usage, model, stamps, log_format) if usage is not None else

@@ -19,10 +19,10 @@ from typing import Any
 from ..errors import InputError, UnrenderablePart
 from .files import JSONL_NOT_JSON, display_name, parse_json_document, read_text
 from .jsonpos import Locator
-from .request import USAGE_ONLY, Request, is_request_body, is_usage_only, parse_request, unwrap
+from .request import PROMPT_ID_KEYS, USAGE_ONLY, Request, is_request_body, is_usage_only, parse_request, unwrap
 
 KINDS = ("text", "chat", "openai", "anthropic", "ids")
-_ID_KEYS = ("tokens", "prompt_token_ids", "input_ids", "token_ids")
+_ID_KEYS = PROMPT_ID_KEYS
 
 
 @dataclass(frozen=True)

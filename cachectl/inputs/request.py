@@ -279,6 +279,9 @@ def is_request_body(value: Any) -> bool:
     return isinstance(value, dict) and ("messages" in value or "blocks" in value or "input" in value)
 
 
+#: the fields a prompt's token IDs are read from (:func:`~.prompt.prompt_from_value`)
+PROMPT_ID_KEYS = ("tokens", "prompt_token_ids", "input_ids", "token_ids")
+
 #: what a line that holds a response's usage and no request is told (the commands that need its prompt)
 USAGE_ONLY = ("this is a response's usage, not a request (it has 'usage' but no request to render): "
               "`cachectl prompt-cost --usage FILE` audits what it billed")
@@ -288,8 +291,8 @@ def is_usage_only(value: Any) -> bool:
     """A line that holds a response's ``usage`` and nothing a prompt is read from (a request body, a wrapper's,
     a prompt, its text or token IDs)."""
     return (isinstance(value, dict) and "usage" in value and not any(
-        k in value for k in ("messages", "input", "blocks", "prompt", "text", "tokens", "prompt_token_ids",
-                             "hash_ids", *WRAPPER_KEYS)))
+        k in value for k in ("messages", "input", "blocks", "prompt", "text", "hash_ids", *PROMPT_ID_KEYS,
+                             *WRAPPER_KEYS)))
 
 
 def unwrap(value: Any) -> tuple[Any, str, dict]:
