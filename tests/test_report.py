@@ -780,41 +780,75 @@ def test_a_fork_in_tools_the_template_wrote_its_own_way_is_at_tools(cli, tmp_pat
     assert template and all(f["cause"] == "different_prompt" and isinstance(f["char"], int) for f in template)
 
 
-def test_lost_tokens_are_priced_at_the_log_s_one_price_or_not_at_all(cli, tmp_path):
+def test_lost_tokens_are_priced_at_the_log_s_one_price_or_each_request_s_own(cli, tmp_path):
     """Dollars lost come from the models the log's lines name, not from the provider simulation: a log without
-    timestamps (no provider section) still prices them; a log that mixes models of different prices gets no dollar
-    figure and a note, not the first model's prices for every token, unless --model names the one to use; `fix`
-    follows the same rule for what fixing the forks saves."""
+    timestamps (no provider section) still prices them. A log that mixes models of different prices has each
+    request's lost tokens priced at its own model's price (each conversation's figure is its tokens at its model's
+    price, not the first model's for every token); --model prices them all at one. `fix` prices what fixing the
+    forks saves at one price only (the vLLM hits it compares are the whole log's): a mixed log gets a note."""
     rows = [json.loads(line) for line in LOG.read_text().splitlines()]
     table = PriceTable.load()
-    gpt = table.lookup("gpt-4.1")
+    gpt, sonnet = table.lookup("gpt-4.1"), table.lookup("claude-sonnet-4-5")
     rate = (gpt.input - gpt.cache_read) / 1e6
+    sonnet_rate = (sonnet.input - sonnet.cache_read) / 1e6
+    assert rate != sonnet_rate
 
     timeless = tmp_path / "timeless.jsonl"
     timeless.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "timestamp"}) + "\n" for r in rows))
     d = json.loads(cli("report", str(timeless), "-t", str(TOK_DIR), "--key", "session", "--jobs", "1",
                        "--format", "json").stdout)
-    assert d["cost"] is None and d["price_model"] == "gpt-4.1"
+    assert d["cost"] is None and d["price_model"] == "gpt-4.1" and d["price_models"] == ["gpt-4.1"]
     assert d["usd_lost"] == pytest.approx(d["tokens_lost"] * rate) and d["usd_lost"] > 0
+
+    def on_sonnet(r):
+        return r["session"].startswith(("s2", "s4"))
 
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text("".join(json.dumps(dict(r, body=dict(r["body"], model="claude-sonnet-4-5"))
-                                        if r["session"].startswith(("s2", "s4")) else r) + "\n" for r in rows))
-    d = json.loads(cli("report", str(mixed), "-t", str(TOK_DIR), "--key", "session", "--jobs", "1",
+                                        if on_sonnet(r) else r) + "\n" for r in rows))
+    sessions = {r["session"]: on_sonnet(r) for r in rows}
+    assert set(sessions.values()) == {True, False}
+    d = json.loads(cli("report", str(mixed), "-t", str(TOK_DIR), "--key", "session", "--jobs", "1", "--top", "50",
                        "--format", "json").stdout)
     assert d["cost"]["models"] == ["gpt-4.1", "claude-sonnet-4-5"]
-    assert d["usd_lost"] is None and d["total_usd_lost"] is None and d["price_model"] is None
-    assert all(c["usd_lost"] is None for c in d["causes"]) and d["tokens_lost"] > 0
-    assert any(n.startswith("no dollar figure for lost tokens: the log's models are priced differently (gpt-4.1, "
-                            "claude-sonnet-4-5)") for n in d["notes"])
+    assert d["price_model"] is None and d["price_models"] == ["gpt-4.1", "claude-sonnet-4-5"]
+    worst = d["worst"]
+    assert sum(w["tokens_lost"] for w in worst) == d["tokens_lost"] > 0
+    assert {sessions[w["key"]] for w in worst} == {True, False}  # (losses on both models' requests)
+    for w in worst:
+        assert w["usd_lost"] == pytest.approx(w["tokens_lost"] * (sonnet_rate if sessions[w["key"]] else rate))
+    assert d["usd_lost"] == pytest.approx(sum(w["usd_lost"] for w in worst))
+    assert sum(c["usd_lost"] for c in d["causes"]) == pytest.approx(d["usd_lost"])
+    sp = d["shared_prefix"]
+    assert sp["tokens_lost"] > 0 and rate * sp["tokens_lost"] <= sp["usd_lost"] <= sonnet_rate * sp["tokens_lost"]
+    assert d["total_usd_lost"] == pytest.approx(d["usd_lost"] + sp["usd_lost"])
+    assert any(n.startswith("dollars lost: tokens not reused, at each request's model's input price less its "
+                            "cache-read price (gpt-4.1 $1.5, claude-sonnet-4-5 $2.7 a million tokens)")
+               for n in d["notes"])
+    text = cli("report", str(mixed), "-t", str(TOK_DIR), "--key", "session", "--jobs", "1").stdout
+    assert f"${d['total_usd_lost']:.4f} at each request's model's prices (gpt-4.1, claude-sonnet-4-5)" in text
     f = json.loads(cli("fix", str(mixed), "-t", str(TOK_DIR), "--key", "session", "--jobs", "1",
                        "--format", "json").stdout)
     assert f["cross_request"]["usd_saved"] is None and f["cross_request"]["price_model"] is None
-    assert any(n.startswith("no dollar figure for lost tokens") for n in f["notes"])
+    assert any(n.startswith("no dollar figure for lost tokens: the log's models are priced differently (gpt-4.1, "
+                            "claude-sonnet-4-5)") for n in f["notes"])
 
     d = json.loads(cli("report", str(mixed), "-t", str(TOK_DIR), "--key", "session", "--jobs", "1", "-m", "gpt-4.1",
                        "--format", "json").stdout)
     assert d["price_model"] == "gpt-4.1" and d["usd_lost"] == pytest.approx(d["tokens_lost"] * rate)
+
+    # a mixed log whose losing requests include some that name no model: no figure, not a partial one
+    unnamed = tmp_path / "unnamed.jsonl"
+    unnamed.write_text("".join(json.dumps(dict(r, body={k: v for k, v in r["body"].items() if k != "model"})
+                                          if r["session"].startswith("s3") else
+                                          dict(r, body=dict(r["body"], model="claude-sonnet-4-5"))
+                                          if on_sonnet(r) else r) + "\n" for r in rows))
+    d = json.loads(cli("report", str(unnamed), "-t", str(TOK_DIR), "--key", "session", "--jobs", "1",
+                       "--format", "json").stdout)
+    assert d["usd_lost"] is None and d["total_usd_lost"] is None and d["price_models"] == [] and d["tokens_lost"]
+    assert all(c["usd_lost"] is None for c in d["causes"])
+    assert any(n.startswith("no dollar figure for lost tokens: the log's models are priced differently and some "
+                            "requests name no model") for n in d["notes"])
 
 
 def test_report_takes_prices_and_its_notes_name_only_flags_it_has(cli, tmp_path):

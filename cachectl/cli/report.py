@@ -223,7 +223,7 @@ def _render_text(r, html: str | None, rewritten: bool = True) -> None:
         "requests)")
     money = r.usd_lost if sp is None else r.total_usd_lost
     stdout.print(f"prefix reuse: {r.reused_tokens:,} of {r.reusable_tokens:,} reusable tokens ({ratio}); "
-                 + lost + (f", {_usd(money)} at {r.price_model} prices" if money is not None else ""),
+                 + lost + (f", {_usd(money)} at {r.prices_named()}" if money is not None else ""),
                  soft_wrap=True, markup=False)
     if r.causes:
         t = Table(header_style="bold", box=None, pad_edge=False)

@@ -300,7 +300,7 @@ def render(r: LogReport, version: str) -> str:
             f"{_n(r.shared_prefix.tokens_lost)} more across requests)")),
     ]
     if usd is not None:
-        cards.append(("bad" if usd else "good", _usd(usd), f"lost at {escape(r.price_model or '')} prices (estimate)"))
+        cards.append(("bad" if usd else "good", _usd(usd), f"lost at {escape(r.prices_named())} (estimate)"))
     if r.cost is not None:
         cards.append(("", _usd(r.cost.total_usd), f"provider cost, vs {_usd(r.cost.uncached_usd)} uncached "
                                                    f"(cache hit rate {_pct(r.cost.hit_rate)})"))

@@ -36,8 +36,9 @@ from typing import TYPE_CHECKING, Any
 from ...errors import InputError, UsageError
 from .fixes import CODES, FIXES, REGISTRY, Fix, rewrite
 from .groups import Grouping, LogLine, Sessions, group_sessions, left_out_note, log_models, with_model
+from .losses import lost_token_price
 from .measure import Measure, measure_versions
-from .shared_prefix import CrossRequestGain, ForkLines, LogForks, cross_request_gain, log_forks, lost_token_price
+from .shared_prefix import CrossRequestGain, ForkLines, LogForks, cross_request_gain, log_forks
 from .store import Mapped
 
 if TYPE_CHECKING:

@@ -145,6 +145,21 @@ def log_models(lines: Any) -> list[str]:
     return list(dict.fromkeys(ln.request.model for ln in lines if ln.request is not None and ln.request.model))
 
 
+def line_models(lines: Any) -> Callable[[int], str | None]:
+    """The model the request on a line (by its number) names, None where it names none (a line store's kept facts;
+    the lines read once, at the first call, where they are held in memory)."""
+    store = store_of(lines)
+    if store is not None:
+        return lambda line: store.facts(store.index_of(line))[2]
+    models: dict[int, str | None] = {}
+
+    def of(line: int) -> str | None:
+        if not models:
+            models.update((ln.line, ln.request.model if ln.request is not None else None) for ln in lines)
+        return models.get(line)
+    return of
+
+
 def reparse_at(lines: Any, i: int, value: Any) -> LogLine:
     """Line ``i`` of ``lines`` after a rewrite to ``value``, parsed again as :func:`reparse` does (a line store's
     line is not parsed first for its number, key and time)."""

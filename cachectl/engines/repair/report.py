@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import CachectlError
 from ..causes import cause_label
+from .losses import LostTokenPrice, ModelOf, PairLosses, lost_token_prices, merged, split_by_model
 from .sections import CostSection, CurveSection, cost_section, curve_section
-from .shared_prefix import lost_token_price
+from .shared_prefix import with_forks
 
 if TYPE_CHECKING:
     from ...inputs import LogRecord, Request
@@ -184,7 +185,7 @@ class LogReport:
     tokens_lost: int
     reuse_ratio: float | None
     usd_lost: float | None
-    price_model: str | None             # whose prices turned lost tokens into dollars
+    price_model: str | None             # whose prices turned lost tokens into dollars (None: each request's own)
     causes: tuple[CauseLoss, ...]
     worst: tuple[ConversationLoss, ...]
     cost: CostSection | None
@@ -200,6 +201,14 @@ class LogReport:
     #: distinct_values, requests, tokens_lost, fixable``, and more); the section's figures and tree picture
     forks: tuple[Fork, ...] = ()
     shared_prefix: SharedPrefixSection | None = None
+    #: the models whose prices turned lost tokens into dollars: ``price_model``, or, for a log that mixes models of
+    #: different prices, each model its requests name (each request's tokens at its own model's price)
+    price_models: tuple[str, ...] = ()
+
+    def prices_named(self) -> str:
+        """Whose prices the dollars lost are at, for a person: one model's, or each request's own."""
+        return (f"{self.price_model} prices" if self.price_model is not None
+                else f"each request's model's prices ({', '.join(self.price_models)})")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -250,29 +259,13 @@ def build_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
     (:func:`~cachectl.engines.tokendiff.diff_log`).
     ``add_generation_prompt``: the pairs are compared as rendered with it (as ``report`` compares them).
     """
-    r, rate, losses = pairs_report(source=source, log=log, tokenizer=tokenizer, tokenizer_name=tokenizer_name,
+    r, price, losses = pairs_report(source=source, log=log, tokenizer=tokenizer, tokenizer_name=tokenizer_name,
                                    requests=requests, table=table, trace=trace, block_size=block_size, top=top,
                                    context=context, curve_points=curve_points, price_model=price_model,
                                    text_counter=text_counter, fixes=fixes, progress=progress, prompt_of=prompt_of,
                                    end_indices=end_indices, lines_of_losses=forks.gains_by_line() if forks is not None else (),
                                    add_generation_prompt=add_generation_prompt, ends=ends)
-    return with_forks(r, forks, losses, rate) if forks is not None else r
-
-
-@dataclass(frozen=True)
-class PairLosses:
-    """The within-conversation loss of requests (by line), for the shared-prefix section: two arrays, 16 bytes a
-    request, where a dict takes about a hundred."""
-
-    lines: array = field(default_factory=lambda: array("q"))
-    lost: array = field(default_factory=lambda: array("q"))
-
-    def add(self, line: int, lost: int) -> None:
-        self.lines.append(line)
-        self.lost.append(lost)
-
-    def of(self, lines: Container[int]) -> dict[int, int]:
-        return {ln: n for ln, n in zip(self.lines, self.lost) if ln in lines}
+    return with_forks(r, forks, losses, price) if forks is not None else r
 
 
 class _Conversations:
@@ -341,7 +334,7 @@ class PairTally:
             return
         lost = _lost(tokens_a, tokens_b, common)
         if self._lines_of_losses is None or line_b in self._lines_of_losses:
-            self.losses.add(line_b, lost)
+            self.losses.add(line_b, lost, cause, k)
         tally = self.by_cause.setdefault(cause, [0, 0])
         tally[0] += 1
         tally[1] += lost
@@ -365,7 +358,7 @@ def pairs_report(*, source: str, log: Iterable[LogRecord], tokenizer: Any, token
                  end_indices: Container[int] | None = None,
                  lines_of_losses: Container[int] | None = None,
                  add_generation_prompt: bool = False,
-                 ends: Container[int] | None = None) -> tuple[LogReport, float | None, PairLosses]:
+                 ends: Container[int] | None = None) -> tuple[LogReport, LostTokenPrice | None, PairLosses]:
     """:func:`build_report` without the forks of the log's shared prefix (which :func:`with_forks` adds): the
     report, the dollars a lost token costs (None without prices), and the within-conversation loss of the requests
     on ``lines_of_losses`` (None: of every request that lost tokens). ``add_generation_prompt``: the pairs are
@@ -399,58 +392,66 @@ def tallied(tally: PairTally, *, source: str, tokenizer: Any, tokenizer_name: st
             costed: Costed | None, curve: CurveSection | None, block_size: int, top: int = 5, context: int = 24,
             price_model: str | None = None, fixes: BeforeAfter | None = None,
             prompt_of: Callable[[int], Any] | None = None, add_generation_prompt: bool = False,
-            models: Sequence[str] | None = None) -> tuple[LogReport, float | None, PairLosses]:
+            models: Sequence[str] | None = None, model_of: ModelOf | None = None
+            ) -> tuple[LogReport, LostTokenPrice | None, PairLosses]:
     """The report of a log's pairs (``tally``), with its provider section (``costed``) and capacity curve: the
-    report, the dollars a lost token costs (None without prices: :func:`.shared_prefix.lost_token_price`, over
-    ``models``, the models the log names, or the provider section's), and the requests' within-conversation losses.
+    report, the price of a lost token (None without prices: :func:`.losses.lost_token_prices`, over ``models``, the
+    models the log names, or the provider section's; with ``model_of``, the model a line's request names, a log that
+    mixes models of different prices is priced at each request's own), and the requests' within-conversation losses.
     ``prompt_of(line)``: the prompt of the log's line ``line``, where the conversations kept only the lines of
     their worst pair: the worst conversations' pairs are tokenized and compared again (as ``diff_log`` compares
     them)."""
     if top < 1:
         raise CachectlError("`top` must be at least 1")
-    convs = tally.convs
+    convs, losses = tally.convs, tally.losses
     notes: list[str] = list(costed.notes) if costed is not None else []
     cost = costed.section if costed is not None else None
     named = models if models is not None else (cost.models if cost is not None else ())
-    rate, price_model, why = lost_token_price(table, named, price_model)
-    notes += [why] if why else []
-    causes = tuple(sorted((CauseLoss(cause=c, label=cause_label(c), pairs=n, tokens_lost=t,
-                                     usd_lost=None if rate is None else t * rate)
-                           for c, (n, t) in tally.by_cause.items()), key=lambda c: (-c.tokens_lost, str(c.cause))))
+    price, why = lost_token_prices(table, named, price_model, per_request=model_of is not None)
     worst_rows = heapq.nlargest(top, (k for k in range(len(convs.keys)) if convs.lost[k] > 0),
                                 key=convs.lost.__getitem__)
+    # (each request's tokens at its own model's price: the losses split by cause, by conversation, by model)
+    split: Callable[[Iterable[tuple[Any, int, int]]], dict] = \
+        (lambda triples: {}) if price is None or price.rate is not None else \
+        partial(split_by_model, model_of=model_of)  # type: ignore[arg-type]
+    names = {i: c for c, i in losses.cause_names.items()}
+    at = zip(losses.causes, losses.lines, losses.lost, losses.rows)
+    by_cause = split((names[c], ln, n) for c, ln, n, _ in at)
+    wanted = set(worst_rows)
+    by_row = split((k, ln, n) for _, ln, n, k in zip(losses.causes, losses.lines, losses.lost, losses.rows)
+                   if k in wanted)
+    lost_total = tally.reusable - tally.reused
+    everyone = merged(by_cause.values())
+    if price is not None and price.dollars(lost_total, everyone) is None:
+        price, why = None, ("no dollar figure for lost tokens: the log's models are priced differently and some "
+                            "requests name no model; pass `model` to price them at one model's")
+    notes += [why] if why else []
+
+    def usd(tokens: int, by_model: dict | None) -> float | None:
+        return None if price is None else price.dollars(tokens, by_model)
+
+    causes = tuple(sorted((CauseLoss(cause=c, label=cause_label(c), pairs=n, tokens_lost=t,
+                                     usd_lost=usd(t, by_cause.get(c)))
+                           for c, (n, t) in tally.by_cause.items()), key=lambda c: (-c.tokens_lost, str(c.cause))))
     if prompt_of is not None:
         for k in worst_rows:
             if convs.worst_lost[k] >= 0:
                 convs.views[k] = _view(_pair_again(convs.keys[k], convs.worst_a[k], convs.worst_b[k], prompt_of,
                                                    tokenizer, block_size, context, add_generation_prompt))
     worst = tuple(ConversationLoss(key=convs.keys[k], requests=convs.requests[k], tokens_lost=convs.lost[k],
-                                   usd_lost=None if rate is None else convs.lost[k] * rate,
+                                   usd_lost=usd(convs.lost[k], by_row.get(k)),
                                    causes=tuple(c or "unexplained" for c in convs.causes[k]),
                                    worst=convs.views.get(k)) for k in worst_rows)
-    lost_total = tally.reusable - tally.reused
-    if rate is not None:
-        notes.append(f"dollars lost: tokens not reused, at {price_model}'s input price less its cache-read price, "
-                     f"counted with {tokenizer_name}: an estimate of what a provider cache could have read")
+    if price is not None:
+        notes.append(price.note(tokenizer_name))
     return LogReport(source=source, requests=tally.requests, conversations=tally.conversations, pairs=tally.pairs,
                      block_size=block_size, reusable_tokens=tally.reusable, reused_tokens=tally.reused,
                      tokens_lost=lost_total, reuse_ratio=(tally.reused / tally.reusable) if tally.reusable else None,
-                     usd_lost=None if rate is None else sum(c.tokens_lost for c in causes) * rate,
-                     price_model=price_model if rate is not None else None, causes=causes, worst=worst, cost=cost,
+                     usd_lost=usd(sum(c.tokens_lost for c in causes), everyone),
+                     price_model=price.model if price is not None else None,
+                     price_models=price.models if price is not None else (), causes=causes, worst=worst, cost=cost,
                      curve=curve, fixes=fixes, tokenizer=tokenizer_name, notes=tuple(notes),
-                     total_tokens_lost=lost_total, total_usd_lost=None if rate is None else lost_total * rate), \
-        rate, tally.losses
-
-
-def with_forks(r: LogReport, forks: LogForks, losses: PairLosses, rate: float | None) -> LogReport:
-    """The report with the forks of the log's shared prefix (:func:`.shared_prefix.log_forks`): listed, and the
-    tokens they cost beyond each request's within-conversation loss (``losses``) joined to the headline."""
-    from .shared_prefix import shared_prefix_section
-
-    shared = shared_prefix_section(forks, losses.of(forks.gains_by_line()), rate)
-    total = r.tokens_lost + shared.tokens_lost
-    return replace(r, total_tokens_lost=total, total_usd_lost=None if rate is None else total * rate,
-                   forks=forks.report.forks, shared_prefix=shared)
+                     total_tokens_lost=lost_total, total_usd_lost=usd(lost_total, everyone)), price, losses
 
 
 def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any, tokenizer_name: str,
@@ -480,7 +481,7 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     process: no read of the lines for them), not fed here."""
     from ...workers import Workers
     from .fix import assembled, forked, measured_pass, rewrites, started
-    from .groups import left_out_note, log_models
+    from .groups import left_out_note, line_models, log_models
     from .measure import provider_measure
     from .sections import feeding, sections_reader
 
@@ -543,15 +544,16 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
                      table=table, source=source, tokenizer=tokenizer)
     full = assembled(fixed_lines, full_options, grouping, forks, (), before, (), full_pass, table=table,
                      source=source, tokenizer=tokenizer)
-    r, rate, losses = tallied(
+    r, price, losses = tallied(
         tally, source=source, tokenizer=tokenizer, tokenizer_name=tokenizer_name, table=table, costed=costed,
         curve=curve, block_size=options.block_size, top=top, price_model=price_model,
         fixes=before_after(safe, full, safe_applied=safe_pass.applied, full_applied=full_pass.applied),
         prompt_of=lambda line: lines[lines.index_of(line)].prompt,  # type: ignore[attr-defined]
-        add_generation_prompt=options.add_generation_prompt, models=log_models(lines))
+        add_generation_prompt=options.add_generation_prompt, models=log_models(lines),
+        model_of=line_models(lines))
     left = left_out_note(lines)  # (lines of parts no tokenizer renders: said first)
     r = replace(r, notes=(left, *r.notes)) if left else r
-    return with_forks(r, forks, losses, rate) if forks is not None else r
+    return with_forks(r, forks, losses, price, line_models(lines)) if forks is not None else r
 
 
 def _tallying(tally: PairTally, lines: Sequence[LogLine], grouping: Any) -> Callable[..., None]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ...errors import CachectlError, InputError, MalformedInput, UsageError
@@ -27,6 +27,7 @@ from ...spool import Spool
 from ..prefix.forks import Fork, ForkReport, ForkRequest, MoveSpan, RequestStore, TreeNode, analyze_forks, pack_requests
 from ..prefix.forks.requests import ForkRecords
 from .groups import LogLine
+from .losses import LostTokenPrice, ModelOf, PairLosses, merged, split_by_model
 from .store import store_of
 
 
@@ -257,18 +258,41 @@ class SharedPrefixSection:
     notes: tuple[str, ...] = ()
 
 
-def shared_prefix_section(forks: LogForks, pair_lost: Mapping[int, int], rate: float | None) -> SharedPrefixSection:
+def shared_prefix_section(forks: LogForks, pair_lost: Mapping[int, int], price: LostTokenPrice | None,
+                          model_of: ModelOf | None = None) -> tuple[SharedPrefixSection, dict[str | None, int]]:
     """The section, with the cross-request loss combined with ``pair_lost`` (line -> within-conversation loss of
-    that request) and priced at ``rate`` dollars a token."""
+    that request) and priced at ``price`` (each request's model's, through ``model_of``, where it has no one rate),
+    and that loss by model (empty at one rate)."""
     r = forks.report
-    lost = cross_request_loss(forks.gains_by_line(), pair_lost)
-    return SharedPrefixSection(requests=r.requests, block_size=r.block_size, hit_tokens=r.hit_tokens,
-                               fixed_hit_tokens=r.fixed_hit_tokens, tokens_lost=lost,
-                               usd_lost=None if rate is None else lost * rate, fixable_forks=len(forks.fixable),
-                               tree=r.tree,
-                               fixed_tree=r.fixed_tree, capacity_blocks=r.capacity_blocks,
-                               hit_tokens_at_capacity=r.hit_tokens_at_capacity,
-                               fixed_hit_tokens_at_capacity=r.fixed_hit_tokens_at_capacity, notes=r.notes)
+    gains = forks.gains_by_line()
+    lost = cross_request_loss(gains, pair_lost)
+    by_model: dict[str | None, int] = {}
+    if price is not None and price.rate is None and model_of is not None:
+        by_model = split_by_model(((None, ln, max(g - pair_lost.get(ln, 0), 0)) for ln, g in gains.items()),
+                                  model_of).get(None, {})
+    section = SharedPrefixSection(requests=r.requests, block_size=r.block_size, hit_tokens=r.hit_tokens,
+                                  fixed_hit_tokens=r.fixed_hit_tokens, tokens_lost=lost,
+                                  usd_lost=None if price is None else price.dollars(lost, by_model),
+                                  fixable_forks=len(forks.fixable), tree=r.tree, fixed_tree=r.fixed_tree,
+                                  capacity_blocks=r.capacity_blocks, hit_tokens_at_capacity=r.hit_tokens_at_capacity,
+                                  fixed_hit_tokens_at_capacity=r.fixed_hit_tokens_at_capacity, notes=r.notes)
+    return section, by_model
+
+
+def with_forks(r: Any, forks: Any, losses: PairLosses, price: LostTokenPrice | None,
+               model_of: ModelOf | None = None) -> Any:
+    """The report (:class:`.report.LogReport`) with the forks of the log's shared prefix (``forks``:
+    :func:`.shared_prefix.log_forks`): listed, and the tokens they cost beyond each request's within-conversation
+    loss (``losses``) joined to the headline, priced at ``price`` (each request's model's, through ``model_of``,
+    where it has no one rate)."""
+    shared, by_model = shared_prefix_section(forks, losses.of(forks.gains_by_line()), price, model_of)
+    total = r.tokens_lost + shared.tokens_lost
+    if price is not None and price.rate is None and model_of is not None:  # (with the within-conversation losses)
+        within = split_by_model(((None, ln, n) for ln, n in zip(losses.lines, losses.lost)), model_of)
+        by_model = merged([by_model, *within.values()])
+    return replace(r, total_tokens_lost=total,
+                   total_usd_lost=None if price is None or r.total_usd_lost is None else price.dollars(total, by_model),
+                   forks=forks.report.forks, shared_prefix=shared)
 
 
 @dataclass(frozen=True)
@@ -288,37 +312,11 @@ class CrossRequestGain:
     price_model: str | None = None
 
 
-def lost_token_price(table: Any, models: Iterable[str], model: str | None = None
-                     ) -> tuple[float | None, str | None, str | None]:
-    """What a prompt token a provider cache did not read costs, in dollars (its model's input price less its
-    cache-read price), the model priced, and a note where no price is given. ``model`` (``--model``) prices every
-    token; else the models the log's requests name must share one such price: a log that mixes models of different
-    prices gets no dollar figure (and a note saying so), not the first model's for every token."""
-    names = [model] if model else list(dict.fromkeys(models))
-    if table is None or not names:
-        return None, None, None
-    rates: dict[str, float] = {}
-    for name in names:
-        try:
-            price = table.lookup(name)
-        except CachectlError:
-            return None, None, (f"no dollar figure for lost tokens: no price for {name!r} (add it with `prices`, or "
-                                "pass `model` to price them at one model's)")
-        if price.cache_read is None:
-            return None, None, f"no dollar figure for lost tokens: {price.model} has no cache-read price"
-        rates[price.model] = (price.input - price.cache_read) / 1e6
-    if len(set(rates.values())) > 1:
-        return None, None, ("no dollar figure for lost tokens: the log's models are priced differently "
-                            f"({', '.join(rates)}); pass `model` to price them at one model's")
-    name, rate = next(iter(rates.items()))
-    return rate, name, None
-
-
 def cross_request_gain(forks: LogForks, before: Any, after: Any, *, rate: float | None = None,
                        model: str | None = None) -> CrossRequestGain:
     """``before``/``after``: :class:`~cachectl.engines.repair.measure.Measure` of the log and of the fixed log;
     ``rate``: the dollars a token read from the cache saves, at ``model``'s prices
-    (:func:`lost_token_price`)."""
+    (:func:`.losses.lost_token_price`)."""
 
     def no_evict(m: Any) -> float | None:
         v = getattr(m, "vllm_no_eviction", None) or (m.vllm if m is not None and m.vllm is not None
@@ -343,4 +341,4 @@ def cross_request_gain(forks: LogForks, before: Any, after: Any, *, rate: float 
 
 
 __all__ = ["CrossRequestGain", "LogForks", "SharedPrefixSection", "auto_records", "cross_request_gain",
-           "cross_request_loss", "log_forks", "shared_prefix_section"]
+           "cross_request_loss", "log_forks", "shared_prefix_section", "with_forks"]
