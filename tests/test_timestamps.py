@@ -10,6 +10,8 @@ import pytest
 
 from cachectl.inputs import TimestampError, TimestampReader, read_timestamp
 
+from .conftest import FIXTURES
+
 ISO = "2026-11-30T10:00:00Z"
 EPOCH = datetime.fromisoformat("2026-11-30T10:00:00+00:00").timestamp()
 
@@ -184,3 +186,22 @@ def test_the_audit_dates_its_prices_by_times_logged_without_a_zone_in_the_zone_n
     assert "calls without a date" in undated[1] and "--time-zone" in undated[1]
     assert "priced at the rates in force then" in utc[1] and "calls without a date" not in new_york[1]
     assert new_york[0] == undated[0] and utc[0] - new_york[0] == pytest.approx(0.10)  # a million reads at $0.10 more
+
+
+@pytest.mark.parametrize("stamp", ["2026-03-29 03:10:00", "yesterday", 1e30])
+def test_lint_reads_no_times_so_a_body_is_not_refused_for_its_wrapper_s(cli, tmp_path, stamp):
+    """lint has no time flags and uses no times: a request body whose wrapper logs a time without a zone (or one no
+    command could read) is linted, not refused with an error naming a flag lint does not have; a body with a
+    finding in it (a breakpoint below the model's minimum) still has it found."""
+    body = {"model": "gpt-4.1", "messages": [{"role": "system", "content": "You are helpful."},
+                                             {"role": "user", "content": "hi"}]}
+    clean = tmp_path / "clean.json"
+    clean.write_text(json.dumps({"timestamp": stamp, "body": body}))
+    r = cli("lint", str(clean))
+    assert r.exit_code == 0 and "clean" in r.stdout and r.stderr == ""
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps({"timestamp": stamp,
+                                 "body": json.loads((FIXTURES / "lint" / "bad" / "body_short.json").read_text())}))
+    r = cli("lint", str(short), "--format", "json")
+    assert r.exit_code == 1 and r.stderr == ""
+    assert "CC005" in {f["rule"] for f in json.loads(r.stdout)["findings"]}

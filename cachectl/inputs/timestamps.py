@@ -103,6 +103,12 @@ def parse_timestamp(value: Any, unit: str | None = None) -> float | None:
     return None if read is None else read[0]
 
 
+def no_time(value: Any) -> None:
+    """A reader of times for a command that uses none (``lint``): every time reads as absent, so a body is never
+    refused for its wrapper's time."""
+    return None
+
+
 class TimestampReader:
     """The timestamps of one run, read with one unit rule; it remembers the units it recognized by magnitude,
     so that the command can say which (:meth:`note`). Picklable: a forked reader reads the same way."""

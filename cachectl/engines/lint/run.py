@@ -151,9 +151,11 @@ def _lint_file(f: Path, config: LintConfig, tokenizer: Any, min_tokens: int | No
                                     f"{x.message} (chat_template line {x.line})", x.fix, x.fix_safety)
                             for x in found], LINT_FIXES, "cachectl lint --fix")
     from ...inputs import Locator, is_request_body, parse_request, unwrap
+    from ...inputs.timestamps import no_time
 
     if isinstance(doc, dict) and is_request_body(unwrap(doc)[0]):
-        req = parse_request(doc, source=source, locator=Locator(text))
+        # (the lint reads no times: a wrapper's time, zoneless or odd, is not the body's to answer for)
+        req = parse_request(doc, source=source, locator=Locator(text), timestamps=no_time)
         return _applied_by(lint_body(source, req, config, min_tokens, count), LOG_FIXES, "cachectl fix")
     if named:
         raise InputError("not a request body (no 'messages', 'input' or 'blocks', also not inside 'body') "

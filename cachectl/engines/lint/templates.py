@@ -372,7 +372,9 @@ def _as_body(text: str, path: str) -> Request | None:
         return None
     if not isinstance(doc, dict) or not is_request_body(unwrap(doc)[0]):
         return None
-    return parse_request(doc, source=path, locator=Locator(text))
+    from ...inputs.timestamps import no_time
+
+    return parse_request(doc, source=path, locator=Locator(text), timestamps=no_time)
 
 
 _SAMPLE_CHAT = [
