@@ -38,6 +38,19 @@ class PairLosses:
     def of(self, lines: Container[int]) -> dict[int, int]:
         return {ln: n for ln, n in zip(self.lines, self.lost) if ln in lines}
 
+    def by_model(self, model_of: ModelOf, rows: Container[int] = ()) -> tuple[dict, dict, dict[str | None, int]]:
+        """The losses by the model of the request that lost them (``model_of`` asked once a loss), in one walk: by
+        cause, by conversation row (of those in ``rows``), and in all."""
+        names = {i: c for c, i in self.cause_names.items()}
+        by_cause: dict[str | None, dict[str | None, int]] = {}
+        by_row: dict[int, dict[str | None, int]] = {}
+        total: dict[str | None, int] = {}
+        for c, line, n, k in zip(self.causes, self.lines, self.lost, self.rows):
+            m = model_of(line)
+            for by in (by_cause.setdefault(names[c], {}), total, *((by_row.setdefault(k, {}),) if k in rows else ())):
+                by[m] = by.get(m, 0) + n
+        return by_cause, by_row, total
+
 
 @dataclass(frozen=True)
 class LostTokenPrice:
@@ -114,14 +127,12 @@ def lost_token_price(table: Any, models: Iterable[str], model: str | None = None
     return (None, None, why) if price is None else (price.rate, price.model, why)
 
 
-def split_by_model(pairs: Iterable[tuple[Any, int, int]], model_of: ModelOf) -> dict[Any, dict[str | None, int]]:
-    """``(group, line, tokens)`` triples summed by group, then by the model the request on ``line`` names."""
-    out: dict[Any, dict[str | None, int]] = {}
-    models: dict[int, str | None] = {}
-    for group, line, n in pairs:
-        m = models[line] if line in models else models.setdefault(line, model_of(line))
-        by = out.setdefault(group, {})
-        by[m] = by.get(m, 0) + n
+def by_model(losses: Iterable[tuple[int, int]], model_of: ModelOf) -> dict[str | None, int]:
+    """``(line, tokens)`` pairs summed by the model the request on ``line`` names."""
+    out: dict[str | None, int] = {}
+    for line, n in losses:
+        m = model_of(line)
+        out[m] = out.get(m, 0) + n
     return out
 
 
@@ -134,5 +145,5 @@ def merged(splits: Iterable[dict]) -> dict:
     return out
 
 
-__all__ = ["LostTokenPrice", "ModelOf", "PairLosses", "lost_token_price", "lost_token_prices", "merged",
-           "split_by_model"]
+__all__ = ["LostTokenPrice", "ModelOf", "PairLosses", "by_model", "lost_token_price", "lost_token_prices",
+           "merged"]

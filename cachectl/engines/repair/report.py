@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import CachectlError
 from ..causes import cause_label
-from .losses import LostTokenPrice, ModelOf, PairLosses, lost_token_prices, merged, split_by_model
+from .losses import LostTokenPrice, ModelOf, PairLosses, lost_token_prices
 from .sections import CostSection, CurveSection, cost_section, curve_section
 from .shared_prefix import with_forks
 
@@ -410,18 +410,10 @@ def tallied(tally: PairTally, *, source: str, tokenizer: Any, tokenizer_name: st
     price, why = lost_token_prices(table, named, price_model, per_request=model_of is not None)
     worst_rows = heapq.nlargest(top, (k for k in range(len(convs.keys)) if convs.lost[k] > 0),
                                 key=convs.lost.__getitem__)
-    # (each request's tokens at its own model's price: the losses split by cause, by conversation, by model)
-    split: Callable[[Iterable[tuple[Any, int, int]]], dict] = \
-        (lambda triples: {}) if price is None or price.rate is not None else \
-        partial(split_by_model, model_of=model_of)  # type: ignore[arg-type]
-    names = {i: c for c, i in losses.cause_names.items()}
-    at = zip(losses.causes, losses.lines, losses.lost, losses.rows)
-    by_cause = split((names[c], ln, n) for c, ln, n, _ in at)
-    wanted = set(worst_rows)
-    by_row = split((k, ln, n) for _, ln, n, k in zip(losses.causes, losses.lines, losses.lost, losses.rows)
-                   if k in wanted)
+    # (each request's tokens at its own model's price: the losses by cause, by conversation, in all, by model)
+    by_cause, by_row, everyone = (losses.by_model(model_of, set(worst_rows))
+                                  if price is not None and price.rate is None and model_of is not None else ({}, {}, {}))
     lost_total = tally.reusable - tally.reused
-    everyone = merged(by_cause.values())
     if price is not None and price.dollars(lost_total, everyone) is None:
         price, why = None, ("no dollar figure for lost tokens: the log's models are priced differently and some "
                             "requests name no model; pass `model` to price them at one model's")
@@ -544,16 +536,16 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
                      table=table, source=source, tokenizer=tokenizer)
     full = assembled(fixed_lines, full_options, grouping, forks, (), before, (), full_pass, table=table,
                      source=source, tokenizer=tokenizer)
+    model_of = line_models(lines)
     r, price, losses = tallied(
         tally, source=source, tokenizer=tokenizer, tokenizer_name=tokenizer_name, table=table, costed=costed,
         curve=curve, block_size=options.block_size, top=top, price_model=price_model,
         fixes=before_after(safe, full, safe_applied=safe_pass.applied, full_applied=full_pass.applied),
         prompt_of=lambda line: lines[lines.index_of(line)].prompt,  # type: ignore[attr-defined]
-        add_generation_prompt=options.add_generation_prompt, models=log_models(lines),
-        model_of=line_models(lines))
+        add_generation_prompt=options.add_generation_prompt, models=log_models(lines), model_of=model_of)
     left = left_out_note(lines)  # (lines of parts no tokenizer renders: said first)
     r = replace(r, notes=(left, *r.notes)) if left else r
-    return with_forks(r, forks, losses, price, line_models(lines)) if forks is not None else r
+    return with_forks(r, forks, losses, price, model_of) if forks is not None else r
 
 
 def _tallying(tally: PairTally, lines: Sequence[LogLine], grouping: Any) -> Callable[..., None]:

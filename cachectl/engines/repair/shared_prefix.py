@@ -27,7 +27,7 @@ from ...spool import Spool
 from ..prefix.forks import Fork, ForkReport, ForkRequest, MoveSpan, RequestStore, TreeNode, analyze_forks, pack_requests
 from ..prefix.forks.requests import ForkRecords
 from .groups import LogLine
-from .losses import LostTokenPrice, ModelOf, PairLosses, merged, split_by_model
+from .losses import LostTokenPrice, ModelOf, PairLosses, by_model, merged
 from .store import store_of
 
 
@@ -266,17 +266,16 @@ def shared_prefix_section(forks: LogForks, pair_lost: Mapping[int, int], price: 
     r = forks.report
     gains = forks.gains_by_line()
     lost = cross_request_loss(gains, pair_lost)
-    by_model: dict[str | None, int] = {}
+    models: dict[str | None, int] = {}
     if price is not None and price.rate is None and model_of is not None:
-        by_model = split_by_model(((None, ln, max(g - pair_lost.get(ln, 0), 0)) for ln, g in gains.items()),
-                                  model_of).get(None, {})
+        models = by_model(((ln, max(g - pair_lost.get(ln, 0), 0)) for ln, g in gains.items()), model_of)
     section = SharedPrefixSection(requests=r.requests, block_size=r.block_size, hit_tokens=r.hit_tokens,
                                   fixed_hit_tokens=r.fixed_hit_tokens, tokens_lost=lost,
-                                  usd_lost=None if price is None else price.dollars(lost, by_model),
+                                  usd_lost=None if price is None else price.dollars(lost, models),
                                   fixable_forks=len(forks.fixable), tree=r.tree, fixed_tree=r.fixed_tree,
                                   capacity_blocks=r.capacity_blocks, hit_tokens_at_capacity=r.hit_tokens_at_capacity,
                                   fixed_hit_tokens_at_capacity=r.fixed_hit_tokens_at_capacity, notes=r.notes)
-    return section, by_model
+    return section, models
 
 
 def with_forks(r: Any, forks: Any, losses: PairLosses, price: LostTokenPrice | None,
@@ -285,13 +284,12 @@ def with_forks(r: Any, forks: Any, losses: PairLosses, price: LostTokenPrice | N
     :func:`.shared_prefix.log_forks`): listed, and the tokens they cost beyond each request's within-conversation
     loss (``losses``) joined to the headline, priced at ``price`` (each request's model's, through ``model_of``,
     where it has no one rate)."""
-    shared, by_model = shared_prefix_section(forks, losses.of(forks.gains_by_line()), price, model_of)
+    shared, models = shared_prefix_section(forks, losses.of(forks.gains_by_line()), price, model_of)
     total = r.tokens_lost + shared.tokens_lost
     if price is not None and price.rate is None and model_of is not None:  # (with the within-conversation losses)
-        within = split_by_model(((None, ln, n) for ln, n in zip(losses.lines, losses.lost)), model_of)
-        by_model = merged([by_model, *within.values()])
+        models = merged([models, by_model(zip(losses.lines, losses.lost), model_of)])
     return replace(r, total_tokens_lost=total,
-                   total_usd_lost=None if price is None or r.total_usd_lost is None else price.dollars(total, by_model),
+                   total_usd_lost=None if price is None or r.total_usd_lost is None else price.dollars(total, models),
                    forks=forks.report.forks, shared_prefix=shared)
 
 
