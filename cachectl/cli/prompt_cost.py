@@ -277,7 +277,8 @@ def _history_lines(p) -> list[str]:
 _MISS_LABEL = {"cold": "cold", "content_changed": "changed", "ttl_expired": "TTL expired",
                "lookback_exceeded": "lookback", "breakpoint_moved": "bp moved", "below_minimum": "below min",
                "concurrent": "concurrent", "no_breakpoint": "no marker", "scope_changed": "scope",
-               "implicit_breakpoint_after_change": "implicit bp after change", "breakpoint_limit": "bp limit"}
+               "implicit_breakpoint_after_change": "implicit bp after change", "breakpoint_limit": "bp limit",
+               "thinking_stripped": "thinking stripped"}
 
 
 #: the JSON document of a report, in this order: these first, then ``requests``, then the other fields

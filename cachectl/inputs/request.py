@@ -200,6 +200,9 @@ class Request:
     usage: Any = None                     # the usage logged next to the request (wrapper), as given
     #: content block types cachectl does not know, read as positions whose exact JSON is their content
     unknown_blocks: tuple[str, ...] = ()
+    #: Anthropic: the thinking blocks of earlier assistant turns that the model's context strips (set by the
+    #: provider simulation, :func:`cachectl.engines.provider.cache.as_the_model_sees_it`), not in ``positions``
+    stripped_thinking: tuple[Position, ...] = ()
     body: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     chat: ChatView | None = field(default=None, compare=False, repr=False)
     meta: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)

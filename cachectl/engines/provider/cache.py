@@ -59,7 +59,8 @@ class MissReason:
 
     code: str          # cold | content_changed | ttl_expired | lookback_exceeded | breakpoint_moved |
     #                    below_minimum | concurrent | no_breakpoint | scope_changed |
-    #                    implicit_breakpoint_after_change | breakpoint_limit (OpenAI GPT-5.6+)
+    #                    implicit_breakpoint_after_change | breakpoint_limit (OpenAI GPT-5.6+) |
+    #                    thinking_stripped (Anthropic: a model that keeps only the last turn's thinking)
     detail: str
     path: str | None = None
     #: for content_changed: the kind of volatile value that changed there (date, id, counter ...), if any
@@ -585,6 +586,29 @@ def _h(*parts: str) -> str:
     return hashlib.blake2b("\x00".join(parts).encode(), digest_size=16).hexdigest()
 
 
+#: the kinds of Anthropic position that hold a thinking block
+THINKING_KINDS = ("thinking", "redacted_thinking")
+
+
+def as_the_model_sees_it(req: Request, price: ModelPrice) -> Request:
+    """``req`` as ``price.model`` holds it in its context, and so in its cached prefix: for a model that keeps only
+    the last assistant turn's thinking (``prior_thinking`` "last_turn": Opus 4.1 and earlier, Sonnet 4.5 and
+    earlier, Haiku through 4.5), without the thinking blocks before the last user block that is not a tool result
+    (the API strips them: the provider's extended-thinking and prompt-caching pages); ``req`` itself otherwise."""
+    if price.prior_thinking != "last_turn" or req.provider != "anthropic":
+        return req
+    ps = req.positions
+    last = -1
+    for i, p in enumerate(ps):
+        if p.segment == "messages" and p.role == "user" and p.kind != "tool_result":
+            last = i
+    drop = {i for i in range(last) if ps[i].kind in THINKING_KINDS and ps[i].role == "assistant"}
+    if not drop:
+        return req
+    return replace(req, positions=tuple(p for i, p in enumerate(ps) if i not in drop),
+                   stripped_thinking=tuple(ps[i] for i in sorted(drop)))
+
+
 def chain_keys(model: str, req: Request) -> list[str]:
     """The key of each position's prefix: a hash chain over exact content, with the Anthropic scopes folded
     in where their level starts (system scope before the first non-tool position, messages scope before the
@@ -1001,6 +1025,11 @@ def _changed(req: Request, prev: _Seen, same: int) -> MissReason:
 
     if same < len(req.positions) and same < len(prev.positions):
         a, b = prev.positions[same], req.positions[same]
+        if a.kind in THINKING_KINDS and a.role == "assistant" and a in req.stripped_thinking:
+            return MissReason("thinking_stripped", f"the thinking block at {a.path}, in the prefix {_which(prev.line)} "
+                              f"cached, is stripped from this request: {req.model} keeps only the last assistant "
+                              "turn's thinking, so a user turn after it removes it from the prompt and the cache "
+                              "from there on (Opus 4.5+ and Sonnet 4.6+ keep it)", a.path)
         if a.identity == b.identity:  # same content, different chain: a scope changed before it
             if prev.scope_system != req.scope_system:
                 return MissReason("scope_changed", f"a request parameter that scopes system and messages changed "
@@ -1193,6 +1222,7 @@ class CostRun:
                          f"with {price.model}'s rules")
         for btype in req.unknown_blocks:
             notes.append(unknown_block_note(btype))
+        req = as_the_model_sees_it(req, price)
         keys = chain_keys(price.model, req)
         self.unknown_output += req.output_tokens is None
         self.routed += "prompt_cache_key" in req.params

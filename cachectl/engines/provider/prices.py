@@ -48,6 +48,8 @@ class UnknownModelError(CachectlError):
 
 
 CACHE_MODES = ("explicit", "automatic", "breakpoints", "none")
+#: what ``ModelPrice.prior_thinking`` may be
+PRIOR_THINKING = ("all", "last_turn")
 
 #: what each cache rule is called in ``--list-models``
 RULE_NAMES = {
@@ -126,6 +128,10 @@ class ModelPrice:
     aliases_source: str | None = None
     #: the earlier rates, oldest first, each over its window of days (the entry's dated ``history``)
     price_sets: tuple[PriceSet, ...] = field(default=(), compare=False)
+    #: Anthropic: the earlier assistant turns' thinking blocks the model keeps in its context, and so in the cached
+    #: prefix: "all", or "last_turn" (Opus 4.1 and earlier, Sonnet 4.5 and earlier, Haiku through 4.5: a user
+    #: block that is not a tool result strips every thinking block before it, and the cache from there on)
+    prior_thinking: str = "all"
 
     @property
     def rule(self) -> str:
@@ -301,6 +307,7 @@ def _from_native(model: str, entry: Any, source: str) -> ModelPrice:
         read_refreshes_ttl=bool(base.get("read_refreshes_ttl", True)),
         batch_discount=_num(base, "batch_discount", model, source, optional=True),
         effective_from=effective_from, price_sets=sets,
+        prior_thinking=_choice({"prior_thinking": "all", **base}, "prior_thinking", model, source, PRIOR_THINKING),
         aliases_source=None if base.get("aliases_source") is None else str(base["aliases_source"]))
 
 
@@ -310,7 +317,8 @@ def _rules_of(price: ModelPrice) -> dict:
             "max_breakpoints": price.max_breakpoints, "lookback_blocks": price.lookback_blocks,
             "usage_style": price.usage_style, "min_cacheable_tokens": price.min_cacheable_tokens,
             "cache_granularity": price.cache_granularity, "read_refreshes_ttl": price.read_refreshes_ttl,
-            "aliases": list(price.aliases), "aliases_source": price.aliases_source}
+            "aliases": list(price.aliases), "aliases_source": price.aliases_source,
+            "prior_thinking": price.prior_thinking}
 
 
 def _from_litellm(model: str, entry: dict, source: str, known: ModelPrice | None = None) -> ModelPrice | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ....errors import InputError
+from ....errors import CachectlError, InputError
 from ..groups import THINK, LogLine, reparse_at
 from .body import messages_of, path_prefix, with_messages
 from .rewriter import FixCode, Rewriter
@@ -21,12 +21,15 @@ def apply(rw: Rewriter) -> None:
         seen: dict[int, set] = {}       # assistant message index -> reasoning texts seen ("" = none)
         rendered: dict[int, set] = {}   # ... -> whether the render holds it
         read = [(i, messages_of(rw.values[i])) for i in members]  # (each member's value read once here)
-        for _, msgs in read:
+        for i, msgs in read:
             if msgs is None:
                 continue
+            # (a model that keeps only the last turn's thinking sees none before the current tool-use loop,
+            # whether it was sent or not: that is no inconsistency)
+            seen_from = _tool_loop_start(msgs) if _strips_prior_thinking(rw, rw.lines[i]) else 0
             for m, msg in enumerate(msgs):
                 if isinstance(msg, dict) and msg.get("role") == "assistant":
-                    seen.setdefault(m, set()).add(_reasoning_of(msg))
+                    seen.setdefault(m, set()).add(_reasoning_of(msg) if m >= seen_from else "")
         if rw.tok is not None and rw.tok.chat_template is not None:
             for i, msgs in read:
                 if msgs is None:
@@ -96,6 +99,17 @@ def _render_value(rw: Rewriter, i: int, value: Any) -> str | None:
 
 def _is_anthropic(ln: LogLine) -> bool:
     return ln.request is not None and ln.request.provider == "anthropic"
+
+
+def _strips_prior_thinking(rw: Rewriter, ln: LogLine) -> bool:
+    """Whether the line's model keeps only the last assistant turn's thinking (the price table's
+    ``prior_thinking``): the API strips the thinking blocks before the current tool-use loop."""
+    if not _is_anthropic(ln) or rw.table is None or not ln.request.model:  # type: ignore[union-attr]
+        return False
+    try:
+        return rw.table.lookup(ln.request.model).prior_thinking == "last_turn"  # type: ignore[union-attr]
+    except CachectlError:  # a model the table does not know: what was sent is what it sees
+        return False
 
 
 def _reasoning_of(msg: dict) -> str:

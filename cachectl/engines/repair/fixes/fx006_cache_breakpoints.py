@@ -32,7 +32,7 @@ from .rewriter import FixCode, Rewriter
 
 
 def apply(rw: Rewriter) -> None:
-    from ...provider.cache import tokenizer_counter
+    from ...provider.cache import as_the_model_sees_it, tokenizer_counter
 
     counter = rw.counter or (tokenizer_counter(rw.tok) if rw.tok is not None else None)
     noted = False
@@ -60,11 +60,14 @@ def apply(rw: Rewriter) -> None:
                 price = rw.table.lookup(model)
             except Exception:  # an unknown model: no minimum to check against
                 continue
-            nxt = reqs[k + 1].request if k + 1 < len(members) else None
+            # (each request as its model holds it: a model that keeps only the last turn's thinking has the
+            # earlier thinking blocks stripped, which no marker is on)
+            req = as_the_model_sees_it(req, price)
+            nxt = _as_seen(rw, reqs[k + 1].request) if k + 1 < len(members) else None
             if nxt is not None:
                 stable = _common_positions(req, nxt)
             else:
-                prev = reqs[k - 1].request
+                prev = _as_seen(rw, reqs[k - 1].request)
                 # the last request of a conversation: its predecessor's pattern (append-only: all of it)
                 stable = len(req.positions) if prev is not None and _common_positions(prev, req) == \
                     len(prev.positions) else 0
@@ -107,6 +110,19 @@ def apply(rw: Rewriter) -> None:
                             rw.values[later] = with_messages(rw.values[later], apply_carry(msgs, [msg_carry]))
                     reqs = [rw.current(x) for x in members]
     _apply_openai(rw, counter)
+
+
+def _as_seen(rw: Rewriter, req: Request | None) -> Request | None:
+    """``req`` as its model holds it (:func:`cachectl.engines.provider.cache.as_the_model_sees_it`); as sent
+    where the table does not know its model."""
+    from ...provider.cache import as_the_model_sees_it
+
+    if req is None or not req.model or rw.table is None:
+        return req
+    try:
+        return as_the_model_sees_it(req, rw.table.lookup(req.model))
+    except Exception:  # an unknown model: what was sent is what it holds
+        return req
 
 
 def _cumulative(req: Request, counter: Any) -> list[int]:
