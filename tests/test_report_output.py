@@ -76,4 +76,4 @@ def test_fix_without_unsafe_fixes_shows_what_they_would_add(cli):
     assert f"-> {after} (all fixes)" in line
     assert "with --unsafe-fixes" not in full.stdout  # nothing left to preview
     doc = json.loads(cli("fix", log, "-t", TOK_DIR, "--capacity-blocks", "512", "-f", "json").stdout)
-    assert doc["with_unsafe_fixes"]["applied"] == 20 and f"{doc['with_unsafe_fixes']['vllm_hit_rate']:.1%}" == after
+    assert doc["with_unsafe_fixes"]["applied"] == 19 and f"{doc['with_unsafe_fixes']['vllm_hit_rate']:.1%}" == after
