@@ -82,9 +82,10 @@ def test_the_price_table_says_which_models_keep_only_the_last_turn_s_thinking():
     assert table.lookup("claude-sonnet-4-5-20250929").prior_thinking == "last_turn"   # a dated id: its alias
 
 
-@pytest.mark.parametrize("model, keeps", [("claude-sonnet-4-5", False), ("claude-sonnet-4-6", True)])
+@pytest.mark.parametrize("model, keeps, flag", [("claude-sonnet-4-5", False, False), ("claude-sonnet-4-6", True, False),
+                                               ("claude-sonnet-4-5", False, True)])
 def test_fx005_drops_a_thinking_block_sent_in_one_request_only_where_the_model_would_have_kept_it(
-        cli, write, model, keeps):
+        cli, write, model, keeps, flag):
     """fix_log.jsonl's ``claude`` conversation sends its first assistant turn's thinking block in the second
     request and not in the third. Sonnet 4.5 sees neither (a later user turn strips it): no inconsistency, no
     FX005, and FX006's breakpoints are where the stripped prompts repeat. Sonnet 4.6 keeps it: FX005 drops it
@@ -93,9 +94,11 @@ def test_fx005_drops_a_thinking_block_sent_in_one_request_only_where_the_model_w
     rows = [r for r in rows if r.get("session") == "claude"]
     for r in rows:
         r["body"]["model"] = model
+        if flag:  # (the lines name no model: --model names it)
+            del r["body"]["model"]
     path = write("claude.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     d = json.loads(cli("fix", str(path), "--key", "session", "-t", str(TOK_DIR), "--unsafe-fixes", "-f", "json",
-                       "-o", str(path.with_name("fixed.jsonl"))).stdout)
+                       "-o", str(path.with_name("fixed.jsonl")), *(["-m", model] if flag else [])).stdout)
     fx005 = [f for f in d["fixes"] if f["code"] == "FX005"]
     assert bool(fx005) is keeps
     if keeps:
@@ -105,7 +108,7 @@ def test_fx005_drops_a_thinking_block_sent_in_one_request_only_where_the_model_w
     # and with the fixes, each request reads all of the one before: on Sonnet 4.6 only because FX005 made the
     # thinking block consistent (measured before FX006 adds the breakpoints, FX005's own gain there is nil)
     rows = json.loads(cli("prompt-cost", str(path.with_name("fixed.jsonl")), "--tokenizer", str(TOK_DIR),
-                          "-f", "json").stdout)["requests"]
+                          "-f", "json", *(["-m", model] if flag else [])).stdout)["requests"]
     for a, b in zip(rows, rows[1:]):
         assert b["miss"] is None
         assert b["cache_read_input_tokens"] == a["cache_read_input_tokens"] + a["cache_creation_input_tokens"]

@@ -104,10 +104,11 @@ def _is_anthropic(ln: LogLine) -> bool:
 def _strips_prior_thinking(rw: Rewriter, ln: LogLine) -> bool:
     """Whether the line's model keeps only the last assistant turn's thinking (the price table's
     ``prior_thinking``): the API strips the thinking blocks before the current tool-use loop."""
-    if not _is_anthropic(ln) or rw.table is None or not ln.request.model:  # type: ignore[union-attr]
+    model = ln.request.model or rw.model if ln.request is not None else None  # (--model for a line naming none)
+    if not _is_anthropic(ln) or rw.table is None or not model:
         return False
     try:
-        return rw.table.lookup(ln.request.model).prior_thinking == "last_turn"  # type: ignore[union-attr]
+        return rw.table.lookup(model).prior_thinking == "last_turn"
     except CachectlError:  # a model the table does not know: what was sent is what it sees
         return False
 

@@ -117,10 +117,11 @@ def _as_seen(rw: Rewriter, req: Request | None) -> Request | None:
     where the table does not know its model."""
     from ...provider.cache import as_the_model_sees_it
 
-    if req is None or not req.model or rw.table is None:
+    model = None if req is None else req.model or rw.model
+    if req is None or model is None or rw.table is None:
         return req
     try:
-        return as_the_model_sees_it(req, rw.table.lookup(req.model))
+        return as_the_model_sees_it(req, rw.table.lookup(model))
     except Exception:  # an unknown model: what was sent is what it holds
         return req
 
