@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ....errors import CachectlError, InputError
+from ....errors import InputError
 from ..groups import THINK, LogLine, reparse_at
 from .body import messages_of, path_prefix, with_messages
 from .rewriter import FixCode, Rewriter
@@ -104,13 +104,8 @@ def _is_anthropic(ln: LogLine) -> bool:
 def _strips_prior_thinking(rw: Rewriter, ln: LogLine) -> bool:
     """Whether the line's model keeps only the last assistant turn's thinking (the price table's
     ``prior_thinking``): the API strips the thinking blocks before the current tool-use loop."""
-    model = ln.request.model or rw.model if ln.request is not None else None  # (--model for a line naming none)
-    if not _is_anthropic(ln) or rw.table is None or not model:
-        return False
-    try:
-        return rw.table.lookup(model).prior_thinking == "last_turn"
-    except CachectlError:  # a model the table does not know: what was sent is what it sees
-        return False
+    price = rw.price_of(ln.request.model) if ln.request is not None and _is_anthropic(ln) else None
+    return price is not None and price.prior_thinking == "last_turn"  # (an unknown model sees what was sent)
 
 
 def _reasoning_of(msg: dict) -> str:

@@ -53,12 +53,8 @@ def apply(rw: Rewriter) -> None:
                                       "minimum: pass a tokenizer")
                     noted = True
                 break
-            model = req.model or rw.model
-            if model is None or rw.table is None:
-                continue
-            try:
-                price = rw.table.lookup(model)
-            except Exception:  # an unknown model: no minimum to check against
+            price = rw.price_of(req.model)
+            if price is None:  # no table, or an unknown model: no minimum to check against
                 continue
             # (each request as its model holds it: a model that keeps only the last turn's thinking has the
             # earlier thinking blocks stripped, which no marker is on)
@@ -117,13 +113,8 @@ def _as_seen(rw: Rewriter, req: Request | None) -> Request | None:
     where the table does not know its model."""
     from ...provider.cache import as_the_model_sees_it
 
-    model = None if req is None else req.model or rw.model
-    if req is None or model is None or rw.table is None:
-        return req
-    try:
-        return as_the_model_sees_it(req, rw.table.lookup(model))
-    except Exception:  # an unknown model: what was sent is what it holds
-        return req
+    price = None if req is None else rw.price_of(req.model)
+    return req if req is None or price is None else as_the_model_sees_it(req, price)
 
 
 def _cumulative(req: Request, counter: Any) -> list[int]:
@@ -305,16 +296,8 @@ def _apply_openai(rw: Rewriter, counter: Any) -> None:
 def _breakpoint_price(rw: Rewriter, provider: str | None, model: str | None) -> Any:
     """The price entry of an OpenAI request (``provider``, ``model``: a line's facts) whose model caches at
     breakpoints (GPT-5.6+), else None."""
-    if provider != "openai" or rw.table is None:
-        return None
-    model = model or rw.model
-    if model is None:
-        return None
-    try:
-        price = rw.table.lookup(model)
-    except Exception:  # an unknown model: no rule to place a breakpoint by
-        return None
-    return price if price.cache_mode == "breakpoints" else None
+    price = rw.price_of(model) if provider == "openai" else None  # (None: an unknown model has no rule)
+    return price if price is not None and price.cache_mode == "breakpoints" else None
 
 
 def _reparsed(rw: Rewriter, i: int, value: Any) -> Request | None:

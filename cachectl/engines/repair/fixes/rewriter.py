@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ....errors import CachectlError
 from ..edits import Edits
 from ..groups import Grouping, LogLine, original_at, reparse_at
 from ..store import store_of
@@ -74,6 +75,21 @@ class Rewriter:
         self.progress = progress
         #: where another run may take up this one (:func:`~cachectl.engines.repair.fixes.rewrite`'s ``then``)
         self.start: Any = None
+        self._prices: dict[str, Any] = {}
+
+    def price_of(self, model: str | None) -> Any:
+        """The price entry of a line's model (``model``, else the run's ``model``); None without a price table or
+        for a model the table does not know. Each name is looked up once a run (an unknown one's lookup looks for
+        close names)."""
+        name = model or self.model
+        if name is None or self.table is None:
+            return None
+        if name not in self._prices:
+            try:
+                self._prices[name] = self.table.lookup(name)
+            except CachectlError:  # an unknown model: no rule of its own
+                self._prices[name] = None
+        return self._prices[name]
 
     def allowed(self, safe: bool) -> bool:
         return safe or self.unsafe
