@@ -82,6 +82,20 @@ def test_the_price_table_says_which_models_keep_only_the_last_turn_s_thinking():
     assert table.lookup("claude-sonnet-4-5-20250929").prior_thinking == "last_turn"   # a dated id: its alias
 
 
+def test_list_models_names_the_models_that_keep_only_the_last_turn_s_thinking():
+    from typer.testing import CliRunner
+
+    from cachectl.cli import app
+
+    text = CliRunner().invoke(app, ["prompt-cost", "--list-models"])
+    assert text.exit_code == 0, text.output
+    line = next(x for x in text.output.splitlines() if x.startswith("earlier turns' thinking blocks are stripped"))
+    named = set(line.split(" on: ", 1)[1].split(", "))
+    data = json.loads(CliRunner().invoke(app, ["prompt-cost", "--list-models", "--format", "json"]).output)
+    assert named == {m["model"] for m in data["models"] if m["prior_thinking"] == "last_turn"}
+    assert "claude-sonnet-4-5" in named and "claude-sonnet-4-6" not in named
+
+
 @pytest.mark.parametrize("model, keeps, flag", [("claude-sonnet-4-5", False, False), ("claude-sonnet-4-6", True, False),
                                                ("claude-sonnet-4-5", False, True)])
 def test_fx005_drops_a_thinking_block_sent_in_one_request_only_where_the_model_would_have_kept_it(

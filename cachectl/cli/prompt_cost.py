@@ -241,6 +241,10 @@ def _render_models(table, fmt: Format) -> None:
                      "at today's):", soft_wrap=True, markup=False)
         for line in history:
             stdout.print(f"  {line}", soft_wrap=True, markup=False)
+    last_turn = [p.model for p in table.models.values() if p.prior_thinking == "last_turn"]
+    if last_turn:
+        stdout.print("earlier turns' thinking blocks are stripped (and the cache from the first of them), keeping only "
+                     f"the last assistant turn's, on: {', '.join(last_turn)}", soft_wrap=True, markup=False)
     for name, why in table.withheld.items():
         stdout.print(f"{name}: not priced: {why}", soft_wrap=True, markup=False)
     if table.not_shipped:
