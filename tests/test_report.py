@@ -786,7 +786,7 @@ def test_lost_tokens_are_priced_at_the_log_s_one_price_or_each_request_s_own(cli
     timestamps (no provider section) still prices them. A log that mixes models of different prices has each
     request's lost tokens priced at its own model's price (each conversation's figure is its tokens at its model's
     price, not the first model's for every token); --model prices them all at one. `fix` prices what fixing the
-    forks saves at one price only (the vLLM hits it compares are the whole log's): a mixed log gets a note."""
+    forks saves the same way (:func:`_fix_gain_is_priced_at_each_request_s_model`)."""
     rows = [json.loads(line) for line in LOG.read_text().splitlines()]
     table = PriceTable.load()
     gpt, sonnet = table.lookup("gpt-4.1"), table.lookup("claude-sonnet-4-5")
@@ -828,11 +828,7 @@ def test_lost_tokens_are_priced_at_the_log_s_one_price_or_each_request_s_own(cli
                for n in d["notes"])
     text = cli("report", str(mixed), "-t", str(TOK_DIR), "--key", "session", "--jobs", "1").stdout
     assert f"${d['total_usd_lost']:.4f} at each request's model's prices (gpt-4.1, claude-sonnet-4-5)" in text
-    f = json.loads(cli("fix", str(mixed), "-t", str(TOK_DIR), "--key", "session", "--jobs", "1",
-                       "--format", "json").stdout)
-    assert f["cross_request"]["usd_saved"] is None and f["cross_request"]["price_model"] is None
-    assert any(n.startswith("no dollar figure for lost tokens: the log's models are priced differently (gpt-4.1, "
-                            "claude-sonnet-4-5)") for n in f["notes"])
+    _fix_gain_is_priced_at_each_request_s_model(cli, tmp_path, mixed, {"gpt-4.1": rate, "claude-sonnet-4-5": sonnet_rate})
 
     d = json.loads(cli("report", str(mixed), "-t", str(TOK_DIR), "--key", "session", "--jobs", "1", "-m", "gpt-4.1",
                        "--format", "json").stdout)
@@ -850,6 +846,59 @@ def test_lost_tokens_are_priced_at_the_log_s_one_price_or_each_request_s_own(cli
     assert all(c["usd_lost"] is None for c in d["causes"])
     assert any(n.startswith("no dollar figure for lost tokens: the log's models are priced differently and some "
                             "requests name no model") for n in d["notes"])
+    # `fix`: the gain falls on requests that name a model (a figure), or also on some that name none (none, a note)
+    f = json.loads(cli("fix", str(unnamed), "-t", str(TOK_DIR), "--key", "session", "--jobs", "1",
+                       "--format", "json").stdout)
+    assert dict(f["after"]["vllm"]["hit_tokens_by_model"])[None] == dict(f["before"]["vllm"]["hit_tokens_by_model"])[None]
+    assert f["cross_request"]["usd_saved"] > 0
+    gain_unnamed = tmp_path / "gain_unnamed.jsonl"
+    gain_unnamed.write_text("".join(json.dumps(dict(r, body={k: v for k, v in r["body"].items() if k != "model"})
+                                               if on_sonnet(r) else
+                                               dict(r, body=dict(r["body"], model="claude-sonnet-4-5"))
+                                               if r["session"].startswith("s3") else r) + "\n" for r in rows))
+    f = json.loads(cli("fix", str(gain_unnamed), "-t", str(TOK_DIR), "--key", "session", "--jobs", "1",
+                       "--format", "json").stdout)
+    by = [dict(f[m]["vllm"]["hit_tokens_by_model"]) for m in ("before", "after")]
+    assert by[1][None] > by[0][None]
+    assert f["cross_request"]["usd_saved"] is None and f["cross_request"]["price_models"] == []
+    assert any(n.startswith("no dollar figure for the gain across requests: the log's models are priced differently "
+                            "and some requests name no model") for n in f["notes"])
+
+
+def _fix_gain_is_priced_at_each_request_s_model(cli, tmp_path, mixed, rates):
+    """`fix` on a log whose models are priced differently: the vLLM hits before and after are split by the model of
+    the request that read them, and the gain across requests is priced at each one's model's rate. The split is
+    checked against `simulate-prefix replay --per-request` on the log and on the fixed log (each request's hit
+    tokens, summed here by its line's model), with no eviction and at a capacity that evicts."""
+    models = [json.loads(line)["body"].get("model") for line in mixed.read_text().splitlines()]
+    for extra, policy in (([], ["--policy", "infinite"]), (["--capacity-blocks", "400"],
+                                                            ["--policy", "vllm", "--capacity-blocks", "400"])):
+        fixed = tmp_path / "fixed.jsonl"
+        r = cli("fix", str(mixed), "-t", str(TOK_DIR), "--key", "session", "--jobs", "1", *extra, "-o", str(fixed),
+                "--format", "json")
+        f = json.loads(r.stdout)
+        c = f["cross_request"]
+        at = "at_capacity" if extra else None
+        split = {}
+        for name, log in (("before", mixed), ("after", fixed)):
+            sim = json.loads(cli("simulate-prefix", "replay", str(log), "-t", str(TOK_DIR), *policy, "--per-request",
+                                 "--format", "json").stdout)
+            by: dict = {}
+            for row in sim["per_request"]:
+                by[models[row["index"]]] = by.get(models[row["index"]], 0) + row["hit_tokens"]
+            split[name] = by
+            assert dict(f[name]["vllm"]["hit_tokens_by_model"]) == by, (name, extra)
+            assert c[f"hit_tokens_{name}_at_capacity" if at else f"hit_tokens_{name}"] == sim["hit_tokens"]
+        gained = {m: split["after"][m] - split["before"][m] for m in rates}
+        assert any(gained.values()), extra
+        assert c["price_model"] is None and c["price_models"] == ["gpt-4.1", "claude-sonnet-4-5"]
+        assert c["usd_saved"] == pytest.approx(sum(n * rates[m] for m, n in gained.items()))
+        assert not any("no dollar figure" in n for n in f["notes"])
+    text = cli("fix", str(mixed), "-t", str(TOK_DIR), "--key", "session", "--jobs", "1").stdout
+    assert "saved at each request's model's prices (gpt-4.1, claude-sonnet-4-5)" in text
+    one = json.loads(cli("fix", str(mixed), "-t", str(TOK_DIR), "--key", "session", "--jobs", "1", "-m", "gpt-4.1",
+                         "--format", "json").stdout)
+    assert one["before"]["vllm"]["hit_tokens_by_model"] is None and one["cross_request"]["price_model"] == "gpt-4.1"
 
 
 def test_report_takes_prices_and_its_notes_name_only_flags_it_has(cli, tmp_path):

@@ -362,7 +362,9 @@ def _render_cross(c: CrossRequestGain) -> None:
         line += (f", {c.hit_tokens_before_at_capacity:,.0f} -> {c.hit_tokens_after_at_capacity:,.0f} at "
                  f"{c.capacity_blocks:,} blocks")
     if c.usd_saved is not None:
-        line += f"; {_money(c.usd_saved)} saved at {c.price_model} prices (input less cache read)"
+        at = (f"{c.price_model} prices" if c.price_model is not None
+              else f"each request's model's prices ({', '.join(c.price_models)})")
+        line += f"; {_money(c.usd_saved)} saved at {at} (input less cache read)"
     stdout.print(line, soft_wrap=True, markup=False)
 
 

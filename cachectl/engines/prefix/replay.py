@@ -297,9 +297,10 @@ class InfiniteVersions:
 
     ``add(tokens, mask, salt=None)``: the versions of ``mask`` each send ``tokens`` (with vLLM's ``cache_salt``, which
     keys their blocks apart from unsalted ones) as their next request.
-    ``totals(j)``: version ``j``'s requests, query tokens and hit tokens."""
+    ``totals(j)``: version ``j``'s requests, query tokens and hit tokens. ``labelled``: each request is added with a
+    ``label`` (the model its line names), and ``by_label(j)`` gives version ``j``'s hit tokens summed by label."""
 
-    def __init__(self, versions: int, block_size: int) -> None:
+    def __init__(self, versions: int, block_size: int, labelled: bool = False) -> None:
         from ...spool import KeyDict, KeyIndex
 
         if not 1 <= block_size <= MAX_BLOCK_SIZE:
@@ -312,8 +313,9 @@ class InfiniteVersions:
         self._requests = [0] * versions
         self._query = [0] * versions
         self._hits = [0] * versions
+        self._by: list[dict[Any, int]] | None = [{} for _ in range(versions)] if labelled else None
 
-    def add(self, tokens: Any, mask: int, salt: Any = None) -> None:
+    def add(self, tokens: Any, mask: int, salt: Any = None, label: Any = None) -> None:
         from .trace import block_keys
 
         bs = self.block_size
@@ -326,27 +328,35 @@ class InfiniteVersions:
         while i < limit and active:   # the longest cached prefix, per version: a version drops out at its miss
             has = masks[i]
             if active & ~has:
-                self._count(active & ~has, i * bs, n)
+                self._count(active & ~has, i * bs, n, label)
                 active &= has
             i += 1
         if active:
-            self._count(active, i * bs, n)
+            self._count(active, i * bs, n, label)
         new = list(dict.fromkeys(k for k, m in zip(keys, masks) if not m))  # (cached by no version yet)
         grown = {k: m | mask for k, m in zip(keys, masks) if m and m & mask != mask}
         if grown:
             table.put(list(grown), list(grown.values()))
         table.put(new, [mask] * len(new), absent=True)
 
-    def _count(self, mask: int, hit: int, n: int) -> None:
-        j = 0
+    def _count(self, mask: int, hit: int, n: int, label: Any) -> None:
+        j, by = 0, self._by
         while mask:
             if mask & 1:
                 self._requests[j] += 1
                 self._query[j] += n
                 self._hits[j] += hit
+                if by is not None:
+                    by[j][label] = by[j].get(label, 0) + hit
             mask >>= 1
             j += 1
 
     def totals(self, j: int) -> tuple[int, int, int]:
         """Version ``j``'s requests, query tokens and hit tokens (the totals of :func:`simulate`'s report)."""
         return self._requests[j], self._query[j], self._hits[j]
+
+    def by_label(self, j: int) -> dict[Any, int]:
+        """Version ``j``'s hit tokens by the label of the request that read them (``labelled`` runs only)."""
+        if self._by is None:
+            raise ValueError("by_label needs a run made with labelled=True")
+        return dict(self._by[j])

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import InputError, UsageError
 from .fixes import CODES, FIXES, REGISTRY, Fix, rewrite
 from .groups import Grouping, LogLine, Sessions, group_sessions, left_out_note, log_models, with_model
-from .losses import lost_token_price
+from .losses import lost_token_prices
 from .measure import Measure, measure_versions
 from .shared_prefix import CrossRequestGain, ForkLines, LogForks, cross_request_gain, log_forks
 from .store import Mapped
@@ -274,7 +274,11 @@ def started(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any = N
     else:
         grouping = group_sessions(_ticking(lines, progress), window_s=options.window_s, tokenizer=tokenizer)
     counter = counter if counter is not None else measure_counter(tokenizer)
-    return lines, grouping, counter, _measurer(grouping, options, tokenizer, table, source, counter, progress)
+    # (a log whose models are priced differently: the replays' hits split by model, for the gain's dollars)
+    price, _ = lost_token_prices(table, log_models(lines), options.model, per_request=True)
+    by_model = price is not None and price.rate is None
+    return lines, grouping, counter, _measurer(grouping, options, tokenizer, table, source, counter, progress,
+                                               by_model)
 
 
 def measure_counter(tokenizer: Any) -> Any:
@@ -287,13 +291,14 @@ def measure_counter(tokenizer: Any) -> Any:
 
 
 def _measurer(grouping: Grouping, options: FixOptions, tokenizer: Any, table: Any, source: str, counter: Any,
-              progress: Callable[[int], None] | None) -> Callable[..., list[tuple[Measure, list[str]]]]:
+              progress: Callable[[int], None] | None, by_model: bool = False
+              ) -> Callable[..., list[tuple[Measure, list[str]]]]:
     """``measured(lines, versions, causes=..., providers=...)``: versions of the log measured in one sweep
     (:func:`.measure.measure_versions`)."""
     return partial(measure_versions, grouping=grouping, model=options.model, tokenizer=tokenizer, table=table,
                    block_size=options.block_size, capacity_blocks=options.capacity_blocks,
                    add_generation_prompt=options.add_generation_prompt, source=source, counter=counter,
-                   progress=progress, every=options.every)
+                   progress=progress, every=options.every, by_model=by_model)
 
 
 def forked(lines: Sequence[LogLine], grouping: Grouping, options: FixOptions, *, tokenizer: Any = None,
@@ -475,9 +480,12 @@ def assembled(lines: Sequence[LogLine], options: FixOptions, grouping: Grouping,
         prev_reused, prev_provider, prev_hits = reused, p1, hits
     cross = None
     if forks is not None and forks.fixable:
-        rate, model, why = lost_token_price(table, log_models(lines), options.model)
+        price, why = lost_token_prices(table, log_models(lines), options.model, per_request=True)
+        cross = cross_request_gain(forks, before, done.after, price)
+        if price is not None and cross.usd_saved is None and cross.hit_tokens_before is not None:
+            why = ("no dollar figure for the gain across requests: the log's models are priced differently and some "
+                   "requests name no model; pass `model` to price them at one model's")
         notes += [why] if why and why not in notes else []
-        cross = cross_request_gain(forks, before, done.after, rate=rate, model=model)
     return FixReport(source=source, requests=len(lines), grouping=grouping, fixes=done.fixes, before=before,
                      after=done.after, per_cause=tuple(per_cause), notes=tuple(notes), output=done.output,
                      cross_request=cross, forks=forks)

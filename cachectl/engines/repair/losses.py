@@ -145,5 +145,5 @@ def merged(splits: Iterable[dict]) -> dict:
     return out
 
 
-__all__ = ["LostTokenPrice", "ModelOf", "PairLosses", "by_model", "lost_token_price", "lost_token_prices",
+__all__ = ["LostTokenPrice", "ModelOf", "PairLosses", "by_model", "lost_token_prices",
            "merged"]

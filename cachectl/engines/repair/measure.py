@@ -12,6 +12,7 @@ import hashlib
 import json
 import queue
 import threading
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -24,7 +25,7 @@ from ...spool import content_digest
 from ..prefix.replay import InfiniteVersions
 from ..prefix.trace import TraceRequest, hashable_salt
 from .edits import _encoded
-from .groups import Grouping, LogLine, original_at, reparse_at, with_model
+from .groups import Grouping, LogLine, line_facts, original_at, reparse_at, with_model
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class VllmMeasure:
     query_tokens: int
     hit_tokens: float
     hit_rate: float | None
+    #: the hit tokens by the model each request names (None where it names none), in the order the models first
+    #: appear: for a log whose models are priced differently (``fix``'s cross-request dollars); None otherwise
+    hit_tokens_by_model: tuple[tuple[str | None, float], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -174,11 +178,13 @@ class _Version:
     conversation, and its provider simulation (started at its first request)."""
 
     def __init__(self, block_size: int, capacity_blocks: int | None, source: str, causes: bool,
-                 provider: Any, simulated: Callable[[], _Pushed] | None) -> None:
+                 provider: Any, simulated: Callable[[], _Pushed] | None, by_model: bool = False) -> None:
         from ..prefix.replay import simulate
 
         self.causes = causes
-        self.vllm = (_Fed(partial(_simulate_fed, simulate, "vllm", block_size, capacity_blocks, source))
+        #: each request's hit tokens in the replay at a capacity, in the log's order (``by_model`` runs only)
+        self.hits: array | None = array("q") if by_model and capacity_blocks is not None else None
+        self.vllm = (_Fed(partial(_simulate_fed, simulate, "vllm", block_size, capacity_blocks, source, self.hits))
                      if capacity_blocks is not None else None)
         self.provider = provider
         self._simulated = simulated if provider is None else None
@@ -211,9 +217,9 @@ class _Version:
 
 
 def _simulate_fed(simulate: Callable[..., Any], policy: str, block_size: int, capacity_blocks: int | None,
-                  source: str, trace: Iterator[Any]) -> Any:
+                  source: str, hits: array | None, trace: Iterator[Any]) -> Any:
     return simulate(trace, policy=policy, block_size=block_size, capacity_blocks=capacity_blocks, source=source,
-                    compact=True)
+                    compact=True, hits_into=hits)
 
 
 def _line_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] | None], i: int,
@@ -267,7 +273,8 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
                      progress: Callable[[int], None] | None = None,
                      providers: Sequence[ProviderMeasure | Callable[[], ProviderMeasure | None] | None] | None = None,
                      pairs: Callable[[int, LogLine, Any, Any, int, str | None], None] | None = None,
-                     workers: Any = None, every: float | None = None) -> list[tuple[Measure, list[str]]]:
+                     workers: Any = None, every: float | None = None, by_model: bool = False
+                     ) -> list[tuple[Measure, list[str]]]:
     """Versions of a log measured by the existing engines in one sweep: each line read once, each of its distinct
     versions parsed once and each distinct prompt among them tokenized once, and every version's engines fed as
     the sweep goes: the vLLM replay (:func:`cachectl.engines.prefix.simulate`; with ``capacity_blocks`` None, no
@@ -287,7 +294,8 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
     diverge before either ends (``"unexplained"`` where no rule explains it; None where they do not diverge).
     ``workers`` (:class:`cachectl.workers.Workers`): a child with a free core renders and tokenizes the batches of
     lines it takes ahead of the sweep (:meth:`~cachectl.workers.Workers.ahead`, batches of :data:`SHARED_BATCH`
-    lines; the same measures)."""
+    lines; the same measures). ``by_model``: the vLLM replays' hit tokens are also summed by the model each line
+    names (``model`` where it names none): :attr:`VllmMeasure.hit_tokens_by_model`."""
     from ...tokenization import encoder_beside
     from ...workers import Workers
     from .. import tokendiff
@@ -310,11 +318,13 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
     weight = [alias.count(j) for j in keep]   # (versions a measured one stands for, in progress ticks)
     vs = [_Version(block_size, capacity_blocks, source,
                    any(want_causes[e] for e in range(k) if alias[e] == j) or (j == 0 and pairs is not None),
-                   given[j], simulated) for j in keep]
+                   given[j], simulated, by_model) for j in keep]
     versions = [versions[j] for j in keep]
     k = len(keep)
     # every version's no-eviction replay in one (a request several versions send alike is replayed once)
-    infinite = InfiniteVersions(k, block_size)
+    infinite = InfiniteVersions(k, block_size, labelled=by_model)
+    # (the model each line names, where the hit tokens are summed by it: the line store's kept facts, not parsed)
+    models = [line_facts(lines, i)[2] or model for i in range(len(lines))] if by_model else None
     ends = grouping.last_indices()
     size = SHARED_BATCH if workers is not None and workers.jobs > 1 else BATCH
     starts = range(0, len(lines), size)
@@ -371,8 +381,9 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
                 for j, (t, salt) in enumerate(zip(tok, salts)):
                     ids, _, mask = alike.get((id(t), salt), (t.ids, salt, 0))
                     alike[id(t), salt] = ids, salt, mask | 1 << j
+                label = models[i] if models is not None else None
                 for ids, salt, mask in alike.values():
-                    infinite.add(ids, mask, salt)
+                    infinite.add(ids, mask, salt, label)
                 for j, (v, ln, t, salt, w) in enumerate(zip(vs, row, tok, salts, weight)):
                     if v.vllm is not None:
                         v.trace.append(TraceRequest(index=i, line=ln.line, prompt_tokens=len(t.ids), tokens=t.ids,
@@ -406,7 +417,8 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
         for v in vs:
             v.close()
     got = [_measured(v, len(lines), infinite.totals(j), block_size,
-                     partial(_simulated_again, lines, versions[j], model, simulated) if simulated else None)
+                     partial(_simulated_again, lines, versions[j], model, simulated) if simulated else None,
+                     (models, infinite.by_label(j)) if models is not None else None)
            for j, v in enumerate(vs)]
     out = []
     for j, e in enumerate(alias):
@@ -444,15 +456,28 @@ def _requests(lines: Sequence[LogLine], values: Sequence[Any] | None, model: str
 
 
 def _measured(v: _Version, n: int, totals: tuple[int, int, int], block_size: int,
-              again: Callable[[], tuple[Any, int] | None] | None = None) -> tuple[Measure, list[str]]:
+              again: Callable[[], tuple[Any, int] | None] | None = None,
+              by_model: tuple[list[str | None], dict[Any, int]] | None = None) -> tuple[Measure, list[str]]:
+    """One version's measures; ``by_model``: the model of each line, and the no-eviction hit tokens by model."""
     requests, query, hits = totals
+    order = list(dict.fromkeys(by_model[0])) if by_model is not None else []
+
+    def split(got: dict[Any, Any]) -> tuple[tuple[str | None, float], ...] | None:
+        return tuple((m, got.get(m, 0)) for m in order) if by_model is not None else None
+
     # without eviction (with a capacity: the ceiling, what the log's shared prefix is worth)
-    infinite = VllmMeasure("infinite", block_size, None, requests, query, hits, hits / query if query else None)
+    infinite = VllmMeasure("infinite", block_size, None, requests, query, hits, hits / query if query else None,
+                           split(by_model[1]) if by_model is not None else None)
     vllm, ceiling = infinite, None
     if v.vllm is not None:
         r = v.vllm.result()
+        at_cap: dict[Any, int] | None = None
+        if by_model is not None and v.hits is not None and len(v.hits) == len(by_model[0]):  # (a hit a line)
+            at_cap = {}
+            for m, h in zip(by_model[0], v.hits):
+                at_cap[m] = at_cap.get(m, 0) + h
         vllm = VllmMeasure(r.policy, r.block_size, r.capacity_blocks, r.requests, r.query_tokens, r.hit_tokens,
-                           r.hit_rate)
+                           r.hit_rate, split(at_cap) if at_cap is not None else None)
         ceiling = infinite
     notes: list[str] = []
     provider = v.provider

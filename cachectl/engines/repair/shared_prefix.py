@@ -308,34 +308,47 @@ class CrossRequestGain:
     hit_tokens_after_at_capacity: float | None = None
     usd_saved: float | None = None
     price_model: str | None = None
+    #: the models whose prices turned the gain into dollars: ``price_model``, or, for a log that mixes models of
+    #: different prices, each request's own model's (``price_model`` None)
+    price_models: tuple[str, ...] = ()
 
 
-def cross_request_gain(forks: LogForks, before: Any, after: Any, *, rate: float | None = None,
-                       model: str | None = None) -> CrossRequestGain:
+def cross_request_gain(forks: LogForks, before: Any, after: Any, price: Any = None) -> CrossRequestGain:
     """``before``/``after``: :class:`~cachectl.engines.repair.measure.Measure` of the log and of the fixed log;
-    ``rate``: the dollars a token read from the cache saves, at ``model``'s prices
-    (:func:`.losses.lost_token_price`)."""
+    ``price``: the dollars a token read from the cache saves (:class:`.losses.LostTokenPrice`): one model's, or each
+    request's own model's, where the replays' hits are split by model (``hit_tokens_by_model``). No dollar figure
+    where a gain falls on a request whose model has no price."""
 
-    def no_evict(m: Any) -> float | None:
-        v = getattr(m, "vllm_no_eviction", None) or (m.vllm if m is not None and m.vllm is not None
-                                                     and m.vllm.capacity_blocks is None else None)
+    def no_evict(m: Any) -> Any:
+        return getattr(m, "vllm_no_eviction", None) or (m.vllm if m is not None and m.vllm is not None
+                                                        and m.vllm.capacity_blocks is None else None)
+
+    def at_cap(m: Any) -> Any:
+        v = m.vllm if m is not None else None
+        return v if v is not None and v.capacity_blocks is not None else None
+
+    def hits(v: Any) -> float | None:
         return v.hit_tokens if v is not None else None
 
-    def at_cap(m: Any) -> float | None:
-        v = m.vllm if m is not None else None
-        return v.hit_tokens if v is not None and v.capacity_blocks is not None else None
-
-    b, a = no_evict(before), no_evict(after)
+    b, a = hits(no_evict(before)), hits(no_evict(after))
     cap = before.vllm.capacity_blocks if before is not None and before.vllm is not None else None
     usd = name = None
-    if rate is not None and b is not None and a is not None:
-        name = model
-        gained = (at_cap(after) - at_cap(before)) if cap is not None else (a - b)  # type: ignore[operator]
-        usd = gained * rate
+    models: tuple[str, ...] = ()
+    if price is not None and b is not None and a is not None:
+        v0, v1 = (at_cap(before), at_cap(after)) if cap is not None else (no_evict(before), no_evict(after))
+        gained = v1.hit_tokens - v0.hit_tokens
+        by: dict[Any, float] | None = None
+        if price.rate is None and v0.hit_tokens_by_model is not None and v1.hit_tokens_by_model is not None:
+            by = dict(v1.hit_tokens_by_model)
+            for m, n in v0.hit_tokens_by_model:
+                by[m] = by.get(m, 0) - n
+        usd, name = price.dollars(gained, by), price.model
+        models = price.models if usd is not None else ()
     return CrossRequestGain(forks=forks.report.forks, hit_tokens_before=b, hit_tokens_after=a,
                             predicted_hit_tokens=forks.report.fixed_hit_tokens, capacity_blocks=cap,
-                            hit_tokens_before_at_capacity=at_cap(before), hit_tokens_after_at_capacity=at_cap(after),
-                            usd_saved=usd, price_model=name)
+                            hit_tokens_before_at_capacity=hits(at_cap(before)),
+                            hit_tokens_after_at_capacity=hits(at_cap(after)), usd_saved=usd, price_model=name,
+                            price_models=models)
 
 
 __all__ = ["CrossRequestGain", "LogForks", "SharedPrefixSection", "auto_records", "cross_request_gain",
