@@ -483,8 +483,10 @@ def assembled(lines: Sequence[LogLine], options: FixOptions, grouping: Grouping,
         price, why = lost_token_prices(table, log_models(lines), options.model, per_request=True)
         cross = cross_request_gain(forks, before, done.after, price)
         if price is not None and cross.usd_saved is None and cross.hit_tokens_before is not None:
-            why = ("no dollar figure for the gain across requests: the log's models are priced differently and some "
-                   "requests name no model; pass `model` to price them at one model's")
+            split = before.vllm is not None and before.vllm.hit_tokens_by_model is not None
+            why = ("no dollar figure for the gain across requests: the log's models are priced differently and "
+                   + ("some requests name no model" if split else "its hits were not counted by model")
+                   + "; pass `model` to price them at one model's")
         notes += [why] if why and why not in notes else []
     return FixReport(source=source, requests=len(lines), grouping=grouping, fixes=done.fixes, before=before,
                      after=done.after, per_cause=tuple(per_cause), notes=tuple(notes), output=done.output,
