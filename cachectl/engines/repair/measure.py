@@ -26,6 +26,7 @@ from ..prefix.replay import InfiniteVersions
 from ..prefix.trace import TraceRequest, hashable_salt
 from .edits import _encoded
 from .groups import Grouping, LogLine, line_facts, original_at, reparse_at, with_model
+from .losses import by_model as summed_by_model
 
 
 @dataclass(frozen=True)
@@ -416,9 +417,10 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
         close()
         for v in vs:
             v.close()
+    order = list(dict.fromkeys(models)) if models is not None else []   # (the models, as they first appear)
     got = [_measured(v, len(lines), infinite.totals(j), block_size,
                      partial(_simulated_again, lines, versions[j], model, simulated) if simulated else None,
-                     (models, infinite.by_label(j)) if models is not None else None)
+                     (models, order, infinite.by_label(j)) if models is not None else None)
            for j, v in enumerate(vs)]
     out = []
     for j, e in enumerate(alias):
@@ -457,27 +459,26 @@ def _requests(lines: Sequence[LogLine], values: Sequence[Any] | None, model: str
 
 def _measured(v: _Version, n: int, totals: tuple[int, int, int], block_size: int,
               again: Callable[[], tuple[Any, int] | None] | None = None,
-              by_model: tuple[list[str | None], dict[Any, int]] | None = None) -> tuple[Measure, list[str]]:
-    """One version's measures; ``by_model``: the model of each line, and the no-eviction hit tokens by model."""
+              by_model: tuple[list[str | None], list[str | None], dict[Any, int]] | None = None
+              ) -> tuple[Measure, list[str]]:
+    """One version's measures; ``by_model``: the model of each line, the models in the order they first appear,
+    and the no-eviction hit tokens by model."""
     requests, query, hits = totals
-    order = list(dict.fromkeys(by_model[0])) if by_model is not None else []
 
-    def split(got: dict[Any, Any]) -> tuple[tuple[str | None, float], ...] | None:
-        return tuple((m, got.get(m, 0)) for m in order) if by_model is not None else None
+    def split(got: dict[Any, Any] | None) -> tuple[tuple[str | None, float], ...] | None:
+        return tuple((m, got.get(m, 0)) for m in by_model[1]) if by_model is not None and got is not None else None
 
     # without eviction (with a capacity: the ceiling, what the log's shared prefix is worth)
     infinite = VllmMeasure("infinite", block_size, None, requests, query, hits, hits / query if query else None,
-                           split(by_model[1]) if by_model is not None else None)
+                           split(by_model[2]) if by_model is not None else None)
     vllm, ceiling = infinite, None
     if v.vllm is not None:
         r = v.vllm.result()
-        at_cap: dict[Any, int] | None = None
-        if by_model is not None and v.hits is not None and len(v.hits) == len(by_model[0]):  # (a hit a line)
-            at_cap = {}
-            for m, h in zip(by_model[0], v.hits):
-                at_cap[m] = at_cap.get(m, 0) + h
+        at_cap = (summed_by_model(zip(range(len(v.hits)), v.hits), by_model[0].__getitem__)
+                  if by_model is not None and v.hits is not None and len(v.hits) == len(by_model[0])  # (a hit a line)
+                  else None)
         vllm = VllmMeasure(r.policy, r.block_size, r.capacity_blocks, r.requests, r.query_tokens, r.hit_tokens,
-                           r.hit_rate, split(at_cap) if at_cap is not None else None)
+                           r.hit_rate, split(at_cap))
         ceiling = infinite
     notes: list[str] = []
     provider = v.provider
