@@ -164,13 +164,6 @@ def _char_span(t: Tokenized, index: int) -> tuple[int, int] | None:
     return None
 
 
-def _char_divergence(a: Tokenized, b: Tokenized) -> int | None:
-    """The first character where the two texts differ (their common length when one extends the other)."""
-    if a.text is None or b.text is None:
-        return None
-    return common_prefix_length(a.text, b.text)
-
-
 def _has_system(p: PromptInput) -> bool:
     if not p.messages:
         return False

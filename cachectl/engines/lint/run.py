@@ -29,14 +29,6 @@ def kind_name(f: Path) -> Path:
     return f.with_name(f.name[:-len(f.suffix)]) if f.suffix in COMPRESSED_SUFFIXES else f
 
 
-def discover(paths: Sequence[str]) -> list[Path]:
-    """Candidate files under ``paths`` (a missing path raises; see :func:`lint_paths` for per-path errors)."""
-    out: list[Path] = []
-    for raw in paths:
-        out += _candidates(raw)
-    return out
-
-
 def _candidates(raw: str) -> list[Path]:
     p = Path(raw)
     if p.is_dir():

@@ -120,13 +120,6 @@ def lost_token_prices(table: Any, models: Iterable[str], model: str | None = Non
                   f"({', '.join(dict.fromkeys(priced.values()))}); pass `model` to price them at one model's")
 
 
-def lost_token_price(table: Any, models: Iterable[str], model: str | None = None
-                     ) -> tuple[float | None, str | None, str | None]:
-    """:func:`lost_token_prices` at one price: the dollars a lost token costs, the model priced, and a note."""
-    price, why = lost_token_prices(table, models, model)
-    return (None, None, why) if price is None else (price.rate, price.model, why)
-
-
 def by_model(losses: Iterable[tuple[int, int]], model_of: ModelOf) -> dict[str | None, int]:
     """``(line, tokens)`` pairs summed by the model the request on ``line`` names."""
     out: dict[str | None, int] = {}

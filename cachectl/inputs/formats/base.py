@@ -16,7 +16,6 @@ and one line in the registry (``cachectl/inputs/formats/__init__.py``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,14 +171,6 @@ def json_value(raw: bytes) -> Any:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-
-
-def iter_values(path: str) -> Iterator[tuple[int, bytes, Any]]:
-    """``(line, raw, value)`` of a JSONL file's non-empty lines, every error located (file, line)."""
-    from ..files import iter_raw_lines, parse_jsonl_line
-
-    for lineno, raw, source in iter_raw_lines(path):
-        yield lineno, raw, parse_jsonl_line(raw, source, lineno)
 
 
 def get(value: Any, *path: str | int) -> Any:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ....errors import InputError
-from ..groups import THINK, LogLine, reparse_at
+from ..groups import THINK, line_facts, reparse_at
 from .body import messages_of, path_prefix, with_messages
 from .rewriter import FixCode, Rewriter
 
@@ -26,7 +26,7 @@ def apply(rw: Rewriter) -> None:
                 continue
             # (a model that keeps only the last turn's thinking sees none before the current tool-use loop,
             # whether it was sent or not: that is no inconsistency)
-            seen_from = _tool_loop_start(msgs) if _strips_prior_thinking(rw, rw.lines[i]) else 0
+            seen_from = _tool_loop_start(msgs) if _strips_prior_thinking(rw, i) else 0
             for m, msg in enumerate(msgs):
                 if isinstance(msg, dict) and msg.get("role") == "assistant":
                     seen.setdefault(m, set()).add(_reasoning_of(msg) if m >= seen_from else "")
@@ -54,10 +54,9 @@ def apply(rw: Rewriter) -> None:
             msgs = messages_of(rw.values[i])
             if msgs is None:
                 continue
-            ln = rw.lines[i]
             before_render = _render(rw, i)
             changed = []
-            loop_start = _tool_loop_start(msgs) if _is_anthropic(ln) else len(msgs)
+            loop_start = _tool_loop_start(msgs) if _is_anthropic(rw, i) else len(msgs)
             new_msgs = list(msgs)
             for m in sorted(bad):
                 if m >= len(msgs) or m >= loop_start or not isinstance(msgs[m], dict):
@@ -75,7 +74,7 @@ def apply(rw: Rewriter) -> None:
                    "the model no longer sees it" if before_render is not None else "not proven without a tokenizer")
             for m in changed:
                 path = path_prefix(rw.values[i]) + f"messages[{m}]"
-                if rw.record(FX005, ln, path, f"assistant message {m}'s reasoning is sent in some "
+                if rw.record(FX005, rw.number(i), path, f"assistant message {m}'s reasoning is sent in some "
                              f"requests of the conversation and not in others: dropped ({how})",
                              _reasoning_of(msgs[m])[:40], "", safe=safe):
                     rw.values[i] = trial
@@ -97,14 +96,15 @@ def _render_value(rw: Rewriter, i: int, value: Any) -> str | None:
         return None
 
 
-def _is_anthropic(ln: LogLine) -> bool:
-    return ln.request is not None and ln.request.provider == "anthropic"
+def _is_anthropic(rw: Rewriter, i: int) -> bool:
+    """Whether line ``i``'s request is an Anthropic one (the line's kept facts: not parsed)."""
+    return line_facts(rw.lines, i)[1] == "anthropic"
 
 
-def _strips_prior_thinking(rw: Rewriter, ln: LogLine) -> bool:
-    """Whether the line's model keeps only the last assistant turn's thinking (the price table's
+def _strips_prior_thinking(rw: Rewriter, i: int) -> bool:
+    """Whether line ``i``'s model keeps only the last assistant turn's thinking (the price table's
     ``prior_thinking``): the API strips the thinking blocks before the current tool-use loop."""
-    price = rw.price_of(ln.request.model) if ln.request is not None and _is_anthropic(ln) else None
+    price = rw.price_of(line_facts(rw.lines, i)[2]) if _is_anthropic(rw, i) else None
     return price is not None and price.prior_thinking == "last_turn"  # (an unknown model sees what was sent)
 
 

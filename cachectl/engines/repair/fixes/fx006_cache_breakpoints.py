@@ -266,10 +266,10 @@ def _apply_openai(rw: Rewriter, counter: Any) -> None:
         where = req.positions[t]
         target = _target_path(body, req, t)
         if nxt is not None and nxt not in members:
-            why = f"the last position line {rw.lines[nxt].line} repeats (the next request that starts the same)"
+            why = f"the last position line {rw.number(nxt)} repeats (the next request that starts the same)"
         elif nxt is None and stable < len(req.positions):
             assert before is not None
-            why = f"the prefix it shares with line {rw.lines[before].line}, as the requests before it"
+            why = f"the prefix it shares with line {rw.number(before)}, as the requests before it"
         else:
             why = "the last position the next request repeats"
         desc = f"prompt_cache_breakpoint on {where.path}, {why}" if add else \
