@@ -22,7 +22,6 @@ from .jsonpos import Locator
 from .request import PROMPT_ID_KEYS, USAGE_ONLY, Request, is_request_body, is_usage_only, parse_request, unwrap
 
 KINDS = ("text", "chat", "openai", "anthropic", "ids")
-_ID_KEYS = PROMPT_ID_KEYS
 
 
 @dataclass(frozen=True)
@@ -119,7 +118,7 @@ def prompt_from_value(value: Any, *, source: str, line: int | None, as_kind: str
     if not body_path:  # a wrapper around a completion prompt or token IDs
         for key in ("body", "request"):
             inner = value.get(key)
-            if isinstance(inner, dict) and any(k in inner for k in ("prompt", "text", *_ID_KEYS)):
+            if isinstance(inner, dict) and any(k in inner for k in ("prompt", "text", *PROMPT_ID_KEYS)):
                 body, body_path, wrapper = inner, f"{key}.", {k: v for k, v in value.items() if k != key}
                 break
     if is_request_body(body) and "blocks" not in body:
@@ -129,10 +128,10 @@ def prompt_from_value(value: Any, *, source: str, line: int | None, as_kind: str
         return prompt_from_request(req)
     meta = {k: v for k, v in body.items() if k not in ("messages", "tools", "system", "prompt")}
     meta.update(wrapper)
-    id_key = next((k for k in _ID_KEYS if k in body), None)
+    id_key = next((k for k in PROMPT_ID_KEYS if k in body), None)
     if as_kind == "ids" or (as_kind is None and id_key is not None):
         if id_key is None:
-            raise InputError(f"no token-ID field (expected one of {', '.join(_ID_KEYS)})", **loc)
+            raise InputError(f"no token-ID field (expected one of {', '.join(PROMPT_ID_KEYS)})", **loc)
         return PromptInput(kind="ids", source=source, line=line,
                            ids=parse_ids(body[id_key], field=body_path + id_key, **loc), meta=meta)
     if "prompt" in body:
@@ -152,7 +151,7 @@ def prompt_from_value(value: Any, *, source: str, line: int | None, as_kind: str
     if is_usage_only(value):
         raise InputError(USAGE_ONLY, **loc)
     raise InputError("not a prompt: expected 'messages', 'input', 'prompt', 'text' or a token-ID field "
-                     f"({', '.join(_ID_KEYS)})", **loc)
+                     f"({', '.join(PROMPT_ID_KEYS)})", **loc)
 
 
 def prompt_from_request(req: Request) -> PromptInput:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import InputError, UsageError
 from .fixes import CODES, FIXES, REGISTRY, Fix, rewrite
 from .groups import Grouping, LogLine, Sessions, group_sessions, left_out_note, log_models, with_model
-from .losses import lost_token_prices
+from .losses import lost_token_prices, no_figure
 from .measure import Measure, measure_versions
 from .shared_prefix import CrossRequestGain, ForkLines, LogForks, cross_request_gain, log_forks
 from .store import Mapped
@@ -484,9 +484,8 @@ def assembled(lines: Sequence[LogLine], options: FixOptions, grouping: Grouping,
         cross = cross_request_gain(forks, before, done.after, price)
         if price is not None and cross.usd_saved is None and cross.hit_tokens_before is not None:
             split = before.vllm is not None and before.vllm.hit_tokens_by_model is not None
-            why = ("no dollar figure for the gain across requests: the log's models are priced differently and "
-                   + ("some requests name no model" if split else "its hits were not counted by model")
-                   + "; pass `model` to price them at one model's")
+            why = no_figure("the gain across requests", "the log's models are priced differently and "
+                            + ("some requests name no model" if split else "its hits were not counted by model"))
         notes += [why] if why and why not in notes else []
     return FixReport(source=source, requests=len(lines), grouping=grouping, fixes=done.fixes, before=before,
                      after=done.after, per_cause=tuple(per_cause), notes=tuple(notes), output=done.output,

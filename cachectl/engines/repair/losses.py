@@ -116,8 +116,13 @@ def lost_token_prices(table: Any, models: Iterable[str], model: str | None = Non
         return LostTokenPrice(priced[first], rates[first]), None
     if per_request:
         return LostTokenPrice(None, None, rates), None
-    return None, ("no dollar figure for lost tokens: the log's models are priced differently "
-                  f"({', '.join(dict.fromkeys(priced.values()))}); pass `model` to price them at one model's")
+    return None, no_figure("lost tokens", "the log's models are priced differently "
+                           f"({', '.join(dict.fromkeys(priced.values()))})")
+
+
+def no_figure(what: str, why: str) -> str:
+    """The note where ``what`` gets no dollar figure, because ``why`` (a log's models priced differently)."""
+    return f"no dollar figure for {what}: {why}; pass `model` to price them at one model's"
 
 
 def by_model(losses: Iterable[tuple[int, int]], model_of: ModelOf) -> dict[str | None, int]:
@@ -138,5 +143,4 @@ def merged(splits: Iterable[dict]) -> dict:
     return out
 
 
-__all__ = ["LostTokenPrice", "ModelOf", "PairLosses", "by_model", "lost_token_prices",
-           "merged"]
+__all__ = ["LostTokenPrice", "ModelOf", "PairLosses", "by_model", "lost_token_prices", "merged", "no_figure"]

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import CachectlError
 from ..causes import cause_label
-from .losses import LostTokenPrice, ModelOf, PairLosses, lost_token_prices
+from .losses import LostTokenPrice, ModelOf, PairLosses, lost_token_prices, no_figure
 from .sections import CostSection, CurveSection, cost_section, curve_section
 from .shared_prefix import with_forks
 
@@ -415,8 +415,8 @@ def tallied(tally: PairTally, *, source: str, tokenizer: Any, tokenizer_name: st
                                   if price is not None and price.rate is None and model_of is not None else ({}, {}, {}))
     lost_total = tally.reusable - tally.reused
     if price is not None and price.dollars(lost_total, everyone) is None:
-        price, why = None, ("no dollar figure for lost tokens: the log's models are priced differently and some "
-                            "requests name no model; pass `model` to price them at one model's")
+        price, why = None, no_figure("lost tokens", "the log's models are priced differently and some requests "
+                                     "name no model")
     notes += [why] if why else []
 
     def usd(tokens: int, by_model: dict | None) -> float | None:

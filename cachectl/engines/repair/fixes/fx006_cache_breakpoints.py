@@ -32,7 +32,7 @@ from .rewriter import FixCode, Rewriter
 
 
 def apply(rw: Rewriter) -> None:
-    from ...provider.cache import as_the_model_sees_it, tokenizer_counter
+    from ...provider.cache import tokenizer_counter
 
     counter = rw.counter or (tokenizer_counter(rw.tok) if rw.tok is not None else None)
     noted = False
@@ -40,6 +40,9 @@ def apply(rw: Rewriter) -> None:
         if len(members) < 2 or not any(line_facts(rw.lines, i)[1] == "anthropic" for i in members):
             continue  # (no line of it would be looked at: nothing to parse)
         reqs = [rw.current(i) for i in members]
+        # (each request as its model holds it: a model that keeps only the last turn's thinking has the earlier
+        # thinking blocks stripped, which no marker is on)
+        seen = [_as_seen(rw, x.request) for x in reqs]
         for k, i in enumerate(members):
             ln = reqs[k]
             req = ln.request
@@ -56,14 +59,13 @@ def apply(rw: Rewriter) -> None:
             price = rw.price_of(req.model)
             if price is None:  # no table, or an unknown model: no minimum to check against
                 continue
-            # (each request as its model holds it: a model that keeps only the last turn's thinking has the
-            # earlier thinking blocks stripped, which no marker is on)
-            req = as_the_model_sees_it(req, price)
-            nxt = _as_seen(rw, reqs[k + 1].request) if k + 1 < len(members) else None
+            req = seen[k]
+            assert req is not None
+            nxt = seen[k + 1] if k + 1 < len(members) else None
             if nxt is not None:
                 stable = _common_positions(req, nxt)
             else:
-                prev = _as_seen(rw, reqs[k - 1].request)
+                prev = seen[k - 1]
                 # the last request of a conversation: its predecessor's pattern (append-only: all of it)
                 stable = len(req.positions) if prev is not None and _common_positions(prev, req) == \
                     len(prev.positions) else 0
@@ -105,6 +107,7 @@ def apply(rw: Rewriter) -> None:
                         if msgs is not None:
                             rw.values[later] = with_messages(rw.values[later], apply_carry(msgs, [msg_carry]))
                     reqs = [rw.current(x) for x in members]
+                    seen = [_as_seen(rw, x.request) for x in reqs]
     _apply_openai(rw, counter)
 
 
