@@ -306,3 +306,38 @@ def test_one_process_encodes_beside_and_measures_and_packs_the_same(tok, table, 
     assert {k for k in together if together[k] != plain[k]} == set() and not any(beside)
     assert plain == together
     assert together["applied"] and together["per_cause"]
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_the_log_as_it_is_takes_its_tokens_from_the_fork_analysis_packing(tok, table, given):
+    """With the fork analysis' packed requests (``packed``: the log as its first read rendered and tokenized it), the
+    lines as they are take their token IDs from there, not rendered and tokenized again (nor parsed, where no
+    version that has the line simulates its provider cache: ``given``, the log's own provider measure passed in);
+    every measure, cause and pair is the one the sweep makes without them."""
+    from cachectl.engines.repair.shared_prefix import log_forks
+
+    lines, grouping, measured, rw = _setup(tok, table)
+    versions = [None, *(v for _, _, v in rw.steps)]
+    forks, notes = log_forks(lines, tokenizer=tok, source=str(LOG))
+    assert forks is not None and not notes
+    store = forks.requests
+    read: list[int] = []
+    ids = store.ids
+    store.ids = lambda k: read.append(k) or ids(k)  # type: ignore[method-assign]
+
+    def run(packed):
+        seen: list[tuple] = []
+
+        def pairs(i, ln, prev, t, common, cause):
+            seen.append((i, ln.line, ln.key, None if prev is None else list(prev.ids), list(t.ids), common, cause))
+        provider = measured(lines, [None], causes=[False])[0][0].provider if given else None
+        got = measured(lines, versions, causes=[True] * len(versions), pairs=pairs, packed=packed,
+                       providers=[provider] + [None] * (len(versions) - 1))
+        return got, seen
+
+    plain, plain_pairs = run(None)
+    assert not read
+    taken, taken_pairs = run(store)
+    assert sorted(set(read)) == list(range(len(lines)))  # (every line as it is: its IDs read back)
+    assert taken == plain and taken_pairs == plain_pairs
+    assert any(c is not None and c != "unexplained" for *_, c in taken_pairs)  # (a diverging pair's cause located)

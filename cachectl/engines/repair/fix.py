@@ -156,7 +156,7 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     rws = rewrites(rewrite, options, full_options if preview_unsafe and not options.unsafe else None,
                    lambda rw: any(not f.applied and not f.safe for f in rw.fixes))
     # (the log as it is joins the sweep of its versions, unless a child measured it)
-    passes, first = measured_pass(rws, measured, lines, before=before_job is None, workers=workers)
+    passes, first = measured_pass(rws, measured, lines, before=before_job is None, workers=workers, forks=forks)
     before, n1 = first if first is not None else before_job.result()[0]  # type: ignore[union-attr]
     report = assembled(lines, options, grouping, forks, fork_notes, before, n1, passes[0], table=table,
                        source=source, tokenizer=tokenizer)
@@ -412,7 +412,7 @@ def _codes(options: FixOptions) -> tuple[str, ...]:
 def measured_pass(rws: Sequence[Rewritten], measured: Callable[..., list[tuple[Measure, list[str]]]],
                   lines: Sequence[LogLine], *, before: bool = False, before_provider: Any = None,
                   examples_only: bool = False, pairs: Callable[..., None] | None = None, workers: Any = None,
-                  ) -> tuple[list[FixPass], tuple[Measure, list[str]] | None]:
+                  forks: LogForks | None = None) -> tuple[list[FixPass], tuple[Measure, list[str]] | None]:
     """Rewrites of one log measured in one sweep (:func:`.measure.measure_versions`): of each, the log as each
     code but the last left it and the rewritten log (every line a code rewrote is parsed again: dict equality
     ignores key order, which FX002 changes). ``before``: the log as it is joins the sweep (with ``before_provider``,
@@ -420,7 +420,8 @@ def measured_pass(rws: Sequence[Rewritten], measured: Callable[..., list[tuple[M
     ``examples_only``: each pass keeps the first applied fix of each code and no rewritten log (what a report
     shows). ``pairs``: sees each line of the log as it is as it is measured (:func:`.measure.measure_versions`'
     ``pairs``; with ``before``). ``workers``: a child with a free core tokenizes ahead of the sweep (the same
-    measures)."""
+    measures). ``forks``: the log's fork analysis, whose packed requests are the log as it is where the fixes
+    changed a line (:func:`.measure.measure_versions`' ``packed``)."""
     versions: list[Any] = [None] if before else []
     causes = [True] if before else []
     for rw in rws:
@@ -429,7 +430,7 @@ def measured_pass(rws: Sequence[Rewritten], measured: Callable[..., list[tuple[M
         causes += [False] * len(steps) + [True]
     providers = [before_provider] + [None] * (len(versions) - 1) if before else None
     got = measured(lines, versions, causes=causes, providers=providers, pairs=pairs if before else None,
-                   workers=workers)
+                   workers=workers, packed=forks.requests if forks is not None and before else None)
     first = got.pop(0) if before else None
     passes = []
     for rw in rws:

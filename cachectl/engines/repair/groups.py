@@ -137,6 +137,16 @@ def line_facts(lines: Any, i: int) -> tuple[str, str | None, str | None]:
     return (ln.prompt.kind, req.provider, req.model) if req is not None else (ln.prompt.kind, None, None)
 
 
+def line_meta(lines: Any, i: int) -> tuple[int, Any, float | None]:
+    """Line ``i``'s number, conversation key and time, as its parse gives them: from a line store without parsing it
+    (:meth:`~.store.LineStore.meta`)."""
+    store = store_of(lines)
+    if store is not None:
+        return store.meta(i)
+    ln = lines[i]
+    return ln.line, ln.key, ln.timestamp
+
+
 def log_models(lines: Any) -> list[str]:
     """The models the requests of ``lines`` name, in the order they first appear (a line store's kept facts)."""
     store = store_of(lines)

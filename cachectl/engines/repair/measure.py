@@ -25,7 +25,7 @@ from ...spool import content_digest
 from ..prefix.replay import InfiniteVersions
 from ..prefix.trace import TraceRequest, hashable_salt
 from .edits import _encoded
-from .groups import Grouping, LogLine, line_facts, original_at, reparse_at, with_model
+from .groups import Grouping, LogLine, line_facts, line_meta, original_at, reparse_at, with_model
 from .losses import by_model as summed_by_model
 
 
@@ -223,18 +223,54 @@ def _simulate_fed(simulate: Callable[..., Any], policy: str, block_size: int, ca
                     compact=True, hits_into=hits)
 
 
+class _AsPacked:
+    """Line ``i`` as it is, with its tokens as the log's first read packed them for the fork analysis: its token IDs
+    read back there, not rendered and tokenized again. It is the sweep's line and its tokens at once: its number,
+    conversation key, time, cache salt and request (None where no version of the sweep reads it: the line is not
+    parsed either); a diverging pair's cause reads its render (:attr:`tokenized`), unpacked when asked for."""
+
+    __slots__ = ("_k", "_store", "ids", "key", "line", "request", "salt", "timestamp")
+
+    def __init__(self, store: Any, k: int, ln: LogLine | tuple[int, Any, float | None]) -> None:
+        if isinstance(ln, tuple):
+            (self.line, self.key, self.timestamp), self.request = ln, None
+        else:
+            self.line, self.key, self.timestamp, self.request = ln.line, ln.key, ln.timestamp, ln.request
+        self.salt, self.ids = store.salt(k), store.ids(k)
+        self._store, self._k = store, k
+
+    @property
+    def tokenized(self) -> Any:
+        return self._store[self._k].tokenized
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def _rendered(t: Any) -> Any:
+    """A sweep's tokens as a :class:`~cachectl.tokenization.Tokenized` (an :class:`_AsPacked` line unpacked)."""
+    return t.tokenized if type(t) is _AsPacked else t
+
+
 def _line_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] | None], i: int,
-                   model: str | None) -> list[LogLine]:
+                   model: str | None, packed: Any = None, reads: Sequence[bool] = ()) -> list[Any]:
     """Line ``i`` in each version of the log (None: the lines as they are; else the values a fix pass left), each
-    distinct value built and parsed once (the versions whose edits of the line are the same share one build)."""
-    out: list[LogLine] = []
-    parsed: dict[Any, LogLine] = {}
-    for vals in versions:
-        sig = None if vals is None else vals.signature(i)  # type: ignore[attr-defined]
+    distinct value built and parsed once (the versions whose edits of the line are the same share one build).
+    ``packed``: the log as it is, packed (:func:`measure_versions`' ``packed``): line ``i`` as it is takes its tokens
+    from there (:class:`_AsPacked`), and is not parsed where no version that has it reads its request (``reads``:
+    whether each version does)."""
+    out: list[Any] = []
+    parsed: dict[Any, Any] = {}
+    sigs = [None if vals is None else vals.signature(i) for vals in versions]  # type: ignore[attr-defined]
+    if packed is not None and not packed.rendered(i):
+        packed = None
+    for vals, sig in zip(versions, sigs):
         ln = parsed.get(sig)
-        if ln is None and sig is None:
-            ln = parsed[None] = (lines[i] if vals is None or model is None
-                                 else with_model(original_at(lines, i), model))
+        if ln is None and sig is None and packed is not None and not any(r for r, g in zip(reads, sigs) if g is None):
+            ln = parsed[None] = _AsPacked(packed, i, line_meta(lines, i))
+        elif ln is None and sig is None:
+            ln = lines[i] if vals is None or model is None else with_model(original_at(lines, i), model)
+            ln = parsed[None] = _AsPacked(packed, i, ln) if packed is not None else ln
         elif ln is None:
             assert vals is not None
             value = vals[i]
@@ -274,8 +310,8 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
                      progress: Callable[[int], None] | None = None,
                      providers: Sequence[ProviderMeasure | Callable[[], ProviderMeasure | None] | None] | None = None,
                      pairs: Callable[[int, LogLine, Any, Any, int, str | None], None] | None = None,
-                     workers: Any = None, every: float | None = None, by_model: bool = False
-                     ) -> list[tuple[Measure, list[str]]]:
+                     workers: Any = None, every: float | None = None, by_model: bool = False,
+                     packed: Any = None) -> list[tuple[Measure, list[str]]]:
     """Versions of a log measured by the existing engines in one sweep: each line read once, each of its distinct
     versions parsed once and each distinct prompt among them tokenized once, and every version's engines fed as
     the sweep goes: the vLLM replay (:func:`cachectl.engines.prefix.simulate`; with ``capacity_blocks`` None, no
@@ -296,7 +332,10 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
     ``workers`` (:class:`cachectl.workers.Workers`): a child with a free core renders and tokenizes the batches of
     lines it takes ahead of the sweep (:meth:`~cachectl.workers.Workers.ahead`, batches of :data:`SHARED_BATCH`
     lines; the same measures). ``by_model``: the vLLM replays' hit tokens are also summed by the model each line
-    names (``model`` where it names none): :attr:`VllmMeasure.hit_tokens_by_model`."""
+    names (``model`` where it names none): :attr:`VllmMeasure.hit_tokens_by_model`. ``packed``: the log as it is,
+    as its first read packed it for the fork analysis (a :class:`~cachectl.engines.prefix.forks.RequestStore`, a
+    request a line): with ``versions[0]`` None and no child, a line as it is takes its token IDs from there, not
+    rendered and tokenized again, nor parsed where no version that has it is simulated here (the same measures)."""
     from ...tokenization import encoder_beside
     from ...workers import Workers
     from .. import tokendiff
@@ -327,11 +366,17 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
     # (the model each line names, where the hit tokens are summed by it: the line store's kept facts, not parsed)
     models = [line_facts(lines, i)[2] or model for i in range(len(lines))] if by_model else None
     ends = grouping.last_indices()
+    # (the lines as they are: their tokens as the first read packed them)
+    if (packed is None or not versions or versions[0] is not None or len(packed) != len(lines)
+            or (workers is not None and workers.jobs > 1)):
+        packed = None
+    reads = [v.simulates for v in vs]
     size = SHARED_BATCH if workers is not None and workers.jobs > 1 else BATCH
     starts = range(0, len(lines), size)
 
     def rows(start: int) -> list[list[LogLine]]:
-        return [_line_versions(lines, versions, i, model) for i in range(start, min(len(lines), start + size))]
+        return [_line_versions(lines, versions, i, model, packed, reads)
+                for i in range(start, min(len(lines), start + size))]
 
     def shipped(b: int) -> list[tuple]:  # (in a child: batch b's distinct prompts tokenized, as sent)
         return [t.shipped() for t in _tokenized(_distinct(rows(starts[b]), tokenizer, add_generation_prompt)[1],
@@ -376,7 +421,8 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
             for i, row, tok in zip(range(start, start + len(batch)), batch, toks):
                 g = grouping.groups[i]
                 # (vLLM's cache_salt, which keys a request's blocks apart: the fixes leave it as it is)
-                salts = [hashable_salt(cache_salt_of(ln.value), source=source, line=ln.line) for ln in row]
+                salts = [ln.salt if type(ln) is _AsPacked else hashable_salt(cache_salt_of(ln.value), source=source,
+                                                                             line=ln.line) for ln in row]
                 # (id of a version's tokens, its salt) -> (the tokens, the salt, the mask of the versions that send them)
                 alike: dict[tuple[int, Any], tuple[Any, Any, int]] = {}
                 for j, (t, salt) in enumerate(zip(tok, salts)):
@@ -404,7 +450,7 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
                         v.tokens += len(t.ids)
                         v.reusable += min(len(prev.ids), len(t.ids))
                         if v.causes and c < min(len(prev.ids), len(t.ids)):  # (diff-tokens' cause, without windows)
-                            cause = tokendiff.explain(prev, t, c, tokenizer)
+                            cause = tokendiff.explain(_rendered(prev), _rendered(t), c, tokenizer)
                             cid = cause.id if cause is not None else "unexplained"
                             v.cause_count[cid] = v.cause_count.get(cid, 0) + 1
                     if j == 0 and pairs is not None:
@@ -540,7 +586,8 @@ def _rows_later(batch: list[list[LogLine]], tokenizer: Any, add_generation_promp
     The render memo is read, not added to: the renders of rewritten lines are asked for by no later pass (on 5,000
     requests, `report --jobs 1` took about 4% longer keeping them)."""
     keys, todo = _distinct(batch, tokenizer, add_generation_prompt)
-    want = {keys[id(row[j])] for row in batch for j in located} if located is not None else todo
+    want = ({keys[id(row[j])] for row in batch for j in located if type(row[j]) is not _AsPacked}
+            if located is not None else todo)
     prompts = [p for p, _ in todo.values()]
     given: dict[str, Any] = {"memo_keys": [m for _, m in todo.values()]} if hasattr(tokenizer, "memo_key") else {}
     if hasattr(tokenizer, "tokenize_later"):
@@ -552,20 +599,21 @@ def _rows_later(batch: list[list[LogLine]], tokenizer: Any, add_generation_promp
 
     def done() -> list[list[Any]]:
         got = dict(zip(todo, [t.compact(offsets=key in want) for key, t in zip(todo, tokens())]))
-        return [[got[keys[id(ln)]] for ln in row] for row in batch]
+        return [[ln if type(ln) is _AsPacked else got[keys[id(ln)]] for ln in row] for row in batch]
     return done
 
 
 def _distinct(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: bool
               ) -> tuple[dict[int, Any], dict[Any, tuple[PromptInput, bytes | None]]]:
     """The distinct prompts of a batch's rows, each with its key in the render memo (None: not a chat prompt, or no
-    memo), by their digest; and the digest of each line's prompt, by the line's id."""
+    memo), by their digest; and the digest of each line's prompt, by the line's id (an :class:`_AsPacked` line has
+    its tokens)."""
     keys: dict[int, Any] = {}     # id of a parsed line -> its prompt's digest
     todo: dict[Any, tuple[PromptInput, bytes | None]] = {}
     keyed = hasattr(tokenizer, "memo_key")
     for row in batch:
         for ln in row:
-            if id(ln) not in keys:
+            if id(ln) not in keys and type(ln) is not _AsPacked:
                 p = ln.prompt
                 # a chat prompt by its key in the render memo (the digest its lookup there takes anyway), else by a
                 # digest of its content

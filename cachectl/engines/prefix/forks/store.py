@@ -302,6 +302,11 @@ class RequestStore(Sequence[ForkRequest]):
     def fields(self, k: int) -> tuple:
         return self._fields[k]
 
+    def rendered(self, k: int) -> bool:
+        """Whether request ``k`` has its render (a :class:`Tokenized`), not its token IDs alone."""
+        whole = self._whole.get(k) if self._whole else None
+        return whole.tokenized is not None if whole is not None else self._cold[k] >= 0
+
     def tool_order(self, k: int) -> str | None:
         """Request ``k``'s tools' identities in order, joined by newlines (None without tools)."""
         t = self._tools_of[k]
