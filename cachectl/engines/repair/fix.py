@@ -420,8 +420,8 @@ def measured_pass(rws: Sequence[Rewritten], measured: Callable[..., list[tuple[M
     ``examples_only``: each pass keeps the first applied fix of each code and no rewritten log (what a report
     shows). ``pairs``: sees each line of the log as it is as it is measured (:func:`.measure.measure_versions`'
     ``pairs``; with ``before``). ``workers``: a child with a free core tokenizes ahead of the sweep (the same
-    measures). ``forks``: the log's fork analysis, whose packed requests are the log as it is where the fixes
-    changed a line (:func:`.measure.measure_versions`' ``packed``)."""
+    measures). ``forks``: the log's fork analysis, whose packed requests give the sweep the log as it is (its
+    token IDs: :func:`.measure.measure_versions`' ``packed``; with ``before``)."""
     versions: list[Any] = [None] if before else []
     causes = [True] if before else []
     for rw in rws:
