@@ -420,8 +420,8 @@ def measured_pass(rws: Sequence[Rewritten], measured: Callable[..., list[tuple[M
     ``examples_only``: each pass keeps the first applied fix of each code and no rewritten log (what a report
     shows). ``pairs``: sees each line of the log as it is as it is measured (:func:`.measure.measure_versions`'
     ``pairs``; with ``before``). ``workers``: a child with a free core tokenizes ahead of the sweep (the same
-    measures). ``forks``: the log's fork analysis, whose packed requests give the sweep the log as it is (its
-    token IDs: :func:`.measure.measure_versions`' ``packed``; with ``before``)."""
+    measures). ``forks``: the log's fork analysis, whose packed requests give the sweep the lines as they are
+    (their token IDs: :func:`.measure.measure_versions`' ``packed``)."""
     versions: list[Any] = [None] if before else []
     causes = [True] if before else []
     for rw in rws:
@@ -430,7 +430,7 @@ def measured_pass(rws: Sequence[Rewritten], measured: Callable[..., list[tuple[M
         causes += [False] * len(steps) + [True]
     providers = [before_provider] + [None] * (len(versions) - 1) if before else None
     got = measured(lines, versions, causes=causes, providers=providers, pairs=pairs if before else None,
-                   workers=workers, packed=forks.requests if forks is not None and before else None)
+                   workers=workers, packed=forks.requests if forks is not None else None)
     first = got.pop(0) if before else None
     passes = []
     for rw in rws:

@@ -243,9 +243,6 @@ class _AsPacked:
     def tokenized(self) -> Any:
         return self._store[self._k].tokenized
 
-    def __len__(self) -> int:
-        return len(self.ids)
-
 
 def _rendered(t: Any) -> Any:
     """A sweep's tokens as a :class:`~cachectl.tokenization.Tokenized` (an :class:`_AsPacked` line unpacked)."""
@@ -334,8 +331,8 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
     lines; the same measures). ``by_model``: the vLLM replays' hit tokens are also summed by the model each line
     names (``model`` where it names none): :attr:`VllmMeasure.hit_tokens_by_model`. ``packed``: the log as it is,
     as its first read packed it for the fork analysis (a :class:`~cachectl.engines.prefix.forks.RequestStore`, a
-    request a line): with ``versions[0]`` None and no child, a line as it is takes its token IDs from there, not
-    rendered and tokenized again, nor parsed where no version that has it is simulated here (the same measures)."""
+    request a line): without a child, a line as it is (in any version) takes its token IDs from there, not rendered
+    and tokenized again, nor parsed where no version that has it is simulated here (the same measures)."""
     from ...tokenization import encoder_beside
     from ...workers import Workers
     from .. import tokendiff
@@ -367,8 +364,7 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
     models = [line_facts(lines, i)[2] or model for i in range(len(lines))] if by_model else None
     ends = grouping.last_indices()
     # (the lines as they are: their tokens as the first read packed them)
-    if (packed is None or not versions or versions[0] is not None or len(packed) != len(lines)
-            or (workers is not None and workers.jobs > 1)):
+    if packed is None or len(packed) != len(lines) or (workers is not None and workers.jobs > 1):
         packed = None
     reads = [v.simulates for v in vs]
     size = SHARED_BATCH if workers is not None and workers.jobs > 1 else BATCH
