@@ -603,6 +603,47 @@ def test_grouping_and_fork_requests_come_from_the_first_read(tok, monkeypatch, p
     assert fixed.to_dict() == fixed_again.to_dict() and list(fixed.output) == list(fixed_again.output)
 
 
+@pytest.mark.parametrize("path,model", [(PROMPTS / "fix_log.jsonl", None), (PROMPTS / "fix_log.jsonl", "claude-sonnet-4-5"),
+                                        (LOG, None), (PROMPTS / "demo_log.jsonl", "gpt-4o")],
+                         ids=["fix_log", "model", "agent", "text"])
+def test_fix_measures_the_log_as_it_is_with_the_provider_cache_fed_in_the_first_read(tok, monkeypatch, path, model):
+    """In one process ``fix`` simulates the provider cache over the lines as they are first read (the report's
+    provider section, without its curve: ``provider_read``), and the sweep takes that measure for the log as it is:
+    it simulates only the fixes' versions, and the report is the one the sweep makes simulating all of them (where
+    the first read's simulation could not run, with a note, the sweep simulates the lines again and says why)."""
+    from cachectl.engines.repair import fix, groups, measure, sections
+    from cachectl.inputs import iter_jsonl
+
+    src, table = str(path), PriceTable.load()
+    opts = fix.FixOptions(key="session", unsafe=True, model=model)
+    runs: list[int] = []
+    monkeypatch.setattr(measure, "_provider_run", lambda *a, _run=measure._provider_run: (runs.append(1), _run(*a))[1])
+
+    def run(fed: bool):
+        first = fix.FirstRead(opts, tokenizer=tok, source=src)
+        provider = None
+        if fed:
+            provider = sections.sections_reader(source=src, tokenizer=tok, tokenizer_name=str(TOK_DIR), table=table,
+                                                default_model=model, timestamps=None, block_size=opts.block_size,
+                                                first_read=first, curve=False)
+            first.then(provider, ahead=provider.ahead)
+        lines = groups.log_lines(iter_jsonl(src), source=src, key="session", each=first.add)
+        runs.clear()
+        got = fix.fix_log(lines, opts, tokenizer=tok, table=table, source=src, first_read=first,
+                          provider_read=provider, preview_unsafe=True)
+        return got, len(runs), provider
+
+    plain, plain_runs, _ = run(False)
+    fed, fed_runs, provider = run(True)
+    assert json.dumps(fed.to_dict(), sort_keys=True) == json.dumps(plain.to_dict(), sort_keys=True)
+    assert list(fed.output) == list(plain.output)
+    simulated = provider.measure_before(len(fed.output)) is not None
+    assert fed_runs == plain_runs - (1 if simulated else 0)   # (the log as it is: not simulated again)
+    assert simulated == (plain.before.provider is not None and not any("not simulated" in n for n in plain.notes))
+    with pytest.raises(RuntimeError, match="makes none"):
+        provider.curve()
+
+
 def test_a_bad_line_lets_the_sections_fed_in_the_first_read_go(cli, tmp_path):
     """In one process the provider and curve sections are fed as the lines are first read, each in a thread of its
     own: a line the first read refuses ends the run with its one line, and those threads end too."""

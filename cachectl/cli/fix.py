@@ -165,11 +165,22 @@ def command(
             # (the conversations found and the requests packed for the fork analysis as the lines are read; with
             # --ray, rendered on the cluster first)
             first = fix.FirstRead(options, tokenizer=tok, source=source, forks=ray is None, workers=workers)
+            provider = None
+            if tok is not None and tokenizer is not None and ray is None and workers.jobs == 1:  # (with a child, it measures the log as it is)
+                # the provider cache simulated over the lines as they are read (each once its batch is packed; its
+                # texts handed to the encoding thread as it is read), as report's provider section is: the measure of
+                # the log as it is takes it
+                from ..engines.repair.sections import sections_reader
+
+                provider = sections_reader(source=source, tokenizer=tok, tokenizer_name=tokenizer, table=table,
+                                           default_model=model, timestamps=stamps, block_size=block_size,
+                                           first_read=first, every=every_s, curve=False)
+                first.then(provider, ahead=provider.ahead)
             lines = log_lines(records(), source=source, key=key, timestamps=stamps, each=first.add, leave_out=True)
             if ray is not None:
                 _on_ray(lines, tok, options, ray, workers.jobs)
             report = fix.fix_log(lines, options, tokenizer=tok, table=table, source=source, progress=workers.tick,
-                                 workers=workers, preview_unsafe=True, first_read=first)
+                                 workers=workers, preview_unsafe=True, first_read=first, provider_read=provider)
             full = report.unsafe_preview
         changes = _changes(lines, report.output)
         changed = (_write(out, [(0, whole[0])] if whole else _raw_lines(path, lines), changes) if out is not None

@@ -43,6 +43,7 @@ from .store import Mapped
 
 if TYPE_CHECKING:
     from ...workers import Workers
+    from .sections import OneRead
 
 SCHEMA_VERSION = 1
 
@@ -133,7 +134,7 @@ class FixReport:
 def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tokenizer: Any = None,
             table: Any = None, source: str = "", preview_unsafe: bool = False,
             progress: Callable[[int], None] | None = None, workers: Workers | None = None,
-            first_read: FirstRead | None = None) -> FixReport:
+            first_read: FirstRead | None = None, provider_read: OneRead | None = None) -> FixReport:
     """Find and apply the fixes on a log, and measure the log before and after (see the module docstring).
 
     ``preview_unsafe``: without ``options.unsafe``, where unsafe fixes were skipped, the log is rewritten with them
@@ -144,9 +145,12 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     (:class:`cachectl.workers.Workers`): the log before the fixes is measured in a child process while this one
     finds the forks and rewrites (the same report; pass ``workers.tick`` as ``progress``). ``first_read``
     (:class:`FirstRead`): what the lines' first read found (the conversations, the requests packed for the forks),
-    not read from them again."""
-    lines, grouping, counter, measured = started(lines, options, tokenizer=tokenizer, table=table, source=source,
-                                                 progress=progress, first_read=first_read)
+    not read from them again. ``provider_read`` (:func:`.sections.sections_reader` without its curve): the provider
+    cache simulated over the lines as they were first read, the measure of the log as it is takes it (in one
+    process: its lines are not parsed again for it)."""
+    lines, grouping, counter, measured = started(
+        lines, options, tokenizer=tokenizer, table=table, source=source, progress=progress, first_read=first_read,
+        counter=provider_read.text_counter if provider_read is not None else None)
     before_job = None
     if workers is not None and workers.jobs > 1:
         before_job = workers.submit(measured, lines, [None])  # beside the forks analysis and the rewrite
@@ -156,7 +160,9 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     rws = rewrites(rewrite, options, full_options if preview_unsafe and not options.unsafe else None,
                    lambda rw: any(not f.applied and not f.safe for f in rw.fixes))
     # (the log as it is joins the sweep of its versions, unless a child measured it)
-    passes, first = measured_pass(rws, measured, lines, before=before_job is None, workers=workers, forks=forks)
+    passes, first = measured_pass(rws, measured, lines, before=before_job is None, workers=workers, forks=forks,
+                                  before_provider=(partial(provider_read.measure_before, len(lines))
+                                                   if provider_read is not None and before_job is None else None))
     before, n1 = first if first is not None else before_job.result()[0]  # type: ignore[union-attr]
     report = assembled(lines, options, grouping, forks, fork_notes, before, n1, passes[0], table=table,
                        source=source, tokenizer=tokenizer)

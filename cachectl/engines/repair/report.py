@@ -474,7 +474,6 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     from ...workers import Workers
     from .fix import assembled, forked, measured_pass, rewrites, started
     from .groups import left_out_note, line_models, log_models
-    from .measure import provider_measure
     from .sections import feeding, sections_reader
 
     if tokenizer is None:
@@ -498,19 +497,16 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
                 # line (the provider measure is the section's simulation, once it is done)
                 tally, sections = PairTally(), fed
                 first = measured_pass([], measured, fixed_lines, before=True,
-                                      before_provider=lambda: before_of(sections.costed()),
+                                      before_provider=lambda: sections.measure_before(len(lines)),
                                       pairs=feeding(_tallying(tally, lines, grouping), fed, lines, options))[1]
             else:
                 for ln in lines:
                     fed(ln)
+        # (the provider section read every line as a request: the log before the fixes is that same simulation)
+        before_provider = fed.measure_before(len(lines))
         costed = fed.costed()
         curve = fed.curve()
-        return before_of(costed), None if costed is None else replace(costed, simulated=None), curve, first, tally
-
-    def before_of(costed: Costed | None) -> Any:
-        # the provider section read every line as a request: the log before the fixes is that same simulation
-        return (provider_measure(costed.simulated, costed.requests)
-                if costed is not None and costed.simulated is not None and costed.requests == len(lines) else None)
+        return before_provider, None if costed is None else replace(costed, simulated=None), curve, first, tally
 
     # in a child (with two processes), beside the forks and rewrites: the log as it is, feeding the sections
     apart = sections_read is None and workers.jobs > 1

@@ -64,6 +64,7 @@ class Costed:
     simulated: Any = None       # the simulation's CostReport
     requests: int = 0
     notes: tuple[str, ...] = ()
+    skipped: int = 0            # lines without a request body, not simulated
 
 
 def cost_section(requests: Iterable[Request], table: PriceTable, source: str, text_counter: Any,
@@ -157,7 +158,7 @@ class CostFeed:
                                   uncached_usd=r.uncached_cost_usd, savings_usd=r.savings_usd, hit_rate=r.hit_rate,
                                   misses=misses, findings=tuple(f.message for f in r.findings), notes=notes,
                                   reconciled=r.reconciled, agreed=r.agreed, billed_usd=r.billed_cost_usd),
-                      r, self.read)
+                      r, self.read, skipped=self.skipped)
 
 
 def curve_section(trace: Iterable[TraceRequest], block_size: int, points: int, source: str,
@@ -194,7 +195,7 @@ class OneRead:
     def __init__(self, *, source: str, tokenizer: Any, tokenizer_name: str, table: PriceTable | None,
                  text_counter: Any, default_model: str | None, timestamps: Any, block_size: int, points: int = 16,
                  progress: Callable[[int], None] | None = None, known: Any = None, encoder: Any = None,
-                 every: float | None = None) -> None:
+                 every: float | None = None, curve: bool = True) -> None:
         from ..prefix.curve import TraceKeyer
         from ..prefix.trace import TraceReader
         from .measure import _Pushed
@@ -215,9 +216,10 @@ class OneRead:
         self._reader = TraceReader(source=source, tokenizer=_Known(tokenizer, self._ids_of), timestamps=timestamps,
                                    **({"batch_size": known.batch_size} if known is not None else {}))
         keyer = TraceKeyer([block_size], source=source)
-        self._keys: Any = _Pushed(keyer.add, lambda: keyer.result()[block_size])
+        self._keys: Any = _Pushed(keyer.add, lambda: keyer.result()[block_size]) if curve else None
         self._fed = 0                               # requests fed to the curve
-        self._error: Exception | None = None        # reading a line for the curve
+        #: reading a line for the curve (``curve`` False: no curve is made, and nothing is read for it)
+        self._error: Exception | None = None if curve else _NO_CURVE
         self._costed: tuple[Costed | None] | None = None
 
     def _ids_of(self, prompt: Any, add_generation_prompt: bool) -> Sequence[int] | None:
@@ -278,11 +280,21 @@ class OneRead:
             self._costed = (got,)
         return self._costed[0]
 
+    def measure_before(self, lines: int) -> Any:
+        """The provider measure of the log as it is (:func:`.measure.provider_measure`), the one a sweep makes of its
+        ``lines`` lines, where the simulation read every one of them (as a request, or left out without a request
+        body); else None (a sweep then simulates them again)."""
+        from .measure import provider_measure
+
+        c = self.costed()
+        return (provider_measure(c.simulated, c.requests, c.skipped)
+                if c is not None and c.simulated is not None and c.requests + c.skipped == lines else None)
+
     def curve(self) -> CurveSection:
         """The capacity curve, once (the keyed trace it is read from, a few bytes a block of every request, is let
         go: the run goes on for minutes after)."""
         if self._keys is None:
-            raise RuntimeError("the curve was made already")
+            raise RuntimeError("the curve was made already, or this read makes none")
         trace: list[TraceRequest] = []
         if self._error is None:
             try:
@@ -299,6 +311,10 @@ class OneRead:
         if self._error is not None:
             raise self._error
         return _curve_of(kt, self._points, self._source, self._progress)
+
+
+#: what a :class:`OneRead` made without its curve holds as its curve's error (no line is read for it)
+_NO_CURVE = RuntimeError("this read makes no capacity curve")
 
 
 class _Known:
@@ -339,18 +355,20 @@ def _keyed(block_size: int, source: str, trace: Iterable[TraceRequest]) -> Any:
 def sections_reader(*, source: str, tokenizer: Any, tokenizer_name: str, table: PriceTable | None,
                     default_model: str | None, timestamps: Any, block_size: int,
                     progress: Callable[[int], None] | None = None, counter: Any = None,
-                    first_read: FirstRead | None = None, every: float | None = None) -> OneRead:
+                    first_read: FirstRead | None = None, every: float | None = None, curve: bool = True) -> OneRead:
     """What feeds :func:`.report.log_report`'s provider and curve sections (a :class:`OneRead`, with the provider
     token counter the run's measures share: ``counter``, else a new one): call it with each line as it is read.
     ``first_read``: the run's :class:`.fix.FirstRead`, fed each line just before: the curve takes the token IDs its
-    fork records tokenized."""
+    fork records tokenized. ``curve`` False: the provider simulation alone (``fix``'s measure of the log as it
+    is: :meth:`OneRead.measure_before`)."""
     from .fix import measure_counter
 
     forks = first_read.forks if first_read is not None else None
     return OneRead(source=source, tokenizer=tokenizer, tokenizer_name=tokenizer_name, table=table,
                    text_counter=counter if counter is not None else measure_counter(tokenizer),
                    default_model=default_model, timestamps=timestamps, block_size=block_size, progress=progress,
-                   known=forks, encoder=first_read.encoder if first_read is not None else None, every=every)
+                   known=forks, encoder=first_read.encoder if first_read is not None else None, every=every,
+                   curve=curve)
 
 
 def feeding(pairs: Callable[..., None], fed: OneRead, lines: Sequence[LogLine], options: FixOptions
