@@ -11,6 +11,7 @@ import pytest
 from cachectl.engines.prefix.pools import CapacityError
 from cachectl.engines.provider.prices import PriceTable
 from cachectl.engines.repair import fix, groups, measure
+from cachectl.engines.repair import rows as sweep_rows
 from cachectl.inputs import iter_jsonl
 
 from .conftest import PROMPTS, TOK_DIR
@@ -65,8 +66,8 @@ def test_only_the_versions_whose_causes_are_counted_keep_their_offsets(tok, tabl
     # (a tokenizer of its own, without the render memo that the session's has once a run turned it on: a render the
     # memo keeps is read back there with its offsets, which the compacted prompt then leaves out)
     fresh = load_tokenizer(str(TOK_DIR))
-    batch = [measure._line_versions(lines, [None, rw.values], i, None) for i in range(len(lines))]
-    rows = measure._tokenized_rows(batch, fresh, True, located=[0])
+    batch = [sweep_rows.line_versions(lines, [None, rw.values], i, None) for i in range(len(lines))]
+    rows = sweep_rows.tokenized_rows(batch, fresh, True, located=[0])
     apart = [(a, b) for a, b in rows if a is not b]
     assert apart  # (the fixes changed lines: their two versions are two prompts)
     for a, b in apart:
@@ -78,7 +79,7 @@ def test_only_the_versions_whose_causes_are_counted_keep_their_offsets(tok, tabl
 def test_a_line_no_version_changed_is_parsed_and_tokenized_once(tok, table, monkeypatch):
     lines, grouping, measured, rw = _setup(tok, table)
     reparsed, prompts = [], []
-    real_reparse, real_tokenize = measure.reparse_at, tok.tokenize_many
+    real_reparse, real_tokenize = sweep_rows.reparse_at, tok.tokenize_many
 
     def counting_reparse(ls, i, value):
         reparsed.append(i)
@@ -88,7 +89,7 @@ def test_a_line_no_version_changed_is_parsed_and_tokenized_once(tok, table, monk
         prompts.extend(batch)
         return real_tokenize(batch, **kw)
 
-    monkeypatch.setattr(measure, "reparse_at", counting_reparse)
+    monkeypatch.setattr(sweep_rows, "reparse_at", counting_reparse)
     monkeypatch.setattr(tok, "tokenize_many", counting_tokenize)
     versions = [None, None, rw.values, rw.values]  # two copies of each version: nothing is done twice
     got = measured(lines, versions, causes=[True, False, True, False])

@@ -235,7 +235,7 @@ def test_the_sweep_of_the_fixes_shares_its_batches_with_the_idle_child(cli, monk
     # batches this process computes itself are made slower, so that the child takes some)
     monkeypatch.setattr(Workers, "ahead", lambda self, *a, _a=Workers.ahead: [j._drain(None) for j in self._running]
                         and False or _a(self, *a))
-    monkeypatch.setattr(measure, "_tokenized_rows", lambda *a, _t=measure._tokenized_rows: time.sleep(0.05)
+    monkeypatch.setattr(measure, "tokenized_rows", lambda *a, _t=measure.tokenized_rows: time.sleep(0.05)
                         or _t(*a) if a[3] is None else _t(*a))
     received: list[int] = []
     monkeypatch.setattr(TokenizerHandle, "received",

@@ -8,8 +8,6 @@ prompt-cache simulation, and the tokens each request shares with the previous re
 
 from __future__ import annotations
 
-import hashlib
-import json
 import queue
 import threading
 from array import array
@@ -20,13 +18,12 @@ from itertools import chain
 from typing import Any
 
 from ...errors import InputError, MalformedInput, UsageError
-from ...inputs import PromptInput, cache_salt_of
-from ...spool import content_digest
+from ...inputs import cache_salt_of
 from ..prefix.replay import InfiniteVersions
 from ..prefix.trace import TraceRequest, hashable_salt
-from .edits import _encoded
-from .groups import Grouping, LogLine, line_facts, line_meta, original_at, reparse_at, with_model
+from .groups import Grouping, LogLine, line_facts
 from .losses import by_model as summed_by_model
+from .rows import AsPacked, distinct, line_versions, rendered, rows_later, tokenized_batch, tokenized_rows
 
 
 @dataclass(frozen=True)
@@ -72,15 +69,6 @@ class Measure:
     #: that ``pair_reused_tokens`` over it is the report's prefix reuse
     pair_reusable_tokens: int | None = None
 
-
-
-def _prompt_key(p: PromptInput) -> int:
-    """A 64-bit digest of what the tokenizer sees of a prompt (its content, key order and types included)."""
-    got = content_digest(p.kind, p.text, p.messages, p.tools, p.ids, size=8)
-    if got is None:  # (a value pickle refuses: its JSON, as far as it goes)
-        text = json.dumps([p.kind, p.text, p.messages, p.tools, p.ids], ensure_ascii=False, default=str)
-        got = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    return int.from_bytes(got, "little")
 
 
 #: lines swept at a time (the tokenizer runs a batch's prompts in parallel)
@@ -223,64 +211,6 @@ def _simulate_fed(simulate: Callable[..., Any], policy: str, block_size: int, ca
                     compact=True, hits_into=hits)
 
 
-class _AsPacked:
-    """Line ``i`` as it is, with its tokens as the log's first read packed them for the fork analysis: its token IDs
-    read back there, not rendered and tokenized again. It is the sweep's line and its tokens at once: its number,
-    conversation key, time, cache salt and request (None where no version of the sweep reads it: the line is not
-    parsed either); a diverging pair's cause reads its render (:attr:`tokenized`), unpacked when asked for."""
-
-    __slots__ = ("_k", "_store", "ids", "key", "line", "request", "salt", "timestamp")
-
-    def __init__(self, store: Any, k: int, ln: LogLine | tuple[int, Any, float | None]) -> None:
-        if isinstance(ln, tuple):
-            (self.line, self.key, self.timestamp), self.request = ln, None
-        else:
-            self.line, self.key, self.timestamp, self.request = ln.line, ln.key, ln.timestamp, ln.request
-        self.salt, self.ids = store.salt(k), store.ids(k)
-        self._store, self._k = store, k
-
-    @property
-    def tokenized(self) -> Any:
-        return self._store[self._k].tokenized
-
-
-def _rendered(t: Any) -> Any:
-    """A sweep's tokens as a :class:`~cachectl.tokenization.Tokenized` (an :class:`_AsPacked` line unpacked)."""
-    return t.tokenized if type(t) is _AsPacked else t
-
-
-def _line_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] | None], i: int,
-                   model: str | None, packed: Any = None, reads: Sequence[bool] = ()) -> list[Any]:
-    """Line ``i`` in each version of the log (None: the lines as they are; else the values a fix pass left), each
-    distinct value built and parsed once (the versions whose edits of the line are the same share one build).
-    ``packed``: the log as it is, packed (:func:`measure_versions`' ``packed``): line ``i`` as it is takes its tokens
-    from there (:class:`_AsPacked`), and is not parsed where no version that has it reads its request (``reads``:
-    whether each version does)."""
-    out: list[Any] = []
-    parsed: dict[Any, Any] = {}
-    sigs = [None if vals is None else vals.signature(i) for vals in versions]  # type: ignore[attr-defined]
-    if packed is not None and not packed.rendered(i):
-        packed = None
-    for vals, sig in zip(versions, sigs):
-        ln = parsed.get(sig)
-        if ln is None and sig is None and packed is not None and not any(r for r, g in zip(reads, sigs) if g is None):
-            ln = parsed[None] = _AsPacked(packed, i, line_meta(lines, i))
-        elif ln is None and sig is None:
-            ln = lines[i] if vals is None or model is None else with_model(original_at(lines, i), model)
-            ln = parsed[None] = _AsPacked(packed, i, ln) if packed is not None else ln
-        elif ln is None:
-            assert vals is not None
-            value = vals[i]
-            key = _encoded(value)
-            ln = parsed.get(key)
-            if ln is None:
-                ln = reparse_at(lines, i, value)
-                ln = parsed[key] = with_model(ln, model) if model is not None else ln
-            parsed[sig] = ln
-        out.append(ln)
-    return out
-
-
 def _aliases(versions: Sequence[Sequence[Any] | None], n: int, given: Sequence[Any]) -> list[int]:
     """For each version, the first version with the same edits on every line (itself where none has): a rewrite
     that leaves the log as another one did (the safe fixes, and the full run after its safe codes) is measured
@@ -371,18 +301,18 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
     starts = range(0, len(lines), size)
 
     def rows(start: int) -> list[list[LogLine]]:
-        return [_line_versions(lines, versions, i, model, packed, reads)
+        return [line_versions(lines, versions, i, model, packed, reads)
                 for i in range(start, min(len(lines), start + size))]
 
     def shipped(b: int) -> list[tuple]:  # (in a child: batch b's distinct prompts tokenized, as sent)
-        return [t.shipped() for t in _tokenized(_distinct(rows(starts[b]), tokenizer, add_generation_prompt)[1],
+        return [t.shipped() for t in tokenized_batch(distinct(rows(starts[b]), tokenizer, add_generation_prompt)[1],
                                                 tokenizer, add_generation_prompt)]
 
     located = [j for j, v in enumerate(vs) if v.causes]  # (the versions whose diverging pairs are located)
 
     def tokenized(b: int, got: list[tuple] | None = None) -> tuple[list[list[LogLine]], list[list[Any]]]:
         batch = rows(starts[b])
-        return batch, _tokenized_rows(batch, tokenizer, add_generation_prompt, got, located)
+        return batch, tokenized_rows(batch, tokenizer, add_generation_prompt, got, located)
 
     # the provider simulations' position texts, a batch's together, encoded before they are asked for one at a time;
     # in one process the next batch is rendered and its encoding (and texts) started on a thread of its own before
@@ -397,7 +327,7 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
         batch = rows(starts[b])
         if prime is not None and encoder is not None:
             encoder.submit(prime, [row[j].request for row in batch for j in simulating])
-        return batch, _rows_later(batch, tokenizer, add_generation_prompt, located, encoder)
+        return batch, rows_later(batch, tokenizer, add_generation_prompt, located, encoder)
 
     def pipelined(b: int) -> tuple[list[list[LogLine]], list[list[Any]]]:
         batch, done = begun.pop(b) if b in begun else begin(b)
@@ -417,7 +347,7 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
             for i, row, tok in zip(range(start, start + len(batch)), batch, toks):
                 g = grouping.groups[i]
                 # (vLLM's cache_salt, which keys a request's blocks apart: the fixes leave it as it is)
-                salts = [ln.salt if type(ln) is _AsPacked else hashable_salt(cache_salt_of(ln.value), source=source,
+                salts = [ln.salt if type(ln) is AsPacked else hashable_salt(cache_salt_of(ln.value), source=source,
                                                                              line=ln.line) for ln in row]
                 # (id of a version's tokens, its salt) -> (the tokens, the salt, the mask of the versions that send them)
                 alike: dict[tuple[int, Any], tuple[Any, Any, int]] = {}
@@ -446,7 +376,7 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
                         v.tokens += len(t.ids)
                         v.reusable += min(len(prev.ids), len(t.ids))
                         if v.causes and c < min(len(prev.ids), len(t.ids)):  # (diff-tokens' cause, without windows)
-                            cause = tokendiff.explain(_rendered(prev), _rendered(t), c, tokenizer)
+                            cause = tokendiff.explain(rendered(prev), rendered(t), c, tokenizer)
                             cid = cause.id if cause is not None else "unexplained"
                             v.cause_count[cid] = v.cause_count.get(cid, 0) + 1
                     if j == 0 and pairs is not None:
@@ -491,7 +421,7 @@ def _requests(lines: Sequence[LogLine], values: Sequence[Any] | None, model: str
     """The requests of one version of the log (``values``: as :func:`measure_versions` reads them), its lines read
     again; ``counted[0]`` counts them (the lines without a request body are not requests)."""
     for i in range(len(lines)):
-        ln = _line_versions(lines, [values], i, model)[0]
+        ln = line_versions(lines, [values], i, model)[0]
         if progress is not None:
             progress(1)
         if ln.request is not None:
@@ -551,79 +481,6 @@ def _provider_run(table: Any, source: str, counter: Any, every: float | None = N
     run = CostRun(table=table, source=source, text_counter=counter, every=every, token_source="tokenizer",
                   keep_requests=False)
     return _Pushed(run.add, run.report)
-
-
-def _tokenized_rows(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: bool,
-                    shipped: list[tuple] | None = None, located: Sequence[int] | None = None) -> list[list[Any]]:
-    """:func:`_rows_later`, done at once; ``shipped``: the batch's distinct prompts as a child tokenized them
-    (:meth:`~cachectl.tokenization.Tokenized.shipped`), not tokenized here."""
-    if shipped is None:
-        return _rows_later(batch, tokenizer, add_generation_prompt, located)()
-    keys, todo = _distinct(batch, tokenizer, add_generation_prompt)
-    assert len(shipped) == len(todo), "a child tokenized another batch"
-    done = dict(zip(todo, [tokenizer.received(p, t) for (p, _), t in zip(todo.values(), shipped)]))
-    return [[done[keys[id(ln)]] for ln in row] for row in batch]
-
-
-def _rows_later(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: bool,
-                located: Sequence[int] | None = None, encoder: Any = None) -> Callable[[], list[list[Any]]]:
-    """A batch's rows tokenized in two steps: their prompts rendered now; ``done()``, the call returned, gives each
-    row's prompts tokenized and compacted to their IDs and rendered text (4 bytes a token, not a full ``Encoding``'s
-    hundred). ``encoder``: the executor that encodes the batch meanwhile
-    (:meth:`~cachectl.tokenization.TokenizerHandle.tokenize_later`). A prompt the batch holds more than once (the
-    same content, key order included: the versions of a line a fix left alone, a request sent twice) is tokenized
-    once; a chat prompt is told apart by its key in the render memo, digested once.
-
-    Offsets (8 bytes a token more): a render the memo keeps reads its offsets back there. The prompts of the
-    ``located`` columns (the versions whose causes are counted; every column when None) keep their own, so that a
-    diverging pair's cause locates its tokens without encoding the text again. The others make theirs again if
-    ever asked: reading an ``Encoding``'s offsets and packing them costs about 120 ns a token.
-
-    The render memo is read, not added to: the renders of rewritten lines are asked for by no later pass (on 5,000
-    requests, `report --jobs 1` took about 4% longer keeping them)."""
-    keys, todo = _distinct(batch, tokenizer, add_generation_prompt)
-    want = ({keys[id(row[j])] for row in batch for j in located if type(row[j]) is not _AsPacked}
-            if located is not None else todo)
-    prompts = [p for p, _ in todo.values()]
-    given: dict[str, Any] = {"memo_keys": [m for _, m in todo.values()]} if hasattr(tokenizer, "memo_key") else {}
-    if hasattr(tokenizer, "tokenize_later"):
-        tokens = tokenizer.tokenize_later(prompts, add_generation_prompt=add_generation_prompt, keep=False,
-                                          encoder=encoder, **given)
-    else:
-        made = tokenizer.tokenize_many(prompts, add_generation_prompt=add_generation_prompt, keep=False, **given)
-        tokens = lambda: made  # noqa: E731
-
-    def done() -> list[list[Any]]:
-        got = dict(zip(todo, [t.compact(offsets=key in want) for key, t in zip(todo, tokens())]))
-        return [[ln if type(ln) is _AsPacked else got[keys[id(ln)]] for ln in row] for row in batch]
-    return done
-
-
-def _distinct(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: bool
-              ) -> tuple[dict[int, Any], dict[Any, tuple[PromptInput, bytes | None]]]:
-    """The distinct prompts of a batch's rows, each with its key in the render memo (None: not a chat prompt, or no
-    memo), by their digest; and the digest of each line's prompt, by the line's id (an :class:`_AsPacked` line has
-    its tokens)."""
-    keys: dict[int, Any] = {}     # id of a parsed line -> its prompt's digest
-    todo: dict[Any, tuple[PromptInput, bytes | None]] = {}
-    keyed = hasattr(tokenizer, "memo_key")
-    for row in batch:
-        for ln in row:
-            if id(ln) not in keys and type(ln) is not _AsPacked:
-                p = ln.prompt
-                # a chat prompt by its key in the render memo (the digest its lookup there takes anyway), else by a
-                # digest of its content
-                memo = tokenizer.memo_key(p, add_generation_prompt) if keyed else None
-                keys[id(ln)] = key = (p.kind, memo) if memo is not None else _prompt_key(p)
-                todo.setdefault(key, (p, memo))
-    return keys, todo
-
-
-def _tokenized(todo: dict[Any, tuple[PromptInput, bytes | None]], tokenizer: Any,
-               add_generation_prompt: bool) -> list[Any]:
-    given = {"memo_keys": [m for _, m in todo.values()]} if hasattr(tokenizer, "memo_key") else {}
-    return tokenizer.tokenize_many([p for p, _ in todo.values()], add_generation_prompt=add_generation_prompt,
-                                   keep=False, **given)
 
 
 def _provider_only(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] | None], j: int, model: str | None,
