@@ -621,12 +621,7 @@ def test_fix_measures_the_log_as_it_is_with_the_provider_cache_fed_in_the_first_
 
     def run(fed: bool):
         first = fix.FirstRead(opts, tokenizer=tok, source=src)
-        provider = None
-        if fed:
-            provider = sections.sections_reader(source=src, tokenizer=tok, tokenizer_name=str(TOK_DIR), table=table,
-                                                default_model=model, timestamps=None, block_size=opts.block_size,
-                                                first_read=first, curve=False)
-            first.then(provider, ahead=provider.ahead)
+        provider = sections.provider_read(first, opts, tok, str(TOK_DIR), table=table, source=src) if fed else None
         lines = groups.log_lines(iter_jsonl(src), source=src, key="session", each=first.add)
         runs.clear()
         got = fix.fix_log(lines, opts, tokenizer=tok, table=table, source=src, first_read=first,
@@ -642,6 +637,8 @@ def test_fix_measures_the_log_as_it_is_with_the_provider_cache_fed_in_the_first_
     assert simulated == (plain.before.provider is not None and not any("not simulated" in n for n in plain.notes))
     with pytest.raises(RuntimeError, match="makes none"):
         provider.curve()
+    # (no requests packed as the lines are read, --ray's case: no simulation there either; the sweep makes it)
+    assert sections.provider_read(fix.FirstRead(opts, tokenizer=tok, forks=False), opts, tok, str(TOK_DIR), table=table) is None
 
 
 def test_a_bad_line_lets_the_sections_fed_in_the_first_read_go(cli, tmp_path):

@@ -111,7 +111,7 @@ def command(
     log_format: LogFormatOpt = None,
 ) -> None:
     from ..engines.provider.prices import PriceTable
-    from ..engines.repair import fix, fixes
+    from ..engines.repair import fix, fixes, sections
     from ..engines.repair.groups import log_lines
     from ..inputs import display_name, read_json_file
     from ..inputs.files import spooled
@@ -162,20 +162,10 @@ def command(
         # full: what --unsafe-fixes would add, measured as report measures it (the log is not written so)
         with Progress("fix: lines read, rewritten and measured") as progress, \
                 Workers(jobs, progress=progress.advance, say=print_note) as workers:
-            # (the conversations found and the requests packed for the fork analysis as the lines are read; with
-            # --ray, rendered on the cluster first)
+            # (the conversations found, the requests packed for the fork analysis and, in one process, the provider
+            # cache simulated as the lines are read; with --ray, rendered on the cluster first)
             first = fix.FirstRead(options, tokenizer=tok, source=source, forks=ray is None, workers=workers)
-            provider = None
-            if tok is not None and tokenizer is not None and ray is None and workers.jobs == 1:  # (with a child, it measures the log as it is)
-                # the provider cache simulated over the lines as they are read (each once its batch is packed; its
-                # texts handed to the encoding thread as it is read), as report's provider section is: the measure of
-                # the log as it is takes it
-                from ..engines.repair.sections import sections_reader
-
-                provider = sections_reader(source=source, tokenizer=tok, tokenizer_name=tokenizer, table=table,
-                                           default_model=model, timestamps=stamps, block_size=block_size,
-                                           first_read=first, every=every_s, curve=False)
-                first.then(provider, ahead=provider.ahead)
+            provider = sections.provider_read(first, options, tok, tokenizer, table=table, source=source, timestamps=stamps)
             lines = log_lines(records(), source=source, key=key, timestamps=stamps, each=first.add, leave_out=True)
             if ray is not None:
                 _on_ray(lines, tok, options, ray, workers.jobs)

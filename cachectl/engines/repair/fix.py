@@ -43,7 +43,6 @@ from .store import Mapped
 
 if TYPE_CHECKING:
     from ...workers import Workers
-    from .sections import OneRead
 
 SCHEMA_VERSION = 1
 
@@ -134,7 +133,7 @@ class FixReport:
 def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tokenizer: Any = None,
             table: Any = None, source: str = "", preview_unsafe: bool = False,
             progress: Callable[[int], None] | None = None, workers: Workers | None = None,
-            first_read: FirstRead | None = None, provider_read: OneRead | None = None) -> FixReport:
+            first_read: FirstRead | None = None, provider_read: Any = None) -> FixReport:
     """Find and apply the fixes on a log, and measure the log before and after (see the module docstring).
 
     ``preview_unsafe``: without ``options.unsafe``, where unsafe fixes were skipped, the log is rewritten with them
@@ -145,9 +144,9 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     (:class:`cachectl.workers.Workers`): the log before the fixes is measured in a child process while this one
     finds the forks and rewrites (the same report; pass ``workers.tick`` as ``progress``). ``first_read``
     (:class:`FirstRead`): what the lines' first read found (the conversations, the requests packed for the forks),
-    not read from them again. ``provider_read`` (:func:`.sections.sections_reader` without its curve): the provider
-    cache simulated over the lines as they were first read, the measure of the log as it is takes it (in one
-    process: its lines are not parsed again for it)."""
+    not read from them again. ``provider_read`` (:func:`.sections.provider_read`): the provider cache simulated
+    over the lines as they were first read, which the measure of the log as it is takes (in one process: its lines
+    are not parsed again for it)."""
     lines, grouping, counter, measured = started(
         lines, options, tokenizer=tokenizer, table=table, source=source, progress=progress, first_read=first_read,
         counter=provider_read.text_counter if provider_read is not None else None)
@@ -188,7 +187,8 @@ class FirstRead:
         if tokenizer is not None and hasattr(tokenizer, "remember_renders"):
             tokenizer.remember_renders()
         self.sessions = Sessions(options.window_s, tokenizer) if options.key is None else None
-        children = workers is not None and workers.jobs > 1
+        #: whether a child process renders and tokenizes the batches (a run of more than one job)
+        self.children = children = workers is not None and workers.jobs > 1
         #: the executor (one thread) the first read's batches are encoded on, in one process; None: none
         self.encoder: Any = None
         self._close: Callable[[], None] | None = None

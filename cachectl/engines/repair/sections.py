@@ -371,6 +371,21 @@ def sections_reader(*, source: str, tokenizer: Any, tokenizer_name: str, table: 
                    curve=curve)
 
 
+def provider_read(first: FirstRead, options: FixOptions, tokenizer: Any, tokenizer_name: str | None, *, table: Any,
+                  source: str = "", timestamps: Any = None) -> OneRead | None:
+    """The provider cache simulated over the lines as ``first`` reads them (each once its batch is packed; its texts
+    handed to the encoding thread as it is read), as ``report``'s provider section is: pass it to :func:`.fix.fix_log`
+    (``provider_read``), whose measure of the log as it is takes it. None where ``first`` packs no requests for the
+    fork analysis (no tokenizer; ``--ray``) or hands them to a child (which measures the log as it is)."""
+    if tokenizer is None or tokenizer_name is None or first.forks is None or first.children:
+        return None
+    fed = sections_reader(source=source, tokenizer=tokenizer, tokenizer_name=tokenizer_name, table=table,
+                          default_model=options.model, timestamps=timestamps, block_size=options.block_size,
+                          first_read=first, every=options.every, curve=False)
+    first.then(fed, ahead=fed.ahead)
+    return fed
+
+
 def feeding(pairs: Callable[..., None], fed: OneRead, lines: Sequence[LogLine], options: FixOptions
             ) -> Callable[..., None]:
     """The sweep's ``pairs`` (:func:`.measure.measure_versions`, the log as it is) calling ``pairs``, then feeding
