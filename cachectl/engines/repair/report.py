@@ -502,7 +502,7 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
             else:
                 for ln in lines:
                     fed(ln)
-        # (the provider section read every line as a request: the log before the fixes is that same simulation)
+        # (where the provider section read every line, the log before the fixes is that same simulation)
         before_provider = fed.measure_before(len(lines))
         costed = fed.costed()
         curve = fed.curve()
