@@ -213,13 +213,17 @@ class OneRead:
         self._known = known.known if known is not None else None
         #: id of a prompt -> (the prompt, add_generation_prompt, its token IDs), as the caller gave them with its line
         self._given: dict[int, tuple[Any, bool, Sequence[int]]] = {}
-        self._reader = TraceReader(source=source, tokenizer=_Known(tokenizer, self._ids_of), timestamps=timestamps,
-                                   **({"batch_size": known.batch_size} if known is not None else {}))
-        keyer = TraceKeyer([block_size], source=source)
-        self._keys: Any = _Pushed(keyer.add, lambda: keyer.result()[block_size]) if curve else None
+        # (``curve`` False: no reader, no keying; nothing is read for a curve)
+        self._reader: Any = None
+        self._keys: Any = None
+        if curve:
+            self._reader = TraceReader(source=source, tokenizer=_Known(tokenizer, self._ids_of),
+                                       timestamps=timestamps,
+                                       **({"batch_size": known.batch_size} if known is not None else {}))
+            keyer = TraceKeyer([block_size], source=source)
+            self._keys = _Pushed(keyer.add, lambda: keyer.result()[block_size])
         self._fed = 0                               # requests fed to the curve
-        #: reading a line for the curve (``curve`` False: no curve is made, and nothing is read for it)
-        self._error: Exception | None = None if curve else _NO_CURVE
+        self._error: Exception | None = None        # reading a line for the curve
         self._costed: tuple[Costed | None] | None = None
 
     def _ids_of(self, prompt: Any, add_generation_prompt: bool) -> Sequence[int] | None:
@@ -251,7 +255,7 @@ class OneRead:
                 self._provider.skipped += 1
             else:
                 self._provider.add(replace(req, model=self._model) if self._model and not req.model else req)
-        if self._error is None:
+        if self._error is None and self._keys is not None:
             value, prompt = ln.value, ln.prompt if ln.prompt.request is not None else None
             if isinstance(value, list):  # a bare chat list or token IDs: the trace reader wants an object
                 value, prompt = {"messages" if ln.prompt.kind == "chat" else "tokens": value}, None
@@ -311,10 +315,6 @@ class OneRead:
         if self._error is not None:
             raise self._error
         return _curve_of(kt, self._points, self._source, self._progress)
-
-
-#: what a :class:`OneRead` made without its curve holds as its curve's error (no line is read for it)
-_NO_CURVE = RuntimeError("this read makes no capacity curve")
 
 
 class _Known:
