@@ -268,6 +268,8 @@ def op_limit() -> int:
 
 def check_chars(chars: int, what: str, *parts: Any) -> None:
     limit = op_limit()
+    if chars * 4 <= limit:  # (within the limit however wide its characters: the parts are not looked at)
+        return
     if _str_bytes(chars, *parts) > limit:
         raise _refuse(f"{what} of {chars:,} characters", f" (one operation may build {limit / 2 ** 20:,.0f} MB, "
                       "a quarter of the render's memory budget)")

@@ -113,6 +113,22 @@ def test_each_amplifying_operation_is_bounded(name):
     assert time.monotonic() - t0 < 3
 
 
+@pytest.mark.parametrize("piece, refused", [("a", False), ("\u00e9", True)])
+def test_a_concatenation_is_bounded_by_its_bytes_not_its_characters(piece, refused):
+    """One operation may build a quarter of the memory budget (1 MB of a 4 MB one). 300,000 characters are 300 KB in
+    ASCII and 1.2 MB when one is wider (a str of them takes 4 bytes each, as counted here): the second '+' is refused
+    before it builds; and 100,000 wide characters (400 KB) are within the bound however they are counted."""
+    source = ("{% set s = '" + piece + "' * 150000 %}{{ (s + s)|length }} "
+              "{% set t = '" + piece + "' * 50000 %}{{ (t + t)|length }}")
+    budget = sandbox.RenderBudget(10, 4 * 2 ** 20)
+    if refused:
+        with pytest.raises(sandbox.SandboxLimit, match="a '\\+' concatenation of 300,000 characters is refused"):
+            _render(source, budget)
+    else:
+        assert _render(source, budget) == "300000 100000"
+    assert _render("{% set t = '" + piece + "' * 50000 %}{{ (t + t)|length }}", budget) == "100000"
+
+
 def test_the_watchdog_ends_a_loop_at_its_budget():
     t0 = time.monotonic()
     with pytest.raises(sandbox.RenderBudgetExceeded, match="past its budget of 0.3 s"):
