@@ -254,10 +254,13 @@ def _refuse(what: str, why: str = "") -> SandboxLimit:
     return SandboxLimit(f"{what} is refused by the sandbox{why}")
 
 
-def _str_bytes(chars: int, *parts: Any) -> int:
-    """The bytes of a string of ``chars`` characters built from ``parts`` (1 a character when all are ASCII)."""
+def _over(chars: int, limit: int, *parts: Any) -> bool:
+    """Whether a string of ``chars`` characters built from ``parts`` takes more than ``limit`` bytes (4 a character
+    where any part is past ASCII, else 1): the parts are looked at only where 4 a character would be over."""
+    if chars * 4 <= limit:
+        return False
     wide = any(isinstance(p, str) and not p.isascii() for p in parts)
-    return chars * (4 if wide else 1)
+    return chars * (4 if wide else 1) > limit
 
 
 def op_limit() -> int:
@@ -268,9 +271,7 @@ def op_limit() -> int:
 
 def check_chars(chars: int, what: str, *parts: Any) -> None:
     limit = op_limit()
-    if chars * 4 <= limit:  # (within the limit however wide its characters: the parts are not looked at)
-        return
-    if _str_bytes(chars, *parts) > limit:
+    if _over(chars, limit, *parts):
         raise _refuse(f"{what} of {chars:,} characters", f" (one operation may build {limit / 2 ** 20:,.0f} MB, "
                       "a quarter of the render's memory budget)")
 
@@ -665,7 +666,7 @@ def apply(env: Any, base: Any) -> Any:
             for seq, n in ((left, right), (right, left)):
                 if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and n > 0:
                     if isinstance(seq, str):
-                        if _str_bytes(len(seq) * n, seq) > op_limit():
+                        if _over(len(seq) * n, op_limit(), seq):
                             raise _refuse(f"a repetition of {len(seq):,} x {n:,} items")
                     elif len(seq) * n > MAX_ITEMS:
                         raise _refuse(f"a repetition of {len(seq):,} x {n:,} items")
