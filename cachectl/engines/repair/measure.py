@@ -306,7 +306,7 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
 
     def shipped(b: int) -> list[tuple]:  # (in a child: batch b's distinct prompts tokenized, as sent)
         return [t.shipped() for t in tokenized_batch(distinct(rows(starts[b]), tokenizer, add_generation_prompt)[1],
-                                                tokenizer, add_generation_prompt)]
+                                                     tokenizer, add_generation_prompt)]
 
     located = [j for j, v in enumerate(vs) if v.causes]  # (the versions whose diverging pairs are located)
 

@@ -53,7 +53,7 @@ def rendered(t: Any) -> Any:
 
 
 def line_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] | None], i: int,
-                   model: str | None, packed: Any = None, reads: Sequence[bool] = ()) -> list[Any]:
+                  model: str | None, packed: Any = None, reads: Sequence[bool] = ()) -> list[Any]:
     """Line ``i`` in each version of the log (None: the lines as they are; else the values a fix pass left), each
     distinct value built and parsed once (the versions whose edits of the line are the same share one build).
     ``packed``: the log as it is, packed (:func:`.measure.measure_versions`' ``packed``): line ``i`` as it is takes its tokens
@@ -85,7 +85,7 @@ def line_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] | N
 
 
 def tokenized_rows(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: bool,
-                    shipped: list[tuple] | None = None, located: Sequence[int] | None = None) -> list[list[Any]]:
+                   shipped: list[tuple] | None = None, located: Sequence[int] | None = None) -> list[list[Any]]:
     """:func:`rows_later`, done at once; ``shipped``: the batch's distinct prompts as a child tokenized them
     (:meth:`~cachectl.tokenization.Tokenized.shipped`), not tokenized here."""
     if shipped is None:
@@ -97,7 +97,7 @@ def tokenized_rows(batch: list[list[LogLine]], tokenizer: Any, add_generation_pr
 
 
 def rows_later(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: bool,
-                located: Sequence[int] | None = None, encoder: Any = None) -> Callable[[], list[list[Any]]]:
+               located: Sequence[int] | None = None, encoder: Any = None) -> Callable[[], list[list[Any]]]:
     """A batch's rows tokenized in two steps: their prompts rendered now; ``done()``, the call returned, gives each
     row's prompts tokenized and compacted to their IDs and rendered text (4 bytes a token, not a full ``Encoding``'s
     hundred). ``encoder``: the executor that encodes the batch meanwhile
@@ -131,7 +131,7 @@ def rows_later(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt
 
 
 def distinct(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: bool
-              ) -> tuple[dict[int, Any], dict[Any, tuple[PromptInput, bytes | None]]]:
+             ) -> tuple[dict[int, Any], dict[Any, tuple[PromptInput, bytes | None]]]:
     """The distinct prompts of a batch's rows, each with its key in the render memo (None: not a chat prompt, or no
     memo), by their digest; and the digest of each line's prompt, by the line's id (an :class:`AsPacked` line has
     its tokens)."""
@@ -151,7 +151,7 @@ def distinct(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: 
 
 
 def tokenized_batch(todo: dict[Any, tuple[PromptInput, bytes | None]], tokenizer: Any,
-               add_generation_prompt: bool) -> list[Any]:
+                    add_generation_prompt: bool) -> list[Any]:
     given = {"memo_keys": [m for _, m in todo.values()]} if hasattr(tokenizer, "memo_key") else {}
     return tokenizer.tokenize_many([p for p, _ in todo.values()], add_generation_prompt=add_generation_prompt,
                                    keep=False, **given)
