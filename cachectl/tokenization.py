@@ -130,13 +130,6 @@ class Tokenized:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def shipped(self) -> tuple:
-        """This prompt compacted (:meth:`compact`) as another process sends it: its IDs, text, kept offsets and how it
-        was rendered, without the prompt and the tokenizer, which the receiver has
-        (:meth:`TokenizerHandle.received`)."""
-        t = self.compact(offsets=True)
-        return t.ids, t.text, t.encoding, t.add_special_tokens, t.render_opts, t.memo_key
-
     def _encoded(self) -> Any:
         """The encoding, made again from the text when this one was compacted or its IDs were remembered (None for
         ID inputs)."""
@@ -690,14 +683,6 @@ class TokenizerHandle:
             return None
         return self.render_key(list(prompt.messages or ()), list(prompt.tools) if prompt.tools else None,
                                add_generation_prompt, template_vars)
-
-    def received(self, prompt: PromptInput, shipped: tuple) -> Tokenized:
-        """``prompt`` as another process tokenized it with this tokenizer (:meth:`Tokenized.shipped`): what
-        :meth:`tokenize_many` gives, compacted."""
-        ids, text, enc, add_special_tokens, opts, key = shipped
-        spans: Any = (() if text is None else _lazy_chat_spans(self, prompt, text, opts) if prompt.is_chat
-                      else _text_spans(prompt))
-        return Tokenized(prompt, ids, text, enc, spans, self, add_special_tokens, opts, key)
 
     def tokenize_many(self, prompts: Sequence[PromptInput], *, add_generation_prompt: bool = False,
                       add_special_tokens: bool = True, template_vars: dict | None = None,

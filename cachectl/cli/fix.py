@@ -162,10 +162,10 @@ def command(
         # full: what --unsafe-fixes would add, measured as report measures it (the log is not written so)
         with Progress("fix: lines read, rewritten and measured") as progress, \
                 Workers(jobs, progress=progress.advance, say=print_note) as workers:
-            # (the conversations found, the requests packed for the fork analysis and, in one process, the provider
-            # cache simulated as the lines are read; with --ray, rendered on the cluster first)
-            first = fix.FirstRead(options, tokenizer=tok, source=source, forks=ray is None, workers=workers)
-            provider = sections.provider_read(first, options, tok, tokenizer, table=table, source=source, timestamps=stamps)
+            # (read with the lines: conversations, the forks' requests and, in one process, the provider cache)
+            first = fix.FirstRead(options, tokenizer=tok, source=source, forks=ray is None)
+            provider = sections.provider_read(first, options, tok, tokenizer, table=table, source=source,
+                                              timestamps=stamps) if workers.jobs == 1 else None
             lines = log_lines(records(), source=source, key=key, timestamps=stamps, each=first.add, leave_out=True)
             if ray is not None:
                 _on_ray(lines, tok, options, ray, workers.jobs)

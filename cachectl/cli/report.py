@@ -147,7 +147,7 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
             Workers(jobs, progress=progress.advance, say=print_note) as workers:
         # fix's reader and grouping: conversations by --key, else found automatically, as the lines are read; the
         # requests packed for the fork analysis as they are read too (with --ray: rendered on the cluster first)
-        first = fix.FirstRead(options, tokenizer=tok, source=source, forks=ray is None, workers=workers)
+        first = fix.FirstRead(options, tokenizer=tok, source=source, forks=ray is None)
         tick = workers.tick  # (a part computed in a child process ticks through its parent)
         sections = None
         if ray is None and workers.jobs == 1:  # (with a child, it reads the lines for them beside the forks)

@@ -159,7 +159,7 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     rws = rewrites(rewrite, options, full_options if preview_unsafe and not options.unsafe else None,
                    lambda rw: any(not f.applied and not f.safe for f in rw.fixes))
     # (the log as it is joins the sweep of its versions, unless a child measured it)
-    passes, first = measured_pass(rws, measured, lines, before=before_job is None, workers=workers, forks=forks,
+    passes, first = measured_pass(rws, measured, lines, before=before_job is None, forks=forks,
                                   before_provider=(partial(provider_read.measure_before, len(lines))
                                                    if provider_read is not None and before_job is None else None))
     before, n1 = first if first is not None else before_job.result()[0]  # type: ignore[union-attr]
@@ -176,28 +176,23 @@ class FirstRead:
     :func:`.groups.log_lines`' ``each``), so that no later pass reads the lines again for it: the conversations found
     automatically (without ``options.key``) and the requests packed for the fork analysis (rendered and tokenized
     with ``tokenizer``, whose render memo is turned on here: the passes find these renders in it). ``forks``: False
-    leaves them to the analysis (``--ray`` renders the log on the cluster first). ``workers``
-    (:class:`cachectl.workers.Workers`): with a second core, a child renders and tokenizes batches of them while the
-    lines are read on (:meth:`~cachectl.workers.Workers.beside`); in one process, a thread encodes a batch while the
+    leaves them to the analysis (``--ray`` renders the log on the cluster first). A thread encodes a batch while the
     next lines are read (:attr:`encoder`: :class:`.shared_prefix.ForkLines`' ``encoder``, and a reader's
     ``ahead``: :meth:`then`). :meth:`finish` ends the read (and lets the thread go)."""
 
-    def __init__(self, options: FixOptions, *, tokenizer: Any = None, source: str = "", forks: bool = True,
-                 workers: Any = None):
+    def __init__(self, options: FixOptions, *, tokenizer: Any = None, source: str = "", forks: bool = True):
         if tokenizer is not None and hasattr(tokenizer, "remember_renders"):
             tokenizer.remember_renders()
         self.sessions = Sessions(options.window_s, tokenizer) if options.key is None else None
-        #: whether a child process renders and tokenizes the batches (a run of more than one job)
-        self.children = children = workers is not None and workers.jobs > 1
-        #: the executor (one thread) the first read's batches are encoded on, in one process; None: none
+        #: the executor (one thread) the first read's batches are encoded on; None: none
         self.encoder: Any = None
         self._close: Callable[[], None] | None = None
-        if forks and not children and hasattr(tokenizer, "tokenize_later"):
+        if forks and hasattr(tokenizer, "tokenize_later"):
             from ...tokenization import encoder_beside
 
             self.encoder, self._close = encoder_beside()
         self.forks = (ForkLines(tokenizer=tokenizer, add_generation_prompt=options.add_generation_prompt,
-                                source=source, beside=workers.beside if children else None, encoder=self.encoder)
+                                source=source, encoder=self.encoder)
                       if forks else None)
         self.lines = 0
         self._then: list[Callable[[LogLine], None]] = []
@@ -417,7 +412,7 @@ def _codes(options: FixOptions) -> tuple[str, ...]:
 
 def measured_pass(rws: Sequence[Rewritten], measured: Callable[..., list[tuple[Measure, list[str]]]],
                   lines: Sequence[LogLine], *, before: bool = False, before_provider: Any = None,
-                  examples_only: bool = False, pairs: Callable[..., None] | None = None, workers: Any = None,
+                  examples_only: bool = False, pairs: Callable[..., None] | None = None,
                   forks: LogForks | None = None) -> tuple[list[FixPass], tuple[Measure, list[str]] | None]:
     """Rewrites of one log measured in one sweep (:func:`.measure.measure_versions`): of each, the log as each
     code but the last left it and the rewritten log (every line a code rewrote is parsed again: dict equality
@@ -425,8 +420,7 @@ def measured_pass(rws: Sequence[Rewritten], measured: Callable[..., list[tuple[M
     its provider figures already simulated) and its measure is returned beside the passes (None otherwise).
     ``examples_only``: each pass keeps the first applied fix of each code and no rewritten log (what a report
     shows). ``pairs``: sees each line of the log as it is as it is measured (:func:`.measure.measure_versions`'
-    ``pairs``; with ``before``). ``workers``: a child with a free core tokenizes ahead of the sweep (the same
-    measures). ``forks``: the log's fork analysis, whose packed requests give the sweep the lines as they are
+    ``pairs``; with ``before``). ``forks``: the log's fork analysis, whose packed requests give the sweep the lines as they are
     (their token IDs: :func:`.measure.measure_versions`' ``packed``)."""
     versions: list[Any] = [None] if before else []
     causes = [True] if before else []
@@ -436,7 +430,7 @@ def measured_pass(rws: Sequence[Rewritten], measured: Callable[..., list[tuple[M
         causes += [False] * len(steps) + [True]
     providers = [before_provider] + [None] * (len(versions) - 1) if before else None
     got = measured(lines, versions, causes=causes, providers=providers, pairs=pairs if before else None,
-                   workers=workers, packed=forks.requests if forks is not None else None)
+                   packed=forks.requests if forks is not None else None)
     first = got.pop(0) if before else None
     passes = []
     for rw in rws:

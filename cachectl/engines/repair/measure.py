@@ -23,7 +23,7 @@ from ..prefix.replay import InfiniteVersions
 from ..prefix.trace import TraceRequest, hashable_salt
 from .groups import Grouping, LogLine, line_facts
 from .losses import by_model as summed_by_model
-from .rows import AsPacked, distinct, line_versions, rendered, rows_later, tokenized_batch, tokenized_rows
+from .rows import AsPacked, line_versions, rendered, rows_later, tokenized_rows
 
 
 @dataclass(frozen=True)
@@ -73,10 +73,6 @@ class Measure:
 
 #: lines swept at a time (the tokenizer runs a batch's prompts in parallel)
 BATCH = 256
-#: ... where a child tokenizes the batches ahead of the sweep (``workers`` of two jobs or more): fewer, for less memory
-#: held while they come (20,000 requests: a summed peak of 187 MB, against 229 MB with 256 and 198 MB with 128; in one
-#: process, 64 was 6% slower than 256 on 5,000 requests)
-SHARED_BATCH = 64
 
 
 class _Fed:
@@ -237,7 +233,7 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
                      progress: Callable[[int], None] | None = None,
                      providers: Sequence[ProviderMeasure | Callable[[], ProviderMeasure | None] | None] | None = None,
                      pairs: Callable[[int, LogLine, Any, Any, int, str | None], None] | None = None,
-                     workers: Any = None, every: float | None = None, by_model: bool = False,
+                     every: float | None = None, by_model: bool = False,
                      packed: Any = None) -> list[tuple[Measure, list[str]]]:
     """Versions of a log measured by the existing engines in one sweep: each line read once, each of its distinct
     versions parsed once and each distinct prompt among them tokenized once, and every version's engines fed as
@@ -256,15 +252,12 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
     first version as it is measured: its index and line, the tokens of the previous request of its conversation
     (None for the first) and its own, the tokens they share as a prefix, and the diff-tokens cause where they
     diverge before either ends (``"unexplained"`` where no rule explains it; None where they do not diverge).
-    ``workers`` (:class:`cachectl.workers.Workers`): a child with a free core renders and tokenizes the batches of
-    lines it takes ahead of the sweep (:meth:`~cachectl.workers.Workers.ahead`, batches of :data:`SHARED_BATCH`
-    lines; the same measures). ``by_model``: the vLLM replays' hit tokens are also summed by the model each line
+    ``by_model``: the vLLM replays' hit tokens are also summed by the model each line
     names (``model`` where it names none): :attr:`VllmMeasure.hit_tokens_by_model`. ``packed``: the log as it is,
     as its first read packed it for the fork analysis (a :class:`~cachectl.engines.prefix.forks.RequestStore`, a
-    request a line): without a child, a line as it is (in any version) takes its token IDs from there, not rendered
+    request a line): a line as it is (in any version) takes its token IDs from there, not rendered
     and tokenized again, nor parsed where no version that has it is simulated here (the same measures)."""
     from ...tokenization import encoder_beside
-    from ...workers import Workers
     from .. import tokendiff
 
     k = len(versions)
@@ -294,33 +287,28 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
     models = [line_facts(lines, i)[2] or model for i in range(len(lines))] if by_model else None
     ends = grouping.last_indices()
     # (the lines as they are: their tokens as the first read packed them)
-    if packed is None or len(packed) != len(lines) or (workers is not None and workers.jobs > 1):
+    if packed is not None and len(packed) != len(lines):
         packed = None
     reads = [v.simulates for v in vs]
-    size = SHARED_BATCH if workers is not None and workers.jobs > 1 else BATCH
+    size = BATCH
     starts = range(0, len(lines), size)
 
     def rows(start: int) -> list[list[LogLine]]:
         return [line_versions(lines, versions, i, model, packed, reads)
                 for i in range(start, min(len(lines), start + size))]
 
-    def shipped(b: int) -> list[tuple]:  # (in a child: batch b's distinct prompts tokenized, as sent)
-        return [t.shipped() for t in tokenized_batch(distinct(rows(starts[b]), tokenizer, add_generation_prompt)[1],
-                                                     tokenizer, add_generation_prompt)]
-
     located = [j for j, v in enumerate(vs) if v.causes]  # (the versions whose diverging pairs are located)
 
-    def tokenized(b: int, got: list[tuple] | None = None) -> tuple[list[list[LogLine]], list[list[Any]]]:
+    def tokenized(b: int) -> tuple[list[list[LogLine]], list[list[Any]]]:
         batch = rows(starts[b])
-        return batch, tokenized_rows(batch, tokenizer, add_generation_prompt, got, located)
+        return batch, tokenized_rows(batch, tokenizer, add_generation_prompt, located)
 
     # the provider simulations' position texts, a batch's together, encoded before they are asked for one at a time;
     # in one process the next batch is rendered and its encoding (and texts) started on a thread of its own before
     # this one is measured (the encoding releases the GIL: :func:`~cachectl.tokenization.encoder_beside`)
     simulating = [j for j, v in enumerate(vs) if v.simulates]
     prime = getattr(counter, "prime_requests", None) if simulating else None
-    beside = (workers is None or workers.jobs < 2) and hasattr(tokenizer, "tokenize_later")
-    encoder, close = encoder_beside() if beside else (None, lambda: None)
+    encoder, close = encoder_beside() if hasattr(tokenizer, "tokenize_later") else (None, lambda: None)
     begun: dict[int, tuple[list[list[LogLine]], Callable[[], list[list[Any]]]]] = {}
 
     def begin(b: int) -> tuple[list[list[LogLine]], Callable[[], list[list[Any]]]]:
@@ -335,13 +323,9 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
             begun[b + 1] = begin(b + 1)
         return batch, done()
 
-    # a child with a free core renders and tokenizes the batches it takes ahead of this sweep
-    ahead = (workers if workers is not None else Workers(jobs=1)).ahead(len(starts), shipped,
-                                                                         pipelined if encoder else tokenized)
     try:
-        for b, (value, here) in enumerate(ahead):
-            start = starts[b]
-            batch, toks = value if here else tokenized(b, value)
+        for b, start in enumerate(starts):
+            batch, toks = pipelined(b) if encoder else tokenized(b)
             if prime is not None and encoder is None:
                 prime(row[j].request for row in batch for j in simulating)
             for i, row, tok in zip(range(start, start + len(batch)), batch, toks):
@@ -384,7 +368,6 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
             for v in vs:
                 v.flush()
     finally:
-        ahead.close()
         begun.clear()
         close()
         for v in vs:

@@ -517,7 +517,7 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     safe_options, full_options = replace(options, per_cause=False, list_unsafe=False), replace(options, unsafe=True)
     rws = rewrites(rewrite, full_options, safe_options, examples_only=True)  # (the safe one takes up the full one)
     if apart:  # (the fixes' versions measured while the child measures the log as it is)
-        (full_pass, safe_pass), _ = measured_pass(rws, measured, fixed_lines, examples_only=True, workers=workers)
+        (full_pass, safe_pass), _ = measured_pass(rws, measured, fixed_lines, examples_only=True)
     before_provider, costed, curve, first, tally = side_job.result() if side_job is not None else side(sections_read)
     if not apart:
         # (one sweep measures every version: a line the fixes leave as it is is measured once for all of them; the
@@ -525,7 +525,7 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
         tally = PairTally()
         (full_pass, safe_pass), first = measured_pass(rws, measured, fixed_lines, before=True,
                                                       before_provider=before_provider, examples_only=True,
-                                                      pairs=_tallying(tally, lines, grouping), workers=workers,
+                                                      pairs=_tallying(tally, lines, grouping),
                                                       forks=forks)
     assert first is not None and tally is not None
     before, before_notes = first

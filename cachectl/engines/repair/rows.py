@@ -85,15 +85,9 @@ def line_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] | N
 
 
 def tokenized_rows(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: bool,
-                   shipped: list[tuple] | None = None, located: Sequence[int] | None = None) -> list[list[Any]]:
-    """:func:`rows_later`, done at once; ``shipped``: the batch's distinct prompts as a child tokenized them
-    (:meth:`~cachectl.tokenization.Tokenized.shipped`), not tokenized here."""
-    if shipped is None:
-        return rows_later(batch, tokenizer, add_generation_prompt, located)()
-    keys, todo = distinct(batch, tokenizer, add_generation_prompt)
-    assert len(shipped) == len(todo), "a child tokenized another batch"
-    done = dict(zip(todo, [tokenizer.received(p, t) for (p, _), t in zip(todo.values(), shipped)]))
-    return [[done[keys[id(ln)]] for ln in row] for row in batch]
+                   located: Sequence[int] | None = None) -> list[list[Any]]:
+    """:func:`rows_later`, done at once."""
+    return rows_later(batch, tokenizer, add_generation_prompt, located)()
 
 
 def rows_later(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: bool,
@@ -148,10 +142,3 @@ def distinct(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: 
                 keys[id(ln)] = key = (p.kind, memo) if memo is not None else prompt_key(p)
                 todo.setdefault(key, (p, memo))
     return keys, todo
-
-
-def tokenized_batch(todo: dict[Any, tuple[PromptInput, bytes | None]], tokenizer: Any,
-                    add_generation_prompt: bool) -> list[Any]:
-    given = {"memo_keys": [m for _, m in todo.values()]} if hasattr(tokenizer, "memo_key") else {}
-    return tokenizer.tokenize_many([p for p, _ in todo.values()], add_generation_prompt=add_generation_prompt,
-                                   keep=False, **given)

@@ -376,8 +376,8 @@ def provider_read(first: FirstRead, options: FixOptions, tokenizer: Any, tokeniz
     """The provider cache simulated over the lines as ``first`` reads them (each once its batch is packed; its texts
     handed to the encoding thread as it is read), as ``report``'s provider section is: pass it to :func:`.fix.fix_log`
     (``provider_read``), whose measure of the log as it is takes it. None where ``first`` packs no requests for the
-    fork analysis (no tokenizer; ``--ray``) or hands them to a child (which measures the log as it is)."""
-    if tokenizer is None or tokenizer_name is None or first.forks is None or first.children:
+    fork analysis (no tokenizer; ``--ray``)."""
+    if tokenizer is None or tokenizer_name is None or first.forks is None:
         return None
     fed = sections_reader(source=source, tokenizer=tokenizer, tokenizer_name=tokenizer_name, table=table,
                           default_model=options.model, timestamps=timestamps, block_size=options.block_size,

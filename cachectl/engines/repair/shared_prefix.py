@@ -118,18 +118,16 @@ def log_forks(lines: Iterable[LogLine], *, tokenizer: Any = None, block_size: in
 class ForkLines:
     """A log's lines packed for the fork analysis a line at a time, as they are read (``add(line)``): the requests
     (:attr:`requests`) and the lines' numbers. A line that cannot be packed ends it: :attr:`note` says why (the
-    analysis is left out; the run goes on). ``beside``: a run's :meth:`~cachectl.workers.Workers.beside`, which
-    renders and tokenizes batches of the prompts in a child while the lines are read on (:class:`ForkRecords`).
-    ``encoder`` (without ``beside``): the executor a full batch's prompts are encoded on, a thread of this process,
+    analysis is left out; the run goes on). ``encoder``: the executor a full batch's prompts are encoded on, a thread of this process,
     while the lines are read on (:func:`~cachectl.tokenization.encoder_beside`; the caller lets it go)."""
 
     def __init__(self, *, tokenizer: Any = None, add_generation_prompt: bool = True, source: str = "",
-                 beside: Any = None, encoder: Any = None):
+                 encoder: Any = None):
         self.requests = RequestStore()
         self.numbers = array("q")
         self.note: str | None = None
         self._records = ForkRecords(source=source, tokenizer=tokenizer, add_generation_prompt=add_generation_prompt,
-                                    beside=beside, encoder=encoder)
+                                    encoder=encoder)
         #: prompts tokenized at a time
         self.batch_size = self._records.batch_size
         self._done = False
@@ -170,7 +168,6 @@ class ForkLines:
             self._failed(exc)
 
     def _failed(self, exc: CachectlError) -> None:
-        self._records.stop()
         self.note = _not_analysed(exc)
         self.requests = RequestStore()  # (what was packed is let go)
 

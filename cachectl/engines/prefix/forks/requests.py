@@ -16,8 +16,7 @@ import json
 import re
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from functools import partial
+from dataclasses import dataclass, field
 from typing import Any
 
 from ....errors import InputError
@@ -119,10 +118,6 @@ def _fields(value: Any, names: Sequence[tuple[str, list[str]]]) -> tuple[tuple[s
 _ID_KEYS = ("tokens", "prompt_token_ids", "input_ids")
 #: prompts rendered and tokenized at a time
 BATCH = 256
-#: ... by a child, beside the read (:class:`ForkRecords`' ``beside``): smaller, for less memory held in the parent
-#: while they come back (20,000 requests: the parent's heap and anonymous maps 75 MB at the end of the read with 64,
-#: 118 MB with 256; no slower)
-BESIDE_BATCH = 64
 
 
 def fork_requests(records: Iterable[tuple], *, source: str, tokenizer: Any = None,
@@ -146,27 +141,23 @@ def fork_requests(records: Iterable[tuple], *, source: str, tokenizer: Any = Non
 class ForkRecords:
     """:func:`fork_requests` a record at a time: ``add(record)`` gives the requests it completes (a batch is
     tokenized once it holds ``batch_size`` prompts), ``flush()`` the rest. :meth:`known` gives the token IDs of a
-    prompt of the batch tokenized last, to another reader of the same lines. ``beside``: a run's
-    :meth:`~cachectl.workers.Workers.beside`, which tokenizes batches in a child while this process reads on (the
-    requests still come in order). ``encoder`` (without ``beside``; a :class:`concurrent.futures.Executor` of one
+    prompt of the batch tokenized last, to another reader of the same lines. ``encoder`` (a :class:`concurrent.futures.Executor` of one
     thread): a full batch is rendered here and encoded there while the next lines are read, its requests given
     when the next batch is full (:meth:`~cachectl.tokenization.TokenizerHandle.tokenize_later`)."""
 
     def __init__(self, *, source: str, tokenizer: Any = None, user_fields: Sequence[str] = USER_FIELDS,
-                 add_generation_prompt: bool = True, batch_size: int | None = None, beside: Any = None,
+                 add_generation_prompt: bool = True, batch_size: int | None = None,
                  encoder: Any = None):
         self.source, self.tokenizer = source, tokenizer
         self.add_generation_prompt = add_generation_prompt
-        self.batch_size = batch_size or (BATCH if beside is None else BESIDE_BATCH)
+        self.batch_size = batch_size or BATCH
         self._names = [(n, n.split(".")) for n in user_fields]
         self._vocab: dict[str, int] = {}
         self._pending: list[tuple[int, int, PromptInput, tuple, Any]] = []
         self._index = 0
         #: the batch tokenized last: id of its prompt object -> (the prompt, its token IDs)
         self._last: dict[int, tuple[PromptInput, Sequence[int]]] = {}
-        self._beside = (beside(partial(_shipped, tokenizer, add_generation_prompt), self._tokenized, _sent)
-                        if beside is not None and tokenizer is not None else None)
-        self._encoder = encoder if self._beside is None and tokenizer is not None else None
+        self._encoder = encoder if tokenizer is not None else None
         #: the full batch being encoded (``encoder``): its records, and the call that gives its prompts tokenized
         self._begun: tuple[list[tuple], Callable[[], list[Tokenized]]] | None = None
 
@@ -183,10 +174,8 @@ class ForkRecords:
             else None
 
     def flush(self, last: bool = True) -> Iterator[ForkRequest]:
-        """The requests of the prompts added so far (``last``: all of them; else those of the batches tokenized, in a
-        child or here)."""
+        """The requests of the prompts added so far (``last``: all of them; else those of the batches tokenized)."""
         pending, self._pending = self._pending, []
-        beside = self._beside
         if self._encoder is not None:
             # (the full batch is rendered and its encoding started before the one begun before it is waited for)
             begun, self._begun = self._begun, None
@@ -197,25 +186,14 @@ class ForkRecords:
             batches = [(begun[0], begun[1](), True)] if begun is not None else []
             if pending and last:
                 batches.append((pending, self._tokenized(pending), True))
-        elif beside is None or (last and not beside.held):  # (a last batch waited for is tokenized here)
-            batches = [(pending, self._tokenized(pending), True)] if pending else []
         else:
-            batches = beside.put(pending) if pending else []
-        if beside is not None and last:
-            batches += beside.close()
+            batches = [(pending, self._tokenized(pending), True)] if pending else []
         if batches:
             self._last = {}
-        for batch, toks, here in batches:
-            if not here:  # (sent by the child: made here as tokenize_many makes them)
-                toks = [self.tokenizer.received(p, s) for (_, _, p, _, _), s in zip(batch, toks)]
+        for batch, toks, _ in batches:
             self._last.update((id(p), (p, t.ids)) for (_, _, p, _, _), t in zip(batch, toks))
             for (idx, line, _, flds, salt), t in zip(batch, toks):
                 yield _from_tokenized(idx, line, t, flds, salt)
-
-    def stop(self) -> None:
-        """The child that tokenizes beside (if any) stopped: the run ends here, or packs no more."""
-        if self._beside is not None:
-            self._beside.stop()
 
     def _tokenized(self, pending: list[tuple]) -> list[Tokenized]:
         # (the render memo is not written: the store it is packed into keeps each render, and the memo reads it
@@ -268,17 +246,6 @@ def _from_tokenized(index: int, line: int | None, t: Tokenized, flds: tuple = ()
         starts = array("I", (s for s, _ in offsets)) if offsets is not None else None
     return ForkRequest(index=index, line=line, ids=t.ids, text=t.text, starts=starts, tokenized=t, fields=flds,
                        salt=salt)
-
-
-def _sent(pending: list[tuple]) -> list[PromptInput]:
-    """A batch's prompts as a child renders them: without the request they were read as (which it does not use)."""
-    return [replace(p, meta={}, request=None) for _, _, p, _, _ in pending]
-
-
-def _shipped(tokenizer: Any, add_generation_prompt: bool, prompts: list[PromptInput]) -> list[tuple]:
-    """(In a child) a batch's prompts tokenized as :meth:`ForkRecords.flush` tokenizes them, as sent back."""
-    return [t.shipped() for t in tokenizer.tokenize_many(prompts, add_generation_prompt=add_generation_prompt,
-                                                          keep=False)]
 
 
 def _tool_identity(t: Any) -> str:
