@@ -67,7 +67,7 @@ def test_only_the_versions_whose_causes_are_counted_keep_their_offsets(tok, tabl
     # memo keeps is read back there with its offsets, which the compacted prompt then leaves out)
     fresh = load_tokenizer(str(TOK_DIR))
     batch = [sweep_rows.line_versions(lines, [None, rw.values], i, None) for i in range(len(lines))]
-    rows = sweep_rows.tokenized_rows(batch, fresh, True, located=[0])
+    rows = sweep_rows.rows_later(batch, fresh, True, located=[0])()
     apart = [(a, b) for a, b in rows if a is not b]
     assert apart  # (the fixes changed lines: their two versions are two prompts)
     for a, b in apart:

@@ -220,7 +220,7 @@ def test_offsets_kept_by_compact_locate_every_token_as_the_encoding_does(templat
 
 
 def test_the_sweep_digests_each_chat_prompt_once_and_tokenizes_each_distinct_one_once(monkeypatch):
-    """The sweep's batch (:func:`~cachectl.engines.repair.rows.tokenized_rows`) finds a chat prompt's duplicates
+    """The sweep's batch (:func:`~cachectl.engines.repair.rows.rows_later`) finds a chat prompt's duplicates
     by its key in the render memo, the digest the memo lookup takes anyway: one digest a parsed line, one render a
     distinct prompt, and the tokens of each row are the prompts' own."""
     from types import SimpleNamespace
@@ -240,7 +240,7 @@ def test_the_sweep_digests_each_chat_prompt_once_and_tokenizes_each_distinct_one
     monkeypatch.setattr(sweep_rows, "content_digest", lambda *a, **k: digests.append(1) or spool.content_digest(*a, **k))
     monkeypatch.setattr(tokenization, "render_chat_template",
                         lambda *a, _r=tokenization.render_chat_template, **k: rendered.append(1) or _r(*a, **k))
-    got = list(sweep_rows.tokenized_rows(rows, tok, True))
+    got = list(sweep_rows.rows_later(rows, tok, True)())
     assert len(digests) == 2 * len(rows) and len(rendered) == len(prompts)
     alone = fresh.tokenize_many(prompts + [twin], add_generation_prompt=True)
     want = {id(p): t for p, t in zip(prompts + [twin], alone)}

@@ -192,8 +192,7 @@ class FirstRead:
 
             self.encoder, self._close = encoder_beside()
         self.forks = (ForkLines(tokenizer=tokenizer, add_generation_prompt=options.add_generation_prompt,
-                                source=source, encoder=self.encoder)
-                      if forks else None)
+                                source=source, encoder=self.encoder) if forks else None)
         self.lines = 0
         self._then: list[Callable[[LogLine], None]] = []
         self._ahead: list[Callable[[LogLine], None]] = []

@@ -23,7 +23,7 @@ from ..prefix.replay import InfiniteVersions
 from ..prefix.trace import TraceRequest, hashable_salt
 from .groups import Grouping, LogLine, line_facts
 from .losses import by_model as summed_by_model
-from .rows import AsPacked, line_versions, rendered, rows_later, tokenized_rows
+from .rows import AsPacked, line_versions, rendered, rows_later
 
 
 @dataclass(frozen=True)
@@ -290,18 +290,17 @@ def measure_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] 
     if packed is not None and len(packed) != len(lines):
         packed = None
     reads = [v.simulates for v in vs]
-    size = BATCH
-    starts = range(0, len(lines), size)
+    starts = range(0, len(lines), BATCH)
 
     def rows(start: int) -> list[list[LogLine]]:
         return [line_versions(lines, versions, i, model, packed, reads)
-                for i in range(start, min(len(lines), start + size))]
+                for i in range(start, min(len(lines), start + BATCH))]
 
     located = [j for j, v in enumerate(vs) if v.causes]  # (the versions whose diverging pairs are located)
 
     def tokenized(b: int) -> tuple[list[list[LogLine]], list[list[Any]]]:
         batch = rows(starts[b])
-        return batch, tokenized_rows(batch, tokenizer, add_generation_prompt, located)
+        return batch, rows_later(batch, tokenizer, add_generation_prompt, located)()
 
     # the provider simulations' position texts, a batch's together, encoded before they are asked for one at a time;
     # in one process the next batch is rendered and its encoding (and texts) started on a thread of its own before

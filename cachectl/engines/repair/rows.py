@@ -1,7 +1,7 @@
 """A log's line in each version of it, as the sweep that measures the versions (:func:`.measure.measure_versions`)
 takes it: each distinct value of the line parsed once (:func:`line_versions`; the line as it is with the token IDs
 its first read packed: :class:`AsPacked`), and a batch's rows of them rendered and tokenized, each distinct prompt
-once (:func:`rows_later`, :func:`tokenized_rows`).
+once (:func:`rows_later`).
 """
 
 from __future__ import annotations
@@ -82,12 +82,6 @@ def line_versions(lines: Sequence[LogLine], versions: Sequence[Sequence[Any] | N
             parsed[sig] = ln
         out.append(ln)
     return out
-
-
-def tokenized_rows(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: bool,
-                   located: Sequence[int] | None = None) -> list[list[Any]]:
-    """:func:`rows_later`, done at once."""
-    return rows_later(batch, tokenizer, add_generation_prompt, located)()
 
 
 def rows_later(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: bool,

@@ -141,13 +141,13 @@ def fork_requests(records: Iterable[tuple], *, source: str, tokenizer: Any = Non
 class ForkRecords:
     """:func:`fork_requests` a record at a time: ``add(record)`` gives the requests it completes (a batch is
     tokenized once it holds ``batch_size`` prompts), ``flush()`` the rest. :meth:`known` gives the token IDs of a
-    prompt of the batch tokenized last, to another reader of the same lines. ``encoder`` (a :class:`concurrent.futures.Executor` of one
-    thread): a full batch is rendered here and encoded there while the next lines are read, its requests given
-    when the next batch is full (:meth:`~cachectl.tokenization.TokenizerHandle.tokenize_later`)."""
+    prompt of the batch tokenized last, to another reader of the same lines. ``encoder`` (a
+    :class:`concurrent.futures.Executor` of one thread): a full batch is rendered here and encoded there while the
+    next lines are read, its requests given when the next batch is full
+    (:meth:`~cachectl.tokenization.TokenizerHandle.tokenize_later`)."""
 
     def __init__(self, *, source: str, tokenizer: Any = None, user_fields: Sequence[str] = USER_FIELDS,
-                 add_generation_prompt: bool = True, batch_size: int | None = None,
-                 encoder: Any = None):
+                 add_generation_prompt: bool = True, batch_size: int | None = None, encoder: Any = None):
         self.source, self.tokenizer = source, tokenizer
         self.add_generation_prompt = add_generation_prompt
         self.batch_size = batch_size or BATCH
@@ -183,14 +183,14 @@ class ForkRecords:
                 self._begun = pending, self.tokenizer.tokenize_later(
                     [p for _, _, p, _, _ in pending], add_generation_prompt=self.add_generation_prompt, keep=False,
                     encoder=self._encoder)
-            batches = [(begun[0], begun[1](), True)] if begun is not None else []
+            batches = [(begun[0], begun[1]())] if begun is not None else []
             if pending and last:
-                batches.append((pending, self._tokenized(pending), True))
+                batches.append((pending, self._tokenized(pending)))
         else:
-            batches = [(pending, self._tokenized(pending), True)] if pending else []
+            batches = [(pending, self._tokenized(pending))] if pending else []
         if batches:
             self._last = {}
-        for batch, toks, _ in batches:
+        for batch, toks in batches:
             self._last.update((id(p), (p, t.ids)) for (_, _, p, _, _), t in zip(batch, toks))
             for (idx, line, _, flds, salt), t in zip(batch, toks):
                 yield _from_tokenized(idx, line, t, flds, salt)
