@@ -2,7 +2,7 @@
 thread, checkpoints in loops and filters) against transformers' own compiled template on the same text.
 
 Renders 5,000 short chats (a system and a user message, the fixture tokenizer's template) through
-``TokenizerHandle.render_chat`` (the render memo off) and through ``transformers``' ``_compile_jinja_template``,
+``TokenizerHandle.render_chat`` and through ``transformers``' ``_compile_jinja_template``,
 best of three runs each, and prints wall and CPU time per render and their ratio. CPU counts every thread of the
 process, so the watchdog's own wake-ups show there. ``--checkout DIR`` runs the same in another checkout, side by
 side.

@@ -17,11 +17,8 @@ from __future__ import annotations
 import functools
 import json
 import os
-import pickle
 import re
-import threading
 from array import array
-from collections import OrderedDict
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
@@ -30,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 from .errors import InputError, TokenizerError
 from .inputs import PromptInput
 from .inputs.request import dumps_alike
-from .spool import DictStreams, KeyIndex, Spool, content_digest
+from .spool import DictStreams, Spool, content_digest
 
 if TYPE_CHECKING:  # pragma: no cover
     import tokenizers
@@ -84,13 +81,12 @@ class Tokenized:
     from it lazily, one token at a time, so a batch costs no more than the IDs themselves).
     """
 
-    __slots__ = ("prompt", "ids", "text", "encoding", "_spans", "add_special_tokens", "_tokenizer", "render_opts",
-                 "memo_key")
+    __slots__ = ("prompt", "ids", "text", "encoding", "_spans", "add_special_tokens", "_tokenizer", "render_opts")
 
     def __init__(self, prompt: PromptInput, ids: Sequence[int], text: str | None = None,
                  encoding: Any = None, spans: "Sequence[Span] | Callable[[], Sequence[Span]]" = (),
                  tokenizer: "TokenizerHandle | None" = None, add_special_tokens: bool = False,
-                 render_opts: dict | None = None, memo_key: bytes | None = None):
+                 render_opts: dict | None = None):
         self.prompt = prompt
         self.ids = ids
         self.text = text
@@ -102,8 +98,6 @@ class Tokenized:
         self._tokenizer = tokenizer
         #: how a chat prompt was rendered (add_generation_prompt, template_vars): counterfactual renders reuse it
         self.render_opts = render_opts
-        #: the render's key in its tokenizer's render memo (its offsets are read back there, not encoded again)
-        self.memo_key = memo_key
 
     @property
     def spans(self) -> tuple[Span, ...]:
@@ -119,27 +113,22 @@ class Tokenized:
         """The same prompt holding 4 bytes per token instead of a full ``Encoding`` (about 100 bytes per
         token): offsets are recomputed from the text on first use. For keeping many prompts around.
         ``offsets``: a fresh ``Encoding``'s offsets are kept as well (:class:`KeptOffsets`, 8 bytes a token more),
-        for a prompt whose characters are likely asked for and that no render memo keeps: reading them once costs
-        about a tenth of encoding the text again."""
+        for a prompt whose characters are likely asked for: reading them once costs about a tenth of encoding the
+        text again."""
         enc = None
         if offsets and self.encoding is not None and not isinstance(self.encoding, KeptOffsets):
             enc = _kept_offsets(self.encoding.offsets)
         return Tokenized(self.prompt, array("I", self.ids), self.text, enc, self._spans, self._tokenizer,
-                         self.add_special_tokens, self.render_opts, self.memo_key)
+                         self.add_special_tokens, self.render_opts)
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def _encoded(self) -> Any:
-        """The encoding, made again from the text when this one was compacted or its IDs were remembered (None for
-        ID inputs)."""
+        """The encoding, made again from the text when this one was compacted or its IDs were rendered elsewhere (None
+        for ID inputs)."""
         if self.encoding is None and self.text is not None and self._tokenizer is not None:
-            memo = self._tokenizer.render_memo if self.memo_key is not None else None
-            kept = memo.get_kept(self.memo_key) if memo is not None else None  # type: ignore[arg-type]
-            if kept is not None and kept[1] is not None and len(kept[0]) == len(self.ids):
-                self.encoding = kept[1]
-            else:
-                self.encoding = self._tokenizer.backend.encode(self.text, add_special_tokens=self.add_special_tokens)
+            self.encoding = self._tokenizer.backend.encode(self.text, add_special_tokens=self.add_special_tokens)
         return self.encoding
 
     def offsets(self) -> Sequence[tuple[int, int]] | None:
@@ -251,48 +240,22 @@ class _SizedBackend:
 
 
 class KeptOffsets:
-    """Each token's (start, end) in a render's text, as :class:`RenderMemo` keeps them (and as the fork analysis
-    splices them): what :class:`Tokenized` reads of a ``tokenizers.Encoding`` (``offsets``, ``token_to_chars``),
-    without encoding the text again. A token that
-    covers no character (a special token the tokenizer added) reads (s, s), where the Encoding says None: both are
-    no character range to :meth:`Tokenized.char_range`. Read back from the memo (:meth:`unpacked`), the two arrays
-    are made on first use: most readers of a kept render want only its IDs."""
+    """Each token's (start, end) in a render's text, as the fork analysis keeps and splices them and
+    :meth:`Tokenized.compact` keeps them: what :class:`Tokenized` reads of a ``tokenizers.Encoding`` (``offsets``,
+    ``token_to_chars``), without encoding the text again. A token that covers no character (a special token the
+    tokenizer added) reads (s, s), where the Encoding says None: both are no character range to
+    :meth:`Tokenized.char_range`."""
 
-    __slots__ = ("_ends", "_packed", "_starts")
+    __slots__ = ("_ends", "_starts")
 
     def __init__(self, starts: Sequence[int], ends: Sequence[int]) -> None:
-        self._starts: Sequence[int] | None = starts
-        self._ends: Sequence[int] | None = ends
-        self._packed: tuple[bytes, int, int] | None = None
-
-    @classmethod
-    def unpacked(cls, raw: bytes, at: int, n: int) -> KeptOffsets:
-        """The offsets :meth:`RenderMemo.put_ids` packed in ``raw`` from byte ``at``: ``n`` steps from the previous
-        token's start, then ``n`` lengths (int32 each)."""
-        got = cls.__new__(cls)
-        got._starts = got._ends = None
-        got._packed = (raw, at, n)
-        return got
-
-    def _unpack(self) -> None:
-        import numpy as np
-
-        assert self._packed is not None
-        raw, at, n = self._packed
-        starts = np.cumsum(np.frombuffer(raw, np.int32, n, at), dtype=np.int64)
-        ends = starts + np.frombuffer(raw, np.int32, n, at + 4 * n)
-        # (4 bytes a token each: put_ids keeps no offsets past 2 GiB, so neither wraps)
-        self._starts, self._ends = array("I", starts.astype(np.uint32).tobytes()), array("I", ends.astype(np.uint32).tobytes())
-        self._packed = None
+        self._starts, self._ends = starts, ends
 
     def _arrays(self) -> tuple[Sequence[int], Sequence[int]]:
-        if self._packed is not None:
-            self._unpack()
-        assert self._starts is not None and self._ends is not None
         return self._starts, self._ends
 
     def __reduce__(self) -> tuple:
-        return KeptOffsets, self._arrays()  # (the columns, not the memo's buffer they may be read from)
+        return KeptOffsets, self._arrays()
 
     @property
     def starts(self) -> Sequence[int]:
@@ -311,214 +274,51 @@ class KeptOffsets:
         return (starts[i], ends[i]) if 0 <= i < len(starts) else None
 
 
-#: an argument not given (where None means something)
-_UNSET: Any = object()
+class Prefilled:
+    """Chat renders made elsewhere before a run's passes (``report --ray`` and ``fix --ray``: each distinct prompt
+    rendered and encoded on the cluster, :func:`cachectl.engines.repair.prefill.prefill`): each render's text and
+    token IDs by a 128-bit digest of everything the render reads (:meth:`TokenizerHandle.prefill_key`), compressed
+    in a spool on disk against the first one kept (the system prompt and tools most renders share); in memory a
+    dict entry a render. :meth:`TokenizerHandle.tokenize_later` and :meth:`TokenizerHandle.render_chat` read a
+    prompt's render here instead of making it."""
 
-
-class RenderMemo:
-    """Chat renders asked for again (a whole-log command's passes render many prompts more than once): each text by
-    a 128-bit digest of everything the render reads (the template, the messages and tools, key order and types
-    included, the options), compressed in a spool on disk against the first text kept (the system prompt and
-    tools most renders share); in memory a :class:`~cachectl.spool.KeyIndex` entry a render (about 16 bytes)
-    and the last :data:`HOT` texts. The first half of the digest finds the entry, the second half, kept with the
-    text, confirms it. The token IDs a render was encoded to are kept beside it (compressed the same way, against
-    the first render's IDs), and so are the spans of a render (where each field landed: an instrumented render of
-    their own), by a digest of the same parts and the fields' paths. A render kept elsewhere already (the fork
-    analysis' store of a log's requests) is linked, not copied (:meth:`link`): read there."""
-
-    HOT = 256
-
-    __slots__ = ("_hot", "_ids", "_last", "_link_at", "_link_check", "_link_src", "_linked", "_lock", "_sources",
-                 "_spans", "_spool", "_table", "_z", "_zids", "hits", "misses")
+    __slots__ = ("_at", "_spool", "_z")
 
     def __init__(self) -> None:
-        self._table = KeyIndex()
-        self._spans = KeyIndex()  # the spans of a render (:meth:`put_spans`), by their own digest
-        self._ids = KeyIndex()    # the token IDs of a render (:meth:`put_ids`), by the render's digest
-        self._lock = threading.Lock()
-        self._spool: Spool | None = None
-        self._hot: OrderedDict[bytes, str] = OrderedDict()
+        self._at: dict[bytes, int] = {}
+        self._spool = Spool()
         self._z = DictStreams()
-        self._zids = DictStreams()  # (the token IDs against the first render's: a log's prompts share their tops)
-        self.hits = self.misses = 0
-        # renders kept elsewhere (:meth:`link`): the digest's first half -> a link; per link, the second half, the
-        # place in its source and the source's number
-        self._linked = KeyIndex()
-        self._link_check, self._link_at, self._link_src = array("q"), array("q"), array("H")
-        self._sources: list[Callable[[int], tuple]] = []
-        self._last: tuple[bytes, tuple] | None = None   # (the last linked render read, as its source gave it)
 
-    @staticmethod
-    def key(*parts: Any) -> bytes | None:
-        """The digest of ``parts`` (None when they do not pickle: such a render is not kept): of their content,
-        whichever objects it is made of (pickle's memo is off, so a string two fields share pickles as two
-        equal strings do, and the same prompt read by two readers has one key)."""
-        return content_digest(*parts)
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._at
 
-    def get(self, key: bytes) -> str | None:
-        with self._lock:  # (diff_log renders in a thread of its own while its consumer reads spans)
-            return self._get(key)
+    def put(self, key: bytes, text: str, ids: Sequence[int]) -> None:
+        raw = len(ids).to_bytes(8, "little") + array("I", ids).tobytes() + text.encode("utf-8", "surrogatepass")
+        self._at[key] = self._spool.put_bytes(self._z.compress(raw))
 
-    def _get(self, key: bytes) -> str | None:
-        got = self._hot.get(key)
-        if got is not None:
-            self._hot.move_to_end(key)
-            self.hits += 1
-            return got
-        blob = self._read(self._table, key)
-        if blob is None:
-            linked = self._read_linked(key)
-            if linked is None or linked[3] is None:
-                return None
-            self._keep(key, linked[3])
-            self.hits += 1
-            return linked[3]
-        text = self._z.decompress(blob).decode("utf-8", "surrogatepass")
-        self._keep(key, text)
-        self.hits += 1
-        return text
-
-    def put(self, key: bytes, text: str) -> None:
-        with self._lock:
-            self.misses += 1
-            self._write(self._table, key, self._z.compress(text.encode("utf-8", "surrogatepass")))
-            self._keep(key, text)
-
-    def get_ids(self, key: bytes) -> array | None:
-        """The token IDs a render's text (kept under ``key``) was encoded to (:meth:`put_ids`), or None."""
-        got = self.get_kept(key)
-        return None if got is None else got[0]
-
-    def get_kept(self, key: bytes) -> tuple[array, KeptOffsets | None] | None:
-        """The token IDs a render's text was encoded to, and their offsets in it where they were kept (else None);
-        None when nothing is kept under ``key``."""
-        with self._lock:
-            blob = self._read(self._ids, key)
-            linked = self._read_linked(key) if blob is None else None
-        if blob is None:
-            if linked is None:
-                return None
-            ids, starts, ends, _ = linked
-            return ids, (KeptOffsets(starts, ends) if starts is not None and ends is not None else None)
-        raw = self._zids.decompress(blob)
+    def get(self, key: bytes) -> tuple[str, array] | None:
+        """The render kept under ``key`` (its text, its token IDs), or None."""
+        k = self._at.get(key)
+        if k is None:
+            return None
+        raw = self._z.decompress(self._spool.get_bytes(k))
         n = int.from_bytes(raw[:8], "little")
         ids = array("I")
         ids.frombytes(raw[8:8 + 4 * n])
-        if len(raw) == 8 + 4 * n:
-            return ids, None
-        return ids, KeptOffsets.unpacked(raw, 8 + 4 * n, n)
-
-    def put_ids(self, key: bytes, ids: Sequence[int], offsets: Sequence[tuple[int, int]] | None = None) -> None:
-        """Keep the token IDs of the render kept under ``key`` (encoded as chat renders are: no special tokens
-        added), and each token's (start, end) in it when given, compressed (the offsets as the step from the
-        previous token's start and the length: mostly small, mostly alike)."""
-        self._put_columns(key, ids, _offset_columns(offsets) if offsets is not None and len(offsets) else None)
-
-    def put_encoded(self, key: bytes, enc: Any) -> KeptOffsets | None:
-        """:meth:`put_ids` of a ``tokenizers.Encoding``, whose offsets are read once (reading them builds a list of
-        tuples: about as long as rendering the text): they come back as a :class:`KeptOffsets` for the caller's
-        :class:`Tokenized` (what a later :meth:`get_kept` gives), or None where none were kept."""
-        offsets = enc.offsets
-        cols = _offset_columns(offsets) if len(offsets) else None
-        kept = self._put_columns(key, enc.ids, cols)
-        return _kept_columns(*cols) if kept and cols is not None else None
-
-    def _put_columns(self, key: bytes, ids: Sequence[int], cols: tuple[Any, Any] | None) -> bool:
-        """Keep the IDs and the offsets' columns (starts, ends); whether the offsets were kept."""
-        payload = len(ids).to_bytes(8, "little") + array("I", ids).tobytes()
-        kept = False
-        if cols is not None:
-            import numpy as np
-
-            starts, ends = cols
-            steps, lengths = np.diff(starts, prepend=0), ends - starts
-            if max(-int(steps.min()), int(steps.max()), int(lengths.max())) < 2**31:
-                payload += steps.astype(np.int32).tobytes() + lengths.astype(np.int32).tobytes()
-                kept = True
-            # (else a text past 2 GiB, where CACHECTL_MAX_TOKENIZE_CHARS allows one: IDs only)
-        blob = self._zids.compress(payload)
-        with self._lock:
-            self._write(self._ids, key, blob)
-        return kept
-
-    def link(self, key: bytes, source: Callable[[int], tuple], at: int) -> None:
-        """A render kept elsewhere, not here: ``source(at)`` gives its (token IDs, their starts, their ends, text), each
-        None where not kept (a fork analysis' store, :class:`~cachectl.engines.prefix.forks.RequestStore`, which
-        holds every request's render already). :meth:`get` and :meth:`get_kept` read it there."""
-        with self._lock:
-            n = next((j for j, s in enumerate(self._sources) if s == source), None)
-            if n is None:
-                n = len(self._sources)
-                self._sources.append(source)
-            self._linked[int.from_bytes(key[:8], "little", signed=True)] = len(self._link_at)
-            self._link_check.append(int.from_bytes(key[8:16], "little", signed=True))
-            self._link_at.append(at)
-            self._link_src.append(n)
-
-    def _read_linked(self, key: bytes) -> tuple | None:
-        """A linked render's parts (the caller holds the lock), or None."""
-        last = self._last
-        if last is not None and last[0] == key:
-            return last[1]
-        k = self._linked.get(int.from_bytes(key[:8], "little", signed=True))
-        if k is None or self._link_check[k] != int.from_bytes(key[8:16], "little", signed=True):
-            return None
-        got = self._sources[self._link_src[k]](self._link_at[k])
-        self._last = (key, got)
-        return got
-
-    def get_spans(self, key: bytes) -> tuple[Span, ...] | None:
-        """The spans kept under ``key`` (:meth:`put_spans`), or None."""
-        with self._lock:
-            blob = self._read(self._spans, key)
-        return None if blob is None else tuple(Span(*f) for f in pickle.loads(blob))  # noqa: S301 (our own file)
-
-    def put_spans(self, key: bytes, spans: Sequence[Span]) -> None:
-        rows = tuple((s.start, s.end, s.field, s.message_index, s.role, s.offset) for s in spans)
-        blob = pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL)
-        with self._lock:
-            self._write(self._spans, key, blob)
-
-    def _read(self, table: KeyIndex, key: bytes) -> bytes | None:
-        """What ``table`` keeps under ``key`` (the first half of the digest finds it, the second confirms it)."""
-        k = table.get(int.from_bytes(key[:8], "little", signed=True))
-        if k is None or self._spool is None:
-            return None
-        blob = self._spool.get_bytes(k)
-        return blob[8:] if blob[:8] == key[8:] else None  # (else another entry under the same first half)
-
-    def _write(self, table: KeyIndex, key: bytes, payload: bytes) -> None:
-        if self._spool is None:
-            self._spool = Spool()
-        table[int.from_bytes(key[:8], "little", signed=True)] = self._spool.put_bytes(key[8:] + payload)
-
-    def _keep(self, key: bytes, text: str) -> None:
-        self._hot[key] = text
-        if len(self._hot) > self.HOT:
-            self._hot.popitem(last=False)
+        return raw[8 + 4 * n:].decode("utf-8", "surrogatepass"), ids
 
 
 def _kept_offsets(offsets: Sequence[tuple[int, int]]) -> KeptOffsets | None:
     """An ``Encoding``'s offsets as :class:`KeptOffsets` (None past 4-byte character offsets, or for no tokens)."""
-    if not len(offsets):
-        return None
-    starts, ends = _offset_columns(offsets)
-    if int(ends.max()) >= 2**32 or int(starts.max()) >= 2**32:
-        return None
-    return _kept_columns(starts, ends)
-
-
-def _kept_columns(starts: Any, ends: Any) -> KeptOffsets:
-    """:func:`_offset_columns`' two arrays (each value below 2**32) as :class:`KeptOffsets`."""
-    return KeptOffsets(array("I", starts.astype("uint32").tobytes()), array("I", ends.astype("uint32").tobytes()))
-
-
-def _offset_columns(offsets: Sequence[tuple[int, int]]) -> tuple[Any, Any]:
-    """(starts, ends) of (start, end) pairs, as two int64 numpy arrays."""
     import numpy as np
 
+    if not len(offsets):
+        return None
     flat = np.fromiter(chain.from_iterable(offsets), np.int64, 2 * len(offsets))
-    return flat[0::2], flat[1::2]
+    if int(flat.max()) >= 2**32:
+        return None
+    return KeptOffsets(array("I", flat[0::2].astype("uint32").tobytes()),
+                       array("I", flat[1::2].astype("uint32").tobytes()))
 
 
 def serial_encoding() -> Callable[[], None]:
@@ -565,8 +365,8 @@ class TokenizerHandle:
     def __init__(self, name: str, hf: Any, chat_template: str | None = None):
         #: the file a --chat-template came from (its syntax errors name it, not the prompt)
         self.template_source: str | None = None
-        #: chat renders kept for a run that renders prompts again (:meth:`remember_renders`); None: not kept
-        self.render_memo: RenderMemo | None = None
+        #: chat renders made before a run's passes, read instead of rendered (``--ray``'s: :meth:`prefill`); None: none
+        self.prefilled: Prefilled | None = None
         self.name = name
         self.hf = hf
         backend = getattr(hf, "backend_tokenizer", None) or getattr(hf, "_tokenizer", None)
@@ -591,23 +391,21 @@ class TokenizerHandle:
             return tmpl.get("default") or next(iter(tmpl.values()), None)
         return tmpl
 
-    def remember_renders(self) -> RenderMemo:
-        """Keep every chat render from now on, and give it back when the same prompt is rendered again (for a run
-        that renders prompts more than once: ``fix`` and ``report``'s passes); the memo, or the one already kept."""
-        if self.render_memo is None:
-            self.render_memo = RenderMemo()
-        return self.render_memo
+    def prefill(self) -> Prefilled:
+        """The renders made before a run's passes (``--ray``'s cluster puts them here), made empty on first use: from
+        then on a chat prompt kept there is read, not rendered and encoded."""
+        if self.prefilled is None:
+            self.prefilled = Prefilled()
+        return self.prefilled
 
-    def render_key(self, messages: list, tools: list | None, add_generation_prompt: bool,
-                   template_vars: dict | None = None, source: str | None = None) -> bytes | None:
-        """The key a chat render is kept under in the render memo (None: no memo, or parts that do not pickle):
-        of the template ``source`` transformers picks for ``tools`` (found here when not given), the messages, the
-        tools and the options."""
-        if self.render_memo is None:
-            return None
+    def prefill_key(self, messages: list, tools: list | None, add_generation_prompt: bool,
+                    template_vars: dict | None = None, source: str | None = None) -> bytes | None:
+        """The key a chat render is kept under in :attr:`prefilled` (None: parts that do not pickle): a digest of the
+        template ``source`` transformers picks for ``tools`` (found here when not given), the messages, the tools and
+        the options, key order and types included."""
         if source is None:
             source = self.hf.get_chat_template(None, tools)
-        return self.render_memo.key(source, messages, tools, add_generation_prompt, template_vars)
+        return content_digest(source, messages, tools, add_generation_prompt, template_vars)
 
     def id_text(self, token_id: int) -> str:
         text = self.backend.decode([token_id], skip_special_tokens=False)
@@ -619,16 +417,12 @@ class TokenizerHandle:
     # ------------------------------------------------------------------------------ chat rendering
 
     def render_chat(self, prompt: PromptInput, *, add_generation_prompt: bool = False,
-                    template_vars: dict | None = None, messages: Sequence[dict] | None = None,
-                    remember: bool = True) -> str:
-        return self._render_keyed(prompt, add_generation_prompt, template_vars, messages, remember)[0]
+                    template_vars: dict | None = None, messages: Sequence[dict] | None = None) -> str:
+        return self._rendered(prompt, add_generation_prompt, template_vars, messages)[0]
 
-    def _render_keyed(self, prompt: PromptInput, add_generation_prompt: bool = False,
-                      template_vars: dict | None = None, messages: Sequence[dict] | None = None,
-                      remember: bool = True, keep: bool = True, key: Any = _UNSET) -> tuple[str, bytes | None]:
-        """:meth:`render_chat`'s text, and its key in the render memo (None: no memo, or not kept). ``keep``: a text
-        rendered here is kept in the memo (else it is only looked up there). ``key``: the prompt's :meth:`memo_key`,
-        where the caller has it."""
+    def _rendered(self, prompt: PromptInput, add_generation_prompt: bool = False, template_vars: dict | None = None,
+                  messages: Sequence[dict] | None = None) -> tuple[str, array | None]:
+        """:meth:`render_chat`'s text, and its token IDs where :attr:`prefilled` kept the render (else None)."""
         if self.chat_template is None:
             raise TokenizerError(
                 f"tokenizer {self.name} has no chat template; pass a model directory whose "
@@ -641,21 +435,16 @@ class TokenizerHandle:
             # apply_chat_template(tokenize=False), in the bounded environment: the template transformers
             # would pick (a "tool_use" one when there are tools), the values it passes, under the render budget
             source = self.hf.get_chat_template(None, tools)
-            memo = self.render_memo
-            if not remember:
-                key = None
-            elif key is _UNSET:
-                key = self.render_key(msgs, tools, add_generation_prompt, template_vars, source)
-            got = memo.get(key) if memo is not None and key is not None else None
-            if got is not None:
-                return got, key
+            if self.prefilled is not None and messages is None:
+                key = self.prefill_key(msgs, tools, add_generation_prompt, template_vars, source)
+                got = self.prefilled.get(key) if key is not None else None
+                if got is not None:
+                    return got
             text = render_chat_template(_compiled_chat_template(source), msgs, tools=tools,
                                         add_generation_prompt=add_generation_prompt,
                                         special_tokens=dict(getattr(self.hf, "special_tokens_map", {}) or {}),
                                         **(template_vars or {}))
-            if memo is not None and key is not None and keep:
-                memo.put(key, text)
-            return text, key
+            return text, None
         except Exception as exc:  # jinja2 TemplateError, TypeError from a filter, the budget, ...
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             if len(msg) > 300:  # e.g. an undefined name thousands of characters long
@@ -675,60 +464,40 @@ class TokenizerHandle:
     def tokenize(self, prompt: PromptInput, **kwargs) -> Tokenized:
         return self.tokenize_many([prompt], **kwargs)[0]
 
-    def memo_key(self, prompt: PromptInput, add_generation_prompt: bool = False,
-                 template_vars: dict | None = None) -> bytes | None:
-        """A chat prompt's key in the render memo, as :meth:`tokenize_many` renders it with these options (None: not
-        a chat prompt, no memo, or parts that do not pickle)."""
-        if not prompt.is_chat or self.render_memo is None:
-            return None
-        return self.render_key(list(prompt.messages or ()), list(prompt.tools) if prompt.tools else None,
-                               add_generation_prompt, template_vars)
-
     def tokenize_many(self, prompts: Sequence[PromptInput], *, add_generation_prompt: bool = False,
                       add_special_tokens: bool = True, template_vars: dict | None = None,
-                      offsets: bool = False, keep: bool = True,
-                      memo_keys: Sequence[bytes | None] | None = None) -> list[Tokenized]:
-        """Tokenize prompts in one batch (the Rust backend runs the batch in parallel). ``offsets``: a chat render
-        whose IDs the render memo keeps without their offsets is encoded again, for them (a caller that locates
-        every prompt's tokens: one batch, not one encode a prompt later). ``keep``: what is rendered and encoded here
-        is kept in the render memo (else the memo is only read: prompts no later pass asks for again).
-        ``memo_keys``: each prompt's :meth:`memo_key` with these options, where the caller has them already."""
+                      offsets: bool = False) -> list[Tokenized]:
+        """Tokenize prompts in one batch (the Rust backend runs the batch in parallel). ``offsets``: a prefilled
+        render (whose IDs are kept without their offsets) is encoded again in the batch, for them (a caller that
+        locates every prompt's tokens: one batch, not one encode a prompt later)."""
         return self.tokenize_later(prompts, add_generation_prompt=add_generation_prompt,
                                    add_special_tokens=add_special_tokens, template_vars=template_vars,
-                                   offsets=offsets, keep=keep, memo_keys=memo_keys)()
+                                   offsets=offsets)()
 
     def tokenize_later(self, prompts: Sequence[PromptInput], *, add_generation_prompt: bool = False,
                        add_special_tokens: bool = True, template_vars: dict | None = None,
-                       offsets: bool = False, keep: bool = True,
-                       memo_keys: Sequence[bytes | None] | None = None,
-                       encoder: Any = None) -> Callable[[], list[Tokenized]]:
-        """:meth:`tokenize_many` in two steps: the prompts are rendered (and looked up in the render memo) now, and
+                       offsets: bool = False, encoder: Any = None) -> Callable[[], list[Tokenized]]:
+        """:meth:`tokenize_many` in two steps: the prompts are rendered (or read from :attr:`prefilled`) now, and
         ``done()``, the call returned, gives their :class:`Tokenized`. ``encoder`` (a
         :class:`concurrent.futures.Executor` of threads): the batch is encoded there, the backend's encoding
         releasing the GIL, while this thread goes on until it calls ``done()``; an error encoding is raised there."""
         texts: list[str | None] = []
         spans: list[Any] = []
-        keys: list[bytes | None] = []     # a chat render's key in the render memo
-        known: list[Any] = []             # its IDs, when the memo has them
-        memo = self.render_memo
+        known: list[array | None] = []    # a chat render's IDs, where it was prefilled
         opts = _render_opts(add_generation_prompt, template_vars)
-        for n, p in enumerate(prompts):
-            key = got = None
+        for p in prompts:
+            got = None
             if p.ids is not None:
                 texts.append(None)
                 spans.append(())
             elif p.is_chat:
-                text, key = self._render_keyed(p, add_generation_prompt, template_vars, keep=keep,
-                                               key=memo_keys[n] if memo_keys is not None else _UNSET)
+                text, got = self._rendered(p, add_generation_prompt, template_vars)
+                got = None if offsets else got
                 texts.append(text)
                 spans.append(_lazy_chat_spans(self, p, text, opts))
-                got = memo.get_kept(key) if memo is not None and key is not None else None
-                if got is not None and offsets and got[1] is None:
-                    got = None  # (IDs kept without their offsets: encoded again, for them)
             else:
                 texts.append(p.text)
                 spans.append(_text_spans(p))
-            keys.append(key)
             known.append(got)
         # Chat renders are encoded without special tokens (the template wrote them), like
         # apply_chat_template(tokenize=True); raw text gets them when asked.
@@ -749,21 +518,16 @@ class TokenizerHandle:
             chats, plain = future.result() if future is not None else encoded()
             enc_chat, enc_text = iter(chats), iter(plain)
             out: list[Tokenized] = []
-            for p, rendered, sp, key, kept in zip(prompts, texts, spans, keys, known):
+            for p, rendered, sp, kept in zip(prompts, texts, spans, known):
                 if rendered is None:
                     out.append(Tokenized(p, list(p.ids or ()), tokenizer=self))
-                    continue
-                if kept is not None:  # encoded before: the IDs and their offsets kept (else found again if asked for)
-                    out.append(Tokenized(p, kept[0].tolist(), rendered, kept[1], sp, self, False, opts,  # (a list)
-                                         key))
-                    continue
-                enc: Any = next(enc_chat) if p.is_chat else next(enc_text)
-                ids = enc.ids
-                if key is not None and memo is not None and keep:  # (the offsets kept are read once: this one's)
-                    enc = memo.put_encoded(key, enc) or enc
-                out.append(Tokenized(p, ids, text=rendered, encoding=enc, spans=sp, tokenizer=self,
-                                     add_special_tokens=add_special_tokens and not p.is_chat,
-                                     render_opts=opts if p.is_chat else None, memo_key=key))
+                elif kept is not None:  # rendered and encoded before the run (offsets found again if asked for)
+                    out.append(Tokenized(p, kept.tolist(), rendered, None, sp, self, False, opts))
+                else:
+                    enc: Any = next(enc_chat) if p.is_chat else next(enc_text)
+                    out.append(Tokenized(p, enc.ids, text=rendered, encoding=enc, spans=sp, tokenizer=self,
+                                         add_special_tokens=add_special_tokens and not p.is_chat,
+                                         render_opts=opts if p.is_chat else None))
             return out
         return done
 
@@ -780,28 +544,14 @@ def _text_spans(p: PromptInput) -> tuple[Span, ...]:
 
 def _lazy_chat_spans(tok: TokenizerHandle, prompt: PromptInput, text: str, opts: dict) -> Callable[[], tuple]:
     def render(messages: Sequence[dict]) -> str:
-        # (an instrumented render is read once for its spans, which the memo keeps: not itself kept)
         return tok.render_chat(prompt, messages=messages, add_generation_prompt=opts["add_generation_prompt"],
-                               template_vars=opts["template_vars"], remember=False)
+                               template_vars=opts["template_vars"])
 
     def spans() -> tuple[Span, ...]:
         found = _found_spans(prompt, text)
-        if found is not None:  # (proven by the text itself: no instrumented render, nothing to keep)
+        if found is not None:  # (proven by the text itself: no instrumented render)
             return _with_tools(prompt, text, found)
-        memo = tok.render_memo
-        if memo is None:
-            return chat_spans(prompt, text, render=render)
-        # the spans follow from what the render reads (``text`` is that render) and the fields' paths: kept
-        # beside the renders, so that a prompt asked for again costs no instrumented render
-        tools = list(prompt.tools) if prompt.tools else None
-        key = memo.key("spans", tok.hf.get_chat_template(None, tools), list(prompt.messages or ()), tools,
-                       opts["add_generation_prompt"], opts["template_vars"] or None, tuple(prompt.field_paths))
-        got = memo.get_spans(key) if key is not None else None
-        if got is None:
-            got = chat_spans(prompt, text, render=render)
-            if key is not None:
-                memo.put_spans(key, got)
-        return got
+        return chat_spans(prompt, text, render=render)
 
     return spans
 

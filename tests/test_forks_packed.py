@@ -324,34 +324,6 @@ def test_tree_outline_agrees_with_a_plain_trie_and_marks_the_forks(seed):
             assert len(forks[n.fork].children) >= 2 and forks[n.fork].end * 16 == n.end
 
 
-def test_the_render_memo_reads_the_first_reads_renders_from_the_fork_store(tok):
-    """The fork records do not copy their renders into the render memo: the store they are packed into keeps each
-    (IDs, starts, ends, text), and the memo reads them there. What a later pass gets back through the memo is the
-    render, its IDs and their offsets, as a fresh tokenization gives them, with nothing encoded again."""
-    from cachectl.engines.repair.shared_prefix import ForkLines
-    from cachectl.tokenization import load_tokenizer
-
-    from .conftest import TOK_DIR
-
-    mine = load_tokenizer(str(TOK_DIR))
-    memo = mine.remember_renders()
-    packed = ForkLines(tokenizer=mine, add_generation_prompt=True, source=str(SHARED))
-    lines = groups.log_lines(iter_jsonl(str(SHARED)), source=str(SHARED), each=packed.add)
-    packed.finish()
-    assert memo.misses == 0 and len(memo._table) == 0 and len(memo._ids) == 0   # (nothing copied into the memo)
-    prompts = [ln.prompt for ln in lines]
-    fresh = tok.tokenize_many(prompts, add_generation_prompt=True)
-    encoded = []
-    real = mine.backend.encode_batch
-    mine.backend.encode_batch = lambda texts, **k: encoded.append(len(texts)) or real(texts, **k)  # type: ignore[method-assign]
-    again = mine.tokenize_many(prompts, add_generation_prompt=True, keep=False)
-    assert encoded == [] and memo.hits == len(prompts)   # (each text, and its IDs beside it, read in the store)
-    for a, b in zip(again, fresh):
-        assert a.text == b.text and list(a.ids) == list(b.ids)
-        assert type(a.encoding).__name__ == "KeptOffsets" and a.offsets() == b.offsets()
-    assert memo.get(b"\0" * 16) is None and memo.get_kept(b"\0" * 16) is None
-
-
 @pytest.mark.parametrize("path", [LOG_AGENT, SHARED.parent / "fix_log.jsonl", TOOLS, SHARED])
 def test_a_later_pass_moves_a_request_on_its_ids_from_the_spans_found_before(tok, path, monkeypatch):
     """Once the analysis has found a line move's span in a request in some state (its own render or a tools

@@ -63,8 +63,7 @@ def test_only_the_versions_whose_causes_are_counted_keep_their_offsets(tok, tabl
     together = measured(lines, versions, causes=mixed)
     assert together == [measured(lines, [v], causes=[c])[0] for v, c in zip(versions, mixed)]
     assert together[0][0].causes and not together[1][0].causes
-    # (a tokenizer of its own, without the render memo that the session's has once a run turned it on: a render the
-    # memo keeps is read back there with its offsets, which the compacted prompt then leaves out)
+    # (a tokenizer of its own: the located column's prompts keep their offsets, the others do not)
     fresh = load_tokenizer(str(TOK_DIR))
     batch = [sweep_rows.line_versions(lines, [None, rw.values], i, None) for i in range(len(lines))]
     rows = sweep_rows.rows_later(batch, fresh, True, located=[0])()

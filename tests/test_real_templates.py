@@ -419,7 +419,7 @@ def test_spans_the_text_proves_are_the_instrumented_renders(with_template, name)
             continue
 
         def render(messages, p=p):
-            return t.render_chat(p, messages=messages, add_generation_prompt=True, remember=False)
+            return t.render_chat(p, messages=messages, add_generation_prompt=True)
 
         found, marked = _found_spans(p, tk.text), _marked_spans(p, tk.text, render)
         if found is not None:

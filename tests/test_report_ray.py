@@ -47,9 +47,10 @@ def test_fix_on_ray_writes_the_same_log(cli, local_ray, tmp_path):
 
 
 @pytest.mark.ray
-def test_the_driver_renders_no_prompt_the_cluster_rendered(local_ray):
-    """After the prefill every chat prompt of the log is found in the render memo: tokenizing the log again puts
-    nothing new there, with or without the generation prompt."""
+def test_the_driver_renders_no_prompt_the_cluster_rendered(local_ray, monkeypatch):
+    """After the prefill every chat prompt of the log is read from the cluster's renders: tokenizing the log again
+    renders and encodes nothing, with or without the generation prompt, and gives what a tokenizer alone gives."""
+    from cachectl import tokenization
     from cachectl.engines.repair.groups import log_lines
     from cachectl.engines.repair.prefill import prefill
     from cachectl.inputs import iter_jsonl
@@ -61,14 +62,28 @@ def test_the_driver_renders_no_prompt_the_cluster_rendered(local_ray):
     done = prefill(lines, tok, generation_prompts=(True, False), ray_address="local")
     distinct = {json.dumps([ln.prompt.messages, ln.prompt.tools], sort_keys=False) for ln in lines}
     assert done.rendered == done.prompts == 2 * len(distinct) and done.tasks >= 1
-    memo = tok.render_memo
-    before = memo.misses
+    alone = load_tokenizer(str(TOK_DIR))
+    made = []
+    monkeypatch.setattr(tokenization, "render_chat_template",
+                        lambda *a, _r=tokenization.render_chat_template, **k: made.append(1) or _r(*a, **k))
+    real = tok.backend
+
+    class Counted:
+        def encode_batch(self, texts, **kw):
+            made.extend(texts)
+            return real.encode_batch(texts, **kw)
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    monkeypatch.setattr(tok, "backend", Counted())
     for gen in (True, False):
         fresh = tok.tokenize_many([ln.prompt for ln in lines], add_generation_prompt=gen)
-        alone = load_tokenizer(str(TOK_DIR)).tokenize_many([ln.prompt for ln in lines], add_generation_prompt=gen)
-        assert [list(t.ids) for t in fresh] == [list(t.ids) for t in alone]
-        assert [t.text for t in fresh] == [t.text for t in alone]
-    assert memo.misses == before
+        assert made == []
+        want = alone.tokenize_many([ln.prompt for ln in lines], add_generation_prompt=gen)
+        assert [list(t.ids) for t in fresh] == [list(t.ids) for t in want]
+        assert [t.text for t in fresh] == [t.text for t in want]
+        made.clear()
     assert prefill(lines, tok, generation_prompts=(True,), ray_address="local").prompts == 0  # all kept already
 
 

@@ -132,9 +132,8 @@ def test_content_digest_reads_content_not_object_identity():
 
 
 def test_dict_streams_round_trip_from_many_threads_against_one_dictionary():
-    """Payloads compressed by several threads at once (the render memo's IDs are compressed outside its lock) all
-    read back, whichever thread reads them: one dictionary, made from the first payload, whichever thread sent it;
-    and a payload that repeats the first costs a few bytes."""
+    """Payloads compressed by several threads at once all read back, whichever thread reads them: one dictionary,
+    made from the first payload, whichever thread sent it; and a payload that repeats the first costs a few bytes."""
     import threading
 
     from cachectl.spool import DictStreams

@@ -151,8 +151,8 @@ def _report(log: str, tokenizer: str, key: Optional[str], window: str, chat_temp
         tick = workers.tick  # (a part computed in a child process ticks through its parent)
         sections = None
         if ray is None and workers.jobs == 1:  # (with a child, it reads the lines for them beside the forks)
-            # the provider and curve sections fed as the lines are read (their renders: those the forks' requests
-            # are packed with, from the render memo)
+            # the provider and curve sections fed as the lines are read (their token IDs: those the forks'
+            # requests are packed with)
             sections = sections_reader(source=source, tokenizer=tok, tokenizer_name=tokenizer, table=table,
                                        default_model=model, timestamps=stamps, block_size=block_size, progress=tick,
                                        first_read=first, every=options.every)

@@ -139,8 +139,7 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     ``preview_unsafe``: without ``options.unsafe``, where unsafe fixes were skipped, the log is rewritten with them
     too and measured in the same sweep: that report is ``unsafe_preview`` (what ``--unsafe-fixes`` would give).
     ``progress(n)``: called as lines are grouped, rewritten and measured (each pass over the log counts its lines
-    again). The tokenizer keeps its chat renders from then on
-    (:meth:`~cachectl.tokenization.TokenizerHandle.remember_renders`). ``workers``
+    again). ``workers``
     (:class:`cachectl.workers.Workers`): the log before the fixes is measured in a child process while this one
     finds the forks and rewrites (the same report; pass ``workers.tick`` as ``progress``). ``first_read``
     (:class:`FirstRead`): what the lines' first read found (the conversations, the requests packed for the forks),
@@ -175,14 +174,12 @@ class FirstRead:
     """What ``fix`` and ``report`` take from the first read of the log's lines (pass :meth:`add` as
     :func:`.groups.log_lines`' ``each``), so that no later pass reads the lines again for it: the conversations found
     automatically (without ``options.key``) and the requests packed for the fork analysis (rendered and tokenized
-    with ``tokenizer``, whose render memo is turned on here: the passes find these renders in it). ``forks``: False
+    with ``tokenizer``: the sweep takes the lines' token IDs there). ``forks``: False
     leaves them to the analysis (``--ray`` renders the log on the cluster first). A thread encodes a batch while the
     next lines are read (:attr:`encoder`: :class:`.shared_prefix.ForkLines`' ``encoder``, and a reader's
     ``ahead``: :meth:`then`). :meth:`finish` ends the read (and lets the thread go)."""
 
     def __init__(self, options: FixOptions, *, tokenizer: Any = None, source: str = "", forks: bool = True):
-        if tokenizer is not None and hasattr(tokenizer, "remember_renders"):
-            tokenizer.remember_renders()
         self.sessions = Sessions(options.window_s, tokenizer) if options.key is None else None
         #: the executor (one thread) the first read's batches are encoded on; None: none
         self.encoder: Any = None
@@ -236,9 +233,9 @@ class FirstRead:
                 feed(ln)
 
 
-def prepared(lines: Sequence[LogLine], options: FixOptions, tokenizer: Any, source: str = "") -> Sequence[LogLine]:
+def prepared(lines: Sequence[LogLine], options: FixOptions, source: str = "") -> Sequence[LogLine]:
     """The options checked against the lines (no lines, unknown codes: an error), the lines with ``options.model``
-    where they name none, and the tokenizer told to keep its renders (every pass renders most prompts again)."""
+    where they name none."""
     if not lines:
         raise InputError("no requests", source=source)
     codes = tuple(options.select) if options.select else CODES
@@ -247,9 +244,6 @@ def prepared(lines: Sequence[LogLine], options: FixOptions, tokenizer: Any, sour
         raise UsageError(f"unknown fix code(s) {', '.join(unknown)}; known: {', '.join(CODES)}")
     if options.model is not None:
         lines = _modelled(lines, options.model)
-    if tokenizer is not None and hasattr(tokenizer, "remember_renders"):
-        # the passes below render most prompts several times: each render is kept (on disk) from here on
-        tokenizer.remember_renders()
     return lines
 
 
@@ -260,7 +254,7 @@ def started(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any = N
     ``options.key``, else found; ``first_read``: as the lines were first read), one provider token counter
     (``counter`` where the run has one already: :func:`measure_counter`), and the measure of versions of the log in
     one sweep (``measured(lines, versions, ...)``: :func:`.measure.measure_versions`)."""
-    lines = prepared(lines, options, tokenizer, source)
+    lines = prepared(lines, options, source)
     if first_read is not None and first_read.lines != len(lines):
         raise ValueError(f"the first read saw {first_read.lines} lines, not the {len(lines)} given")
     if first_read is not None:

@@ -1,7 +1,7 @@
 """The render and tokenize step of ``report`` and ``fix``, mapped over a Ray cluster (``--ray ADDRESS``), before
 the run's passes: each distinct chat prompt of the log is rendered through the chat template and encoded once, on
-the cluster, and its text and token IDs are put in the tokenizer's render memo
-(:class:`cachectl.tokenization.RenderMemo`) under the key the passes look them up by. The driver then does what is
+the cluster, and its text and token IDs are put in the tokenizer's prefilled renders
+(:class:`cachectl.tokenization.Prefilled`) under the key the passes look them up by. The driver then does what is
 sequential (grouping, the replays, the fork tree, the fixes) without rendering or encoding an original prompt
 again; the results are the same as without the cluster (the same template, tokenizer and key).
 
@@ -35,14 +35,14 @@ class Prefilled:
 def prefill(lines: Iterable[Any], tokenizer: Any, *, generation_prompts: Sequence[bool] = (True,),
             ray_address: str | None = None, jobs: int = 1) -> Prefilled:
     """Render and encode the chat prompts of ``lines`` (:class:`~.groups.LogLine`) on Ray, once each per value of
-    ``generation_prompts``, into ``tokenizer``'s render memo (kept from now on:
-    :meth:`~cachectl.tokenization.TokenizerHandle.remember_renders`). ``ray_address``: as
+    ``generation_prompts``, into ``tokenizer``'s prefilled renders (read from now on instead of rendered:
+    :meth:`~cachectl.tokenization.TokenizerHandle.prefill`). ``ray_address``: as
     :func:`cachectl.raycluster.ray_cluster` takes it (``local``: a Ray instance of ``jobs`` CPUs for the run)."""
     from ...raycluster import ray_cluster, task_error
 
     if tokenizer.chat_template is None:  # (the driver's first render says so, naming the line)
         return Prefilled(0, 0, 0)
-    memo = tokenizer.remember_renders()
+    kept = tokenizer.prefill()
     todo: dict[bytes, tuple] = {}  # render key -> (messages, tools, add_generation_prompt)
     for ln in lines:
         p = ln.prompt
@@ -52,8 +52,8 @@ def prefill(lines: Iterable[Any], tokenizer: Any, *, generation_prompts: Sequenc
         tools = list(p.tools) if p.tools else None
         source = tokenizer.hf.get_chat_template(None, tools)
         for gen in generation_prompts:
-            key = tokenizer.render_key(msgs, tools, gen, None, source)  # (the key the passes look it up by)
-            if key is not None and key not in todo and memo.get_ids(key) is None:
+            key = tokenizer.prefill_key(msgs, tools, gen, None, source)  # (the key the passes look it up by)
+            if key is not None and key not in todo and key not in kept:
                 todo[key] = (msgs, tools, gen)
     if not todo:
         return Prefilled(0, 0, 0)
@@ -75,8 +75,7 @@ def prefill(lines: Iterable[Any], tokenizer: Any, *, generation_prompts: Sequenc
                 text, data = item
                 ids = array("I")
                 ids.frombytes(data)
-                memo.put(key, text)
-                memo.put_ids(key, ids)
+                kept.put(key, text, ids)
                 rendered += 1
     return Prefilled(len(keys), rendered, len(chunks))
 
@@ -93,7 +92,7 @@ def render_chunk(spec: tuple[str, str | None], items: Sequence[tuple]) -> list[t
     for msgs, tools, gen in items:
         p = PromptInput(kind="openai", source="", line=None, messages=tuple(msgs), tools=tuple(tools) if tools else None)
         try:
-            text = tok.render_chat(p, add_generation_prompt=gen, remember=False)
+            text = tok.render_chat(p, add_generation_prompt=gen)
         except CachectlError:
             out.append(None)
             continue

@@ -91,25 +91,20 @@ def rows_later(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt
     hundred). ``encoder``: the executor that encodes the batch meanwhile
     (:meth:`~cachectl.tokenization.TokenizerHandle.tokenize_later`). A prompt the batch holds more than once (the
     same content, key order included: the versions of a line a fix left alone, a request sent twice) is tokenized
-    once; a chat prompt is told apart by its key in the render memo, digested once.
+    once, told apart by its digest (:func:`prompt_key`).
 
-    Offsets (8 bytes a token more): a render the memo keeps reads its offsets back there. The prompts of the
-    ``located`` columns (the versions whose causes are counted; every column when None) keep their own, so that a
-    diverging pair's cause locates its tokens without encoding the text again. The others make theirs again if
-    ever asked: reading an ``Encoding``'s offsets and packing them costs about 120 ns a token.
-
-    The render memo is read, not added to: the renders of rewritten lines are asked for by no later pass (on 5,000
-    requests, `report --jobs 1` took about 4% longer keeping them)."""
-    keys, todo = distinct(batch, tokenizer, add_generation_prompt)
+    Offsets (8 bytes a token more): the prompts of the ``located`` columns (the versions whose causes are counted;
+    every column when None) keep their own, so that a diverging pair's cause locates its tokens without encoding the
+    text again. The others make theirs again if ever asked: reading an ``Encoding``'s offsets and packing them costs
+    about 120 ns a token."""
+    keys, todo = distinct(batch)
     want = ({keys[id(row[j])] for row in batch for j in located if type(row[j]) is not AsPacked}
             if located is not None else todo)
-    prompts = [p for p, _ in todo.values()]
-    given: dict[str, Any] = {"memo_keys": [m for _, m in todo.values()]} if hasattr(tokenizer, "memo_key") else {}
+    prompts = list(todo.values())
     if hasattr(tokenizer, "tokenize_later"):
-        tokens = tokenizer.tokenize_later(prompts, add_generation_prompt=add_generation_prompt, keep=False,
-                                          encoder=encoder, **given)
+        tokens = tokenizer.tokenize_later(prompts, add_generation_prompt=add_generation_prompt, encoder=encoder)
     else:
-        made = tokenizer.tokenize_many(prompts, add_generation_prompt=add_generation_prompt, keep=False, **given)
+        made = tokenizer.tokenize_many(prompts, add_generation_prompt=add_generation_prompt)
         tokens = lambda: made  # noqa: E731
 
     def done() -> list[list[Any]]:
@@ -118,21 +113,14 @@ def rows_later(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt
     return done
 
 
-def distinct(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt: bool
-             ) -> tuple[dict[int, Any], dict[Any, tuple[PromptInput, bytes | None]]]:
-    """The distinct prompts of a batch's rows, each with its key in the render memo (None: not a chat prompt, or no
-    memo), by their digest; and the digest of each line's prompt, by the line's id (an :class:`AsPacked` line has
-    its tokens)."""
-    keys: dict[int, Any] = {}     # id of a parsed line -> its prompt's digest
-    todo: dict[Any, tuple[PromptInput, bytes | None]] = {}
-    keyed = hasattr(tokenizer, "memo_key")
+def distinct(batch: list[list[LogLine]]) -> tuple[dict[int, int], dict[int, PromptInput]]:
+    """The distinct prompts of a batch's rows by their digest (:func:`prompt_key`), and the digest of each line's
+    prompt by the line's id (an :class:`AsPacked` line has its tokens)."""
+    keys: dict[int, int] = {}     # id of a parsed line -> its prompt's digest
+    todo: dict[int, PromptInput] = {}
     for row in batch:
         for ln in row:
             if id(ln) not in keys and type(ln) is not AsPacked:
-                p = ln.prompt
-                # a chat prompt by its key in the render memo (the digest its lookup there takes anyway), else by a
-                # digest of its content
-                memo = tokenizer.memo_key(p, add_generation_prompt) if keyed else None
-                keys[id(ln)] = key = (p.kind, memo) if memo is not None else prompt_key(p)
-                todo.setdefault(key, (p, memo))
+                keys[id(ln)] = key = prompt_key(ln.prompt)
+                todo.setdefault(key, ln.prompt)
     return keys, todo

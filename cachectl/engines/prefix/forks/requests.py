@@ -181,7 +181,7 @@ class ForkRecords:
             begun, self._begun = self._begun, None
             if pending and not last:
                 self._begun = pending, self.tokenizer.tokenize_later(
-                    [p for _, _, p, _, _ in pending], add_generation_prompt=self.add_generation_prompt, keep=False,
+                    [p for _, _, p, _, _ in pending], add_generation_prompt=self.add_generation_prompt,
                     encoder=self._encoder)
             batches = [(begun[0], begun[1]())] if begun is not None else []
             if pending and last:
@@ -196,10 +196,8 @@ class ForkRecords:
                 yield _from_tokenized(idx, line, t, flds, salt)
 
     def _tokenized(self, pending: list[tuple]) -> list[Tokenized]:
-        # (the render memo is not written: the store it is packed into keeps each render, and the memo reads it
-        # there: :meth:`RequestStore.add`)
         return self.tokenizer.tokenize_many([p for _, _, p, _, _ in pending],
-                                            add_generation_prompt=self.add_generation_prompt, keep=False)
+                                            add_generation_prompt=self.add_generation_prompt)
 
     def add(self, record: tuple) -> Iterator[ForkRequest]:
         source, tokenizer = self.source, self.tokenizer
@@ -238,10 +236,10 @@ def _from_tokenized(index: int, line: int | None, t: Tokenized, flds: tuple = ()
         t = t.compact(offsets=True)  # (a fresh encoding's offsets, read once: the starts, and the ends kept with them)
     else:
         t = t.compact()
-        t.encoding = enc  # (offsets kept already, the render memo's: the store keeps the ends too)
+        t.encoding = enc  # (offsets kept already: the store keeps the ends too)
     if isinstance(t.encoding, KeptOffsets):  # (the starts are a column)
         starts: array | None = t.encoding.starts  # type: ignore[assignment]
-    else:  # (read back from the tokenizer's memo, or encoded again where it kept none)
+    else:  # (encoded again: a render prefilled with its IDs alone)
         offsets = t.offsets()
         starts = array("I", (s for s, _ in offsets)) if offsets is not None else None
     return ForkRequest(index=index, line=line, ids=t.ids, text=t.text, starts=starts, tokenized=t, fields=flds,

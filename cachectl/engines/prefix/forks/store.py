@@ -157,12 +157,6 @@ class RequestStore(Sequence[ForkRequest]):
             self._pack(rec, r)
         except (ValueError, OverflowError, TypeError, pickle.PicklingError, AttributeError):
             self._whole[len(self._index)] = r
-        else:
-            tok = r.tokenized
-            memo = getattr(tok.tokenizer, "render_memo", None) if tok is not None else None
-            if memo is not None and tok is not None and tok.memo_key is not None and rec.hot >= 0:
-                # (the render memo reads this render here: it need not keep a copy of its own)
-                memo.link(tok.memo_key, self._render_at, rec.hot)
         self._index.append(rec.index)
         self._line.append(_NO_LINE if rec.line is None else rec.line)
         self._hot.append(rec.hot)
@@ -249,10 +243,6 @@ class RequestStore(Sequence[ForkRequest]):
             tok = self._tokenized(rec, prompt, ids, starts, ends, text, spans)
         return ForkRequest(index=rec.index, line=rec.line, ids=ids, text=text, starts=starts, tokenized=tok,
                            fields=rec.fields, salt=rec.salt, request=request)
-
-    def _render_at(self, hot: int) -> tuple:
-        """(ids, starts, ends, text) of the render packed at ``hot`` in the spool."""
-        return self._render.unpack(self._disk.get_bytes(hot))
 
     def _prompt(self, cold: int) -> PromptInput:
         return self._objects.loads(self._disk.get_bytes(cold))[0]
