@@ -246,32 +246,20 @@ class KeptOffsets:
     tokenizer added) reads (s, s), where the Encoding says None: both are no character range to
     :meth:`Tokenized.char_range`."""
 
-    __slots__ = ("_ends", "_starts")
+    __slots__ = ("ends", "starts")
 
     def __init__(self, starts: Sequence[int], ends: Sequence[int]) -> None:
-        self._starts, self._ends = starts, ends
-
-    def _arrays(self) -> tuple[Sequence[int], Sequence[int]]:
-        return self._starts, self._ends
+        self.starts, self.ends = starts, ends
 
     def __reduce__(self) -> tuple:
-        return KeptOffsets, self._arrays()
-
-    @property
-    def starts(self) -> Sequence[int]:
-        return self._arrays()[0]
-
-    @property
-    def ends(self) -> Sequence[int]:
-        return self._arrays()[1]
+        return KeptOffsets, (self.starts, self.ends)
 
     @property
     def offsets(self) -> list[tuple[int, int]]:
-        return list(zip(*self._arrays()))
+        return list(zip(self.starts, self.ends))
 
     def token_to_chars(self, i: int) -> tuple[int, int] | None:
-        starts, ends = self._arrays()
-        return (starts[i], ends[i]) if 0 <= i < len(starts) else None
+        return (self.starts[i], self.ends[i]) if 0 <= i < len(self.starts) else None
 
 
 class Prefilled:

@@ -139,13 +139,12 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     ``preview_unsafe``: without ``options.unsafe``, where unsafe fixes were skipped, the log is rewritten with them
     too and measured in the same sweep: that report is ``unsafe_preview`` (what ``--unsafe-fixes`` would give).
     ``progress(n)``: called as lines are grouped, rewritten and measured (each pass over the log counts its lines
-    again). ``workers``
-    (:class:`cachectl.workers.Workers`): the log before the fixes is measured in a child process while this one
-    finds the forks and rewrites (the same report; pass ``workers.tick`` as ``progress``). ``first_read``
-    (:class:`FirstRead`): what the lines' first read found (the conversations, the requests packed for the forks),
-    not read from them again. ``provider_read`` (:func:`.sections.provider_read`): the provider cache simulated
-    over the lines as they were first read, which the measure of the log as it is takes (in one process: its lines
-    are not parsed again for it)."""
+    again). ``workers`` (:class:`cachectl.workers.Workers`): the log before the fixes is measured in a child process
+    while this one finds the forks and rewrites (the same report; pass ``workers.tick`` as ``progress``).
+    ``first_read`` (:class:`FirstRead`): what the lines' first read found (the conversations, the requests packed for
+    the forks), not read from them again. ``provider_read`` (:func:`.sections.provider_read`): the provider cache
+    simulated over the lines as they were first read, which the measure of the log as it is takes (in one process:
+    its lines are not parsed again for it)."""
     lines, grouping, counter, measured = started(
         lines, options, tokenizer=tokenizer, table=table, source=source, progress=progress, first_read=first_read,
         counter=provider_read.text_counter if provider_read is not None else None)
