@@ -3,7 +3,7 @@ and read back by index, :class:`DictStreams`, payloads compressed against the fi
 compact map from a 64-bit key to such an index (about 16 bytes an entry, where a dict of ints takes about a
 hundred).
 
-Nothing here imports an engine: the tokenizer's prefilled renders, the fork analysis and the log store all use it.
+Nothing here imports an engine: the fork analysis, the log store and ``--ray``'s prefilled renders all use it.
 """
 
 from __future__ import annotations

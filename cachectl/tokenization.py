@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 from .errors import InputError, TokenizerError
 from .inputs import PromptInput
 from .inputs.request import dumps_alike
-from .spool import DictStreams, Spool, content_digest
+from .spool import content_digest
 
 if TYPE_CHECKING:  # pragma: no cover
     import tokenizers
@@ -262,40 +262,6 @@ class KeptOffsets:
         return (self.starts[i], self.ends[i]) if 0 <= i < len(self.starts) else None
 
 
-class Prefilled:
-    """Chat renders made elsewhere before a run's passes (``report --ray`` and ``fix --ray``: each distinct prompt
-    rendered and encoded on the cluster, :func:`cachectl.engines.repair.prefill.prefill`): each render's text and
-    token IDs by a 128-bit digest of everything the render reads (:meth:`TokenizerHandle.prefill_key`), compressed
-    in a spool on disk against the first one kept (the system prompt and tools most renders share); in memory a
-    dict entry a render. :meth:`TokenizerHandle.tokenize_later` and :meth:`TokenizerHandle.render_chat` read a
-    prompt's render here instead of making it."""
-
-    __slots__ = ("_at", "_spool", "_z")
-
-    def __init__(self) -> None:
-        self._at: dict[bytes, int] = {}
-        self._spool = Spool()
-        self._z = DictStreams()
-
-    def __contains__(self, key: bytes) -> bool:
-        return key in self._at
-
-    def put(self, key: bytes, text: str, ids: Sequence[int]) -> None:
-        raw = len(ids).to_bytes(8, "little") + array("I", ids).tobytes() + text.encode("utf-8", "surrogatepass")
-        self._at[key] = self._spool.put_bytes(self._z.compress(raw))
-
-    def get(self, key: bytes) -> tuple[str, array] | None:
-        """The render kept under ``key`` (its text, its token IDs), or None."""
-        k = self._at.get(key)
-        if k is None:
-            return None
-        raw = self._z.decompress(self._spool.get_bytes(k))
-        n = int.from_bytes(raw[:8], "little")
-        ids = array("I")
-        ids.frombytes(raw[8:8 + 4 * n])
-        return raw[8 + 4 * n:].decode("utf-8", "surrogatepass"), ids
-
-
 def _kept_offsets(offsets: Sequence[tuple[int, int]]) -> KeptOffsets | None:
     """An ``Encoding``'s offsets as :class:`KeptOffsets` (None past 4-byte character offsets, or for no tokens)."""
     import numpy as np
@@ -353,8 +319,10 @@ class TokenizerHandle:
     def __init__(self, name: str, hf: Any, chat_template: str | None = None):
         #: the file a --chat-template came from (its syntax errors name it, not the prompt)
         self.template_source: str | None = None
-        #: chat renders made before a run's passes, read instead of rendered (``--ray``'s: :meth:`prefill`); None: none
-        self.prefilled: Prefilled | None = None
+        #: chat renders made before a run's passes, read instead of rendered: ``get(key)`` gives a render's (text, token
+        #: IDs) kept under its :meth:`prefill_key`, or None (``--ray``'s cluster fills it:
+        #: :class:`cachectl.engines.repair.prefill.ClusterRenders`); None: none
+        self.prefilled: Any = None
         self.name = name
         self.hf = hf
         backend = getattr(hf, "backend_tokenizer", None) or getattr(hf, "_tokenizer", None)
@@ -378,13 +346,6 @@ class TokenizerHandle:
         if isinstance(tmpl, dict):
             return tmpl.get("default") or next(iter(tmpl.values()), None)
         return tmpl
-
-    def prefill(self) -> Prefilled:
-        """The renders made before a run's passes (``--ray``'s cluster puts them here), made empty on first use: from
-        then on a chat prompt kept there is read, not rendered and encoded."""
-        if self.prefilled is None:
-            self.prefilled = Prefilled()
-        return self.prefilled
 
     def prefill_key(self, messages: list, tools: list | None, add_generation_prompt: bool,
                     template_vars: dict | None = None, source: str | None = None) -> bytes | None:

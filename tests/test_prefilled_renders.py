@@ -40,8 +40,10 @@ def _prompts(parts: bool = True) -> list[PromptInput]:
 def _prefilled(tok, fresh, cases):
     """``tok`` with the renders ``fresh`` makes of ``cases`` ((prompt, add_generation_prompt, template_vars)) kept
     under their keys, as the cluster's prefill puts them."""
-    kept = tok.prefill()
-    assert tok.prefill() is kept
+    from cachectl.engines.repair.prefill import kept_renders
+
+    kept = kept_renders(tok)
+    assert kept_renders(tok) is kept
     for p, agp, tv in cases:
         tools = list(p.tools) if p.tools else None
         key = tok.prefill_key(list(p.messages), tools, agp, tv)

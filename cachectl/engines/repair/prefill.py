@@ -1,9 +1,9 @@
 """The render and tokenize step of ``report`` and ``fix``, mapped over a Ray cluster (``--ray ADDRESS``), before
 the run's passes: each distinct chat prompt of the log is rendered through the chat template and encoded once, on
-the cluster, and its text and token IDs are put in the tokenizer's prefilled renders
-(:class:`cachectl.tokenization.Prefilled`) under the key the passes look them up by. The driver then does what is
-sequential (grouping, the replays, the fork tree, the fixes) without rendering or encoding an original prompt
-again; the results are the same as without the cluster (the same template, tokenizer and key).
+the cluster, and its text and token IDs are kept (:class:`ClusterRenders`, the tokenizer's ``prefilled``) under the
+key the passes look them up by. The driver then does what is sequential (grouping, the replays, the fork tree, the
+fixes) without rendering or encoding an original prompt again; the results are the same as without the cluster (the
+same template, tokenizer and key).
 
 ``prefill(lines, tokenizer, generation_prompts=(True,), ray_address="local") -> Prefilled``
 
@@ -21,6 +21,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ...spool import Spool
+from ..prefix.packed import RenderCodec
+
 #: prompts a task renders (a task's messages travel to it pickled, its texts and IDs back)
 CHUNK = 256
 
@@ -32,17 +35,54 @@ class Prefilled:
     tasks: int
 
 
+class ClusterRenders:
+    """The cluster's renders, read by the tokenizer instead of rendered (its ``prefilled``): each render's text and
+    token IDs by its :meth:`~cachectl.tokenization.TokenizerHandle.prefill_key`, packed as the fork analysis packs a
+    render (:class:`~cachectl.engines.prefix.packed.RenderCodec`) in a spool on disk; in memory a dict entry a
+    render."""
+
+    __slots__ = ("_at", "_codec", "_spool")
+
+    def __init__(self) -> None:
+        self._at: dict[bytes, int] = {}
+        self._codec = RenderCodec()
+        self._spool = Spool()
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._at
+
+    def put(self, key: bytes, text: str, ids: Sequence[int]) -> None:
+        self._at[key] = self._spool.put_bytes(self._codec.pack(array("I", ids), text=text))
+
+    def get(self, key: bytes) -> tuple[str, array] | None:
+        """The render kept under ``key`` (its text, its token IDs), or None."""
+        k = self._at.get(key)
+        if k is None:
+            return None
+        ids, _, _, text = self._codec.unpack(self._spool.get_bytes(k))
+        assert text is not None
+        return text, ids
+
+
+def kept_renders(tokenizer: Any) -> ClusterRenders:
+    """``tokenizer``'s prefilled renders, made empty on first use: from then on a chat prompt kept there is read, not
+    rendered and encoded."""
+    if tokenizer.prefilled is None:
+        tokenizer.prefilled = ClusterRenders()
+    return tokenizer.prefilled
+
+
 def prefill(lines: Iterable[Any], tokenizer: Any, *, generation_prompts: Sequence[bool] = (True,),
             ray_address: str | None = None, jobs: int = 1) -> Prefilled:
     """Render and encode the chat prompts of ``lines`` (:class:`~.groups.LogLine`) on Ray, once each per value of
     ``generation_prompts``, into ``tokenizer``'s prefilled renders (read from now on instead of rendered:
-    :meth:`~cachectl.tokenization.TokenizerHandle.prefill`). ``ray_address``: as
-    :func:`cachectl.raycluster.ray_cluster` takes it (``local``: a Ray instance of ``jobs`` CPUs for the run)."""
+    :func:`kept_renders`). ``ray_address``: as :func:`cachectl.raycluster.ray_cluster` takes it (``local``: a Ray
+    instance of ``jobs`` CPUs for the run)."""
     from ...raycluster import ray_cluster, task_error
 
     if tokenizer.chat_template is None:  # (the driver's first render says so, naming the line)
         return Prefilled(0, 0, 0)
-    kept = tokenizer.prefill()
+    kept = kept_renders(tokenizer)
     todo: dict[bytes, tuple] = {}  # render key -> (messages, tools, add_generation_prompt)
     for ln in lines:
         p = ln.prompt
@@ -73,9 +113,7 @@ def prefill(lines: Iterable[Any], tokenizer: Any, *, generation_prompts: Sequenc
                 if item is None:
                     continue
                 text, data = item
-                ids = array("I")
-                ids.frombytes(data)
-                kept.put(key, text, ids)
+                kept.put(key, text, array("I", data))
                 rendered += 1
     return Prefilled(len(keys), rendered, len(chunks))
 
