@@ -168,6 +168,43 @@ def test_report_is_the_same_with_one_process_and_with_two(cli, log):
 
 
 @forks
+@pytest.mark.parametrize("command", ["report", "fix"])
+def test_the_child_takes_the_token_ids_the_first_read_packed(cli, monkeypatch, tmp_path, command):
+    """With two processes the child measures the log as it is with the token IDs the first read packed for the fork
+    analysis: it renders and tokenizes no prompt of the log again (before, it rendered every line a second time);
+    this process renders what one process renders. The output is the one process's."""
+    from cachectl import tokenization
+
+    asked = tmp_path / "asked"   # (the prompts tokenized, a line per call: "child N" or "main N")
+
+    def later(self, prompts, *a, _later=tokenization.TokenizerHandle.tokenize_later, **k):
+        with asked.open("a") as fh:
+            fh.write(f"{'child' if workers.in_child() else 'main'} {len(prompts)}\n")
+        return _later(self, prompts, *a, **k)
+
+    monkeypatch.setattr(tokenization.TokenizerHandle, "tokenize_later", later)
+
+    def run(jobs: str) -> tuple[str, dict[str, int]]:
+        asked.unlink(missing_ok=True)
+        extra = ["--unsafe-fixes"] if command == "fix" else []
+        r = cli(command, PROMPTS / "agent_log.jsonl", "-t", TOK_DIR, "-f", "json", *extra, "--jobs", jobs)
+        assert r.exit_code == 1, r.stderr
+        got = {"child": 0, "main": 0}
+        for row in asked.read_text().split("\n") if asked.exists() else ():
+            if row:
+                who, n = row.split()
+                got[who] += int(n)
+        return r.stdout, got
+
+    one, in_one = run("1")
+    two, in_two = run("2")
+    lines = len((PROMPTS / "agent_log.jsonl").read_text(encoding="utf-8").splitlines())
+    assert one == two
+    assert in_one["child"] == 0 and in_one["main"] >= lines
+    assert in_two == {"child": 0, "main": in_one["main"]}
+
+
+@forks
 def test_fix_is_the_same_with_one_process_and_with_two(cli, tmp_path):
     path = PROMPTS / "agent_log.jsonl"
     outs = []

@@ -140,7 +140,8 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     too and measured in the same sweep: that report is ``unsafe_preview`` (what ``--unsafe-fixes`` would give).
     ``progress(n)``: called as lines are grouped, rewritten and measured (each pass over the log counts its lines
     again). ``workers`` (:class:`cachectl.workers.Workers`): the log before the fixes is measured in a child process
-    while this one finds the forks and rewrites (the same report; pass ``workers.tick`` as ``progress``).
+    while this one finds the forks and rewrites (the same report; pass ``workers.tick`` as ``progress``), with the
+    token IDs ``first_read`` packed (:attr:`FirstRead.packed`: no prompt is rendered again there).
     ``first_read`` (:class:`FirstRead`): what the lines' first read found (the conversations, the requests packed for
     the forks), not read from them again. ``provider_read`` (:func:`.sections.provider_read`): the provider cache
     simulated over the lines as they were first read, which the measure of the log as it is takes (in one process:
@@ -150,7 +151,9 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
         counter=provider_read.text_counter if provider_read is not None else None)
     before_job = None
     if workers is not None and workers.jobs > 1:
-        before_job = workers.submit(measured, lines, [None])  # beside the forks analysis and the rewrite
+        # beside the forks analysis and the rewrite (the lines' token IDs as the first read packed them)
+        before_job = workers.submit(measured, lines, [None],
+                                    packed=first_read.packed if first_read is not None else None)
     forks, fork_notes, rewrite = forked(lines, grouping, options, tokenizer=tokenizer, table=table, counter=counter,
                                         source=source, progress=progress, first_read=first_read)
     full_options = replace(options, unsafe=True, per_cause=False)
@@ -193,6 +196,14 @@ class FirstRead:
         self._then: list[Callable[[LogLine], None]] = []
         self._ahead: list[Callable[[LogLine], None]] = []
         self._held: deque[LogLine] = deque()   # lines read, not yet fed to ``_then``
+
+    @property
+    def packed(self) -> Any:
+        """The requests packed for the fork analysis, a request a line (a
+        :class:`~cachectl.engines.prefix.forks.RequestStore`: a sweep of the log as it is takes their token IDs there,
+        in a child process too); None where none were (``forks`` False, a line that could not be packed)."""
+        got = self.forks
+        return got.requests if got is not None and got.note is None else None
 
     def then(self, feed: Callable[[LogLine], None], ahead: Callable[[LogLine], None] | None = None) -> None:
         """``feed(line)`` for every line, in order, once the requests of its batch are packed: a reader that takes
@@ -405,15 +416,17 @@ def _codes(options: FixOptions) -> tuple[str, ...]:
 def measured_pass(rws: Sequence[Rewritten], measured: Callable[..., list[tuple[Measure, list[str]]]],
                   lines: Sequence[LogLine], *, before: bool = False, before_provider: Any = None,
                   examples_only: bool = False, pairs: Callable[..., None] | None = None,
-                  forks: LogForks | None = None) -> tuple[list[FixPass], tuple[Measure, list[str]] | None]:
+                  forks: LogForks | None = None, packed: Any = None
+                  ) -> tuple[list[FixPass], tuple[Measure, list[str]] | None]:
     """Rewrites of one log measured in one sweep (:func:`.measure.measure_versions`): of each, the log as each
     code but the last left it and the rewritten log (every line a code rewrote is parsed again: dict equality
     ignores key order, which FX002 changes). ``before``: the log as it is joins the sweep (with ``before_provider``,
     its provider figures already simulated) and its measure is returned beside the passes (None otherwise).
     ``examples_only``: each pass keeps the first applied fix of each code and no rewritten log (what a report
     shows). ``pairs``: sees each line of the log as it is as it is measured (:func:`.measure.measure_versions`'
-    ``pairs``; with ``before``). ``forks``: the log's fork analysis, whose packed requests give the sweep the lines as they are
-    (their token IDs: :func:`.measure.measure_versions`' ``packed``)."""
+    ``pairs``; with ``before``). ``forks``: the log's fork analysis, whose packed requests give the sweep the lines as
+    they are (their token IDs: :func:`.measure.measure_versions`' ``packed``); ``packed``: those requests without
+    the analysis (:attr:`FirstRead.packed`: a child that measures the log as it is beside it)."""
     versions: list[Any] = [None] if before else []
     causes = [True] if before else []
     for rw in rws:
@@ -422,7 +435,7 @@ def measured_pass(rws: Sequence[Rewritten], measured: Callable[..., list[tuple[M
         causes += [False] * len(steps) + [True]
     providers = [before_provider] + [None] * (len(versions) - 1) if before else None
     got = measured(lines, versions, causes=causes, providers=providers, pairs=pairs if before else None,
-                   packed=forks.requests if forks is not None else None)
+                   packed=forks.requests if forks is not None else packed)
     first = got.pop(0) if before else None
     passes = []
     for rw in rws:

@@ -461,8 +461,9 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     after all fixes) is measured in one sweep (:func:`.fix.measured_pass`); the report's pairs are the log's as it
     is, as the sweep compares them (:class:`PairTally`). With ``workers`` (:class:`cachectl.workers.Workers` of more
     than one job) a child measures the log as it is (its pairs too) in one sweep that feeds the provider and curve
-    sections each line with the tokens it encoded, while this process finds the forks, rewrites the log and sweeps
-    the fixes' versions (100,000 requests: a tenth less time than a child building the sections alone, 1.9-2.0 KB a
+    sections each line with its token IDs (those ``first_read`` packed for the fork analysis, where it packed them:
+    the child renders no prompt again; else the tokens the child encoded), while this process finds the forks,
+    rewrites the log and sweeps the fixes' versions (100,000 requests: a tenth less time than a child building the sections alone, 1.9-2.0 KB a
     request summed against 1.8; the safe fixes' version measured in a child instead was no faster, for a fifth more
     CPU; the sections read in a pass of their own before the sweep took the child a fifth more CPU, 12.2 s against
     10.0 s on 20,000 requests).
@@ -498,7 +499,8 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
                 tally, sections = PairTally(), fed
                 first = measured_pass([], measured, fixed_lines, before=True,
                                       before_provider=lambda: sections.measure_before(len(lines)),
-                                      pairs=feeding(_tallying(tally, lines, grouping), fed, lines, options))[1]
+                                      pairs=feeding(_tallying(tally, lines, grouping), fed, lines, options),
+                                      packed=first_read.packed if first_read is not None else None)[1]
             else:
                 for ln in lines:
                     fed(ln)

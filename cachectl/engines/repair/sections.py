@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ...errors import InputError, MalformedInput
+from .rows import AsPacked
 
 if TYPE_CHECKING:
     from ...inputs import Request
@@ -389,14 +390,13 @@ def provider_read(first: FirstRead, options: FixOptions, tokenizer: Any, tokeniz
 def feeding(pairs: Callable[..., None], fed: OneRead, lines: Sequence[LogLine], options: FixOptions
             ) -> Callable[..., None]:
     """The sweep's ``pairs`` (:func:`.measure.measure_versions`, the log as it is) calling ``pairs``, then feeding
-    each line to the sections (``fed``) with the token IDs the sweep encoded (a line read with ``options.model``
-    is not the log's own: the log's is fed, its prompt tokenized there)."""
+    each line to the sections (``fed``) with the token IDs the sweep encoded, or took from the first read's packed
+    requests (:class:`.rows.AsPacked`: the line store's line is fed, with those IDs). A line read with
+    ``options.model`` is not the log's own: the log's is fed, with the same IDs (the model prices the request; the
+    prompt is the log's)."""
     agp = options.add_generation_prompt
 
     def add(i: int, ln: LogLine, prev: Any, tok: Any, common: int, cause: str | None) -> None:
         pairs(i, ln, prev, tok, common, cause)
-        if options.model is None:
-            fed(ln, (agp, tok.ids))
-        else:
-            fed(lines[i])
+        fed(ln if options.model is None and type(ln) is not AsPacked else lines[i], (agp, tok.ids))
     return add
