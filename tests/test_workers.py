@@ -172,7 +172,7 @@ def test_report_is_the_same_with_one_process_and_with_two(cli, log):
 def test_the_child_takes_the_token_ids_the_first_read_packed(cli, monkeypatch, tmp_path, command):
     """With two processes the child measures the log as it is with the token IDs the first read packed for the fork
     analysis: it renders and tokenizes no prompt of the log again (before, it rendered every line a second time);
-    this process renders what one process renders. The output is the one process's."""
+    this process tokenizes what one process tokenizes. The output is the one process's."""
     from cachectl import tokenization
 
     asked = tmp_path / "asked"   # (the prompts tokenized, a line per call: "child N" or "main N")

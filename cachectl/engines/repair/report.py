@@ -463,10 +463,10 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
     than one job) a child measures the log as it is (its pairs too) in one sweep that feeds the provider and curve
     sections each line with its token IDs (those ``first_read`` packed for the fork analysis, where it packed them:
     the child renders no prompt again; else the tokens the child encoded), while this process finds the forks,
-    rewrites the log and sweeps the fixes' versions (100,000 requests: a tenth less time than a child building the sections alone, 1.9-2.0 KB a
-    request summed against 1.8; the safe fixes' version measured in a child instead was no faster, for a fifth more
-    CPU; the sections read in a pass of their own before the sweep took the child a fifth more CPU, 12.2 s against
-    10.0 s on 20,000 requests).
+    rewrites the log and sweeps the fixes' versions (100,000 requests: a tenth less time than a child building the
+    sections alone, 1.9-2.0 KB a request summed against 1.8; the safe fixes' version measured in a child instead was
+    no faster, for a fifth more CPU; the sections read in a pass of their own before the sweep took the child a fifth
+    more CPU, 12.2 s against 10.0 s on 20,000 requests).
     The report is the same as in one process (``workers`` None or of one job). ``progress``: pass ``workers.tick``
     (it is called in the children too). ``first_read`` (:class:`.fix.FirstRead`): what the lines' first read found (the
     conversations, the requests packed for the forks), not read from them again. ``sections_read``
