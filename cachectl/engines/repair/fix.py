@@ -160,7 +160,8 @@ def fix_log(lines: Sequence[LogLine], options: FixOptions = FixOptions(), *, tok
     rws = rewrites(rewrite, options, full_options if preview_unsafe and not options.unsafe else None,
                    lambda rw: any(not f.applied and not f.safe for f in rw.fixes))
     # (the log as it is joins the sweep of its versions, unless a child measured it)
-    passes, first = measured_pass(rws, measured, lines, before=before_job is None, forks=forks,
+    passes, first = measured_pass(rws, measured, lines, before=before_job is None,
+                                  packed=forks.requests if forks is not None else None,
                                   before_provider=(partial(provider_read.measure_before, len(lines))
                                                    if provider_read is not None and before_job is None else None))
     before, n1 = first if first is not None else before_job.result()[0]  # type: ignore[union-attr]
@@ -416,17 +417,16 @@ def _codes(options: FixOptions) -> tuple[str, ...]:
 def measured_pass(rws: Sequence[Rewritten], measured: Callable[..., list[tuple[Measure, list[str]]]],
                   lines: Sequence[LogLine], *, before: bool = False, before_provider: Any = None,
                   examples_only: bool = False, pairs: Callable[..., None] | None = None,
-                  forks: LogForks | None = None, packed: Any = None
-                  ) -> tuple[list[FixPass], tuple[Measure, list[str]] | None]:
+                  packed: Any = None) -> tuple[list[FixPass], tuple[Measure, list[str]] | None]:
     """Rewrites of one log measured in one sweep (:func:`.measure.measure_versions`): of each, the log as each
     code but the last left it and the rewritten log (every line a code rewrote is parsed again: dict equality
     ignores key order, which FX002 changes). ``before``: the log as it is joins the sweep (with ``before_provider``,
     its provider figures already simulated) and its measure is returned beside the passes (None otherwise).
     ``examples_only``: each pass keeps the first applied fix of each code and no rewritten log (what a report
     shows). ``pairs``: sees each line of the log as it is as it is measured (:func:`.measure.measure_versions`'
-    ``pairs``; with ``before``). ``forks``: the log's fork analysis, whose packed requests give the sweep the lines as
-    they are (their token IDs: :func:`.measure.measure_versions`' ``packed``); ``packed``: those requests without
-    the analysis (:attr:`FirstRead.packed`: a child that measures the log as it is beside it)."""
+    ``pairs``; with ``before``). ``packed``: the requests packed for the fork analysis (the analysis's
+    ``LogForks.requests``, or :attr:`FirstRead.packed` in a child that measures the log as it is beside it), which
+    give the sweep the lines as they are (their token IDs: :func:`.measure.measure_versions`' ``packed``)."""
     versions: list[Any] = [None] if before else []
     causes = [True] if before else []
     for rw in rws:
@@ -435,7 +435,7 @@ def measured_pass(rws: Sequence[Rewritten], measured: Callable[..., list[tuple[M
         causes += [False] * len(steps) + [True]
     providers = [before_provider] + [None] * (len(versions) - 1) if before else None
     got = measured(lines, versions, causes=causes, providers=providers, pairs=pairs if before else None,
-                   packed=forks.requests if forks is not None else packed)
+                   packed=packed)
     first = got.pop(0) if before else None
     passes = []
     for rw in rws:

@@ -527,7 +527,8 @@ def log_report(lines: Sequence[LogLine], options: FixOptions, *, tokenizer: Any,
         tally = PairTally()
         (full_pass, safe_pass), first = measured_pass(rws, measured, fixed_lines, before=True,
                                                       before_provider=before_provider, examples_only=True,
-                                                      pairs=_tallying(tally, lines, grouping), forks=forks)
+                                                      pairs=_tallying(tally, lines, grouping),
+                                                      packed=forks.requests if forks is not None else None)
     assert first is not None and tally is not None
     before, before_notes = first
     safe = assembled(fixed_lines, safe_options, grouping, forks, fork_notes, before, before_notes, safe_pass,
