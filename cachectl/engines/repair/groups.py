@@ -11,7 +11,7 @@ import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 from ...errors import InputError, UnrenderablePart, plural
@@ -224,14 +224,19 @@ def _mask(text: str) -> str:
     return "".join(out)
 
 
+@lru_cache(maxsize=1024)  # (a log's requests list the same few tools: each serialized once)
+def _sorted_keys(content: str) -> str:
+    """A tool's JSON with its keys sorted: the same tool however its keys are ordered."""
+    return json.dumps(json.loads(content), sort_keys=True)
+
+
 def _elements(ln: LogLine, bos: str | None = None) -> tuple[Any, int]:
     """What grouping compares, and where the last turn starts in it: for requests, the positions (tools as one
     set with sorted keys, volatile values masked, reasoning dropped); for raw text, the masked text; for token
     IDs, the IDs (these two must be extended whole)."""
     if ln.request is not None:
         req = ln.request
-        tools = sorted(json.dumps(json.loads(p.content), sort_keys=True) for p in req.positions
-                       if p.segment == "tools")
+        tools = sorted(_sorted_keys(p.content) for p in req.positions if p.segment == "tools")
         out = [compact(tools)] if tools else []
         last_turn, last_msg = len(out), None
         for p in req.positions:
