@@ -33,6 +33,31 @@ def test_chat_ids_equal_apply_chat_template_token_path(tok, path, gen):
     assert ours == list(theirs)
 
 
+def test_an_encoder_thread_hands_back_ids_and_offsets_not_encodings(tok):
+    """With an encoder thread, each ``Encoding`` is read and let go there: the caller gets IDs and offsets that equal
+    the ones encoded on its own thread (kept as :class:`KeptOffsets` for the prompts ``located`` marks; found again,
+    by encoding the text, for the others), never a ``tokenizers.Encoding``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cachectl.tokenization import KeptOffsets
+
+    prompts = [read_prompt(str(path)) for path in CHATS]
+    prompts.append(text_prompt("You are a helpful assistant.\nHow do I reset my password?"))
+    here = tok.tokenize_many(prompts, add_generation_prompt=True)
+    marks = [True, False] * 3
+    with ThreadPoolExecutor(1) as encoder:
+        there = tok.tokenize_later(prompts, add_generation_prompt=True, encoder=encoder, located=marks)()
+    for mine, theirs, located in zip(here, there, marks):
+        assert list(theirs.ids) == list(mine.ids) and theirs.text == mine.text
+        assert isinstance(theirs.encoding, KeptOffsets) if located else theirs.encoding is None
+        kept = theirs.compact(offsets=True).encoding  # (kept offsets stay kept; none are made up)
+        assert isinstance(kept, KeptOffsets) if located else kept is None
+        assert theirs.compact().encoding is None
+        assert theirs.offsets() == mine.offsets()
+        assert [theirs.char_range(i) for i in range(len(mine.ids) + 1)] == \
+            [mine.char_range(i) for i in range(len(mine.ids) + 1)]
+
+
 def test_text_path_equals_tokenizer_call(tok):
     text = "You are a helpful assistant.\nHow do I reset my password?"
     t = tok.tokenize(text_prompt(text))

@@ -102,7 +102,8 @@ def rows_later(batch: list[list[LogLine]], tokenizer: Any, add_generation_prompt
             if located is not None else todo)
     prompts = list(todo.values())
     if hasattr(tokenizer, "tokenize_later"):
-        tokens = tokenizer.tokenize_later(prompts, add_generation_prompt=add_generation_prompt, encoder=encoder)
+        tokens = tokenizer.tokenize_later(prompts, add_generation_prompt=add_generation_prompt, encoder=encoder,
+                                          located=[key in want for key in todo])
     else:
         made = tokenizer.tokenize_many(prompts, add_generation_prompt=add_generation_prompt)
         tokens = lambda: made  # noqa: E731

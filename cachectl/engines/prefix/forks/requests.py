@@ -231,12 +231,7 @@ class ForkRecords:
 
 
 def _from_tokenized(index: int, line: int | None, t: Tokenized, flds: tuple = (), salt: Any = None) -> ForkRequest:
-    enc = t.encoding
-    if enc is not None and not isinstance(enc, KeptOffsets):
-        t = t.compact(offsets=True)  # (a fresh encoding's offsets, read once: the starts, and the ends kept with them)
-    else:
-        t = t.compact()
-        t.encoding = enc  # (offsets kept already: the store keeps the ends too)
+    t = t.compact(offsets=True)  # (the offsets, read once or kept already: the starts, and the ends kept with them)
     if isinstance(t.encoding, KeptOffsets):  # (the starts are a column)
         starts: array | None = t.encoding.starts  # type: ignore[assignment]
     else:  # (encoded again: a render prefilled with its IDs alone)
