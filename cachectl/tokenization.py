@@ -442,8 +442,8 @@ class TokenizerHandle:
         releasing the GIL, while this thread goes on until it calls ``done()``; an error encoding is raised there.
         There each ``Encoding`` is also read and let go: its IDs (an array) and, for the prompts ``located`` marks
         (every one when None), its offsets (:class:`KeptOffsets`; the others' are found again if asked for). Let go
-        on this thread instead, the ``Encoding`` objects of 5,000 requests' first read took 0.23 s of it
-        (docs/benchmarks.md)."""
+        on this thread instead, what the encoding of 5,000 requests' first read left (its ``Encoding`` objects, with
+        the batches' prompts) took 0.23 s of it (docs/benchmarks.md)."""
         texts: list[str | None] = []
         spans: list[Any] = []
         known: list[array | None] = []    # a chat render's IDs, where it was prefilled
@@ -475,16 +475,16 @@ class TokenizerHandle:
             return (backend.encode_batch(chat_batch, add_special_tokens=False) if chat_batch else [],
                     backend.encode_batch(text_batch, add_special_tokens=add_special_tokens) if text_batch else [])
 
+        # (whether each text of the two batches keeps its offsets, in their order)
+        marks = list(located) if located is not None else [True] * len(prompts)
+        chat_marks = [m for t, p, k, m in zip(texts, prompts, known, marks, strict=True)
+                      if t is not None and p.is_chat and k is None]
+        text_marks = [m for t, p, m in zip(texts, prompts, marks) if t is not None and not p.is_chat]
+
         def read() -> tuple[list, list]:  # (on the encoder's thread)
             chats, plain = encoded()
-            marks = iter(located) if located is not None else None
-            return ([_read(e, next(marks) if marks is not None else True) for e in chats],
-                    [_read(e, next(marks) if marks is not None else True) for e in plain])
+            return [_read(e, m) for e, m in zip(chats, chat_marks)], [_read(e, m) for e, m in zip(plain, text_marks)]
 
-        if located is not None:  # (in the order of the batches: chat renders, then raw texts)
-            flags = list(located)
-            located = [m for t, p, k, m in zip(texts, prompts, known, flags) if t is not None and p.is_chat and k is None]
-            located += [m for t, p, m in zip(texts, prompts, flags) if t is not None and not p.is_chat]
         future = encoder.submit(read) if encoder is not None and (chat_batch or text_batch) else None
 
         def done() -> list[Tokenized]:
