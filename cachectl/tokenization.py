@@ -475,14 +475,13 @@ class TokenizerHandle:
             return (backend.encode_batch(chat_batch, add_special_tokens=False) if chat_batch else [],
                     backend.encode_batch(text_batch, add_special_tokens=add_special_tokens) if text_batch else [])
 
-        # (whether each text of the two batches keeps its offsets, in their order)
-        marks = list(located) if located is not None else [True] * len(prompts)
-        chat_marks = [m for t, p, k, m in zip(texts, prompts, known, marks, strict=True)
-                      if t is not None and p.is_chat and k is None]
-        text_marks = [m for t, p, m in zip(texts, prompts, marks) if t is not None and not p.is_chat]
-
-        def read() -> tuple[list, list]:  # (on the encoder's thread)
+        def read() -> tuple[list, list]:  # (on the encoder's thread: only where there is one)
             chats, plain = encoded()
+            # (whether each text of the two batches keeps its offsets, in their order)
+            marks = list(located) if located is not None else [True] * len(prompts)
+            chat_marks = [m for t, p, k, m in zip(texts, prompts, known, marks, strict=True)
+                          if t is not None and p.is_chat and k is None]
+            text_marks = [m for t, p, m in zip(texts, prompts, marks) if t is not None and not p.is_chat]
             return [_read(e, m) for e, m in zip(chats, chat_marks)], [_read(e, m) for e, m in zip(plain, text_marks)]
 
         future = encoder.submit(read) if encoder is not None and (chat_batch or text_batch) else None
