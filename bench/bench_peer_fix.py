@@ -6,7 +6,10 @@ Each size's log comes from ``bench_log_memory.py``'s generator; kvlint reads the
 (each line's body with ``session_id`` and ``timestamp`` beside it). Every command runs in its own process, one after
 the other, round after round (``--rounds``): ``simulate-prefix --policy infinite``, ``report`` and
 ``fix --unsafe-fixes -o`` in one process (``--jobs 1``) and with the default workers, and ``kvlint fix --apply
---out`` (one process; it rewrites the log, tokenizes it again and replays it for vLLM and SGLang). cachectl uses the
+--out`` (one process; it rewrites the log, tokenizes it again and replays it for vLLM and SGLang). Two more give the
+floor of a fix that measures what it wrote: ``simulate-prefix`` on the log the round's ``fix`` wrote, and on a log of
+one request (a process's start-up). The floor, printed after the table, is the two logs' ``simulate-prefix`` less one
+start-up: each line read, rendered and encoded as it is and as the fix left it, and replayed, once. cachectl uses the
 fixture tokenizer (``fixtures/tok``); kvlint loads the same directory with transformers' ``AutoTokenizer``.
 
 kvlint runs from a virtualenv of its own (``--kvlint-venv``; made and installed from the package index the first
@@ -34,13 +37,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_log_memory import TOK, make_log  # noqa: E402
 from benchutil import ENV, ROOT  # noqa: E402
 
-#: name -> cachectl arguments ({log}, {out}); "kvlint fix" is the peer's (its arguments are made in :func:`main`)
+#: name -> cachectl arguments ({log}, {out}, {fixed}, {one}); "kvlint fix" is the peer's (its arguments are made in :func:`main`)
 COMMANDS: dict[str, list[str]] = {
     "simulate-prefix": ["simulate-prefix", "{log}", "--policy", "infinite", "-t", TOK, "--format", "json"],
     "report --jobs 1": ["report", "{log}", "-t", TOK, "--format", "json", "--jobs", "1"],
     "fix --jobs 1": ["fix", "{log}", "-t", TOK, "--unsafe-fixes", "-o", "{out}", "--format", "json", "--jobs", "1"],
     "report": ["report", "{log}", "-t", TOK, "--format", "json"],
     "fix": ["fix", "{log}", "-t", TOK, "--unsafe-fixes", "-o", "{out}", "--format", "json"],
+    # the floor of a whole-log fix: what reading the fixed log costs (a fix must render and encode every line it
+    # changed to measure it), and what a process costs that reads one request (its start-up, imports included)
+    "simulate-prefix fixed": ["simulate-prefix", "{fixed}", "--policy", "infinite", "-t", TOK, "--format", "json"],
+    "simulate-prefix 1": ["simulate-prefix", "{one}", "--policy", "infinite", "-t", TOK, "--format", "json"],
     "kvlint fix": [],
 }
 
@@ -104,43 +111,54 @@ def main() -> None:
     unknown = [c for c in names if c not in COMMANDS]
     if unknown:
         raise SystemExit(f"unknown command(s) {unknown}; known: {', '.join(COMMANDS)}")
+    fixes = [i for i, c in enumerate(names) if c.startswith("fix")]
+    if "simulate-prefix fixed" in names and (not fixes or fixes[0] > names.index("simulate-prefix fixed")):
+        raise SystemExit("'simulate-prefix fixed' reads the log a fix wrote: name a fix command before it")
     venv = args.kvlint_venv or Path(tempfile.gettempdir()) / f"cachectl-bench-kvlint-{args.kvlint_version}"
     exe, version = kvlint_exe(venv, args.kvlint_version) if "kvlint fix" in names else (None, "not run")
     # (kvlint as a user runs it: not on the checkout's path, bytecode caching on, as cachectl's runs have it)
     kv_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")}
     print(f"{sys.platform}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; kvlint {version}; wall "
           "and CPU seconds, the main process's peak RSS")
-    print(f"{'requests':>9} {'round':>5}  {'command':<17}{'wall s':>8}{'CPU s':>8}{'RSS MB':>8}")
+    print(f"{'requests':>9} {'round':>5}  {'command':<22}{'wall s':>8}{'CPU s':>8}{'RSS MB':>8}")
     summary: list[tuple[int, str, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in [int(s) for s in args.sizes.split(",") if s]:
             log, kv = Path(tmp) / f"log{n}.jsonl", Path(tmp) / f"kv{n}.jsonl"
+            one, fixed = Path(tmp) / "one.jsonl", Path(tmp) / "fixed.jsonl"
             make_log(log, n)
+            with log.open(encoding="utf-8") as fh, one.open("w", encoding="utf-8") as o:
+                o.write(fh.readline())
             kvlint_log(log, kv)
             best: dict[str, float] = {}
             for r in range(1, args.rounds + 1):
                 for name in names:
-                    out = Path(tmp) / "out.jsonl"
+                    out = fixed if name.startswith("fix") else Path(tmp) / "out.jsonl"
                     if name == "kvlint fix":
                         assert exe is not None
                         cmd, env = [str(exe), "fix", str(kv), "--model", TOK, "--apply", "--out", str(out)], kv_env
                     else:
                         cmd = [sys.executable, "-m", "cachectl",
-                               *(a.format(log=log, out=out) for a in COMMANDS[name])]
+                               *(a.format(log=log, out=out, fixed=fixed, one=one) for a in COMMANDS[name])]
                         env = ENV
                     wall, cpu, rss = run(cmd, ROOT, env)
                     best[name] = min(best.get(name, wall), wall)
-                    print(f"{n:>9,} {r:>5}  {name:<17}{wall:>8.1f}{cpu:>8.1f}{rss / 2**20:>8.0f}", flush=True)
+                    print(f"{n:>9,} {r:>5}  {name:<22}{wall:>8.1f}{cpu:>8.1f}{rss / 2**20:>8.0f}", flush=True)
             summary += [(n, name, best[name]) for name in names]
-            log.unlink()
-            kv.unlink()
+            for f in (log, kv, one, fixed):
+                f.unlink(missing_ok=True)
     print(f"\nfastest round{'s' if args.rounds > 1 else ''}: wall, and as a multiple of simulate-prefix's and of "
           "kvlint fix's on the same log")
-    print(f"{'requests':>9}  {'command':<17}{'wall s':>8}{'x sim':>8}{'x kvlint':>10}")
-    for n, name, wall in summary:
+    print(f"{'requests':>9}  {'command':<22}{'wall s':>8}{'x sim':>8}{'x kvlint':>10}")
+    rows = list(summary)
+    for n in dict.fromkeys(m for m, _, _ in summary):
+        ref = {nm: w for m, nm, w in summary if m == n}
+        if {"simulate-prefix", "simulate-prefix fixed", "simulate-prefix 1"} <= set(ref):
+            rows.append((n, "floor", ref["simulate-prefix"] + ref["simulate-prefix fixed"] - ref["simulate-prefix 1"]))
+    for n, name, wall in sorted(rows, key=lambda r: r[0]):
         ref = {nm: w for m, nm, w in summary if m == n}
         sim, kvl = ref.get("simulate-prefix"), ref.get("kvlint fix")
-        print(f"{n:>9,}  {name:<17}{wall:>8.1f}{wall / sim if sim else float('nan'):>8.2f}"
+        print(f"{n:>9,}  {name:<22}{wall:>8.1f}{wall / sim if sim else float('nan'):>8.2f}"
               f"{wall / kvl if kvl else float('nan'):>10.2f}")
 
 

@@ -521,10 +521,7 @@ def _lazy_chat_spans(tok: TokenizerHandle, prompt: PromptInput, text: str, opts:
                                template_vars=opts["template_vars"])
 
     def spans() -> tuple[Span, ...]:
-        found = _found_spans(prompt, text)
-        if found is not None:  # (proven by the text itself: no instrumented render)
-            return _with_tools(prompt, text, found)
-        return chat_spans(prompt, text, render=render)
+        return chat_spans(prompt, text, render=render)  # (where the text proves them: no instrumented render)
 
     return spans
 

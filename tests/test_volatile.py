@@ -108,7 +108,10 @@ def _one_by_one(text):
 
 _PIECES = ["2025-03-14", "T09:12:00Z", " ", "\n", "-", "Fri, ", "14 Mar 2025", "March 14th, 2025", "03/14/2025",
            "12:30", " PM", "1741943520", "3f2a1c9e-1b2c-4d5e-8f90-0123456789ab", "deadbeef-dead-beef-dead-beefdeadbeef",
-           "req_8f3a9b2c1d", "chatcmpl-", "9f86d081884c7d659a2feaa0c55ad015", "abc", "abcdef", "x", "7", "٣", ".", ":", "_"]
+           "req_8f3a9b2c1d", "chatcmpl-", "9f86d081884c7d659a2feaa0c55ad015", "abc", "abcdef", "x", "7", "٣", ".", ":", "_",
+           # (a match starts with a digit, any script's, or an ASCII letter at a word boundary: what the one
+           # lookahead in front of the alternation lets through)
+           "é", "２", "٣٠:٤٥", "Mon", "Jan", "Sept ", "ß", "Ｆ"]
 
 
 @settings(max_examples=300, deadline=None)
