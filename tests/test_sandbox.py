@@ -161,6 +161,31 @@ def test_the_memory_budget_is_watched_from_outside():
     assert out == ["the render grew past its memory budget of 32 MB (render memory)", "64"]  # within budget: renders
 
 
+def test_the_resident_size_is_read_once_in_a_while_not_at_every_render(monkeypatch):
+    """A render's memory is counted from the resident size read at most RSS_FRESH_S before it starts: renders that
+    start one after another read it once in that time, and a reading that old is read again."""
+    reads: list[float] = []
+
+    def rss() -> int:
+        reads.append(time.monotonic())
+        return (100 + len(reads)) * 2 ** 20
+
+    watchdog = sandbox._WATCHDOG
+    monkeypatch.setattr(watchdog, "_rss", rss)
+    monkeypatch.setattr(watchdog, "_rss_read", (-sandbox.RSS_FRESH_S, None))
+    t0 = time.monotonic()
+    for _ in range(50):
+        watch = watchdog.start(sandbox.DEFAULT_BUDGET, None)
+        watchdog.stop(watch)
+        assert watch.rss0 == (100 + len(reads)) * 2 ** 20  # the latest reading
+    assert 1 <= len(reads) <= 1 + (time.monotonic() - t0) / sandbox.RSS_FRESH_S
+    before = len(reads)
+    time.sleep(sandbox.RSS_FRESH_S)
+    watch = watchdog.start(sandbox.DEFAULT_BUDGET, None)
+    watchdog.stop(watch)
+    assert len(reads) == before + 1 and watch.rss0 == (100 + len(reads)) * 2 ** 20
+
+
 def test_legitimate_templates_still_render():
     """The same text as transformers' own environment renders."""
     from transformers.utils.chat_template_utils import _compile_jinja_template
