@@ -156,8 +156,9 @@ class _Watchdog:
 
     def start(self, value: RenderBudget, label: str | None) -> _Watch:
         at, rss0 = self._rss_read
-        if time.monotonic() - at >= RSS_FRESH_S:
-            self._rss_read = (time.monotonic(), rss0 := self._rss())
+        now = time.monotonic()
+        if now - at >= RSS_FRESH_S:
+            self._rss_read = (now, rss0 := self._rss())
         watch = _Watch(threading.get_ident(), value, rss0, label)
         with self._cond:
             self._active[watch.thread] = watch

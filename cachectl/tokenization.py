@@ -520,10 +520,7 @@ def _lazy_chat_spans(tok: TokenizerHandle, prompt: PromptInput, text: str, opts:
         return tok.render_chat(prompt, messages=messages, add_generation_prompt=opts["add_generation_prompt"],
                                template_vars=opts["template_vars"])
 
-    def spans() -> tuple[Span, ...]:
-        return chat_spans(prompt, text, render=render)  # (where the text proves them: no instrumented render)
-
-    return spans
+    return functools.partial(chat_spans, prompt, text, render=render)  # (the text first, the instrumented render if not)
 
 
 # Markers from Unicode's supplementary private use area A (plane 15): message i's content is wrapped in
