@@ -32,11 +32,13 @@ def report_transcript(path: str, *, fmt: Format, model_as: str | None = None, to
     the command's error handler)."""
     from ..engines.provider.prices import PriceTable
     from ..engines.provider.transcript import audit_transcripts
+    from ..inputs.files import display_name
     from ..inputs.formats.claude_code import read_path, transcript_files
 
     table = PriceTable.load()
     files = transcript_files(path)
-    audit = audit_transcripts((r for f in files for r in read_path(f)), table=table, model_as=model_as)
+    audit = audit_transcripts((r for f in files for r in read_path(f)), table=table, model_as=model_as,
+                              source=display_name(path))
     if fmt is Format.json:
         emit_json(asdict(audit))
     else:

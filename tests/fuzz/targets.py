@@ -288,6 +288,37 @@ TARGETS: list[Target] = [
            lambda p: ["log-prompts", p], app="readers"),
 ]
 
+
+#: the real logs of ``fixtures/logs/`` (each log shape of :mod:`cachectl.inputs.formats`), each read by ``report`` as
+#: a file of the same name (a reader may know its shape by the name's ending): JSON lines mutated line by line,
+#: a JSON document or a YAML cassette as a whole, a server's text log with fragments spliced in
+LOGS = FIX / "logs"
+LOG_FRAGMENTS = ["\n", "'", "\"", "prompt: ", "params: ", "Received request ", "\\n", "\x00", "\ud800",
+                 "prompt_token_ids: [", "]", ", lora_request: None", "{", "INFO 05-14 10:11:12 [logger.py:43] "]
+
+
+def _log_strategy(path: Path) -> Callable[[dict], st.SearchStrategy]:
+    if path.suffix == ".jsonl":
+        return _jl(lambda: _jsonl(path, limit=40))
+    if path.suffix == ".json":
+        return _j(lambda: [_json(path)])
+    if path.suffix == ".yaml":
+        import yaml
+
+        return lambda z: S.yaml_document([yaml.safe_load(path.read_text(encoding="utf-8"))])
+    return lambda z: S.text_document([path.read_text(encoding="utf-8")], LOG_FRAGMENTS, z["deep"], z["huge_line"])
+
+
+_LOG_FILES = [p for p in sorted(LOGS.iterdir()) if p.is_file() and p.suffix in (".jsonl", ".json", ".yaml", ".log")]
+#: the commands that read every shape: ``report`` (requests, usage, the whole-log path), ``prompt-cost --usage``
+#: (the billed counters), ``simulate-prefix`` (the prompts as tokens)
+TARGETS += [Target(f"{name}.{p.stem}", p.name, _log_strategy(p), args)
+            for p in _LOG_FILES for name, args in (
+                ("report", lambda f: ["report", f, "-t", TOK, "--format", "json", "--jobs", "1"]),
+                ("prompt-cost", lambda f: ["prompt-cost", "--usage", f, "--format", "json"]),
+                ("simulate-prefix", lambda f: ["simulate-prefix", f, "-t", TOK, "--policy", "infinite",
+                                               "--format", "json"]))]
+
 #: options whose free-form value cachectl parses itself: (name, command line with {v} for the value)
 OPTION_TARGETS: list[tuple[str, Sequence[str]]] = [
     ("--context", ["kv-inspect", "llama-3.1-8b", "--context", "{v}", "--format", "json"]),

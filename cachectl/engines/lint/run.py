@@ -117,10 +117,14 @@ def _lint_file(f: Path, config: LintConfig, tokenizer: Any, min_tokens: int | No
         try:
             doc = yaml.safe_load(text)
         except yaml.YAMLError as exc:
+            # (the line and column from the mark's character index: YAML breaks lines at U+0085, U+2028 and U+2029
+            # too, and its own count would name a line past the file's)
             mark = getattr(exc, "problem_mark", None)
+            at = mark.index if mark else 0
+            column = at - text.rfind("\n", 0, at)
             raise InputError("invalid YAML: " + " ".join(str(getattr(exc, "problem", None) or exc).split())
-                             + (f" (column {mark.column + 1})" if mark else ""), source=source,
-                             line=mark.line + 1 if mark else None) from None
+                             + (f" (column {column})" if mark else ""), source=source,
+                             line=text.count("\n", 0, at) + 1 if mark else None) from None
         except RecursionError:
             raise InputError("YAML nested too deeply", source=source) from None
     else:

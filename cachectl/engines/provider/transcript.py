@@ -172,9 +172,10 @@ def _thread_of(rec: Record) -> str:
     return "sidechain" if rec.keys.get("sidechain") else "main"
 
 
-def audit_transcripts(records: Iterable[Record], *, table: PriceTable, model_as: str | None = None) -> TranscriptAudit:
+def audit_transcripts(records: Iterable[Record], *, table: PriceTable, model_as: str | None = None,
+                      source: str | None = None) -> TranscriptAudit:
     """The cache timeline of every session in ``records`` (several files' records together: a session's subagent
-    files beside its own)."""
+    files beside its own). ``source``: what the records were read from, named when there is none."""
     notes = _Notes()
     seen: dict[tuple[Any, Any], bool] = {}
     main_ids: set[Any] = set()
@@ -203,8 +204,7 @@ def audit_transcripts(records: Iterable[Record], *, table: PriceTable, model_as:
         dropped += len(replays)
         rows = [row for row in rows if id(row[2]) not in replays]
     if not rows:
-        raise InputError("no API responses in the transcript (no assistant line with usage)",
-                         source=", ".join(sorted({r.source for _, _, r in rows})) or None)
+        raise InputError("no API responses in the transcript (no assistant line with usage)", source=source)
     rows.sort(key=lambda t: (t[2].keys.get("session") or "", t[0] if t[0] is not None else float("-inf"), t[1]))
     sessions: dict[str, list[tuple[float | None, Record]]] = {}
     for ts, _, rec in rows:

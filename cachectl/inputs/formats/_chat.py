@@ -70,7 +70,7 @@ def _blocks(content: Any, msg: dict) -> list[dict]:
             out.append(_cc(part, {"type": "text", "text": part["text"]}))
         elif part.get("type") == "image_url":
             out.append(_image(part))
-        elif part.get("type") in ANTHROPIC_BLOCKS:
+        elif isinstance(part.get("type"), str) and part["type"] in ANTHROPIC_BLOCKS:
             out.append(part)  # already an Anthropic block (LiteLLM's /v1/messages route logs them as sent)
         else:  # audio, file, ...: what a tokenizer can count of it
             out.append(_cc(part, {"type": "text", "text": _dump(part)}))

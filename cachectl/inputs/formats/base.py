@@ -165,6 +165,29 @@ def wrapper_value(keys: dict[str, Any], *, timestamp: Any = None, body: dict | N
     return out
 
 
+def text_of(value: Any, key: str) -> str | None:
+    """``value[key]`` where it is a string, else None: a line's kind or type compared with a set of names (a list
+    or an object there is no name, and no set holds it)."""
+    got = value.get(key) if isinstance(value, dict) else None
+    return got if isinstance(got, str) else None
+
+
+def id_of(value: dict, key: str, *, source: str, line: int, field: str | None = None) -> str | int | None:
+    """``value[key]`` as an id (a session's, a request's): a string or an integer, None where it is absent or
+    null; anything else is bad input, named by ``field`` (``key`` by default)."""
+    got = value.get(key)
+    if got is None or isinstance(got, str) or (isinstance(got, int) and not isinstance(got, bool)):
+        return got
+    from ...errors import InputError
+
+    raise InputError(f"expected an id (a string), got {_kind(got)}", source=source, line=line, field=field or key)
+
+
+def _kind(v: Any) -> str:
+    return ("an object" if isinstance(v, dict) else "a list" if isinstance(v, list) else "a boolean"
+            if isinstance(v, bool) else "a number" if isinstance(v, (int, float)) else type(v).__name__)
+
+
 def json_value(raw: bytes) -> Any:
     """The JSON value of one line, or None when it is not one (a detector never raises)."""
     try:

@@ -45,7 +45,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ...errors import InputError
-from .base import Head, LogShape, Record, Verdict, json_value
+from .base import Head, LogShape, Record, Verdict, id_of, json_value, text_of
 
 SHAPE = LogShape(
     "claude-code", "Claude Code session transcripts",
@@ -77,7 +77,7 @@ _KNOWN = {"input_tokens", "output_tokens", "cache_creation_input_tokens", "cache
 def _is_line(value: Any) -> bool:
     if not isinstance(value, dict):
         return False
-    kind = value.get("type")
+    kind = text_of(value, "type")
     if kind == "summary":
         return "leafUuid" in value or "summary" in value
     if kind == "file-history-snapshot":
@@ -156,7 +156,7 @@ def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
         if not isinstance(value, dict):
             raise InputError("expected a JSON object (a transcript line)", source=source, line=n)
         kind = value.get("type")
-        session = value.get("sessionId")
+        session = id_of(value, "sessionId", source=source, line=n)
         if kind == "system" and value.get("subtype") == "compact_boundary":
             meta = value.get("compactMetadata")
             compacted[session] = (meta.get("trigger") if isinstance(meta, dict) else None) or "compact"
@@ -183,7 +183,7 @@ def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
         if "usage" not in message:
             raise InputError("an assistant line without usage", source=source, line=n, field="message.usage")
         usage = clean_usage(message["usage"], source=source, line=n)
-        mid, rid = message.get("id"), value.get("requestId")
+        mid, rid = message.get("id"), id_of(value, "requestId", source=source, line=n)
         if not isinstance(mid, str) or not mid:
             raise InputError("expected the response's id (a string)", source=source, line=n, field="message.id")
         if model is not None and not isinstance(model, str):
@@ -202,7 +202,7 @@ def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
         sidechain = bool(value.get("isSidechain"))
         keys: dict[str, Any] = {"session": session, "request_id": rid, "message_id": mid, "sidechain": sidechain}
         if value.get("agentId") is not None:
-            keys["agent"] = value["agentId"]
+            keys["agent"] = id_of(value, "agentId", source=source, line=n)
         for src, dst in (("cwd", "cwd"), ("version", "claude_code_version")):
             if value.get(src) is not None:
                 keys[dst] = value[src]

@@ -43,7 +43,7 @@ import orjson
 
 from ...errors import InputError
 from ._chat import anthropic_body, anthropic_usage, count, is_claude, openai_usage
-from .base import Head, LogShape, Record, Verdict, json_value
+from .base import Head, LogShape, Record, Verdict, json_value, text_of
 
 SHAPE = LogShape(
     "langfuse", "Langfuse ingestion events and trace exports",
@@ -88,7 +88,7 @@ _DOC = re.compile(rb'^\s*\{\s*"(trace|observations|batch|data|id)"\s*:', re.S)
 
 
 def _is_event(value: Any) -> bool:
-    return isinstance(value, dict) and value.get("type") in EVENT_TYPES and isinstance(value.get("body"), dict)
+    return text_of(value, "type") in EVENT_TYPES and isinstance(value.get("body"), dict)
 
 
 def _is_observation(value: Any) -> bool:
@@ -112,7 +112,7 @@ def detect(head: Head) -> Verdict:
     if isinstance(first, dict) and isinstance(first.get("batch"), list):
         batch = first["batch"]
         return Verdict.yes() if batch and _is_event(batch[0]) else Verdict.almost("its `batch` holds no event")
-    if isinstance(first, dict) and first.get("type") in EVENT_TYPES:
+    if text_of(first, "type") in EVENT_TYPES:
         return Verdict.almost("has no `body` object")
     if first is None and head.lines and _DOC.match(head.text) and re.search(
             rb'"(trace|observations|batch)"\s*:', head.text):

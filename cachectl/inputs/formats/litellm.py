@@ -38,7 +38,7 @@ from typing import Any
 
 from ...errors import InputError
 from ._chat import anthropic_body, anthropic_usage, count, is_claude, obj, openai_usage
-from .base import Head, LogShape, Record, Verdict, json_value
+from .base import Head, LogShape, Record, Verdict, json_value, text_of
 
 SHAPE = LogShape(
     "litellm", "LiteLLM StandardLoggingPayload (custom loggers, s3 / gcs bucket logs)",
@@ -98,7 +98,7 @@ def _body(payload: dict, model: str | None, claude: bool) -> dict | None:
     params = {k: v for k, v in params.items() if v is not None}
     if not messages:
         return None
-    if payload.get("call_type") in _RESPONSES:
+    if text_of(payload, "call_type") in _RESPONSES:
         return {"model": model, "input": payload.get("messages"), **params}
     if claude:
         return anthropic_body(model, messages, params.get("tools"), params)
@@ -177,7 +177,7 @@ def _str(value: Any) -> str | None:
 
 
 def record_of(payload: dict, line: int, source: str) -> Record | None:
-    if payload.get("cache_hit") is True or payload.get("call_type") not in CHAT_CALLS:
+    if payload.get("cache_hit") is True or text_of(payload, "call_type") not in CHAT_CALLS:
         return None
     model = _model(payload)
     claude = is_claude(model, payload.get("custom_llm_provider"))

@@ -83,12 +83,19 @@ def _value(v: Any) -> Any:
     if "boolValue" in v:
         return v["boolValue"]
     if "arrayValue" in v:
-        return [_value(x) for x in (v["arrayValue"] or {}).get("values") or []]
+        return [_value(x) for x in _list(v["arrayValue"], "values")]
     if "kvlistValue" in v:
-        return _attrs((v["kvlistValue"] or {}).get("values"))
+        return _attrs(_list(v["kvlistValue"], "values"))
     if "bytesValue" in v:
         return v["bytesValue"]
     return None
+
+
+def _list(obj: Any, key: str) -> list:
+    """``obj[key]`` where ``obj`` is an object and that is a list; else empty (a field OTLP/JSON leaves out, or
+    one that holds something else: nothing to read there)."""
+    got = obj.get(key) if isinstance(obj, dict) else None
+    return got if isinstance(got, list) else []
 
 
 def _attrs(kvs: Any) -> dict[str, Any]:
@@ -129,9 +136,23 @@ def _text(parts: Any) -> str:
     if isinstance(parts, str):
         return parts
     if isinstance(parts, list):
-        return "".join(p.get("content") or p.get("text") or "" if isinstance(p, dict) else str(p)
+        return "".join(_piece(p.get("content") or p.get("text")) if isinstance(p, dict) else _piece(p)
                        for p in parts)
-    return "" if parts is None else str(parts)
+    return _piece(parts)
+
+
+def _piece(x: Any) -> str:
+    """One part's text: a string as it is, nothing for null, a number as written, anything else as its JSON."""
+    if isinstance(x, str):
+        return x
+    if x is None:
+        return ""
+    return str(x) if isinstance(x, (int, float)) else orjson.dumps(x, default=str).decode()
+
+
+def _id(x: Any) -> str:
+    """A tool call's id: a string, stripped; anything else is none."""
+    return x.strip() if isinstance(x, str) else ""
 
 
 def _messages_from_parts(messages: Any) -> list[dict[str, Any]]:
@@ -147,7 +168,7 @@ def _messages_from_parts(messages: Any) -> list[dict[str, Any]]:
             content = m.get("content")
             parts = [{"type": "text", "content": _text(content)}] if not isinstance(content, list) else [
                 {"type": "text", "content": _text([c])} for c in content]
-            for tc in m.get("tool_calls") or []:
+            for tc in _list(m, "tool_calls"):
                 if isinstance(tc, dict):
                     fn: dict[str, Any] = tc["function"] if isinstance(tc.get("function"), dict) else tc
                     parts.append({"type": "tool_call", "id": tc.get("id"), "name": fn.get("name"),
@@ -175,11 +196,11 @@ def _input(attrs: dict[str, Any], events: list[dict[str, Any]]) -> tuple[list[di
     msgs = _json(attrs.get("gen_ai.input.messages"))
     out: list[dict[str, Any]] = []
     if system is not None:
-        out.append({"role": "system", "parts": system if isinstance(system, list) else
-                    [{"type": "text", "content": _text(system)}]})
+        out.append({"role": "system", "parts": [p for p in system if isinstance(p, dict)] if isinstance(system, list)
+                    else [{"type": "text", "content": _text(system)}]})
     if isinstance(msgs, list):
         return out + _messages_from_parts(msgs), "gen_ai.input.messages"
-    evs = [e for e in events if e.get("name") in _EVENT_ROLES]
+    evs = [e for e in events if isinstance(e.get("name"), str) and e["name"] in _EVENT_ROLES]
     if evs:
         ev_msgs = []
         for e in evs:
@@ -215,10 +236,10 @@ def _anthropic_body(model: str, messages: list[dict[str, Any]], attrs: dict[str,
             kind = p.get("type", "text")
             if kind == "tool_call":
                 args = p.get("arguments")
-                blocks.append({"type": "tool_use", "id": p.get("id") or "", "name": p.get("name") or "",
+                blocks.append({"type": "tool_use", "id": _id(p.get("id")), "name": p.get("name") or "",
                                "input": args if isinstance(args, dict) else {}})
             elif kind == "tool_call_response":
-                blocks.append({"type": "tool_result", "tool_use_id": (p.get("id") or "").strip(),
+                blocks.append({"type": "tool_result", "tool_use_id": _id(p.get("id")),
                                "content": _text(p.get("result") if isinstance(p.get("result"), (str, list))
                                                 else orjson.dumps(p.get("result")).decode())})
             elif kind in ("text", "reasoning"):
@@ -248,14 +269,14 @@ def _openai_body(model: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
                 results.append(p)
         for r in results:
             res = r.get("result")
-            out.append({"role": "tool", "tool_call_id": (r.get("id") or "").strip(),
+            out.append({"role": "tool", "tool_call_id": _id(r.get("id")),
                         "content": res if isinstance(res, str) else orjson.dumps(res).decode()})
         if results and not texts:
             continue
         msg: dict[str, Any] = {"role": m["role"] if m["role"] != "tool" else "tool",
                                "content": _text(texts) if texts or not calls else None}
         if calls:
-            msg["tool_calls"] = [{"id": c.get("id") or "", "type": "function",
+            msg["tool_calls"] = [{"id": _id(c.get("id")), "type": "function",
                                   "function": {"name": c.get("name") or "", "arguments":
                                                c["arguments"] if isinstance(c.get("arguments"), str)
                                                else orjson.dumps(c.get("arguments") or {}).decode()}}
@@ -309,8 +330,8 @@ def _spans(doc: Any, source: str, line: int) -> Iterator[tuple[dict[str, Any], t
         raise InputError("not an OTLP/JSON traces document: no `resourceSpans` list", source=source, line=line,
                          field="resourceSpans")
     for i, rs in enumerate(doc["resourceSpans"]):
-        for j, ss in enumerate((rs or {}).get("scopeSpans") or [] if isinstance(rs, dict) else []):
-            for k, span in enumerate((ss or {}).get("spans") or [] if isinstance(ss, dict) else []):
+        for j, ss in enumerate(_list(rs, "scopeSpans")):
+            for k, span in enumerate(_list(ss, "spans")):
                 if isinstance(span, dict):
                     yield span, (i, j, k)
 

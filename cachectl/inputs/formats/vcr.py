@@ -127,16 +127,21 @@ def _load(text: str, first: int, source: str) -> Any:
     try:
         return yaml.load(text, Loader=_Loader)  # noqa: S506 - the safe loader (C or pure Python)
     except yaml.constructor.ConstructorError as exc:
-        mark = exc.problem_mark
-        line = first + mark.line if mark is not None else first
+        line = first + _lines_before(text, exc.problem_mark)
         tag = (exc.problem or "").split("tag ")[-1].split(" ")[0] or "a tag"
         raise InputError(f"unsafe YAML tag {tag} (a Python object): not loaded; re-record the cassette or "
                          "serialize bodies as text", source=source, line=line) from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = first + mark.line if mark is not None else first
+        line = first + _lines_before(text, getattr(exc, "problem_mark", None))
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise InputError(f"invalid YAML cassette: {problem}", source=source, line=line) from None
+
+
+def _lines_before(text: str, mark: Any) -> int:
+    """The file's line breaks before a YAML parser's mark: counted from its character index, since YAML counts
+    U+0085, U+2028 and U+2029 as line breaks too (its ``mark.line`` would name a line past the file's). A mark
+    at the end of the stream is on the last line."""
+    return text.count("\n", 0, min(mark.index, len(text) - 1)) if mark is not None else 0
 
 
 class _NotPlain(Exception):
@@ -400,7 +405,12 @@ def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
             raise InputError("an interaction without a `request` mapping", source=source, line=line,
                              field=field)
         request, response = item["request"], item.get("response")
-        kind = _kind(request.get("method"), request.get("uri"))
+        try:
+            kind = _kind(request.get("method"), request.get("uri"))
+        except ValueError:  # (urlsplit: a bracketed host that is no IP address, a bad port)
+            uri = str(request.get("uri"))
+            raise InputError(f"not a URL: {uri if len(uri) <= 80 else uri[:77] + '...'!r}", source=source,
+                             line=line, field=f"{field}.request.uri") from None
         if kind is None:
             skipped += 1
             continue
