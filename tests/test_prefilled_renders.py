@@ -173,3 +173,20 @@ def test_the_sweep_digests_each_prompt_once_and_tokenizes_each_distinct_one_once
     for row, toks in zip(rows, got):
         assert [list(t.ids) for t in toks] == [list(want[id(ln.prompt)].ids) for ln in row]
     assert got[-1][1] is got[0][0]   # (the twin's tokens are its original's)
+
+
+def test_a_task_leaves_a_text_past_the_tokenize_bound_to_the_driver():
+    """A ``--ray`` task renders and encodes each prompt; one whose render is past the tokenize bound comes back
+    as None, like one that does not render, so that the driver meets it again and names its line (the bound's
+    own refusal, raised in the task, names none)."""
+    from cachectl.engines.repair.prefill import render_chunk
+    from cachectl.tokenization import max_tokenize_chars
+
+    long = "x " * (max_tokenize_chars() // 2 + 10)
+    got = render_chunk((str(TOK_DIR), None), [([{"role": "user", "content": "hi"}], None, True),
+                                              ([{"role": "user", "content": long}], None, True)])
+    tok = load_tokenizer(str(TOK_DIR))
+    hi = tok.render_chat(PromptInput(kind="openai", source="", line=None, messages=({"role": "user", "content": "hi"},)),
+                         add_generation_prompt=True)
+    assert got[0] is not None and got[0][0] == hi
+    assert got[1] is None

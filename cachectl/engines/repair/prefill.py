@@ -121,7 +121,7 @@ def prefill(lines: Iterable[Any], tokenizer: Any, *, generation_prompts: Sequenc
 def render_chunk(spec: tuple[str, str | None], items: Sequence[tuple]) -> list[tuple[str, bytes] | None]:
     """A task: each ``(messages, tools, add_generation_prompt)`` rendered through the chat template and encoded
     as the passes encode a chat render (no special tokens added: the template wrote them); None for one that does
-    not render (the driver renders it again and says why)."""
+    not render, or whose text is past the tokenize bound (the driver renders it again and says why)."""
     from ...errors import CachectlError
     from ...inputs import PromptInput
 
@@ -131,10 +131,11 @@ def render_chunk(spec: tuple[str, str | None], items: Sequence[tuple]) -> list[t
         p = PromptInput(kind="openai", source="", line=None, messages=tuple(msgs), tools=tuple(tools) if tools else None)
         try:
             text = tok.render_chat(p, add_generation_prompt=gen)
-        except CachectlError:
+            ids = tok.backend.encode(text, add_special_tokens=False).ids
+        except CachectlError:  # (a render or a text the bounds refuse: the driver meets it again, naming the line)
             out.append(None)
             continue
-        out.append((text, array("I", tok.backend.encode(text, add_special_tokens=False).ids).tobytes()))
+        out.append((text, array("I", ids).tobytes()))
     return out
 
 

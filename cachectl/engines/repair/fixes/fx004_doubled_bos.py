@@ -4,6 +4,7 @@ two."""
 
 from __future__ import annotations
 
+from ....tokenization import check_text_size
 from ..groups import line_facts
 from .body import set_at
 from .rewriter import FixCode, Rewriter
@@ -22,6 +23,7 @@ def apply(rw: Rewriter) -> None:
         ln = rw.lines[i]
         p = ln.prompt
         if p.kind == "text" and p.text is not None and bos and p.text.startswith(bos):
+            check_text_size(p.text, p)  # (refused naming its line, before the backend refuses it unnamed)
             ids = tok.backend.encode(p.text, add_special_tokens=True).ids
             if len(ids) > 1 and ids[0] == ids[1] == bos_id:
                 path = p.field_paths[0] if p.field_paths else "prompt"
