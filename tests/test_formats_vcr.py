@@ -254,3 +254,48 @@ def test_plain_yaml_builds_what_the_safe_loader_builds():
     assert isinstance(vcr._plain_yaml("t: 2024-05-14 10:11:12\n")["t"], datetime.datetime)
     with pytest.raises(vcr._NotPlain):
         vcr._plain_yaml("base: &b {x: 1}\nuse: *b\n")
+
+
+@pytest.mark.parametrize("brk", ["\u2028", "\u2029"])
+def test_a_stream_event_whose_json_holds_a_unicode_line_break_is_read_whole(tmp_path, brk):
+    """SSE breaks lines at \\r\\n, \\r and \\n only: a JSON string in an event's data may hold U+2028 or U+2029 as
+    they are, and ``str.splitlines`` would cut the event there (its usage lost without a word)."""
+    import yaml
+
+    doc = yaml.safe_load((LOGS / "vcr_anthropic_stream.yaml").read_text(encoding="utf-8"))
+    body = doc["interactions"][0]["response"]["body"]
+    delta = '{"type":"message_delta","delta":{"stop_reason":"end_turn"'  # (its counters are the final ones)
+    assert body["string"].count(delta) == 1
+    body["string"] = body["string"].replace(delta, delta.replace("end_turn", f"end{brk}turn"))
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(doc, allow_unicode=True), encoding="utf-8")
+    (_, v), = _values(p)
+    assert v["usage"]["input_tokens"] == 2411 and v["usage"]["output_tokens"] == 145
+
+
+def test_yaml_aliases_read_until_they_expand_the_cassette_past_twice_its_size(tmp_path):
+    """A loader keeps one object for an anchor and its aliases: a few shared headers (as PyYAML writes a cassette
+    whose interactions share an object) are read; nine levels of ten aliases ("billion laughs", 10^9 strings from
+    a file of a kilobyte) are refused in one line, without walking them."""
+    import time
+
+    import yaml
+
+    doc = yaml.safe_load((LOGS / "vcr_anthropic_cache.yaml").read_text(encoding="utf-8"))
+    shared = doc["interactions"][0]["request"]["headers"]
+    for item in doc["interactions"]:
+        item["request"]["headers"] = shared
+    text = yaml.safe_dump(doc, allow_unicode=True)
+    assert "*id001" in text
+    p = tmp_path / "shared.yaml"
+    p.write_text(text, encoding="utf-8")
+    assert len(_values(p)) == len(_values(LOGS / "vcr_anthropic_cache.yaml"))
+
+    laughs = ["interactions:", "- a0: &a0 [" + ", ".join(['"request"'] * 10) + "]"]
+    laughs += [f"  a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 10)]
+    p = tmp_path / "laughs.yaml"
+    p.write_text("\n".join(laughs) + "\n", encoding="utf-8")
+    t0 = time.perf_counter()
+    with pytest.raises(InputError, match=r"expand it past twice its size"):
+        _values(p)
+    assert time.perf_counter() - t0 < 5

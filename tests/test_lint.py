@@ -235,3 +235,19 @@ def test_nothing_checked_is_not_called_clean(cli, tmp_path):
     assert r.exit_code == 2 and "clean" not in r.stdout and "0 file(s) checked: no findings" in r.stdout
     good = cli("lint", "fixtures/lint/good")
     assert good.exit_code == 0 and good.stdout.rstrip().endswith("checked: clean")
+
+
+@pytest.mark.parametrize("brk", ["\x85", "\u2028", "\u2029", "\x0c"])
+def test_a_line_break_only_python_sees_moves_no_finding(cli, tmp_path, brk):
+    """Jinja numbers lines at \\r\\n, \\r and \\n only; ``str.splitlines`` also breaks at U+0085, U+2028, U+2029 and
+    form feeds. A finding's column, and the ignore comments' lines, come from Jinja's lines."""
+    p = tmp_path / "t.j2"
+    p.write_text(f"{{# a note {brk} here #}}\nYou are a helpful assistant.\nToday is {{{{ now() }}}}.\n",
+                 encoding="utf-8")
+    r = cli("lint", str(p), "-f", "json")
+    got = [(f["rule"], f["line"], f["column"]) for f in json.loads(r.stdout)["findings"]]
+    assert ("CC003", 3, 13) in got, got
+    p.write_text(f"{{# two {brk}{brk} #}}\n{{# cachectl: ignore[CC003] #}}\nToday is {{{{ now() }}}}.\n",
+                 encoding="utf-8")  # (split by splitlines, the comment would cover lines 4 and 5)
+    r = cli("lint", str(p), "-f", "json")
+    assert "CC003" not in {f["rule"] for f in json.loads(r.stdout)["findings"]}

@@ -292,6 +292,32 @@ def _depth_exceeds(text: str, limit: int) -> bool:
 
 
 #: the error of a JSONL file read where one JSON document is expected
+def yaml_expanded_past(value: Any, text: str) -> bool:
+    """Whether a YAML document as loaded (``value``, from ``text``) holds more than twice the text's characters
+    (and 65,536 more), each alias counted where it stands: a loader keeps one object for an anchor and all its
+    aliases, so a small file can stand for a document a thousand times its size ("billion laughs"), which whatever
+    walks, serializes or renders it then pays in full. Characters of strings and items of lists and mappings are
+    counted, and the walk stops at the bound: its time is bounded by the text's size."""
+    budget = 2 * len(text) + 65_536
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            budget -= len(v) + 1
+        elif isinstance(v, dict):
+            budget -= len(v) + 1
+            stack.extend(v)
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            budget -= len(v) + 1
+            stack.extend(v)
+        else:
+            budget -= 1
+        if budget < 0:
+            return True
+    return False
+
+
 JSONL_NOT_JSON = "one JSON document per line (JSONL) where a single JSON document is expected"
 
 
@@ -406,7 +432,7 @@ def parse_json_document(text: str, source: str) -> Any:
 def _is_jsonl(text: str) -> bool:
     """Whether every non-blank line of ``text`` is a JSON document of its own."""
     try:
-        for line in text.splitlines():
+        for line in text.split("\n"):  # (not splitlines: a JSON string may hold U+2028 and U+0085 as they are)
             if line.strip():
                 json.loads(line)
     except (ValueError, RecursionError):

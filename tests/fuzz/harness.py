@@ -150,7 +150,9 @@ def _strict_json(text: str) -> None:
         return
     except json.JSONDecodeError:
         pass
-    for line in text.splitlines():  # JSON lines, or several documents one after another
+    # JSON lines, or several documents one after another: split at "\n" only (``splitlines`` also splits at U+0085,
+    # U+2028 and U+2029, which a JSON string may hold as they are)
+    for line in text.split("\n"):
         if line.strip():
             json.loads(line, parse_constant=bad_constant)
 

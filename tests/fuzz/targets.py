@@ -311,13 +311,14 @@ def _log_strategy(path: Path) -> Callable[[dict], st.SearchStrategy]:
 
 _LOG_FILES = [p for p in sorted(LOGS.iterdir()) if p.is_file() and p.suffix in (".jsonl", ".json", ".yaml", ".log")]
 #: the commands that read every shape: ``report`` (requests, usage, the whole-log path), ``prompt-cost --usage``
-#: (the billed counters), ``simulate-prefix`` (the prompts as tokens)
+#: (the billed counters), ``simulate-prefix`` (the prompts as tokens), ``diff-tokens --log`` (consecutive requests)
 TARGETS += [Target(f"{name}.{p.stem}", p.name, _log_strategy(p), args)
             for p in _LOG_FILES for name, args in (
                 ("report", lambda f: ["report", f, "-t", TOK, "--format", "json", "--jobs", "1"]),
                 ("prompt-cost", lambda f: ["prompt-cost", "--usage", f, "--format", "json"]),
                 ("simulate-prefix", lambda f: ["simulate-prefix", f, "-t", TOK, "--policy", "infinite",
-                                               "--format", "json"]))]
+                                               "--format", "json"]),
+                ("diff-tokens", lambda f: ["diff-tokens", "--log", f, "-t", TOK, "--format", "json"]))]
 
 #: options whose free-form value cachectl parses itself: (name, command line with {v} for the value)
 OPTION_TARGETS: list[tuple[str, Sequence[str]]] = [

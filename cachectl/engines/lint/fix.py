@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...errors import CachectlError, InputError
-from .rules import Finding, LintConfig, filter_findings
+from .rules import Finding, LintConfig, filter_findings, template_lines
 from .run import TEMPLATE_SUFFIXES, _candidates, kind_name
 from .templates import _tool_schema_findings, parse_template, sandbox
 
@@ -134,7 +134,7 @@ def _with_sort_keys(source: str, match: re.Match) -> str | None:
 
 def _cc006_lines(env, source: str, path: str, config: LintConfig) -> list[Finding]:
     ast = parse_template(env, source, path)
-    lines = source.splitlines()
+    lines = template_lines(source)
     found: list[Finding] = []
 
     def add(rule: str, line: int, column: int, message: str) -> None:
@@ -174,7 +174,7 @@ def fix_template(path: str, source: str, config: LintConfig) -> tuple[str, list[
                 except InputError:
                     continue
                 if _count_on(after, line) < _count_on(findings, line):
-                    old, new = text.splitlines()[line - 1], candidate.splitlines()[line - 1]
+                    old, new = template_lines(text)[line - 1], template_lines(candidate)[line - 1]
                     edits.append(Edit("CC006", line, m.start() - lo + 1 + (m.group(0).find("tojson")), old, new))
                     text, findings, progress = candidate, after, True
                     break

@@ -319,9 +319,18 @@ def load_config(pyproject: str | None, *, select: Sequence[str] = (), ignore: Se
 # ------------------------------------------------------------------------------------------- filter
 
 
+def template_lines(source: str) -> list[str]:
+    """The source's lines as Jinja numbers them: broken at ``\r\n``, ``\r`` and ``\n`` only (``str.splitlines``
+    also breaks at U+0085, U+2028, U+2029 and a few control characters, which a template holds inside a line)."""
+    return _LINE_BREAK.split(source)
+
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
 def ignored_lines(source: str) -> dict[int, frozenset[str]]:
     out: dict[int, frozenset[str]] = {}
-    for i, text in enumerate(source.splitlines(), start=1):
+    for i, text in enumerate(template_lines(source), start=1):
         for m in re.finditer(r"cachectl:\s*ignore\[([A-Za-z0-9,\s]+)\]", text):
             ids = frozenset(x.strip().upper() for x in m.group(1).split(",") if x.strip())
             for ln in (i, i + 1):  # the comment's own line and the next one

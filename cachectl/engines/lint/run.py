@@ -105,6 +105,7 @@ def _lint_file(f: Path, config: LintConfig, tokenizer: Any, min_tokens: int | No
                count: Callable[[str], int], named: bool = False) -> list[Finding] | None:
     """Findings of one file; None when the file is no prompt (other JSON/YAML in a directory)."""
     from ...inputs import decode_text, parse_json_document, read_bytes
+    from ...inputs.files import yaml_expanded_past
 
     data, source = read_bytes(str(f))
     text = decode_text(data, source)
@@ -127,6 +128,8 @@ def _lint_file(f: Path, config: LintConfig, tokenizer: Any, min_tokens: int | No
                              line=text.count("\n", 0, at) + 1 if mark else None) from None
         except RecursionError:
             raise InputError("YAML nested too deeply", source=source) from None
+        if yaml_expanded_past(doc, text):
+            raise InputError("YAML whose aliases (*name) expand it past twice its size: not read", source=source)
     else:
         doc = parse_json_document(text, source)
     if isinstance(doc, dict) and isinstance(doc.get("chat_template"), (str, list)):

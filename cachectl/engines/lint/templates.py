@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from ...errors import InputError
 from .body import lint_body
-from .rules import RULES, VOLATILE_CALLS, VOLATILE_NAME, Finding, LintConfig, filter_findings
+from .rules import RULES, VOLATILE_CALLS, VOLATILE_NAME, Finding, LintConfig, filter_findings, template_lines
 
 if TYPE_CHECKING:
     from ...inputs import Request
@@ -162,7 +162,7 @@ def lint_template(path: str, source: str, config: LintConfig, tokenizer: Any = N
 
     env = sandbox()
     ast, template = parse_template(env, source, path, compiled=True)
-    lines = source.splitlines()
+    lines = template_lines(source)
     findings: list[Finding] = []
 
     def add(rule: str, line: int, column: int, message: str) -> None:

@@ -43,6 +43,7 @@ import orjson
 import yaml
 
 from ...errors import InputError
+from ..files import yaml_expanded_past
 from ..usage import ANTHROPIC_KEYS, OPENAI_CHAT_KEYS, OPENAI_RESPONSES_KEYS
 from .base import Head, LogShape, Record, Verdict
 
@@ -125,7 +126,7 @@ def _load(text: str, first: int, source: str) -> Any:
     except Exception:  # outside the plain subset, or a bad document: the safe loader says which
         pass
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - the safe loader (C or pure Python)
+        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - the safe loader (C or pure Python)
     except yaml.constructor.ConstructorError as exc:
         line = first + _lines_before(text, exc.problem_mark)
         tag = (exc.problem or "").split("tag ")[-1].split(" ")[0] or "a tag"
@@ -135,6 +136,10 @@ def _load(text: str, first: int, source: str) -> Any:
         line = first + _lines_before(text, getattr(exc, "problem_mark", None))
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise InputError(f"invalid YAML cassette: {problem}", source=source, line=line) from None
+    if yaml_expanded_past(data, text):  # (only the loader's path has aliases: the plain one refuses them)
+        raise InputError("a cassette whose YAML aliases (*name) expand it past twice its size: not read", source=source,
+                         line=first)
+    return data
 
 
 def _lines_before(text: str, mark: Any) -> int:
@@ -299,7 +304,7 @@ def _decoded(body: Any, headers: Any, field: str, source: str, line: int) -> Any
 
 def _sse(text: str) -> list[dict[str, Any]]:
     events = []
-    for line in text.splitlines():
+    for line in re.split(r"\r\n|\r|\n", text):  # (SSE's line breaks: not splitlines, which breaks inside JSON data)
         if line.startswith("data:"):
             payload = line[5:].strip()
             if payload.startswith("{"):
