@@ -291,7 +291,6 @@ def _depth_exceeds(text: str, limit: int) -> bool:
     return False
 
 
-#: the error of a JSONL file read where one JSON document is expected
 def yaml_expanded_past(value: Any, text: str) -> bool:
     """Whether a YAML document as loaded (``value``, from ``text``) holds more than twice the text's characters
     (and 65,536 more), each alias counted where it stands: a loader keeps one object for an anchor and all its
@@ -318,6 +317,7 @@ def yaml_expanded_past(value: Any, text: str) -> bool:
     return False
 
 
+#: the error of a JSONL file read where one JSON document is expected
 JSONL_NOT_JSON = "one JSON document per line (JSONL) where a single JSON document is expected"
 
 

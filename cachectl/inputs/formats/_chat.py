@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from ..request import ANTHROPIC_BLOCKS
+from .base import text_of
 
 
 def is_claude(model: Any, provider: Any = None) -> bool:
@@ -70,7 +71,7 @@ def _blocks(content: Any, msg: dict) -> list[dict]:
             out.append(_cc(part, {"type": "text", "text": part["text"]}))
         elif part.get("type") == "image_url":
             out.append(_image(part))
-        elif isinstance(part.get("type"), str) and part["type"] in ANTHROPIC_BLOCKS:
+        elif text_of(part, "type") in ANTHROPIC_BLOCKS:
             out.append(part)  # already an Anthropic block (LiteLLM's /v1/messages route logs them as sent)
         else:  # audio, file, ...: what a tokenizer can count of it
             out.append(_cc(part, {"type": "text", "text": _dump(part)}))

@@ -36,7 +36,7 @@ import orjson
 
 from ...errors import InputError
 from ..files import parse_jsonl_line
-from .base import Head, LogShape, Record, Verdict, wrapper_value
+from .base import Head, LogShape, Record, Verdict, text_of, wrapper_value
 
 SHAPE = LogShape(
     "otel", "OpenTelemetry GenAI spans (OTLP/JSON)",
@@ -200,7 +200,7 @@ def _input(attrs: dict[str, Any], events: list[dict[str, Any]]) -> tuple[list[di
                     else [{"type": "text", "content": _text(system)}]})
     if isinstance(msgs, list):
         return out + _messages_from_parts(msgs), "gen_ai.input.messages"
-    evs = [e for e in events if isinstance(e.get("name"), str) and e["name"] in _EVENT_ROLES]
+    evs = [e for e in events if text_of(e, "name") in _EVENT_ROLES]
     if evs:
         ev_msgs = []
         for e in evs:
