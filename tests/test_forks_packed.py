@@ -370,3 +370,72 @@ def test_the_analysis_is_the_same_with_every_span_found_again(tok, path, monkeyp
         again = analyze_forks(pack_requests(reqs), tokenizer=tok, capacity_blocks=400)
     assert kept.to_dict() == again.to_dict() and list(kept.request_gains) == list(again.request_gains)
     assert [kept.spans_to_move(r) for r in reqs] == [again.spans_to_move(r) for r in reqs]
+
+
+def _reads_within(monkeypatch, cls, name):
+    """(reads, caller): ``caller`` while ``cls.name`` runs, ``reads`` each view the analysis makes meanwhile, as
+    (request index, the plan's length)."""
+    from cachectl.engines.prefix.forks import cost
+
+    inside: list[int] = []
+    reads: list[tuple[int, int]] = []
+    real, view = getattr(cls, name), cost._Analyzer.view
+
+    def within(self, *args, **kw):
+        inside.append(1)
+        try:
+            return real(self, *args, **kw)
+        finally:
+            inside.pop()
+
+    monkeypatch.setattr(cls, name, within)
+    monkeypatch.setattr(cost._Analyzer, "view", lambda self, k, plan, changed=None:
+                        (reads.append((k, len(plan))) if inside else None) or view(self, k, plan, changed))
+    return reads
+
+
+def test_a_tools_fork_reads_no_request_for_its_values(tok, monkeypatch):
+    """A fork of the tools' order or serialization counts the orders the store keeps, not each request's line at
+    the fork, and the forks below it wait for the next pass: the pass that finds it reads no request for values."""
+    from cachectl.engines.prefix.forks import causes
+
+    reqs = list(fork_requests(iter_jsonl(str(TOOLS)), source=str(TOOLS), tokenizer=tok))
+    reads = _reads_within(monkeypatch, causes._Causes, "_values")
+    a = analyze_forks(pack_requests(reqs), tokenizer=tok, capacity_blocks=400)
+    assert [(f.cause, f.fixable) for f in a.forks][0] == ("tool_order", "FX003")
+    assert reads and {n for _, n in reads} == {1}   # (the next pass reads them, under the new order)
+    monkeypatch.undo()
+    assert a.to_dict() == analyze_forks(reqs, tokenizer=tok, capacity_blocks=400).to_dict()
+
+
+def test_a_request_listing_the_counterfactuals_tools_is_not_rebuilt_for_its_tokens(tok, monkeypatch):
+    """Under a tools counterfactual, a request that already lists its tools as the counterfactual does keeps its
+    own tokens: a pass that needs only token IDs tells it by the store's tools digest, without rebuilding it."""
+    from cachectl.engines.prefix.forks import cost, views
+
+    reqs = list(fork_requests(iter_jsonl(str(TOOLS)), source=str(TOOLS), tokenizer=tok))
+    store = pack_requests(reqs)
+    reads = _reads_within(monkeypatch, cost._Analyzer, "ids")
+    a = analyze_forks(store, tokenizer=tok, capacity_blocks=400)
+    tools = [t for t in a._plan if isinstance(t, views._Tools)]
+    as_given = {k for k in range(len(reqs)) for t in tools if store.tools_exact(k) == t.exact}
+    assert tools and as_given and reads
+    assert not as_given & {k for k, _ in reads}, sorted(as_given & {k for k, _ in reads})
+    monkeypatch.undo()
+    assert a.to_dict() == analyze_forks(reqs, tokenizer=tok, capacity_blocks=400).to_dict()
+
+
+def test_a_line_that_moves_nothing_is_not_rebuilt_for_its_spans(tok, monkeypatch):
+    """LogForks gives the lines each fix moves out of a request; where the analysis found, as it replayed the log,
+    that no fork moves anything out of it, the request is not rebuilt to say so."""
+    forks, _ = log_forks(groups.log_lines(iter_jsonl(str(LOG_AGENT)), source=str(LOG_AGENT)), tokenizer=tok)
+    assert forks is not None
+    want = [forks.report.spans_to_move(forks.requests[i], analysed=True) for i in range(len(forks.lines))]
+    assert any(want) and not all(want)
+    rebuilt = []
+    get = RequestStore.__getitem__
+    monkeypatch.setattr(RequestStore, "__getitem__", lambda self, k: rebuilt.append(k) or get(self, k))
+    fresh = LogForks(forks.report, forks.requests, forks.lines)
+    for i in range(len(want)):
+        assert fresh.spans(i, "FX001") == tuple(s for s in want[i] if s.code == "FX001")
+    assert rebuilt and not {k for k in range(len(want)) if not want[k]} & set(rebuilt)

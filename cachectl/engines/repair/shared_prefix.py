@@ -59,7 +59,9 @@ class LogForks:
             return ()
         at = self._at[i]
         if at == -2:
-            got = self.report.spans_to_move(self.requests[i], analysed=True, tool_set=self.requests.tool_set(i))
+            tool_set = self.requests.tool_set(i)
+            got = () if self.report.moves_nothing(i, tool_set) else \
+                self.report.spans_to_move(self.requests[i], analysed=True, tool_set=tool_set)
             if got:
                 if self._spool is None:
                     self._spool = Spool()

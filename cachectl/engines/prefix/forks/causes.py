@@ -76,15 +76,30 @@ class _Causes:
             return []
         took = tree.branches(nodes)
         sites = [site for node in nodes if (site := self._site(node, took[node.key], plan)) is not None]
-        self._values(sites, plan)
+        # a tools fork needs no line of each request (its values are the tools' orders), nor does a fork below one
+        # whose tools this pass puts in one order (it waits for the next pass): those are found first, so that the
+        # requests are read for the others only
+        ordered: set[tuple[int, int]] = set()
+        tools: list[Any] = []
+        for site in sites:
+            if site.key in drafts or _below(site.node, ordered):
+                continue
+            site.valued = self._explained(site)[3] not in _TOOL_CAUSES
+            t = None if site.valued else self._classify(site)[1]
+            if t is not None and not _planned(t, plan + tools):
+                tools.append(t)
+                ordered.add(site.node.key)
+        self._values([site for site in sites if site.valued is not None], plan)
         added: list[Any] = []
         moved: set[tuple[int, int]] = set()
         for site in sites:
             if site.key in drafts or _below(site.node, moved):
                 continue
+            if site.valued is None:  # (below a tools fork this pass left as it was: read now)
+                site.valued = True
+                self._values([site], plan)
             dr, t = self._classify(site)
-            if t is not None and any(isinstance(x, _Tools) and isinstance(t, _Tools) and x.identities == t.identities
-                                     for x in plan + added):
+            if t is not None and _planned(t, plan + added):
                 t = None
             dr["plan"] = t
             dr["node"] = site.node.key
@@ -128,12 +143,12 @@ class _Causes:
         tagged = heapq.merge(*(zip(site.took, repeat(k)) for k, site in enumerate(sites)))
         for r, group in groupby(tagged, key=lambda x: x[0]):
             mine = [sites[k] for _, k in group]
-            v = self.view(r, plan) if any(s.mover is not None for s in mine) else None
+            v = self.view(r, plan) if any(s.mover is not None and s.valued for s in mine) else None
             order = self.reqs.tool_order(r)
             for site in mine:
                 site.orders.add(order)  # (None: a request without tools, one value of a tools fork)
                 val = None
-                if site.mover is not None and v is not None:
+                if site.mover is not None and site.valued and v is not None:
                     sp = site.mover.span(v)
                     val = _value_text(v, sp) if sp is not None else None
                 site.values.append(site.distinct.add(val) if val is not None else -1)
@@ -144,16 +159,13 @@ class _Causes:
         distinct = len(site.distinct)
         base: dict[str, Any] = {"shared_tokens": d, "branches": len(node.children), "requests": requests,
                                 "distinct_values": distinct, "keep": True}
-        a, b = site.a.tokenized(), site.b.tokenized()
+        a, b, loc, cid, cause = self._explained(site)
         if a is None or b is None:
             return {**base, "path": None, "char": None, "cause": "unexplained", "fixable": None, "keep": False,
                     "message": "token IDs only: no text to compare"}, None
-        loc = a.location(d)
         path = loc.field
         if path is not None and re.search(r"(^|\.)tools\[\d+\]$", path):
             path = re.sub(r"\[\d+\]$", "", path)
-        cause = explain(a, b, d, self.tok)
-        cid = cause.id if cause is not None else None
         char = loc.char_offset if loc.char_offset is not None else loc.rendered_char_offset
         if path is None and loc.in_template and cid in _TOOL_CAUSES:  # (tools the template wrote its own way)
             path, char = "tools", None
@@ -216,6 +228,20 @@ class _Causes:
         return {**base, "cause": final, "fixable": code, "predicted_by": predictor,
                 "message": _message(final, distinct, requests, predictor, detail)}, move
 
+    def _explained(self, site: _Site) -> tuple[Any, Any, Any, str | None, Any]:
+        """The site's representatives' :class:`~cachectl.tokenization.Tokenized`, the location of the fork in the
+        first, and diff-tokens' cause there (its id, and itself): found once a site (None where a representative
+        is token IDs only)."""
+        if site.explained is None:
+            a, b = site.a.tokenized(), site.b.tokenized()
+            if a is None or b is None:
+                site.explained = (a, b, None, None, None)
+            else:
+                loc = a.location(site.d)
+                cause = explain(a, b, site.d, self.tok)
+                site.explained = (a, b, loc, cause.id if cause is not None else None, cause)
+        return site.explained
+
     def _shared_text(self, site: _Site, mover: _LineMove) -> frozenset[str]:
         """The lines at a fork that are the text the branches share, not values: a branch's line that the other
         representative holds a few lines further on (:data:`MAX_SKIPPED_LINES`), where lines were inserted above
@@ -260,6 +286,11 @@ class _Site:
         self.node, self.took, self.d, self.prefix, self.a, self.b = node, took, d, prefix, a, b
         self.key = (d, hash(prefix.tobytes()))
         self.mover: _LineMove | None = None
+        #: whether each request's line at the fork is read (False: a tools fork, whose values are the tools' orders;
+        #: None: not read, the fork being below one this pass puts the tools of in one order)
+        self.valued: bool | None = None
+        #: :meth:`_Causes._explained`'s, once found
+        self.explained: tuple | None = None
         #: beside ``took`` (the requests, in log order): each one's line at the fork, as an index into the distinct
         #: ones (-1: none); and the distinct orders of their tools
         self.values = array("i")
@@ -285,6 +316,11 @@ class _Distinct:
 
     def __len__(self) -> int:
         return len(self.texts)
+
+
+def _planned(t: Any, plan: Sequence[Any]) -> bool:
+    """Whether a tools counterfactual ``t`` is in ``plan`` already (one with the same tools)."""
+    return isinstance(t, _Tools) and any(isinstance(x, _Tools) and x.identities == t.identities for x in plan)
 
 
 def _short(text: str, n: int = 80) -> str:

@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .requests import ForkRequest
+from .store import AS_GIVEN
 from .tree import TreeNode
-from .views import _UNKNOWN, _LineMove, _Tools, _View, _view
+from .views import _UNKNOWN, _UNSEEN, _LineMove, _Tools, _View, _view
 
 SCHEMA_VERSION = 1
 
@@ -106,6 +107,25 @@ class ForkReport:
         d["fixed_tree"] = [asdict(n) for n in self.fixed_tree]
         d["notes"] = list(self.notes)
         return d
+
+    def moves_nothing(self, k: int, tool_set: Any) -> bool:
+        """Whether the analysis found, as it replayed the log, that no line fork moves anything out of its request
+        ``k`` (by index; ``tool_set`` as :meth:`spans_to_move` takes it): then :meth:`spans_to_move` gives nothing,
+        and the request is not read. False where that is not known."""
+        tools = None
+        for t in self._plan:
+            if isinstance(t, _Tools) and t.identities == tool_set:
+                got = self._rendered.get((k, id(t))) if self._rendered is not None else None
+                if got is None:
+                    return False
+                tools = None if got is AS_GIVEN else t
+                break
+        for t in self._plan:
+            if isinstance(t, _LineMove):
+                sp = t.known(k, (tools, ()))
+                if sp is _UNSEEN or (sp is not None and sp[1] > sp[0]):
+                    return False
+        return True
 
     def spans_to_move(self, request: ForkRequest, *, analysed: bool = False, tool_set: Any = _UNKNOWN
                       ) -> tuple[MoveSpan, ...]:
