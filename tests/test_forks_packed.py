@@ -373,8 +373,8 @@ def test_the_analysis_is_the_same_with_every_span_found_again(tok, path, monkeyp
 
 
 def _reads_within(monkeypatch, cls, name):
-    """(reads, caller): ``caller`` while ``cls.name`` runs, ``reads`` each view the analysis makes meanwhile, as
-    (request index, the plan's length)."""
+    """The views the analysis makes while ``cls.name`` runs, as (request index, the plan's length): a list the
+    analysis fills as it goes."""
     from cachectl.engines.prefix.forks import cost
 
     inside: list[int] = []

@@ -84,8 +84,9 @@ class _Causes:
         for site in sites:
             if site.key in drafts or _below(site.node, ordered):
                 continue
-            site.valued = self._explained(site)[3] not in _TOOL_CAUSES
-            t = None if site.valued else self._classify(site)[1]
+            cid = self._explained(site)[3]
+            site.valued = cid not in _TOOL_CAUSES
+            t = None if site.valued else self._classify(site)[1]   # (classified again below, with the orders)
             if t is not None and not _planned(t, plan + tools):
                 tools.append(t)
                 ordered.add(site.node.key)
@@ -230,7 +231,7 @@ class _Causes:
 
     def _explained(self, site: _Site) -> tuple[Any, Any, Any, str | None, Any]:
         """The site's representatives' :class:`~cachectl.tokenization.Tokenized`, the location of the fork in the
-        first, and diff-tokens' cause there (its id, and itself): found once a site (None where a representative
+        first, and diff-tokens' cause there (its id, and itself), found once per site (None where a representative
         is token IDs only)."""
         if site.explained is None:
             a, b = site.a.tokenized(), site.b.tokenized()
