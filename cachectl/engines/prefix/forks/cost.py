@@ -103,11 +103,7 @@ class _Analyzer:
         under: tuple[int, _Tools, Any] | None = None
         for j, t in enumerate(plan if mine is not None else ()):
             if isinstance(t, _Tools) and t.identities == mine:
-                got = self.rendered.get((k, id(t)))
-                if got is None and (exact := reqs.tools_exact(k)) is not None and exact == t.exact:
-                    # (a chat request that lists the tools as the counterfactual does: its render is its own, as
-                    # :func:`~.views._view` finds it, known without reading the request)
-                    self.rendered[k, id(t)] = got = AS_GIVEN
+                got = self.rendered.given(k, t, reqs.tools_exact(k))
                 if got is None:   # (not rendered yet)
                     return None
                 if got is not AS_GIVEN:

@@ -115,7 +115,8 @@ class ForkReport:
         tools = None
         for t in self._plan:
             if isinstance(t, _Tools) and t.identities == tool_set:
-                got = self._rendered.get((k, id(t))) if self._rendered is not None else None
+                table = self._rendered
+                got = table.given(k, t, table.store.tools_exact(k)) if table is not None else None
                 if got is None:
                     return False
                 tools = None if got is AS_GIVEN else t

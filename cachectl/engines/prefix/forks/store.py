@@ -366,6 +366,15 @@ class _RenderTable:
         rec.hot, rec.spans, rec.meta, rec.where = got[0][k], got[1][k], got[2][k], (self, key)
         return rec
 
+    def given(self, k: int, tools: Any, exact: bytes | None) -> Any:
+        """:meth:`get`'s for request ``k`` under the tools counterfactual ``tools``, or :data:`AS_GIVEN` (kept from now
+        on) where none is kept yet and the request's tools digest ``exact`` (:meth:`RequestStore.tools_exact`) is the
+        counterfactual's: a chat request that lists the tools as it does renders as it is, known without reading it."""
+        got = self.get((k, id(tools)))
+        if got is None and exact is not None and exact == tools.exact:
+            self[k, id(tools)] = got = AS_GIVEN
+        return got
+
     def __setitem__(self, key: tuple[int, int], rec: Any) -> None:
         if not isinstance(rec, _Packed) and rec is not AS_GIVEN:
             self._odd[key] = rec
