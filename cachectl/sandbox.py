@@ -55,8 +55,15 @@ class RenderBudget:
 DEFAULT_BUDGET = RenderBudget()
 #: the most items one operation of a template may put in a list (a render's own lists, not its inputs)
 MAX_ITEMS = 1_000_000
-#: how often the watchdog looks at a running render
+#: how often the watchdog looks at a running render once one has run this long
 POLL_S = 0.01
+#: the longest the watchdog waits between looks while every render it finds is younger than :data:`POLL_S`: the wait
+#: doubles from :data:`POLL_S` at each such look, and is :data:`POLL_S` again once a render has run that long. A
+#: whole-log command renders thousands of prompts a second, each in some 150 µs: looking every 10 ms through them cost
+#: about 4% of one process (each wake took the interpreter lock from the render and its own lock from the next
+#: render's start). So a render is first looked at within this and :data:`POLL_S` of its start, then every
+#: :data:`POLL_S`
+MAX_NAP_S = 0.16
 #: how long past its deadline a render stuck in one operation is given before the hard stop
 GRACE_S = 2.0
 #: how old the resident size that a render's memory is counted from may be: read at most once in this time, not at
@@ -184,21 +191,26 @@ class _Watchdog:
 
     def _run(self) -> None:
         idle_since: float | None = None
+        nap = POLL_S  # (the wait until the next look: longer while every render found is younger than POLL_S)
         while True:
             with self._cond:
                 if not self._active:  # polls on for LINGER_S (a render starting then is seen at the next poll)
                     now = time.monotonic()
                     idle_since = idle_since if idle_since is not None else now
                     if now - idle_since < LINGER_S:
-                        self._cond.wait(POLL_S)
+                        self._cond.wait(nap)
+                        nap = min(2 * nap, MAX_NAP_S)
                         continue
                     self._sleeping = True
                     while not self._active:
                         self._cond.wait()
                     self._sleeping = False
+                    nap = POLL_S
                 idle_since = None
                 now = time.monotonic()
-                rss = self._rss() if any(now - w.started >= POLL_S for w in self._active.values()) else None
+                old = any(now - w.started >= POLL_S for w in self._active.values())
+                rss = self._rss() if old else None
+                nap = POLL_S if old else min(2 * nap, MAX_NAP_S)
                 stuck = None
                 for w in self._active.values():
                     if w.reason is None:
@@ -213,7 +225,7 @@ class _Watchdog:
                             _tripped.add(w.thread)
                     elif now - w.tripped_at > max(GRACE_S, w.budget.seconds) and self.hard_stop is not None:
                         stuck = w
-                self._cond.wait(POLL_S)
+                self._cond.wait(nap)
             if stuck is not None and self.hard_stop is not None:
                 where = f"{stuck.label}: " if stuck.label else ""
                 self.hard_stop(f"{where}{stuck.reason}, and could not be interrupted (stuck in one operation)")

@@ -264,15 +264,13 @@ class KeptOffsets:
 
 def _kept_offsets(offsets: Sequence[tuple[int, int]]) -> KeptOffsets | None:
     """An ``Encoding``'s offsets as :class:`KeptOffsets` (None past 4-byte character offsets, or for no tokens)."""
-    import numpy as np
-
     if not len(offsets):
         return None
-    flat = np.fromiter(chain.from_iterable(offsets), np.int64, 2 * len(offsets))
-    if int(flat.max()) >= 2**32:
+    try:
+        flat = array("I", chain.from_iterable(offsets))
+    except OverflowError:
         return None
-    return KeptOffsets(array("I", flat[0::2].astype("uint32").tobytes()),
-                       array("I", flat[1::2].astype("uint32").tobytes()))
+    return KeptOffsets(flat[0::2], flat[1::2])
 
 
 def _read(enc: Any, offsets: bool) -> Any:
