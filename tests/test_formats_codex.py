@@ -146,3 +146,15 @@ def test_a_rollout_of_counts_without_items_is_said_to_hold_usage_and_sent_to_the
     assert "`cachectl prompt-cost --usage FILE` audits what it billed" in r.stderr
     audit = cli("prompt-cost", "--usage", TOTALS, "-f", "json")
     assert audit.exit_code == 0 and len(json.loads(audit.stdout)["requests"]) == 2, audit.stderr
+
+
+@pytest.mark.parametrize("key", [[], ["--key", "session"]])
+def test_a_log_of_its_shape_with_no_request_is_an_error_in_diff_tokens_too(cli, tmp_path, key):
+    """A file read as a Codex rollout (its first line is one) whose lines hold no model call: `diff-tokens --log`
+    printed 0 requests and exited 0, where fix, report and simulate-prefix say "no requests" (exit 2)."""
+    meta = (Path(__file__).parent.parent / "fixtures" / "logs" / "codex_rollout.jsonl").read_text().splitlines()[0]
+    native = json.dumps({"timestamp": 0, "body": {"model": "gpt-4.1", "messages": [{"role": "user", "content": "hi"}]}})
+    p = tmp_path / "mixed.jsonl"
+    p.write_text(f"{meta}\n{native}\n")
+    r = cli("diff-tokens", "--log", str(p), "-t", str(Path(__file__).parent.parent / "fixtures" / "tok"), *key)
+    assert r.exit_code == 2 and r.stderr.strip().endswith("mixed.jsonl: no requests"), r.stderr

@@ -107,7 +107,26 @@ def test_unknown_counter_names_file_line_and_field(tmp_path):
     assert len(_values(_log(tmp_path, ok))) == 1  # empty unknown counters are not an error
     with pytest.raises(InputError) as exc:
         _values(_log(tmp_path, ok, bad))
-    assert exc.value.line == 2 and exc.value.field == "usageDetails.mystery_tokens"
+    assert exc.value.line == 2 and exc.value.field == "body.usageDetails.mystery_tokens"
+
+
+def test_a_bad_counter_names_the_line_of_the_update_that_logged_it(tmp_path):
+    """A generation's usage comes in its update event, lines after the event that opened it: a bad counter there is
+    named at that line and its path in it, not at the opening line."""
+    update = {"id": "e-u", "type": "generation-update", "timestamp": "2026-01-01T00:00:01Z",
+              "body": {"id": "g", "usageDetails": {"input": 3, "output": -7}}}
+    with pytest.raises(InputError) as exc:
+        _values(_log(tmp_path, _gen(), update))
+    assert (exc.value.line, exc.value.field) == (2, "body.usageDetails.output")
+
+
+@pytest.mark.parametrize("huge", [10**20, 1e300, 2**31])
+def test_a_counter_past_32_bits_is_refused_where_it_is_logged(tmp_path, huge):
+    """A counter no request can hold (it reached the JSON output as an int past 64 bits before, an internal
+    error) is refused, named at its line and field."""
+    with pytest.raises(InputError, match="expected a token count") as exc:
+        _values(_log(tmp_path, _gen(usageDetails={"input": 3, "output": 1, "cache_read_input_tokens": huge})))
+    assert (exc.value.line, exc.value.field) == (1, "body.usageDetails.cache_read_input_tokens")
 
 
 def test_a_line_in_no_shape_is_named(tmp_path):
@@ -139,3 +158,13 @@ def test_detector_never_raises():
     assert langfuse.detect(head({"model": "gpt-4o", "input": "hi"})).score == 0  # a Responses body
     assert langfuse.detect(head(None, b"{\n")).score == 0
     assert langfuse.detect(head(None, b'{\n  "trace": {\n')).score == 2
+
+
+def test_a_claude_generations_malformed_message_is_named_in_its_event(tmp_path):
+    """The Anthropic rebuild refuses a message that is no message object, named at the event's line and the
+    message's path in it (it was rebuilt as the user text "null" before)."""
+    g = _gen(model="claude-sonnet-4-5", input={"messages": [{"role": "user", "content": "hi"}, None]},
+             usageDetails={"input": 3, "output": 1})
+    with pytest.raises(InputError, match="expected a message object") as exc:
+        _values(_log(tmp_path, g))
+    assert (exc.value.line, exc.value.field) == (1, "body.input.messages[1]")

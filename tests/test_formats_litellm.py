@@ -137,3 +137,20 @@ def test_embeddings_and_failures(tmp_path):
     p.write_text(json.dumps(emb) + "\n" + json.dumps(fail) + "\n")
     [(n, v)] = _values(p)
     assert n == 2 and "usage" not in v and "body" in v
+
+
+@pytest.mark.parametrize("bad, field, says", [
+    (None, "messages[1]", "expected a message object"),
+    ({"role": 5, "content": "hi"}, "messages[1].role", "missing or non-string 'role'"),
+    ({"role": "user", "content": {"a": 1}}, "messages[1].content", "expected a string or a list of content parts"),
+])
+def test_a_claude_calls_malformed_message_is_refused_where_it_is(tmp_path, bad, field, says):
+    """A Claude call's messages are rebuilt into the Anthropic body it was sent as: a message that is no message
+    (null, a role that is a number, a content that is an object) is refused as the OpenAI reader refuses it. It was
+    rebuilt as user text ("null", the object's JSON) before: a conversation split in two, its reuse lost unsaid."""
+    payload = _payload()
+    assert "claude" in payload["model"]
+    payload["messages"] = [payload["messages"][0], bad, *payload["messages"][1:]]
+    with pytest.raises(InputError, match=says) as exc:
+        _values(_line(tmp_path, payload))
+    assert (exc.value.line, exc.value.field) == (1, field)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import orjson
@@ -81,6 +82,16 @@ def test_bad_lines(tmp_path):
                                 f"params: {SP}, lora_request: None."])
     with pytest.raises(InputError, match="only at DEBUG"):
         list(log_values(info_only))
+    # a prefix whose digits are no date (an internal error before), a request line that is neither form (left out
+    # without a word before, where the log's other lines have prompts)
+    ok = f"INFO 05-14 10:11:12 [logger.py:39] Received request r0: prompt: 'a', params: {SP}, lora_request: None."
+    for bad, says in ((f"INFO 13-45 99:99:99 [logger.py:39] Received request r1: prompt: 'b', params: {SP}.",
+                       "'13-45 99:99:99' is not a month, day and time"),
+                      (f"INFO 05-14 10:11:13 [logger.py:39] Received request r1: promp\x00t: 'b', params: {SP}.",
+                       "expected `prompt: ` or `params: ` after the request id")):
+        with pytest.raises(InputError, match=re.escape(says)) as e:
+            list(log_values(_log(tmp_path, [ok, bad])))
+        assert e.value.line == 2
     none = _log(tmp_path, ["INFO 05-14 10:11:02 [api_server.py:1090] vLLM API server version 0.9.2"])
     with pytest.raises(InputError, match="--enable-log-requests"):
         list(log_values(none))

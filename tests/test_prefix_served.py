@@ -234,3 +234,18 @@ def test_block_hash_cost_data_names_its_measurement_and_the_published_figure():
     m = table["measured"]
     assert m["by"] == "bench/bench_block_hash.py" and m["sha256_ns_per_token"] > m["builtin_ns_per_token"] > 0
     assert m["date"] and m["machine"] and table["published"]["source"]
+
+
+def test_a_server_count_far_past_the_trace_is_not_modelled_as_a_line_at_the_top():
+    """A server that counted more prompt tokens than the trace holds, by the same count on every such row, is
+    replayed with that many tokens at the top (a template's line) up to MAX_SHIFT_TOKENS; past it the count is no
+    line a template writes, and is not replayed (a Langfuse log that read 100 million cached tokens on a 31-token
+    prompt built them as a list, and ran out of memory)."""
+    from cachectl.engines.prefix.served import MAX_SHIFT_TOKENS, _server_view
+    from cachectl.engines.prefix.trace import TraceRequest
+
+    for d, modelled in ((3, True), (MAX_SHIFT_TOKENS, True), (MAX_SHIFT_TOKENS + 1, False), (10**8, False)):
+        reqs = [TraceRequest(index=0, line=1, prompt_tokens=32, tokens=list(range(32)), served_prompt_tokens=32 + d)]
+        view, what = _server_view(reqs, {0: ("template", "")})
+        assert bool(what) == modelled, d
+        assert view[0].prompt_tokens == (32 + d if modelled else 32)

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from .conftest import ROOT
+from .conftest import ROOT, TOK_DIR
 
 REPORT_FIELDS = {"schema_version", "requests", "total_cost_usd", "uncached_cost_usd", "savings_usd"}
 COUNTERS = {"input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens", "cost_usd"}
@@ -81,6 +81,9 @@ def test_simulate_mode_layouts(cli, write):
                    {"what": "ever"}], "r.jsonl:2: neither a response nor a usage object"),
     (["--usage"], [{"model": "claude-sonnet-4-5", "usage": {"input_tokens": -3, "output_tokens": 1}}],
      "r.jsonl:1: field 'usage.input_tokens': negative token count -3"),
+    # (a counter past 64 bits reached the JSON output before: an internal error; past 32, no request holds it)
+    (["--usage"], [{"model": "claude-sonnet-4-5", "usage": {"input_tokens": 2**40, "output_tokens": 1}}],
+     "r.jsonl:1: field 'usage.input_tokens': a token count of 1.1e+12 is past the 2,147,483,647"),
     ([], [{"model": "claude-sonnet-4-5", "blocks": [{"id": "a", "tokens": 2000, "cache_control": {"type": "ephemeral"}}]},
           {"model": "claude-sonnet-4-5", "blocks": [{"id": "a", "tokens": 2000}]}], "r.jsonl:2: no timestamp"),
     ([], [{"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "hi"}]}],
@@ -112,7 +115,6 @@ def test_prompt_cost_path_does_not_import_heavy_libraries():
 
 
 def test_tokenizer_estimate_for_bodies(cli, write):
-    from .conftest import TOK_DIR
 
     body = {"timestamp": 0, "model": "claude-sonnet-4-5",
             "system": [{"type": "text", "text": "You are a helpful assistant. " * 400, "cache_control": {"type": "ephemeral"}}],
@@ -231,3 +233,15 @@ def test_unknown_output_is_noted(cli, write):
     path = jsonl(write, "req.jsonl", [{"timestamp": 0, "model": "claude-sonnet-4-5", "blocks": [block]}])
     d = json.loads(cli("prompt-cost", path, "-f", "json").stdout)
     assert any("no output_tokens" in n for n in d["notes"])
+
+
+def test_a_text_too_long_to_count_names_its_line(cli, write, monkeypatch):
+    """A position's text past the tokenizer's bound, counted for the provider's cache: the error names the request's
+    file and line (it named neither before)."""
+    monkeypatch.setenv("CACHECTL_MAX_TOKENIZE_CHARS", "5000")
+    body = {"model": "gpt-4.1", "timestamp": 1, "messages": [{"role": "user", "content": "word " * 2000}]}
+    first = {"model": "gpt-4.1", "timestamp": 0, "messages": [{"role": "user", "content": "hi"}]}
+    path = jsonl(write, "r.jsonl", [first, body])
+    r = cli("prompt-cost", path, "-t", str(TOK_DIR))
+    assert r.exit_code == 2 and "Traceback" not in r.stderr
+    assert "r.jsonl:2: a prompt of 10,000 characters to tokenize" in r.stderr, r.stderr

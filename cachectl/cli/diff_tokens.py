@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from ..errors import UsageError, printable
+from ..errors import InputError, UsageError, printable
 if TYPE_CHECKING:  # pragma: no cover
     from rich.table import Table
 
@@ -107,6 +107,10 @@ def command(
                                            add_special_tokens=special_tokens, template_vars=tvars,
                                            max_open=max_open, end_indices=ends):
                 if isinstance(item, tokendiff.LogSummary):
+                    if not item.requests:  # (lines of its shape, none a request: as fix and report say it)
+                        from ..inputs import display_name
+
+                        raise InputError("no requests", source=display_name(log))
                     if fmt is Format.json and forks is not None:
                         emit_jsonl({"record": "forks", **forks.report.to_dict()})
                     _render_log_summary(item, fmt)
@@ -255,6 +259,8 @@ def _auto_log(log: str, tok, block_size: int, add_generation_prompt: bool, fmt: 
 
     source = display_name(log)
     lines = log_lines(log_values(log, log_format, need_body=True), source=source, timestamps=stamps)
+    if not lines:  # (lines of its shape, none a request: as fix and report say it)
+        raise InputError("no requests", source=source)
     grouping = group_sessions(lines, tokenizer=tok)
     forks, notes = log_forks(lines, tokenizer=tok, block_size=block_size, add_generation_prompt=add_generation_prompt,
                              source=source)

@@ -34,6 +34,9 @@ OPENAI_RESPONSES_KEYS: dict[str, str | None] = {
 }
 OPENAI_DETAIL_KEYS = ("cached_tokens", "cache_write_tokens", "audio_tokens", "text_tokens", "image_tokens")
 _ANY_USAGE = set(ANTHROPIC_KEYS) | set(OPENAI_CHAT_KEYS) | set(OPENAI_RESPONSES_KEYS)
+#: the largest token counter a usage may report (a 32-bit int): a billion tokens and more in one request is a logging
+#: error, and a counter past 64 bits would reach the JSON output (and a replay that models the difference, memory)
+MAX_TOKEN_COUNT = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,9 @@ def _count(obj: dict, key: str, loc: dict, path: str, *, required: bool = False)
         raise MalformedInput(f"expected an integer token count, got {value!r}", field=f"{path}{key}", **loc)
     if value < 0:
         raise MalformedInput(f"negative token count {value}", field=f"{path}{key}", **loc)
+    if value > MAX_TOKEN_COUNT:
+        raise MalformedInput(f"a token count of {value:.3g} is past the {MAX_TOKEN_COUNT:,} any request can hold",
+                             field=f"{path}{key}", **loc)
     return value
 
 

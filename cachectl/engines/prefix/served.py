@@ -323,6 +323,11 @@ def _hypotheses(requests: Sequence[TraceRequest], report: PrefixReport, settings
                     lora_keys=True), hits
 
 
+#: the most tokens :func:`_server_view` models at the top of a prompt (a template's line, its default system prompt):
+#: a server's count past the trace's by more is not such a line, and is not replayed
+MAX_SHIFT_TOKENS = 1 << 16
+
+
 def _server_view(requests: Sequence[TraceRequest], certain: dict) -> tuple[Sequence[TraceRequest], str]:
     """The requests as the server saw them where its prompt length differs by the same count on every such row
     (``d`` tokens more: a template's line at the top, modelled as ``d`` tokens no trace holds; ``d`` fewer: the
@@ -332,6 +337,8 @@ def _server_view(requests: Sequence[TraceRequest], certain: dict) -> tuple[Seque
     if len(deltas) != 1 or not all(r.tokens is not None for r in requests):
         return requests, ""
     (d,) = deltas
+    if d > MAX_SHIFT_TOKENS:  # (not a line a template writes: a count the replay would hold for every request)
+        return requests, ""
     top = [-1 - k for k in range(d)] if d > 0 else []
     view = []
     for r in requests:

@@ -29,7 +29,8 @@ import sys
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -1232,10 +1233,12 @@ class CostRun:
         keep: dict = {}
         _check_cache_params(req, price)
         if price.cache_mode == "automatic":
-            pieces = _pieces(req, text_counter, counter)
+            with _located(req):
+                pieces = _pieces(req, text_counter, counter)
             usage, note, miss = sim.automatic(req, price, keys, pieces, t)
         elif price.cache_mode == "none":
-            cum = _cumulative(req, keys, text_counter, counter)
+            with _located(req):
+                cum = _cumulative(req, keys, text_counter, counter)
             usage = Usage(cum[-1] if cum else 0, 0, 0, req.output_tokens or 0)
             note, miss = f"{price.model} has no cached-input price: nothing is cached", None
         elif price.cache_mode == "breakpoints":
@@ -1355,6 +1358,18 @@ def _piece_count(p: Position, text_counter) -> int:
     if isinstance(text_counter, TextTokens):
         return text_counter.count(p.text)
     return text_counter(p.text)
+
+
+@contextmanager
+def _located(req: Request) -> Iterator[None]:
+    """An input error of the block (a position's text too long to tokenize) naming the request's file and line
+    where it names none."""
+    try:
+        yield
+    except InputError as exc:
+        if exc.source is not None:
+            raise
+        raise InputError(exc.message, source=req.source, line=req.line, field=exc.field) from None
 
 
 def _need_counts(req: Request) -> InputError:

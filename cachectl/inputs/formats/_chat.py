@@ -18,7 +18,9 @@ from typing import Any
 
 import orjson
 
+from ...errors import InputError
 from ..request import ANTHROPIC_BLOCKS
+from ..usage import MAX_TOKEN_COUNT
 from .base import text_of
 
 
@@ -128,14 +130,22 @@ def anthropic_tool_choice(choice: Any) -> Any:
     return choice
 
 
-def anthropic_body(model: str | None, messages: list, tools: Any = None, params: dict | None = None) -> dict:
-    """The Anthropic Messages body an OpenAI-format chat was sent as."""
+def anthropic_body(model: str | None, messages: list, tools: Any = None, params: dict | None = None, *,
+                   path: str = "messages", where: dict | None = None) -> dict:
+    """The Anthropic Messages body an OpenAI-format chat was sent as. A message that is no message object, a role
+    that is no string, a content that is neither a string nor a list of parts is refused as the OpenAI chat reader
+    refuses it (none is a chat the gateway sent): an :class:`~cachectl.errors.InputError` at ``path`` (the
+    messages' JSON path in the line) and ``where`` (its ``source`` and ``line``)."""
     system: list[dict] = []
     turns: list[dict] = []
-    for msg in messages:
+    for i, msg in enumerate(messages):
+        at = f"{path}[{i}]"
         if not isinstance(msg, dict):
-            turns.append({"role": "user", "content": [{"type": "text", "text": _dump(msg)}]})
-            continue
+            raise InputError("expected a message object", field=at, **(where or {}))
+        if not isinstance(msg.get("role"), str):
+            raise InputError("missing or non-string 'role'", field=f"{at}.role", **(where or {}))
+        if not isinstance(msg.get("content"), (str, list, type(None))):
+            raise InputError("expected a string or a list of content parts", field=f"{at}.content", **(where or {}))
         role = msg.get("role")
         if role in ("system", "developer"):
             system.extend(_blocks(msg.get("content"), msg))
@@ -195,13 +205,15 @@ def obj(holder: Any, key: str) -> dict:
 
 
 def count(value: Any) -> int | None:
-    """A token counter as logged: an int (or an integral float/string, as JSON writers leave them), else None."""
+    """A token counter as logged: an int (or an integral float/string, as JSON writers leave them) from 0 to
+    :data:`~cachectl.inputs.usage.MAX_TOKEN_COUNT`, else None."""
     if isinstance(value, bool):
         return None
+    n = None
     if isinstance(value, int):
-        return value if value >= 0 else None
-    if isinstance(value, float) and value.is_integer() and value >= 0:
-        return int(value)
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value)
-    return None
+        n = value
+    elif isinstance(value, float) and value.is_integer():
+        n = int(value)
+    elif isinstance(value, str) and value.strip().isdigit():
+        n = int(value)
+    return n if n is not None and 0 <= n <= MAX_TOKEN_COUNT else None

@@ -42,6 +42,7 @@ from typing import Any
 import orjson
 
 from ...errors import InputError
+from ..usage import MAX_TOKEN_COUNT
 from ._chat import anthropic_body, anthropic_usage, count, is_claude, openai_usage
 from .base import Head, LogShape, Record, Verdict, json_value, text_of
 
@@ -123,11 +124,13 @@ def detect(head: Head) -> Verdict:
 # --------------------------------------------------------------------------------------------- the usage
 
 
-def _usage(o: dict, claude: bool, litellm: bool, source: str, line: int) -> dict | None:
+def _usage(o: dict, claude: bool, litellm: bool, source: str, line: int, at: str = "") -> dict | None:
+    """The usage a generation logged, as the request's native usage; ``line``, ``at``: the line that logged it and
+    the path there of the object that holds it (an event's ``body.``), which its errors name."""
     details = o.get("usageDetails")
-    path = "usageDetails."
+    path = f"{at}usageDetails."
     if not isinstance(details, dict) or not details:
-        details, path = o.get("usage"), "usage."
+        details, path = o.get("usage"), f"{at}usage."
         if not isinstance(details, dict) or not any(details.get(k) for k in (*_INPUT, *_OUTPUT)):
             return None
         if details.get("unit") not in (None, "TOKENS"):
@@ -138,8 +141,8 @@ def _usage(o: dict, claude: bool, litellm: bool, source: str, line: int) -> dict
             continue
         n = count(raw)
         if n is None:
-            raise InputError(f"expected a non-negative token count, got {raw!r:.40}", source=source, line=line,
-                             field=f"{path}{key}")
+            raise InputError(f"expected a token count (a whole number from 0 to {MAX_TOKEN_COUNT:,}), got {raw!r:.40}",
+                             source=source, line=line, field=f"{path}{key}")
         if key in _INPUT:
             inp += n
         elif key in _OUTPUT or key.startswith("output_"):
@@ -192,8 +195,10 @@ def _content(msg: Any) -> Any:
     return {**msg, "content": orjson.dumps(content).decode()}
 
 
-def _body(o: dict, model: str | None, claude: bool) -> tuple[dict | None, str | None]:
-    """``(body, what was assumed)`` from an observation's ``input``."""
+def _body(o: dict, model: str | None, claude: bool, where: dict | None = None, at: str = ""
+          ) -> tuple[dict | None, str | None]:
+    """``(body, what was assumed)`` from an observation's ``input`` (``where``, ``at``: the line it was logged on and
+    the path there of the object that holds it, which a message the Anthropic rebuild refuses is named at)."""
     raw = o.get("input")
     if isinstance(raw, str):  # the export stores JSON-encoded strings for some integrations
         try:
@@ -203,8 +208,9 @@ def _body(o: dict, model: str | None, claude: bool) -> tuple[dict | None, str | 
         raw = decoded if decoded is not None else raw
     tools: Any = None
     note = None
+    path = f"{at}input"
     if isinstance(raw, dict) and isinstance(raw.get("messages"), list):
-        messages, tools = raw["messages"], raw.get("tools")
+        messages, tools, path = raw["messages"], raw.get("tools"), f"{at}input.messages"
     elif isinstance(raw, list) and raw and all(isinstance(m, dict) and "role" in m for m in raw):
         messages = raw
     elif isinstance(raw, list) and raw and all(isinstance(m, dict) for m in raw) and not claude:
@@ -216,7 +222,7 @@ def _body(o: dict, model: str | None, claude: bool) -> tuple[dict | None, str | 
         messages = [{"role": "user", "content": text}]
         note = "input logged as text, not messages: taken as one user message"
     if claude:
-        return anthropic_body(model, messages, tools), note
+        return anthropic_body(model, messages, tools, path=path, where=where), note
     body: dict[str, Any] = {"model": model, "messages": [_content(m) for m in messages]}
     if isinstance(tools, list) and tools:
         body["tools"] = tools
@@ -244,13 +250,17 @@ class _Reader:
         while len(self.traces) > MAX_TRACES:
             self.traces.popitem(last=False)
 
-    def record(self, o: dict, line: int, timestamp: Any = None, trace: dict | None = None) -> Record:
+    def record(self, o: dict, line: int, timestamp: Any = None, trace: dict | None = None,
+               usage_at: tuple[int, str] | None = None, at: str = "") -> Record:
+        """One generation's record; ``at``: the path of ``o`` in ``line`` (an event's ``body.``); ``usage_at``: the
+        line whose event logged its usage, and the path of the object that holds it there (its errors name them;
+        else ``line``'s ``o``)."""
         model = o.get("model") if isinstance(o.get("model"), str) and o.get("model") else None
         claude = is_claude(model)
         meta = o.get("metadata")
         litellm = isinstance(meta, dict) and ("hidden_params" in meta or "litellm_response_cost" in meta)
-        body, note = _body(o, model, claude)
-        usage = _usage(o, claude, litellm, self.source, line)
+        body, note = _body(o, model, claude, {"source": self.source, "line": line}, at)
+        usage = _usage(o, claude, litellm, self.source, *(usage_at or (line, "")))
         tid = o.get("traceId")
         known = trace if trace is not None else self.traces.get(tid, {}) if isinstance(tid, str) else {}
         keys = {"request_id": o.get("id"), "trace": tid, **known}
@@ -267,7 +277,8 @@ class _Reader:
             if upto is not None and state["last"] >= upto - WINDOW and len(self.pending) <= WINDOW:
                 return
             del self.pending[gid]
-            yield self.record(state["body"], state["line"], state["timestamp"])
+            yield self.record(state["body"], state["line"], state["timestamp"], usage_at=state.get("usage_at"),
+                              at="body.")
 
     def event(self, ev: dict, line: int) -> Iterator[Record]:
         etype, body = ev.get("type"), ev.get("body")
@@ -284,6 +295,8 @@ class _Reader:
             if state is None:
                 state = {"line": line, "timestamp": ev.get("timestamp"), "body": {}}
             state["body"].update({k: v for k, v in body.items() if v is not None})
+            if body.get("usageDetails") is not None or body.get("usage") is not None:
+                state["usage_at"] = (line, "body.")   # (the event that logged the usage, last)
             state["last"] = line
             self.pending[gid] = state
         yield from self.flush(line)

@@ -37,6 +37,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ...errors import InputError
+from ..usage import MAX_TOKEN_COUNT
 from ._chat import anthropic_body, anthropic_usage, count, is_claude, obj, openai_usage
 from .base import Head, LogShape, Record, Verdict, json_value, text_of
 
@@ -92,7 +93,7 @@ def _messages(payload: dict) -> list:
     return messages if isinstance(messages, list) else []
 
 
-def _body(payload: dict, model: str | None, claude: bool) -> dict | None:
+def _body(payload: dict, model: str | None, claude: bool, where: dict | None = None) -> dict | None:
     messages = _messages(payload)
     params = obj(payload, "model_parameters")
     params = {k: v for k, v in params.items() if v is not None}
@@ -101,7 +102,9 @@ def _body(payload: dict, model: str | None, claude: bool) -> dict | None:
     if text_of(payload, "call_type") in _RESPONSES:
         return {"model": model, "input": payload.get("messages"), **params}
     if claude:
-        return anthropic_body(model, messages, params.get("tools"), params)
+        nested = isinstance(payload.get("messages"), dict)   # ({"messages": [...]}: LiteLLM's pass-through routes)
+        return anthropic_body(model, messages, params.get("tools"), params,
+                              path="messages.messages" if nested else "messages", where=where)
     return {"model": model, "messages": messages, **params}
 
 
@@ -122,8 +125,8 @@ def _counter(obj: dict, key: str, path: str, source: str, line: int) -> int | No
         return None
     n = count(value)
     if n is None:
-        raise InputError(f"expected a non-negative token count, got {value!r:.40}", source=source, line=line,
-                         field=f"{path}{key}")
+        raise InputError(f"expected a token count (a whole number from 0 to {MAX_TOKEN_COUNT:,}), got {value!r:.40}",
+                         source=source, line=line, field=f"{path}{key}")
     return n
 
 
@@ -181,7 +184,7 @@ def record_of(payload: dict, line: int, source: str) -> Record | None:
         return None
     model = _model(payload)
     claude = is_claude(model, payload.get("custom_llm_provider"))
-    body = _body(payload, model, claude)
+    body = _body(payload, model, claude, {"source": source, "line": line})
     missing: list[str] = []
     if body is None:
         missing.append("no messages (LiteLLM logged none: turn_off_message_logging?)")

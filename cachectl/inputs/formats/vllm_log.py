@@ -318,7 +318,11 @@ def _requests(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[_Requ
             skipped += 1
             continue
         stamp = raw[head.start(2):head.end(6)]  # MM-DD HH:MM:SS as logged
-        seconds = clock.seconds(stamp)
+        try:
+            seconds = clock.seconds(stamp)
+        except ValueError:  # (a month 13, a day 45, an hour 99: the prefix's digits are not a date)
+            raise InputError(f"{stamp.decode('ascii', 'replace')!r} is not a month, day and time (MM-DD HH:MM:SS)",
+                             **where) from None
         if received is not None and rid in pending:  # v0.11.2+: the INFO line after the DEBUG details
             r = pending.pop(rid)
             lora = _lora(text, at)
@@ -327,9 +331,11 @@ def _requests(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[_Requ
             continue
         if text.startswith("prompt: ", at):
             prompt, end = _literal(text, at + len("prompt: "), where)
-        elif received is not None:
+        elif received is not None and text.startswith("params: ", at):
             info_only += 1  # v0.11.2+ at INFO: the prompt is not in the log
             continue
+        elif received is not None:  # (neither form: a request line cut or garbled, not to be left out unsaid)
+            raise InputError("expected `prompt: ` or `params: ` after the request id", **where)
         else:
             raise InputError("expected `prompt: ` after the request id", **where)
         tokens = _ids(text, where, end)
