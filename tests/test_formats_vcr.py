@@ -299,3 +299,17 @@ def test_yaml_aliases_read_until_they_expand_the_cassette_past_twice_its_size(tm
     with pytest.raises(InputError, match=r"expand it past twice its size"):
         _values(p)
     assert time.perf_counter() - t0 < 5
+
+
+def test_a_cassette_cut_inside_an_interaction_is_refused_at_it(tmp_path):
+    """A cassette cut in its second interaction's request headers still parses as YAML: the cut request has no
+    `method` or `uri` (vcrpy records both), and was left out as a non-LLM call, 1 request read of 2 without a word.
+    It is refused at the interaction's line."""
+    text = (LOGS / "vcr_anthropic_cache.yaml").read_text()
+    second = text.index("- request:", text.index("- request:") + 1)
+    cut = tmp_path / "cut.yaml"
+    cut.write_text(text[:text.index("accept-encoding", second)])
+    with pytest.raises(InputError, match="is the cassette cut") as exc:
+        _values(cut)
+    assert exc.value.field == "interactions[1].request"
+    assert exc.value.line == text[:second].count("\n") + 1

@@ -410,6 +410,9 @@ def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
             raise InputError("an interaction without a `request` mapping", source=source, line=line,
                              field=field)
         request, response = item["request"], item.get("response")
+        if request.get("method") is None or request.get("uri") is None:  # (vcrpy records both: a cassette cut there)
+            raise InputError("a request without its `method` and `uri` (vcrpy records both: is the cassette cut?)",
+                             source=source, line=line, field=f"{field}.request")
         try:
             kind = _kind(request.get("method"), request.get("uri"))
         except ValueError:  # (urlsplit: a bracketed host that is no IP address, a bad port)
