@@ -1367,9 +1367,10 @@ def _located(req: Request) -> Iterator[None]:
     try:
         yield
     except InputError as exc:
-        if exc.source is not None:
-            raise
-        raise InputError(exc.message, source=req.source, line=req.line, field=exc.field) from None
+        if exc.source is None:  # (the error itself, its kind kept: located, and its line said again)
+            exc.source, exc.line = req.source, req.line
+            exc.args = (exc._format(),)
+        raise
 
 
 def _need_counts(req: Request) -> InputError:
