@@ -24,6 +24,12 @@ class InputError(CachectlError):
         self.field = field
         super().__init__(self._format())
 
+    def locate(self, source: str, line: int | None) -> None:
+        """Name ``source`` and ``line`` where this error names no file (its kind and field kept)."""
+        if self.source is None:
+            self.source, self.line = source, line
+            self.args = (self._format(),)
+
     def _format(self) -> str:
         where = ""
         if self.source is not None:

@@ -1367,9 +1367,7 @@ def _located(req: Request) -> Iterator[None]:
     try:
         yield
     except InputError as exc:
-        if exc.source is None:  # (the error itself, its kind kept: located, and its line said again)
-            exc.source, exc.line = req.source, req.line
-            exc.args = (exc._format(),)
+        exc.locate(req.source, req.line)
         raise
 
 
