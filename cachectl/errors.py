@@ -30,6 +30,11 @@ class InputError(CachectlError):
             self.source, self.line = source, line
             self.args = (self._format(),)
 
+    def rename_field(self, field: str | None) -> None:
+        """Name ``field`` instead: the path as the user's file spells it, where a reader parsed a value wrapped."""
+        self.field = field
+        self.args = (self._format(),)
+
     def _format(self) -> str:
         where = ""
         if self.source is not None:

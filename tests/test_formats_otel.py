@@ -167,3 +167,21 @@ def test_values_are_the_records_values():
             for n in range(1, rng.randrange(2, 5))]
         got, want = values_and_records(otel, lines, "s.jsonl")
         assert got == want
+
+
+@pytest.mark.parametrize("value", [{"intValue": "-3"}, {"intValue": str(10**20)}, {"doubleValue": 1.5},
+                                   {"stringValue": "many"}])
+def test_a_counter_that_is_no_token_count_is_refused_at_its_attribute(tmp_path, value):
+    """A usage attribute that is negative, past 32 bits, fractional or a word is refused at its line and at the
+    span's attribute: not truncated (1.5 was read as 1), not left out, not named at an internal path."""
+    path = _line(tmp_path, {"gen_ai.system": "openai", "gen_ai.request.model": "gpt-4o",
+                            "gen_ai.usage.prompt_tokens": 1500, "gen_ai.usage.completion_tokens": 3})
+    doc = json.loads(path.read_text())
+    doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"].append(
+        {"key": "gen_ai.usage.cache_read_input_tokens", "value": value})
+    path.write_text(json.dumps(doc) + "\n")
+    with pytest.raises(InputError) as err:
+        _values(path)
+    assert err.value.line == 1
+    assert err.value.field == "resourceSpans[0].scopeSpans[0].spans[0].attributes.gen_ai.usage.cache_read_input_tokens"
+    assert "expected a token count" in err.value.message

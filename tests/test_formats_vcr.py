@@ -313,3 +313,31 @@ def test_a_cassette_cut_inside_an_interaction_is_refused_at_it(tmp_path):
         _values(cut)
     assert exc.value.field == "interactions[1].request"
     assert exc.value.line == text[:second].count("\n") + 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("bad", [-1, 1e20, 2.5, "lots"])
+def test_a_usage_counter_that_is_no_token_count_is_named_at_the_response(tmp_path, bad, stream):
+    """A recorded response's counter that is negative, past 32 bits, fractional or a word is refused at its
+    interaction, naming the response body's counter (or, in an event stream, the body and the counter), not the
+    internal ``usage.`` path the readers' records share."""
+    usage = {**USAGE, "cache_read_input_tokens": bad}
+    if stream:
+        events = [{"type": "message_start", "message": {"id": "msg_1", "model": "claude-sonnet-4-5", "usage": usage}},
+                  {"type": "message_stop"}]
+        body = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events)
+    else:
+        body = json.dumps({"id": "msg_1", "usage": usage})
+    ok = {"request": _anthropic_request(), "response": {"status": {"code": 200}, "headers": {},
+                                                         "body": {"string": json.dumps({"id": "m", "usage": USAGE})}}}
+    path = _cassette(tmp_path, [ok, {"request": _anthropic_request(), "response": {
+        "status": {"code": 200}, "headers": {}, "body": {"string": body}}}])
+    with pytest.raises(InputError, match="expected a token count") as exc:
+        _values(path)
+    text = path.read_text()
+    assert exc.value.line == text[:text.index("- request:", text.index("- request:") + 1)].count("\n") + 1
+    if stream:
+        assert exc.value.field == "interactions[1].response.body"
+        assert "usage.cache_read_input_tokens in its event stream" in exc.value.message
+    else:
+        assert exc.value.field == "interactions[1].response.body.usage.cache_read_input_tokens"

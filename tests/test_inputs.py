@@ -214,3 +214,40 @@ def test_jsonl_where_one_json_document_is_expected_is_named(cli, tmp_path):
     assert r.exit_code == 2 and "JSONL" in r.stderr and "diff-tokens --log" in r.stderr and "--as text" not in r.stderr
     r = cli("lint", log)
     assert r.exit_code == 2 and f"log.jsonl:2: {JSONL_NOT_JSON}" in r.stderr
+
+
+@pytest.mark.parametrize("body, field, message", [
+    # the OpenAI API refuses both (messages: at least one; a function tool: its function's name); they were read,
+    # an empty list priced at 0 tokens by prompt-cost and a string rendered as an undefined name
+    ({"model": "gpt-4.1", "messages": []}, "messages", "at least one message"),
+    ({"model": "gpt-4.1", "messages": [{"role": "user", "content": "hi"}],
+      "tools": [{"type": "function", "function": "get_weather"}]}, "tools[0].function", "a string 'name'"),
+    ({"model": "gpt-4.1", "messages": [{"role": "user", "content": "hi"}],
+      "tools": [{"type": "function", "function": {"name": 7}}]}, "tools[0].function", "a string 'name'"),
+    ({"model": "gpt-4.1", "input": "hi", "tools": [{"type": "function", "parameters": {}}]}, "tools[0].name",
+     "a string 'name'"),
+])
+def test_bodies_the_api_refuses_are_refused_at_their_field(body, field, message):
+    with pytest.raises(InputError, match=message) as exc:
+        prompt_from_value(body, source="s", line=4)
+    assert exc.value.field == field and exc.value.line == 4
+
+
+def test_responses_and_chat_function_tools_with_names_are_read():
+    flat = prompt_from_value({"model": "gpt-4.1", "input": "hi", "tools": [
+        {"type": "function", "name": "f", "parameters": {}}, {"type": "web_search"}]}, source="s", line=1)
+    assert flat.tools[0]["function"]["name"] == "f"
+    chat = prompt_from_value({"messages": [{"role": "user", "content": "hi"}], "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": {}}}]}, source="s", line=1)
+    assert chat.tools[0]["function"]["name"] == "f"
+
+
+def test_a_line_that_is_a_list_of_requests_is_named_as_one(write):
+    """A JSON array of request records (one JSON document, not JSONL) was read as a list of messages, and refused as
+    `messages[0].role`; a bare message list's own errors are named from the list, not from a `messages` it lacks."""
+    rec = {"timestamp": 1, "body": {"model": "gpt-4.1", "messages": [{"role": "user", "content": "hi"}]}}
+    with pytest.raises(InputError, match=r"a JSON list of 2 objects that are requests.*jq -c '\.\[\]'"):
+        prompt_from_value([rec, rec], source="s", line=1)
+    with pytest.raises(InputError) as exc:
+        read_prompt(str(write("m.json", [{"role": "user", "content": "a"}, {"role": 3, "content": "b"}])))
+    assert exc.value.field == "[1].role"

@@ -103,8 +103,16 @@ def prompt_from_value(value: Any, *, source: str, line: int | None, as_kind: str
         if as_kind in (None, "ids") and (as_kind == "ids" or not value or not isinstance(value[0], dict)):
             return PromptInput(kind="ids", source=source, line=line, ids=parse_ids(value, **loc))
         if as_kind in (None, "chat"):
-            req = parse_request({"messages": value}, source=source, line=line, locator=_shift(locator),
-                                provider="openai")
+            if "role" not in value[0] and not value[0].keys().isdisjoint(("body", "messages", "request")):
+                raise InputError(f"a JSON list of {len(value)} objects that are requests, not messages; expected one "
+                                 "request per line (JSONL) (convert with: jq -c '.[]' FILE)", **loc)
+            try:
+                req = parse_request({"messages": value}, source=source, line=line, locator=_shift(locator),
+                                    provider="openai")
+            except InputError as exc:  # the list is the line's own value: its fields are named from it
+                if exc.field and exc.field.startswith("messages"):
+                    exc.rename_field(exc.field[len("messages"):])
+                raise
             assert req.chat is not None
             _refuse_unrenderable(req, source, line, strip="messages")
             paths = tuple(p[len("messages"):] for p in req.chat.field_paths)

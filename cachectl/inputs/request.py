@@ -672,6 +672,11 @@ def _openai_tools(tools: Any, ctx: _Ctx, positions: list[Position]) -> tuple[dic
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
             raise ctx.err("expected a tool object", f"tools[{i}]")
+        if tool.get("type", "function") == "function":  # Chat's {"function": {"name"...}} or the Responses' flat one
+            fn = tool.get("function", tool)
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise ctx.err("a function tool needs a 'function' object with a string 'name'",
+                              f"tools[{i}].function" if "function" in tool else f"tools[{i}].name")
         exact = compact(tool)
         positions.append(Position("tools", f"tools[{i}]", "tool", None, exact, exact))
     return tuple(tools)
@@ -691,6 +696,8 @@ def _openai_chat(body: dict, ctx: _Ctx) -> dict:
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise ctx.err("expected a list of messages", "messages")
+    if not messages:
+        raise ctx.err("expected at least one message", "messages")
     msgs: list[dict] = []
     paths: list[str] = []
     unrenderable: list[str] = []

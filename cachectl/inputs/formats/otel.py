@@ -36,6 +36,8 @@ import orjson
 
 from ...errors import InputError
 from ..files import parse_jsonl_line
+from ..usage import MAX_TOKEN_COUNT
+from ._chat import count
 from .base import Head, LogShape, Record, Verdict, text_of, wrapper_value
 
 SHAPE = LogShape(
@@ -118,17 +120,17 @@ def _json(v: Any) -> Any:
     return v
 
 
-def _int(attrs: dict[str, Any], *names: str) -> int | None:
+def _int(attrs: dict[str, Any], where: dict[str, Any], *names: str) -> int | None:
+    """The first of ``names``'s counters the span sets; one that is not a token count is refused, named."""
     for n in names:
         v = attrs.get(n)
         if v is None or isinstance(v, bool):
             continue
-        if type(v) is int:  # an intValue, as most counters are: int(v) is v
-            return v
-        if isinstance(v, (int, float)):
-            return int(v)
-        if isinstance(v, str) and v.strip().isdigit():
-            return int(v)
+        found = count(v)
+        if found is None:
+            raise InputError(f"expected a token count (a whole number from 0 to {MAX_TOKEN_COUNT:,}), got {v!r:.40}",
+                             source=where["source"], line=where["line"], field=f"{where['span']}.attributes.{n}")
+        return found
     return None
 
 
@@ -248,7 +250,7 @@ def _anthropic_body(model: str, messages: list[dict[str, Any]], attrs: dict[str,
             out_msgs[-1]["content"].extend(blocks)
         else:
             out_msgs.append({"role": role, "content": blocks})
-    body: dict[str, Any] = {"model": model, "max_tokens": _int(attrs, "gen_ai.request.max_tokens") or 4096}
+    body: dict[str, Any] = {"model": model, "max_tokens": count(attrs.get("gen_ai.request.max_tokens")) or 4096}
     if system:
         body["system"] = system
     body["messages"] = out_msgs
@@ -285,11 +287,12 @@ def _openai_body(model: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
     return {"model": model, "messages": out}
 
 
-def _usage(anthropic: bool, attrs: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
-    inp = _int(attrs, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens")
-    out = _int(attrs, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens")
-    read = _int(attrs, "gen_ai.usage.cache_read.input_tokens", "gen_ai.usage.cache_read_input_tokens")
-    write = _int(attrs, "gen_ai.usage.cache_creation.input_tokens", "gen_ai.usage.cache_creation_input_tokens")
+def _usage(anthropic: bool, attrs: dict[str, Any], where: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    inp = _int(attrs, where, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens")
+    out = _int(attrs, where, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens")
+    read = _int(attrs, where, "gen_ai.usage.cache_read.input_tokens", "gen_ai.usage.cache_read_input_tokens")
+    write = _int(attrs, where, "gen_ai.usage.cache_creation.input_tokens",
+                 "gen_ai.usage.cache_creation_input_tokens")
     if inp is None and out is None:
         return None, None
     note = None
@@ -365,7 +368,8 @@ def _fields(span: dict[str, Any], attrs: dict[str, Any], skipped: int, source: s
         body = _anthropic_body(model, messages, attrs) if anthropic else _openai_body(model, messages)
     else:
         missing.append("no input messages (content capture off)")
-    usage, note = _usage(anthropic, attrs)
+    usage, note = _usage(anthropic, attrs, {"source": source, "line": line,
+                                            "span": "resourceSpans[{}].scopeSpans[{}].spans[{}]".format(*at)})
     if usage is None:
         missing.append("no gen_ai.usage")
     if note:

@@ -44,7 +44,8 @@ import yaml
 
 from ...errors import InputError
 from ..files import yaml_expanded_past
-from ..usage import ANTHROPIC_KEYS, OPENAI_CHAT_KEYS, OPENAI_RESPONSES_KEYS
+from ..usage import ANTHROPIC_KEYS, MAX_TOKEN_COUNT, OPENAI_CHAT_KEYS, OPENAI_RESPONSES_KEYS
+from ._chat import count
 from .base import Head, LogShape, Record, Verdict
 
 try:
@@ -361,6 +362,17 @@ def _usage(kind: str, response: Any) -> tuple[dict[str, Any] | None, str | None,
     return None, None, None
 
 
+def _check_counters(usage: dict[str, Any] | None, kind: str, json_body: bool, source: str, line: int,
+                    path: str) -> None:
+    """Refuse a counter of the response's usage that is no token count, at the response's path."""
+    keys = ANTHROPIC_KEYS if kind == "anthropic" else OPENAI_CHAT_KEYS if kind == "chat" else OPENAI_RESPONSES_KEYS
+    for key, value in (usage or {}).items():
+        if keys[key] is None and not isinstance(value, dict) and count(value) is None:
+            raise InputError(f"expected a token count (a whole number from 0 to {MAX_TOKEN_COUNT:,}), got "
+                             f"{value!r:.40}" + ("" if json_body else f" (usage.{key} in its event stream)"),
+                             source=source, line=line, field=f"{path}.usage.{key}" if json_body else path)
+
+
 def _kind(method: Any, uri: Any) -> str | None:
     if not isinstance(method, str) or method.upper() != "POST" or not isinstance(uri, str):
         return None
@@ -436,6 +448,7 @@ def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
                                f"{field}.response.body", source, line)
             if code is None or (isinstance(code, int) and 200 <= code < 300):
                 usage, rid, model = _usage(kind, decoded)
+                _check_counters(usage, kind, isinstance(decoded, dict), source, line, f"{field}.response.body")
             if usage is None:
                 missing.append(f"no usage (HTTP {code})" if isinstance(code, int) and code >= 300
                                else "no usage in the response")
