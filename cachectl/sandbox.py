@@ -5,7 +5,8 @@ Two layers, both applied to the environment instance :mod:`cachectl.tokenization
 
 - **Bounds on what one operation may build**, checked before it is built: ``center``, ``indent``,
   ``replace``, ``join``, ``format`` and ``%`` widths, ``~`` and ``+``, ``*`` and ``**``, ``tojson(indent=)``,
-  ``lipsum``, ``batch``, ``wordwrap``, the ``str`` methods that pad or join, the output buffer, and the size
+  ``lipsum``, ``batch``, ``slice``, ``wordwrap``, the filters that build an item a character or word of a text
+  (``title``, ``sort``, ``urlize``...), the ``str`` methods that pad or join, the output buffer, and the size
   of a nested value before it is turned into text (a list built as ``[x, x]`` forty times over is 2**40
   items once printed). A single operation may build at most the memory budget (strings) or
   :data:`MAX_ITEMS` items (lists), so no one step can exhaust the machine.
@@ -496,7 +497,7 @@ def _replace_size(s: str, old: str, new: str, count: Any, what: str) -> None:
 def _join_size(items: Any, sep: Any, what: str) -> None:
     if isinstance(items, str):
         n, chars = len(items), len(items)
-    elif isinstance(items, _CONTAINERS):
+    elif isinstance(items, (*_CONTAINERS, range)):
         n = len(items)
         check_items(n, what)
         chars = sum(text_size(x, what) for x in items)
@@ -586,6 +587,23 @@ def _pre_list(value: Any = (), *a: Any, **k: Any) -> None:
 def _pre_batch(value: Any = (), linecount: Any = 1, fill_with: Any = None, **k: Any) -> None:
     if isinstance(linecount, int):
         check_items(linecount, "batch")
+    _pre_items("batch")(value)
+
+
+def _pre_items(name: str) -> Callable:
+    """A filter that builds a list of an item a character or a word of a text (``title`` keeps 80 bytes a
+    character, ``sort`` over 160): the text at most :data:`MAX_ITEMS` characters."""
+    def pre(value: Any = (), *a: Any, **k: Any) -> None:
+        if isinstance(value, str):
+            check_items(len(value), f"{name} over a text")
+    return pre
+
+
+def _pre_slice(value: Any = (), slices: Any = 1, *a: Any, **k: Any) -> None:
+    slices = k.get("slices", slices)
+    if isinstance(slices, int):
+        check_items(slices, "slice")
+    _pre_items("slice")(value)
 
 
 def _pre_wordwrap(s: Any = "", width: Any = 79, break_long_words: Any = True, wrapstring: Any = None,
@@ -593,6 +611,7 @@ def _pre_wordwrap(s: Any = "", width: Any = 79, break_long_words: Any = True, wr
     wrapstring = k.get("wrapstring", wrapstring)
     width = k.get("width", width)
     chars = _first_str(s, "wordwrap")
+    _pre_items("wordwrap")(s)
     if isinstance(wrapstring, str) and isinstance(width, int):
         check_chars(chars + (chars // max(width, 1) + 1) * len(wrapstring), "wordwrap", s, wrapstring)
 
@@ -602,7 +621,7 @@ def _pre_urlize(value: Any = "", *a: Any, **k: Any) -> None:
         v = k.get(key)
         if isinstance(v, str) and len(v) > 256:
             raise _refuse(f"urlize with a {key} of {len(v):,} characters (at most 256)")
-    _first_str(value, "urlize")
+    _pre_items("urlize")(value)
 
 
 def _pre_sum(iterable: Any = (), attribute: Any = None, start: Any = 0, **k: Any) -> None:
@@ -614,8 +633,10 @@ def _pre_sum(iterable: Any = (), attribute: Any = None, start: Any = 0, **k: Any
 _PRE: dict[str, Callable] = {
     "center": _pre_center, "indent": _pre_indent, "replace": _pre_replace, "join": _pre_join,
     "format": _pre_format, "tojson": _pre_tojson, "list": _pre_list, "batch": _pre_batch,
-    "wordwrap": _pre_wordwrap, "urlize": _pre_urlize, "sum": _pre_sum,
-    **{n: _pre_text for n in ("string", "pprint", "upper", "lower", "title", "capitalize", "trim", "striptags",
+    "wordwrap": _pre_wordwrap, "urlize": _pre_urlize, "sum": _pre_sum, "slice": _pre_slice,
+    **{n: _pre_items(n) for n in ("title", "sort", "groupby", "unique", "dictsort", "map", "select", "reject",
+                                  "selectattr", "rejectattr")},
+    **{n: _pre_text for n in ("string", "pprint", "upper", "lower", "capitalize", "trim", "striptags",
                               "escape", "e", "forceescape", "truncate", "wordcount", "urlencode", "xmlattr")},
 }
 

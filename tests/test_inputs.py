@@ -251,3 +251,14 @@ def test_a_line_that_is_a_list_of_requests_is_named_as_one(write):
     with pytest.raises(InputError) as exc:
         read_prompt(str(write("m.json", [{"role": "user", "content": "a"}, {"role": 3, "content": "b"}])))
     assert exc.value.field == "[1].role"
+
+
+def test_a_lone_surrogate_in_a_json_document_is_refused_at_its_line(write):
+    """Python's JSON parser reads ``"\\ud800"`` (orjson, reading JSONL, refuses it); no tokenizer encodes it, and
+    diff-tokens ended in an internal error. A pair, and an escaped backslash before ``ud800``, are read."""
+    path = write("c.json", '[\n {"role": "user",\n  "content": "\\ud800 hi"}]')
+    with pytest.raises(InputError, match=r"a lone surrogate \\ud800") as exc:
+        read_prompt(str(path))
+    assert exc.value.line == 3
+    pair = read_prompt(str(write("p.json", '[{"role": "user", "content": "\\ud83d\\ude00 \\\\ud800"}]')))
+    assert pair.messages[0]["content"] == "\U0001F600 \\ud800"

@@ -251,3 +251,31 @@ def test_a_line_break_only_python_sees_moves_no_finding(cli, tmp_path, brk):
                  encoding="utf-8")  # (split by splitlines, the comment would cover lines 4 and 5)
     r = cli("lint", str(p), "-f", "json")
     assert "CC003" not in {f["rule"] for f in json.loads(r.stdout)["findings"]}
+
+
+def test_a_template_sidecar_declares_volatile_and_stable_names_and_their_samples(cli, write):
+    """``NAME.samples.json``: ``volatile`` names a variable lint's name patterns miss, ``stable`` one they would
+    flag, ``samples`` the two values lint renders with (equal values: no change to find)."""
+    tpl = write("p.j2", "Hello {{ product }} from {{ customer }}. " + "stable words here " * 60 + "\n")
+    assert findings(cli, tpl)[1] == [("CC001", 1)]  # customer, by its name
+    write("p.j2.samples.json", {"stable": ["customer"]})
+    assert findings(cli, tpl)[1] == []
+    write("p.j2.samples.json", {"stable": ["customer"], "volatile": ["product"]})
+    assert findings(cli, tpl)[1] == [("CC001", 1)]
+    write("p.j2.samples.json", {"stable": ["customer"], "volatile": ["product"],
+                                "samples": [{"product": "cachectl"}, {"product": "cachectl"}]})
+    assert findings(cli, tpl)[1] == []
+
+
+@pytest.mark.parametrize("sidecar, field", [
+    ({"samples": [5, 6]}, "samples"), ({"samples": [{"product": "a"}]}, "samples"),
+    # a string was read as its letters, a list inside the list stopped lint with an internal error
+    ({"volatile": "product"}, "volatile"), ({"volatile": [[1]]}, "volatile"), ({"stable": 3}, "stable"),
+])
+def test_a_bad_sidecar_is_one_line_naming_its_field(cli, write, sidecar, field):
+    tpl = write("p.j2", "Hello {{ product }}. " + "stable words here " * 60 + "\n")
+    write("p.j2.samples.json", sidecar)
+    r = cli("lint", tpl)
+    assert r.exit_code == 2
+    assert r.stderr.strip().splitlines()[-1].startswith(f"cachectl: error: {tpl}.samples.json: field '{field}': ")
+    assert "internal error" not in r.stderr

@@ -185,3 +185,24 @@ def test_minilm_wordpiece_diff(minilm):
 def test_minilm_has_no_chat_template(minilm):
     with pytest.raises(TokenizerError, match="has no chat template"):
         minilm.tokenize(chat_prompt([{"role": "user", "content": "hi"}]))
+
+
+def test_a_tokenizer_the_tokenizers_library_panics_on_is_one_line(cli, tmp_path):
+    """A tokenizer.json whose normalizer replaces an empty pattern makes the Rust library panic while it encodes;
+    pyo3's PanicException is a BaseException, so it went past every handler as a traceback. Now it is the last
+    line, exit 2 (the library's own panic note, printed by Rust, comes before it)."""
+    import json
+    import shutil
+
+    tok = tmp_path / "tok"
+    shutil.copytree(TOK_DIR, tok)
+    data = json.loads((tok / "tokenizer.json").read_text())
+    data["normalizer"] = {"type": "Replace", "pattern": {"String": ""}, "content": "xx"}
+    (tok / "tokenizer.json").write_text(json.dumps(data))
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("Hello there, general Kenobi\n")
+    r = cli("diff-tokens", prompt, prompt, "-t", tok)
+    assert r.exit_code == 2
+    assert r.stderr.strip().splitlines()[-1].startswith("cachectl: error: the tokenizers library failed on this "
+                                                        "tokenizer (")
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr

@@ -757,6 +757,13 @@ def handle_errors(fn: Callable) -> Callable:
             internal_errors.append(f"{type(exc).__name__}: {exc}"[:500])
             raise fail(f"internal error: {type(exc).__name__}: {exc} (set CACHECTL_DEBUG=1 for the traceback)") \
                 from None
+        except BaseException as exc:
+            if type(exc).__name__ != "PanicException":  # (pyo3's, a BaseException: a Rust library's panic)
+                raise
+            if _debug():
+                traceback.print_exc()
+            raise fail(f"the tokenizers library failed on this tokenizer ({' '.join(str(exc).split())[:200]}): is "
+                       "its tokenizer.json one that transformers saved?") from None
 
     return wrapper
 

@@ -13,6 +13,7 @@ import gzip
 import io
 import json
 import os
+import re
 import stat
 import sys
 import tempfile
@@ -417,7 +418,10 @@ def parse_json_document(text: str, source: str) -> Any:
     if _depth_exceeds(text, MAX_DEPTH):
         raise InputError(f"JSON nested deeper than {MAX_DEPTH} levels", source=source)
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys)
+        value = json.loads(text, object_pairs_hook=_unique_keys)
+        if "\\u" in text:
+            _refuse_lone_surrogates(text, value, source)
+        return value
     except _DuplicateKey:
         raise _duplicate_error(text, source) from None
     except json.JSONDecodeError as exc:
@@ -427,6 +431,25 @@ def parse_json_document(text: str, source: str) -> Any:
                          line=exc.lineno) from None
     except RecursionError:
         raise InputError("JSON nested too deeply", source=source) from None
+
+
+#: a ``\\uD800``-``\\uDFFF`` escape that is not half of a pair (JSON's parser reads it; no UTF-8 text holds it)
+_LONE_SURROGATE = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+                             r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+
+
+def _refuse_lone_surrogates(text: str, value: Any, source: str) -> None:
+    """A string of the document with a lone surrogate (``"\\ud800"``) is refused, as orjson refuses it in JSONL:
+    no tokenizer encodes it."""
+    found = _LONE_SURROGATE.search(text)
+    if found is None:
+        return
+    try:
+        orjson.dumps(value)  # (it refuses a str that is no UTF-8, at any depth; the match may be an escaped '\\')
+    except orjson.JSONEncodeError as exc:
+        if "surrogates" in str(exc):  # (not an int past 64 bits, a nesting past orjson's depth)
+            raise InputError(f"invalid JSON: a lone surrogate {found.group()} in a string (no UTF-8 text holds "
+                             "one)", source=source, line=text.count("\n", 0, found.start()) + 1) from None
 
 
 def _is_jsonl(text: str) -> bool:

@@ -129,8 +129,23 @@ def _load_sidecar(path: Path) -> dict:
             data = parse_json_document(*read_text(str(side)))
             if not isinstance(data, dict):
                 raise InputError("expected an object with samples/volatile/stable", source=str(side))
+            _check_sidecar(data, str(side))
             return data
     return {}
+
+
+def _check_sidecar(data: dict, source: str) -> None:
+    """A sidecar's fields: ``samples`` two objects of a variable's values (the two renders lint compares),
+    ``volatile`` and ``stable`` lists of variable names."""
+    samples = data.get("samples")
+    if samples is not None and not (isinstance(samples, list) and len(samples) == 2
+                                    and all(isinstance(x, dict) for x in samples)):
+        raise InputError("expected two objects of the variables' values (the two renders lint compares)",
+                         source=source, field="samples")
+    for key in ("volatile", "stable"):
+        names = data.get(key)
+        if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+            raise InputError("expected a list of variable names", source=source, field=key)
 
 
 def _is_chat_template(source: str) -> bool:
