@@ -590,12 +590,13 @@ def _pre_batch(value: Any = (), linecount: Any = 1, fill_with: Any = None, **k: 
     _pre_items("batch")(value)
 
 
-def _pre_items(name: str) -> Callable:
+def _pre_items(name: str, text: bool = False) -> Callable:
     """A filter that builds a list of an item a character or a word of a text (``title`` keeps 80 bytes a
-    character, ``sort`` over 160): the text at most :data:`MAX_ITEMS` characters."""
+    character, ``sort`` over 160): the text at most :data:`MAX_ITEMS` characters. With ``text``, a filter of
+    the text a value prints as (``title`` of a list)."""
     def pre(value: Any = (), *a: Any, **k: Any) -> None:
-        if isinstance(value, str):
-            check_items(len(value), f"{name} over a text")
+        if text or isinstance(value, str):
+            check_items(text_size(value, name), f"{name} over a text")
     return pre
 
 
@@ -611,7 +612,7 @@ def _pre_wordwrap(s: Any = "", width: Any = 79, break_long_words: Any = True, wr
     wrapstring = k.get("wrapstring", wrapstring)
     width = k.get("width", width)
     chars = _first_str(s, "wordwrap")
-    _pre_items("wordwrap")(s)
+    _pre_items("wordwrap", text=True)(s)
     if isinstance(wrapstring, str) and isinstance(width, int):
         check_chars(chars + (chars // max(width, 1) + 1) * len(wrapstring), "wordwrap", s, wrapstring)
 
@@ -621,7 +622,7 @@ def _pre_urlize(value: Any = "", *a: Any, **k: Any) -> None:
         v = k.get(key)
         if isinstance(v, str) and len(v) > 256:
             raise _refuse(f"urlize with a {key} of {len(v):,} characters (at most 256)")
-    _pre_items("urlize")(value)
+    _pre_items("urlize", text=True)(value)
 
 
 def _pre_sum(iterable: Any = (), attribute: Any = None, start: Any = 0, **k: Any) -> None:
@@ -634,8 +635,9 @@ _PRE: dict[str, Callable] = {
     "center": _pre_center, "indent": _pre_indent, "replace": _pre_replace, "join": _pre_join,
     "format": _pre_format, "tojson": _pre_tojson, "list": _pre_list, "batch": _pre_batch,
     "wordwrap": _pre_wordwrap, "urlize": _pre_urlize, "sum": _pre_sum, "slice": _pre_slice,
-    **{n: _pre_items(n) for n in ("title", "sort", "groupby", "unique", "dictsort", "map", "select", "reject",
-                                  "selectattr", "rejectattr")},
+    "title": _pre_items("title", text=True),
+    **{n: _pre_items(n) for n in ("sort", "groupby", "unique", "dictsort", "map", "select", "reject", "selectattr",
+                                  "rejectattr")},
     **{n: _pre_text for n in ("string", "pprint", "upper", "lower", "capitalize", "trim", "striptags",
                               "escape", "e", "forceescape", "truncate", "wordcount", "urlencode", "xmlattr")},
 }
