@@ -116,6 +116,18 @@ def test_an_option_typo_is_one_line(cli):
     assert "'cachectl kv-inspect --help'" in r.stderr
 
 
+@pytest.mark.parametrize("args, helped", [
+    (("semantic-probe", "dupes", "log.jsonl", "--normalize"), "cachectl semantic-probe dupes"),
+    (("report", "log.jsonl", "--block-size"), "cachectl report"),
+    (("--bogus",), "cachectl"),
+])
+def test_an_option_without_its_value_points_to_its_commands_help(cli, args, helped):
+    """The option parser's "requires an argument" comes with no command: it pointed to `cachectl --help`."""
+    r = cli(*args)
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1
+    assert r.stderr.rstrip().endswith(f"(see '{helped} --help')"), r.stderr
+
+
 @pytest.mark.parametrize("path,cmd", COMMANDS, ids=[" ".join(p) or "cachectl" for p, _ in COMMANDS])
 def test_help_names_values_not_python_types(cli, path, cmd):
     # typer 0.29 prints `<str>` beside arguments and `<int range>` beside options that name no metavar

@@ -248,6 +248,10 @@ def test_a_line_that_is_a_list_of_requests_is_named_as_one(write):
     rec = {"timestamp": 1, "body": {"model": "gpt-4.1", "messages": [{"role": "user", "content": "hi"}]}}
     with pytest.raises(InputError, match=r"a JSON list of 2 objects that are requests.*jq -c '\.\[\]'"):
         prompt_from_value([rec, rec], source="s", line=1)
+    from cachectl.inputs import parse_request  # (prompt-cost's reader of a log line)
+
+    with pytest.raises(InputError, match=r"got a list of 1 object; expected one request per line .*jq -c '\.\[\]'"):
+        parse_request([rec["body"]], source="s", line=1)
     with pytest.raises(InputError) as exc:
         read_prompt(str(write("m.json", [{"role": "user", "content": "a"}, {"role": 3, "content": "b"}])))
     assert exc.value.field == "[1].role"

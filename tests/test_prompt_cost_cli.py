@@ -37,6 +37,18 @@ def test_what_if_text(cli):
     assert "costs $" in r.stdout and "more" in r.stdout and "outlive the 5m TTL" in r.stdout
 
 
+def test_what_if_prices_an_unknown_model_as_model_as(cli):
+    """``--model-as`` worked on a log and was left out of the what-if: an unknown ``--model`` stayed an error."""
+    args = ("prompt-cost", "--prefix-tokens", "2000", "--calls", "2", "--every", "2m", "-f", "json")
+    assert cli(*args, "--model", "my-local-model").exit_code == 2
+    r = cli(*args, "--model", "my-local-model", "--model-as", "gpt-4.1")
+    assert r.exit_code == 0, r.stderr
+    known = json.loads(cli(*args, "--model", "gpt-4.1").stdout)
+    d = json.loads(r.stdout)
+    assert d["total_cost_usd"] == known["total_cost_usd"] and d["requests"] == known["requests"]
+    assert any("'my-local-model' is not in the price table: priced as gpt-4.1" in n for n in d["notes"])
+
+
 def test_list_models(cli):
     r = cli("prompt-cost", "--list-models")
     assert r.exit_code == 0 and "claude-3-5-sonnet" in r.stdout and "gpt-4o" in r.stdout

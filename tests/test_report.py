@@ -969,8 +969,8 @@ def test_the_page_shows_the_provider_section_as_the_text_does_and_billed_output_
     html = page.read_text(encoding="utf-8")
     billed = re.search(r"against the logged usage: (\$[0-9.]+) billed for 2 requests", r.stdout)
     assert billed and f"Against the logged usage: {billed.group(1)} billed for 2 requests" in html
-    assert "reconciliation says why (cachectl prompt-cost lists them)" in r.stdout
-    assert "reconciliation says why (cachectl prompt-cost lists them)" in html
+    assert "reconciliation says why (the `disagree at line N` lines of prompt-cost, the `reconciliation` of its JSON)" in r.stdout
+    assert "reconciliation says why (the `disagree at line N` lines of prompt-cost, the `reconciliation` of its JSON)" in html
     assert "output_tokens" not in r.stdout and "output_tokens" not in html
 
 

@@ -971,6 +971,17 @@ class CachectlGroup(TyperGroup):
             self.commands = LazyCommands(self.lazy_commands)
             self.commands.update(eager)
 
+    def _deepest(self, args: Any) -> Any:
+        """A context of the deepest command ``args`` name (``semantic-probe dupes``), for its help's name."""
+        path, group = ["cachectl"], self
+        for arg in sys.argv[1:] if args is None else args:
+            cmd = getattr(group, "commands", {}).get(arg) if not arg.startswith("-") else None
+            if cmd is None:
+                break
+            path.append(arg)
+            group = cmd
+        return typer.Context(group, info_name=" ".join(path)) if len(path) > 1 else None
+
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
@@ -980,6 +991,8 @@ class CachectlGroup(TyperGroup):
             if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx is not None:  # `cachectl` alone: the help
                 _PipeSafeStdout().write(exc.ctx.get_help() + "\n")
                 sys.exit(EXIT_OK)
+            if exc.ctx is None:  # (the option parser's errors, "requires an argument", come without one)
+                exc.ctx = self._deepest(args)
             stderr.print(f"cachectl: error: {_usage_line(exc)}", markup=False, highlight=False, soft_wrap=True)
             sys.exit(EXIT_ERROR)
         except _click_exceptions.ClickException as exc:

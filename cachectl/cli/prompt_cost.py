@@ -102,7 +102,7 @@ def command(
     match modes[0]:
         case "what-if":
             assert prefix_tokens is not None  # the mode says so
-            report = _what_if(table, model, prefix_tokens, suffix_tokens, output_tokens, calls, every, ttl)
+            report = _what_if(table, model, prefix_tokens, suffix_tokens, output_tokens, calls, every, ttl, model_as)
             for q in report.requests:
                 out.add(q)
         case "audit":
@@ -117,7 +117,7 @@ def command(
 
 
 def _what_if(table, model: Optional[str], prefix_tokens: int, suffix_tokens: int, output_tokens: int, calls: int,
-             every: Optional[str], ttl: Ttl):
+             every: Optional[str], ttl: Ttl, model_as: Optional[str]):
     from ..engines.provider import cache as promptcache
 
     if model is None:
@@ -130,7 +130,7 @@ def _what_if(table, model: Optional[str], prefix_tokens: int, suffix_tokens: int
     return promptcache.what_if(table=table, model=model, prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens,
                                output_tokens=output_tokens, calls=calls,
                                every=promptcache.parse_duration(every) if every else 0.0,
-                               ttl=getattr(ttl, "value", ttl))
+                               ttl=getattr(ttl, "value", ttl), model_as=model_as)
 
 
 def _audit(table, usage: str, model: Optional[str], model_as: Optional[str], on_request,

@@ -488,8 +488,10 @@ def parse_jsonl_line(raw: bytes, source: str, lineno: int) -> Any:
             raise InputError("this is pretty-printed JSON over several lines; expected JSONL, one JSON value per "
                              "line (convert with: jq -c . FILE)", source=source, line=lineno) from None
         if exc.pos >= len(raw.rstrip(b"\r\n")):  # (the parser ran past the line's end: a cut line, or one unclosed)
+            first = "; if the file is one JSON document over several lines, expected JSONL, one JSON value per " \
+                    "line (convert with: jq -c . FILE)" if lineno == 1 and raw.lstrip()[:1] in (b"{", b"[") else ""
             raise InputError("invalid JSON: the line ends before its value does (cut off, or a string, object or "
-                             "array left open)", source=source, line=lineno) from None
+                             f"array left open){first}", source=source, line=lineno) from None
         raise InputError(f"invalid JSON: {msg} (column {exc.colno})", source=source, line=lineno) from None
     if _may_repeat_a_key(raw, value) and not _keys_certainly_once(raw, value):
         _check_line_keys(raw, source, lineno)

@@ -334,8 +334,10 @@ def parse_request(value: Any, *, source: str = "<memory>", line: int | None = No
     """
     loc = locator or _no_locate
     if not isinstance(value, dict):
-        raise _Ctx(source, line, "", loc).err(
-            f"expected a JSON object (a request body), got {type(value).__name__}")
+        many = isinstance(value, list) and value and isinstance(value[0], dict) and "role" not in value[0]
+        got = f"a list of {len(value)} object{'s' * (len(value) != 1)}" if many else type(value).__name__
+        raise _Ctx(source, line, "", loc).err(f"expected a JSON object (a request body), got {got}" + (
+            "; expected one request per line (JSONL) (convert with: jq -c '.[]' FILE)" if many else ""))
     body, body_path, wrapper = unwrap(value)
     ctx = _Ctx(source, line, body_path, loc)
     if not is_request_body(body):

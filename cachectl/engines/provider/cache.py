@@ -1279,7 +1279,7 @@ class CostRun:
                          "(add output_tokens to those lines)")
         if tally.disagreed:
             notes.append("predicted and billed counters disagree on some requests: each request's reconciliation says "
-                         "why (cachectl prompt-cost lists them)")
+                         "why (the `disagree at line N` lines of prompt-cost, the `reconciliation` of its JSON)")
         if tally.first_model is not None and table.lookup(tally.first_model).provider == "anthropic" and \
                 tally.scope_changed:
             notes.append("thinking and effort changes are predicted by the documented rule (they invalidate the "
@@ -1420,7 +1420,7 @@ MAX_WHAT_IF_TOTAL = 1_000_000_000
 
 
 def what_if(*, table: PriceTable, model: str, prefix_tokens: int, suffix_tokens: int, output_tokens: int,
-            calls: int, every: float, ttl: str = "5m") -> CostReport:
+            calls: int, every: float, ttl: str = "5m", model_as: str | None = None) -> CostReport:
     """N calls sharing a cached prefix, ``every`` seconds apart: cost with and without caching. Every call is
     simulated and kept in the report: at most :data:`MAX_WHAT_IF_CALLS` calls of at most
     :data:`MAX_WHAT_IF_TOKENS` tokens each, :data:`MAX_WHAT_IF_TOTAL` prompt tokens in all."""
@@ -1438,7 +1438,8 @@ def what_if(*, table: PriceTable, model: str, prefix_tokens: int, suffix_tokens:
     if calls * (prefix_tokens + suffix_tokens) > MAX_WHAT_IF_TOTAL:
         raise UsageError(f"a what-if lays out at most {MAX_WHAT_IF_TOTAL:,} prompt tokens in all (`calls` x "
                          f"(`prefix_tokens` + `suffix_tokens`)), got {calls * (prefix_tokens + suffix_tokens):,}")
-    price = table.lookup(model)
+    priced_as: list[str] = []  # (``model_as``'s note, where it prices an unknown model)
+    price = _lookup(table, model, "what-if", None, model_as, priced_as) if model_as else table.lookup(model)
     explicit = price.cache_mode == "explicit"
     # Anthropic: a cache_control breakpoint on the prefix; OpenAI GPT-5.6+: an explicit prompt_cache_breakpoint
     # there (the implicit one sits on the suffix, the last message)
@@ -1448,7 +1449,7 @@ def what_if(*, table: PriceTable, model: str, prefix_tokens: int, suffix_tokens:
                            paths=["the shared prefix", "the suffix"])  # as the misses name them: no body to point at
             for i in range(calls)]
     report = simulate_requests(reqs, table=table, source="what-if", token_source="what-if")
-    notes = list(report.notes)
+    notes = priced_as + list(report.notes)
     if mark is not None:
         ttl_s = price.ttl_seconds(mark)
         if every >= ttl_s and calls > 1:
