@@ -595,8 +595,8 @@ def _pre_items(name: str, text: bool = False) -> Callable:
     character, ``sort`` over 160): the text at most :data:`MAX_ITEMS` characters. With ``text``, a filter of
     the text a value prints as (``title`` of a list)."""
     def pre(value: Any = (), *a: Any, **k: Any) -> None:
-        if text or isinstance(value, str):
-            check_items(text_size(value, name), f"{name} over a text")
+        if (text or isinstance(value, str)) and (chars := text_size(value, name)) > MAX_ITEMS:
+            raise _refuse(f"{name} over a text of {chars:,} characters", f" (at most {MAX_ITEMS:,})")
     return pre
 
 
@@ -635,11 +635,11 @@ _PRE: dict[str, Callable] = {
     "center": _pre_center, "indent": _pre_indent, "replace": _pre_replace, "join": _pre_join,
     "format": _pre_format, "tojson": _pre_tojson, "list": _pre_list, "batch": _pre_batch,
     "wordwrap": _pre_wordwrap, "urlize": _pre_urlize, "sum": _pre_sum, "slice": _pre_slice,
-    "title": _pre_items("title", text=True),
+    **{n: _pre_items(n, text=True) for n in ("title", "striptags", "wordcount")},  # (regex passes over the text)
     **{n: _pre_items(n) for n in ("sort", "groupby", "unique", "dictsort", "map", "select", "reject", "selectattr",
                                   "rejectattr")},
-    **{n: _pre_text for n in ("string", "pprint", "upper", "lower", "capitalize", "trim", "striptags",
-                              "escape", "e", "forceescape", "truncate", "wordcount", "urlencode", "xmlattr")},
+    **{n: _pre_text for n in ("string", "pprint", "upper", "lower", "capitalize", "trim", "escape", "e",
+                              "forceescape", "truncate", "urlencode", "xmlattr")},
 }
 
 

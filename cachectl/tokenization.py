@@ -710,10 +710,9 @@ def load_tokenizer(spec: str, *, chat_template_file: str | None = None) -> Token
 def _load_tokenizer(spec: str, chat_template_file: str | None) -> TokenizerHandle:
     chat_template = None
     if chat_template_file is not None:
-        try:
-            chat_template = Path(chat_template_file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"cannot read chat template: {exc}", source=chat_template_file) from None
+        from .inputs.files import read_text
+
+        chat_template, _ = read_text(chat_template_file)  # (bounded, located errors: a stream, a non-UTF-8 file)
     path = Path(spec).expanduser()
     if path.is_file():
         if path.name == "tokenizer_config.json":

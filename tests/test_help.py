@@ -180,3 +180,28 @@ def test_simulate_prefix_help_lists_its_options_in_panels_with_one_flag_column(c
     assert len(columns) == 1, columns  # the help text starts in one column across the panels
     # other commands name no panel: typer's one list of options
     assert "Options:" in cli("fix", "--help").stdout and "Input:" not in cli("fix", "--help").stdout
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--text", "hello", "hel\udcfflo"), "--text B: bytes that are not UTF-8 at character 4"),
+    (("--template-var", "date_string=\udcff", "A", "A"), "--template-var: bytes that are not UTF-8"),
+    (("--template-var", "messages=[]", "A", "A"), "--template-var messages: the render passes messages itself"),
+])
+def test_command_line_texts_a_render_cannot_take_are_one_line(cli, args, says):
+    """Bytes that are not UTF-8 in an argument reach Python as lone surrogates, which the tokenizer refused with
+    an internal TypeError; a --template-var named as a render argument was an internal error of the render."""
+    from .conftest import PROMPTS, TOK_DIR
+
+    a = str(PROMPTS / "chat_no_system.json")
+    r = cli("diff-tokens", "-t", TOK_DIR, *[a if x == "A" else x for x in args])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1
+    assert says in r.stderr and "internal error" not in r.stderr
+
+
+@pytest.mark.parametrize("level", ["nan", "1.5", "0", "1", "-0.5"])
+def test_a_confidence_level_outside_0_to_1_is_refused(cli, level):
+    """A bound "at nan% confidence", or at 150%, was printed as a recommendation."""
+    from .conftest import FIXTURES
+
+    r = cli("semantic-probe", "sweep", FIXTURES / "semantic" / "labeled.tsv", "--confidence", level)
+    assert r.exit_code == 2 and "--confidence is a level between 0 and 1" in r.stderr

@@ -266,3 +266,22 @@ def test_a_lone_surrogate_in_a_json_document_is_refused_at_its_line(write):
     assert exc.value.line == 3
     pair = read_prompt(str(write("p.json", '[{"role": "user", "content": "\\ud83d\\ude00 \\\\ud800"}]')))
     assert pair.messages[0]["content"] == "\U0001F600 \\ud800"
+
+
+@pytest.mark.parametrize("args", [
+    ("lint", "--config", "/dev/zero", str(PROMPTS / "chat_no_system.json")),
+    ("diff-tokens", "-t", "TOK", "--chat-template", "/dev/zero", str(PROMPTS / "chat_no_system.json"),
+     str(PROMPTS / "chat_no_system.json")),
+    ("diff-tokens", "-t", "TOK", "/dev/zero", str(PROMPTS / "chat_no_system.json")),
+    ("prompt-cost", "--prices", "/dev/zero", "--list-models"),
+    ("semantic-probe", "pairs", "/dev/zero"),
+])
+def test_a_stream_read_whole_stops_at_its_bound(cli, args):
+    """A file read whole that is a stream (no size to check first: /dev/zero, a FIFO, stdin) was read until memory
+    ran out: an internal MemoryError, and `lint --config /dev/zero` was killed at 23 GB. Now 64 MiB is the most."""
+    from .conftest import TOK_DIR
+
+    r = cli(*[str(TOK_DIR) if a == "TOK" else a for a in args])
+    assert r.exit_code == 2
+    assert r.stderr.strip().splitlines()[-1] == ("cachectl: error: /dev/zero: more than 64 MiB: past what cachectl "
+                                                 "reads whole (a stream that never ends?)")

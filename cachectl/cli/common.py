@@ -272,12 +272,28 @@ class KvCapacity:
         return self.capacity_blocks
 
 
+def utf8_arg(value: str, flag: str) -> str:
+    """A command-line text as it was given, refused where the shell passed bytes that are not UTF-8 (Python keeps
+    them as lone surrogates, which no tokenizer encodes)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UsageError(f"{flag}: bytes that are not UTF-8 at character {exc.start + 1} of {value!r:.60}") from None
+    return value
+
+
+#: the names apply_chat_template passes a chat template itself: a --template-var cannot set them
+_RENDER_ARGS = ("messages", "tools", "documents", "add_generation_prompt")
+
+
 def parse_template_vars(items: Optional[list[str]]) -> dict:
     out: dict = {}
     for item in items or ():
-        key, sep, value = item.partition("=")
+        key, sep, value = utf8_arg(item, "--template-var").partition("=")
         if not sep or not key:
             raise UsageError(f"--template-var expects KEY=VALUE, got {item!r}")
+        if key in _RENDER_ARGS:
+            raise UsageError(f"--template-var {key}: the render passes {key} itself (from the prompt)")
         try:
             out[key] = orjson.loads(value)
         except orjson.JSONDecodeError:

@@ -159,7 +159,9 @@ def _prompt(arg: str, name: str, kind: Optional[str], inline: bool) -> Any:
 
     shown = arg if len(arg) <= 40 else arg[:37] + "..."
     if inline:
-        return prompt_from_document(arg, repr(shown), kind or "text")
+        from .common import utf8_arg
+
+        return prompt_from_document(utf8_arg(arg, f"--text {name}"), repr(shown), kind or "text")
     if kind == "ids" and arg.lstrip().startswith("[") and not os.path.exists(arg):
         return prompt_from_document(arg, repr(shown), kind)
     try:

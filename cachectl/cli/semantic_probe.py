@@ -167,8 +167,16 @@ def probe_cmd(prompts: Annotated[Optional[list[str]], typer.Argument(metavar="PR
 
     items = list(prompts or [])
     if file:
-        text, _ = read_text(file)
-        items += [line.strip() for line in text.splitlines() if line.strip()]
+        from ..errors import InputError
+        from ..tokenization import max_tokenize_chars
+
+        text, source = read_text(file)
+        for n, line in enumerate(text.splitlines(), 1):
+            if len(line) > max_tokenize_chars():  # (the tokenizers' bound: a 40 MB line aborted the process)
+                raise InputError(f"a prompt of {len(line):,} characters: past the {max_tokenize_chars():,} cachectl "
+                                 "tokenizes at once", source=source, line=n)
+            if line.strip():
+                items.append(line.strip())
     if not items:
         items = load_data("probes.json")["prompts"]
     emb, name, progress = _embedder(model, threads)
@@ -230,6 +238,8 @@ def sweep_cmd(file: Annotated[str, typer.Argument(metavar="PAIRS", help="Labeled
     On labeled pairs; the threshold that keeps the false-hit rate's upper confidence bound under the target, or a plain statement that none does. With --policy adaptive, the pairs also run as a stream of requests through the static thresholds and the adaptive policy at each --delta: hit rate and wrong-hit rate side by side."""
     from ..engines import semantic
 
+    if not 0 < confidence < 1:  # (NaN too: a bound "at nan% confidence" was printed)
+        raise UsageError(f"--confidence is a level between 0 and 1 (0.95: 95%), got {confidence:g}")
     check_plot(plot, run_inputs(file, log_label="the input pairs", models=(model,)))  # before anything is read
     pairs = semantic.read_pairs(file, _columns(columns), need_label=True)
     emb, name, progress = _embedder(model, threads)

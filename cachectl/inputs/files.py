@@ -182,11 +182,21 @@ def _read_error(exc: OSError, source: str) -> InputError:
     return InputError(f"cannot read: {(exc.strerror or str(exc)).lower() if exc.strerror else exc}", source=source)
 
 
+#: the most bytes a file read whole may hold (a template, a body, a config, a pairs file; gunzipped): a stream
+#: (stdin, /dev/zero, a FIFO) has no size to check before it is read, so the read stops here
+MAX_WHOLE_FILE_BYTES = 64 * 2**20
+
+
 def read_bytes(path: str) -> tuple[bytes, str]:
-    """Read a whole file (or stdin for ``-``), gunzipped if it is gzip, with its display name."""
+    """Read a whole file (or stdin for ``-``), gunzipped if it is gzip, with its display name; past
+    :data:`MAX_WHOLE_FILE_BYTES` it is refused."""
     fh, source = open_binary(path)
     try:
-        return fh.read(), source
+        data = fh.read(MAX_WHOLE_FILE_BYTES + 1)
+        if len(data) > MAX_WHOLE_FILE_BYTES:
+            raise InputError(f"more than {MAX_WHOLE_FILE_BYTES // 2**20} MiB: past what cachectl reads whole (a "
+                             "stream that never ends?)", source=source)
+        return data, source
     except OSError as exc:
         raise _read_error(exc, source) from None
     finally:

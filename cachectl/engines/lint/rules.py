@@ -245,15 +245,11 @@ def load_config(pyproject: str | None, *, select: Sequence[str] = (), ignore: Se
     if source is not None:
         import tomllib
 
+        from ...inputs.files import read_text
+
+        text, _ = read_text(source)  # (bounded: a stream has no size to check first; errors located)
         try:
-            with open(source, "rb") as fh:
-                data = tomllib.loads(fh.read().decode("utf-8"))
-        except FileNotFoundError:
-            raise InputError("no such file", source=source) from None
-        except OSError as exc:
-            raise InputError(f"cannot read: {exc.strerror or exc}", source=source) from None
-        except UnicodeDecodeError as exc:
-            raise InputError(f"not valid UTF-8 (offset {exc.start})", source=source) from None
+            data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise InputError(f"invalid TOML: {exc}", source=source) from None
         except RecursionError:

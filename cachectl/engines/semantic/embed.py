@@ -97,6 +97,10 @@ class Embedder:
         new = [t for t in dict.fromkeys(texts) if t not in self.index]
         if not new:
             return
+        from ...tokenization import check_text_size
+
+        for t in new:  # (what a caller did not locate: the tokenizers' bound, as every encoding has it)
+            check_text_size(t)
         chunks = []
         for i in range(0, len(new), self.batch_size * 8):
             part = new[i:i + self.batch_size * 8]
