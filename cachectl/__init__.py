@@ -79,12 +79,12 @@ if TYPE_CHECKING:  # the same names, typed, for type checkers (tests/test_packag
         exact_dupes,
         load_model,
         read_pairs,
-        replay,
         run_probe,
         score_pairs,
         sweep_policies,
         sweep_scores,
     )
+    from .engines.semantic.replay import replay  # (the function, not its module of the same name)
     from .engines.tokendiff import (
         Cause,
         LogSummary,
