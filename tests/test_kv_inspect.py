@@ -806,3 +806,22 @@ def test_importing_the_cli_imports_neither_torch_nor_transformers():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize("field, value, says", [
+    # DeepSeek-V3 with -1 routed experts was counted as a 37B dense model, Mixtral with -1 experts as dense
+    ("n_routed_experts", -1, "field 'n_routed_experts': expected an integer from 0"),
+    ("moe_intermediate_size", -1, "field 'moe_intermediate_size': expected an integer from 0"),
+    ("first_k_dense_replace", "3", "field 'first_k_dense_replace': expected an integer from 0"),
+    # each field in range, their product past 64 bits: an internal error of the JSON output
+    ("hidden_size", 10**12, "parameters, more than any model (1e+15)"),
+])
+def test_a_config_whose_sizing_fields_are_out_of_range_is_refused(cli, tmp_path, field, value, says):
+    config = {**kvmath.catalog()["deepseek-v3"]["config"], "n_routed_experts": 256, "n_shared_experts": 1,
+              "moe_intermediate_size": 2048, "intermediate_size": 18432, "first_k_dense_replace": 3,
+              "vocab_size": 129280}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**config, field: value}))
+    r = cli("kv-inspect", path, "-f", "json")
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert says in r.stderr and "internal error" not in r.stderr

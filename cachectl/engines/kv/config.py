@@ -115,9 +115,19 @@ _OPTIONAL_INTS = ("num_key_value_heads", "head_dim", "sliding_window", "kv_lora_
                   "hidden_size", "num_attention_heads")
 
 
+#: the integers the parameter count reads (0 where a config writes "none": no shared experts, no q LoRA)
+_SIZING_INTS = ("intermediate_size", "vocab_size", "n_routed_experts", "num_local_experts", "num_experts",
+                "num_experts_per_tok", "num_experts_per_token", "moe_intermediate_size",
+                "shared_expert_intermediate_size", "n_shared_experts", "first_k_dense_replace", "q_lora_rank",
+                "qk_nope_head_dim", "v_head_dim", "n_inner", "ffn_hidden_size")
+#: more parameters than any model has (the largest have some 10**12): a config that sizes more is corrupt
+MAX_PARAMS = 10**15
+
+
 def check_config(config: dict, source: str = "config.json") -> None:
-    """The fields the KV arithmetic reads, checked where they are read: integers in range, KV heads that
-    divide the attention heads, a head_dim that hidden_size gives when the config has none."""
+    """The fields the KV arithmetic and the parameter count read, checked where they are read: integers in range,
+    KV heads that divide the attention heads, a head_dim that hidden_size gives when the config has none, and at
+    most :data:`MAX_PARAMS` parameters."""
     cfg = _text_config(config)
     for key in ("num_hidden_layers", *_OPTIONAL_INTS):
         value = cfg.get(key)
@@ -126,6 +136,16 @@ def check_config(config: dict, source: str = "config.json") -> None:
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONFIG_INT:
             raise InputError(f"expected a positive integer up to {MAX_CONFIG_INT:,}, got {value!r:.60}",
                              source=source, field=key)
+    for key in _SIZING_INTS:  # (a negative one was read as absent: -1 experts counted DeepSeek-V3 as 37B dense)
+        value = cfg.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not 0 <= value <= MAX_CONFIG_INT):
+            raise InputError(f"expected an integer from 0 to {MAX_CONFIG_INT:,}, got {value!r:.60}",
+                             source=source, field=key)
+    counted = count_params(config)
+    if counted is not None and counted.total > MAX_PARAMS:
+        raise InputError(f"sizes {counted.total:.3g} parameters, more than any model ({MAX_PARAMS:.0e}): a field past "
+                         "what a model has?", source=source)
     kinds = set(layer_types(config, source))  # checks the layer count
     if cfg.get("kv_lora_rank"):
         return
