@@ -285,3 +285,17 @@ def test_a_stream_read_whole_stops_at_its_bound(cli, args):
     assert r.exit_code == 2
     assert r.stderr.strip().splitlines()[-1] == ("cachectl: error: /dev/zero: more than 64 MiB: past what cachectl "
                                                  "reads whole (a stream that never ends?)")
+
+
+@pytest.mark.parametrize("line, field", [
+    ({"timestamp": 0, "model": "claude-sonnet-4-5", "blocks": [{"id": "s", "tokens": 10**15}]}, "blocks[0].tokens"),
+    ({"timestamp": 0, "model": "claude-sonnet-4-5", "blocks": [{"id": "s", "tokens": 5}], "output_tokens": 10**15},
+     "output_tokens"),
+])
+def test_a_token_layout_count_past_the_bound_is_refused(line, field):
+    """A layout block of 10^15 tokens was priced at $7,500,000,000; the bound every usage counter has holds here."""
+    from cachectl.inputs import parse_request
+
+    with pytest.raises(InputError, match="2,147,483,647") as exc:
+        parse_request(line, source="s", line=2)
+    assert exc.value.field == field and exc.value.line == 2

@@ -30,6 +30,7 @@ import orjson
 from ..errors import InputError
 from .jsonpos import LocateFn
 from .timestamps import parse_timestamp
+from .usage import MAX_TOKEN_COUNT
 
 PROVIDERS = ("anthropic", "openai", "layout")
 APIS = ("messages", "chat", "responses", "layout")
@@ -359,9 +360,10 @@ def parse_request(value: Any, *, source: str = "<memory>", line: int | None = No
         raise InputError(str(exc), source=source, line=line if line is not None else loc("timestamp")[0],
                          field="timestamp") from None
     out_raw = wrapper.get("output_tokens", body.get("output_tokens"))
-    if out_raw is not None and (isinstance(out_raw, bool) or not isinstance(out_raw, int) or out_raw < 0):
-        raise InputError(f"expected a non-negative integer, got {out_raw!r}", source=source, line=line,
-                         field="output_tokens")
+    if out_raw is not None and (isinstance(out_raw, bool) or not isinstance(out_raw, int)
+                                or not 0 <= out_raw <= MAX_TOKEN_COUNT):
+        raise InputError(f"expected a token count from 0 to {MAX_TOKEN_COUNT:,}, got {out_raw!r:.40}", source=source,
+                         line=line, field="output_tokens")
     usage = wrapper.get("usage")
     if usage is None and isinstance(wrapper.get("response"), dict):
         usage = wrapper["response"].get("usage")
@@ -942,6 +944,9 @@ def _layout(body: dict, ctx: _Ctx) -> dict:
             raise ctx.err(f"expected an integer token count, got {tokens!r}", f"{path}.tokens")
         if tokens < 0:
             raise ctx.err(f"negative token count {tokens}", f"{path}.tokens")
+        if tokens > MAX_TOKEN_COUNT:
+            raise ctx.err(f"a token count of {tokens:.3g} is past the {MAX_TOKEN_COUNT:,} any request can hold",
+                          f"{path}.tokens")
         segment = b.get("segment", "messages")
         if not isinstance(segment, str) or segment not in ("tools", "system", "messages"):
             raise ctx.err(f"segment must be tools, system or messages, got {segment!r}", f"{path}.segment")
