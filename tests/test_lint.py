@@ -279,3 +279,14 @@ def test_a_bad_sidecar_is_one_line_naming_its_field(cli, write, sidecar, field):
     assert r.exit_code == 2
     assert r.stderr.strip().splitlines()[-1].startswith(f"cachectl: error: {tpl}.samples.json: field '{field}': ")
     assert "internal error" not in r.stderr
+
+
+def test_a_file_name_with_a_line_break_prints_on_one_line(cli, tmp_path):
+    """GitHub Actions reads a workflow command from any line of a job's output: a template named
+    "a\\n::warning file=evil.py::injected\\n.j2" printed that line in lint's text output. The name is escaped."""
+    bad = (LINT / "bad" / "time_at_top.j2").read_text()
+    (tmp_path / "a\n::warning file=evil.py::injected\n.j2").write_text(bad)
+    r = cli("lint", tmp_path)
+    assert r.exit_code == 1
+    assert not any(line.startswith("::") for line in r.stdout.splitlines()), r.stdout
+    assert "a\\n::warning file=evil.py::injected\\n.j2" in r.stdout

@@ -219,7 +219,8 @@ def _render_text(report) -> None:
         by_file.setdefault(f.path, []).append(f)
     # rich's Text drops some control characters (BEL, CR) where it is made: they are escaped before
     for path, items in by_file.items():
-        stdout.print(Text(printable(path), "bold underline"))
+        # a name on one line: a file named "a\n::warning ...::x" prints no workflow command of its own
+        stdout.print(Text(printable(path, newlines=False), "bold underline"))
         for f in sorted(items, key=lambda x: (x.line, x.column)):
             style = "red" if f.severity == "error" else "yellow"
             stdout.print(Text.assemble(f"  {f.line}:{f.column} ", (f.rule, f"bold {style}"),
