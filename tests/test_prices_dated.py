@@ -214,3 +214,25 @@ def test_dated_claude_ids_are_only_the_providers(table):
     for p in table.models.values():
         if p.provider == "anthropic" and p.aliases:
             assert p.aliases_source and "platform.claude.com" in p.aliases_source, p.model
+
+
+@pytest.mark.parametrize("change, field, says", [
+    # an explicit-cache model's null rate was priced as input: reads at full price, writes with no premium
+    ({"cache_read": None}, "models.own-claude.cache_read", "an explicit-cache model needs this rate"),
+    ({"cache_write_5m": None}, "models.own-claude.cache_write_5m", "an explicit-cache model needs this rate"),
+    ({"input": 1e300}, "models.own-claude.input", "expected a price from 0 to 1,000,000"),
+    ({"schema_version": 999}, "schema_version", "schema_version 999 is not one this cachectl reads"),
+])
+def test_a_prices_file_with_a_rate_it_cannot_price_is_refused(tmp_path, change, field, says):
+    entry = {"provider": "anthropic", "input": 3, "output": 15, "cache_write_5m": 3.75, "cache_write_1h": 6,
+             "cache_read": 0.3, "min_cacheable_tokens": 1024, "cache_mode": "explicit", "source": "acme.example"}
+    doc: dict = {"schema_version": 1, "models": {"own-claude": entry}}
+    if "schema_version" in change:
+        doc.update(change)
+    else:
+        entry.update(change)
+    own = tmp_path / "own.json"
+    own.write_text(json.dumps(doc))
+    r = _run("--prices", str(own), "-m", "own-claude", "--prefix-tokens", "5000", "--calls", "2", "--every", "1m")
+    assert r.exit_code == 2
+    assert f"field '{field}': {says}" in r.output

@@ -161,12 +161,18 @@ def _price(entry: dict, key: str, model: str, source: str) -> float:
     return value
 
 
+#: the highest price a table may give, USD a million tokens (the dearest models ask some hundreds): past it a price
+#: file is wrong (1e300 printed a dollar total of 300 digits)
+MAX_PRICE = 1_000_000
+
+
 def _num(entry: dict, key: str, model: str, source: str, *, optional: bool = False) -> float | None:
     value = entry.get(key)
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-        raise InputError(f"expected a non-negative number, got {value!r:.60}", source=source,
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_PRICE:
+        raise InputError(f"expected a price from 0 to {MAX_PRICE:,} USD a million tokens, got {value!r:.60}",
+                         source=source,
                          field=f"models.{model}.{key}")
     return float(value)
 
@@ -286,6 +292,11 @@ def _from_native(model: str, entry: Any, source: str) -> ModelPrice:
     effective_from = base.get("effective_from")
     if effective_from is not None:
         effective_from = _day(effective_from, model, source, "effective_from")
+    if base.get("cache_mode") == "explicit":  # (a rate left null was priced as input: a write with no premium)
+        for key in ("cache_read", "cache_write_5m", *(("cache_write_1h",) if "1h" in ttls else ())):
+            if base.get(key) is None:
+                raise InputError("an explicit-cache model needs this rate: its reads and writes are priced apart "
+                                 "from input", source=source, field=f"models.{model}.{key}")
     current = {"input": _price(base, "input", model, source), "output": _price(base, "output", model, source),
                "bands": bands, **{k: _num(base, k, model, source, optional=True) for k in _CACHE_RATES}}
     sets = _price_sets(tuple(history), current, model, source, effective_from)
@@ -384,6 +395,10 @@ class PriceTable:
         if not isinstance(doc, dict):
             raise InputError("expected a JSON object of models", source=source)
         if isinstance(doc.get("models"), dict):
+            version = doc.get("schema_version", 1)
+            if version != 1:
+                raise InputError(f"schema_version {version!r:.20} is not one this cachectl reads (1)", source=source,
+                                 field="schema_version")
             for name, entry in doc["models"].items():
                 self.models[name] = _from_native(name, entry, source)
             return
