@@ -290,3 +290,28 @@ def test_a_file_name_with_a_line_break_prints_on_one_line(cli, tmp_path):
     assert r.exit_code == 1
     assert not any(line.startswith("::") for line in r.stdout.splitlines()), r.stdout
     assert "a\\n::warning file=evil.py::injected\\n.j2" in r.stdout
+
+
+def test_every_named_chat_template_of_a_tokenizer_config_is_linted(cli, write):
+    """A tokenizer_config.json may list named templates ("default", "tool_use", ...). Only the default one was
+    linted, and a list without one linted an empty template: "clean", with nothing checked."""
+    clock = ("{{ bos_token }}Today is {{ strftime_now('%d %B %Y') }}.\\n{% for m in messages %}"
+             "{{ m['role'] }}: {{ m['content'] }}\\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+    plain = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\\n{% endfor %}"
+             "{% if add_generation_prompt %}assistant:{% endif %}")
+    path = write("tokenizer_config.json", {"chat_template": [{"name": "default", "template": plain},
+                                                             {"name": "tool_use", "template": clock}]})
+    r, found = findings(cli, path)
+    assert {rule for rule, _ in found} == {"CC003"}
+    assert "(chat_template 'tool_use' line 1)" in r.stdout
+    write("tokenizer_config.json", {"chat_template": [{"name": "tool_use", "template": "{% if %}"}]})
+    bad = cli("lint", path)
+    assert bad.exit_code == 2 and "invalid Jinja" in bad.stderr and "(chat_template 'tool_use' line 1)" in bad.stderr
+    write("tokenizer_config.json", {"chat_template": [{"name": "default"}]})
+    bad = cli("lint", path)
+    assert bad.exit_code == 2 and "field 'chat_template[0]': expected a named template" in bad.stderr
+
+
+def test_a_select_that_names_no_rule_is_refused(cli):
+    r = cli("lint", "--select", ",,", LINT / "bad" / "time_at_top.j2")
+    assert r.exit_code == 2 and "--select names no rule" in r.stderr

@@ -276,6 +276,8 @@ def load_config(pyproject: str | None, *, select: Sequence[str] = (), ignore: Se
     chosen -= _rule_ids(ids("ignore"), where)
     if select:
         chosen = _rule_ids(select, "--select")
+        if not chosen:  # (`--select ,,` turned every rule off: "clean", with nothing checked)
+            raise UsageError(f"--select names no rule (known: {', '.join(RULES)})")
     chosen -= _rule_ids(ignore, "--ignore")
     per_file_table = table.get("per-file-ignores", {})
     if not isinstance(per_file_table, dict):

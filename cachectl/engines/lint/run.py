@@ -134,21 +134,26 @@ def _lint_file(f: Path, config: LintConfig, tokenizer: Any, min_tokens: int | No
         doc = parse_json_document(text, source)
     if isinstance(doc, dict) and isinstance(doc.get("chat_template"), (str, list)):
         tmpl = doc["chat_template"]
-        if isinstance(tmpl, list):
-            tmpl = next((t.get("template") for t in tmpl if isinstance(t, dict) and t.get("name") == "default"),
-                        None) or ""
-            if not isinstance(tmpl, str):
-                raise InputError("the default chat_template entry's 'template' is not a string", source=source,
-                                 field="chat_template")
+        templates = [("chat_template", tmpl)] if isinstance(tmpl, str) else []
+        for i, t in enumerate(tmpl if isinstance(tmpl, list) else ()):  # transformers' named templates: each one
+            if not (isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)):
+                raise InputError("expected a named template, {\"name\": ..., \"template\": ...}", source=source,
+                                 field=f"chat_template[{i}]")
+            templates.append(("chat_template" if t["name"] == "default" else f"chat_template {t['name']!r}",
+                              t["template"]))
+        if not templates:
+            raise InputError("an empty list of chat templates", source=source, field="chat_template")
         base_line = text[:text.find('"chat_template"')].count("\n") + 1
-        try:
-            found = lint_template(source, tmpl, config, tokenizer)
-        except InputError as exc:
-            where = f" (chat_template line {exc.line})" if exc.line else ""
-            raise InputError(exc.message + where, source=source, line=base_line, field="chat_template") from None
-        return _applied_by([Finding(x.rule, x.severity, x.path, base_line, x.column,
-                                    f"{x.message} (chat_template line {x.line})", x.fix, x.fix_safety)
-                            for x in found], LINT_FIXES, "cachectl lint --fix")
+        findings = []
+        for label, body in templates:
+            try:
+                found = lint_template(source, body, config, tokenizer)
+            except InputError as exc:
+                where = f" ({label} line {exc.line})" if exc.line else f" ({label})" if label != "chat_template" else ""
+                raise InputError(exc.message + where, source=source, line=base_line, field="chat_template") from None
+            findings += [Finding(x.rule, x.severity, x.path, base_line, x.column, f"{x.message} ({label} line {x.line})",
+                                 x.fix, x.fix_safety) for x in found]
+        return _applied_by(findings, LINT_FIXES, "cachectl lint --fix")
     from ...inputs import Locator, is_request_body, parse_request, unwrap
     from ...inputs.timestamps import no_time
 
