@@ -269,3 +269,26 @@ def test_a_model_that_does_not_exist_is_cachectls_one_line_alone(cli, monkeypatc
     assert len(lines) == 1 and lines[0].startswith("cachectl: error: model 'nosuch-org/nosuch-model' is not available")
     # under pytest the library's warning would reach the log capture rather than stderr: it must not be emitted
     assert "Could not resolve" not in r.stderr and "Could not resolve" not in caplog.text
+
+
+def test_a_log_prompt_is_the_last_user_messages_text_parts(tmp_path):
+    """Content given as text parts (OpenAI's and Anthropic's {"type": "text"}) was "no prompt text" at field
+    'prompt'; a line without a user message named 'prompt' too."""
+    from cachectl.engines import semantic
+    from cachectl.errors import InputError
+
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps({"messages": [
+        {"role": "user", "content": "first"}, {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {}},
+                                     {"type": "text", "text": "b"}]}], "response": "r"}) + "\n")
+    (rec,) = semantic.iter_log_prompts(str(log))
+    assert rec.prompt == "a\nb" and rec.response == "r"
+    log.write_text(json.dumps({"messages": [{"role": 5, "content": "x"}]}) + "\n")
+    with pytest.raises(InputError, match="no prompt field and no user message") as exc:
+        list(semantic.iter_log_prompts(str(log)))
+    assert exc.value.field == "messages" and exc.value.line == 1
+    log.write_text(json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}) + "\n")
+    with pytest.raises(InputError, match="no prompt text") as exc:
+        list(semantic.iter_log_prompts(str(log)))
+    assert exc.value.field == "messages[0].content"

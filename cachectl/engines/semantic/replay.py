@@ -351,6 +351,16 @@ def _context(value: dict, messages: list | None, last_user: int | None) -> dict[
     return ctx
 
 
+def _text(content: Any) -> Any:
+    """A message's text: its string, or its text parts (OpenAI's and Anthropic's ``{"type": "text"}``, the
+    Responses API's ``input_text``) joined by a line break, as the request parser joins them; else as it is."""
+    if isinstance(content, list):
+        texts = [p["text"] for p in content if isinstance(p, dict) and p.get("type") in ("text", "input_text")
+                 and isinstance(p.get("text"), str)]
+        return "\n".join(texts) if texts else None
+    return content
+
+
 def iter_log_prompts(path: str, field_name: str = "prompt", response_field: str = "response") -> Iterator[LogRecord]:
     """:class:`LogRecord` per line of a JSONL log: a prompt field, or the last user message of a chat; the
     response field; and the context (``system``/``instructions`` or system messages, ``tools``, ``user`` or
@@ -364,13 +374,17 @@ def iter_log_prompts(path: str, field_name: str = "prompt", response_field: str 
         prompt = get_path(value, field_name)
         messages = value.get("messages") if isinstance(value.get("messages"), list) else None
         last_user = None
+        field = field_name
         if prompt is None and messages is not None:
             users = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"]
-            if users:
-                last_user = users[-1]
-                prompt = messages[last_user].get("content")
+            if not users:
+                raise InputError(f"no {field_name} field and no user message", source=source, line=line,
+                                 field="messages")
+            last_user = users[-1]
+            field = f"messages[{last_user}].content"
+            prompt = _text(messages[last_user].get("content"))
         if not isinstance(prompt, str):
-            raise InputError("no prompt text", source=source, line=line, field=field_name)
+            raise InputError("no prompt text", source=source, line=line, field=field)
         response = get_path(value, response_field)
         yield LogRecord(line, prompt, response if isinstance(response, str) else None,
                         _context(value, messages, last_user))
