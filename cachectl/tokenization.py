@@ -326,6 +326,9 @@ class TokenizerHandle:
     def __init__(self, name: str, hf: Any, chat_template: str | None = None):
         #: the file a --chat-template came from (its syntax errors name it, not the prompt)
         self.template_source: str | None = None
+        #: the file of the model directory the template came from (``chat_template.jinja`` or
+        #: ``tokenizer_config.json``), which an invalid template's error names; not reloaded as a template file
+        self.template_origin: str | None = None
         #: chat renders made before a run's passes, read instead of rendered: ``get(key)`` gives a render's (text, token
         #: IDs) kept under its :meth:`prefill_key`, or None (``--ray``'s cluster fills it:
         #: :class:`cachectl.engines.repair.prefill.ClusterRenders`); None: none
@@ -407,9 +410,12 @@ class TokenizerHandle:
                 msg = msg[:300] + "..."
             from jinja2 import TemplateSyntaxError
 
-            if isinstance(exc, TemplateSyntaxError) and self.template_source:  # the template's fault, not the prompt's
-                raise InputError(f"invalid chat template: {msg}", source=self.template_source,
-                                 line=exc.lineno) from None
+            origin = self.template_source or self.template_origin
+            if isinstance(exc, TemplateSyntaxError) and origin:  # the template's fault, not the prompt's
+                if origin.endswith("tokenizer_config.json"):  # (its line is the template's own)
+                    raise InputError(f"invalid chat template: {msg} (chat_template line {exc.lineno})",
+                                     source=origin, field="chat_template") from None
+                raise InputError(f"invalid chat template: {msg}", source=origin, line=exc.lineno) from None
             if self.template_source:  # name both: the template raised on this prompt
                 msg = f"{msg} (chat template {self.template_source})"
             raise InputError(f"chat template failed to render: {msg}", source=prompt.source,
@@ -703,7 +709,8 @@ def _tool_renderings(tool: dict) -> Iterable[str]:
 def load_tokenizer(spec: str, *, chat_template_file: str | None = None) -> TokenizerHandle:
     """Load a tokenizer from a model directory, a tokenizer.json file, or a cached Hugging Face id."""
     handle = _load_tokenizer(spec, chat_template_file)
-    handle.template_source = chat_template_file
+    if chat_template_file is not None:
+        handle.template_source = chat_template_file
     return handle
 
 
@@ -768,7 +775,11 @@ def _load_dir(path: Path, spec: str, chat_template: str | None) -> TokenizerHand
             hf = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as exc:
         raise TokenizerError(f"{spec}: cannot load tokenizer ({_first_line(exc)})") from None
-    return TokenizerHandle(str(spec), hf, chat_template)
+    handle = TokenizerHandle(str(spec), hf, chat_template)
+    if chat_template is None:  # the file transformers read the template from, for the errors it causes
+        jinja = path / "chat_template.jinja"
+        handle.template_origin = str(jinja if jinja.is_file() else path / "tokenizer_config.json")
+    return handle
 
 
 def _generic_fast_tokenizer(path: Path) -> bool:

@@ -206,3 +206,31 @@ def test_a_tokenizer_the_tokenizers_library_panics_on_is_one_line(cli, tmp_path)
     assert r.stderr.strip().splitlines()[-1].startswith("cachectl: error: the tokenizers library failed on this "
                                                         "tokenizer (")
     assert "Traceback" not in r.stderr and "internal error" not in r.stderr
+
+
+@pytest.mark.parametrize("where", ["tokenizer_config.json", "chat_template.jinja"])
+def test_an_invalid_chat_template_of_a_model_directory_is_named_at_its_file(cli, tmp_path, where):
+    """The error named the prompt file ("chat_no_system.json: chat template failed to render: Expected an
+    expression"), whose content was not at fault; now the file the template came from, and its line."""
+    import json
+    import shutil
+
+    tok = tmp_path / "tok"
+    shutil.copytree(TOK_DIR, tok)
+    bad = "{% for m in messages %}{{ m.content }}{% endfor %}\n{% if %}"
+    config = json.loads((tok / "tokenizer_config.json").read_text())
+    (tok / "chat_template.jinja").unlink(missing_ok=True)
+    if where == "chat_template.jinja":
+        config.pop("chat_template", None)
+        (tok / "chat_template.jinja").write_text(bad)
+    else:
+        config["chat_template"] = bad
+    (tok / "tokenizer_config.json").write_text(json.dumps(config))
+    prompt = str(PROMPTS / "chat_no_system.json")
+    r = cli("diff-tokens", "-t", tok, prompt, prompt)
+    assert r.exit_code == 2
+    if where == "chat_template.jinja":
+        assert f"{tok / where}:2: invalid chat template: " in r.stderr
+    else:
+        assert f"{tok / where}: field 'chat_template': invalid chat template: " in r.stderr
+        assert "(chat_template line 2)" in r.stderr
