@@ -315,3 +315,21 @@ def test_every_named_chat_template_of_a_tokenizer_config_is_linted(cli, write):
 def test_a_select_that_names_no_rule_is_refused(cli):
     r = cli("lint", "--select", ",,", LINT / "bad" / "time_at_top.j2")
     assert r.exit_code == 2 and "--select names no rule" in r.stderr
+
+
+def test_a_yaml_bodys_findings_and_errors_name_their_lines(cli, write):
+    """A YAML body was located with the JSON scanner, which finds no path in YAML: every finding and error named
+    line 1, and two findings at the one place were one. A key named twice was read as its last value."""
+    body = ("model: claude-sonnet-4-5\nmessages:\n  - role: user\n    content:\n      - type: text\n        text: hi\n"
+            "        cache_control: {type: ephemeral, ttl: 1h}\n      - type: text\n        text: yo\n"
+            "        cache_control: {type: ephemeral, ttl: 5m}\n")
+    path = write("body.yaml", body)
+    _, found = findings(cli, path)
+    assert found == [("CC005", 7), ("CC005", 10)]
+    write("body.yaml", "model: claude-sonnet-4-5\nmessages:\n  - role: user\n    content: hi\n"
+                       "  - role: assistant\n    content: [{type: text, text: 12:30:00}]\n")
+    r = cli("lint", path)
+    assert r.exit_code == 2 and f"{path}:6: field 'messages[1].content[0].text'" in r.stderr
+    write("body.yaml", "model: claude-sonnet-4-5\nmessages:\n  - role: user\n    content: hi\nmessages: []\n")
+    r = cli("lint", path)
+    assert r.exit_code == 2 and f"{path}:5: duplicate key 'messages'" in r.stderr

@@ -11,6 +11,7 @@ import functools
 import json
 import re
 from collections.abc import Callable, Iterator
+from typing import Any
 
 _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]:,]|[^\s{}\[\]:,"]+')
 
@@ -151,3 +152,56 @@ def _parent(path: str) -> str:
 
 
 LocateFn = Callable[[str], tuple[int, int]]
+
+
+class YamlLocator(Locator):
+    """:class:`Locator` of a YAML document (a lint body): each path's offset from the mark of the node PyYAML
+    composed for it (a mapping member at its key, a list item at its value), as the JSON scan gives them."""
+
+    def __init__(self, text: str, node: Any) -> None:
+        super().__init__(text)
+        self._node = node
+
+    @functools.cached_property
+    def _offsets(self) -> dict[str, int]:
+        import yaml
+
+        out: dict[str, int] = {}
+        stack: list[tuple[str, Any]] = [("", self._node)]
+        while stack:  # (aliases: a document that expands past twice its size was refused as it was loaded)
+            path, node = stack.pop()
+            if isinstance(node, yaml.MappingNode):
+                for key, value in node.value:
+                    if isinstance(key, yaml.ScalarNode):
+                        at = f"{path}.{key.value}" if path else str(key.value)
+                        out.setdefault(at, key.start_mark.index)
+                        stack.append((at, value))
+            elif isinstance(node, yaml.SequenceNode):
+                for i, value in enumerate(node.value):
+                    out[f"{path}[{i}]"] = value.start_mark.index
+                    stack.append((f"{path}[{i}]", value))
+        return out
+
+
+def yaml_duplicate_key(node: Any) -> tuple[str, int] | None:
+    """The first key a mapping of a composed YAML document names twice, and its character offset (PyYAML keeps
+    the last value without a word, where a JSON document's duplicate is an error)."""
+    import yaml
+
+    stack, seen_nodes = [node], set()
+    while stack:
+        n = stack.pop()
+        if id(n) in seen_nodes:
+            continue
+        seen_nodes.add(id(n))
+        if isinstance(n, yaml.MappingNode):
+            keys: set[Any] = set()
+            for key, value in n.value:
+                if isinstance(key, yaml.ScalarNode):
+                    if (key.tag, key.value) in keys:
+                        return str(key.value), key.start_mark.index
+                    keys.add((key.tag, key.value))
+                stack.append(value)
+        elif isinstance(n, yaml.SequenceNode):
+            stack.extend(n.value)
+    return None

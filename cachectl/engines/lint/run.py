@@ -130,8 +130,15 @@ def _lint_file(f: Path, config: LintConfig, tokenizer: Any, min_tokens: int | No
             raise InputError("YAML nested too deeply", source=source) from None
         if yaml_expanded_past(doc, text):
             raise InputError("YAML whose aliases (*name) expand it past twice its size: not read", source=source)
+        from ...inputs.jsonpos import YamlLocator, yaml_duplicate_key
+
+        node = yaml.compose(text, Loader=yaml.SafeLoader)  # (the positions: what safe_load keeps none of)
+        if (dup := yaml_duplicate_key(node)) is not None:
+            raise InputError(f"duplicate key {dup[0]!r:.80}", source=source, line=text.count("\n", 0, dup[1]) + 1)
+        locator: Any = YamlLocator(text, node)
     else:
         doc = parse_json_document(text, source)
+        locator = None
     if isinstance(doc, dict) and isinstance(doc.get("chat_template"), (str, list)):
         tmpl = doc["chat_template"]
         templates = [("chat_template", tmpl)] if isinstance(tmpl, str) else []
@@ -159,7 +166,7 @@ def _lint_file(f: Path, config: LintConfig, tokenizer: Any, min_tokens: int | No
 
     if isinstance(doc, dict) and is_request_body(unwrap(doc)[0]):
         # (the lint reads no times: a wrapper's time, zoneless or odd, is not the body's to answer for)
-        req = parse_request(doc, source=source, locator=Locator(text), timestamps=no_time)
+        req = parse_request(doc, source=source, locator=locator or Locator(text), timestamps=no_time)
         return _applied_by(lint_body(source, req, config, min_tokens, count), LOG_FIXES, "cachectl fix")
     if named:
         raise InputError("not a request body (no 'messages', 'input' or 'blocks', also not inside 'body') "
