@@ -234,3 +234,14 @@ def test_an_invalid_chat_template_of_a_model_directory_is_named_at_its_file(cli,
     else:
         assert f"{tok / where}: field 'chat_template': invalid chat template: " in r.stderr
         assert "(chat_template line 2)" in r.stderr
+
+
+def test_stability_refuses_a_conversation_past_its_bound_before_rendering(cli, tmp_path):
+    """--stability renders every prefix: 2,000 short messages (74 KB) ran past a minute."""
+    import json
+
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"} for i in range(1001)]
+    conv = tmp_path / "conv.json"
+    conv.write_text(json.dumps(msgs))
+    r = cli("diff-tokens", "-t", TOK_DIR, "--stability", conv)
+    assert r.exit_code == 2 and "1,001 messages: --stability renders the conversation once a turn" in r.stderr

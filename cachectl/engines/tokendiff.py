@@ -18,7 +18,7 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Container, Iterable, Iterator, Sequence
 
-from ..errors import CachectlError, UsageError
+from ..errors import CachectlError, InputError, UsageError
 from ..inputs import LogRecord, PromptInput
 from ..tokenization import Location, Span, TokenizerHandle, Tokenized
 
@@ -779,6 +779,11 @@ def _prefix_prompt(p: PromptInput, k: int) -> PromptInput:
     return replace(p, messages=(p.messages or ())[:k], field_paths=p.field_paths[:k])
 
 
+#: the longest conversation --stability checks: a render and a token diff a turn, each as long as the conversation
+#: so far (1,000 messages of some 40 bytes took 24 s on a 2-core VM; 2,000 ran past a minute)
+MAX_STABILITY_MESSAGES = 1000
+
+
 def check_stability(prompt: PromptInput, tokenizer: TokenizerHandle, *, block_size: int = 16,
                     context: int = 6, template_vars: dict | None = None) -> StabilityReport:
     """For each k, is the render of turns[:k] a token prefix of the render of turns[:k+1]?
@@ -791,6 +796,10 @@ def check_stability(prompt: PromptInput, tokenizer: TokenizerHandle, *, block_si
         raise UsageError(f"{prompt.source}: --stability needs a conversation (a chat message list or a "
                          "request body), not a raw prompt")
     msgs = prompt.messages
+    if len(msgs) > MAX_STABILITY_MESSAGES:
+        raise InputError(f"{len(msgs):,} messages: --stability renders the conversation once a turn, so its time grows "
+                         f"with the square of its length; at most {MAX_STABILITY_MESSAGES:,} (check a part of it)",
+                         source=prompt.source, line=prompt.line)
     first = next((i + 1 for i, m in enumerate(msgs) if m.get("role") not in ("system", "developer")), None)
     if first is None or first >= len(msgs):
         raise UsageError(f"{prompt.source}: --stability needs at least two turns after the system message")
