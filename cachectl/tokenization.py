@@ -216,21 +216,38 @@ class _SizedBackend:
     """The tokenizers backend, with every text checked against :data:`MAX_TOKENIZE_CHARS` before it is encoded
     (every caller encodes through ``TokenizerHandle.backend``)."""
 
-    __slots__ = ("_backend",)
+    __slots__ = ("_backend", "_name")
 
-    def __init__(self, backend: Any):
+    def __init__(self, backend: Any, name: str = "") -> None:
         object.__setattr__(self, "_backend", backend)
+        object.__setattr__(self, "_name", name)
 
     def encode(self, text: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(text, str):
             check_text_size(text)
-        return self._backend.encode(text, *args, **kwargs)
+        try:
+            return self._backend.encode(text, *args, **kwargs)
+        except BaseException as exc:
+            if type(exc).__name__ == "PanicException":
+                raise self._panicked(exc) from None
+            raise
 
     def encode_batch(self, texts: Any, *args: Any, **kwargs: Any) -> Any:
         for t in texts:
             if isinstance(t, str):
                 check_text_size(t)
-        return self._backend.encode_batch(texts, *args, **kwargs)
+        try:
+            return self._backend.encode_batch(texts, *args, **kwargs)
+        except BaseException as exc:
+            if type(exc).__name__ == "PanicException":
+                raise self._panicked(exc) from None
+            raise
+
+    def _panicked(self, exc: BaseException) -> TokenizerError:
+        """A panic of the Rust library (pyo3's PanicException, a BaseException that passes every ``except
+        Exception``) as one error naming the tokenizer."""
+        return TokenizerError(f"tokenizer {self._name}: the tokenizers library failed while encoding "
+                              f"({' '.join(str(exc).split())[:200]}): is its tokenizer.json one transformers saved?")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._backend, name)
@@ -344,7 +361,7 @@ class TokenizerHandle:
             backend.no_padding()
         if backend.truncation is not None:
             backend.no_truncation()
-        self.backend: "tokenizers.Tokenizer" = _SizedBackend(backend)  # type: ignore[assignment]
+        self.backend: "tokenizers.Tokenizer" = _SizedBackend(backend, name)  # type: ignore[assignment]
         if chat_template is not None:
             hf.chat_template = chat_template
         self.bos_token_id: int | None = getattr(hf, "bos_token_id", None)

@@ -190,7 +190,7 @@ def test_minilm_has_no_chat_template(minilm):
 def test_a_tokenizer_the_tokenizers_library_panics_on_is_one_line(cli, tmp_path):
     """A tokenizer.json whose normalizer replaces an empty pattern makes the Rust library panic while it encodes;
     pyo3's PanicException is a BaseException, so it went past every handler as a traceback. Now it is the last
-    line, exit 2 (the library's own panic note, printed by Rust, comes before it)."""
+    line, naming the tokenizer, exit 2 (the library's own panic note, printed by Rust, comes before it)."""
     import json
     import shutil
 
@@ -203,8 +203,8 @@ def test_a_tokenizer_the_tokenizers_library_panics_on_is_one_line(cli, tmp_path)
     prompt.write_text("Hello there, general Kenobi\n")
     r = cli("diff-tokens", prompt, prompt, "-t", tok)
     assert r.exit_code == 2
-    assert r.stderr.strip().splitlines()[-1].startswith("cachectl: error: the tokenizers library failed on this "
-                                                        "tokenizer (")
+    assert r.stderr.strip().splitlines()[-1].startswith(f"cachectl: error: tokenizer {tok}: the tokenizers library "
+                                                        "failed while encoding (")
     assert "Traceback" not in r.stderr and "internal error" not in r.stderr
 
 
