@@ -754,9 +754,14 @@ def _path_not_found(spec: str) -> TokenizerError:
     import difflib
 
     path = Path(spec).expanduser()
+    if path.exists():  # (a device, a FIFO, a socket: there, but neither a directory nor a file)
+        return TokenizerError(f"{spec}: not a tokenizer directory or a tokenizer.json file")
+    if path.is_symlink():
+        return TokenizerError(f"{spec}: a symbolic link to nothing (or to itself)")
     close = []
     if path.parent.is_dir():
-        close = difflib.get_close_matches(path.name, [p.name for p in path.parent.iterdir()], n=3)
+        close = [c for c in difflib.get_close_matches(path.name, [p.name for p in path.parent.iterdir()], n=3)
+                 if c != path.name]
     hint = f" (did you mean {', '.join(str(Path(spec).parent / c) for c in close)}?)" if close else ""
     return TokenizerError(f"tokenizer path not found: {spec}{hint}")
 

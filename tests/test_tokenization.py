@@ -245,3 +245,13 @@ def test_stability_refuses_a_conversation_past_its_bound_before_rendering(cli, t
     conv.write_text(json.dumps(msgs))
     r = cli("diff-tokens", "-t", TOK_DIR, "--stability", conv)
     assert r.exit_code == 2 and "1,001 messages: --stability renders the conversation once a turn" in r.stderr
+
+
+def test_a_tokenizer_path_that_is_a_device_or_a_dangling_link_says_so(tmp_path):
+    """`-t /dev/zero` said "tokenizer path not found: /dev/zero (did you mean /dev/zero?)"."""
+    with pytest.raises(TokenizerError, match="not a tokenizer directory or a tokenizer.json file"):
+        load_tokenizer("/dev/zero")
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(TokenizerError, match="a symbolic link to nothing"):
+        load_tokenizer(str(loop))
