@@ -333,3 +333,13 @@ def test_a_yaml_bodys_findings_and_errors_name_their_lines(cli, write):
     write("body.yaml", "model: claude-sonnet-4-5\nmessages:\n  - role: user\n    content: hi\nmessages: []\n")
     r = cli("lint", path)
     assert r.exit_code == 2 and f"{path}:5: duplicate key 'messages'" in r.stderr
+
+
+def test_a_file_named_twice_is_linted_and_fixed_once(cli, tmp_path):
+    """`lint --fix f f dir/` said "fixed 4 finding(s) in 4 file(s)" of one file; lint counted it three times."""
+    tpl = tmp_path / "t.j2"
+    tpl.write_text((LINT / "bad" / "tools_tojson.j2").read_text())
+    r = cli("lint", tpl, tpl, tmp_path, "-f", "json")
+    assert json.loads(r.stdout)["files"] == 1 and len(json.loads(r.stdout)["findings"]) == 1
+    r = cli("lint", "--fix", tpl, tpl, tmp_path)
+    assert "in 1 file(s)" in r.stdout + r.stderr, r.stdout + r.stderr

@@ -236,6 +236,7 @@ def fix_paths(paths: Sequence[str], config: LintConfig) -> FixResult:
     skipped: list[str] = []
     outside: list[str] = []
     bodies: list[str] = []
+    seen: set[str] = set()
     for raw in paths:
         if raw == "-":
             continue  # stdin cannot be fixed in place
@@ -246,6 +247,9 @@ def fix_paths(paths: Sequence[str], config: LintConfig) -> FixResult:
             continue
         tree = os.path.realpath(raw) if os.path.isdir(raw) else None
         for f in files:
+            if (real := os.path.realpath(f)) in seen:  # (named twice, or in a directory named too: fixed once)
+                continue
+            seen.add(real)
             kind = kind_name(f)
             if not (kind.name.endswith(TEMPLATE_SUFFIXES) or kind.name == "tokenizer_config.json"):
                 bodies.append(str(f))

@@ -4,6 +4,8 @@ cannot be read or parsed is a :class:`FileError`, and the run goes on."""
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -61,16 +63,22 @@ def _lint_paths(paths: Sequence[str], config: LintConfig, tokenizer: Any, min_to
     findings: list[Finding] = []
     errors: list[FileError] = []
     checked = 0
+    seen: set[str] = set()
     for raw in paths:
         try:
             files = _candidates(raw)
         except CachectlError as exc:
             errors.append(replace(_file_error(exc, raw), kind="path"))
             continue
-        linted = 0
+        linted, again = 0, False
         for f in files:
             if progress is not None:
                 progress(1)
+            if raw != "-":  # (a file named twice, or in a directory named too: linted once)
+                if (real := os.path.realpath(f)) in seen:
+                    again = True
+                    continue
+                seen.add(real)
             try:
                 with site(str(f)):
                     found = _lint_file(f, config, tokenizer, min_tokens, count, named=Path(raw).is_file())
@@ -81,7 +89,7 @@ def _lint_paths(paths: Sequence[str], config: LintConfig, tokenizer: Any, min_to
             if found is not None:
                 findings += found
                 linted += 1
-        if not linted:
+        if not linted and not again:
             errors.append(FileError(raw, None, kind="path", message=(
                 "no lintable file here (Jinja templates " + ", ".join(TEMPLATE_SUFFIXES)
                 + ", tokenizer_config.json with a chat_template, request bodies in JSON or YAML)")))
