@@ -5,7 +5,6 @@ cannot be read or parsed is a :class:`FileError`, and the run goes on."""
 from __future__ import annotations
 
 import os
-
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
