@@ -193,7 +193,7 @@ _EXPORTS = {
     "score_pairs": "cachectl.engines.semantic",
     "sweep_scores": "cachectl.engines.semantic",
     "run_probe": "cachectl.engines.semantic",
-    "replay": "cachectl.engines.semantic",
+    "replay": "cachectl.engines.semantic.replay",
     "exact_dupes": "cachectl.engines.semantic",
     "PairsReport": "cachectl.engines.semantic",
     "SweepReport": "cachectl.engines.semantic",
