@@ -225,29 +225,25 @@ class _SizedBackend:
     def encode(self, text: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(text, str):
             check_text_size(text)
-        try:
-            return self._backend.encode(text, *args, **kwargs)
-        except BaseException as exc:
-            if type(exc).__name__ == "PanicException":
-                raise self._panicked(exc) from None
-            raise
+        return self._unpanicked(self._backend.encode, text, *args, **kwargs)
 
     def encode_batch(self, texts: Any, *args: Any, **kwargs: Any) -> Any:
         for t in texts:
             if isinstance(t, str):
                 check_text_size(t)
-        try:
-            return self._backend.encode_batch(texts, *args, **kwargs)
-        except BaseException as exc:
-            if type(exc).__name__ == "PanicException":
-                raise self._panicked(exc) from None
-            raise
+        return self._unpanicked(self._backend.encode_batch, texts, *args, **kwargs)
 
-    def _panicked(self, exc: BaseException) -> TokenizerError:
-        """A panic of the Rust library (pyo3's PanicException, a BaseException that passes every ``except
-        Exception``) as one error naming the tokenizer."""
-        return TokenizerError(f"tokenizer {self._name}: the tokenizers library failed while encoding "
-                              f"({' '.join(str(exc).split())[:200]}): is its tokenizer.json one transformers saved?")
+    def _unpanicked(self, encode: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``encode(...)``, a panic of the Rust library (pyo3's PanicException, a BaseException that passes every
+        ``except Exception``) turned into one error naming the tokenizer."""
+        try:
+            return encode(*args, **kwargs)
+        except BaseException as exc:
+            if type(exc).__name__ != "PanicException":
+                raise
+            raise TokenizerError(f"tokenizer {self._name}: the tokenizers library failed while encoding "
+                                 f"({' '.join(str(exc).split())[:200]}): is its tokenizer.json one transformers "
+                                 "saved?") from None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._backend, name)
