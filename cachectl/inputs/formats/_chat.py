@@ -217,3 +217,13 @@ def count(value: Any) -> int | None:
     elif isinstance(value, str) and value.strip().isdigit():
         n = int(value)
     return n if n is not None and 0 <= n <= MAX_TOKEN_COUNT else None
+
+
+def counter(value: Any, *, source: str, line: int | None, field: str, note: str = "") -> int:
+    """:func:`count` of a counter a line gives, refused at ``field`` (``note`` after the message) where it is no
+    token count: every reader's one message for it."""
+    n = count(value)
+    if n is None:
+        raise InputError(f"expected a token count (a whole number from 0 to {MAX_TOKEN_COUNT:,}), got {value!r:.40}"
+                         f"{note}", source=source, line=line, field=field)
+    return n

@@ -42,8 +42,7 @@ from typing import Any
 import orjson
 
 from ...errors import InputError
-from ..usage import MAX_TOKEN_COUNT
-from ._chat import anthropic_body, anthropic_usage, count, is_claude, openai_usage
+from ._chat import anthropic_body, anthropic_usage, counter, is_claude, openai_usage
 from .base import Head, LogShape, Record, Verdict, json_value, text_of
 
 SHAPE = LogShape(
@@ -139,10 +138,7 @@ def _usage(o: dict, claude: bool, litellm: bool, source: str, line: int, at: str
     for key, raw in details.items():
         if key in _TOTAL or key in _COSTS or raw is None:
             continue
-        n = count(raw)
-        if n is None:
-            raise InputError(f"expected a token count (a whole number from 0 to {MAX_TOKEN_COUNT:,}), got {raw!r:.40}",
-                             source=source, line=line, field=f"{path}{key}")
+        n = counter(raw, source=source, line=line, field=f"{path}{key}")
         if key in _INPUT:
             inp += n
         elif key in _OUTPUT or key.startswith("output_"):

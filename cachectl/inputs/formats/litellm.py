@@ -37,8 +37,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ...errors import InputError
-from ..usage import MAX_TOKEN_COUNT
-from ._chat import anthropic_body, anthropic_usage, count, is_claude, obj, openai_usage
+from ._chat import anthropic_body, anthropic_usage, counter, is_claude, obj, openai_usage
 from .base import Head, LogShape, Record, Verdict, json_value, text_of
 
 SHAPE = LogShape(
@@ -123,11 +122,7 @@ def _counter(obj: dict, key: str, path: str, source: str, line: int) -> int | No
     value = obj.get(key)
     if value is None:
         return None
-    n = count(value)
-    if n is None:
-        raise InputError(f"expected a token count (a whole number from 0 to {MAX_TOKEN_COUNT:,}), got {value!r:.40}",
-                         source=source, line=line, field=f"{path}{key}")
-    return n
+    return counter(value, source=source, line=line, field=f"{path}{key}")
 
 
 def usage_of(u: Any, claude: bool, path: str, source: str, line: int) -> dict:

@@ -36,8 +36,7 @@ import orjson
 
 from ...errors import InputError
 from ..files import parse_jsonl_line
-from ..usage import MAX_TOKEN_COUNT
-from ._chat import count
+from ._chat import count, counter
 from .base import Head, LogShape, Record, Verdict, text_of, wrapper_value
 
 SHAPE = LogShape(
@@ -126,11 +125,7 @@ def _int(attrs: dict[str, Any], where: dict[str, Any], *names: str) -> int | Non
         v = attrs.get(n)
         if v is None or isinstance(v, bool):
             continue
-        found = count(v)
-        if found is None:
-            raise InputError(f"expected a token count (a whole number from 0 to {MAX_TOKEN_COUNT:,}), got {v!r:.40}",
-                             source=where["source"], line=where["line"], field=f"{where['span']}.attributes.{n}")
-        return found
+        return counter(v, source=where["source"], line=where["line"], field=f"{where['span']}.attributes.{n}")
     return None
 
 

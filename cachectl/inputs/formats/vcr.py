@@ -44,8 +44,8 @@ import yaml
 
 from ...errors import InputError
 from ..files import yaml_expanded_past
-from ..usage import ANTHROPIC_KEYS, MAX_TOKEN_COUNT, OPENAI_CHAT_KEYS, OPENAI_RESPONSES_KEYS
-from ._chat import count
+from ..usage import ANTHROPIC_KEYS, OPENAI_CHAT_KEYS, OPENAI_RESPONSES_KEYS
+from ._chat import counter
 from .base import Head, LogShape, Record, Verdict
 
 try:
@@ -367,10 +367,9 @@ def _check_counters(usage: dict[str, Any] | None, kind: str, json_body: bool, so
     """Refuse a counter of the response's usage that is no token count, at the response's path."""
     keys = ANTHROPIC_KEYS if kind == "anthropic" else OPENAI_CHAT_KEYS if kind == "chat" else OPENAI_RESPONSES_KEYS
     for key, value in (usage or {}).items():
-        if keys[key] is None and not isinstance(value, dict) and count(value) is None:
-            raise InputError(f"expected a token count (a whole number from 0 to {MAX_TOKEN_COUNT:,}), got "
-                             f"{value!r:.40}" + ("" if json_body else f" (usage.{key} in its event stream)"),
-                             source=source, line=line, field=f"{path}.usage.{key}" if json_body else path)
+        if keys[key] is None and not isinstance(value, dict):
+            counter(value, source=source, line=line, field=f"{path}.usage.{key}" if json_body else path,
+                    note="" if json_body else f" (usage.{key} in its event stream)")
 
 
 def _kind(method: Any, uri: Any) -> str | None:
