@@ -587,16 +587,21 @@ def _pre_list(value: Any = (), *a: Any, **k: Any) -> None:
 def _pre_batch(value: Any = (), linecount: Any = 1, fill_with: Any = None, **k: Any) -> None:
     if isinstance(linecount, int):
         check_items(linecount, "batch")
-    _pre_items("batch")(value)
+    _check_text_items(value, "batch")
 
 
-def _pre_items(name: str, text: bool = False) -> Callable:
+def _check_text_items(value: Any, name: str, text: bool = False) -> None:
     """A filter that builds a list of an item a character or a word of a text (``title`` keeps 80 bytes a
     character, ``sort`` over 160): the text at most :data:`MAX_ITEMS` characters. With ``text``, a filter of
     the text a value prints as (``title`` of a list)."""
+    if (text or isinstance(value, str)) and (chars := text_size(value, name)) > MAX_ITEMS:
+        raise _refuse(f"{name} over a text of {chars:,} characters", f" (at most {MAX_ITEMS:,})")
+
+
+def _pre_items(name: str, text: bool = False) -> Callable:
+    """:func:`_check_text_items` as the ``pre`` check of the filter ``name``."""
     def pre(value: Any = (), *a: Any, **k: Any) -> None:
-        if (text or isinstance(value, str)) and (chars := text_size(value, name)) > MAX_ITEMS:
-            raise _refuse(f"{name} over a text of {chars:,} characters", f" (at most {MAX_ITEMS:,})")
+        _check_text_items(value, name, text)
     return pre
 
 
@@ -604,7 +609,7 @@ def _pre_slice(value: Any = (), slices: Any = 1, *a: Any, **k: Any) -> None:
     slices = k.get("slices", slices)
     if isinstance(slices, int):
         check_items(slices, "slice")
-    _pre_items("slice")(value)
+    _check_text_items(value, "slice")
 
 
 def _pre_wordwrap(s: Any = "", width: Any = 79, break_long_words: Any = True, wrapstring: Any = None,
@@ -612,7 +617,7 @@ def _pre_wordwrap(s: Any = "", width: Any = 79, break_long_words: Any = True, wr
     wrapstring = k.get("wrapstring", wrapstring)
     width = k.get("width", width)
     chars = _first_str(s, "wordwrap")
-    _pre_items("wordwrap", text=True)(s)
+    _check_text_items(s, "wordwrap", text=True)
     if isinstance(wrapstring, str) and isinstance(width, int):
         check_chars(chars + (chars // max(width, 1) + 1) * len(wrapstring), "wordwrap", s, wrapstring)
 
@@ -622,7 +627,7 @@ def _pre_urlize(value: Any = "", *a: Any, **k: Any) -> None:
         v = k.get(key)
         if isinstance(v, str) and len(v) > 256:
             raise _refuse(f"urlize with a {key} of {len(v):,} characters (at most 256)")
-    _pre_items("urlize", text=True)(value)
+    _check_text_items(value, "urlize", text=True)
 
 
 def _pre_sum(iterable: Any = (), attribute: Any = None, start: Any = 0, **k: Any) -> None:
