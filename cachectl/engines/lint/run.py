@@ -122,8 +122,11 @@ def _lint_file(f: Path, config: LintConfig, tokenizer: Any, min_tokens: int | No
     if kind.suffix in (".yaml", ".yml"):
         import yaml
 
-        try:
-            doc = yaml.safe_load(text)
+        loader = None
+        try:  # safe_load's own steps, the composed node kept: the positions, which the values keep none of
+            loader = yaml.SafeLoader(text)  # (which reads the text: a control character is refused here)
+            node = loader.get_single_node()
+            doc = loader.construct_document(node) if node is not None else None
         except yaml.YAMLError as exc:
             # (the line and column from the mark's character index: YAML breaks lines at U+0085, U+2028 and U+2029
             # too, and its own count would name a line past the file's)
@@ -135,11 +138,13 @@ def _lint_file(f: Path, config: LintConfig, tokenizer: Any, min_tokens: int | No
                              line=text.count("\n", 0, at) + 1 if mark else None) from None
         except RecursionError:
             raise InputError("YAML nested too deeply", source=source) from None
+        finally:
+            if loader is not None:
+                loader.dispose()
         if yaml_expanded_past(doc, text):
             raise InputError("YAML whose aliases (*name) expand it past twice its size: not read", source=source)
         from ...inputs.jsonpos import YamlLocator, yaml_duplicate_key
 
-        node = yaml.compose(text, Loader=yaml.SafeLoader)  # (the positions: what safe_load keeps none of)
         if (dup := yaml_duplicate_key(node)) is not None:
             raise InputError(f"duplicate key {dup[0]!r:.80}", source=source, line=text.count("\n", 0, dup[1]) + 1)
         locator: Any = YamlLocator(text, node)
