@@ -168,13 +168,15 @@ def probe_cmd(prompts: Annotated[Optional[list[str]], typer.Argument(metavar="PR
     items = list(prompts or [])
     if file:
         from ..errors import InputError
-        from ..tokenization import max_tokenize_chars
+        from ..tokenization import check_text_size
 
         text, source = read_text(file)
         for n, line in enumerate(text.splitlines(), 1):
-            if len(line) > max_tokenize_chars():  # (the tokenizers' bound: a 40 MB line aborted the process)
-                raise InputError(f"a prompt of {len(line):,} characters: past the {max_tokenize_chars():,} cachectl "
-                                 "tokenizes at once", source=source, line=n)
+            try:
+                check_text_size(line)  # (the tokenizers' bound, at the line: a 40 MB line aborted the process)
+            except InputError as exc:
+                exc.locate(source, n)
+                raise
             if line.strip():
                 items.append(line.strip())
     if not items:
