@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import InputError, UnrenderablePart
 from .files import JSONL_NOT_JSON, display_name, parse_json_document, read_text
 from .jsonpos import Locator
-from .request import PROMPT_ID_KEYS, USAGE_ONLY, Request, is_request_body, is_usage_only, parse_request, unwrap
+from .request import JSONL_ARRAY_HINT, PROMPT_ID_KEYS, USAGE_ONLY, Request, is_request_body, is_usage_only, parse_request, unwrap
 
 KINDS = ("text", "chat", "openai", "anthropic", "ids")
 
@@ -104,8 +104,8 @@ def prompt_from_value(value: Any, *, source: str, line: int | None, as_kind: str
             return PromptInput(kind="ids", source=source, line=line, ids=parse_ids(value, **loc))
         if as_kind in (None, "chat"):
             if "role" not in value[0] and not value[0].keys().isdisjoint(("body", "messages", "request")):
-                raise InputError(f"a JSON list of {len(value)} objects that are requests, not messages; expected one "
-                                 "request per line (JSONL) (convert with: jq -c '.[]' FILE)", **loc)
+                raise InputError(f"a JSON list of {len(value)} objects that are requests, not messages; "
+                                 f"{JSONL_ARRAY_HINT}", **loc)
             try:
                 req = parse_request({"messages": value}, source=source, line=line, locator=_shift(locator),
                                     provider="openai")

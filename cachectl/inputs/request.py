@@ -323,6 +323,10 @@ def cache_salt_of(value: Any) -> Any:
     return got
 
 
+#: what a line that holds a JSON array of requests is told (one document saved where JSONL is read)
+JSONL_ARRAY_HINT = "expected one request per line (JSONL) (convert with: jq -c '.[]' FILE)"
+
+
 def parse_request(value: Any, *, source: str = "<memory>", line: int | None = None,
                   locator: LocateFn | None = None, default_model: str | None = None,
                   provider: str | None = None, timestamps: Callable[[Any], float | None] | None = None) -> Request:
@@ -338,7 +342,7 @@ def parse_request(value: Any, *, source: str = "<memory>", line: int | None = No
         many = isinstance(value, list) and value and isinstance(value[0], dict) and "role" not in value[0]
         got = f"a list of {len(value)} object{'s' * (len(value) != 1)}" if many else type(value).__name__
         raise _Ctx(source, line, "", loc).err(f"expected a JSON object (a request body), got {got}" + (
-            "; expected one request per line (JSONL) (convert with: jq -c '.[]' FILE)" if many else ""))
+            f"; {JSONL_ARRAY_HINT}" if many else ""))
     body, body_path, wrapper = unwrap(value)
     ctx = _Ctx(source, line, body_path, loc)
     if not is_request_body(body):
