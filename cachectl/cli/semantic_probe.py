@@ -25,8 +25,10 @@ from .common import (
     run_inputs,
     save_figure,
     status,
+    stderr,
     stdout,
 )
+from .logformat import LogFormatOpt, log_format_name
 
 
 class Policy(Choice):
@@ -326,7 +328,7 @@ def replay_cmd(log: Annotated[str, typer.Argument(metavar="LOG", help="JSONL log
                    "--max-size", min=1, metavar="N", help="Entries the cache keeps (LRU); GPTCache's default "
                                                           "1000 with --like gptcache.", show_default=False)] = None,
                seed: SeedOpt = 0, model: ModelOpt = None, threads: ThreadsOpt = None,
-               fmt: FormatOpt = Format.text) -> None:
+               log_format: LogFormatOpt = None, fmt: FormatOpt = Format.text) -> None:
     """Replay a prompt log through a simulated semantic cache.
 
     It stores on a miss and looks up before: the hit rate, and how many hits would have returned another stored response than the one actually produced, and how many crossed a system prompt, tools, end user or earlier turns. Exit 1 when any would (for the adaptive policy: when its wrong-hit rate is above its bound)."""
@@ -335,7 +337,8 @@ def replay_cmd(log: Annotated[str, typer.Argument(metavar="LOG", help="JSONL log
     options = _replay_options(threshold, like, policy, delta, thresholds, scope, key_fields, max_size, seed)
     emb, name, progress = _embedder(model, threads)
     with progress:
-        report = semantic.replay(semantic.iter_log_prompts(log, field, response_field), emb, model=name, **options)
+        report = semantic.replay(semantic.iter_log_prompts(log, field, response_field,
+                                                             log_format_name(log_format)), emb, model=name, **options)
     if fmt is Format.json:
         emit_json(report)
     else:
@@ -381,27 +384,44 @@ def _replay_text(report) -> None:
 
 @app.command("dupes")
 @handle_errors
-def dupes_cmd(log: Annotated[str, typer.Argument(metavar="LOG", help="JSONL log.")],
-              field: Annotated[str, typer.Option("--prompt-field", "--field", metavar="FIELD",
-                                                 help="Prompt field (dotted). --field is the older name.")] = "prompt",
+def dupes_cmd(log: Annotated[str, typer.Argument(metavar="LOG", help="Log of prompts or requests, in any shape.")],
+              field: Annotated[Optional[str], typer.Option(
+                  "--prompt-field", "--field", metavar="FIELD",
+                  help="Prompt field (dotted): key every line on its text (default: a line's 'prompt' where it "
+                       "has one, else its whole request). --field is the older name.", show_default=False)] = None,
+              ignore: Annotated[Optional[list[str]], typer.Option(
+                  "--ignore-field", metavar="PATH",
+                  help="A body path (dotted) left out of the request key, as a cache told to ignore it does "
+                       "(repeatable).", show_default=False)] = None,
               normalize: Annotated[Normalize, typer.Option("--normalize", case_sensitive=False,
                                                            help="none (bytes as they are), whitespace (runs of "
                                                                 "whitespace as one space, trimmed) or case (that and "
                                                                 "lower case).")] = Normalize.none,
               top: Annotated[int, typer.Option("--top", min=0, metavar="N", help="Most repeated prompts to show.")] = 10,
-              fmt: FormatOpt = Format.text) -> None:
+              log_format: LogFormatOpt = None, fmt: FormatOpt = Format.text) -> None:
     """Exact-match duplicate rate, streaming.
 
-    The fifth cache: no embeddings needed."""
+    The fifth cache: no embeddings needed. Keyed on a prompt field, or on the whole request (body and model) as a response cache in front of the API keys it; for the request, each top-level field that is not content is also left out in turn, to show a per-request value that keeps every request distinct."""
     from ..engines import semantic
 
-    report = semantic.exact_dupes(log, field, normalize.value, top)
+    report = semantic.exact_dupes(log, field, normalize.value, top, ignore=tuple(ignore or ()),
+                                  log_format=log_format_name(log_format))
     if fmt is Format.json:
         emit_json(report)
     else:
         rate = "n/a" if report.duplicate_rate is None else f"{report.duplicate_rate:.2%}"
-        stdout.print(f"{report.lines:,} prompts, {report.distinct:,} distinct: {report.duplicates:,} exact duplicates "
-                     f"({rate}, normalize={report.normalize})", soft_wrap=True, markup=False)
+        what = "prompts" if report.key == "prompt" else "requests"
+        keyed = "" if report.key == "prompt" else "; key: the request body and model" + (
+            f" or the '{report.field}' text" if report.key == "mixed" else "") + (
+            f" without {', '.join(report.ignored)}" if report.ignored else "")
+        stdout.print(f"{report.lines:,} {what}, {report.distinct:,} distinct: {report.duplicates:,} exact duplicates "
+                     f"({rate}, normalize={report.normalize}{keyed})", soft_wrap=True, markup=False)
         for item in report.top:
-            stdout.print(f"  {item['count']:>6}  {item['prompt'][:100]!r}", soft_wrap=True, markup=False)
+            at = f"  (first at line {item['line']})" if "line" in item else ""
+            stdout.print(f"  {item['count']:>6}  {item['prompt'][:100]!r}{at}", soft_wrap=True, markup=False)
+        for w in report.would_duplicate:
+            stdout.print(f"leaving '{w['field']}' out of the key: {w['duplicates']:,} duplicates (+{w['gained']:,}; "
+                         f"--ignore-field {w['field']})", soft_wrap=True, markup=False)
+        for note in report.notes:
+            stderr.print(f"note: {note}", soft_wrap=True, markup=False)
     raise typer.Exit(EXIT_OK)

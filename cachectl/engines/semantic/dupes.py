@@ -1,14 +1,39 @@
-"""The exact-match duplicate rate of a log, streaming: the cache that needs no embeddings."""
+"""The exact-match duplicate rate of a log, streaming: the cache that needs no embeddings.
+
+Two keys, as the caches users run key their entries:
+
+- **a prompt field** (``field_name``; by default ``prompt`` where a line has one): the text alone, as a
+  prompt-keyed cache (GPTCache's exact-match mode) keys it;
+- **the request** (any other line, of a log in any shape cachectl reads): the whole request body, as a response cache in
+  front of the API keys it (Helicone's cache key hashes the complete request body; LiteLLM's is made of the
+  call's parameters). Two requests are duplicates when their bodies are the same JSON, key order included, and
+  name the same model. ``ignore`` leaves dotted body paths out of the key, as a cache told to ignore them does.
+
+For the request key, each top-level field that is not the request's content (its messages, input, system prompt,
+tools, model) is also left out of the key in turn: a field whose leaving out makes more requests duplicates is a
+per-request value (a request id in ``metadata``, an end user, ``stream``) that keeps an exact-match cache from
+ever hitting. Each such key is kept as one 8-byte digest a request (numpy counts the distinct ones at the end).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import re
+from array import array
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ...errors import InputError, UsageError
 from .pairs import SCHEMA_VERSION
+
+#: the fields of a request body that are its content: never left out of the key in turn (a cache that ignored
+#: them would answer another question)
+CONTENT_FIELDS = frozenset({"messages", "input", "system", "instructions", "prompt", "tools", "model", "contents",
+                            "functions"})
+#: the top-level fields left out in turn, at most (a log whose bodies have more: those after are not)
+MAX_FIELDS = 64
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,39 +45,161 @@ class DupesReport:
     duplicate_rate: float | None
     normalize: str
     top: tuple[dict, ...]
+    #: what the key is: ``prompt`` (a prompt field: ``field``) or ``request`` (the request body and model)
+    key: str = "prompt"
+    field: str | None = None
+    #: the body paths left out of the request key (``ignore``)
+    ignored: tuple[str, ...] = ()
+    #: the request key only: each top-level field whose leaving out makes more duplicates, with the duplicates
+    #: there would then be (most first): {"field", "duplicates", "gained"}
+    would_duplicate: tuple[dict, ...] = ()
+    notes: tuple[str, ...] = ()
 
 
 _WS_RUN = re.compile(rb"\s+")
 
 
-def exact_dupes(path: str, field_name: str = "prompt", normalize: str = "none", top: int = 10) -> DupesReport:
-    """Exact-match duplicate rate of a JSONL log, streaming; memory follows the distinct prompts (16-byte
-    digests), with the text kept only for prompts seen twice."""
-    from ...inputs import get_path, iter_raw_lines, parse_jsonl_line
+def exact_dupes(path: str, field_name: str | None = None, normalize: str = "none", top: int = 10, *,
+                ignore: Sequence[str] = (), log_format: str | None = None) -> DupesReport:
+    """Exact-match duplicates of a log, streaming (see the module docstring). ``field_name``: the prompt field
+    (dotted) every record is keyed on; None keys a record on its ``prompt`` where it has a string there, else on
+    its request.
+    ``normalize``: none, whitespace (runs of whitespace as one space, trimmed) or case (that and lower case), on
+    the prompt or on the request's JSON text. Memory follows the distinct keys (16-byte digests, and the line
+    each was first seen at), with a text kept only for keys seen twice, and 8 bytes a request
+    for each top-level field left out in turn."""
+    from ...inputs import get_path
+    from ...inputs.files import display_name
+    from ...inputs.formats import log_values
 
     if normalize not in ("none", "whitespace", "case"):
         raise UsageError("--normalize must be none, whitespace or case")
+    ignored = tuple(dict.fromkeys(p.strip() for p in ignore))
+    if any(not p or any(not part for part in p.split(".")) for p in ignored):
+        raise UsageError("--ignore-field takes a dotted path into the request body, such as metadata.request_id")
+    source = display_name(path)
     counts: Counter = Counter()
-    first_text: dict[bytes, str] = {}
+    first_text: dict[bytes, Any] = {}  # the text of a key seen twice
+    first_line: dict[bytes, int] = {}  # the line each key was first seen at
+    field = field_name or "prompt"
+    loo = _LeftOut()
     total = 0
-    simple = "." not in field_name
-    for line, raw, source in iter_raw_lines(path):
-        value = parse_jsonl_line(raw, source, line)
-        prompt = value.get(field_name) if (simple and isinstance(value, dict)) else get_path(value, field_name)
-        if not isinstance(prompt, str):
-            raise InputError("no prompt text", source=source, line=line, field=field_name)
-        data = prompt.encode("utf-8")
-        if normalize in ("whitespace", "case"):
-            data = _WS_RUN.sub(b" ", data.strip())
-        if normalize == "case":
-            data = data.lower()
+    keyed: Counter[str] = Counter()  # lines keyed on a prompt field, on a request body
+    # (a shape whose records carry no request body says so at its first record, unless a prompt field is named)
+    for line, value in log_values(path, log_format, need_body=field_name is None):
+        prompt = get_path(value, field) if isinstance(value, dict) else None
+        if isinstance(prompt, str) or field_name is not None:
+            if not isinstance(prompt, str):
+                raise InputError("no prompt text", source=source, line=line, field=field)
+            data, shown, parts = prompt.encode("utf-8"), prompt, None
+        else:
+            parts, shown = _request_parts(value, ignored, source, line, field)
+            data = b"{" + b",".join(p for _, p in parts) + b"}"
+        keyed["prompt" if parts is None else "request"] += 1
+        data = _normalized(data, normalize)
         digest = hashlib.blake2b(data, digest_size=16).digest()
+        loo.add(digest, parts or (), normalize)
         counts[digest] += 1
+        first_line.setdefault(digest, line)
         if counts[digest] == 2:
-            first_text[digest] = prompt
+            first_text[digest] = shown
         total += 1
+    mode = "mixed" if len(keyed) > 1 else next(iter(keyed), "prompt")
+    notes: tuple[str, ...] = ()
+    if ignored and not keyed["request"]:
+        notes = ("no line was keyed on its request body: --ignore-field left nothing out",)
     distinct = len(counts)
-    common = [{"prompt": first_text[d], "count": c} for d, c in counts.most_common(top) if c > 1]
+    common = [{"prompt": first_text[d], "count": c, "line": first_line[d]} for d, c in counts.most_common(top) if c > 1]
+    would, more = loo.gains(total - distinct)
     return DupesReport(lines=total, distinct=distinct, duplicates=total - distinct,
                        duplicate_rate=(total - distinct) / total if total else None, normalize=normalize,
-                       top=tuple(common))
+                       top=tuple(common), key=mode, field=field if keyed["prompt"] else None,
+                       ignored=ignored, would_duplicate=would, notes=notes + more)
+
+
+def _normalized(data: bytes, normalize: str) -> bytes:
+    if normalize in ("whitespace", "case"):
+        data = _WS_RUN.sub(b" ", data.strip())
+    if normalize == "case":
+        data = data.lower()
+    return data
+
+
+def _request_parts(value: Any, ignored: Sequence[str], source: str, line: int, field: str
+                   ) -> tuple[list[tuple[str, bytes]], Any]:
+    """The request key of a record: its body's top-level fields as ``"name":value`` JSON texts, in the body's
+    order (their join is the body's compact JSON), the model first where the body names none; and what a report
+    shows of it (its last user message, else its first 100 characters)."""
+    from ...inputs.request import compact
+    from .replay import last_user, request_of
+
+    if not isinstance(value, dict):
+        raise InputError("expected a JSON object", source=source, line=line)
+    body, at = request_of(value)
+    if body is None:
+        raise InputError(f"neither a request body nor a '{field}' text to key on", source=source, line=line)
+    for p in ignored:
+        body = _without(body, p.split("."))
+    parts = [(k, f"{compact(k)}:{compact(v)}".encode()) for k, v in body.items()]
+    if "model" not in body and isinstance(value.get("model"), str) and at:
+        parts.insert(0, ("model", f'"model":{compact(value["model"])}'.encode()))
+    text = last_user(body)[0]
+    shown = text if isinstance(text, str) else compact(body)[:100]
+    return parts, shown
+
+
+def _without(obj: dict, path: list[str]) -> dict:
+    """``obj`` without the value at ``path`` (a copy of the dicts on the way; ``obj`` as it is where the path is
+    absent)."""
+    head = path[0]
+    if head not in obj:
+        return obj
+    if len(path) == 1:
+        return {k: v for k, v in obj.items() if k != head}
+    inner = obj[head]
+    if not isinstance(inner, dict):
+        return obj
+    out = dict(obj)
+    out[head] = _without(inner, path[1:])
+    return out
+
+
+class _LeftOut:
+    """The request key with each top-level field but the content left out in turn: one 8-byte digest a request
+    per field (a request without the field keeps its whole key there)."""
+
+    def __init__(self) -> None:
+        self.whole = array("Q")
+        self.keys: dict[str, array] = {}
+        self.past_max = False
+
+    def add(self, digest: bytes, parts: Sequence[tuple[str, bytes]], normalize: str) -> None:
+        whole = int.from_bytes(digest[:8], "little")
+        names = [k for k, _ in parts if k not in CONTENT_FIELDS]
+        for name in names:
+            if name not in self.keys:
+                if len(self.keys) >= MAX_FIELDS:
+                    self.past_max = True
+                    continue
+                self.keys[name] = array("Q", self.whole)
+        mine = set(names)
+        for name, arr in self.keys.items():
+            if name not in mine:
+                arr.append(whole)
+                continue
+            data = _normalized(b"{" + b",".join(p for k, p in parts if k != name) + b"}", normalize)
+            arr.append(int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little"))
+        self.whole.append(whole)
+
+    def gains(self, duplicates: int) -> tuple[tuple[dict, ...], tuple[str, ...]]:
+        import numpy as np
+
+        found: list[tuple[int, str, int]] = []  # (-gained, field, duplicates)
+        for name, arr in self.keys.items():
+            n = len(arr)
+            dup = n - len(np.unique(np.frombuffer(arr, dtype=np.uint64))) if n else 0
+            if dup > duplicates:
+                found.append((duplicates - dup, name, dup))
+        out = [{"field": name, "duplicates": dup, "gained": -minus} for minus, name, dup in sorted(found)]
+        notes = (f"only the first {MAX_FIELDS} top-level fields were left out in turn",) if self.past_max else ()
+        return tuple(out), notes

@@ -361,30 +361,59 @@ def _text(content: Any) -> Any:
     return content
 
 
-def iter_log_prompts(path: str, field_name: str = "prompt", response_field: str = "response") -> Iterator[LogRecord]:
-    """:class:`LogRecord` per line of a JSONL log: a prompt field, or the last user message of a chat; the
-    response field; and the context (``system``/``instructions`` or system messages, ``tools``, ``user`` or
-    ``metadata.user_id``, the turns before the last user message)."""
-    from ...inputs import get_path, iter_jsonl
+def request_of(value: dict) -> tuple[dict | None, str]:
+    """The request body a log line carries and the path it sits at in the line: the line itself where it is a bare
+    body, else the one its wrapper holds (``body``, as every log shape is read, or ``request``: the request
+    parser's own rule); (None, "") where it has none."""
+    from ...inputs.request import is_request_body, unwrap
 
-    source = "<stdin>" if path == "-" else path
-    for line, value in iter_jsonl(path):
+    body, at, _ = unwrap(value)
+    return (body, at) if is_request_body(body) and isinstance(body, dict) else (None, "")
+
+
+def last_user(request: dict) -> tuple[Any, str, list | None, int | None]:
+    """The last user message of a request body: its text (a string, or its text parts joined by a line break;
+    else the content as it is), its path in the body, the turns (``messages``, or the Responses API's ``input``
+    items) and its index there; (None, "messages", turns, None) without one."""
+    turns = request.get("messages") if "messages" in request else request.get("input")
+    name = "messages" if "messages" in request else "input"
+    if isinstance(turns, str):  # (the Responses API's input as one string: one user message)
+        return turns, name, None, None
+    if not isinstance(turns, list):
+        return None, name, None, None
+    users = [i for i, m in enumerate(turns) if isinstance(m, dict) and m.get("role") == "user"]
+    if not users:
+        return None, name, turns, None
+    return _text(turns[users[-1]].get("content")), f"{name}[{users[-1]}].content", turns, users[-1]
+
+
+def iter_log_prompts(path: str, field_name: str = "prompt", response_field: str = "response",
+                     log_format: str | None = None) -> Iterator[LogRecord]:
+    """:class:`LogRecord` per request of a log: a prompt field, or the last user message of its request body (a
+    bare body on the line, or the body of cachectl's wrapper, as every log shape is read:
+    :func:`cachectl.inputs.formats.log_values`; ``log_format`` forces the shape); the response field; and the
+    context (``system``/``instructions`` or system messages, ``tools``, ``user`` or ``metadata.user_id``, the
+    turns before the last user message)."""
+    from ...inputs import get_path
+    from ...inputs.files import display_name
+    from ...inputs.formats import log_values
+
+    source = display_name(path)
+    for line, value in log_values(path, log_format):
         if not isinstance(value, dict):
             raise InputError("expected a JSON object", source=source, line=line)
         prompt = get_path(value, field_name)
-        messages = value.get("messages") if isinstance(value.get("messages"), list) else None
-        last_user = None
         field = field_name
-        if prompt is None and messages is not None:
-            users = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"]
-            if not users:
+        request, at = (value, "") if prompt is not None else request_of(value)
+        turns, user_at = None, None
+        if prompt is None and request is not None:
+            prompt, where, turns, user_at = last_user(request)
+            field = at + where
+            if prompt is None and user_at is None:
                 raise InputError(f"no {field_name} field and no user message", source=source, line=line,
-                                 field="messages")
-            last_user = users[-1]
-            field = f"messages[{last_user}].content"
-            prompt = _text(messages[last_user].get("content"))
+                                 field=field.split("[")[0])
         if not isinstance(prompt, str):
             raise InputError("no prompt text", source=source, line=line, field=field)
         response = get_path(value, response_field)
         yield LogRecord(line, prompt, response if isinstance(response, str) else None,
-                        _context(value, messages, last_user))
+                        _context(request if request is not None else value, turns, user_at))

@@ -1,0 +1,141 @@
+"""`semantic-probe dupes` on logs of requests in any shape, and `replay`'s prompts read from request bodies: the
+exact-match response cache keyed on the whole request (body and model), the fields that keep it from hitting."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cachectl.engines import semantic
+
+from .conftest import FIXTURES
+
+LOGS = FIXTURES / "logs"
+
+
+def _chat(question: str, **extra) -> dict:
+    return {"model": "gpt-4o-mini", "messages": [{"role": "system", "content": "You answer for ACME."},
+                                                  {"role": "user", "content": question}], **extra}
+
+
+def _log(write, name: str, lines: list) -> str:
+    return str(write(name, "\n".join(json.dumps(x) for x in lines) + "\n"))
+
+
+def test_a_request_id_in_metadata_keeps_every_request_distinct_and_is_named(write):
+    lines = [{"timestamp": f"2026-12-01T10:00:0{i}Z",
+              "body": _chat(q, metadata={"request_id": f"r{i}", "app": "faq"}, stream=i % 2 == 0)}
+             for i, q in enumerate(["Refund policy?", "Refund policy?", "Opening hours?", "Refund policy?"])]
+    path = _log(write, "m.jsonl", lines)
+    r = semantic.exact_dupes(path)
+    assert (r.key, r.lines, r.distinct, r.duplicates) == ("request", 4, 4, 0)
+    # leaving out metadata makes lines 2 and 4 (the same question, stream false) one request; stream alone, none
+    assert r.would_duplicate == ({"field": "metadata", "duplicates": 1, "gained": 1},)
+    ignored = semantic.exact_dupes(path, ignore=["metadata.request_id"])
+    assert (ignored.duplicates, ignored.ignored) == (1, ("metadata.request_id",))
+    assert ignored.top == ({"prompt": "Refund policy?", "count": 2, "line": 2},)
+    # then stream is what keeps line 1 apart from them
+    assert ignored.would_duplicate == ({"field": "stream", "duplicates": 2, "gained": 1},)
+    both = semantic.exact_dupes(path, ignore=["metadata", "stream"])
+    assert both.duplicates == 2 and both.top[0] == {"prompt": "Refund policy?", "count": 3, "line": 1}
+    assert both.would_duplicate == ()
+
+
+def test_the_key_is_the_body_as_sent_key_order_and_model_included(write):
+    a = _chat("Hi")
+    reordered = dict(reversed(list(a.items())))
+    no_model = {k: v for k, v in a.items() if k != "model"}
+    lines = [{"body": a}, {"body": reordered}, {"model": "gpt-4o", "body": no_model},
+             {"model": "gpt-4o-mini", "body": no_model}, {"model": "gpt-4o", "body": no_model}]
+    r = semantic.exact_dupes(_log(write, "k.jsonl", lines))
+    # the reordered body is another byte string; the wrapper's model keys a body that names none, as the model the
+    # API was sent: line 4 is line 1's request, line 5 line 3's
+    assert (r.distinct, r.duplicates) == (3, 2) and sorted(t["line"] for t in r.top) == [1, 3]
+    # whitespace and case normalize the request's JSON text
+    lines = [{"body": _chat("Refund  policy?")}, {"body": _chat("refund policy?")}]
+    assert semantic.exact_dupes(_log(write, "n.jsonl", lines)).duplicates == 0
+    assert semantic.exact_dupes(_log(write, "n.jsonl", lines), normalize="case").duplicates == 1
+
+
+def test_real_logs_of_other_shapes():
+    # LiteLLM's payloads: line 5 sends line 2's request again (its line 4, a hit of LiteLLM's own cache, reached no
+    # provider and is not a request of the log)
+    raw = [json.loads(x) for x in (LOGS / "litellm_payloads.jsonl").read_text().splitlines()]
+    assert raw[1]["messages"] == raw[4]["messages"] and raw[1]["messages"] != raw[2]["messages"]
+    r = semantic.exact_dupes(str(LOGS / "litellm_payloads.jsonl"))
+    assert (r.key, r.lines, r.duplicates) == ("request", 4, 1) and r.top[0]["line"] == 2
+    # a recorded cassette of GPT-5.6's Responses API: the same request sent twice (the cache test's warm-up)
+    r = semantic.exact_dupes(str(LOGS / "vcr_openai_gpt56_responses.yaml"))
+    assert (r.lines, r.duplicates) == (2, 1)
+    assert r.top[0]["prompt"].startswith("Reference catalogue for the prompt cache test corpus.")
+
+
+def test_a_prompt_log_is_keyed_on_its_prompt_and_a_mixed_one_line_by_line():
+    r = semantic.exact_dupes(str(FIXTURES / "semantic" / "log.jsonl"))
+    assert (r.key, r.field, r.duplicates) == ("prompt", "prompt", 1)
+    r = semantic.exact_dupes(str(FIXTURES / "semantic" / "context.jsonl"))
+    # three chats (two of them the same question under another system prompt: no duplicate), two prompt lines
+    assert (r.key, r.lines, r.duplicates) == ("mixed", 5, 1) and r.top[0]["line"] == 4
+
+
+def test_cli_dupes_on_requests(cli, write):
+    lines = [{"body": _chat("Refund policy?", user=f"u{i}")} for i in range(3)]
+    path = _log(write, "u.jsonl", lines)
+    r = cli("semantic-probe", "dupes", path)
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "3 requests, 3 distinct: 0 exact duplicates (0.00%, normalize=none; key: the request body and model)",
+        "leaving 'user' out of the key: 2 duplicates (+2; --ignore-field user)"]
+    r = cli("semantic-probe", "dupes", path, "--ignore-field", "user", "-f", "json")
+    d = json.loads(r.stdout)
+    assert (d["duplicates"], d["key"], d["ignored"], d["would_duplicate"]) == (2, "request", ["user"], [])
+
+
+@pytest.mark.parametrize("name, args, message", [
+    ("claude_code_compact.jsonl", (), "claude_code_compact.jsonl:1: a Claude Code transcript has no request bodies"),
+    ("vllm_requests.log", (), "vllm_requests.log:4: vLLM server logs with --enable-log-requests: this record has no "
+                              "request body"),
+    ("token_layout.jsonl", ("--prompt-field", "prompt"), "token_layout.jsonl:1: field 'prompt': no prompt text"),
+])
+def test_cli_dupes_on_logs_without_requests(cli, name, args, message):
+    r = cli("semantic-probe", "dupes", LOGS / name, *args)
+    assert r.exit_code == 2 and message in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_cli_dupes_bad_flags_and_lines(cli, write):
+    path = _log(write, "x.jsonl", [{"body": _chat("a")}, {"usage": {"input_tokens": 3}}])
+    r = cli("semantic-probe", "dupes", path, "--ignore-field", "metadata..id")
+    assert r.exit_code == 2 and "--ignore-field takes a dotted path" in r.stderr
+    r = cli("semantic-probe", "dupes", path)
+    assert r.exit_code == 2 and "x.jsonl:2: neither a request body nor a 'prompt' text to key on" in r.stderr
+    r = cli("semantic-probe", "dupes", path, "--log-format", "litellm")
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1
+
+
+def test_replay_reads_the_last_user_message_of_request_bodies(write):
+    # cachectl's wrapper and the Responses API's input: the prompt is the last user message, the context the body's
+    lines = [{"body": _chat("Refund policy?", user="u1"), "response": "30 days."},
+             {"body": {"model": "gpt-5.6", "instructions": "You answer for ACME.",
+                       "input": [{"role": "user", "content": [{"type": "input_text", "text": "Opening hours?"}]}]}},
+             {"body": {"model": "gpt-5.6", "input": "Refund policy?"}}]
+    got = list(semantic.iter_log_prompts(_log(write, "r.jsonl", lines)))
+    assert [(g.line, g.prompt, g.response) for g in got] == [
+        (1, "Refund policy?", "30 days."), (2, "Opening hours?", None), (3, "Refund policy?", None)]
+    assert got[0].context == {"system": '["You answer for ACME."]', "user": "u1"}  # (system messages: a list)
+    assert got[1].context == {"system": "You answer for ACME."}
+    # a foreign shape: LiteLLM's payloads, the last user message of each request
+    got = list(semantic.iter_log_prompts(str(LOGS / "litellm_payloads.jsonl")))
+    assert [g.line for g in got] == [1, 2, 3, 5] and got[1].prompt == got[3].prompt == "And what breaks a hit?"
+    bad = _log(write, "b.jsonl", [{"body": {"model": "m", "messages": [{"role": "assistant", "content": "x"}]}}])
+    with pytest.raises(Exception, match="field 'body.messages': no prompt field and no user message"):
+        list(semantic.iter_log_prompts(bad))
+
+
+def test_the_documented_support_app_log(cli):
+    log = FIXTURES / "semantic" / "requests.jsonl"
+    assert cli("semantic-probe", "dupes", log).stdout.splitlines() == [
+        "6 requests, 6 distinct: 0 exact duplicates (0.00%, normalize=none; key: the request body and model)",
+        "leaving 'metadata' out of the key: 3 duplicates (+3; --ignore-field metadata)"]
+    d = json.loads(cli("semantic-probe", "dupes", log, "--ignore-field", "metadata.request_id", "-f", "json").stdout)
+    assert (d["duplicates"], [(t["count"], t["line"]) for t in d["top"]]) == (3, [(3, 1), (2, 2)])
