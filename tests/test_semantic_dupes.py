@@ -139,3 +139,60 @@ def test_the_documented_support_app_log(cli):
         "leaving 'metadata' out of the key: 3 duplicates (+3; --ignore-field metadata)"]
     d = json.loads(cli("semantic-probe", "dupes", log, "--ignore-field", "metadata.request_id", "-f", "json").stdout)
     assert (d["duplicates"], [(t["count"], t["line"]) for t in d["top"]]) == (3, [(3, 1), (2, 2)])
+
+
+# ------------------------------------------------------------------------------ responses of foreign shapes
+
+
+def _sse_text(path, index: int) -> str:
+    """The text deltas of interaction ``index``'s streamed chat response, read here from the cassette itself."""
+    import yaml
+
+    body = yaml.safe_load(path.read_text())["interactions"][index]["response"]["body"]["string"]
+    out = []
+    for line in body.splitlines():
+        if line.startswith("data: {"):
+            delta = json.loads(line[6:])["choices"][0]["delta"] if json.loads(line[6:])["choices"] else {}
+            out.append(delta.get("content") or "")
+    return "".join(out)
+
+
+def test_the_answer_each_shape_logs_is_its_response():
+    from cachectl.inputs.formats import log_values
+
+    def answers(name):
+        return [v.get("response") for _, v in log_values(str(LOGS / name), responses=True)]
+
+    raw = [json.loads(x) for x in (LOGS / "litellm_payloads.jsonl").read_text().splitlines()]
+    assert answers("litellm_payloads.jsonl") == [raw[i]["response"]["choices"][0]["message"]["content"]
+                                                 for i in (0, 1, 2, 4)]  # (line 4: LiteLLM's own cache hit)
+    assert answers("langfuse_events.jsonl") == ["It keeps whole blocks of the prompt's leading tokens.",
+                                                "Any change before the block.", None]  # (no output logged)
+    # a streamed chat completion: its deltas; the first call streamed a tool call and no text
+    stream = LOGS / "vcr_openai_stream.yaml"
+    assert answers("vcr_openai_stream.yaml") == [None, _sse_text(stream, 1)] and _sse_text(stream, 1)
+    # Anthropic messages: the text blocks; a turn of tool use alone has none
+    assert answers("vcr_anthropic_tool_addition.yaml")[1:] == [None, "A-4417: refund allowed"]
+    assert answers("vcr_openai_gpt56_responses.yaml") == ["OK", "OK"]  # (the Responses API's output_text)
+    # OpenTelemetry: gen_ai.output.messages where content capture was on
+    got = answers("otel_genai.jsonl")
+    assert got[0].startswith(" Why did the developer bring OpenTelemetry to the party?") and got[1:] == [None] * 3
+    # the whole-log commands' values carry none
+    assert all("response" not in v for _, v in log_values(str(LOGS / "litellm_payloads.jsonl")))
+
+
+def test_replay_counts_a_hit_that_served_another_models_answer_in_a_litellm_log(cli):
+    r = cli("semantic-probe", "replay", LOGS / "litellm_payloads.jsonl", "--threads", "1", "-f", "json")
+    assert r.exit_code == 1, r.stderr
+    d = json.loads(r.stdout)
+    # line 3 asks gpt-4o line 1's question (asked of Claude): the cache would serve Claude's answer
+    assert (d["requests"], d["with_response"], d["hits"], d["wrong_hits"]) == (4, 4, 2, 1)
+    assert d["examples"][0]["line"] == 3 and d["no_text"] == 0
+
+
+def test_replay_leaves_out_a_turn_of_tool_results(cli):
+    r = cli("semantic-probe", "replay", LOGS / "vcr_anthropic_tool_reference.yaml", "--threads", "1")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.splitlines()[:2] == [
+        "1 request at 0.9: 0 hits (0.0%); 0 exact duplicates",
+        "2 requests left out: the last user message holds no text (tool results, images): no key for the cache"]

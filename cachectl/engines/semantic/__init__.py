@@ -29,11 +29,11 @@ from .pairs import (
     sweep_scores,
 )
 from .probe import ProbeReport, ProbeResult, VariantScore, probe_rules, run_probe, variants
-from .replay import ANN_THRESHOLD, LogRecord, ReplayReport, VectorStore, iter_log_prompts, replay
+from .replay import ANN_THRESHOLD, LogRecord, NoText, ReplayReport, VectorStore, iter_log_prompts, replay
 
 __all__ = [
     "ANN_THRESHOLD", "DEFAULT_MODEL", "LIKES", "SCHEMA_VERSION", "AdaptivePolicy", "DupesReport", "Embedder", "Like",
-    "LogRecord", "Pair", "PairScore", "PairsReport", "PolicyRow", "ProbeReport", "ProbeResult", "ReplayReport",
+    "LogRecord", "NoText", "Pair", "PairScore", "PairsReport", "PolicyRow", "ProbeReport", "ProbeResult", "ReplayReport",
     "SweepReport", "SweepRow", "VariantScore", "VectorStore", "clopper_pearson_interval", "clopper_pearson_upper",
     "exact_dupes", "iter_log_prompts", "like", "load_model", "probe_rules", "read_pairs", "replay", "run_probe",
     "score_pairs", "sweep_policies", "sweep_scores", "variants",

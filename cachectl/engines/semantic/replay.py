@@ -136,6 +136,15 @@ class ReplayReport:
     #: prompt, tools, end user or earlier turns): [{field, hits}]
     cross_context: tuple[dict, ...] = ()
     cross_context_examples: tuple[dict, ...] = ()
+    #: requests left out: their last user message holds no text (only tool results, images)
+    no_text: int = 0
+
+
+class NoText(NamedTuple):
+    """A request of a log whose last user message holds no text (an agent's turn of tool results, an image): no
+    key for the cache; :func:`replay` leaves it out, and counts it (``no_text``)."""
+
+    line: int
 
 
 class _Cache:
@@ -298,13 +307,18 @@ def replay(records: Iterable[tuple], embedder: Embedder, threshold: float | None
                                                    "prompt": rec.prompt, "matched": matched.prompt})
         pending.clear()
 
+    no_text = 0
     for raw in records:
+        if type(raw) is NoText:
+            no_text += 1
+            continue
         pending.append(raw if isinstance(raw, LogRecord) else LogRecord(*raw))
         if len(pending) >= batch:
             flush()
     flush()
     if n == 0:
-        raise InputError("no prompts in the log")
+        raise InputError("no prompts in the log" + (f" ({no_text} request(s) whose last user message holds no "
+                                                     "text)" if no_text else ""))
     if policy == "adaptive" and not with_resp:
         raise InputError("the adaptive policy learns from the responses the log carries, and this log has none "
                          "(name the field with response_field)")
@@ -321,7 +335,7 @@ def replay(records: Iterable[tuple], embedder: Embedder, threshold: float | None
                         threshold_cosine=main_rule.threshold_as_cosine(t_main), policy=policy,
                         key_fields=tuple(key_fields), evicted=main.evicted, policies=rows,
                         cross_context=tuple({"field": f, "hits": crossed[f]} for f in CONTEXT_FIELDS if f in crossed),
-                        cross_context_examples=tuple(cross_examples))
+                        cross_context_examples=tuple(cross_examples), no_text=no_text)
 
 
 def _canonical(value: Any) -> str:
@@ -388,10 +402,12 @@ def last_user(request: dict) -> tuple[Any, str, list | None, int | None]:
 
 
 def iter_log_prompts(path: str, field_name: str = "prompt", response_field: str = "response",
-                     log_format: str | None = None) -> Iterator[LogRecord]:
-    """:class:`LogRecord` per request of a log: a prompt field, or the last user message of its request body (a
+                     log_format: str | None = None) -> Iterator[LogRecord | NoText]:
+    """:class:`LogRecord` per request of a log (:class:`NoText` for one whose last user message holds no text): a
+    prompt field, or the last user message of its request body (a
     bare body on the line, or the body of cachectl's wrapper, as every log shape is read:
-    :func:`cachectl.inputs.formats.log_values`; ``log_format`` forces the shape); the response field; and the
+    :func:`cachectl.inputs.formats.log_values`; ``log_format`` forces the shape); the response field (a foreign
+    shape's answer is its wrapper's ``response``, where the log keeps it); and the
     context (``system``/``instructions`` or system messages, ``tools``, ``user`` or ``metadata.user_id``, the
     turns before the last user message)."""
     from ...inputs import get_path
@@ -399,7 +415,7 @@ def iter_log_prompts(path: str, field_name: str = "prompt", response_field: str 
     from ...inputs.formats import log_values
 
     source = display_name(path)
-    for line, value in log_values(path, log_format):
+    for line, value in log_values(path, log_format, responses=True):
         if not isinstance(value, dict):
             raise InputError("expected a JSON object", source=source, line=line)
         prompt = get_path(value, field_name)
@@ -412,8 +428,14 @@ def iter_log_prompts(path: str, field_name: str = "prompt", response_field: str 
             if prompt is None and user_at is None:
                 raise InputError(f"no {field_name} field and no user message", source=source, line=line,
                                  field=field.split("[")[0])
-        if not isinstance(prompt, str):
+            # (None: its last user message is parts without text, such as tool results: no key, left out)
+            if prompt is not None and not isinstance(prompt, str):
+                raise InputError("no prompt text", source=source, line=line, field=field)
+        elif not isinstance(prompt, str):
             raise InputError("no prompt text", source=source, line=line, field=field)
+        if prompt is None:
+            yield NoText(line)
+            continue
         response = get_path(value, response_field)
         yield LogRecord(line, prompt, response if isinstance(response, str) else None,
                         _context(request if request is not None else value, turns, user_at))

@@ -112,11 +112,13 @@ def open_log(path: str, log_format: str | None = None) -> tuple[str, ModuleType 
     return name, module, itertools.chain(taken, lines)
 
 
-def log_values(path: str, log_format: str | None = None, *, need_body: bool = False) -> Iterator[tuple[int, Any]]:
+def log_values(path: str, log_format: str | None = None, *, need_body: bool = False,
+               responses: bool = False) -> Iterator[tuple[int, Any]]:
     """``(line, value)`` of each record of a log in any shape, as cachectl's own wrapper line; cachectl's own
     shapes pass through as they stand. ``log_format``: a name of :data:`LOG_FORMATS` (None or ``auto``: found by
     itself). ``need_body``: the command needs request bodies (diff-tokens --log): a shape whose record has none
-    is one line saying so (the module's ``NO_BODY``, naming the command that reads it)."""
+    is one line saying so (the module's ``NO_BODY``, naming the command that reads it). ``responses``: each
+    record's answer as its wrapper's ``response`` text, where the shape logs it (:attr:`.base.Record.response`)."""
     from ..files import display_name, parse_jsonl_line
 
     _, module, lines = open_log(path, log_format)
@@ -124,15 +126,16 @@ def log_values(path: str, log_format: str | None = None, *, need_body: bool = Fa
         for n, raw, src in lines:
             yield n, parse_jsonl_line(raw, src, n)
         return
-    yield from record_values(module, lines, display_name(path), need_body=need_body)
+    yield from record_values(module, lines, display_name(path), need_body=need_body, responses=responses)
 
 
 def record_values(module: ModuleType, lines: Iterator[tuple[int, bytes, str]], source: str, *,
-                  need_body: bool = False) -> Iterator[tuple[int, Any]]:
+                  need_body: bool = False, responses: bool = False) -> Iterator[tuple[int, Any]]:
     """``(line, value)`` of each record ``module`` reads from ``lines`` (as :func:`open_log` gives them), each as
-    cachectl's own wrapper line (the module's ``values`` where it has one and no body is asked for)."""
+    cachectl's own wrapper line (the module's ``values`` where it has one and neither a body nor the responses
+    are asked for); ``responses``: with each record's answer (:meth:`.base.Record.value`)."""
     values = getattr(module, "values", None)
-    if values is not None and not need_body:
+    if values is not None and not need_body and not responses:
         yield from values(((n, raw) for n, raw, _ in lines), source)
         return
     for record in module.read(((n, raw) for n, raw, _ in lines), source):
@@ -142,7 +145,7 @@ def record_values(module: ModuleType, lines: Iterator[tuple[int, bytes, str]], s
             plain = f"{module.SHAPE.title}: this record has no request body"
             raise InputError(getattr(module, "NO_BODY", USAGE_ONLY if record.usage is not None else plain),
                              source=source, line=record.line)
-        yield record.line, record.value()
+        yield record.line, record.value(responses)
 
 
 def raw_log_values(path: str, log_format: str | None = None, *, command: str) -> Iterator[tuple[int, bytes, Any]]:

@@ -227,3 +227,54 @@ def counter(value: Any, *, source: str, line: int | None, field: str, note: str 
         raise InputError(f"expected a token count (a whole number from 0 to {MAX_TOKEN_COUNT:,}), got {value!r:.40}"
                          f"{note}", source=source, line=line, field=field)
     return n
+
+
+def response_text(resp: Any) -> str | None:
+    """The text a model answered, as a log keeps its response (None where it holds none, such as a call that
+    answered with tool calls only, or an empty text): a string; a message ``{role, content}`` (its content a string or text parts,
+    joined as they are: the text blocks of one answer); an OpenAI chat completion (its first choice's message); a
+    Responses API object (its ``output_text`` parts); an Anthropic message (its text blocks); a list of messages
+    (the last one's)."""
+    if isinstance(resp, str):
+        return resp or None
+    if isinstance(resp, list):
+        return response_text(resp[-1]) if resp else None
+    if not isinstance(resp, dict):
+        return None
+    choices = resp.get("choices")
+    if isinstance(choices, list):
+        first = choices[0] if choices and isinstance(choices[0], dict) else {}
+        return response_text(first.get("message"))
+    if isinstance(resp.get("output"), list):  # (the Responses API: message items holding output_text parts)
+        texts = [response_text(item) for item in resp["output"]
+                 if isinstance(item, dict) and item.get("type", "message") == "message"]
+        got = [t for t in texts if t is not None]
+        return "".join(got) if got else None
+    content = resp.get("content")
+    if isinstance(content, str):
+        return content or None
+    if isinstance(content, list):
+        parts = [p["text"] for p in content if isinstance(p, dict) and p.get("type") in ("text", "output_text")
+                 and isinstance(p.get("text"), str)]
+        return "".join(parts) if parts else None
+    return None
+
+
+def streamed_text(kind: str, events: list[dict]) -> str | None:
+    """The text of a streamed answer, from its server-sent events (``kind``: anthropic, chat or responses): the
+    deltas of its text, in order (None where it streamed none)."""
+    parts: list[str] = []
+    for e in events:
+        if kind == "anthropic":
+            delta = e.get("delta") if e.get("type") == "content_block_delta" else None
+            if isinstance(delta, dict) and delta.get("type") == "text_delta" and isinstance(delta.get("text"), str):
+                parts.append(delta["text"])
+        elif kind == "chat":
+            choices = e.get("choices")
+            delta = choices[0].get("delta") if isinstance(choices, list) and choices and isinstance(
+                choices[0], dict) else None
+            if isinstance(delta, dict) and isinstance(delta.get("content"), str):
+                parts.append(delta["content"])
+        elif e.get("type") == "response.output_text.delta" and isinstance(e.get("delta"), str):
+            parts.append(e["delta"])
+    return "".join(parts) if parts else None

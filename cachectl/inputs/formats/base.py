@@ -125,25 +125,31 @@ class Record:
     body_path: str | None = None
     #: what the shape could not give for this record (said once per run: "no request body", ...)
     missing: tuple[str, ...] = ()
+    #: the text the model answered, where the log keeps it (``semantic-probe replay`` compares it)
+    response: str | None = None
 
     def __init__(self, shape: str, source: str, line: int, body: dict | None = None, usage: dict | None = None,
                  served: dict | None = None, timestamp: Any = None, model: str | None = None,
                  keys: dict[str, Any] | None = None, output_tokens: int | None = None,
                  tokens: list[int] | None = None, prompt: str | None = None, batch: bool = False,
-                 body_path: str | None = None, missing: tuple[str, ...] = ()) -> None:
+                 body_path: str | None = None, missing: tuple[str, ...] = (), response: str | None = None) -> None:
         """The fields written into the instance's ``__dict__`` at once: a reader builds one record per call, and
         the frozen dataclass's own ``__init__`` (one ``object.__setattr__`` a field) cost as much as the rest of
         reading a small call."""
         self.__dict__.update(shape=shape, source=source, line=line, body=body, usage=usage, served=served,
                              timestamp=timestamp, model=model, keys={} if keys is None else keys,
                              output_tokens=output_tokens, tokens=tokens, prompt=prompt, batch=batch,
-                             body_path=body_path, missing=missing)
+                             body_path=body_path, missing=missing, response=response)
 
-    def value(self) -> dict[str, Any]:
-        """The record as cachectl's own wrapper line (:func:`wrapper_value`)."""
-        return wrapper_value(self.keys, timestamp=self.timestamp, body=self.body, usage=self.usage,
-                             served=self.served, model=self.model, output_tokens=self.output_tokens,
-                             tokens=self.tokens, prompt=self.prompt, batch=self.batch)
+    def value(self, response: bool = False) -> dict[str, Any]:
+        """The record as cachectl's own wrapper line (:func:`wrapper_value`); ``response``: with the text the
+        model answered, as ``response``, where the log keeps it (the whole-log commands do not read it)."""
+        out = wrapper_value(self.keys, timestamp=self.timestamp, body=self.body, usage=self.usage,
+                            served=self.served, model=self.model, output_tokens=self.output_tokens,
+                            tokens=self.tokens, prompt=self.prompt, batch=self.batch)
+        if response and self.response is not None:
+            out["response"] = self.response
+        return out
 
 
 def wrapper_value(keys: dict[str, Any], *, timestamp: Any = None, body: dict | None = None,

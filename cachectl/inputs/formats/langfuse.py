@@ -42,7 +42,7 @@ from typing import Any
 import orjson
 
 from ...errors import InputError
-from ._chat import anthropic_body, anthropic_usage, counter, is_claude, openai_usage
+from ._chat import anthropic_body, anthropic_usage, counter, is_claude, openai_usage, response_text
 from .base import Head, LogShape, Record, Verdict, json_value, text_of
 
 SHAPE = LogShape(
@@ -265,7 +265,7 @@ class _Reader:
         return Record(SHAPE.name, self.source, line, body=body, usage=usage,
                       timestamp=o.get("startTime") or timestamp, model=model,
                       keys={k: v for k, v in keys.items() if isinstance(v, str) and v}, output_tokens=out,
-                      missing=missing)
+                      missing=missing, response=response_text(o.get("output")))
 
     def flush(self, upto: int | None) -> Iterator[Record]:
         while self.pending:

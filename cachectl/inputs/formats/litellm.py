@@ -37,7 +37,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ...errors import InputError
-from ._chat import anthropic_body, anthropic_usage, counter, is_claude, obj, openai_usage
+from ._chat import anthropic_body, anthropic_usage, counter, is_claude, obj, openai_usage, response_text
 from .base import Head, LogShape, Record, Verdict, json_value, text_of
 
 SHAPE = LogShape(
@@ -199,7 +199,8 @@ def record_of(payload: dict, line: int, source: str) -> Record | None:
     out = usage.get("output_tokens", usage.get("completion_tokens")) if usage else None
     return Record(SHAPE.name, source, line, body=body, usage=usage, timestamp=payload.get("startTime"),
                   model=model, keys={k: v for k, v in keys.items() if v is not None},
-                  output_tokens=out if isinstance(out, int) else None, missing=tuple(missing))
+                  output_tokens=out if isinstance(out, int) else None, missing=tuple(missing),
+                  response=response_text(payload.get("response")))
 
 
 def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:

@@ -220,6 +220,26 @@ def _input(attrs: dict[str, Any], events: list[dict[str, Any]]) -> tuple[list[di
     return out, ""
 
 
+def _output(attrs: dict[str, Any], events: list[dict[str, Any]]) -> str | None:
+    """The text the model answered, where the span captured it: ``gen_ai.output.messages`` (the convention's
+    parts), a ``gen_ai.choice`` event's message or content, or OpenLLMetry's ``gen_ai.completion.0.content``."""
+    msgs = _json(attrs.get("gen_ai.output.messages"))
+    if isinstance(msgs, list) and msgs and isinstance(msgs[0], dict):
+        texts = [p["content"] for p in _list(msgs[0], "parts")
+                 if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("content"), str)]
+        return "".join(texts) or None
+    for e in events:
+        if text_of(e, "name") == "gen_ai.choice":
+            a = e["attributes"]
+            message = _json(a.get("message"))
+            got = message.get("content") if isinstance(message, dict) else _json(a.get("content"))
+            return _text(got) or None if got is not None else None
+    flat = _flattened(attrs, "gen_ai.completion.")
+    if flat and isinstance(flat[0].get("content"), str):
+        return flat[0]["content"] or None
+    return None
+
+
 def _anthropic_body(model: str, messages: list[dict[str, Any]], attrs: dict[str, Any]) -> dict[str, Any]:
     system = [{"type": "text", "text": _text(p.get("content"))} for m in messages if m["role"] == "system"
               for p in m["parts"] if p.get("type", "text") == "text"]
@@ -379,7 +399,7 @@ def _fields(span: dict[str, Any], attrs: dict[str, Any], skipped: int, source: s
     return {"keys": {k: v for k, v in keys.items() if v}, "timestamp": ts, "body": body, "usage": usage,
             "model": model if isinstance(model, str) else None,
             "output_tokens": (usage or {}).get("output_tokens", (usage or {}).get("completion_tokens")),
-            "missing": tuple(missing)}
+            "missing": tuple(missing), "response": _output(attrs, events)}
 
 
 def _calls(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -45,7 +45,7 @@ import yaml
 from ...errors import InputError
 from ..files import yaml_expanded_past
 from ..usage import ANTHROPIC_KEYS, OPENAI_CHAT_KEYS, OPENAI_RESPONSES_KEYS
-from ._chat import counter
+from ._chat import counter, response_text, streamed_text
 from .base import Head, LogShape, Record, Verdict
 
 try:
@@ -438,7 +438,7 @@ def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
         if not isinstance(body, dict):
             raise InputError("the request body of an LLM call is not a JSON object", source=source,
                              line=line, field=f"{field}.request.body")
-        usage = rid = model = None
+        usage = rid = model = answer = None
         missing: list[str] = []
         if isinstance(response, dict):
             status = response.get("status")
@@ -447,6 +447,8 @@ def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
                                f"{field}.response.body", source, line)
             if code is None or (isinstance(code, int) and 200 <= code < 300):
                 usage, rid, model = _usage(kind, decoded)
+                answer = response_text(decoded) if isinstance(decoded, dict) else (
+                    streamed_text(kind, _sse(decoded)) if isinstance(decoded, str) else None)
                 _check_counters(usage, kind, isinstance(decoded, dict), source, line, f"{field}.response.body")
             if usage is None:
                 missing.append(f"no usage (HTTP {code})" if isinstance(code, int) and code >= 300
@@ -463,6 +465,7 @@ def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
             body_path=f"interactions.{i}.request.body" if isinstance(_raw_body(request, response=False), dict)
             else None,
             missing=tuple(missing) + (() if item.get("recorded_at") else ("no timestamp (use --every)",)),
+            response=answer,
         )
 
 
