@@ -60,7 +60,10 @@ def resolves_to(output: str, source: str) -> bool:
 
 def refuse_inputs(output: str, flag: str, inputs: Iterable[tuple[str, str | None]]) -> None:
     """Raise :class:`UsageError` when ``output`` (the value of ``flag``) resolves to one of ``inputs``:
-    ``(label, path)`` pairs such as ``("the input log", "log.jsonl")``; a None path is skipped."""
+    ``(label, path)`` pairs such as ``("the input log", "log.jsonl")``; a None path is skipped. An empty
+    ``output`` is refused too (it names no file: the directory it would resolve to is the current one)."""
+    if not output:
+        raise UsageError(f"{flag} takes a file name, and was given an empty one")
     for label, source in inputs:
         if source is None or not resolves_to(output, source):
             continue
@@ -195,6 +198,7 @@ class AtomicFile:
         self._file: IO[bytes] | None = None
         self.path = real
         self._done = False
+        self._renamed = False  # (the temporary file has the target's name: an interrupt after it finds it written)
         _guard_signals(True)
         try:
             if self._direct:
@@ -260,6 +264,7 @@ class AtomicFile:
                 with _signals_held():  # renamed and known to be: an interrupt now comes after, not between
                     os.replace(self.path, self._real)
                     self.path = self._real
+                    self._renamed = True
                 with contextlib.suppress(OSError):  # the rename itself, on disk
                     dfd = os.open(os.path.dirname(self._real) or ".", os.O_RDONLY)
                     try:
@@ -275,13 +280,13 @@ class AtomicFile:
         self._cleanup()
 
     def _interrupted(self, exc: BaseException) -> BaseException:
-        if isinstance(exc, _Terminated):
-            return Interrupted(f"terminated while writing {self.target}: nothing written ({self.target} is as "
-                               "it was)", 143)
-        if isinstance(exc, KeyboardInterrupt):
-            return Interrupted(f"interrupted while writing {self.target}: nothing written ({self.target} is as "
-                               "it was)", 130)
-        return exc
+        what = "terminated" if isinstance(exc, _Terminated) else "interrupted"
+        if not isinstance(exc, (_Terminated, KeyboardInterrupt)):
+            return exc
+        code = 143 if isinstance(exc, _Terminated) else 130
+        if self._renamed:  # (the signal came as the rename ended: it was held back until then)
+            return Interrupted(f"{what} once {self.target} was written: it is written whole", code)
+        return Interrupted(f"{what} while writing {self.target}: nothing written ({self.target} is as it was)", code)
 
     def fail(self, exc: BaseException) -> BaseException:
         """Discard, and the error to raise for ``exc`` (one line naming the target for OS errors and signals)."""

@@ -32,6 +32,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -213,17 +214,21 @@ class Workers:
 
     def _fork(self, job: Job) -> None:
         assert job._call is not None
-        forked = _forked(job._call)
-        if forked is None:
-            return  # (no child: the part runs here when its result is asked for)
-        job._ticks, job._executor, job._future, job._proc = forked
-        self._running.append(job)
+        forked, held = _forked(job._call)
+        if forked is not None:  # (None: no child; the part runs here when its result is asked for)
+            job._ticks, job._executor, job._future, job._proc = forked
+            self._running.append(job)
+        if held:  # an interrupt that came during the fork, raised now that the child is known (and killed by close)
+            signal.raise_signal(held[0])
 
 
-def _forked(call: tuple[Callable[..., Any], tuple, dict]) -> tuple[Any, ProcessPoolExecutor, Future, Any] | None:
+def _forked(call: tuple[Callable[..., Any], tuple, dict]
+            ) -> tuple[tuple[Any, ProcessPoolExecutor, Future, Any] | None, list[int]]:
     """A child forked for ``call`` (a :class:`ProcessPoolExecutor` of one process of the fork context, at its one
     call, :func:`_run`: the child finds ``call`` by number in :data:`_PARTS`): its progress counter, executor,
-    future and process; None when no process could be forked."""
+    future and process (None when no process could be forked); and the signals (SIGINT, SIGTERM) that came during
+    the fork, held back: raised in the fork's own hooks (the interpreter's, threading's, logging's, in parent and
+    child), an interrupt would be printed and ignored there, or leave the child stuck before its first call."""
     import multiprocessing
 
     from .tokenization import serial_encoding
@@ -237,18 +242,32 @@ def _forked(call: tuple[Callable[..., Any], tuple, dict]) -> tuple[Any, ProcessP
     sys.stdout.flush()
     sys.stderr.flush()
     gc.freeze()  # what the parent holds now is left alone by the child's collector (fewer pages copied)
+    held: list[int] = []
+    previous = _hold_signals(held)  # (the child sets its own at its start: _child_start)
     try:
         with warnings.catch_warnings():  # (3.12+ warns of fork with threads: ours are made anew in the child)
             warnings.simplefilter("ignore", DeprecationWarning)
             future = executor.submit(_run, number)  # (the fork context starts its process here)
     except OSError:
         executor.shutdown(wait=False, cancel_futures=True)
-        return None
+        return None, held
     finally:
+        for sig, handler in previous.items():
+            if handler is not None:  # (None: a handler set outside Python, which cannot be put back)
+                signal.signal(sig, handler)
         gc.unfreeze()
         restore()
         del _PARTS[number]  # (the child has its copy)
-    return ticks, executor, future, next(iter(getattr(executor, "_processes", {}).values()), None)
+    return (ticks, executor, future, next(iter(getattr(executor, "_processes", {}).values()), None)), held
+
+
+def _hold_signals(held: list[int]) -> dict[int, Any]:
+    """SIGINT and SIGTERM noted in ``held`` instead of handled (in the main thread, where handlers are set): the
+    handlers they replace, to be put back."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, lambda signum, frame: held.append(signum))
+            for sig in (signal.SIGINT, signal.SIGTERM)}
 
 
 def _how(proc: Any) -> str:

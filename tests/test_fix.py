@@ -375,7 +375,7 @@ def test_out_keeps_an_untouched_line_s_bytes_and_its_crlf_from_a_file_stdin_or_g
     got = out.read_bytes().splitlines(keepends=True)
     assert len(got) == len(src) and 4 not in changed and changed
     assert got[3] == src[3] + b"\r\n" and b'"session": "bos"' in got[3]         # untouched: byte for byte
-    assert got[-1] == src[-1] + b"\n" or len(src) in changed
+    assert got[-1] == src[-1] or (len(src) in changed and not got[-1].endswith(b"\n"))  # (no line end: none)
     assert changed[0] < len(src)
     first = got[changed[0] - 1]
     assert first.endswith(b"}\r\n") and b'": ' in first   # rewritten, spaced, its own line end kept
@@ -386,6 +386,33 @@ def test_out_keeps_an_untouched_line_s_bytes_and_its_crlf_from_a_file_stdin_or_g
         again = tmp_path / "again.jsonl"
         assert cli("fix", *args, "--tokenizer", TOK_DIR, "--out", again, input=stdin).exit_code == 1
         assert again.read_bytes() == out.read_bytes(), args
+
+
+def test_out_keeps_blank_lines_the_bom_and_a_last_line_without_its_end(cli, tmp_path):
+    """Blank lines were left out of the log written, line 1's BOM was dropped and a last line without a line end
+    was given one: every line no fix touches is now its own bytes, blank ones too, and a rewritten line keeps the
+    BOM and the end (or none) its line had."""
+    src = LOG.read_bytes().splitlines()
+    log = tmp_path / "blanks.jsonl"
+    body = [b"\xef\xbb\xbf" + src[0] + b"\n", b"\n", b"  \t\n"] + [x + b"\n" for x in src[1:-1]] + [b"\n", src[-1]]
+    log.write_bytes(b"".join(body))
+    out = tmp_path / "fixed.jsonl"
+    r = cli("fix", log, "--tokenizer", TOK_DIR, "--unsafe-fixes", "--out", out, "--format", "json")
+    assert r.exit_code == 1, r.stderr
+    changed = json.loads(r.stdout)["changed_lines"]  # (the input's own line numbers, blank lines counted)
+    got = out.read_bytes().splitlines(keepends=True)
+    assert len(got) == len(body) and got[1:3] == body[1:3] and got[-2] == b"\n"
+    assert 1 in changed and len(body) in changed  # (both ends of the log are rewritten here)
+    assert got[0].startswith(b"\xef\xbb\xbf{") and got[0].endswith(b"}\n") and got[0] != body[0]
+    assert got[-1].endswith(b"}") and got[-1] != body[-1]
+    for n, (a, b) in enumerate(zip(body, got), start=1):
+        assert (a == b) != (n in changed), n
+    # nothing to rewrite: the same bytes, whatever the file holds
+    plain = tmp_path / "plain.jsonl"
+    plain.write_bytes(b'\xef\xbb\xbf{"prompt": "hello world"}\r\n\n\n   \n{"prompt": "unrelated text"}')
+    r = cli("fix", plain, "--tokenizer", TOK_DIR, "--out", out)
+    assert r.exit_code == 0, r.stderr
+    assert out.read_bytes() == plain.read_bytes()
 
 
 def test_the_prefix_paths_fx001_keeps_a_line_are_shared_by_lines_alike(tok, table, monkeypatch):
@@ -533,3 +560,33 @@ def test_a_line_with_an_image_is_left_out_of_report_and_fix_and_said(cli, tmp_pa
     for command in (("report", only, *args), ("fix", only, *args), ("diff-tokens", "--log", with_image, "-t", TOK_DIR)):
         r = cli(*command)
         assert r.exit_code == 2 and "cannot be rendered to token IDs without the model's processor" in r.stderr
+
+
+def test_a_token_id_past_32_bits_is_one_located_line_for_report_and_fix(cli, tmp_path):
+    """4294967296 was an internal OverflowError in report (token IDs are kept as 32-bit arrays) and passed in fix."""
+    log = tmp_path / "ids.jsonl"
+    log.write_text(json.dumps({"prompt": "hello world"}) + "\n" + json.dumps({"prompt_token_ids": [1, 2**32]}) + "\n")
+    for args in (["report", log, "-t", TOK_DIR], ["fix", log, "-t", TOK_DIR, "-o", tmp_path / "out.jsonl"]):
+        r = cli(*args)
+        assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert "ids.jsonl:2: field 'prompt_token_ids[1]': token ID 4294967296 is past 4,294,967,295" in r.stderr
+    assert not (tmp_path / "out.jsonl").exists()
+    log.write_text(json.dumps({"prompt_token_ids": [1, 2**32 - 1]}) + "\n")
+    assert cli("report", log, "-t", TOK_DIR).exit_code == 0
+
+
+def test_a_newline_in_a_file_name_is_shown_escaped(cli, tmp_path):
+    log = tmp_path / "a\nb.jsonl"
+    log.write_bytes(LOG.read_bytes())
+    out = tmp_path / "o\nut.jsonl"
+    r = cli("fix", log, "-t", TOK_DIR, "-o", out)
+    assert r.exit_code == 1 and out.exists()
+    assert "a\\nb.jsonl: " in r.stdout and f"wrote {tmp_path}/o\\nut.jsonl (" in r.stdout
+    r = cli("report", log, "-t", TOK_DIR)
+    assert r.exit_code in (0, 1) and r.stdout.splitlines()[0].startswith(f"{tmp_path}/a\\nb.jsonl: ")
+
+
+@pytest.mark.parametrize("args", [["fix", LOG, "-o", ""], ["report", LOG, "-t", TOK_DIR, "--html", ""]])
+def test_an_empty_output_name_is_refused(cli, args):
+    r = cli(*args)  # (it said "cannot write : is a directory")
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "takes a file name, and was given an empty one" in r.stderr

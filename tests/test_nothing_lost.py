@@ -489,3 +489,22 @@ def test_fix_names_the_first_bad_line(cli, tmp_path):
     log.write_text("\n".join([*lines[:2], '{"messages": 5}', "not json", *lines[2:]]) + "\n")
     r = cli("fix", log)
     assert r.exit_code == 2 and f"{log}:3: field 'messages'" in _one_line(r.stderr)
+
+
+def test_an_interrupt_as_the_rename_ends_says_the_file_is_written(tmp_path, monkeypatch):
+    """A signal held back through the rename is raised once it is done: the message said "nothing written (as it
+    was)" of a file written whole."""
+    target = tmp_path / "out.txt"
+    target.write_text("old")
+    real = os.replace
+
+    def replace(src, dst):
+        real(src, dst)
+        signal.raise_signal(signal.SIGINT)  # (held: raised after the rename, as a Ctrl-C at that instant is)
+
+    monkeypatch.setattr(outputs.os, "replace", replace)
+    with pytest.raises(Interrupted) as info:
+        outputs.write_text(str(target), "new")
+    assert info.value.exit_code == 130 and target.read_text() == "new"
+    assert str(info.value) == f"interrupted once {target} was written: it is written whole"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]

@@ -259,3 +259,34 @@ def test_a_child_dies_with_its_parent(tmp_path):
         time.sleep(0.05)
     os.kill(child, signal.SIGKILL)
     pytest.fail("the child outlived its parent")
+
+
+@forks
+@pytest.mark.parametrize("hook", ["after_in_parent", "after_in_child"])
+def test_an_interrupt_during_the_fork_is_not_lost_in_its_hooks(tmp_path, hook):
+    """A Ctrl-C that reached the fork's own hooks (threading's, logging's, the interpreter's: in the parent or in
+    the child before it set its handlers) was printed as "Exception ignored" and lost: `fix -o` went on to write
+    the log and exit 1, or a child stayed stuck before its first call. The signals are held through the fork: the
+    parent raises it once the child is known (and killed), a child starting goes on."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "fork.py"
+    script.write_text(
+        "import operator, os, signal, time\n"
+        "from cachectl.workers import Workers\n"
+        "fired = []\n"
+        "def hook():\n"
+        "    if not fired:\n"
+        "        fired.append(1)\n"
+        "        signal.raise_signal(signal.SIGINT)\n"
+        f"os.register_at_fork({hook}=hook)\n"
+        "try:\n"
+        "    with Workers(jobs=2) as w:\n"
+        "        job = w.submit(operator.add, 40, 2)\n"
+        "        print('result', job.result(), flush=True)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', flush=True)\n")
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert run.stdout == ("interrupted\n" if hook == "after_in_parent" else "result 42\n")
+    assert run.stderr == ""

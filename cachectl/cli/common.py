@@ -498,6 +498,12 @@ def plot_format(path: str, flag: str = "--plot") -> str:
     return ext
 
 
+def shown_name(name: str) -> str:
+    """A file name as a text output's line shows it: its control characters escaped, a newline too (the console
+    keeps newlines, which a name would break its line with)."""
+    return printable(name, newlines=False)
+
+
 def emit_json(obj: Any) -> None:
     """One JSON document on stdout (dataclasses serialize field by field)."""
     _write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS) + b"\n")

@@ -13,7 +13,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..engines.tokendiff import LogSummary, PairResult, Side, StabilityReport, TokenDiff
 from .common import (EXIT_FINDING, EXIT_OK, AsOpt, BlockSizeOpt, ChatTemplateOpt, Format, FormatOpt, Progress,
                      TemplateVarOpt, TimeUnitOpt, TimeZoneOpt, TokenizerOpt, emit_json, emit_jsonl, handle_errors,
-                     iter_progress, parse_template_vars, plural, print_note, stdout, timestamp_reader)
+                     iter_progress, parse_template_vars, plural, print_note, shown_name, stdout,
+                     timestamp_reader)
 from .logformat import LogFormatOpt, log_format_name
 
 HELP = """Where two prompts stop matching in token space, and why.
@@ -187,7 +188,7 @@ def _blocks(n: int, size: int) -> str:
 
 
 def _side_title(name: str, side: "Side") -> str:
-    return f"{name}: {side.source} ({side.input_kind}, {plural(side.tokens, 'token')})"
+    return f"{name}: {shown_name(side.source)} ({side.input_kind}, {plural(side.tokens, 'token')})"
 
 
 def _render_diff(d: "TokenDiff") -> None:
@@ -272,7 +273,7 @@ def _auto_log(log: str, tok, block_size: int, add_generation_prompt: bool, fmt: 
         emit_jsonl({"record": "grouping", "how": grouping.how, "conversations": grouping.count,
                     "window_s": grouping.window_s, "requests": len(lines), "notes": notes})
     else:
-        stdout.print(f"{source}: {plural(len(lines), 'request')}, {plural(grouping.count, 'conversation')} found "
+        stdout.print(f"{shown_name(source)}: {plural(len(lines), 'request')}, {plural(grouping.count, 'conversation')} found "
                      f"automatically ({how})", soft_wrap=True, markup=False)
         for note in notes:
             print_note(note)
@@ -330,7 +331,7 @@ def _render_stability(r: "StabilityReport", fmt: Format) -> None:
         cause = s.diff.cause.id if s.diff.cause else ""
         first = "" if s.stable else f"{s.diff.first_diff_index:,}"
         table.add_row(str(s.k), s.role_added, f"{s.tokens_prev:,}", f"{s.tokens_next:,}", result, first, cause)
-    stdout.print(f"{r.source}: {plural(r.turns, 'message')}", markup=False)
+    stdout.print(f"{shown_name(r.source)}: {plural(r.turns, 'message')}", markup=False)
     stdout.print(table)
     if r.stable:
         stdout.print("[green]stable[/]: every turn's render is a token prefix of the next")

@@ -39,6 +39,7 @@ from .common import (
     plural,
     print_note,
     run_inputs,
+    shown_name,
     stderr,
     stdout,
     timestamp_note,
@@ -194,18 +195,24 @@ def command(
 command.__doc__ = HELP
 
 
+#: a UTF-8 byte order mark, kept where line 1 has it
+BOM = b"\xef\xbb\xbf"
+
+
 def _raw_lines(path: str, lines: Any) -> Iterator[tuple[int | None, bytes]]:
-    """``(i, bytes)`` of each line of the log ``path`` (read again), ``i`` its index in ``lines`` (read from it), or
-    None for a line ``lines`` left out (:func:`~cachectl.engines.repair.groups.log_lines`' ``leave_out``): a log
-    that changed in between is an error."""
+    """``(i, bytes)`` of each line of the log ``path`` (read again) as the file holds it, blank lines and line 1's
+    BOM too, ``i`` its index in ``lines`` (read from it), or None for a blank line or a line ``lines`` left out
+    (:func:`~cachectl.engines.repair.groups.log_lines`' ``leave_out``): a log that changed in between is an
+    error."""
     from ..errors import InputError
     from ..inputs import display_name
     from ..inputs.files import iter_raw_lines
 
     n = 0
     left = {exc.line for exc in lines.left_out}
-    for lineno, raw, source in iter_raw_lines(path):
-        if lineno in left:
+    for lineno, raw, source in iter_raw_lines(path, every=True):
+        text = raw[3:] if lineno == 1 and raw.startswith(BOM) else raw
+        if lineno in left or not text or text.isspace():
             yield None, raw
             continue
         if n >= len(lines) or lines.line_number(n) != lineno:
@@ -238,9 +245,10 @@ def _changes(lines: Any, output: Any) -> Iterator[tuple[int, Any]]:
 
 def _write(path: str, raw: Iterable[tuple[int | None, bytes]], changes: Iterator[tuple[int, Any]]) -> list[int]:
     """The log written once as its lines are read again, ``changes`` (:func:`_changes`) taken as they come:
-    unchanged lines are copied byte for byte (their own line ends kept); a rewritten line keeps the input's
-    separators style and its own line end (``\r\n`` in a CRLF file). The log reaches ``path`` whole or not at all (a
-    temporary file renamed into place). The indices of the lines rewritten."""
+    unchanged lines (blank ones too) are copied byte for byte; a rewritten line keeps the input's separators
+    style, its own line end (``\r\n`` in a CRLF file; none on a last line without one) and line 1's BOM. The log
+    reaches ``path`` whole or not at all (a temporary file renamed into place). The indices of the lines
+    rewritten."""
     import json
 
     from ..outputs import atomic_write
@@ -249,12 +257,13 @@ def _write(path: str, raw: Iterable[tuple[int | None, bytes]], changes: Iterator
     nxt = next(changes, None)
     with atomic_write(path) as fh:
         for i, line in raw:
-            if nxt is None or nxt[0] != i:  # (unchanged, or a line left out)
-                fh.write(line if line.endswith(b"\n") else line + b"\n")
+            if nxt is None or nxt[0] != i:  # (unchanged, blank, or a line left out)
+                fh.write(line)
                 continue
             spaced = b'": ' in line or b'", "' in line
             text = json.dumps(nxt[1], ensure_ascii=False, separators=(", ", ": ") if spaced else (",", ":"))
-            fh.write(text.encode("utf-8") + (b"\r\n" if line.endswith(b"\r\n") else b"\n"))
+            end = b"\r\n" if line.endswith(b"\r\n") else b"\n" if line.endswith(b"\n") else b""
+            fh.write((BOM if line.startswith(BOM) else b"") + text.encode("utf-8") + end)
             changed.append(i)
             nxt = next(changes, None)
     return changed
@@ -270,7 +279,7 @@ def _render_diff(source: str, lines: Any, values: Any, changed: list[int]) -> No
 
     for i in changed:
         a, b = rows(lines[i].value), rows(values[i])
-        for row in difflib.unified_diff(a, b, f"{source}:{lines[i].line}", f"{source}:{lines[i].line} (fixed)",
+        for row in difflib.unified_diff(a, b, f"{shown_name(source)}:{lines[i].line}", f"{shown_name(source)}:{lines[i].line} (fixed)",
                                         n=1, lineterm=""):
             style = "green" if row.startswith("+") else "red" if row.startswith("-") else \
                 "cyan" if row.startswith("@@") else ""
@@ -294,7 +303,7 @@ def _render(r: FixReport, out: Optional[str], changed: int, left_out: int = 0) -
     g = r.grouping
     how = f"by {g.how}" if g.how != "automatic" else \
         f"found automatically (a request joins the conversation it extends, within {g.window_s:g} s)"
-    stdout.print(f"{r.source}: {plural(r.requests, 'request')}, {plural(g.count, 'conversation')} {how}",
+    stdout.print(f"{shown_name(r.source)}: {plural(r.requests, 'request')}, {plural(g.count, 'conversation')} {how}",
                  soft_wrap=True, markup=False)
     if r.fixes:
         t = Table(header_style="bold", box=None, pad_edge=False)
@@ -335,7 +344,7 @@ def _render(r: FixReport, out: Optional[str], changed: int, left_out: int = 0) -
     if out is not None:
         # (a line left out is a line copied as it was: the count of rewritable lines does not hold it)
         kept = f"; {plural(left_out, 'line')} left out, copied as it was" if left_out else ""
-        stdout.print(f"wrote {out} ({changed:,} of {plural(r.requests, 'request')} rewritten{kept})", soft_wrap=True,
+        stdout.print(f"wrote {shown_name(out)} ({changed:,} of {plural(r.requests, 'request')} rewritten{kept})", soft_wrap=True,
                      markup=False)
     from .common import print_note
 

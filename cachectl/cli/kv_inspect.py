@@ -25,6 +25,7 @@ from .common import (
     handle_errors,
     plural,
     print_note,
+    shown_name,
     stdout,
 )
 
@@ -280,7 +281,7 @@ def _render(r, hb) -> None:
 
     stdout.print(f"[bold]{escape(r.model)}[/]: {r.layers} layers, {shape}, {r.dtype}: "
                  f"{r.bytes_per_token:,.0f} bytes per token ({hb(r.bytes_per_token)})", soft_wrap=True)
-    stdout.print(f"from: {r.source}", markup=False, soft_wrap=True)
+    stdout.print(f"from: {shown_name(r.source)}", markup=False, soft_wrap=True)
     from ..engines.kv.config import describe_defaults
 
     for line in describe_defaults(r.defaults_used, r.source):

@@ -36,6 +36,7 @@ from .common import (
     plural,
     print_note,
     run_inputs,
+    shown_name,
     stdout,
     timestamp_note,
     timestamp_reader,
@@ -214,7 +215,7 @@ def _render_text(r, html: str | None, rewritten: bool = True) -> None:
 
     ratio = f"{r.reuse_ratio:.1%}" if r.reuse_ratio is not None else "n/a"
     how = "" if r.fixes is None else (" (by key)" if r.fixes.grouping.startswith("key") else " (found automatically)")
-    stdout.print(f"{r.source}: {plural(r.requests, 'request')}, {plural(r.conversations, 'conversation')}{how}, "
+    stdout.print(f"{shown_name(r.source)}: {plural(r.requests, 'request')}, {plural(r.conversations, 'conversation')}{how}, "
                  f"{plural(r.pairs, 'pair')} "
                  f"(tokens from {r.tokenizer})", soft_wrap=True, markup=False)
     sp = r.shared_prefix
@@ -274,4 +275,4 @@ def _render_text(r, html: str | None, rewritten: bool = True) -> None:
         if not note.startswith("dollars lost:"):  # that one explains the page's estimate; the rest matter here
             print_note(note)
     if html is not None:
-        stdout.print(f"wrote {html}", soft_wrap=True, markup=False)
+        stdout.print(f"wrote {shown_name(html)}", soft_wrap=True, markup=False)

@@ -536,11 +536,12 @@ class Lines:
 MAX_LINE_BYTES = 64 * 2**20
 
 
-def iter_raw_lines(path: str) -> Iterator[tuple[int, bytes, str]]:
+def iter_raw_lines(path: str, *, every: bool = False) -> Iterator[tuple[int, bytes, str]]:
     """Stream ``(line_number, raw_line, source)`` of non-blank lines, as :class:`Lines` gives them (a BOM dropped
     from line 1, blank lines skipped); an empty file is an error, and so is a line over :data:`MAX_LINE_BYTES`,
     raised once that much of it was read (memory stays bounded whatever the stream). One generator over the
-    stream's bounded ``readline`` (every line of every log passes here)."""
+    stream's bounded ``readline`` (every line of every log passes here). ``every``: every line as the file holds
+    it, blank ones and line 1's BOM too (what ``fix -o`` writes back)."""
     fh, source = open_binary(path)
     seen = False
     try:
@@ -548,12 +549,13 @@ def iter_raw_lines(path: str) -> Iterator[tuple[int, bytes, str]]:
             if len(raw) > MAX_LINE_BYTES:
                 raise InputError(f"a line over {MAX_LINE_BYTES // 2**20} MiB: not a log line (a stream that never "
                                  "ends its line?)", source=source, line=lineno)
-            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]
-            if not raw or raw.isspace():
+            text = raw[3:] if lineno == 1 and raw.startswith(b"\xef\xbb\xbf") else raw
+            if not text or text.isspace():
+                if every:
+                    yield lineno, raw, source
                 continue
             seen = True
-            yield lineno, raw, source
+            yield lineno, raw if every else text, source
     except OSError as exc:
         raise _read_error(exc, source) from None
     finally:

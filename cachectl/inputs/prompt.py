@@ -189,6 +189,10 @@ def _shift(locator: Locator | None):
     return lambda path: locator(path.removeprefix("messages"))
 
 
+#: the largest token ID taken (32 bits: every tokenizer's vocabulary fits, and token IDs are kept so)
+MAX_TOKEN_ID = 2**32 - 1
+
+
 def check_ids(value: Any, *, source: str, line: int | None, field: str | None = None,
               maybe_bool: bool = True) -> None:
     """Validate a non-empty list of non-negative integer token IDs below 2**64 without copying it (the one
@@ -201,15 +205,16 @@ def check_ids(value: Any, *, source: str, line: int | None, field: str | None = 
         raise InputError("expected a list of token IDs", source=source, line=line, field=field)
     if value and not maybe_bool:
         try:
-            array("Q", value)
+            array("I", value)
             return
         except (TypeError, OverflowError):
             pass
     for i, x in enumerate(value):
-        if type(x) is not int or x < 0 or x >= 1 << 64:
+        if type(x) is not int or x < 0 or x > MAX_TOKEN_ID:
             name = f"{field}[{i}]" if field else f"[{i}]"
-            raise InputError(f"token ID {x!r} is not a non-negative integer", source=source, line=line,
-                             field=name)
+            why = (f"is past {MAX_TOKEN_ID:,} (no vocabulary is that large)" if type(x) is int and x > 0
+                   else "is not a non-negative integer")
+            raise InputError(f"token ID {x!r:.60} {why}", source=source, line=line, field=name)
     if not value:
         raise InputError("token-ID list is empty", source=source, line=line, field=field)
 
