@@ -42,6 +42,14 @@ def test_a_request_id_in_metadata_keeps_every_request_distinct_and_is_named(writ
     assert both.would_duplicate == ()
 
 
+def test_a_field_some_requests_send_and_others_do_not_is_named(write):
+    lines = [{"body": _chat("Refund policy?", stream=True)}, {"body": _chat("Refund policy?")},
+             {"body": _chat("Refund policy?", stream=False)}]
+    r = semantic.exact_dupes(_log(write, "s.jsonl", lines))
+    # left out, stream makes the three one request: the one that sent none among them
+    assert r.duplicates == 0 and r.would_duplicate == ({"field": "stream", "duplicates": 2, "gained": 2},)
+
+
 def test_the_key_is_the_body_as_sent_key_order_and_model_included(write):
     a = _chat("Hi")
     reordered = dict(reversed(list(a.items())))

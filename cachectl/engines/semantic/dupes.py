@@ -188,7 +188,8 @@ class _LeftOut:
                 arr.append(whole)
                 continue
             data = _normalized(b"{" + b",".join(p for k, p in parts if k != name) + b"}", normalize)
-            arr.append(int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little"))
+            # (the whole key's digest, cut as ``whole`` is: a request without the field matches one left without it)
+            arr.append(int.from_bytes(hashlib.blake2b(data, digest_size=16).digest()[:8], "little"))
         self.whole.append(whole)
 
     def gains(self, duplicates: int) -> tuple[tuple[dict, ...], tuple[str, ...]]:
