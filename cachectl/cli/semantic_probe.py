@@ -296,7 +296,8 @@ def _plot(report, path: str) -> None:
 
 @app.command("replay")
 @handle_errors
-def replay_cmd(log: Annotated[str, typer.Argument(metavar="LOG", help="JSONL log of prompts (and responses), in order.")],
+def replay_cmd(log: Annotated[str, typer.Argument(metavar="LOG", help="Log of prompts or requests in any shape (and "
+                                                                       "responses), in order.")],
                threshold: Annotated[Optional[float], typer.Option(
                    "--threshold", metavar="T", help="The threshold in the unit of the cache replayed: a cosine "
                                                     "(default 0.9); GPTCache's similarity_threshold (default 0.8); "

@@ -231,10 +231,10 @@ def counter(value: Any, *, source: str, line: int | None, field: str, note: str 
 
 def response_text(resp: Any) -> str | None:
     """The text a model answered, as a log keeps its response (None where it holds none, such as a call that
-    answered with tool calls only, or an empty text): a string; a message ``{role, content}`` (its content a string or text parts,
-    joined as they are: the text blocks of one answer); an OpenAI chat completion (its first choice's message); a
-    Responses API object (its ``output_text`` parts); an Anthropic message (its text blocks); a list of messages
-    (the last one's)."""
+    answered with tool calls only, or an empty text): a string; a message ``{role, content}`` (its content a
+    string or text parts, joined as they are: the text blocks of one answer); an OpenAI chat completion (its first
+    choice's message); a Responses API object (its ``output_text`` parts); an Anthropic message (its text
+    blocks); a list of messages (the last one's)."""
     if isinstance(resp, str):
         return resp or None
     if isinstance(resp, list):
