@@ -132,6 +132,8 @@ def _invocation(command: str, example: str, shape: str) -> list[str]:
         return ["simulate-prefix", path, "--policy", "infinite", *extra]
     if command == "lint":
         return ["lint", path]
+    if command == "semantic-probe dupes":
+        return ["semantic-probe", "dupes", path]
     return [command, path, "-t", tok]
 
 

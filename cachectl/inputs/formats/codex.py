@@ -53,7 +53,7 @@ SHAPE = LogShape(
     "one record per model call (a `token_count` whose total moved, repeats counted once): its Responses usage "
     "(input including cached, cached, output), the model from `turn_context`, the session id as `session`, the "
     "request rebuilt from the logged history (`instructions` where logged, `input`; no tools)",
-    ("prompt-cost", "report", "diff-tokens", "simulate-prefix"),
+    ("prompt-cost", "report", "diff-tokens", "simulate-prefix", "semantic-probe dupes"),
     "fixtures/logs/codex_rollout.jsonl",
     "github.com/openai/codex codex-rs/protocol/src/protocol.rs (RolloutItem, TokenCountEvent, TokenUsageInfo)",
 )

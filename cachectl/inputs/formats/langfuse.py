@@ -54,7 +54,7 @@ SHAPE = LogShape(
     "Messages body for Claude models), `usageDetails` (or the legacy `usage`) with cache reads and writes in the "
     "provider's convention, `startTime`, the model, and the trace's `sessionId` and `userId` as the keys "
     "`session` and `user`",
-    ("prompt-cost", "report", "diff-tokens", "simulate-prefix"),
+    ("prompt-cost", "report", "diff-tokens", "simulate-prefix", "semantic-probe dupes"),
     "fixtures/logs/langfuse_events.jsonl",
     "https://api.reference.langfuse.com/#tag/ingestion ; langfuse/langfuse packages/shared/src/server/ingestion/"
     "types.ts",

@@ -47,7 +47,7 @@ SHAPE = LogShape(
     "Anthropic calls), `response.usage` with cache reads and writes in the provider's convention, `startTime`, "
     "and `trace_id`, the key's user, team, alias and the end user as the keys `session`, `user`, `tenant`, "
     "`api_key`, `end_user`; calls served from LiteLLM's own cache are left out",
-    ("prompt-cost", "report", "diff-tokens", "simulate-prefix"),
+    ("prompt-cost", "report", "diff-tokens", "simulate-prefix", "semantic-probe dupes"),
     "fixtures/logs/litellm_payloads.jsonl",
     "https://docs.litellm.ai/docs/proxy/logging_spec ; BerriAI/litellm litellm/types/utils.py StandardLoggingPayload",
 )

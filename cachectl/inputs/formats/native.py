@@ -13,7 +13,7 @@ SHAPES: tuple[LogShape, ...] = (
              "a JSON object per line whose `body` (or `request`) holds a request body",
              "the request body, its timestamp, the billed `usage` (or `response.usage`), `output_tokens`, and any "
              "other top-level field as a key (`--key session`, `--tenant-field`)",
-             ("prompt-cost", "report", "fix", "diff-tokens", "simulate-prefix"),
+             ("prompt-cost", "report", "fix", "diff-tokens", "simulate-prefix", "semantic-probe dupes"),
              "fixtures/prompts/openai_requests.jsonl",
              "cachectl's own"),
     LogShape("openai-chat", "OpenAI Chat Completions request bodies",
@@ -26,7 +26,7 @@ SHAPES: tuple[LogShape, ...] = (
     LogShape("openai-responses", "OpenAI Responses request bodies",
              "a body with `input` and no `messages`",
              "`instructions`, `input` items, `tools`, cache options; in a wrapper, the timestamp and usage",
-             ("prompt-cost", "report", "fix", "diff-tokens", "simulate-prefix"),
+             ("prompt-cost", "report", "fix", "diff-tokens", "simulate-prefix", "semantic-probe dupes"),
              "fixtures/logs/openai_responses.jsonl",
              "https://platform.openai.com/docs/api-reference/responses/create"),
     LogShape("anthropic-messages", "Anthropic Messages request bodies",

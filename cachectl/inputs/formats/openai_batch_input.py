@@ -23,7 +23,7 @@ SHAPE = LogShape(
     "a JSON object per line with `custom_id`, `method`, `url` and a `body` object",
     "the request body, its `custom_id`, marked as a Batch API call (batch prices); joined to the output's usage "
     "by `custom_id` with `--usage OUTPUT.jsonl`",
-    ("prompt-cost", "report", "fix"),
+    ("prompt-cost", "report", "fix", "semantic-probe dupes"),
     "fixtures/logs/openai_batch_input.jsonl",
     "https://platform.openai.com/docs/api-reference/batch/request-input",
 )

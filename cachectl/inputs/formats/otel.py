@@ -45,7 +45,7 @@ SHAPE = LogShape(
     "each model call's messages (from `gen_ai.input.messages`/`gen_ai.system_instructions`, the older message "
     "events or `gen_ai.prompt`) built into an Anthropic or OpenAI body, the usage with the cache read and "
     "cache creation tokens, the model, the span's start time, `gen_ai.conversation.id` as the session key",
-    ("prompt-cost", "report", "diff-tokens", "simulate-prefix"),
+    ("prompt-cost", "report", "diff-tokens", "simulate-prefix", "semantic-probe dupes"),
     "fixtures/logs/otel_genai.jsonl",
     "https://github.com/open-telemetry/semantic-conventions/blob/v1.41.0/docs/gen-ai/gen-ai-spans.md ; "
     "https://opentelemetry.io/docs/specs/otlp/#json-protobuf-encoding",

@@ -59,7 +59,7 @@ SHAPE = LogShape(
     "each LLM call's request body (OpenAI Chat or Responses, Anthropic Messages) and the billed usage of its "
     "response, streamed (SSE) or not, gzip or base64 bodies decoded; the response id and the interaction's "
     "`recorded_at` where the cassette has one (vcrpy records no time: use `--every`)",
-    ("prompt-cost", "report", "diff-tokens", "simulate-prefix"),
+    ("prompt-cost", "report", "diff-tokens", "simulate-prefix", "semantic-probe dupes"),
     "fixtures/logs/vcr_anthropic_cache.yaml",
     "https://github.com/kevin1024/vcrpy (vcr/serialize.py, vcr/serializers/); "
     "https://github.com/kiwicom/pytest-recording",
