@@ -284,15 +284,19 @@ def test_a_log_prompt_is_the_last_user_messages_text_parts(tmp_path):
                                      {"type": "text", "text": "b"}]}], "response": "r"}) + "\n")
     (rec,) = semantic.iter_log_prompts(str(log))
     assert rec.prompt == "a\nb" and rec.response == "r"
-    log.write_text(json.dumps({"messages": [{"role": 5, "content": "x"}]}) + "\n")
+    log.write_text(json.dumps({"messages": [{"role": "assistant", "content": "x"}]}) + "\n")
     with pytest.raises(InputError, match="no prompt field and no user message") as exc:
         list(semantic.iter_log_prompts(str(log)))
     assert exc.value.field == "messages" and exc.value.line == 1
+    log.write_text(json.dumps({"messages": [{"role": 5, "content": "x"}]}) + "\n")  # (as every command refuses it)
+    with pytest.raises(InputError, match="missing or non-string 'role'") as exc:
+        list(semantic.iter_log_prompts(str(log)))
+    assert exc.value.field == "messages[0].role" and exc.value.line == 1
     # a last user message of parts without text (an image, tool results) has no key: replay leaves it out, counted
     log.write_text(json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}) + "\n")
     (rec,) = semantic.iter_log_prompts(str(log))
     assert rec == semantic.NoText(1)
     log.write_text(json.dumps({"messages": [{"role": "user", "content": 5}]}) + "\n")
-    with pytest.raises(InputError, match="no prompt text") as exc:
+    with pytest.raises(InputError, match="expected a string or a list of content parts") as exc:
         list(semantic.iter_log_prompts(str(log)))
     assert exc.value.field == "messages[0].content"

@@ -4,6 +4,7 @@ exact-match response cache keyed on the whole request (body and model), the fiel
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -204,3 +205,19 @@ def test_replay_leaves_out_a_turn_of_tool_results(cli):
     assert r.stdout.splitlines()[:2] == [
         "1 request at 0.9: 0 hits (0.0%); 0 exact duplicates",
         "2 requests left out: the last user message holds no text (tool results, images): no key for the cache"]
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"model": "m", "messages": []}, "body.messages"),
+    ({"model": "m", "messages": "hi"}, "body.messages"),
+    ({"model": "m", "messages": [{"role": {}, "content": "x"}]}, "body.messages[0].role"),
+    ({"model": "m", "input": 5}, "body.input"),
+    ({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+     "body.messages[0].content[0].text"),
+])
+def test_a_body_the_api_refuses_is_refused_by_dupes_and_replay_as_everywhere(cli, write, body, field):
+    path = _log(write, "bad.jsonl", [{"body": _chat("fine")}, {"body": body}])
+    r = cli("semantic-probe", "dupes", path)
+    assert r.exit_code == 2 and f"bad.jsonl:2: field '{field}': " in r.stderr and r.stderr.count("\n") == 1
+    with pytest.raises(Exception, match=re.escape(f"bad.jsonl:2: field '{field}': ")):
+        list(semantic.iter_log_prompts(path))

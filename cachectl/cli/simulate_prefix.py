@@ -129,7 +129,7 @@ RecomputeOpt = Annotated[float, typer.Option("--recompute-ratio", metavar="SHARE
                                              help="chunk policy: share of a reused non-prefix chunk that is "
                                                   "recomputed.", rich_help_panel=CACHE)]
 ConcurrencyOpt = Annotated[int, typer.Option("--concurrency", min=1, metavar="N", help="Requests in flight at once.", rich_help_panel=CACHE)]
-DecodeMsOpt = Annotated[float, typer.Option("--decode-ms-per-token", min=0.0, metavar="MS",
+DecodeMsOpt = Annotated[float, typer.Option("--decode-ms-per-token", min=0.0, max=3.6e6, metavar="MS",
                                             help="With --concurrency: how long a request holds its blocks per "
                                                  "output token.", rich_help_panel=CACHE)]
 WarmupOpt = Annotated[Optional[str], typer.Option("--warmup", metavar="N|SHARE",
@@ -139,7 +139,8 @@ WarmupOpt = Annotated[Optional[str], typer.Option("--warmup", metavar="N|SHARE",
 CurveOpt = Annotated[bool, typer.Option("--curve", help="The whole hit-rate-vs-capacity curve: about --curve-points "
                                                         "log-spaced capacities from the smallest that fits to the "
                                                         "no-eviction ceiling, from one read.", rich_help_panel=CURVE)]
-CurvePointsOpt = Annotated[int, typer.Option("--curve-points", min=2, help="Points of --curve.", rich_help_panel=CURVE)]
+CurvePointsOpt = Annotated[int, typer.Option("--curve-points", min=2, max=100_000, help="Points of --curve.",
+                                             rich_help_panel=CURVE)]
 OptimalOpt = Annotated[bool, typer.Option("--optimal", help="With --curve/--sweep-capacity: also the offline optimal "
                                                             "bound (Belady) at each capacity.", rich_help_panel=CURVE)]
 SweepCapacityOpt = Annotated[Optional[str], typer.Option("--sweep-capacity", metavar="N,N,...",
@@ -147,7 +148,7 @@ SweepCapacityOpt = Annotated[Optional[str], typer.Option("--sweep-capacity", met
 SweepBlockSizeOpt = Annotated[Optional[str], typer.Option("--sweep-block-size", metavar="B,B,...",
                                                           help="Block sizes to sweep.", rich_help_panel=CURVE)]
 # fleet and tiers
-ReplicasOpt = Annotated[Optional[int], typer.Option("--replicas", min=1, help="Replicas behind a router, each an "
+ReplicasOpt = Annotated[Optional[int], typer.Option("--replicas", min=1, max=100_000, help="Replicas behind a router, each an "
                                                     "independent pool of --capacity-blocks.", rich_help_panel=FLEET)]
 RouterOpt = Annotated[Optional[str], typer.Option("--router", metavar="R",
                                                   help="round-robin, random, session, prefix-hash, least-loaded, "

@@ -332,11 +332,33 @@ def read_manifest(directory: str) -> dict:
         if rows != p["requests"]:
             raise InputError(f"{rows:,} rows, but {MANIFEST} says {p['requests']:,} requests: the file was "
                              "replaced or changed since the partitions were written", source=path)
+    _check_routing(doc, len(parts), source)
     total = doc.get("requests")
     if total != sum(p["requests"] for p in parts):
         raise InputError(f"requests {total!r} is not the sum of the partitions' requests "
                          f"({sum(p['requests'] for p in parts):,})", source=source, field="requests")
     return doc
+
+
+def _check_routing(doc: dict, parts: int, source: str) -> None:
+    """How the manifest says the trace was routed, as ``partition`` writes it: the router (one that routes up
+    front), the replicas (one a partition), the block sizes and the router's parameters (an object)."""
+    from ..engines.prefix.fleet import STATELESS_ROUTERS
+
+    router = doc.get("router")
+    if not isinstance(router, str) or router not in STATELESS_ROUTERS:
+        raise InputError(f"expected one of {', '.join(STATELESS_ROUTERS)}, got {str(router)[:40]!r}", source=source,
+                         field="router")
+    replicas = doc.get("replicas")
+    if type(replicas) is not int or replicas != parts:
+        raise InputError(f"expected the number of partitions ({parts:,}), got {str(replicas)[:40]!r}",
+                         source=source, field="replicas")
+    for name in ("block_size", "hash_block_size"):
+        size = doc.get(name)
+        if size is not None and (type(size) is not int or size < 1):
+            raise InputError(f"expected a block size, got {str(size)[:40]!r}", source=source, field=name)
+    if not isinstance(doc.get("router_params", {}), dict):
+        raise InputError("expected an object", source=source, field="router_params")
 
 
 def partition_rows(path: str) -> Iterator[dict]:

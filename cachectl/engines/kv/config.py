@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import re
 import struct
 import warnings
@@ -1035,7 +1036,10 @@ def blocks_for_memory(gib: float, bytes_per_token: float, block_size: int) -> in
     if bytes_per_token <= 0:
         raise UsageError("the model keeps no KV cache per token (no attention layers): --capacity-gib cannot "
                          "be turned into blocks; pass --capacity-blocks")
-    return int(gib * GIB // (bytes_per_token * block_size))
+    blocks = gib * GIB // (bytes_per_token * block_size)
+    if not math.isfinite(blocks):  # (1e300 GiB: past any float, and past any capacity in blocks)
+        raise UsageError(f"{gib:g} GiB is more memory than any capacity in blocks holds")
+    return int(blocks)
 
 
 # ---------------------------------------------------------------------------------------------- GGUF

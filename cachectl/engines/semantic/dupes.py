@@ -130,7 +130,7 @@ def _request_parts(value: Any, ignored: Sequence[str], source: str, line: int, f
     """The request key of a record: its body's top-level fields as ``"name":value`` JSON texts, in the body's
     order (their join is the body's compact JSON), the model first where the body names none; and what a report
     shows of it (its last user message, else its first 100 characters)."""
-    from ...inputs.request import compact
+    from ...inputs.request import compact, parse_request
     from .replay import last_user, request_of
 
     if not isinstance(value, dict):
@@ -138,6 +138,7 @@ def _request_parts(value: Any, ignored: Sequence[str], source: str, line: int, f
     body, at = request_of(value)
     if body is None:
         raise InputError(f"neither a request body nor a '{field}' text to key on", source=source, line=line)
+    parse_request(value, source=source, line=line)  # (a body the API refuses is refused here as everywhere)
     for p in ignored:
         body = _without(body, p.split("."))
     parts = [(k, f"{compact(k)}:{compact(v)}".encode()) for k, v in body.items()]

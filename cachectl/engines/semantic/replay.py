@@ -413,6 +413,7 @@ def iter_log_prompts(path: str, field_name: str = "prompt", response_field: str 
     from ...inputs import get_path
     from ...inputs.files import display_name
     from ...inputs.formats import log_values
+    from ...inputs.request import parse_request
 
     source = display_name(path)
     for line, value in log_values(path, log_format, responses=True):
@@ -423,6 +424,7 @@ def iter_log_prompts(path: str, field_name: str = "prompt", response_field: str 
         request, at = (value, "") if prompt is not None else request_of(value)
         turns, user_at = None, None
         if prompt is None and request is not None:
+            parse_request(value, source=source, line=line)  # (a body the API refuses is refused as everywhere)
             prompt, where, turns, user_at = last_user(request)
             field = at + where
             if prompt is None and user_at is None:

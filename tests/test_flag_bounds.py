@@ -1,0 +1,59 @@
+"""Flag values and partition manifests past what the simulations can take are one line and exit 2: they were an
+internal error (a NaN turned into an int), a silent different number (``inf`` ms a token), a run of days or a
+process growing without end (found by fuzzing the CLI from the outside)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import FIXTURES
+
+TRACES = FIXTURES / "traces"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["replay", TRACES / "rag.jsonl", "--capacity-gib", "1e300", "--model", "llama-3.1-8b"],
+     "1e+300 GiB is more memory than any capacity in blocks holds"),
+    (["fleet", TRACES / "fleet.jsonl", "--capacity-blocks", "300", "--replicas", "2", "--cpu-offload-gib", "1e300",
+      "--model", "llama-3.1-8b"], "1e+300 GiB is more memory than any capacity in blocks holds"),
+    (["replay", TRACES / "rag.jsonl", "--capacity-blocks", "200", "--concurrency", "4", "--decode-ms-per-token",
+      "inf"], "'--decode-ms-per-token'"),
+    (["curve", TRACES / "rag.jsonl", "--curve", "--curve-points", "99999999999999"], "'--curve-points'"),
+    (["fleet", TRACES / "fleet.jsonl", "--capacity-blocks", "300", "--replicas", "99999999"], "'--replicas'"),
+])
+def test_a_flag_past_its_bound_is_one_line(cli, args, message):
+    r = cli("simulate-prefix", *args)
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+    assert "internal error" not in r.stderr
+
+
+def test_a_finite_decode_time_still_runs(cli):
+    r = cli("simulate-prefix", "replay", TRACES / "rag.jsonl", "--capacity-blocks", "200", "--concurrency", "4",
+            "--decode-ms-per-token", "3600000")
+    assert r.exit_code == 0, r.stderr
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("router", {"a": 1}, "field 'router': expected one of round-robin, random, session, prefix-hash"),
+    ("router", "cache-aware", "field 'router': expected one of"),
+    ("replicas", "2", "field 'replicas': expected the number of partitions (2)"),
+    ("replicas", 3, "field 'replicas': expected the number of partitions (2)"),
+    ("hash_block_size", 0, "field 'hash_block_size': expected a block size"),
+    ("router_params", [], "field 'router_params': expected an object"),
+])
+def test_a_manifest_that_says_another_routing_is_refused_at_its_field(cli, tmp_path, field, value, message):
+    pytest.importorskip("pyarrow")
+    parts = tmp_path / "parts"
+    r = cli("simulate-prefix", TRACES / "fleet.jsonl", "--partition-dir", parts, "--replicas", "2", "--router",
+            "round-robin")
+    assert r.exit_code == 0, r.stderr
+    assert cli("simulate-prefix", "fleet", parts, "--capacity-blocks", "300").exit_code == 0
+    manifest = parts / "manifest.json"
+    doc = json.loads(manifest.read_text())
+    doc[field] = value
+    manifest.write_text(json.dumps(doc))
+    r = cli("simulate-prefix", "fleet", parts, "--capacity-blocks", "300")
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+    assert "manifest.json" in r.stderr and r.stdout == ""
