@@ -57,3 +57,10 @@ def test_a_manifest_that_says_another_routing_is_refused_at_its_field(cli, tmp_p
     r = cli("simulate-prefix", "fleet", parts, "--capacity-blocks", "300")
     assert r.exit_code == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
     assert "manifest.json" in r.stderr and r.stdout == ""
+
+
+def test_an_empty_partition_directory_name_is_refused(cli):
+    pytest.importorskip("pyarrow")
+    r = cli("simulate-prefix", TRACES / "fleet.jsonl", "--partition-dir", "", "--replicas", "2", "--router",
+            "round-robin")  # (it said ": cannot create: No such file or directory")
+    assert r.exit_code == 2 and "--partition-dir takes a directory name, and was given an empty one" in r.stderr

@@ -195,6 +195,8 @@ class PartitionWriter:
     def __init__(self, directory: str, replicas: int, *, batch_rows: int = BATCH_ROWS):
         pa, pq = _pyarrow()
         self._pa, self._pq = pa, pq
+        if not directory:
+            raise UsageError("--partition-dir takes a directory name, and was given an empty one")
         if os.path.exists(directory) and not os.path.isdir(directory):
             raise InputError("exists and is not a directory", source=directory)
         if os.path.isdir(directory) and os.listdir(directory):
