@@ -36,8 +36,8 @@ def test_a_finite_decode_time_still_runs(cli):
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("router", {"a": 1}, "field 'router': expected one of round-robin, random, session, prefix-hash"),
-    ("router", "cache-aware", "field 'router': expected one of"),
+    ("router", {"a": 1}, "field 'router': expected a router's name"),
+    ("router", "cache-aware", "field 'router': expected one of round-robin, random, session, prefix-hash"),
     ("replicas", "2", "field 'replicas': expected the number of partitions (2)"),
     ("replicas", 3, "field 'replicas': expected the number of partitions (2)"),
     ("hash_block_size", 0, "field 'hash_block_size': expected a block size"),

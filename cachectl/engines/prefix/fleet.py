@@ -36,6 +36,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import heapq
+import os
 import random
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -606,6 +607,9 @@ def simulate_partitions(paths: Sequence[str], manifest: dict, *, policy: str = "
     replay is the one :func:`simulate_fleet` runs, so the numbers are the same as routing the trace in one
     process."""
     router = manifest["router"]
+    if router not in STATELESS_ROUTERS:  # (a manifest partition never wrote: no router of it routes up front)
+        raise InputError(f"expected one of {', '.join(STATELESS_ROUTERS)}, got {router[:40]!r}",
+                         source=os.path.join(source, "manifest.json") if source else "manifest.json", field="router")
     _check(policy=policy, block_size=block_size, capacity_blocks=capacity_blocks, concurrency=concurrency,
            cpu_offload_blocks=cpu_offload_blocks)
     total = manifest["requests"]
