@@ -146,22 +146,25 @@ def _guard_signals(on: bool) -> None:
 
 
 @contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
+def signals_held(raise_after: bool = True) -> Iterator[list[int]]:
     """SIGINT and SIGTERM held back for a few steps that must not be cut (a temporary file made and its name
-    kept; the rename and the name it leaves): a signal that comes meanwhile is raised again right after."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    kept; the rename and the name it leaves; a fork, whose own hooks would print and drop an interrupt): a signal
+    that comes meanwhile is raised again right after, or, with ``raise_after`` false, left in the list yielded
+    for the caller to raise once it is ready (:func:`signal.raise_signal`). In the main thread only, where
+    handlers are set."""
     pending: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield pending
+        return
     held = (signal.SIGINT, signal.SIGTERM)
     previous = {s: signal.signal(s, lambda signum, frame: pending.append(signum)) for s in held}
     try:
-        yield
+        yield pending
     finally:
         for s, handler in previous.items():
             if handler is not None:  # None: a handler set outside Python, which cannot be put back
                 signal.signal(s, handler)
-        if pending:
+        if pending and raise_after:
             signal.raise_signal(pending[0])
 
 
@@ -205,7 +208,7 @@ class AtomicFile:
                 self._fd = os.open(real, os.O_WRONLY)
             else:
                 directory = os.path.dirname(real) or "."
-                with _signals_held():  # an interrupt between making the file and keeping its name would leak it
+                with signals_held():  # an interrupt between making the file and keeping its name would leak it
                     self._fd, self.path = tempfile.mkstemp(prefix=f".{os.path.basename(real)}.",
                                                            suffix=".cachectl-tmp", dir=directory)
                 fd = self._fd
@@ -261,7 +264,7 @@ class AtomicFile:
             os.close(self._fd)
             self._fd = None
             if not self._direct:
-                with _signals_held():  # renamed and known to be: an interrupt now comes after, not between
+                with signals_held():  # renamed and known to be: an interrupt now comes after, not between
                     os.replace(self.path, self._real)
                     self.path = self._real
                     self._renamed = True

@@ -32,7 +32,6 @@ import os
 import pickle
 import signal
 import sys
-import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -231,6 +230,7 @@ def _forked(call: tuple[Callable[..., Any], tuple, dict]
     child), an interrupt would be printed and ignored there, or leave the child stuck before its first call."""
     import multiprocessing
 
+    from .outputs import signals_held
     from .tokenization import serial_encoding
 
     ctx = multiprocessing.get_context("fork")
@@ -242,32 +242,20 @@ def _forked(call: tuple[Callable[..., Any], tuple, dict]
     sys.stdout.flush()
     sys.stderr.flush()
     gc.freeze()  # what the parent holds now is left alone by the child's collector (fewer pages copied)
-    held: list[int] = []
-    previous = _hold_signals(held)  # (the child sets its own at its start: _child_start)
     try:
-        with warnings.catch_warnings():  # (3.12+ warns of fork with threads: ours are made anew in the child)
+        # (signals held: the child sets its own handlers at its start, _child_start; 3.12+ warns of fork with
+        # threads: ours are made anew in the child)
+        with signals_held(raise_after=False) as held, warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             future = executor.submit(_run, number)  # (the fork context starts its process here)
     except OSError:
         executor.shutdown(wait=False, cancel_futures=True)
         return None, held
     finally:
-        for sig, handler in previous.items():
-            if handler is not None:  # (None: a handler set outside Python, which cannot be put back)
-                signal.signal(sig, handler)
         gc.unfreeze()
         restore()
         del _PARTS[number]  # (the child has its copy)
     return (ticks, executor, future, next(iter(getattr(executor, "_processes", {}).values()), None)), held
-
-
-def _hold_signals(held: list[int]) -> dict[int, Any]:
-    """SIGINT and SIGTERM noted in ``held`` instead of handled (in the main thread, where handlers are set): the
-    handlers they replace, to be put back."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    return {sig: signal.signal(sig, lambda signum, frame: held.append(signum))
-            for sig in (signal.SIGINT, signal.SIGTERM)}
 
 
 def _how(proc: Any) -> str:
