@@ -195,10 +195,6 @@ def command(
 command.__doc__ = HELP
 
 
-#: a UTF-8 byte order mark, kept where line 1 has it
-BOM = b"\xef\xbb\xbf"
-
-
 def _raw_lines(path: str, lines: Any) -> Iterator[tuple[int | None, bytes]]:
     """``(i, bytes)`` of each line of the log ``path`` (read again) as the file holds it, blank lines and line 1's
     BOM too, ``i`` its index in ``lines`` (read from it), or None for a blank line or a line ``lines`` left out
@@ -206,13 +202,12 @@ def _raw_lines(path: str, lines: Any) -> Iterator[tuple[int | None, bytes]]:
     error."""
     from ..errors import InputError
     from ..inputs import display_name
-    from ..inputs.files import iter_raw_lines
+    from ..inputs.files import iter_raw_lines, line_text
 
     n = 0
     left = {exc.line for exc in lines.left_out}
     for lineno, raw, source in iter_raw_lines(path, every=True):
-        text = raw[3:] if lineno == 1 and raw.startswith(BOM) else raw
-        if lineno in left or not text or text.isspace():
+        if lineno in left or line_text(lineno, raw) is None:
             yield None, raw
             continue
         if n >= len(lines) or lines.line_number(n) != lineno:
@@ -251,6 +246,7 @@ def _write(path: str, raw: Iterable[tuple[int | None, bytes]], changes: Iterator
     rewritten."""
     import json
 
+    from ..inputs.files import BOM
     from ..outputs import atomic_write
 
     changed: list[int] = []

@@ -508,6 +508,18 @@ def parse_jsonl_line(raw: bytes, source: str, lineno: int) -> Any:
     return value
 
 
+#: a UTF-8 byte order mark: dropped from a file's first line as it is read (``fix -o`` writes it back)
+BOM = b"\xef\xbb\xbf"
+
+
+def line_text(lineno: int, raw: bytes) -> bytes | None:
+    """What line ``lineno`` holds to read: its bytes, line 1's without a BOM; None for a blank line (no copy of
+    the line is made to tell, unlike strip())."""
+    if lineno == 1 and raw.startswith(BOM):
+        raw = raw[3:]
+    return None if not raw or raw.isspace() else raw
+
+
 class Lines:
     """The numbered non-blank lines of a stream of lines, as every reader takes them: a UTF-8 BOM dropped
     from the file's first line (line 1), blank lines skipped. ``first``: the number of the stream's first
@@ -522,12 +534,11 @@ class Lines:
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
         lineno = self.first - 1
         for lineno, raw in enumerate(self._lines, start=self.first):
-            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]
-            if not raw or raw.isspace():  # no copy of the line, unlike strip()
+            text = line_text(lineno, raw)
+            if text is None:
                 continue
             self.seen = True
-            yield lineno, raw
+            yield lineno, text
         self.count = lineno - self.first + 1
 
 
@@ -549,8 +560,8 @@ def iter_raw_lines(path: str, *, every: bool = False) -> Iterator[tuple[int, byt
             if len(raw) > MAX_LINE_BYTES:
                 raise InputError(f"a line over {MAX_LINE_BYTES // 2**20} MiB: not a log line (a stream that never "
                                  "ends its line?)", source=source, line=lineno)
-            text = raw[3:] if lineno == 1 and raw.startswith(b"\xef\xbb\xbf") else raw
-            if not text or text.isspace():
+            text = line_text(lineno, raw)
+            if text is None:
                 if every:
                     yield lineno, raw, source
                 continue

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...errors import CachectlError, InputError
+from ...inputs.files import BOM
 from .rules import Finding, LintConfig, filter_findings, template_lines
 from .run import TEMPLATE_SUFFIXES, _candidates, kind_name
 from .templates import _tool_schema_findings, parse_template, sandbox
@@ -276,7 +277,7 @@ def fix_paths(paths: Sequence[str], config: LintConfig) -> FixResult:
                 errors.append(str(exc))
                 continue
             if edits:
-                out.append(FileFix(str(f), text, fixed, tuple(edits), bom=data.startswith(b"\xef\xbb\xbf")))
+                out.append(FileFix(str(f), text, fixed, tuple(edits), bom=data.startswith(BOM)))
     return FixResult(files=tuple(out), errors=tuple(errors), skipped=tuple(skipped), outside=tuple(outside),
                      bodies=tuple(bodies))
 
@@ -289,4 +290,4 @@ def write_fixes(result: FixResult) -> None:
     from ...outputs import write_bytes
 
     for f in result.files:
-        write_bytes(f.path, (b"\xef\xbb\xbf" if f.bom else b"") + f.fixed.encode("utf-8"))
+        write_bytes(f.path, (BOM if f.bom else b"") + f.fixed.encode("utf-8"))
