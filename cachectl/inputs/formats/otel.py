@@ -233,7 +233,7 @@ def _output(attrs: dict[str, Any], events: list[dict[str, Any]]) -> str | None:
             a = e["attributes"]
             message = _json(a.get("message"))
             got = message.get("content") if isinstance(message, dict) else _json(a.get("content"))
-            return _text(got) or None if got is not None else None
+            return _text(got) or None  # (no content: "")
     flat = _flattened(attrs, "gen_ai.completion.")
     if flat and isinstance(flat[0].get("content"), str):
         return flat[0]["content"] or None
