@@ -494,6 +494,43 @@ def test_partition_dir_must_be_new_or_empty_and_ray_needs_partitions(cli, tmp_pa
     assert r.exit_code == 2 and "partition file replica-00001.parquet is missing" in r.stderr, r.stderr
 
 
+def _partition_under(limit: tuple[int, int], out, replicas: int):
+    """``simulate-prefix partition`` in a process whose open files are limited to ``limit`` (soft, hard)."""
+    import resource
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "cachectl", "simulate-prefix", "partition", str(FIXTURES / "traces" / "fleet.jsonl"),
+         "--replicas", str(replicas), "--router", "round-robin", "--partition-dir", str(out), "-f", "json"],
+        capture_output=True, text=True, timeout=300,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, limit))
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="resource limits are POSIX")
+def test_partitions_past_the_open_file_limit(tmp_path):
+    # one file a partition, written side by side: 400 partitions under a soft limit of 128 (macOS's default is
+    # 256) raise it toward the hard one, and are all written (it was an error at the 64th partition or so,
+    # naming the first)
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip(f"this machine's hard limit on open files is {hard}")
+    r = _partition_under((128, hard), tmp_path / "p", 400)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert len(doc["partitions"]) == 400 and sum(p["requests"] for p in doc["partitions"]) == 250
+    assert len(list((tmp_path / "p").iterdir())) == 401  # and the manifest
+    # a hard limit below what the partitions need: one line before anything is written
+    r = _partition_under((128, 128), tmp_path / "q", 400)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "cachectl: error: --replicas 400 writes 400 partition files side by side, and this process may open 128 "
+        "files (ulimit -n): raise the limit to 464 or route over fewer replicas"]
+    assert not (tmp_path / "q").exists()
+
+
 @pytest.mark.ray
 def test_partitions_replayed_as_ray_tasks_in_a_local_ray(cli, tmp_path):
     """Ray's own API (ray.remote, ray.get) on a local two-CPU Ray: the numbers of one process."""

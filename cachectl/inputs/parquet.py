@@ -201,6 +201,7 @@ class PartitionWriter:
             raise InputError("exists and is not a directory", source=directory)
         if os.path.isdir(directory) and os.listdir(directory):
             raise InputError("is not empty: partitions go to a new or empty directory", source=directory)
+        _open_files_for(replicas)
         self._made = not os.path.isdir(directory)
         try:
             os.makedirs(directory, exist_ok=True)
@@ -249,12 +250,17 @@ class PartitionWriter:
         except (pa.ArrowException, OverflowError) as exc:
             raise InputError(f"cannot store a request in a partition ({_first_line(exc)}): token IDs and hash_ids "
                              "must fit in 64 bits") from None
-        if self._writers[replica] is None:
+        out = self._outputs[replica]
+        if out is None:
             from ..outputs import AtomicFile
 
             self._outputs[replica] = out = AtomicFile(os.path.join(self.directory, self.files[replica]))
-            self._writers[replica] = pq.ParquetWriter(out.path, self.schema)
-        self._writers[replica].write_table(table)
+        try:  # (one open file a partition: the writer writes to the temporary file's own descriptor)
+            if self._writers[replica] is None:
+                self._writers[replica] = pq.ParquetWriter(out.file, self.schema)
+            self._writers[replica].write_table(table)
+        except OSError as exc:  # named by its own partition, not the first one
+            raise out.fail(exc) from None
         rows.clear()
 
     def close(self, manifest: dict) -> dict:
@@ -299,6 +305,31 @@ class PartitionWriter:
                 os.rmdir(self.directory)
         if first is not None:
             raise first from None
+
+
+#: open files kept for the rest of the process (the log being read, the tokenizer, libraries' own)
+_SPARE_FILES = 64
+
+
+def _open_files_for(replicas: int) -> None:
+    """Room for one open file a partition (they are written side by side): the soft limit on open files is raised
+    toward the hard one where it is lower, and a hard limit below it is one line before anything is written (it
+    was an error at the partition past the limit, after writing the others)."""
+    try:
+        import resource
+    except ImportError:  # (not on Windows)
+        return
+    need = replicas + _SPARE_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or need <= soft:
+        return
+    if hard == resource.RLIM_INFINITY or need <= hard:
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+            return
+    raise UsageError(f"--replicas {replicas:,} writes {replicas:,} partition files side by side, and this process may "
+                     f"open {hard if hard != resource.RLIM_INFINITY else soft:,} files (ulimit -n): raise the limit "
+                     f"to {need:,} or route over fewer replicas")
 
 
 def is_partition_dir(path: str) -> bool:
