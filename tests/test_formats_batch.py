@@ -155,6 +155,29 @@ def test_fix_rewrites_a_batch_input_file_and_both_commands_price_it_at_batch_rat
     assert cli("fix", batch, "-t", "fixtures/tok", "--every", "soon").exit_code == 2
 
 
+@pytest.mark.parametrize("second, field", [
+    ({"body": {"model": "gpt-4.1", "messages": [{"role": "user", "content": "hi"}]}}, "custom_id"),  # a wrapper
+    ({"custom_id": "b", "method": "POST", "url": "/v1/chat/completions", "body": "hi"}, "body"),
+    ({"custom_id": 7, "method": "POST", "url": "/v1/chat/completions",
+      "body": {"model": "gpt-4.1", "messages": [{"role": "user", "content": "hi"}]}}, "custom_id"),
+])
+def test_fix_refuses_the_batch_lines_report_refuses(cli, tmp_path, second, field):
+    """``fix`` reads a Batch input file's lines as cachectl's own (the body is at ``body``); a line that is not a
+    batch request (a cachectl wrapper after a Batch line, a custom_id that is not a string) is refused by both, at
+    its field (``fix`` took it and wrote the log)."""
+    first = json.loads(open(IN, encoding="utf-8").readline())
+    log = tmp_path / "mixed.jsonl"
+    log.write_text(json.dumps(first) + "\n" + json.dumps(second) + "\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    for args in (("report", log), ("fix", log, "-o", out)):
+        r = cli(*args, "-t", "fixtures/tok")
+        assert r.exit_code == 2, (args, r.stdout)
+        assert r.stderr.strip().splitlines() == [f"cachectl: error: {log}:2: field '{field}': "
+                                                 + ("expected a string" if field == "custom_id" else
+                                                    "expected the request body (an object)")], (args, r.stderr)
+    assert not out.exists()
+
+
 def test_each_whole_log_command_names_what_reads_a_shape_it_cannot_use(cli):
     """A Batch output file holds responses, not requests: ``report``, ``fix`` and ``diff-tokens --log`` say that
     ``prompt-cost --usage`` audits it (``report`` said 'not a prompt' and ``fix`` that ``report`` reads it). A

@@ -158,7 +158,11 @@ def raw_log_values(path: str, log_format: str | None = None, *, command: str) ->
 
     name, _, lines = open_log(path, log_format)
     refuse_unread(name, command, display_name(path))
-    yield from iter_log_values(path, lines)
+    check = getattr(READERS.get(name), "check_line", None)  # (a shape read as cachectl's own: its lines checked)
+    for n, raw, value in iter_log_values(path, lines):
+        if check is not None:
+            check(value, display_name(path), n)
+        yield n, raw, value
 
 
 #: the logs ``fix`` rewrites, as its refusals and ``report``'s note name them

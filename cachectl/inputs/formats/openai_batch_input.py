@@ -46,19 +46,25 @@ def detect(head: Head) -> Verdict:
     return Verdict.no()
 
 
+def check_line(value: object, source: str, n: int) -> tuple[dict, str]:
+    """A batch request line's body and ``custom_id``, or one located line: ``report`` reads each line through it,
+    and ``fix`` (which reads the lines as cachectl's own) too, so that both refuse the same lines."""
+    if not isinstance(value, dict):
+        raise InputError("expected a batch request line {custom_id, method, url, body}", source=source, line=n)
+    body = value.get("body")
+    if not isinstance(body, dict):
+        raise InputError("expected the request body (an object)", source=source, line=n, field="body")
+    custom_id = value.get("custom_id")
+    if not isinstance(custom_id, str):
+        raise InputError("expected a string", source=source, line=n, field="custom_id")
+    return body, custom_id
+
+
 def read(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[Record]:
     from ..files import parse_jsonl_line
 
     for n, raw in lines:
-        value = parse_jsonl_line(raw, source, n)
-        if not isinstance(value, dict):
-            raise InputError("expected a batch request line {custom_id, method, url, body}", source=source, line=n)
-        body = value.get("body")
-        if not isinstance(body, dict):
-            raise InputError("expected the request body (an object)", source=source, line=n, field="body")
-        custom_id = value.get("custom_id")
-        if not isinstance(custom_id, str):
-            raise InputError("expected a string", source=source, line=n, field="custom_id")
+        body, custom_id = check_line(parse_jsonl_line(raw, source, n), source, n)
         model = body.get("model")
         yield Record(shape=SHAPE.name, source=source, line=n, body=body,
                      model=model if isinstance(model, str) else None, keys={"custom_id": custom_id},
