@@ -38,7 +38,7 @@ from typing import Any
 from jinja2 import nodes
 from jinja2.compiler import CodeGenerator
 from jinja2.environment import Template
-from jinja2.exceptions import SecurityError
+from jinja2.exceptions import SecurityError, TemplateSyntaxError
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,38 @@ class RenderBudgetExceeded(SecurityError):
 
 class SandboxLimit(SecurityError):
     """One operation of a template would build more than the sandbox allows."""
+
+
+#: the most expressions and statements (Jinja AST nodes) a template may have: compiling one takes some 8 KB a node
+#: (Python's ``compile`` of the code Jinja generates), outside any render's budget, so a template of '{{ a }}' a
+#: million times over would take gigabytes before its first render. The largest chat templates in
+#: fixtures/chat_templates have about 1,300 (Kimi-K3: 1,286); 20,000 compile in about 160 MB
+MAX_TEMPLATE_NODES = 20_000
+
+
+class TemplateTooLarge(TemplateSyntaxError):
+    """A template past :data:`MAX_TEMPLATE_NODES`: refused before it is compiled (a syntax error's path: each caller
+    names the template)."""
+
+
+def _bounded_parse(parse: Callable[..., Any]) -> Callable[..., Any]:
+    """``Environment._parse`` (behind ``parse`` and every compile) refusing a template past
+    :data:`MAX_TEMPLATE_NODES`: its tags counted before it is lexed (each is a node at least), its nodes after."""
+    def _parse(source: str, name: str | None, filename: str | None) -> nodes.Template:
+        tags = source.count("{{") + source.count("{%")
+        if tags > MAX_TEMPLATE_NODES:
+            raise TemplateTooLarge(f"a template of {tags:,} tags is refused by the sandbox (at most "
+                                   f"{MAX_TEMPLATE_NODES:,} expressions and statements; the largest chat templates "
+                                   "have about 1,300)", 1, name, filename)
+        tree = parse(source, name, filename)
+        count = sum(1 for _ in tree.find_all(nodes.Node))
+        if count > MAX_TEMPLATE_NODES:
+            raise TemplateTooLarge(f"a template of {count:,} expressions and statements is refused by the sandbox (at "
+                                   f"most {MAX_TEMPLATE_NODES:,}; the largest chat templates have about 1,300)", 1,
+                                   name, filename)
+        return tree
+
+    return _parse
 
 
 @contextlib.contextmanager
@@ -308,12 +340,14 @@ def check_items(items: int, what: str) -> None:
 
 
 _CONTAINERS = (list, tuple, dict, set, frozenset)
+#: bytes a template can make (``'x'.encode()``): bounded as strings are, a byte a character
+_BYTES = (bytes, bytearray)
 
 
 def text_size(value: Any, what: str) -> int:
     """About how many characters ``str(value)`` (or its JSON) holds; refused past the budget, counted without
     building it (a shared sub-list counts each time it is printed)."""
-    if type(value) is str:
+    if type(value) is str or isinstance(value, _BYTES):
         return len(value)
     if not isinstance(value, _CONTAINERS):
         return 32
@@ -325,7 +359,7 @@ def text_size(value: Any, what: str) -> int:
         items += 1
         if not items & 0xFFFF:
             checkpoint()
-        if isinstance(x, str):
+        if isinstance(x, (str, *_BYTES)):
             size += len(x) + 4
         elif isinstance(x, dict):
             stack.extend(x.keys())
@@ -460,10 +494,11 @@ def _brace_widths(fmt: str, args: tuple, kwargs: dict, what: str) -> None:
 
 
 def _bounded_str_method(obj: Any, args: tuple, kwargs: dict) -> None:
-    """The ``str`` methods that pad, repeat or split: their result sized before it is built."""
+    """The ``str`` (and ``bytes``) methods that pad, repeat or split: their result sized before it is built."""
     s = obj.__self__
     name = obj.__name__
-    what = f"str.{name}()"
+    what = f"{type(s).__name__}.{name}()"
+    text = type(s)  # (str, or bytes: the arguments a size is read from are of the same type)
     if name in ("center", "ljust", "rjust", "zfill"):
         width = args[0] if args else kwargs.get("width", 0)
         if isinstance(width, int):
@@ -472,14 +507,17 @@ def _bounded_str_method(obj: Any, args: tuple, kwargs: dict) -> None:
         size = args[0] if args else kwargs.get("tabsize", 8)
         if isinstance(size, int):
             check_chars(len(s) + s.count("\t") * max(size, 0), what, s)
-    elif name == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
+    elif name == "replace" and len(args) >= 2 and isinstance(args[0], text) and isinstance(args[1], text):
         _replace_size(s, args[0], args[1], args[2] if len(args) > 2 else -1, what)
     elif name == "join" and args:
         _join_size(args[0], s, what)
     elif name in ("split", "rsplit", "splitlines"):
-        sep = args[0] if args and isinstance(args[0], str) and name != "splitlines" else None
-        pieces = s.count(sep) + 1 if sep else s.count("\n") + 1 if name == "splitlines" else len(s) // 2 + 1
+        sep = args[0] if args and isinstance(args[0], text) and name != "splitlines" else None
+        pieces = (s.count(sep) + 1 if sep else s.count(text("\n", "ascii") if text is not str else "\n") + 1
+                  if name == "splitlines" else len(s) // 2 + 1)
         check_items(pieces, what)
+    elif name == "hex":  # (bytes: two characters a byte)
+        check_chars(2 * len(s), what)
     elif name in ("format", "format_map"):
         if name == "format_map":
             _brace_widths(s, (), args[0] if args and isinstance(args[0], dict) else {}, what)
@@ -495,7 +533,7 @@ def _replace_size(s: str, old: str, new: str, count: Any, what: str) -> None:
 
 
 def _join_size(items: Any, sep: Any, what: str) -> None:
-    if isinstance(items, str):
+    if isinstance(items, (str, *_BYTES)):
         n, chars = len(items), len(items)
     elif isinstance(items, (*_CONTAINERS, range)):
         n = len(items)
@@ -503,7 +541,7 @@ def _join_size(items: Any, sep: Any, what: str) -> None:
         chars = sum(text_size(x, what) for x in items)
     else:
         return  # a generator (map, select): its items are checked as they are made
-    check_chars(chars + max(n - 1, 0) * len(str(sep)), what, sep)
+    check_chars(chars + max(n - 1, 0) * (len(sep) if isinstance(sep, (str, *_BYTES)) else len(str(sep))), what, sep)
 
 
 # ---------------------------------------------------------------------------------------- the filters
@@ -689,6 +727,7 @@ def apply(env: Any, base: Any) -> Any:
     env.concat = _concat
     env.cachectl_str_concat = _str_concat
     env.code_generator_class = _BudgetCodeGenerator
+    env._parse = _bounded_parse(env._parse)  # type: ignore[method-assign]
     env.template_class = _template_class(type(base).template_class)
     base_call = type(env).call
     base_binop = base.call_binop
@@ -699,7 +738,7 @@ def apply(env: Any, base: Any) -> Any:
         if _tripped:
             checkpoint()
         wrapped = getattr(obj, "__wrapped__", obj)  # the sandbox's str.format wrapper
-        if isinstance(getattr(wrapped, "__self__", None), str) and hasattr(wrapped, "__name__"):
+        if isinstance(getattr(wrapped, "__self__", None), (str, *_BYTES)) and hasattr(wrapped, "__name__"):
             _bounded_str_method(wrapped, args, kwargs)
         level = getattr(depth, "n", 0)
         if level >= MAX_CALL_DEPTH:
@@ -717,8 +756,8 @@ def apply(env: Any, base: Any) -> Any:
             checkpoint()
         if operator == "*":
             for seq, n in ((left, right), (right, left)):
-                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and n > 0:
-                    if isinstance(seq, str):
+                if isinstance(seq, (str, *_BYTES, list, tuple)) and isinstance(n, int) and n > 0:
+                    if isinstance(seq, (str, *_BYTES)):
                         if _over(len(seq) * n, op_limit(), seq):
                             raise _refuse(f"a repetition of {len(seq):,} x {n:,} items")
                     elif len(seq) * n > MAX_ITEMS:
@@ -730,13 +769,13 @@ def apply(env: Any, base: Any) -> Any:
                 raise _refuse(f"a power with a {_power_bits(left, right):,}-bit result")
             return left ** right
         if operator == "+":
-            if isinstance(left, str) and isinstance(right, str):
+            if isinstance(left, (str, *_BYTES)) and isinstance(right, (str, *_BYTES)):
                 check_chars(len(left) + len(right), "a '+' concatenation", left, right)
             elif isinstance(left, (list, tuple)) and isinstance(right, (list, tuple)):
                 check_items(len(left) + len(right), "a '+' concatenation")
             return left + right
-        if operator == "%" and isinstance(left, str):
-            _format_widths(left, right, "a '%' format")
+        if operator == "%" and isinstance(left, (str, *_BYTES)):
+            _format_widths(left if isinstance(left, str) else left.decode("latin-1"), right, "a '%' format")
         return base_binop(context, operator, left, right)
 
     env.intercepted_binops = frozenset(["*", "**", "+", "%"])
