@@ -343,3 +343,45 @@ def test_a_file_named_twice_is_linted_and_fixed_once(cli, tmp_path):
     assert json.loads(r.stdout)["files"] == 1 and len(json.loads(r.stdout)["findings"]) == 1
     r = cli("lint", "--fix", tpl, tpl, tmp_path)
     assert "in 1 file(s)" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+BIG = "9" * 5000  # past Python's 4,300 digits: json, YAML and TOML raised ValueError, an internal error
+
+
+@pytest.mark.parametrize("name, text, says", [
+    ("big.json", '{"model": "x", "max_tokens": %s,\n "messages": [{"role": "user", "content": "hi"}]}' % BIG,
+     "big.json:1: invalid JSON: an integer of 5,000 digits"),
+    ("big.yaml", "model: x\nmax_tokens: %s\nmessages: [{role: user, content: hi}]\n" % BIG,
+     "big.yaml:2: invalid YAML: an integer of 5,000 digits"),
+])
+def test_an_integer_of_more_digits_than_python_reads_is_one_located_line(cli, tmp_path, name, text, says):
+    (tmp_path / name).write_text(text)
+    good = tmp_path / "good.json"
+    good.write_text('{"model": "claude-sonnet-4-5", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}')
+    r = cli("lint", good, tmp_path / name)
+    assert r.exit_code == 2 and "internal error" not in r.stderr
+    assert r.stderr.strip().splitlines() == [f"cachectl: error: {tmp_path}/{says} (at most 4,300: no token count, "
+                                             "price or setting has as many)"]
+    assert "1 file(s) checked" in r.stdout  # and the good file is still checked
+    (tmp_path / "pyproject.toml").write_text("[tool.cachectl.lint]\ntail-tokens = %s\n" % BIG)
+    r = cli("lint", good, "--config", tmp_path / "pyproject.toml")
+    assert r.exit_code == 2 and r.stderr.startswith(f"cachectl: error: {tmp_path / 'pyproject.toml'}:2: invalid TOML: "
+                                                    "an integer of 5,000 digits"), r.stderr
+
+
+def test_a_cassette_or_tool_arguments_with_such_an_integer(cli, tmp_path):
+    cassette = (FIXTURES / "logs" / "vcr_anthropic_cache.yaml").read_text(encoding="utf-8")
+    (tmp_path / "c.yaml").write_text(cassette.replace("max_tokens: 4096", f"max_tokens: {BIG}", 1))
+    r = cli("prompt-cost", tmp_path / "c.yaml")
+    line = cassette[:cassette.index("max_tokens: 4096")].count("\n") + 1
+    assert r.exit_code == 2 and r.stderr.startswith(f"cachectl: error: {tmp_path / 'c.yaml'}:{line}: invalid YAML "
+                                                    "cassette: an integer of 5,000 digits"), r.stderr
+    # tool-call arguments are a JSON string the chat template gets parsed: past the digits, it gets the string
+    body = {"model": "gpt-4.1", "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": %s}' % BIG}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}
+    (tmp_path / "args.json").write_text(json.dumps(body))
+    r = cli("prompt-cost", tmp_path / "args.json", "-t", TOK_DIR)
+    assert r.exit_code == 0, r.stderr

@@ -439,8 +439,27 @@ def parse_json_document(text: str, source: str) -> Any:
             raise InputError(JSONL_NOT_JSON, source=source, line=exc.lineno) from None
         raise InputError(f"invalid JSON: {exc.msg} (column {exc.colno})", source=source,
                          line=exc.lineno) from None
+    except ValueError as exc:  # an integer past Python's limit on digits: 'Exceeds the limit (4300 digits) ...'
+        raise too_many_digits(text, source, exc, "invalid JSON") from None
     except RecursionError:
         raise InputError("JSON nested too deeply", source=source) from None
+
+
+#: a number written with more digits than Python converts (``sys.get_int_max_str_digits``, 4,300 by default)
+_LONG_NUMBER = re.compile(r"\d{4301,}")
+
+
+def too_many_digits(text: str, source: str, exc: ValueError, what: str) -> Exception:
+    """The error for a document the parser (json, YAML, TOML) stopped at with ``exc``: an integer of more digits
+    than Python converts is one located line (it was an internal error that ended the run); any other ``exc`` is
+    returned as it is."""
+    if "digits" not in str(exc):
+        return exc
+    found = _LONG_NUMBER.search(text)
+    line = text.count("\n", 0, found.start()) + 1 if found is not None else None
+    digits = f"{len(found.group()):,} digits" if found is not None else "too many digits"
+    return InputError(f"{what}: an integer of {digits} (at most {sys.get_int_max_str_digits():,}: no token count, "
+                      "price or setting has as many)", source=source, line=line)
 
 
 #: a ``\\uD800``-``\\uDFFF`` escape that is not half of a pair (JSON's parser reads it; no UTF-8 text holds it)

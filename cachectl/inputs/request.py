@@ -666,7 +666,7 @@ def _tool_call_for_template(call: Any, ctx: _Ctx, path: str) -> dict:
         # Chat templates expect arguments as an object (they render it with tojson).
         try:
             args = json.loads(fn["arguments"]) if fn["arguments"].strip() else {}
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON (or an integer past Python's digits, nested too deeply)
             args = fn["arguments"]
         return {**call, "function": {**fn, "arguments": args}}
     return call

@@ -252,6 +252,10 @@ def load_config(pyproject: str | None, *, select: Sequence[str] = (), ignore: Se
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise InputError(f"invalid TOML: {exc}", source=source) from None
+        except ValueError as exc:  # an integer of more digits than Python converts
+            from ...inputs.files import too_many_digits
+
+            raise too_many_digits(text, source, exc, "invalid TOML") from None
         except RecursionError:
             raise InputError("invalid TOML: nested too deeply", source=source) from None
         table = data

@@ -112,7 +112,7 @@ def _lint_file(f: Path, config: LintConfig, tokenizer: Any, min_tokens: int | No
                count: Callable[[str], int], named: bool = False) -> list[Finding] | None:
     """Findings of one file; None when the file is no prompt (other JSON/YAML in a directory)."""
     from ...inputs import decode_text, parse_json_document, read_bytes
-    from ...inputs.files import yaml_expanded_past
+    from ...inputs.files import too_many_digits, yaml_expanded_past
 
     data, source = read_bytes(str(f))
     text = decode_text(data, source)
@@ -138,6 +138,8 @@ def _lint_file(f: Path, config: LintConfig, tokenizer: Any, min_tokens: int | No
                              line=text.count("\n", 0, at) + 1 if mark else None) from None
         except RecursionError:
             raise InputError("YAML nested too deeply", source=source) from None
+        except ValueError as exc:  # an integer of more digits than Python converts
+            raise too_many_digits(text, source, exc, "invalid YAML") from None
         finally:
             if loader is not None:
                 loader.dispose()

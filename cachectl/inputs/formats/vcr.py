@@ -137,6 +137,13 @@ def _load(text: str, first: int, source: str) -> Any:
         line = first + _lines_before(text, getattr(exc, "problem_mark", None))
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise InputError(f"invalid YAML cassette: {problem}", source=source, line=line) from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        from ..files import too_many_digits
+
+        err = too_many_digits(text, source, exc, "invalid YAML cassette")
+        if isinstance(err, InputError) and err.line is not None:
+            err = InputError(err.message, source=source, line=first + err.line - 1)
+        raise err from None
     if yaml_expanded_past(data, text):  # (only the loader's path has aliases: the plain one refuses them)
         raise InputError("a cassette whose YAML aliases (*name) expand it past twice its size: not read", source=source,
                          line=first)
