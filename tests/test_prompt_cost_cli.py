@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -204,6 +206,63 @@ def test_count_with_api_uses_the_sdk_over_http(cli, write, count_server):
     assert d["estimate"] is True and "count_tokens" in d["token_source"]
     # memoized by prefix: the second, identical request asks nothing new
     assert len(seen) == 3  # the filler baseline, the cut at the system block, the full request
+
+
+class _OddHandler(BaseHTTPRequestHandler):
+    """A count_tokens service answering ``answer`` (the body's bytes), or a byte every 0.2 s without end."""
+
+    answer: bytes | None = None
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers["content-length"]))
+        trickle = self.answer is None
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(10**6 if trickle else len(self.answer)))
+        self.end_headers()
+        if not trickle:
+            self.wfile.write(self.answer)
+            return
+        with contextlib.suppress(OSError):
+            for _ in range(100):
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(0.2)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("answer, says", [
+    (b'{"input_tokens": -5000}', "answered input_tokens -5000, not a token count"),
+    (b'{"input_tokens": 1e308}', "answered input_tokens 1e+308, not a token count"),
+    (b'{"input_tokens": 99999999999999999999}', "answered input_tokens 99999999999999999999, not a token count"),
+    (b'{"input_tokens": "12"}', "answered input_tokens '12', not a token count"),
+    (b'{"input_tokens": true}', "answered input_tokens True, not a token count"),
+    (b"{}", "answered input_tokens None, not a token count"),
+    (b"not json", "answered what is not a token count (JSONDecodeError"),
+    (None, "did not finish its answer within 6.5 s"),
+])
+def test_count_with_api_takes_only_a_token_count_and_waits_a_bounded_time(cli, write, answer, says):
+    """The SDK's answer model takes any JSON value as input_tokens: a negative or huge count was priced (exit 0, $-0.015
+    or $inf), a string or a missing one was an internal error; and its timeout bounds each read, so a server that
+    sends its answer a byte at a time was waited on without end."""
+    _OddHandler.answer = answer
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _OddHandler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        path = jsonl(write, "b.jsonl", [{"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "x"}]}])
+        t0 = time.monotonic()
+        r = cli("prompt-cost", path, "--count-with-api", env={
+            "ANTHROPIC_API_KEY": "k", "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{server.server_address[1]}",
+            "CACHECTL_API_TIMEOUT": "0.5"})
+        assert r.exit_code == 2 and r.stdout == "", r.stdout
+        assert r.stderr.count("\n") == 1 and "internal error" not in r.stderr and says in r.stderr, r.stderr
+        assert time.monotonic() - t0 < 30
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_count_with_api_needs_a_key(cli, write):

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from ..errors import InputError, UsageError
+from ..errors import CachectlError, InputError, UsageError
 from .common import (
     EXIT_OK,
     Format,
@@ -202,7 +202,40 @@ def _anthropic_client():
     from .common import api_timeout
 
     # errors (401, 429, 529, timeouts, no connection) become one line in common.provider_api_error
-    return anthropic.Anthropic(max_retries=2, timeout=api_timeout())
+    client = anthropic.Anthropic(max_retries=2, timeout=api_timeout())
+    return _Deadlined(client, 3 * api_timeout() + 5)
+
+
+class _Deadlined:
+    """``client.messages.count_tokens`` whole within ``seconds`` a call: the SDK's timeout bounds each read, so a
+    server (a proxy) that sends its answer a byte at a time was waited on without end. The call runs in a daemon
+    thread; past the deadline it is left there (the command ends with one line). ``seconds``: three timeouts (the
+    SDK tries three times) and its backoff."""
+
+    def __init__(self, client: Any, seconds: float) -> None:
+        self.messages, self._client, self._seconds = self, client, seconds
+
+    def count_tokens(self, **kwargs: Any) -> Any:
+        import threading
+
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["value"] = self._client.messages.count_tokens(**kwargs)
+            except BaseException as exc:  # raised in the caller's thread
+                box["error"] = exc
+
+        worker = threading.Thread(target=run, name="count_tokens", daemon=True)
+        worker.start()
+        worker.join(self._seconds)
+        if worker.is_alive():
+            raise CachectlError(f"--count-with-api: the Anthropic API did not finish its answer within "
+                                f"{self._seconds:g} s (CACHECTL_API_TIMEOUT bounds each read, three tries): retry "
+                                "later, or count tokens offline with --tokenizer, or give token layouts")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
 
 
 # ------------------------------------------------------------------------------------------- renderers

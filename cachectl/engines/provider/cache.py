@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ...errors import InputError, UsageError
+from ...errors import CachectlError, InputError, UsageError
 from ...inputs.request import Position, Request, layout_request, unknown_block_note
 from ...inputs.usage import LoggedUsage, find_usage, parse_usage, record_model
 from .prices import (
@@ -517,6 +517,10 @@ def tokenizer_counter(tokenizer: Any) -> TextTokens:
     return TextTokens(tokenizer)
 
 
+#: the most tokens a count_tokens answer may give (the largest context windows hold some 10**7)
+MAX_API_COUNT = 10**9
+
+
 def api_counter(client: Any) -> Callable[[Request, int, str], int]:
     """Cumulative token counts from ``client.messages.count_tokens`` on the request cut after a position.
 
@@ -528,7 +532,16 @@ def api_counter(client: Any) -> Callable[[Request, int, str], int]:
     filler = [{"role": "user", "content": "."}]
 
     def call(model: str, **kwargs) -> int:
-        return int(client.messages.count_tokens(model=model, **kwargs).input_tokens)
+        try:
+            answer = client.messages.count_tokens(model=model, **kwargs)
+        except ValueError as exc:  # (the SDK reading an answer that is not JSON; its own errors pass through)
+            raise CachectlError(f"the count_tokens API answered what is not a token count ({type(exc).__name__}: "
+                                f"{' '.join(str(exc).split())[:120]})") from None
+        got = getattr(answer, "input_tokens", None)
+        if type(got) is not int or not 0 <= got <= MAX_API_COUNT:  # (the SDK's model takes any JSON value there)
+            raise CachectlError(f"the count_tokens API answered input_tokens {got!r:.60}, not a token count (an "
+                                f"integer from 0 to {MAX_API_COUNT:,}): is ANTHROPIC_BASE_URL the Anthropic API?")
+        return got
 
     def count(req: Request, k: int, key: str) -> int:
         model = str(req.model)
