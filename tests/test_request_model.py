@@ -261,6 +261,26 @@ def test_invalidation_hierarchy(table, counter, change, level):
         assert r.requests[1].miss.code == "scope_changed"
 
 
+def test_a_breakpoint_on_a_web_search_tool_caches_the_tools_before_it(table, counter):
+    """The web search tool is not in the tools' cached prefix (toggling it invalidates system and messages only), but
+    its ``cache_control`` is a breakpoint all the same: on the tool definitions before it, one of the 4 markers. It
+    was dropped (no marker, nothing cached)."""
+    tools = [{"name": "lookup", "description": long_text(0, 5000), "input_schema": {"type": "object"}},
+             {"type": "web_search_20250305", "name": "web_search", "cache_control": cc()}]
+    body = {"model": SONNET, "max_tokens": 8, "tools": tools, "messages": [{"role": "user", "content": "hi"}]}
+    req = parse_request(body)
+    assert [(p.path, p.ttl, p.markers, p.cache_path) for p in req.positions if p.segment == "tools"] == [
+        ("tools[0]", "5m", 1, "tools[1].cache_control")]
+    assert req.marker_count == 1
+    r = run(table, counter, [body, body])
+    assert r.requests[1].cache_read_input_tokens == cum_tokens(counter, body)["tools"] > 1000
+    # on a tool that has its own marker: two of the 4 slots, one breakpoint
+    tools[0]["cache_control"] = cc()
+    assert parse_request(body).marker_count == 2
+    # alone, it has no prefix to cache (left out with the tool, as before)
+    assert parse_request({**body, "tools": tools[1:]}).marker_count == 0
+
+
 def test_adding_an_image_invalidates_messages(table, counter):
     first = anthropic_body()
     second = anthropic_body()

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -438,6 +438,17 @@ def _anthropic_block_text(b: dict) -> str:
     return compact(_strip_cc(b))
 
 
+def _mark_last_tool(positions: list[Position], ttl: str, cache_path: str) -> None:
+    """A web search tool's ``cache_control`` (its definition is not part of the tools' cached prefix: toggling web
+    search invalidates system and messages only): a breakpoint on the tools before it, one more of the 4 markers.
+    With no tool before it, there is no prefix for it to cache (it is left out, as the tool is)."""
+    at = next((k for k in range(len(positions) - 1, -1, -1) if positions[k].segment == "tools"), None)
+    if at is None:
+        return
+    p = positions[at]
+    positions[at] = replace(p, ttl=p.ttl or ttl, cache_path=p.cache_path or cache_path, markers=p.markers + 1)
+
+
 def _anthropic(body: dict, ctx: _Ctx) -> dict:
     positions: list[Position] = []
     chat_msgs: list[dict] = []
@@ -465,6 +476,8 @@ def _anthropic(body: dict, ctx: _Ctx) -> dict:
                 chat_tools.append(bare)
             if ttype.startswith("web_search"):
                 web_search = True  # toggling web search invalidates system and messages, not tools
+                if ttl is not None:  # its breakpoint: at the end of the tool definitions before it, where it sits
+                    _mark_last_tool(positions, ttl, f"{path}.cache_control")
                 continue
             if tool.get("defer_loading") is True:
                 continue  # deferred through tool search: not in the prefix
