@@ -304,6 +304,26 @@ def test_report_on_a_transcript_folder(cli):
     assert doc["by_cause"][-1]["cause"] == "unexplained" and doc["sessions"][0]["breaks"][1]["after"] == "task-notification"
 
 
+def test_report_on_a_transcript_takes_prices_and_refuses_html(cli, tmp_path):
+    """--prices was not read for a transcript (the shipped prices were used, said nowhere), and --html was ignored:
+    no page, no error (a CI job publishing the page got nothing)."""
+    log = LOGS / "claude_code_compact.jsonl"
+    base = json.loads(cli("report", log, "-f", "json").stdout)
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"models": {"claude-opus-4-6": {
+        "provider": "anthropic", "input": 10, "output": 50, "cache_write_5m": 12.5, "cache_write_1h": 20,
+        "cache_read": 1, "min_cacheable_tokens": 4096, "cache_mode": "explicit", "ttls": {"5m": 300, "1h": 3600},
+        "max_breakpoints": 4, "lookback_blocks": 20, "usage_style": "anthropic"}}}))
+    doubled = json.loads(cli("report", log, "-f", "json", "--prices", prices).stdout)
+    assert base["cost_usd"] > 0 and doubled["cost_usd"] == pytest.approx(2 * base["cost_usd"])
+    page = tmp_path / "r.html"
+    r = cli("report", log, "--html", page)
+    assert r.exit_code == 2 and r.stderr.strip().splitlines() == [
+        "cachectl: error: --html draws a request log's report; a Claude Code transcript's cache timeline is text or "
+        "JSON (-f json)"]
+    assert not page.exists()
+
+
 def test_report_on_a_bad_transcript_is_one_line_exit_2(cli, tmp_path):
     user, a, _, _ = _template()
     a = copy.deepcopy(a)

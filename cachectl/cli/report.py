@@ -105,7 +105,10 @@ def command(
     forced = log_format_name(log_format)
     if forced == "claude-code" or (forced in (None, "auto") and is_transcript_log(log)):
         # Claude Code transcripts (a file or a folder of them): their cache timeline
-        report_transcript(log, fmt=fmt, model_as=model, top=top)
+        if html is not None:  # (it was ignored: no page, no error)
+            raise UsageError("--html draws a request log's report; a Claude Code transcript's cache timeline is text "
+                             "or JSON (-f json)")
+        report_transcript(log, fmt=fmt, model_as=model, top=top, prices=prices)
     if not tokenizer:
         raise UsageError("report needs --tokenizer (requests become tokens through its chat template)")
     if html is not None:  # before anything is read

@@ -27,15 +27,17 @@ def _rate(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
 
-def report_transcript(path: str, *, fmt: Format, model_as: str | None = None, top: int = 5) -> None:
+def report_transcript(path: str, *, fmt: Format, model_as: str | None = None, top: int = 5,
+                      prices: str | None = None) -> None:
     """Render the audit; exit 1 when breaks other than cold starts cost money, 0 otherwise (2 on bad input, through
-    the command's error handler)."""
+    the command's error handler). ``prices``: a price table file (``--prices``), else the shipped one."""
     from ..engines.provider.prices import PriceTable
     from ..engines.provider.transcript import audit_transcripts
+    from ..inputs import read_json_file
     from ..inputs.files import display_name
     from ..inputs.formats.claude_code import read_path, transcript_files
 
-    table = PriceTable.load()
+    table = PriceTable.load(read_json_file(prices) if prices else None)
     files = transcript_files(path)
     audit = audit_transcripts((r for f in files for r in read_path(f)), table=table, model_as=model_as,
                               source=display_name(path))
