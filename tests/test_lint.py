@@ -385,3 +385,19 @@ def test_a_cassette_or_tool_arguments_with_such_an_integer(cli, tmp_path):
     (tmp_path / "args.json").write_text(json.dumps(body))
     r = cli("prompt-cost", tmp_path / "args.json", "-t", TOK_DIR)
     assert r.exit_code == 0, r.stderr
+
+
+def test_sarif_uris_are_percent_encoded_uri_references(cli, tmp_path):
+    """The raw path was written as the URI: no URI for a name with a space, and another file's for one with '%',
+    '#', '?' or a ':' before its first '/' (a scheme). GitHub code scanning and other SARIF readers resolve it."""
+    from urllib.parse import unquote, urlsplit
+
+    names = ["a b.j2", "c:d.j2", "a%20b.j2", "q#x.j2", "r?s.j2"]
+    for n in names:
+        (tmp_path / n).write_text("{% for tool in tools %}{{ tool | tojson }}{% endfor %}\n")
+    r = cli("lint", tmp_path, "-f", "sarif")
+    assert r.exit_code == 1, r.stderr
+    uris = [res["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]
+            for res in json.loads(r.stdout)["runs"][0]["results"]]
+    assert sorted(unquote(urlsplit(u).path) for u in uris) == sorted(f"{tmp_path}/{n}" for n in names)
+    assert all(not urlsplit(u).scheme and not urlsplit(u).query and not urlsplit(u).fragment for u in uris)

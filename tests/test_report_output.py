@@ -77,3 +77,25 @@ def test_fix_without_unsafe_fixes_shows_what_they_would_add(cli):
     assert "with --unsafe-fixes" not in full.stdout  # nothing left to preview
     doc = json.loads(cli("fix", log, "-t", TOK_DIR, "--capacity-blocks", "512", "-f", "json").stdout)
     assert doc["with_unsafe_fixes"]["applied"] == 19 and f"{doc['with_unsafe_fixes']['vllm_hit_rate']:.1%}" == after
+
+
+def test_a_log_whose_name_is_not_utf8_is_named_with_its_bytes_escaped(cli, tmp_path):
+    """A file name with a byte that is not UTF-8 (Linux allows any): ``-f json`` and ``--html`` were internal errors
+    (orjson and the page's encoding refuse the lone surrogate Python reads it as); lint's JSON was not UTF-8."""
+    import os
+
+    log = tmp_path / os.fsdecode(b"bad\xffname.jsonl")
+    log.write_bytes((FIXTURES / "prompts" / "demo_log.jsonl").read_bytes())
+    r = cli("report", log, "-t", TOK_DIR, "-j", "1", "-f", "json")
+    assert r.exit_code in (0, 1), r.stderr
+    assert json.loads(r.stdout)["source"] == f"{tmp_path}/bad\\xffname.jsonl"
+    page = tmp_path / "r.html"
+    r = cli("report", log, "-t", TOK_DIR, "-j", "1", "--html", page)
+    assert r.exit_code in (0, 1), r.stderr
+    assert "bad\\xffname.jsonl" in page.read_text(encoding="utf-8")
+    template = tmp_path / os.fsdecode(b"a\xff.j2")
+    template.write_text("Tools:\n{% for tool in tools %}{{ tool | tojson }}{% endfor %}\n")
+    r = cli("lint", template, "-f", "json")
+    assert r.exit_code == 1 and json.loads(r.stdout)["findings"][0]["path"] == f"{tmp_path}/a\\xff.j2"
+    r = cli("lint", template, "-f", "sarif")
+    assert r.exit_code == 1 and json.loads(r.stdout)["version"] == "2.1.0"

@@ -40,7 +40,20 @@ _SPOOLED: dict[str, str] = {}
 
 
 def display_name(path: str) -> str:
-    return "<stdin>" if path == "-" else _SPOOLED.get(path, path)
+    """How a file is named in outputs and errors: ``<stdin>`` for ``-``, a spooled copy by its origin's name, and a
+    name that is not UTF-8 (its bytes read as Python does, lone surrogates) with those bytes as ``\\xff``: JSON,
+    HTML and the terminal take it (it was an internal error in ``-f json`` and ``--html``)."""
+    name = "<stdin>" if path == "-" else _SPOOLED.get(path, path)
+    return name if name.isascii() else utf8_name(name)
+
+
+def utf8_name(name: str) -> str:
+    """``name`` with each byte that is not UTF-8 (a lone surrogate, as ``os.fsdecode`` reads it) shown as ``\\xff``."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _open_raw(path: str) -> tuple[IO[bytes], str]:

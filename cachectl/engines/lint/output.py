@@ -5,6 +5,8 @@ Built here, in the library, so that other tools can emit them; the CLI only prin
 
 from __future__ import annotations
 
+import os
+
 from .rules import RULES, FileError, Finding, LintReport
 
 
@@ -32,7 +34,18 @@ def _sarif_location(path: str, line: int | None, column: int | None) -> dict:
     region: dict = {"startLine": max(1, line or 1)}
     if column:
         region["startColumn"] = max(1, column)
-    return {"physicalLocation": {"artifactLocation": {"uri": path.replace("\\", "/")}, "region": region}}
+    return {"physicalLocation": {"artifactLocation": {"uri": file_uri(path)}, "region": region}}
+
+
+def file_uri(path: str) -> str:
+    """A file's path as SARIF's ``artifactLocation.uri`` takes it: a URI reference (RFC 3986), percent-encoded. The
+    raw path was no URI for a name with a space or a newline, and named another file for one with ``%``, ``#``,
+    ``?`` or a ``:`` before its first ``/`` (read as a scheme). Windows' separators become ``/``."""
+    from urllib.parse import quote
+
+    if os.sep == "\\":
+        path = path.replace("\\", "/")
+    return quote(path, safe="/")
 
 
 def _escape(text: str, prop: bool = False) -> str:
