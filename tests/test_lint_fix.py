@@ -211,3 +211,70 @@ def test_compressed_templates_are_linted_and_never_rewritten(cli, tmp_path):
         assert diff.exit_code == 2 and message in diff.stderr and diff.stdout == ""
         assert path.read_bytes() == before
     assert cli("lint", plain, "--fix").exit_code == 0 and b"sort_keys=true" in plain.read_bytes()
+
+
+def _apply_patch(diff: str, files: dict[str, str]) -> dict[str, str]:
+    """Apply a unified diff as ``patch -p0`` reads it (lines ended by ``\\n``; a ``\\ No newline at end of file``
+    line takes the line end off the line before it) over ``files`` (name -> text)."""
+    import re
+
+    def split(text: str) -> list[str]:
+        return re.findall(r"[^\n]*\n|[^\n]+\Z", text)
+
+    out, lines, i = dict(files), split(diff), 0
+    while i < len(lines):
+        assert lines[i].startswith("--- ") and lines[i + 1].startswith("+++ "), lines[i:i + 2]
+        name, old, new, at, i = lines[i][4:].rstrip("\n"), split(out[lines[i][4:].rstrip("\n")]), [], 0, i + 2
+        while i < len(lines) and lines[i].startswith("@@"):
+            m = re.match(r"@@ -(\d+)(?:,(\d+))? \+\d+(?:,(\d+))? @@", lines[i])
+            first = int(m.group(1)) - (0 if m.group(2) == "0" else 1)
+            olds, news = int(m.group(2) or 1), int(m.group(3) or 1)  # (the hunk's lengths: where it ends)
+            new, at, i = new + old[at:first], first, i + 1
+            while olds or news:
+                kind, text = lines[i][0], lines[i][1:]
+                cut = i + 1 < len(lines) and lines[i + 1].startswith("\\ ")
+                if cut:
+                    text = text[:-1]
+                if kind in " -":
+                    assert old[at] == text, (old[at], text)
+                    at, olds = at + 1, olds - 1
+                if kind in " +":
+                    new.append(text)
+                    news -= 1
+                i += 2 if cut else 1
+        out[name] = "".join(new + old[at:])
+    return out
+
+
+def test_a_diff_of_files_without_a_final_newline_or_with_cr_lines_applies(cli, tmp_path, monkeypatch):
+    """A last line without a line end was written with none in the diff (no '\\ No newline at end of file'): the
+    next line of the diff ran on after it, and patch -p0 and git apply refused the patch. A template whose lines end
+    with CR alone was an internal error (IndexError) in --fix and --diff, which ended the run before the other
+    files."""
+    monkeypatch.chdir(tmp_path)
+    files = {"a.j2": "Tools: {{ tools | tojson }}",
+             "b.j2": "Tools:\n{% for tool in tools %}\n{{ tool | tojson }}\n{% endfor %}",
+             "cr.j2": "Tools:\r{% for tool in tools %}\r{{ tool | tojson }}\r{% endfor %}\r"}
+    for name, text in files.items():
+        (tmp_path / name).write_bytes(text.encode())
+    r = cli("lint", "--diff", *files)
+    assert r.exit_code == 1, r.stderr
+    diff = r.stdout_bytes.decode()  # (click's stdout turns "\r\n" into "\n")
+    # a.j2's and cr.j2's last line, before and after; b.j2's, a line of context
+    assert diff.count("\\ No newline at end of file\n") == 5
+    patched = _apply_patch(diff, files)
+    r = cli("lint", "--fix", *files)
+    assert r.exit_code == 0 and "fixed 3 finding(s) in 3 file(s)" in r.stdout, r.stdout + r.stderr
+    for name in files:
+        assert (tmp_path / name).read_bytes().decode() == patched[name]
+        assert patched[name] != files[name] and "sort_keys=true" in patched[name]
+    assert patched["cr.j2"].count("\r") == 4 and "\n" not in patched["cr.j2"]
+    if shutil.which("patch"):  # and the real patch agrees
+        import subprocess
+
+        for name, text in files.items():
+            (tmp_path / name).write_bytes(text.encode())
+        diff = cli("lint", "--diff", *files).stdout_bytes.decode()
+        done = subprocess.run(["patch", "-p0"], input=diff, text=True, capture_output=True, cwd=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert all((tmp_path / n).read_bytes().decode() == patched[n] for n in files)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from ...errors import CachectlError, InputError
 from ...inputs.files import BOM
-from .rules import Finding, LintConfig, filter_findings, template_lines
+from .rules import _LINE_BREAK, Finding, LintConfig, filter_findings, template_lines
 from .run import TEMPLATE_SUFFIXES, _candidates, kind_name
 from .templates import _tool_schema_findings, parse_template, sandbox
 
@@ -59,10 +59,14 @@ class FileFix:
         return self.fixed != self.original
 
     def diff(self) -> str:
-        """A unified diff of the file, its path on both sides (as ruff --diff prints it; ``patch -p0`` applies it)."""
-        return "".join(difflib.unified_diff(self.original.splitlines(keepends=True),
-                                            self.fixed.splitlines(keepends=True),
-                                            fromfile=self.path, tofile=self.path))
+        """A unified diff of the file, its path on both sides (as ruff --diff prints it; ``patch -p0`` applies it):
+        lines as diff and patch read them (ended by ``\\n`` alone), and a last line with no line end marked
+        ``\\ No newline at end of file`` (without it the next line of the diff was glued to it: a corrupt patch)."""
+        out = []
+        for line in difflib.unified_diff(_patch_lines(self.original), _patch_lines(self.fixed),
+                                         fromfile=self.path, tofile=self.path):
+            out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+        return "".join(out)
 
     def to_dict(self) -> dict:
         return {"path": self.path, "fixes": [{"rule": e.rule, "line": e.line, "column": e.column}
@@ -168,7 +172,7 @@ def fix_template(path: str, source: str, config: LintConfig) -> tuple[str, list[
             lo, hi = starts[line - 1], starts[line] if line < len(starts) else len(text)
             for m in _TOJSON.finditer(text, lo, hi):
                 candidate = _with_sort_keys(text, m)
-                if candidate is None or candidate.count("\n") != text.count("\n"):
+                if candidate is None or len(_line_starts(candidate)) != len(starts):
                     continue
                 try:
                     after = _cc006_lines(env, candidate, path, config)
@@ -191,10 +195,14 @@ def fix_template(path: str, source: str, config: LintConfig) -> tuple[str, list[
 
 
 def _line_starts(text: str) -> list[int]:
-    starts = [0]
-    for m in re.finditer("\n", text):
-        starts.append(m.end())
-    return starts
+    """Where each line starts, lines as Jinja numbers them (:func:`template_lines`: ``\\r\\n``, ``\\r`` or ``\\n``;
+    counting ``\\n`` alone was an IndexError on a template whose lines end with ``\\r``)."""
+    return [0, *(m.end() for m in _LINE_BREAK.finditer(text))]
+
+
+def _patch_lines(text: str) -> list[str]:
+    """``text``'s lines as ``diff`` and ``patch`` read them: each ended by ``\\n`` (kept), the last one maybe not."""
+    return re.findall(r"[^\n]*\n|[^\n]+\Z", text)
 
 
 def _fix_tokenizer_config(path: str, text: str, config: LintConfig) -> tuple[str, list[Edit]]:
