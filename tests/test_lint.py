@@ -349,9 +349,9 @@ BIG = "9" * 5000  # past Python's 4,300 digits: json, YAML and TOML raised Value
 
 
 @pytest.mark.parametrize("name, text, says", [
-    ("big.json", '{"model": "x", "max_tokens": %s,\n "messages": [{"role": "user", "content": "hi"}]}' % BIG,
+    ("big.json", '{"model": "x", "max_tokens": ' + BIG + ',\n "messages": [{"role": "user", "content": "hi"}]}',
      "big.json:1: invalid JSON: an integer of 5,000 digits"),
-    ("big.yaml", "model: x\nmax_tokens: %s\nmessages: [{role: user, content: hi}]\n" % BIG,
+    ("big.yaml", f"model: x\nmax_tokens: {BIG}\nmessages: [{{role: user, content: hi}}]\n",
      "big.yaml:2: invalid YAML: an integer of 5,000 digits"),
 ])
 def test_an_integer_of_more_digits_than_python_reads_is_one_located_line(cli, tmp_path, name, text, says):
@@ -363,7 +363,7 @@ def test_an_integer_of_more_digits_than_python_reads_is_one_located_line(cli, tm
     assert r.stderr.strip().splitlines() == [f"cachectl: error: {tmp_path}/{says} (at most 4,300: no token count, "
                                              "price or setting has as many)"]
     assert "1 file(s) checked" in r.stdout  # and the good file is still checked
-    (tmp_path / "pyproject.toml").write_text("[tool.cachectl.lint]\ntail-tokens = %s\n" % BIG)
+    (tmp_path / "pyproject.toml").write_text(f"[tool.cachectl.lint]\ntail-tokens = {BIG}\n")
     r = cli("lint", good, "--config", tmp_path / "pyproject.toml")
     assert r.exit_code == 2 and r.stderr.startswith(f"cachectl: error: {tmp_path / 'pyproject.toml'}:2: invalid TOML: "
                                                     "an integer of 5,000 digits"), r.stderr
@@ -380,7 +380,7 @@ def test_a_cassette_or_tool_arguments_with_such_an_integer(cli, tmp_path):
     body = {"model": "gpt-4.1", "messages": [
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": %s}' % BIG}}]},
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": ' + BIG + '}'}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}
     (tmp_path / "args.json").write_text(json.dumps(body))
     r = cli("prompt-cost", tmp_path / "args.json", "-t", TOK_DIR)
