@@ -379,3 +379,59 @@ def test_listed_mla_live_cache_agrees(mt):
     assert run.agree and run.predicted_bytes == run.measured_bytes
     if indexer_bytes:
         assert all(layer.indexer_keys_shape == (1, seq, c["index_head_dim"]) for layer in run.layers)
+
+
+#: layer kinds transformers lists and caches its own way (cache_utils.get_layer_types_and_kwargs): Llama 4's chunked
+#: layers are sliding-window layers of attention_chunk_size; Nemotron-H's "mlp" and "moe" layers hold nothing. Both
+#: were counted as full attention (three and four times the cache the run measured)
+LISTED_KINDS = {
+    "llama4_text": ({"vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "intermediate_size_mlp": 96,
+                     "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                     "attention_chunk_size": 8, "num_local_experts": 2, "num_experts_per_tok": 1,
+                     "interleave_moe_layer_step": 1}, {"chunked_attention": (3, 8), "full_attention": (1, None)}),
+    "nemotron_h": ({"vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4,
+                    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "hybrid_override_pattern": "M-*E",
+                    "mamba_num_heads": 4, "mamba_head_dim": 16, "ssm_state_size": 16, "n_groups": 1,
+                    "n_routed_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 32,
+                    "moe_shared_expert_intermediate_size": 32}, {"no_kv": (3, None), "full_attention": (1, None)}),
+}
+
+
+@pytest.mark.parametrize("mt", sorted(LISTED_KINDS))
+def test_listed_layer_kinds_are_cached_as_transformers_caches_them(mt):
+    import torch
+    import transformers
+
+    from cachectl.engines.kv import live as kvlive
+
+    kwargs, expect = LISTED_KINDS[mt]
+    groups = kvmath.layer_groups({"model_type": mt, **kwargs}, "fp32")
+    assert {g.type: (g.layers, g.window) for g in groups} == expect
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(mt, **kwargs)).eval()
+    run = kvlive.inspect_model(model, PROMPT, max_new_tokens=NEW_TOKENS)
+    seq = len(PROMPT) + NEW_TOKENS - 1
+    exact = sum(g.bytes_per_token * (min(seq, g.window - 1) if g.window else seq) for g in groups)
+    assert run.measured_bytes == exact and run.agree, run.layers
+
+
+@pytest.mark.parametrize("extra, bytes_per_token", [
+    ({"num_kv_shared_layers": 2}, 256),     # Gemma 3n/4's: a Llama has none (it was 0 bytes)
+    ({"global_head_dim": 64}, 256),         # Gemma 4's (it was 1,024)
+    ({"value_head_dim": 8}, 256),           # only a GGUF file's (it was 192)
+])
+def test_fields_of_other_architectures_leave_a_llama_as_it_is(extra, bytes_per_token):
+    base = {"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+    assert sum(g.bytes_per_token for g in kvmath.layer_groups({**base, **extra})) == bytes_per_token
+
+
+@pytest.mark.parametrize("field", ["value_head_dim", "global_head_dim", "global_value_head_dim"])
+def test_a_bad_head_dim_field_is_refused_at_its_name(field):
+    from cachectl.errors import InputError
+
+    base = {"model_type": "gemma4_text", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
+    for bad in (-100, "abc", 1.5):
+        with pytest.raises(InputError, match=f"field '{field}': expected a positive integer"):
+            kvmath.check_config({**base, field: bad})

@@ -31,7 +31,13 @@ MAX_MEMORY = 1e15               # bytes: larger sizes are typos (and would overf
 MAX_CONTEXT = 2 ** 40           # tokens
 MAX_LAYERS = 100_000            # no model has more; a bigger count is corrupt (and is materialized per layer)
 MAX_CONFIG_INT = 2 ** 40        # any other integer of a config
-_NO_KV = {"linear_attention", "mamba", "mamba2", "recurrent", "conv", "ssm"}
+#: layer kinds with no per-token KV: recurrent or conv state only (transformers' LinearAttentionLayer), and layers
+#: with no attention at all ("moe", "mlp": Nemotron-H's; cache_utils.get_layer_types_and_kwargs makes them its
+#: "dummy" layers, which hold nothing)
+_NO_KV = {"linear_attention", "mamba", "mamba2", "recurrent", "conv", "ssm", "moe", "mlp", "dummy"}
+#: layer kinds whose K/V cache this module sizes; any other listed kind is counted as full attention, and said so
+KNOWN_LAYER_KINDS = frozenset({"full_attention", "sliding_attention", "chunked_attention", "hybrid", "hybrid_sliding",
+                               "attention", "mla", "shared_kv", *_NO_KV})
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,23 @@ ENCODER_ONLY = frozenset({"bert", "roberta", "xlm-roberta", "xlm_roberta", "dist
 #: every pattern-th layer is global when the config lists no layer_types (their transformers defaults)
 _DEFAULT_SLIDING_PATTERN = {"gemma3": 6, "gemma3_text": 6, "gemma4": 6, "gemma4_text": 6}
 _GEMMA4 = {"gemma4", "gemma4_text"}
+#: the model types whose configuration classes have a field (transformers 5.24's configuration_*.py): elsewhere the
+#: field is an unknown key the model never reads (a Llama config with num_kv_shared_layers was counted 0 bytes a token,
+#: one with a negative value_head_dim negative bytes). A config read from a GGUF file has them from its own keys.
+_FIELD_FAMILIES = {
+    "num_kv_shared_layers": ("gemma3n", "gemma4"),
+    "global_head_dim": ("gemma4", "diffusion_gemma", "embedding_gemma2"),
+    "global_value_head_dim": ("gemma4", "diffusion_gemma", "embedding_gemma2"),
+    "value_head_dim": (),
+}
+
+
+def _own(config: dict, cfg: dict, field: str) -> Any:
+    """``cfg[field]`` where the model's configuration class has that field (:data:`_FIELD_FAMILIES`), else None."""
+    value = cfg.get(field)
+    if value is None or config.get(FROM_GGUF) or field not in _FIELD_FAMILIES:
+        return value
+    return value if model_type(config).startswith(_FIELD_FAMILIES[field]) and _FIELD_FAMILIES[field] else None
 
 
 def load_config(path: str) -> tuple[dict, str]:
@@ -113,14 +136,15 @@ def _why_no_default(config: dict) -> str:
 
 
 _OPTIONAL_INTS = ("num_key_value_heads", "head_dim", "sliding_window", "kv_lora_rank", "qk_rope_head_dim",
-                  "hidden_size", "num_attention_heads")
+                  "hidden_size", "num_attention_heads", "attention_chunk_size", "value_head_dim", "global_head_dim",
+                  "global_value_head_dim")
 
 
 #: the integers the parameter count reads (0 where a config writes "none": no shared experts, no q LoRA)
 _SIZING_INTS = ("intermediate_size", "vocab_size", "n_routed_experts", "num_local_experts", "num_experts",
                 "num_experts_per_tok", "num_experts_per_token", "moe_intermediate_size",
                 "shared_expert_intermediate_size", "n_shared_experts", "first_k_dense_replace", "q_lora_rank",
-                "qk_nope_head_dim", "v_head_dim", "n_inner", "ffn_hidden_size")
+                "qk_nope_head_dim", "v_head_dim", "n_inner", "ffn_hidden_size", "num_kv_shared_layers")
 #: more parameters than any model has (the largest have some 10**12): a config that sizes more is corrupt
 MAX_PARAMS = 10**15
 
@@ -473,7 +497,7 @@ def layer_types(config: dict, source: str = "config.json") -> list[str]:
             types = ["sliding_attention"] * n
     else:
         types = ["full_attention"] * n
-    shared = cfg.get("num_kv_shared_layers")
+    shared = _own(config, cfg, "num_kv_shared_layers")
     if isinstance(shared, int) and not isinstance(shared, bool) and 0 < shared <= n:
         # the last layers reuse the K/V of earlier layers of their kind (Gemma 3n, Gemma 4): nothing of their own
         types = types[:n - shared] + ["shared_kv"] * shared
@@ -496,7 +520,7 @@ def _layers(config: dict, source: str) -> list[_Layer]:
         heads = _int(cfg, "num_attention_heads", source, config)
         base_kv = cfg.get("num_key_value_heads") or heads
         base_hd = cfg.get("head_dim") or _int(cfg, "hidden_size", source, config) // heads
-        base_vd = cfg.get("value_head_dim") or None
+        base_vd = _own(config, cfg, "value_head_dim") or None
     out = []
     for i, t in enumerate(types):
         if t in _NO_KV:
@@ -508,11 +532,11 @@ def _layers(config: dict, source: str) -> list[_Layer]:
         kv, hd, vd = base_kv, base_hd, base_vd
         if t == "full_attention":
             # per-kind overrides for global layers (config.json of Gemma 4; GGUF key_length vs key_length_swa)
-            if cfg.get("global_head_dim"):
+            if _own(config, cfg, "global_head_dim"):
                 hd = cfg["global_head_dim"]
             elif model_type(config) in _GEMMA4 and not per_layer:
                 hd = 512  # transformers' Gemma4 default when config.json omits it
-            if cfg.get("global_value_head_dim"):
+            if _own(config, cfg, "global_value_head_dim"):
                 vd = cfg["global_value_head_dim"]
             if cfg.get("num_global_key_value_heads") and (model_type(config) not in _GEMMA4
                                                           or cfg.get("attention_k_eq_v", False)):
@@ -525,7 +549,11 @@ def _layers(config: dict, source: str) -> list[_Layer]:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"expected a positive integer, got {value!r}", source=source,
                                  field=f"{name} (layer {i})")
-        window = cfg.get("sliding_window") if t == "sliding_attention" else None
+        # (sliding and chunked layers are one cache class in transformers, capped at the window or the chunk:
+        # cache_utils.DYNAMIC_LAYER_TYPE_MAPPING, get_layer_types_and_kwargs; Llama 4's chunked layers before, counted
+        # whole, were three times the cache a run measured)
+        window = (cfg.get("sliding_window") if t in ("sliding_attention", "hybrid_sliding")
+                  else cfg.get("attention_chunk_size") if t == "chunked_attention" else None)
         out.append(_Layer(t, kv, hd, vd or hd, window))
     return out
 
@@ -1427,6 +1455,10 @@ def inspect_config(config: dict, *, model: str, source: str, dtype: str = "bf16"
     if any(g.window for g in groups):
         notes.append("sliding-window layers hold at most their window (transformers keeps window - 1 tokens "
                      "while get_seq_length() reports the full count)")
+    unknown = sorted({g.type for g in groups} - KNOWN_LAYER_KINDS - {INDEXER_KEYS})
+    if unknown:
+        notes.append(f"layer type{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} counted as full attention: "
+                     "cachectl does not know what else its cache holds")
     if bandwidth is not None:
         what = (f"the {active_params / 1e9:.1f}B parameters active per token (MoE)" if active_params else "weights")
         notes.append(f"decode lower bound = ({what} + KV of the batch) / peak memory bandwidth, per step")
