@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -825,3 +826,66 @@ def test_a_config_whose_sizing_fields_are_out_of_range_is_refused(cli, tmp_path,
     r = cli("kv-inspect", path, "-f", "json")
     assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
     assert says in r.stderr and "internal error" not in r.stderr
+
+
+def _raw_gguf(path, entries: list[tuple[str, int, bytes]], tensors: int = 0):
+    """A GGUF header written byte by byte: ``(key, value type, value bytes)`` entries (4 uint32, 5 int32, 6 float32,
+    8 string, 9 array, 11 int64), and no tensors."""
+    import struct
+
+    out = b"GGUF" + struct.pack("<IQQ", 3, tensors, len(entries))
+    for key, vtype, data in entries:
+        out += struct.pack("<Q", len(key)) + key.encode() + struct.pack("<I", vtype) + data
+    path.write_bytes(out)
+    return path
+
+
+def _llama_gguf_entries(**values):
+    import struct
+
+    def s(text):
+        return struct.pack("<Q", len(text)) + text.encode()
+
+    base = [("general.architecture", 8, s("llama")), ("llama.block_count", 4, struct.pack("<I", 2)),
+            ("llama.attention.head_count", 4, struct.pack("<I", 4)),
+            ("llama.embedding_length", 4, struct.pack("<I", 64))]
+    return base + [(f"llama.{k}", t, v) for k, (t, v) in values.items()]
+
+
+@pytest.mark.parametrize("key, vtype, data, says", [
+    ("attention.value_length", 5, (-16).to_bytes(4, "little", signed=True), "got -16"),     # was 0 bytes a token
+    ("attention.value_length", 10, (2**64 - 1).to_bytes(8, "little"), "got 18446744073709551615"),
+    ("attention.value_length", 6, bytes.fromhex("00008441"), "got 16.5"),                   # a float32
+    ("attention.value_length_swa", 8, (2).to_bytes(8, "little") + b"16", "got '16'"),     # an internal TypeError
+    ("attention.head_count_kv", 4, (0).to_bytes(4, "little"), "0 KV heads"),               # read as 4, unsaid
+])
+def test_gguf_head_sizes_are_checked_at_their_keys(tmp_path, key, vtype, data, says):
+    import struct
+
+    entries = _llama_gguf_entries(**{"attention.key_length": (4, struct.pack("<I", 16)), key: (vtype, data)})
+    if key.endswith("_swa"):
+        entries.append(("llama.attention.key_length_swa", 4, struct.pack("<I", 16)))
+    path = _raw_gguf(tmp_path / "m.gguf", entries)
+    with pytest.raises(InputError, match=f"field 'llama.{re.escape(key)}': .*{re.escape(says)}"):
+        kvmath.layer_groups(kvmath.read_gguf_config(str(path)))
+
+
+def test_gguf_metadata_past_what_a_model_has_is_refused_or_skipped_unread(tmp_path):
+    """A 100 MB array no key needs took 1 GB and 19 s to read into a list; a header counting more entries than any
+    model has is one line before they are read."""
+    import resource
+    import struct
+
+    import numpy as np
+
+    n = 5_000_000
+    rope = ("llama.rope.freqs", 9, struct.pack("<IQ", 4, n) + np.arange(n, dtype=np.uint32).tobytes())
+    path = _raw_gguf(tmp_path / "a.gguf", [*_llama_gguf_entries(**{"attention.head_count_kv": (4, struct.pack(
+        "<I", 2))}), rope])
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    config = kvmath.read_gguf_config(str(path))
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000   # KB: the array is not read
+    assert config["num_key_value_heads"] == 2
+    (tmp_path / "b.gguf").write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 200_000) + b"\0" * 13 * 200_000)
+    with pytest.raises(InputError, match="corrupt GGUF header: 200,000 metadata entries"):
+        kvmath.read_gguf_config(str(tmp_path / "b.gguf"))

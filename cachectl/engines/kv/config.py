@@ -1120,16 +1120,23 @@ class _GgufFile:
                 raise InputError(f"unknown GGUF value type {itype} in array {key!r:.80}", source=self.source)
             size = struct.calcsize(_GGUF_SCALARS[itype]) if itype in _GGUF_SCALARS else _GGUF_MIN_SIZE[itype]
             count = self.count(self.unpack("<Q", f"array length of {key!r:.80}"), size, f"array {key!r:.80}")
-            if skip_big and count > 64 and itype in _GGUF_SCALARS:  # the vocabulary's scores and types
+            if (skip_big and count > 64 or count > MAX_LAYERS) and itype in _GGUF_SCALARS:
+                # the vocabulary's scores and types, and any array longer than a per-layer one can be (a file of one
+                # array of 25M integers took 1 GB and 19 s, read into a list nothing asks for)
                 self.fh.seek(size * count, 1)
                 return None
-            if skip_big and count > 64 and itype == 8:  # the vocabulary itself
+            if (skip_big and count > 64 or count > MAX_LAYERS) and itype == 8:  # the vocabulary itself
                 for _ in range(count):
                     n = self.count(self.unpack("<Q", f"string length in {key!r:.80}"), 1, f"string in {key!r:.80}")
                     self.fh.seek(n, 1)
                 return None
             return [self.value(itype, key, depth + 1) for _ in range(count)]
         raise InputError(f"unknown GGUF value type {vtype} for {key!r:.80}", source=self.source)
+
+
+#: more metadata entries or tensors than a GGUF file of a model has (a crafted header's counts are read entry by entry)
+_GGUF_MAX_KEYS = 100_000
+_GGUF_MAX_TENSORS = 10_000_000
 
 
 def read_gguf_config(path: str) -> dict:
@@ -1147,6 +1154,10 @@ def read_gguf_config(path: str) -> dict:
             raise InputError(f"GGUF version {version} is not supported (2 or newer)", source=path)
         tensor_count = gf.count(gf.unpack("<Q", "header"), 24, "tensor count")  # name length, dims, type, offset
         kv_count = gf.count(gf.unpack("<Q", "header"), 13, "metadata count")  # key length, type, a byte at least
+        if kv_count > _GGUF_MAX_KEYS or tensor_count > _GGUF_MAX_TENSORS:
+            raise InputError(f"corrupt GGUF header: {kv_count:,} metadata entries and {tensor_count:,} tensors (at "
+                             f"most {_GGUF_MAX_KEYS:,} and {_GGUF_MAX_TENSORS:,}: models have some hundreds and "
+                             "thousands)", source=path)
         meta: dict[str, Any] = {}
         for _ in range(kv_count):
             klen = gf.count(gf.unpack("<Q", "key length"), 1, "key")
@@ -1172,6 +1183,17 @@ def read_gguf_config(path: str) -> dict:
                                                          for h in value)):
             raise InputError("expected per-layer head counts (non-negative integers)", source=path,
                              field=f"{arch}.{name}")
+    for name in ("block_count", "attention.head_count", "attention.head_count_kv", "embedding_length",
+                 "feed_forward_length", "context_length", "attention.key_length", "attention.key_length_swa",
+                 "attention.value_length", "attention.value_length_swa", "attention.sliding_window"):
+        value = get(name)  # (checked here, at the file's own key: a negative value length was 0 bytes a token)
+        if value is not None and not isinstance(value, list) and (
+                isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_CONFIG_INT):
+            raise InputError(f"expected an integer from 0 to {MAX_CONFIG_INT:,}, got {value!r:.60}", source=path,
+                             field=f"{arch}.{name}")
+    if get("attention.head_count_kv") == 0:  # (it was read as absent: every query head its own KV head, unsaid)
+        raise InputError("0 KV heads: a model with attention has at least one", source=path,
+                         field=f"{arch}.attention.head_count_kv")
     heads = get("attention.head_count")
     if isinstance(heads, list):  # per layer
         heads = max(heads) or None
