@@ -12,7 +12,7 @@ import pytest
 from cachectl.engines.kv import config as kvmath
 from cachectl.errors import InputError, UsageError
 
-from .conftest import ROOT
+from .conftest import FIXTURES, ROOT
 
 GIB = 1024 ** 3
 
@@ -889,3 +889,19 @@ def test_gguf_metadata_past_what_a_model_has_is_refused_or_skipped_unread(tmp_pa
     (tmp_path / "b.gguf").write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 200_000) + b"\0" * 13 * 200_000)
     with pytest.raises(InputError, match="corrupt GGUF header: 200,000 metadata entries"):
         kvmath.read_gguf_config(str(tmp_path / "b.gguf"))
+
+
+def test_the_random_weights_refusal_counts_the_parameters_the_report_counts():
+    """The refusal used a rough count, 4x low for Falcon-7B (1.6B against 6.9B) and blind to GPT-2's position
+    embeddings: the check passed and the model started to build, past the machine's memory."""
+    from cachectl.engines.kv import live as kvlive
+    from cachectl.engines.kv.config import count_params
+
+    falcon = json.loads((FIXTURES / "configs" / "falcon-7b.json").read_text())
+    assert count_params(falcon).total > 6.9e9
+    with pytest.raises(UsageError, match=r"about 25\.\d+ GiB for 6\.92B parameters"):
+        kvlive.check_random_weights_memory(falcon, available=16 * 2**30)
+    gpt2 = {"model_type": "gpt2", "vocab_size": 1300, "n_embd": 64, "n_layer": 1, "n_head": 4, "n_positions": 2 * 10**8}
+    with pytest.raises(UsageError, match=r"12\.80B parameters"):
+        kvlive.check_random_weights_memory(gpt2, available=16 * 2**30)
+    kvlive.check_random_weights_memory({**gpt2, "n_positions": 1024}, available=16 * 2**30)   # a small one is built

@@ -86,7 +86,10 @@ def available_memory_bytes() -> int | None:
 def check_random_weights_memory(config: dict, params: int | None = None, available: int | None = None) -> None:
     """Refuse, with the numbers, to build a random-weight model that would not fit in memory (transformers builds
     it in fp32: 4 bytes per parameter) instead of being killed by the OOM killer half-way."""
-    params = params or kvmath.estimate_total_params(config)
+    if not params:  # the larger of the two counts: the rough one was 4x low for Falcon (and the model was built)
+        counted = kvmath.count_params(config)
+        params = max((n for n in (counted.total if counted is not None else None,
+                                   kvmath.estimate_total_params(config)) if n), default=None)
     if available is None:
         available = available_memory_bytes()
     if params is None or available is None:
