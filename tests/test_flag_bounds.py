@@ -64,3 +64,25 @@ def test_an_empty_partition_directory_name_is_refused(cli):
     r = cli("simulate-prefix", TRACES / "fleet.jsonl", "--partition-dir", "", "--replicas", "2", "--router",
             "round-robin")  # (it said ": cannot create: No such file or directory")
     assert r.exit_code == 2 and "--partition-dir takes a directory name, and was given an empty one" in r.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batch", str(2**64), "-f", "json"], "'--batch'"),            # JSON: an internal error past 64 bits
+    (["--block-size", str(2**64), "-f", "json"], "'--block-size'"),
+    (["--run", "--random-weights", "--prompt", "hi", "--threads", "100000"], "'--threads'"),  # a segfault (139)
+])
+def test_kv_inspect_flags_past_their_bounds(cli, args, message):
+    r = cli("kv-inspect", FIXTURES / "tiny-llama", "--context", "100", *args)
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+
+
+def test_kv_inspect_run_past_learned_positions_is_one_line(cli, tmp_path):
+    """A GPT-2 (learned absolute positions) decoding past n_positions was an internal IndexError in the model."""
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "gpt2", "vocab_size": 1300, "n_embd": 64, "n_layer": 1, "n_head": 4, "n_positions": 16}))
+    args = ("kv-inspect", tmp_path, "--run", "--random-weights", "--tokenizer", FIXTURES / "tok", "--prompt", "hello")
+    r = cli(*args, "--max-new-tokens", "40")
+    assert r.exit_code == 2 and "internal error" not in r.stderr
+    assert "--max-new-tokens 40 need" in r.stderr and "learned position embeddings hold 16" in r.stderr, r.stderr
+    r = cli(*args, "--max-new-tokens", "5")
+    assert r.exit_code == 0 and "agree" in r.stdout, r.stdout + r.stderr

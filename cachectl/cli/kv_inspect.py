@@ -12,7 +12,6 @@ from ..errors import UsageError
 from .common import (
     EXIT_FINDING,
     EXIT_OK,
-    BlockSizeOpt,
     CacheKind,
     Dtype,
     Format,
@@ -66,7 +65,8 @@ def command(
                                          help="Context lengths in tokens (k = 1024). --context is the older name "
                                               "(diff-tokens' --context is tokens shown around a divergence).")
                        ] = "4096,32768,131072",
-    batch: Annotated[int, typer.Option("--batch", min=1, metavar="N", help="Sequences decoded together.")] = 1,
+    batch: Annotated[int, typer.Option("--batch", min=1, max=10**6, metavar="N",
+                                       help="Sequences decoded together.")] = 1,
     gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", metavar="SIZE",
                                                       help="GPU memory, e.g. 80GiB (default: the --gpu's).")] = None,
     gpu: Annotated[Optional[str], typer.Option("--gpu", metavar="NAME",
@@ -75,7 +75,8 @@ def command(
                                                           help="Share of GPU memory vLLM may use.")] = 0.9,
     weights_gib: Annotated[Optional[float], typer.Option("--weights-gib", metavar="GIB", help="Weights size, when the estimate "
                                                                                "from the config does not fit.")] = None,
-    block_size: BlockSizeOpt = 16,
+    block_size: Annotated[int, typer.Option("--block-size", min=1, max=1 << 20, metavar="N",
+                                            help="KV-cache block size in tokens (vLLM: 16).")] = 16,
     run: Annotated[bool, typer.Option("--run", help="Load the model with transformers, prefill a DynamicCache, decode "
                                                     "greedily, and measure the cache against the prediction.")] = False,
     prompt: Annotated[Optional[str], typer.Option("--prompt", metavar="TEXT", help="With --run: the prompt text.")] = None,
@@ -85,7 +86,8 @@ def command(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, metavar="N", help="With --run: tokens to decode.")] = 20,
     random_weights: Annotated[bool, typer.Option("--random-weights", help="With --run: random weights built from the "
                                                                           "config (no weights needed).")] = False,
-    threads: Annotated[Optional[int], typer.Option("--threads", min=1, metavar="N", help="With --run: torch CPU threads.")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", min=1, max=1024, metavar="N",
+                                                   help="With --run: torch CPU threads.")] = None,
     turns: Annotated[Optional[str], typer.Option("--turns", metavar="FILE",
                                                  help="Keep one cache across the turns of a conversation, verify it "
                                                       "is a token prefix of each new prompt, crop where it is not.")] = None,

@@ -154,6 +154,19 @@ def run_live(spec: str, config: dict, prompt_ids: Sequence[int], *, max_new_toke
     return inspect_model(model, prompt_ids, max_new_tokens=max_new_tokens, weights=weights)
 
 
+def _learned_positions(model: Any) -> int | None:
+    """How many positions a model with learned absolute position embeddings holds (GPT-2's ``wpe``, OPT's
+    ``embed_positions`` past its offset): a token past them was an IndexError inside the model. None for models
+    without them (rotary and ALiBi positions go on)."""
+    import torch
+
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Embedding) and name.rsplit(".", 1)[-1] in ("wpe", "position_embeddings",
+                                                                                  "embed_positions"):
+            return int(module.num_embeddings) - int(getattr(module, "offset", 0) or 0)
+    return None
+
+
 def inspect_model(model: Any, prompt_ids: Sequence[int], *, max_new_tokens: int = 20,
                   weights: str = "pretrained") -> LiveRun:
     """The measurement itself, on a loaded model (the benchmark calls this against ``generate``)."""
@@ -164,6 +177,12 @@ def inspect_model(model: Any, prompt_ids: Sequence[int], *, max_new_tokens: int 
     if vocab is not None and max(prompt_ids) >= vocab:
         raise UsageError(f"token ID {max(prompt_ids)} is outside the model's vocabulary of {vocab}: the tokenizer "
                          "does not belong to this model")
+    positions = len(prompt_ids) + max_new_tokens - 1  # (the last token decoded is not fed back)
+    learned = _learned_positions(model)
+    if learned is not None and positions > learned:
+        raise UsageError(f"the prompt ({len(prompt_ids):,} tokens) and --max-new-tokens {max_new_tokens:,} need "
+                         f"{positions:,} positions, and the model's learned position embeddings hold {learned:,}: "
+                         "a shorter prompt or fewer new tokens")
     ids = torch.tensor([list(prompt_ids)])
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
