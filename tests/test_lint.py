@@ -401,3 +401,28 @@ def test_sarif_uris_are_percent_encoded_uri_references(cli, tmp_path):
             for res in json.loads(r.stdout)["runs"][0]["results"]]
     assert sorted(unquote(urlsplit(u).path) for u in uris) == sorted(f"{tmp_path}/{n}" for n in names)
     assert all(not urlsplit(u).scheme and not urlsplit(u).query and not urlsplit(u).fragment for u in uris)
+
+
+def test_an_unknown_config_key_is_named_and_per_file_globs_match_from_the_config(cli, tmp_path, monkeypatch):
+    """A misspelled key of [tool.cachectl.lint] was dropped unsaid (`ignores`, `render_timeout`), and a
+    per-file-ignores glob matched the path as typed only: `sub/*.j2` held for `lint sub`, not for `lint $PWD/sub`
+    nor from inside `sub` with --config ../pyproject.toml."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "t.j2").write_text((LINT / "bad" / "tools_tojson.j2").read_text())
+    (tmp_path / "pyproject.toml").write_text('[tool.cachectl.lint]\nignores = ["CC006"]\n')
+    r = cli("lint", "sub")
+    assert r.exit_code == 2 and r.stderr.strip().splitlines() == [
+        "cachectl: error: pyproject.toml: field 'tool.cachectl.lint.ignores': unknown key 'ignores': did you mean "
+        "'ignore'? (known: select, ignore, per-file-ignores, model, tail-tokens, render-timeout, render-memory)"]
+    (tmp_path / "pyproject.toml").write_text('[tool.cachectl.lint]\nrender_timeout = 3\n')
+    assert "did you mean 'render-timeout'?" in cli("lint", "sub").stderr
+    (tmp_path / "pyproject.toml").write_text('[tool.cachectl.lint.per-file-ignores]\n"sub/*.j2" = ["CC006"]\n')
+    for args in (("sub",), (str(tmp_path / "sub"),), ("./sub/t.j2",)):
+        r = cli("lint", *args)
+        assert r.exit_code == 0 and "clean" in r.stdout, (args, r.stdout)
+    monkeypatch.chdir(tmp_path / "sub")
+    r = cli("lint", "--config", "../pyproject.toml", "t.j2")
+    assert r.exit_code == 0 and "clean" in r.stdout, r.stdout
+    (tmp_path / "pyproject.toml").write_text('[tool.cachectl.lint.per-file-ignores]\n"other/*.j2" = ["CC006"]\n')
+    assert cli("lint", "--config", "../pyproject.toml", "t.j2").exit_code == 1   # and a glob elsewhere does not

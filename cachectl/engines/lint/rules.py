@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import fnmatch
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -216,10 +219,19 @@ class LintConfig:
         return RenderBudget(self.render_timeout, self.render_memory * 2 ** 20)
 
     def enabled(self, rule: str, path: str) -> bool:
+        """Whether ``rule`` applies to ``path``. A per-file-ignores glob matches the path as given, its name, or
+        (as ruff's do) the path relative to the directory of the pyproject.toml it came from: the same file is
+        matched however it is named on the command line (``sub``, ``$PWD/sub``, from inside ``sub``)."""
         if rule not in self.select:
             return False
-        return not any(rule in ids and (fnmatch.fnmatch(path, pat) or fnmatch.fnmatch(Path(path).name, pat))
-                       for pat, ids in self.per_file_ignores)
+        ignores = [pat for pat, ids in self.per_file_ignores if rule in ids]
+        if not ignores:
+            return True
+        names = [path, Path(path).name]
+        if self.source is not None:
+            with contextlib.suppress(ValueError, OSError):
+                names.append(os.path.relpath(os.path.abspath(path), os.path.dirname(os.path.abspath(self.source))))
+        return not any(fnmatch.fnmatch(name, pat) for pat in ignores for name in names)
 
 
 def _rule_ids(values: Iterable[str], where: str) -> frozenset[str]:
@@ -232,6 +244,10 @@ def _rule_ids(values: Iterable[str], where: str) -> frozenset[str]:
             raise UsageError(f"{where}: unknown rule id {v!r} (known: {', '.join(RULES)})")
         out.add(v)
     return frozenset(out)
+
+
+#: the keys of ``[tool.cachectl.lint]``
+CONFIG_KEYS = ("select", "ignore", "per-file-ignores", "model", "tail-tokens", "render-timeout", "render-memory")
 
 
 def load_config(pyproject: str | None, *, select: Sequence[str] = (), ignore: Sequence[str] = (),
@@ -266,6 +282,11 @@ def load_config(pyproject: str | None, *, select: Sequence[str] = (), ignore: Se
             if not isinstance(table, dict):
                 raise InputError(f"expected a table, got {table!r:.60}", source=source, field=".".join(path))
     where = f"{source} [tool.cachectl.lint]" if source else "options"
+    for key in table:  # (a misspelled key was dropped unsaid: `ignores`, `render_timeout`)
+        if key not in CONFIG_KEYS:
+            close = difflib.get_close_matches(str(key).replace("_", "-"), CONFIG_KEYS, n=1)
+            raise InputError(f"unknown key {str(key)!r:.60}" + (f": did you mean {close[0]!r}?" if close else "")
+                             + f" (known: {', '.join(CONFIG_KEYS)})", source=source, field=f"tool.cachectl.lint.{key}")
 
     def ids(key: str) -> list:
         value = table.get(key, [])
