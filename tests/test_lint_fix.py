@@ -278,3 +278,30 @@ def test_a_diff_of_files_without_a_final_newline_or_with_cr_lines_applies(cli, t
         done = subprocess.run(["patch", "-p0"], input=diff, text=True, capture_output=True, cwd=tmp_path)
         assert done.returncode == 0, done.stdout + done.stderr
         assert all((tmp_path / n).read_bytes().decode() == patched[n] for n in files)
+
+
+def test_fix_leaves_hard_linked_and_read_only_files_and_still_writes_and_shows_the_others(cli, tmp_path, monkeypatch):
+    """A fixed copy renamed over a hard-linked file left its other names with the old text, and over a read-only one
+    wrote what its mode forbids; and a file that could not be written ended the run with the files written before
+    it said nowhere (no diff, no count)."""
+    import os
+
+    bad = (FIXTURES / "lint" / "bad" / "tools_tojson.j2").read_text()
+    for name in ("a.j2", "linked.j2", "ro.j2", "z.j2"):
+        (tmp_path / name).write_text(bad)
+    os.link(tmp_path / "linked.j2", tmp_path / "other_name")
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **k: not str(p).endswith("ro.j2") and real_access(p, mode, **k))
+    r = cli("lint", "--fix", *(tmp_path / n for n in ("a.j2", "linked.j2", "ro.j2", "z.j2")))
+    assert r.exit_code == 2
+    assert r.stderr.strip().splitlines() == [
+        f"cachectl: error: {tmp_path / 'linked.j2'}: has 2 hard links, which a fixed copy renamed over it would leave "
+        "with the old text (not fixed: the file is as it was)",
+        f"cachectl: error: {tmp_path / 'ro.j2'}: is read-only (not fixed: the file is as it was)"]
+    assert "fixed 2 finding(s) in 2 file(s)" in r.stdout
+    assert r.stdout.count("+++ ") == 2 and "a.j2" in r.stdout and "z.j2" in r.stdout
+    for name in ("a.j2", "z.j2"):
+        assert "sort_keys=true" in (tmp_path / name).read_text()
+    for name in ("linked.j2", "other_name", "ro.j2"):
+        assert (tmp_path / name).read_text() == bad
+    assert (tmp_path / "linked.j2").stat().st_ino == (tmp_path / "other_name").stat().st_ino

@@ -99,11 +99,11 @@ def command(
         raise UsageError("lint needs at least one PATH")
     if diff:  # with or without --fix: nothing written
         raise typer.Exit(_show_diff(paths, cfg, fmt))
-    fixes = _apply_fixes(paths, cfg, fmt) if fix else None
+    unfixed = _apply_fixes(paths, cfg, fmt) if fix else False  # (a file lint reads but could not fix)
     with Progress("lint: files") as progress:
         report = lint.lint_paths(paths, cfg, tokenizer=tok, min_tokens=min_tokens, progress=progress.advance)
     _emit(report, fmt)
-    code = 2 if fixes is not None and fixes.skipped else report.exit_code
+    code = 2 if unfixed else report.exit_code
     raise typer.Exit(EXIT_ERROR if code == 2 else EXIT_FINDING if code == 1 and not exit_zero else EXIT_OK)
 
 
@@ -136,24 +136,26 @@ def _show_diff(paths: list[str], cfg, fmt: LintFormat) -> int:
     return EXIT_ERROR if failed else EXIT_FINDING if fixes.fixed else EXIT_OK
 
 
-def _apply_fixes(paths: list[str], cfg, fmt: LintFormat):
-    """--fix: the safe fixes written in place and their diff printed (before the findings that remain)."""
+def _apply_fixes(paths: list[str], cfg, fmt: LintFormat) -> bool:
+    """--fix: the safe fixes written in place and the diff of those written printed (before the findings that
+    remain); whether a file could not be fixed (read, or written)."""
     from ..engines.lint import fix as lint_fix
 
     fixes = lint_fix.fix_paths(paths, cfg)
-    patch = "".join(f.diff() for f in fixes.files)
-    lint_fix.write_fixes(fixes)
-    for message in fixes.skipped:  # lint reports the files it cannot read; these it reads, unfixed
+    written, failed = lint_fix.write_fixes(fixes)
+    patch = "".join(f.diff() for f in written)
+    for message in (*fixes.skipped, *failed):  # lint reports the files it cannot read; these it reads, unfixed
         typer.echo(_line("error", message), err=True)
     for message in fixes.outside:  # a symlink out of the directory: linted below, not rewritten
         typer.echo(_line("note", message), err=True)
     # the diff goes where it cannot corrupt machine output: stdout for text, stderr for the others
     if patch:
         typer.echo(_patch_text(patch, err=fmt is not LintFormat.text), nl=False, err=fmt is not LintFormat.text)
-    if fixes.fixed:
-        typer.echo(f"fixed {fixes.fixed} finding(s) in {len(fixes.files)} file(s)", err=fmt is not LintFormat.text)
+    fixed = sum(len(f.edits) for f in written)
+    if fixed:
+        typer.echo(f"fixed {fixed} finding(s) in {len(written)} file(s)", err=fmt is not LintFormat.text)
     _bodies_note(fixes)
-    return fixes
+    return bool(fixes.skipped or failed)
 
 
 def _bodies_note(fixes) -> None:

@@ -290,12 +290,40 @@ def fix_paths(paths: Sequence[str], config: LintConfig) -> FixResult:
                      bodies=tuple(bodies))
 
 
-def write_fixes(result: FixResult) -> None:
+def write_fixes(result: FixResult) -> tuple[tuple[FileFix, ...], tuple[str, ...]]:
     """Write each fixed file in place (its bytes as read: UTF-8, the same line endings), each whole or not at
     all: a temporary file beside it, renamed over it (a full disk or an interrupt leaves the file as it was).
-    Raises :class:`~cachectl.errors.OutputError` naming the file that could not be written; the files before
-    it are fixed, the others untouched."""
+    Returns the files written, and one message for each file left as it was: one this process may not write
+    (read-only: replacing it would write what its mode forbids), one with other hard links (a file renamed over it
+    would leave them the old text), one the write failed. The others are written all the same (a failed file
+    stopped the run, and the files written before it were then said nowhere)."""
+    from ...errors import OutputError
     from ...outputs import write_bytes
 
+    written: list[FileFix] = []
+    failed: list[str] = []
     for f in result.files:
-        write_bytes(f.path, (BOM if f.bom else b"") + f.fixed.encode("utf-8"))
+        why = _not_rewritable(f.path)
+        if why is not None:
+            failed.append(f"{f.path}: {why} (not fixed: the file is as it was)")
+            continue
+        try:
+            write_bytes(f.path, (BOM if f.bom else b"") + f.fixed.encode("utf-8"))
+        except OutputError as exc:
+            failed.append(str(exc))
+            continue
+        written.append(f)
+    return tuple(written), tuple(failed)
+
+
+def _not_rewritable(path: str) -> str | None:
+    """Why ``path`` must not be replaced by a fixed copy, or None."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None  # (the write says what is wrong)
+    if not os.access(path, os.W_OK):
+        return "is read-only"
+    if st.st_nlink > 1:
+        return f"has {st.st_nlink} hard links, which a fixed copy renamed over it would leave with the old text"
+    return None
