@@ -99,3 +99,20 @@ def test_a_log_whose_name_is_not_utf8_is_named_with_its_bytes_escaped(cli, tmp_p
     assert r.exit_code == 1 and json.loads(r.stdout)["findings"][0]["path"] == f"{tmp_path}/a\\xff.j2"
     r = cli("lint", template, "-f", "sarif")
     assert r.exit_code == 1 and json.loads(r.stdout)["version"] == "2.1.0"
+
+
+def test_the_page_writes_control_characters_and_bidi_overrides_visibly(cli, tmp_path):
+    """A conversation key with a NUL (a parse error in HTML) and a U+202E (which turns the text after it around:
+    'user\\u202egpj.exe' showed as 'userexe.jpg') was written raw into the page; the text output escaped them."""
+    key = "user\u202egpj.exe\x00"
+    lines = [{"session": key, "messages": [{"role": "system", "content": "A"}, {"role": "user", "content": "q"}]},
+             {"session": key, "messages": [{"role": "system", "content": "B"}, {"role": "user", "content": "q"},
+                                           {"role": "assistant", "content": "a"}, {"role": "user", "content": "q2"}]}]
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    page = tmp_path / "r.html"
+    r = cli("report", log, "-t", TOK_DIR, "-j", "1", "--key", "session", "--html", page)
+    assert r.exit_code in (0, 1), r.stderr
+    html = page.read_text(encoding="utf-8")
+    assert "\x00" not in html and "\u202e" not in html
+    assert "user\\u202egpj.exe\\x00" in html

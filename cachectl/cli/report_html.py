@@ -1,19 +1,25 @@
 """The HTML page of ``cachectl report --html``: one self-contained file (inline CSS, inline SVG, no script, no
-network). Every string that comes from the log goes through :func:`html.escape`; numbers are formatted here."""
+network). Every string that comes from the log goes through :func:`escape` (:func:`html.escape` of its control
+characters and bidirectional overrides written visibly, as the text output writes them: a NUL is a parse error in
+HTML, and a U+202E turned a conversation's name around); numbers are formatted here."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from html import escape
+from html import escape as _html_escape
 
 from ..engines.causes import cause_label
 from ..engines.prefix.forks import Fork, TreeNode
 from ..engines.repair.report import BeforeAfter, CurveSection, LogReport, PairView
 from ..engines.repair.sections import CostSection
-from ..errors import plural
+from ..errors import plural, printable
 from .common import flags_for_params
 from .forks_view import where
+
+def escape(text: str, quote: bool = True) -> str:
+    return _html_escape(printable(text), quote)
+
 
 CSS = """
 :root { --ink:#1d2330; --muted:#5d6677; --line:#e3e6ec; --bg:#f6f7f9; --card:#fff; --accent:#2f6fde;
