@@ -306,12 +306,13 @@ def test_unknown_output_is_noted(cli, write):
     assert any("no output_tokens" in n for n in d["notes"])
 
 
-def test_a_text_too_long_to_count_names_its_line(cli, write, monkeypatch):
+@pytest.mark.parametrize("model", ["gpt-4.1", "claude-sonnet-4-5"])   # automatic caching, and breakpoints
+def test_a_text_too_long_to_count_names_its_line(cli, write, monkeypatch, model):
     """A position's text past the tokenizer's bound, counted for the provider's cache: the error names the request's
-    file and line (it named neither before)."""
+    file and line (it named neither before; for Claude's breakpoints, until session 53)."""
     monkeypatch.setenv("CACHECTL_MAX_TOKENIZE_CHARS", "5000")
-    body = {"model": "gpt-4.1", "timestamp": 1, "messages": [{"role": "user", "content": "word " * 2000}]}
-    first = {"model": "gpt-4.1", "timestamp": 0, "messages": [{"role": "user", "content": "hi"}]}
+    body = {"model": model, "timestamp": 1, "messages": [{"role": "user", "content": "word " * 2000}]}
+    first = {"model": model, "timestamp": 0, "messages": [{"role": "user", "content": "hi"}]}
     path = jsonl(write, "r.jsonl", [first, body])
     r = cli("prompt-cost", path, "-t", str(TOK_DIR))
     assert r.exit_code == 2 and "Traceback" not in r.stderr

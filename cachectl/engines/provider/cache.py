@@ -1250,8 +1250,7 @@ class CostRun:
                 pieces = _pieces(req, text_counter, counter)
             usage, note, miss = sim.automatic(req, price, keys, pieces, t)
         elif price.cache_mode == "none":
-            with _located(req):
-                cum = _cumulative(req, keys, text_counter, counter)
+            cum = _cumulative(req, keys, text_counter, counter)
             usage = Usage(cum[-1] if cum else 0, 0, 0, req.output_tokens or 0)
             note, miss = f"{price.model} has no cached-input price: nothing is cached", None
         elif price.cache_mode == "breakpoints":
@@ -1406,6 +1405,11 @@ def _pieces(req: Request, text_counter, api_count) -> list[tuple[str, Sequence[i
 
 
 def _cumulative(req: Request, keys: list[str], text_counter, api_count) -> list[int]:
+    with _located(req):  # (every caching mode: the explicit ones named no file or line for a text too long)
+        return _cumulative_counts(req, keys, text_counter, api_count)
+
+
+def _cumulative_counts(req: Request, keys: list[str], text_counter, api_count) -> list[int]:
     cum: list[int] = []
     total = 0
     for k, p in enumerate(req.positions):
