@@ -727,7 +727,7 @@ def apply(env: Any, base: Any) -> Any:
     env.concat = _concat
     env.cachectl_str_concat = _str_concat
     env.code_generator_class = _BudgetCodeGenerator
-    env._parse = _bounded_parse(env._parse)  # type: ignore[method-assign]
+    env._parse = _bounded_parse(env._parse)
     env.template_class = _template_class(type(base).template_class)
     base_call = type(env).call
     base_binop = base.call_binop

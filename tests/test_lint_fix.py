@@ -305,3 +305,27 @@ def test_fix_leaves_hard_linked_and_read_only_files_and_still_writes_and_shows_t
     for name in ("linked.j2", "other_name", "ro.j2"):
         assert (tmp_path / name).read_text() == bad
     assert (tmp_path / "linked.j2").stat().st_ino == (tmp_path / "other_name").stat().st_ino
+
+
+@pytest.mark.parametrize("raw", [
+    r"{% for message in messages %}\u003c|{{ message['role'] }}|\u003e<\/s> caf\u00e9 é \ud83d\ude00 \"q\" \\ "
+    r"{% endfor %}{{ tools | tojson }}",
+    r"plain {{ tools | tojson }}\n{{ tools|tojson(indent=2) }}",
+])
+def test_a_tokenizer_config_fix_keeps_the_templates_escapes(raw, tmp_path):
+    """The fix re-encoded the whole chat_template string: every `\\u003c`, `\\/`, `\\u00e9` in it changed, a diff far
+    past the one edit. Now only the inserted text is written, encoded as the literal is."""
+    import json as _json
+
+    text = '{\n  "chat_template": "' + raw + '",\n  "eos_token": "</s>"\n}\n'
+    path = tmp_path / "tokenizer_config.json"
+    path.write_text(text, encoding="utf-8")
+    result = lint_fix.fix_paths([str(path)], lint.LintConfig())
+    (f,) = result.files
+    template = _json.loads(text)["chat_template"]
+    assert _json.loads(f.fixed)["chat_template"] == template.replace("tojson }}", "tojson(sort_keys=true) }}").replace(
+        "tojson(indent=2)", "tojson(indent=2, sort_keys=true)")
+    removed = [ln for ln in f.diff().splitlines() if ln.startswith("-") and not ln.startswith("---")]
+    added = [ln for ln in f.diff().splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+    assert len(removed) == len(added) == 1
+    assert added[0][1:].replace("(sort_keys=true)", "").replace(", sort_keys=true", "") == removed[0][1:]  # no other

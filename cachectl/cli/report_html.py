@@ -17,6 +17,7 @@ from ..errors import plural, printable
 from .common import flags_for_params
 from .forks_view import where
 
+
 def escape(text: str, quote: bool = True) -> str:
     return _html_escape(printable(text), quote)
 

@@ -225,8 +225,36 @@ def _fix_tokenizer_config(path: str, text: str, config: LintConfig) -> tuple[str
     if value != template:  # a duplicate key or an escaped key name: leave the file alone
         raise InputError("could not locate the chat_template string to fix it in place", source=path,
                          field="chat_template")
-    ascii_only = text[start:end].isascii()
-    return text[:start] + json.dumps(fixed, ensure_ascii=ascii_only) + text[end:], edits
+    return text[:start + 1] + _edited_literal(text[start + 1:end - 1], template, fixed) + text[end - 1:], edits
+
+
+def _edited_literal(raw: str, old: str, new: str) -> str:
+    """The JSON string literal body ``raw`` (which decodes to ``old``) edited to decode to ``new``, its escapes kept
+    where the text did not change: the inserted text is encoded as the literal is (ASCII-only where it is), and
+    ``\\u003c``, ``\\/`` or ``\\u00e9`` elsewhere stay as written (the whole template was encoded again, a diff
+    of every escape in it)."""
+    at = [0]  # the raw offset where each decoded character starts, and the end
+    i = 0
+    while i < len(raw):
+        if raw[i] != "\\":
+            i += 1
+        elif raw[i + 1] != "u":
+            i += 2
+        elif 0xD800 <= int(raw[i + 2:i + 6], 16) < 0xDC00 and raw[i + 6:i + 8] == "\\u":
+            i += 12  # (a surrogate pair: one character)
+        else:
+            i += 6
+        at.append(i)
+    ascii_only = raw.isascii()
+    out, done = [], 0
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+        if op == "equal":
+            continue
+        out.append(raw[done:at[i1]])
+        out.append(json.dumps(new[j1:j2], ensure_ascii=ascii_only)[1:-1])
+        done = at[i2]
+    out.append(raw[done:])
+    return "".join(out)
 
 
 def fix_paths(paths: Sequence[str], config: LintConfig) -> FixResult:
