@@ -86,3 +86,15 @@ def test_kv_inspect_run_past_learned_positions_is_one_line(cli, tmp_path):
     assert "--max-new-tokens 40 need" in r.stderr and "learned position embeddings hold 16" in r.stderr, r.stderr
     r = cli(*args, "--max-new-tokens", "5")
     assert r.exit_code == 0 and "agree" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("context, message", [
+    ("4096.9", "got 4096.9 (4096.9 tokens)"),   # taken as 4,096
+    ("0.5", "got 0.5 (0.5 tokens)"),            # said "got 0"
+    ("0.3k", "got 0.3k (307.2 tokens)"),
+])
+def test_kv_inspect_context_lengths_are_whole_tokens(cli, context, message):
+    r = cli("kv-inspect", FIXTURES / "tiny-llama", "--context", context)
+    assert r.exit_code == 2 and r.stderr.strip() == f"cachectl: error: --context-lengths expects whole token counts, " \
+                                                   f"{message}", r.stderr
+    assert cli("kv-inspect", FIXTURES / "tiny-llama", "--context", "1.5k,4096").exit_code == 0

@@ -46,9 +46,14 @@ def _contexts(text: str) -> list[int]:
         if part[-1].lower() == "k":
             part, mult = part[:-1], 1024
         try:
-            out.append(int(float(part) * mult))
+            value = float(part) * mult
+            whole = int(value)
         except (ValueError, OverflowError):
             raise UsageError(f"--context-lengths expects comma-separated token counts (4096,32k,128k), got {text!r}") from None
+        if whole != value:  # (4096.9 was taken as 4,096 and 0.5 said "got 0")
+            raise UsageError(f"--context-lengths expects whole token counts, got {part}{'k' if mult > 1 else ''} "
+                             f"({value:g} tokens)")
+        out.append(whole)
     if not out:
         raise UsageError("--context-lengths needs at least one token count")
     return out
