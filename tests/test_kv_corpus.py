@@ -435,3 +435,11 @@ def test_a_bad_head_dim_field_is_refused_at_its_name(field):
     for bad in (-100, "abc", 1.5):
         with pytest.raises(InputError, match=f"field '{field}': expected a positive integer"):
             kvmath.check_config({**base, field: bad})
+
+
+def test_a_text_config_that_is_not_an_object_is_named():
+    from cachectl.errors import InputError
+
+    for bad in ("abc", 7, ["x"]):   # (read as absent: the error named num_hidden_layers)
+        with pytest.raises(InputError, match="field 'text_config': expected the text model's configuration"):
+            kvmath.check_config({"model_type": "llava", "text_config": bad, "num_hidden_layers": 2})

@@ -153,6 +153,9 @@ def check_config(config: dict, source: str = "config.json") -> None:
     """The fields the KV arithmetic and the parameter count read, checked where they are read: integers in range,
     KV heads that divide the attention heads, a head_dim that hidden_size gives when the config has none, and at
     most :data:`MAX_PARAMS` parameters."""
+    if config.get("text_config") is not None and not isinstance(config.get("text_config"), dict):
+        raise InputError(f"expected the text model's configuration (an object), got {config['text_config']!r:.60}",
+                         source=source, field="text_config")  # (it was read as absent, and a field named missing)
     cfg = _text_config(config)
     for key in ("num_hidden_layers", *_OPTIONAL_INTS):
         value = cfg.get(key)
