@@ -443,3 +443,14 @@ def test_a_text_config_that_is_not_an_object_is_named():
     for bad in ("abc", 7, ["x"]):   # (read as absent: the error named num_hidden_layers)
         with pytest.raises(InputError, match="field 'text_config': expected the text model's configuration"):
             kvmath.check_config({"model_type": "llava", "text_config": bad, "num_hidden_layers": 2})
+
+
+def test_a_sliding_pattern_list_holds_true_or_false():
+    from cachectl.errors import InputError
+
+    base = {"model_type": "gemma3_text", "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 16, "hidden_size": 64, "sliding_window": 8, "cachectl_from_gguf": True}
+    assert [g.type for g in kvmath.layer_groups({**base, "sliding_window_pattern": [True, False]})] == [
+        "sliding_attention", "full_attention"]
+    with pytest.raises(InputError, match="field 'sliding_window_pattern': expected true or false per layer, got 'false'"):
+        kvmath.layer_groups({**base, "sliding_window_pattern": ["false", "true"]})   # ('false' counted as sliding)

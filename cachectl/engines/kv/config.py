@@ -492,6 +492,10 @@ def layer_types(config: dict, source: str = "config.json") -> list[str]:
             if not pattern or n % len(pattern):  # one entry per layer, or one period repeated over the layers
                 raise InputError(f"lists {len(pattern)} entries for {n} layers", source=source,
                                  field="sliding_window_pattern")
+            if any(x not in (True, False) or isinstance(x, float) for x in pattern):  # ("false" was true)
+                odd = next(x for x in pattern if x not in (True, False) or isinstance(x, float))
+                raise InputError(f"expected true or false per layer, got {odd!r:.40}", source=source,
+                                 field="sliding_window_pattern")
             types = ["sliding_attention" if pattern[i % len(pattern)] else "full_attention" for i in range(n)]
         elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 1:
             # every pattern-th layer is global
