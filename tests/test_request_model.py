@@ -566,3 +566,20 @@ def test_dumps_alike_writes_what_json_dumps_writes_for_each_value(values, sort_k
                 dumps_alike(v, sort_keys=sort_keys, ensure_ascii=ensure_ascii, indent=indent)
             continue
         assert dumps_alike(v, sort_keys=sort_keys, ensure_ascii=ensure_ascii, indent=indent) == want
+
+
+@pytest.mark.parametrize("body, path", [
+    ({"system": [{"type": "text", "text": "", "cache_control": {"type": "ephemeral"}}],
+      "messages": [{"role": "user", "content": "hi"}]}, r"system\[0\].cache_control"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"},
+                                                {"type": "text", "text": "", "cache_control": {"type": "ephemeral"}}]}]},
+     r"messages\[0\].content\[1\].cache_control"),
+])
+def test_a_cache_control_on_an_empty_text_block_is_the_apis_400(body, path):
+    """The API answers 400 'cache_control cannot be set for empty text blocks' (agents' logs show it:
+    anthropics/claude-code#50082); such a body was priced as if cached."""
+    with pytest.raises(InputError, match=rf"field '{path}': the API refuses a cache_control on an empty text block"):
+        parse_request({"model": SONNET, "max_tokens": 8, **body})
+    empty_unmarked = copy.deepcopy(body)
+    empty_unmarked["messages"][0]["content"] = "hi"
+    parse_request({"model": SONNET, "max_tokens": 8, **{k: v for k, v in empty_unmarked.items() if k != "system"}})

@@ -402,6 +402,16 @@ def _ttl(cc: Any, ctx: _Ctx, path: str) -> str | None:
     return ttl
 
 
+def _block_ttl(b: dict, ctx: _Ctx, path: str) -> str | None:
+    """A content block's ``cache_control`` TTL; on an empty text block, the API's 400 ("cache_control cannot be set
+    for empty text blocks", as it answers agents that send one: anthropics/claude-code#50082), at the block's path."""
+    ttl = _ttl(b.get("cache_control"), ctx, f"{path}.cache_control")
+    if ttl is not None and b.get("type", "text") == "text" and b.get("text") == "":
+        raise ctx.err("the API refuses a cache_control on an empty text block (400: cache_control cannot be set for "
+                      "empty text blocks)", f"{path}.cache_control")
+    return ttl
+
+
 def _text_of_result(content: Any, ctx: _Ctx, path: str, unknown: list[str] | None = None) -> str:
     if content is None:
         return ""
@@ -500,7 +510,7 @@ def _anthropic(body: dict, ctx: _Ctx) -> dict:
                     raise ctx.err("expected a text block object", path)
                 if b.get("type", "text") != "text" or not isinstance(b.get("text"), str):
                     raise ctx.err("system blocks must be {\"type\": \"text\", \"text\": ...}", path)
-                ttl = _ttl(b.get("cache_control"), ctx, f"{path}.cache_control")
+                ttl = _block_ttl(b, ctx, path)
                 positions.append(Position("system", path, "text", "system", compact(_block(b)), b["text"], ttl,
                                           cache_path=f"{path}.cache_control" if ttl else None,
                                           markers=int(ttl is not None)))
@@ -565,7 +575,7 @@ def _anthropic(body: dict, ctx: _Ctx) -> dict:
             cache_path = None
             markers = 0
             for j, b in run:
-                t = _ttl(b.get("cache_control"), ctx, f"{mpath}.content[{j}].cache_control")
+                t = _block_ttl(b, ctx, f"{mpath}.content[{j}]")
                 if t is not None:
                     ttl, cache_path = t, f"{mpath}.content[{j}].cache_control"
                     markers += 1
