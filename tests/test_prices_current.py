@@ -219,3 +219,17 @@ def test_prompt_cost_bills_a_haiku_5_5_log_in_both_bands(tmp_path):
     assert result.exit_code == 0, result.output
     costs = [r["cost_usd"] for r in json.loads(result.output)["requests"]]
     assert costs == pytest.approx([0.002, 0.04575])
+
+
+def test_a_price_entry_of_an_unknown_provider_needs_its_caching_rules():
+    """A typo ('antropic') took OpenAI's caching rules (automatic, no breakpoints) for the model, unsaid."""
+    from cachectl.engines.provider.prices import PriceTable
+    from cachectl.errors import InputError
+
+    entry = {"provider": "antropic", "input": 3, "output": 15, "cache_write_5m": 3.75, "cache_read": 0.3}
+    with pytest.raises(InputError, match=r"field 'models.my-claude.provider': unknown provider 'antropic' \(known: "
+                                         r"anthropic, openai; another one needs its cache_mode and usage_style given\)"):
+        PriceTable.load(({"models": {"my-claude": entry}}, "prices.json"))
+    table = PriceTable.load(({"models": {"my-model": {**entry, "provider": "acme", "cache_mode": "explicit",
+                                                      "usage_style": "anthropic"}}}, "prices.json"))
+    assert table.lookup("my-model").cache_mode == "explicit"

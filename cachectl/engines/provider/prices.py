@@ -274,6 +274,10 @@ def _from_native(model: str, entry: Any, source: str) -> ModelPrice:
     if not isinstance(provider, str):
         raise InputError(f"expected a provider name, got {provider!r:.60}", source=source,
                          field=f"models.{model}.provider")
+    if provider not in _DEFAULTS and not {"cache_mode", "usage_style"} <= entry.keys():
+        # (a typo, "antropic", took OpenAI's caching rules for a Claude model, unsaid)
+        raise InputError(f"unknown provider {provider!r:.60} (known: {', '.join(_DEFAULTS)}; another one needs its "
+                         "cache_mode and usage_style given)", source=source, field=f"models.{model}.provider")
     base = {**_DEFAULTS.get(provider, _DEFAULTS["openai"]), **entry}
     bands = _bands(base.get("bands") or (), model, source, "bands")
     ttls = base.get("ttls") or {}
