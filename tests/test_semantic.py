@@ -123,7 +123,7 @@ def test_dupes_modes(write):
     assert semantic.exact_dupes(str(log)).duplicates == 1
     assert semantic.exact_dupes(str(log), normalize="whitespace").duplicates == 1
     r = semantic.exact_dupes(str(log), normalize="case")
-    assert r.duplicates == 3 and r.top[0] == {"prompt": "Hello world", "count": 4, "line": 1}
+    assert r.duplicates == 3 and r.top[0] == {"prompt": "Hello world", "count": 4, "line": 1, "prompt_line": 2}
 
 
 # --------------------------------------------------------------------------------------------- CLI

@@ -35,11 +35,11 @@ def test_a_request_id_in_metadata_keeps_every_request_distinct_and_is_named(writ
     assert r.would_duplicate == ({"field": "metadata", "duplicates": 1, "gained": 1},)
     ignored = semantic.exact_dupes(path, ignore=["metadata.request_id"])
     assert (ignored.duplicates, ignored.ignored) == (1, ("metadata.request_id",))
-    assert ignored.top == ({"prompt": "Refund policy?", "count": 2, "line": 2},)
+    assert ignored.top == ({"prompt": "Refund policy?", "count": 2, "line": 2, "prompt_line": 4},)
     # then stream is what keeps line 1 apart from them
     assert ignored.would_duplicate == ({"field": "stream", "duplicates": 2, "gained": 1},)
     both = semantic.exact_dupes(path, ignore=["metadata", "stream"])
-    assert both.duplicates == 2 and both.top[0] == {"prompt": "Refund policy?", "count": 3, "line": 1}
+    assert both.duplicates == 2 and both.top[0] == {"prompt": "Refund policy?", "count": 3, "line": 1, "prompt_line": 2}
     assert both.would_duplicate == ()
 
 
@@ -221,3 +221,26 @@ def test_a_body_the_api_refuses_is_refused_by_dupes_and_replay_as_everywhere(cli
     assert r.exit_code == 2 and f"bad.jsonl:2: field '{field}': " in r.stderr and r.stderr.count("\n") == 1
     with pytest.raises(Exception, match=re.escape(f"bad.jsonl:2: field '{field}': ")):
         list(semantic.iter_log_prompts(path))
+
+
+def test_the_shown_text_names_its_own_line_and_an_ignored_path_no_body_has_is_said(cli, tmp_path):
+    """With --normalize, the text shown is the second line's with the key (the first one's is not kept): it was
+    labelled 'first at line 1' as if it were line 1's. An --ignore-field path no body has (a typo, a path through a
+    list) was reported as applied."""
+    log = tmp_path / "p.jsonl"
+    log.write_text('{"prompt":"Reset password"}\n{"prompt":"reset PASSWORD"}\n{"prompt":"RESET password"}\n')
+    r = cli("semantic-probe", "dupes", log, "--normalize", "case")
+    assert "'reset PASSWORD'  (line 2; first at line 1)" in r.stdout, r.stdout
+    req = tmp_path / "r.jsonl"
+    req.write_text("".join(json.dumps({"body": {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                "metadata": {"request_id": str(i)}}}) + "\n" for i in range(2)))
+    r = cli("semantic-probe", "dupes", req, "--ignore-field", "metadata.requestid", "--ignore-field",
+            "messages.0.role", "-f", "json")
+    doc = json.loads(r.stdout)
+    assert doc["duplicates"] == 0 and doc["notes"] == [
+        "--ignore-field metadata.requestid: no request body has it (a path goes through objects only), so it left "
+        "nothing out",
+        "--ignore-field messages.0.role: no request body has it (a path goes through objects only), so it left "
+        "nothing out"]
+    doc = json.loads(cli("semantic-probe", "dupes", req, "--ignore-field", "metadata.request_id", "-f", "json").stdout)
+    assert doc["duplicates"] == 1 and doc["notes"] == []

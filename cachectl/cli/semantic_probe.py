@@ -421,7 +421,9 @@ def dupes_cmd(log: Annotated[str, typer.Argument(metavar="LOG", help="Log of pro
         stdout.print(f"{report.lines:,} {what}, {report.distinct:,} distinct: {report.duplicates:,} exact duplicates "
                      f"({rate}, normalize={report.normalize}{keyed})", soft_wrap=True, markup=False)
         for item in report.top:
-            at = f"  (first at line {item['line']})" if "line" in item else ""
+            shown_at = item.get("prompt_line") if report.normalize != "none" else None  # (else the same text)
+            at = (f"  (line {shown_at}; first at line {item['line']})" if shown_at not in (None, item.get("line"))
+                  else f"  (first at line {item['line']})" if "line" in item else "")
             stdout.print(f"  {item['count']:>6}  {item['prompt'][:100]!r}{at}", soft_wrap=True, markup=False)
         for w in report.would_duplicate:
             stdout.print(f"leaving '{w['field']}' out of the key: {w['duplicates']:,} duplicates (+{w['gained']:,}; "

@@ -44,6 +44,9 @@ class DupesReport:
     duplicates: int
     duplicate_rate: float | None
     normalize: str
+    #: the most repeated keys: {"prompt": the text shown, "count", "line": where the key was first seen,
+    #: "prompt_line": the line the shown text is from (the second with the key: with --normalize the first one's
+    #: text may differ, and is not kept)}
     top: tuple[dict, ...]
     #: what the key is: ``prompt`` (a prompt field: ``field``) or ``request`` (the request body and model)
     key: str = "prompt"
@@ -85,6 +88,7 @@ def exact_dupes(path: str, field_name: str | None = None, normalize: str = "none
     loo = _LeftOut()
     total = 0
     keyed: Counter[str] = Counter()  # lines keyed on a prompt field, on a request body
+    found: Counter[str] = Counter()  # the bodies each --ignore-field path was in
     # (a shape whose records carry no request body says so at its first record, unless a prompt field is named)
     for line, value in log_values(path, log_format, need_body=field_name is None):
         prompt = get_path(value, field) if isinstance(value, dict) else None
@@ -93,7 +97,7 @@ def exact_dupes(path: str, field_name: str | None = None, normalize: str = "none
                 raise InputError("no prompt text", source=source, line=line, field=field)
             data, shown, parts = prompt.encode("utf-8"), prompt, None
         else:
-            parts, shown = _request_parts(value, ignored, source, line, field)
+            parts, shown = _request_parts(value, ignored, source, line, field, found)
             data = b"{" + b",".join(p for _, p in parts) + b"}"
         keyed["prompt" if parts is None else "request"] += 1
         data = _normalized(data, normalize)
@@ -101,15 +105,19 @@ def exact_dupes(path: str, field_name: str | None = None, normalize: str = "none
         loo.add(digest, parts or (), normalize)
         counts[digest] += 1
         first_line.setdefault(digest, line)
-        if counts[digest] == 2:
-            first_text[digest] = shown
+        if counts[digest] == 2:  # (the second line's text: the first one's is not kept; they differ by --normalize)
+            first_text[digest] = (shown, line)
         total += 1
     mode = "mixed" if len(keyed) > 1 else next(iter(keyed), "prompt")
     notes: tuple[str, ...] = ()
     if ignored and not keyed["request"]:
         notes = ("no line was keyed on its request body: --ignore-field left nothing out",)
+    elif ignored:  # (a typo, or a path through a list, was reported as applied)
+        notes = tuple(f"--ignore-field {p}: no request body has it (a path goes through objects only), so it left "
+                      "nothing out" for p in ignored if not found[p])
     distinct = len(counts)
-    common = [{"prompt": first_text[d], "count": c, "line": first_line[d]} for d, c in counts.most_common(top) if c > 1]
+    common = [{"prompt": first_text[d][0], "count": c, "line": first_line[d], "prompt_line": first_text[d][1]}
+              for d, c in counts.most_common(top) if c > 1]
     would, more = loo.gains(total - distinct)
     return DupesReport(lines=total, distinct=distinct, duplicates=total - distinct,
                        duplicate_rate=(total - distinct) / total if total else None, normalize=normalize,
@@ -125,8 +133,8 @@ def _normalized(data: bytes, normalize: str) -> bytes:
     return data
 
 
-def _request_parts(value: Any, ignored: Sequence[str], source: str, line: int, field: str
-                   ) -> tuple[list[tuple[str, bytes]], Any]:
+def _request_parts(value: Any, ignored: Sequence[str], source: str, line: int, field: str,
+                   found: Counter | None = None) -> tuple[list[tuple[str, bytes]], Any]:
     """The request key of a record: its body's top-level fields as ``"name":value`` JSON texts, in the body's
     order (their join is the body's compact JSON), the model first where the body names none; and what a report
     shows of it (its last user message, else its first 100 characters)."""
@@ -140,7 +148,10 @@ def _request_parts(value: Any, ignored: Sequence[str], source: str, line: int, f
         raise InputError(f"neither a request body nor a '{field}' text to key on", source=source, line=line)
     parse_request(value, source=source, line=line)  # (a body the API refuses is refused here as everywhere)
     for p in ignored:
-        body = _without(body, p.split("."))
+        left = _without(body, p.split("."))
+        if found is not None and left is not body:
+            found[p] += 1
+        body = left
     parts = [(k, f"{compact(k)}:{compact(v)}".encode()) for k, v in body.items()]
     if "model" not in body and isinstance(value.get("model"), str) and at:
         parts.insert(0, ("model", f'"model":{compact(value["model"])}'.encode()))
@@ -160,8 +171,11 @@ def _without(obj: dict, path: list[str]) -> dict:
     inner = obj[head]
     if not isinstance(inner, dict):
         return obj
+    left = _without(inner, path[1:])
+    if left is inner:  # (absent further down: ``obj`` itself, so that the caller sees nothing was left out)
+        return obj
     out = dict(obj)
-    out[head] = _without(inner, path[1:])
+    out[head] = left
     return out
 
 
