@@ -204,7 +204,8 @@ def test_replay_leaves_out_a_turn_of_tool_results(cli):
     assert r.exit_code == 0, r.stderr
     assert r.stdout.splitlines()[:2] == [
         "1 request at 0.9: 0 hits (0.0%); 0 exact duplicates",
-        "2 requests left out: the last user message holds no text (tool results, images): no key for the cache"]
+        "2 requests left out: an agent's turn of tool results, or a last user message without text (images): no key "
+        "for the cache"]
 
 
 @pytest.mark.parametrize("body, field", [
@@ -244,3 +245,24 @@ def test_the_shown_text_names_its_own_line_and_an_ignored_path_no_body_has_is_sa
         "nothing out"]
     doc = json.loads(cli("semantic-probe", "dupes", req, "--ignore-field", "metadata.request_id", "-f", "json").stdout)
     assert doc["duplicates"] == 1 and doc["notes"] == []
+
+
+def test_replay_leaves_out_openai_and_codex_tool_loop_turns(cli, tmp_path):
+    """An OpenAI turn of tool results (the question, the assistant's tool_calls, a role 'tool' message) was keyed on
+    the question and counted a hit of the turn before: a 50% hit rate on one question asked once; Codex's rollout,
+    5 hits of 6 (all tool-loop turns). The Anthropic turn (tool_result blocks in the user message) was left out."""
+    question = {"role": "user", "content": "What is the weather in Paris?"}
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\": \"Paris\"}"}}]}
+    log = tmp_path / "oa.jsonl"
+    log.write_text(json.dumps({"model": "gpt-4.1", "messages": [question]}) + "\n" + json.dumps(
+        {"model": "gpt-4.1", "messages": [question, call, {"role": "tool", "tool_call_id": "c1", "content": "18C"}]})
+        + "\n")
+    r = cli("semantic-probe", "replay", log, "--threads", "1")
+    assert r.exit_code == 0 and r.stdout.splitlines()[:2] == [
+        "1 request at 0.9: 0 hits (0.0%); 0 exact duplicates",
+        "1 request left out: an agent's turn of tool results, or a last user message without text (images): no key "
+        "for the cache"], r.stdout
+    r = cli("semantic-probe", "replay", LOGS / "codex_rollout.jsonl", "--threads", "1", "-f", "json")
+    doc = json.loads(r.stdout)
+    assert (doc["requests"], doc["hits"], doc["no_text"]) == (1, 0, 5)

@@ -370,8 +370,8 @@ def _replay_text(report) -> None:
     say(f"{plural(report.requests, 'request')} {head}: {plural(report.hits, 'hit')} ({report.hit_rate:.1%}); "
         f"{plural(report.exact_duplicates, 'exact duplicate')}" + (f"; {report.evicted:,} evicted" if report.evicted else ""))
     if report.no_text:
-        say(f"{plural(report.no_text, 'request')} left out: the last user message holds no text (tool results, "
-            "images): no key for the cache")
+        say(f"{plural(report.no_text, 'request')} left out: an agent's turn of tool results, or a last user message "
+            "without text (images): no key for the cache")
     if report.with_response:
         say(f"{plural(report.wrong_hits, 'hit')} would have returned a different stored response than the one produced "
             f"(of {plural(report.with_response, 'request')} with a response)")

@@ -136,7 +136,8 @@ class ReplayReport:
     #: prompt, tools, end user or earlier turns): [{field, hits}]
     cross_context: tuple[dict, ...] = ()
     cross_context_examples: tuple[dict, ...] = ()
-    #: requests left out: their last user message holds no text (only tool results, images)
+    #: requests left out: their last user message holds no text (only tool results, images), or tool results follow
+    #: it (an agent's turn)
     no_text: int = 0
 
 
@@ -398,7 +399,18 @@ def last_user(request: dict) -> tuple[Any, str, list | None, int | None]:
     users = [i for i, m in enumerate(turns) if isinstance(m, dict) and m.get("role") == "user"]
     if not users:
         return None, name, turns, None
-    return _text(turns[users[-1]].get("content")), f"{name}[{users[-1]}].content", turns, users[-1]
+    at = f"{name}[{users[-1]}].content"
+    if any(_tool_result(m) for m in turns[users[-1] + 1:]):
+        # an agent's turn: tool results after the question (OpenAI's role "tool", the Responses API's and Codex's
+        # *_output items), as Anthropic's tool_result blocks in the last user message are: no text of its own
+        # (each was keyed on the question, and counted a hit of the turn before)
+        return None, at, turns, users[-1]
+    return _text(turns[users[-1]].get("content")), at, turns, users[-1]
+
+
+def _tool_result(turn: Any) -> bool:
+    return isinstance(turn, dict) and (turn.get("role") in ("tool", "function")
+                                       or str(turn.get("type") or "").endswith("_call_output"))
 
 
 def iter_log_prompts(path: str, field_name: str = "prompt", response_field: str = "response",
