@@ -266,3 +266,11 @@ def test_replay_leaves_out_openai_and_codex_tool_loop_turns(cli, tmp_path):
     r = cli("semantic-probe", "replay", LOGS / "codex_rollout.jsonl", "--threads", "1", "-f", "json")
     doc = json.loads(r.stdout)
     assert (doc["requests"], doc["hits"], doc["no_text"]) == (1, 0, 5)
+
+
+def test_dupes_and_replay_read_a_log_whose_times_have_no_zone(cli):
+    """Neither reads time: LiteLLM's own example payload (a zone-less startTime) was refused, with a pointer to a
+    --time-zone neither command has."""
+    for sub in ("dupes", "replay"):
+        r = cli("semantic-probe", sub, LOGS / "litellm_gcs_payload.jsonl", *(("--threads", "1") if sub == "replay" else ()))
+        assert r.exit_code == 0 and r.stdout.startswith("1 request"), (sub, r.stdout, r.stderr)

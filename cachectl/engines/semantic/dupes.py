@@ -138,15 +138,15 @@ def _request_parts(value: Any, ignored: Sequence[str], source: str, line: int, f
     """The request key of a record: its body's top-level fields as ``"name":value`` JSON texts, in the body's
     order (their join is the body's compact JSON), the model first where the body names none; and what a report
     shows of it (its last user message, else its first 100 characters)."""
-    from ...inputs.request import compact, parse_request
-    from .replay import last_user, request_of
+    from ...inputs.request import compact
+    from .replay import check_body, last_user, request_of
 
     if not isinstance(value, dict):
         raise InputError("expected a JSON object", source=source, line=line)
     body, at = request_of(value)
     if body is None:
         raise InputError(f"neither a request body nor a '{field}' text to key on", source=source, line=line)
-    parse_request(value, source=source, line=line)  # (a body the API refuses is refused here as everywhere)
+    check_body(value, source, line)
     for p in ignored:
         left = _without(body, p.split("."))
         if found is not None and left is not body:

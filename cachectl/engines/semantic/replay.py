@@ -386,6 +386,15 @@ def request_of(value: dict) -> tuple[dict | None, str]:
     return (body, at) if is_request_body(body) and isinstance(body, dict) else (None, "")
 
 
+def check_body(value: dict, source: str, line: int) -> None:
+    """A request body the API refuses is refused here as everywhere (through the request parser), its time left
+    out: neither ``dupes`` nor ``replay`` reads it (a zone-less timestamp, as LiteLLM's own example payload has,
+    was refused with a pointer to a --time-zone these commands do not have)."""
+    from ...inputs.request import parse_request
+
+    parse_request({k: v for k, v in value.items() if k != "timestamp"}, source=source, line=line)
+
+
 def last_user(request: dict) -> tuple[Any, str, list | None, int | None]:
     """The last user message of a request body: its text (a string, or its text parts joined by a line break;
     else the content as it is), its path in the body, the turns (``messages``, or the Responses API's ``input``
@@ -425,7 +434,6 @@ def iter_log_prompts(path: str, field_name: str = "prompt", response_field: str 
     from ...inputs import get_path
     from ...inputs.files import display_name
     from ...inputs.formats import log_values
-    from ...inputs.request import parse_request
 
     source = display_name(path)
     for line, value in log_values(path, log_format, responses=True):
@@ -436,7 +444,7 @@ def iter_log_prompts(path: str, field_name: str = "prompt", response_field: str 
         request, at = (value, "") if prompt is not None else request_of(value)
         turns, user_at = None, None
         if prompt is None and request is not None:
-            parse_request(value, source=source, line=line)  # (a body the API refuses is refused as everywhere)
+            check_body(value, source, line)
             prompt, where, turns, user_at = last_user(request)
             field = at + where
             if prompt is None and user_at is None:
