@@ -300,3 +300,11 @@ def test_a_log_prompt_is_the_last_user_messages_text_parts(tmp_path):
     with pytest.raises(InputError, match="expected a string or a list of content parts") as exc:
         list(semantic.iter_log_prompts(str(log)))
     assert exc.value.field == "messages[0].content"
+
+
+def test_a_sweep_without_negatives_or_positives_asks_for_them():
+    """With no negative pairs the false-hit rate cannot be measured: the verdict was 'do not serve these prompts'."""
+    only_pos = semantic.sweep_scores([0.95, 0.97], [1, 1], [0.9])
+    assert only_pos.recommended is None and only_pos.statement.startswith("no negative pairs (label 0)")
+    only_neg = semantic.sweep_scores([0.2, 0.3] * 200, [0, 0] * 200, [0.9])
+    assert only_neg.recommended is None and only_neg.statement.startswith("no positive pairs (label 1)")

@@ -274,3 +274,31 @@ def test_dupes_and_replay_read_a_log_whose_times_have_no_zone(cli):
     for sub in ("dupes", "replay"):
         r = cli("semantic-probe", sub, LOGS / "litellm_gcs_payload.jsonl", *(("--threads", "1") if sub == "replay" else ()))
         assert r.exit_code == 0 and r.stdout.startswith("1 request"), (sub, r.stdout, r.stderr)
+
+
+def test_replay_says_when_no_request_has_a_response_and_cuts_long_examples(cli, tmp_path):
+    """A --response-field no line has (a typo) dropped the wrong hits and exit 1 unsaid; an example line printed
+    each prompt whole (two of 200 kB: 400 kB on one line); a prompt past the tokenizers' bound named no line."""
+    pad = "word " * 40_000
+    log = tmp_path / "r.jsonl"
+    log.write_text(json.dumps({"prompt": "Summarize: " + pad + "in French", "response": "a"}) + "\n"
+                   + json.dumps({"prompt": "Summarize: " + pad + "in German", "response": "b"}) + "\n")
+    r = cli("semantic-probe", "replay", log, "--threads", "1")
+    assert r.exit_code == 1 and max(len(ln) for ln in r.stdout.splitlines()) < 400, r.stdout[:500]
+    assert "(+199,920 characters)" in r.stdout   # (11 + 200,000 + 9 characters, 100 shown)
+    r = cli("semantic-probe", "replay", log, "--threads", "1", "--response-field", "respons")
+    assert r.exit_code == 0 and "note: no request has a text response (--response-field respons" in r.stdout
+    assert cli("semantic-probe", "replay", log, "--response-field", " ").exit_code == 2
+    huge = tmp_path / "h.jsonl"
+    huge.write_text(json.dumps({"prompt": "x " * 1_250_000}) + "\n")
+    r = cli("semantic-probe", "replay", huge, "--threads", "1")
+    assert r.exit_code == 2 and r.stderr.startswith(f"cachectl: error: {huge}:1: field 'prompt': a prompt of "), r.stderr
+
+
+def test_the_pairs_table_keeps_a_text_on_its_row(cli, tmp_path):
+    pairs = tmp_path / "p.jsonl"
+    pairs.write_text(json.dumps({"text_a": "What is 2+2?\n0.9999  HIT  fake row", "text_b": "Bake [bold]bread[/bold]",
+                                 "label": 0}) + "\n")
+    r = cli("semantic-probe", "pairs", pairs, "--threads", "1")
+    rows = [ln for ln in r.stdout.splitlines() if "What is" in ln or "fake row" in ln]
+    assert len(rows) == 1 and "What is 2+2?\\n0.9999  HIT  fake row" in rows[0] and "[bold]bread[/bold]" in rows[0]

@@ -145,8 +145,13 @@ def pairs_cmd(file: Annotated[str, typer.Argument(metavar="PAIRS", help="TSV, CS
         t = Table(header_style="bold", box=None, pad_edge=False)
         for col in ("cosine", "hit", "text_a", "text_b"):
             t.add_column(col, justify="right" if col == "cosine" else "left")
-        for p in report.pairs:
-            t.add_row(f"{p.cosine:.4f}", "HIT" if p.hit else "", p.text_a, p.text_b)
+        from rich.text import Text
+
+        from ..errors import printable
+
+        for p in report.pairs:  # (a text's line breaks escaped, as a cell's: a "\n" made a row of its own; no markup)
+            t.add_row(f"{p.cosine:.4f}", "HIT" if p.hit else "", Text(printable(p.text_a, newlines=False)),
+                      Text(printable(p.text_b, newlines=False)))
         stdout.print(t)
         stdout.print(f"{sum(p.hit for p in report.pairs):,} of {plural(len(report.pairs), 'pair')} hit at {threshold:g} "
                      f"({name})", soft_wrap=True, markup=False)
@@ -335,6 +340,8 @@ def replay_cmd(log: Annotated[str, typer.Argument(metavar="LOG", help="Log of pr
     It stores on a miss and looks up before: the hit rate, and how many hits would have returned another stored response than the one actually produced, and how many crossed a system prompt, tools, end user or earlier turns. Exit 1 when any would (for the adaptive policy: when its wrong-hit rate is above its bound)."""
     from ..engines import semantic
 
+    if not response_field.strip():
+        raise UsageError("--response-field takes a dotted field name, such as response or output.text")
     options = _replay_options(threshold, like, policy, delta, thresholds, scope, key_fields, max_size, seed)
     emb, name, progress = _embedder(model, threads)
     with progress:
@@ -343,7 +350,7 @@ def replay_cmd(log: Annotated[str, typer.Argument(metavar="LOG", help="Log of pr
     if fmt is Format.json:
         emit_json(report)
     else:
-        _replay_text(report)
+        _replay_text(report, response_field)
     breached = any(r.policy == "adaptive" and (r.wrong_hit_low or 0) > (r.delta or 0) for r in report.policies)
     finding = (report.wrong_hits if report.policy == "static" else breached) or report.cross_context
     raise typer.Exit(EXIT_FINDING if finding else EXIT_OK)
@@ -361,7 +368,13 @@ def _replay_options(threshold, like, policy, delta, thresholds, scope, key_field
             "scope": scope.value, "key_fields": fields, "max_size": max_size, "seed": seed}
 
 
-def _replay_text(report) -> None:
+def _cut(text: str, most: int = 100) -> str:
+    """A prompt as an example line shows it: its repr, cut at ``most`` characters (two prompts of 200 kB were
+    400 kB on one line); the JSON keeps them whole."""
+    return repr(text[:most]) + (f" (+{len(text) - most:,} characters)" if len(text) > most else "")
+
+
+def _replay_text(report, response_field: str = "response") -> None:
     def say(text: str) -> None:
         stdout.print(text, soft_wrap=True, markup=False)
 
@@ -375,15 +388,20 @@ def _replay_text(report) -> None:
     if report.with_response:
         say(f"{plural(report.wrong_hits, 'hit')} would have returned a different stored response than the one produced "
             f"(of {plural(report.with_response, 'request')} with a response)")
+    elif report.requests:  # (a --response-field typo dropped the wrong hits, and exit 1 with them, unsaid)
+        say(f"note: no request has a text response (--response-field {response_field}, or the answer its log shape "
+            "keeps): hits that would have served another answer are not counted")
     for e in report.examples:
-        say(f"  line {e['line']}: {e['prompt']!r} served the answer of {e['matched']!r} (cosine {e['cosine']:.3f})")
+        say(f"  line {e['line']}: {_cut(e['prompt'])} served the answer of {_cut(e['matched'])} "
+            f"(cosine {e['cosine']:.3f})")
     if len(report.policies) > 1 or report.policy == "adaptive":
         _policy_table(report.policies, report.threshold_unit)
     for c in report.cross_context:
         say(f"{plural(c['hits'], 'hit')} crossed a {c['field']} boundary: served from an entry stored under another "
             f"{c['field']} (make it part of the key: --key-fields {c['field']})")
     for e in report.cross_context_examples[:5]:
-        say(f"  line {e['line']}: {e['prompt']!r} served the entry of line {e['matched_line']} (another {e['field']})")
+        say(f"  line {e['line']}: {_cut(e['prompt'])} served the entry of line {e['matched_line']} (another "
+            f"{e['field']})")
 
 
 @app.command("dupes")

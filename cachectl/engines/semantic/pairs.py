@@ -318,7 +318,12 @@ def sweep_scores(cosines: Sequence[float], labels: Sequence[int], thresholds: Se
         rec = best.threshold
     else:
         rec = None
-        if neg and clopper_pearson_upper(0, neg, confidence) > target_false_hit:
+        if not neg:  # (no false-hit rate to bound: it said "do not serve these prompts")
+            statement = ("no negative pairs (label 0): the false-hit rate cannot be measured: label pairs that must "
+                         "not share an answer")
+        elif not pos:
+            statement = "no positive pairs (label 1): recall cannot be measured: label pairs that may share an answer"
+        elif clopper_pearson_upper(0, neg, confidence) > target_false_hit:
             statement = (f"{neg} negative pairs cannot show a false-hit rate below {target_false_hit:.2%} at "
                          f"{confidence:.0%} confidence even with no false hit: label more pairs")
         else:

@@ -434,6 +434,7 @@ def iter_log_prompts(path: str, field_name: str = "prompt", response_field: str 
     from ...inputs import get_path
     from ...inputs.files import display_name
     from ...inputs.formats import log_values
+    from ...tokenization import check_text_size
 
     source = display_name(path)
     for line, value in log_values(path, log_format, responses=True):
@@ -458,6 +459,10 @@ def iter_log_prompts(path: str, field_name: str = "prompt", response_field: str 
         if prompt is None:
             yield NoText(line)
             continue
+        try:  # (past the tokenizers' bound: said where, not only what)
+            check_text_size(prompt)
+        except InputError as exc:
+            raise InputError(exc.message, source=source, line=line, field=field) from None
         response = get_path(value, response_field)
         yield LogRecord(line, prompt, response if isinstance(response, str) else None,
                         _context(request if request is not None else value, turns, user_at))
