@@ -302,3 +302,23 @@ def test_the_pairs_table_keeps_a_text_on_its_row(cli, tmp_path):
     r = cli("semantic-probe", "pairs", pairs, "--threads", "1")
     rows = [ln for ln in r.stdout.splitlines() if "What is" in ln or "fake row" in ln]
     assert len(rows) == 1 and "What is 2+2?\\n0.9999  HIT  fake row" in rows[0] and "[bold]bread[/bold]" in rows[0]
+
+
+def test_texts_the_model_does_not_read_whole_are_said(cli, tmp_path):
+    """Two texts that differ only past the model's 256-token window, or that are only unknown tokens (emoji), embed
+    alike: cosine 1.0, a hit, said nowhere."""
+    pad = "The quick brown fox jumps over the lazy dog. " * 100
+    pairs = tmp_path / "p.jsonl"
+    pairs.write_text(json.dumps({"text_a": "Summarize. " + pad + "Answer in French.",
+                                 "text_b": "Summarize. " + pad + "Answer in German.", "label": 0}) + "\n"
+                     + json.dumps({"text_a": "\U0001F525\U0001F525", "text_b": "\U0001F4A7", "label": 0}) + "\n")
+    r = cli("semantic-probe", "pairs", pairs, "--threads", "1")
+    assert r.exit_code == 0 and "2 of 2 pairs hit" in r.stdout
+    assert r.stdout.splitlines()[-2:] == [
+        "note: 2 distinct text(s) longer than the model's window of 256 tokens: only their first tokens were "
+        "embedded, so texts that differ after them have cosine 1.0",
+        "note: 2 distinct text(s) of only tokens the model does not know ([UNK], e.g. emoji or scripts outside its "
+        "vocabulary): any two of them have cosine 1.0"]
+    r = cli("semantic-probe", "pairs", pairs, "--threads", "1", "-f", "json")
+    json.loads(r.stdout)  # (the notes beside the JSON, on stderr)
+    assert r.stderr.count("cachectl: note: ") == 2

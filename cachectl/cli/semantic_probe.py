@@ -22,6 +22,7 @@ from .common import (
     handle_errors,
     new_figure,
     plural,
+    print_note,
     run_inputs,
     save_figure,
     status,
@@ -114,6 +115,16 @@ def _embedder(model: Optional[str], threads: Optional[int]):
     return semantic.Embedder(m, progress=progress.advance), name, progress
 
 
+def _unread(emb, fmt: Format) -> None:
+    """Notes of what the model did not read (texts past its window, texts of unknown tokens): on stdout after the
+    text, on stderr beside JSON."""
+    for note in emb.notes():
+        if fmt is Format.json:
+            stderr.print(f"cachectl: note: {note}", soft_wrap=True, markup=False, highlight=False)
+        else:
+            print_note(note)
+
+
 def _columns(text: Optional[str]):
     if not text:
         return None
@@ -155,6 +166,7 @@ def pairs_cmd(file: Annotated[str, typer.Argument(metavar="PAIRS", help="TSV, CS
         stdout.print(t)
         stdout.print(f"{sum(p.hit for p in report.pairs):,} of {plural(len(report.pairs), 'pair')} hit at {threshold:g} "
                      f"({name})", soft_wrap=True, markup=False)
+    _unread(emb, fmt)
     raise typer.Exit(EXIT_OK)
 
 
@@ -210,6 +222,7 @@ def probe_cmd(prompts: Annotated[Optional[list[str]], typer.Argument(metavar="PR
         stdout.print(f"at {threshold:g}: {report.wrong_hits} of {report.must_not} must-not variants would get the "
                      f"original's answer; {report.paraphrase_hits} of {report.should} paraphrases hit ({name})",
                      soft_wrap=True, markup=False)
+    _unread(emb, fmt)
     raise typer.Exit(EXIT_FINDING if report.wrong_hits else EXIT_OK)
 
 
@@ -285,6 +298,7 @@ def sweep_cmd(file: Annotated[str, typer.Argument(metavar="PAIRS", help="Labeled
             stdout.print(f"as a stream of requests (shuffled with seed {seed}; wrong hits per pair; adaptive scope "
                          f"{report.scope}):", soft_wrap=True, markup=False)
             _policy_table(report.policies)
+    _unread(emb, fmt)
     raise typer.Exit(EXIT_OK)
 
 
@@ -351,6 +365,7 @@ def replay_cmd(log: Annotated[str, typer.Argument(metavar="LOG", help="Log of pr
         emit_json(report)
     else:
         _replay_text(report, response_field)
+    _unread(emb, fmt)
     breached = any(r.policy == "adaptive" and (r.wrong_hit_low or 0) > (r.delta or 0) for r in report.policies)
     finding = (report.wrong_hits if report.policy == "static" else breached) or report.cross_context
     raise typer.Exit(EXIT_FINDING if finding else EXIT_OK)

@@ -90,6 +90,10 @@ class Embedder:
         self.progress = progress
         self.index: dict[str, int] = {}
         self.vectors: Any = None  # numpy array (numpy is imported lazily)
+        #: distinct texts longer than the model's window (only their first tokens are embedded), and texts of only
+        #: tokens the model does not know ([UNK]: any two of them embed alike, cosine 1.0)
+        self.cut = 0
+        self.unknown = 0
 
     def add(self, texts: Iterable[str]) -> None:
         import numpy as np
@@ -101,6 +105,7 @@ class Embedder:
 
         for t in new:  # (what a caller did not locate: the tokenizers' bound, as every encoding has it)
             check_text_size(t)
+        self._count_unread(new)
         chunks = []
         for i in range(0, len(new), self.batch_size * 8):
             part = new[i:i + self.batch_size * 8]
@@ -113,6 +118,32 @@ class Embedder:
         self.vectors = block if self.vectors is None else np.vstack([self.vectors, block])
         for j, t in enumerate(new):
             self.index[t] = start + j
+
+    def _count_unread(self, texts: list[str]) -> None:
+        """What the model will not see of ``texts``: past its window, or nothing but unknown tokens (two texts that
+        differed only there had cosine 1.0 and a hit, said nowhere)."""
+        tokenizer = getattr(self.model, "tokenizer", None)
+        window = getattr(self.model, "max_seq_length", None)
+        if tokenizer is None or not callable(tokenizer):
+            return
+        unk = getattr(tokenizer, "unk_token_id", None)
+        for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
+            if window and len(ids) > window - 2:  # ([CLS] and [SEP] take two of the window's tokens)
+                self.cut += 1
+            if ids and unk is not None and all(i == unk for i in ids):
+                self.unknown += 1
+
+    def notes(self) -> list[str]:
+        """One line for each kind of text the model did not read whole."""
+        window = getattr(self.model, "max_seq_length", None)
+        out = []
+        if self.cut:
+            out.append(f"{self.cut:,} distinct text(s) longer than the model's window of {window} tokens: only their "
+                       "first tokens were embedded, so texts that differ after them have cosine 1.0")
+        if self.unknown:
+            out.append(f"{self.unknown:,} distinct text(s) of only tokens the model does not know ([UNK], e.g. emoji "
+                       "or scripts outside its vocabulary): any two of them have cosine 1.0")
+        return out
 
     def vec(self, text: str):
         return self.vectors[self.index[text]]
