@@ -85,8 +85,13 @@ class Interrupted(CachectlError):
 #: what a terminal would act on instead of showing: C0 controls (tab and newline are kept where the layout
 #: needs them), DEL, C1 controls (CSI 0x9b among them), and the bidirectional overrides and isolates that
 #: reorder what is shown ("Trojan Source")
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
-_CONTROL_ALL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+#: besides the C0/C1 controls and the bidirectional marks and overrides (U+061C, U+200E/F, U+202A-E, U+2066-9), the
+#: characters that print as nothing where a divergence may sit: the zero-width space U+200B, the word joiner and
+#: invisible operators U+2060-4, the BOM U+FEFF, the soft hyphen U+00AD, U+180E (a prompt diverging there showed
+#: blank tokens). The joiners U+200C/D stay: Persian, Indic scripts and emoji sequences are written with them.
+_INVISIBLE = "\u00ad\u061c\u180e\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\u2028\u2029\ufeff"
+_CONTROL = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_INVISIBLE}]")
+_CONTROL_ALL = re.compile(f"[\x00-\x1f\x7f-\x9f{_INVISIBLE}]")
 
 
 def _escape_char(m: re.Match) -> str:

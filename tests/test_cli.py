@@ -351,3 +351,17 @@ def test_running_one_command_builds_only_that_command(runner):
     text = root.get_help(ctx)
     assert all(name in text for name in COMMANDS) and set(dict.keys(root.commands)) == set(COMMANDS)
     assert runner.invoke(app, ["nope"]).exit_code == 2
+
+
+def test_characters_that_print_as_nothing_are_shown_escaped(cli, tmp_path):
+    """A prompt diverging at a zero-width space showed its tokens blank (U+200B, U+FEFF, U+00AD, U+2060 and the
+    bidi mark U+061C were printed raw, where U+200E and U+202E were escaped); the joiners U+200C/D stay."""
+    from cachectl.errors import printable
+
+    assert printable("a\u200bb\ufeffc\u00add\u2060e\u061cf\u200dg") == "a\\u200bb\\ufeffc\\xadd\\u2060e\\u061cf\u200dg"
+    (tmp_path / "a.txt").write_text("hello\u200bworld", encoding="utf-8")
+    (tmp_path / "b.txt").write_text("helloworld", encoding="utf-8")
+    r = cli("diff-tokens", tmp_path / "a.txt", tmp_path / "b.txt", "-t", TOK_DIR)
+    assert r.exit_code == 1 and "\u200b" not in r.stdout
+    row = next(ln for ln in r.stdout.splitlines() if ln.strip().startswith("4 "))
+    assert "\\u200b" in row, r.stdout
