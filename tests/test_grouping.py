@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 
 from cachectl.engines.repair import groups
 
+from .conftest import TOK_DIR
+
 
 def _extends(prev: Any, last_turn: int, cur: Any) -> int:
     """The reference's comparison, as it was: all of ``prev`` as ``cur``'s prefix, or (requests) all before its
@@ -159,3 +161,19 @@ def test_the_remembered_hashes_give_the_reference_comparison():
             assert index._extends(last, kind, cur, pre) == (want if want > 0 else index._extends(last, kind, cur, pre))
             assert (index._extends(last, kind, cur, pre) > 0) == (want > 0)
         assert index.add(cur, 0, None, 1) == (0 if want > 0 else 1)
+
+
+def test_a_key_of_true_and_a_key_of_1_are_two_conversations(cli, tmp_path):
+    """True == 1 in Python: two requests keyed `true` and `1` were one conversation, and a pair measured."""
+    import json as _json
+
+    msgs = [{"role": "user", "content": "hello"}]
+    log = tmp_path / "k.jsonl"
+    log.write_text(_json.dumps({"session": True, "messages": msgs}) + "\n"
+                   + _json.dumps({"session": 1, "messages": msgs + [{"role": "assistant", "content": "hi"}]}) + "\n")
+    r = cli("diff-tokens", "--log", log, "--key", "session", "-t", TOK_DIR)
+    assert "2 requests, 2 conversations, 0 pairs" in r.stdout, r.stdout
+    from cachectl.inputs.prompt import conversation_key
+
+    assert [conversation_key(v) for v in (True, 1, 1.0, "1", {"b": 1, "a": 2})] == [
+        "true", 1, "1.0", "1", '{"a": 2, "b": 1}']

@@ -236,6 +236,17 @@ class LogRecord:
     prompt: PromptInput
 
 
+def conversation_key(value: Any) -> Any:
+    """A conversation key as grouping compares it: a string or an int as it is; an object or a list as its JSON text
+    (sorted keys); a boolean or a float as its JSON text too (``True == 1`` in Python: two conversations, one keyed
+    ``true`` and one ``1``, were one)."""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    if isinstance(value, (bool, float)):
+        return json.dumps(value)
+    return value
+
+
 def iter_log(path: str, key_field: str | None = None, as_kind: str | None = None,
              log_format: str | None = None, timestamps: Any = None) -> Iterator[LogRecord]:
     """Stream prompts from a log in any shape (``log_format``, or found from its first lines), one per record.
@@ -249,8 +260,7 @@ def iter_log(path: str, key_field: str | None = None, as_kind: str | None = None
             key = get_path(value, key_field)
             if key is None:
                 raise InputError("missing conversation key", source=source, line=lineno, field=key_field)
-            if isinstance(key, (dict, list)):
-                key = json.dumps(key, sort_keys=True)
+            key = conversation_key(key)
         else:
             key = None
         prompt = prompt_from_value(value, source=source, line=lineno, as_kind=as_kind, timestamps=timestamps)

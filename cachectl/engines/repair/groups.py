@@ -16,6 +16,7 @@ from typing import Any
 
 from ...errors import InputError, UnrenderablePart, plural
 from ...inputs import PromptInput, Request, compact, get_path, parse_request, prompt_from_value
+from ...inputs.prompt import conversation_key
 from .store import LineStore, store_of
 
 # --------------------------------------------------------------------------------------------- records
@@ -109,8 +110,7 @@ def _log_line(lineno: int, value: Any, source: str, key: str | None, timestamps:
         k = get_path(value, key) if isinstance(value, dict) else None
         if k is None:
             raise InputError("missing conversation key", source=source, line=lineno, field=key)
-        if isinstance(k, (dict, list)):
-            k = json.dumps(k, sort_keys=True)
+        k = conversation_key(k)
     prompt = prompt_from_value(value, source=source, line=lineno, timestamps=timestamps)
     req = prompt.request
     if req is None and prompt.kind == "chat":
