@@ -365,3 +365,17 @@ def test_characters_that_print_as_nothing_are_shown_escaped(cli, tmp_path):
     assert r.exit_code == 1 and "\u200b" not in r.stdout
     row = next(ln for ln in r.stdout.splitlines() if ln.strip().startswith("4 "))
     assert "\\u200b" in row, r.stdout
+
+
+def test_diff_tokens_refuses_what_it_would_pass_over(cli, tmp_path):
+    """--as ids on a request body rendered it through the chat template; --key, --max-open, --log-format,
+    --time-zone without --log were taken and unused, bad values unchecked."""
+    body = tmp_path / "b.json"
+    body.write_text('{"messages": [{"role": "user", "content": "hello world"}]}')
+    r = cli("diff-tokens", "--as", "ids", body, body, "-t", TOK_DIR)
+    assert r.exit_code == 2 and "a request body (messages) cannot be read as 'ids'" in r.stderr, r.stderr
+    r = cli("diff-tokens", "--as", "ids", "--text", "[1,2,3]", "[1,2,4]", "--log-format", "bogus", "--time-zone",
+            "Mars/Olympus", "--key", "x", "--max-open", "5")
+    assert r.exit_code == 2 and r.stderr.strip() == (
+        "cachectl: error: --key, --max-open, --log-format, --time-zone apply to --log; two prompts A B take none")
+    assert cli("diff-tokens", "--as", "ids", "--text", "[1,2,3]", "[1,2,4]").exit_code == 1

@@ -125,6 +125,12 @@ def command(
 
     if a is None or b is None:
         raise UsageError("diff-tokens needs two prompts, A and B")
+    given = [flag for flag, value, default in (("--key", key, None), ("--max-open", max_open, 10_000),
+                                               ("--log-format", log_format, None), ("--time-unit", time_unit, None),
+                                               ("--time-zone", time_zone, None)) if value != default]
+    if given:  # (they were taken and unused, bad values unchecked)
+        raise UsageError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to --log; two prompts A B "
+                         "take none")
     if a == "-" and b == "-":
         raise UsageError("only one of A and B can be stdin (-)")
     pa, pb = _prompt(a, "A", kind, inline), _prompt(b, "B", kind, inline)

@@ -130,6 +130,9 @@ def prompt_from_value(value: Any, *, source: str, line: int | None, as_kind: str
                 body, body_path, wrapper = inner, f"{key}.", {k: v for k, v in value.items() if k != key}
                 break
     if is_request_body(body) and "blocks" not in body:
+        if as_kind in ("ids", "text"):  # (--as ids was passed over: the body was rendered as a chat)
+            raise InputError(f"a request body (messages) cannot be read as {as_kind!r}: without --as it is rendered "
+                             "through the chat template", **loc)
         provider = as_kind if as_kind in ("openai", "anthropic") else None
         req = parse_request(value, source=source, line=line, locator=locator, provider=provider,
                             timestamps=timestamps)
