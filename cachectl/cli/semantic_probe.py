@@ -383,7 +383,7 @@ def _replay_options(threshold, like, policy, delta, thresholds, scope, key_field
             "scope": scope.value, "key_fields": fields, "max_size": max_size, "seed": seed}
 
 
-def _cut(text: str, most: int = 100) -> str:
+def _cut(text: str, most: int = 200) -> str:
     """A prompt as an example line shows it: its repr, cut at ``most`` characters (two prompts of 200 kB were
     400 kB on one line); the JSON keeps them whole."""
     return repr(text[:most]) + (f" (+{len(text) - most:,} characters)" if len(text) > most else "")
