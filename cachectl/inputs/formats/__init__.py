@@ -159,9 +159,12 @@ def raw_log_values(path: str, log_format: str | None = None, *, command: str) ->
     name, _, lines = open_log(path, log_format)
     refuse_unread(name, command, display_name(path))
     check = getattr(READERS.get(name), "check_line", None)  # (a shape read as cachectl's own: its lines checked)
+    if check is None:
+        yield from iter_log_values(path, lines)
+        return
+    source = display_name(path)
     for n, raw, value in iter_log_values(path, lines):
-        if check is not None:
-            check(value, display_name(path), n)
+        check(value, source, n)
         yield n, raw, value
 
 
