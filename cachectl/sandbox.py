@@ -340,14 +340,14 @@ def check_items(items: int, what: str) -> None:
 
 
 _CONTAINERS = (list, tuple, dict, set, frozenset)
-#: bytes a template can make (``'x'.encode()``): bounded as strings are, a byte a character
-_BYTES = (bytes, bytearray)
+#: the texts a template can build: strings, and bytes (``'x'.encode()``), bounded alike (a byte a character)
+_TEXTS = (str, bytes, bytearray)
 
 
 def text_size(value: Any, what: str) -> int:
     """About how many characters ``str(value)`` (or its JSON) holds; refused past the budget, counted without
     building it (a shared sub-list counts each time it is printed)."""
-    if type(value) is str or isinstance(value, _BYTES):
+    if type(value) is str or isinstance(value, (bytes, bytearray)):
         return len(value)
     if not isinstance(value, _CONTAINERS):
         return 32
@@ -359,7 +359,7 @@ def text_size(value: Any, what: str) -> int:
         items += 1
         if not items & 0xFFFF:
             checkpoint()
-        if isinstance(x, (str, *_BYTES)):
+        if isinstance(x, _TEXTS):
             size += len(x) + 4
         elif isinstance(x, dict):
             stack.extend(x.keys())
@@ -513,8 +513,8 @@ def _bounded_str_method(obj: Any, args: tuple, kwargs: dict) -> None:
         _join_size(args[0], s, what)
     elif name in ("split", "rsplit", "splitlines"):
         sep = args[0] if args and isinstance(args[0], text) and name != "splitlines" else None
-        pieces = (s.count(sep) + 1 if sep else s.count(text("\n", "ascii") if text is not str else "\n") + 1
-                  if name == "splitlines" else len(s) // 2 + 1)
+        newline = "\n" if text is str else b"\n"
+        pieces = s.count(sep) + 1 if sep else s.count(newline) + 1 if name == "splitlines" else len(s) // 2 + 1
         check_items(pieces, what)
     elif name == "hex":  # (bytes: two characters a byte)
         check_chars(2 * len(s), what)
@@ -533,7 +533,7 @@ def _replace_size(s: str, old: str, new: str, count: Any, what: str) -> None:
 
 
 def _join_size(items: Any, sep: Any, what: str) -> None:
-    if isinstance(items, (str, *_BYTES)):
+    if isinstance(items, _TEXTS):
         n, chars = len(items), len(items)
     elif isinstance(items, (*_CONTAINERS, range)):
         n = len(items)
@@ -541,7 +541,7 @@ def _join_size(items: Any, sep: Any, what: str) -> None:
         chars = sum(text_size(x, what) for x in items)
     else:
         return  # a generator (map, select): its items are checked as they are made
-    check_chars(chars + max(n - 1, 0) * (len(sep) if isinstance(sep, (str, *_BYTES)) else len(str(sep))), what, sep)
+    check_chars(chars + max(n - 1, 0) * (len(sep) if isinstance(sep, _TEXTS) else len(str(sep))), what, sep)
 
 
 # ---------------------------------------------------------------------------------------- the filters
@@ -738,7 +738,7 @@ def apply(env: Any, base: Any) -> Any:
         if _tripped:
             checkpoint()
         wrapped = getattr(obj, "__wrapped__", obj)  # the sandbox's str.format wrapper
-        if isinstance(getattr(wrapped, "__self__", None), (str, *_BYTES)) and hasattr(wrapped, "__name__"):
+        if isinstance(getattr(wrapped, "__self__", None), _TEXTS) and hasattr(wrapped, "__name__"):
             _bounded_str_method(wrapped, args, kwargs)
         level = getattr(depth, "n", 0)
         if level >= MAX_CALL_DEPTH:
@@ -756,8 +756,8 @@ def apply(env: Any, base: Any) -> Any:
             checkpoint()
         if operator == "*":
             for seq, n in ((left, right), (right, left)):
-                if isinstance(seq, (str, *_BYTES, list, tuple)) and isinstance(n, int) and n > 0:
-                    if isinstance(seq, (str, *_BYTES)):
+                if isinstance(seq, (*_TEXTS, list, tuple)) and isinstance(n, int) and n > 0:
+                    if isinstance(seq, _TEXTS):
                         if _over(len(seq) * n, op_limit(), seq):
                             raise _refuse(f"a repetition of {len(seq):,} x {n:,} items")
                     elif len(seq) * n > MAX_ITEMS:
@@ -769,12 +769,12 @@ def apply(env: Any, base: Any) -> Any:
                 raise _refuse(f"a power with a {_power_bits(left, right):,}-bit result")
             return left ** right
         if operator == "+":
-            if isinstance(left, (str, *_BYTES)) and isinstance(right, (str, *_BYTES)):
+            if isinstance(left, _TEXTS) and isinstance(right, _TEXTS):
                 check_chars(len(left) + len(right), "a '+' concatenation", left, right)
             elif isinstance(left, (list, tuple)) and isinstance(right, (list, tuple)):
                 check_items(len(left) + len(right), "a '+' concatenation")
             return left + right
-        if operator == "%" and isinstance(left, (str, *_BYTES)):
+        if operator == "%" and isinstance(left, _TEXTS):
             _format_widths(left if isinstance(left, str) else left.decode("latin-1"), right, "a '%' format")
         return base_binop(context, operator, left, right)
 
