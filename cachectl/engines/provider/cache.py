@@ -21,6 +21,7 @@ Three entry points, one result type (:class:`CostReport`):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import heapq
 import math
@@ -29,8 +30,7 @@ import sys
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -1246,8 +1246,7 @@ class CostRun:
         keep: dict = {}
         _check_cache_params(req, price)
         if price.cache_mode == "automatic":
-            with _located(req):
-                pieces = _pieces(req, text_counter, counter)
+            pieces = _pieces(req, text_counter, counter)
             usage, note, miss = sim.automatic(req, price, keys, pieces, t)
         elif price.cache_mode == "none":
             cum = _cumulative(req, keys, text_counter, counter)
@@ -1372,15 +1371,18 @@ def _piece_count(p: Position, text_counter) -> int:
     return text_counter(p.text)
 
 
-@contextmanager
-def _located(req: Request) -> Iterator[None]:
-    """An input error of the block (a position's text too long to tokenize) naming the request's file and line
-    where it names none."""
-    try:
-        yield
-    except InputError as exc:
-        exc.locate(req.source, req.line)
-        raise
+def _located_request(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn(req, ...)`` with an input error it raises (a position's text too long to tokenize) naming the request's
+    file and line where it names none: every caching mode counts through :func:`_pieces` or :func:`_cumulative`."""
+    @functools.wraps(fn)
+    def located(req: Request, *args: Any) -> Any:
+        try:
+            return fn(req, *args)
+        except InputError as exc:
+            exc.locate(req.source, req.line)
+            raise
+
+    return located
 
 
 def _need_counts(req: Request) -> InputError:
@@ -1388,6 +1390,7 @@ def _need_counts(req: Request) -> InputError:
                       "`count_with_api`", source=req.source, line=req.line)
 
 
+@_located_request
 def _pieces(req: Request, text_counter, api_count) -> list[tuple[str, Sequence[int] | None, int]]:
     """The request as token pieces for token-prefix caching (IDs where a tokenizer gives them)."""
     out: list[tuple[str, Sequence[int] | None, int]] = []
@@ -1404,12 +1407,8 @@ def _pieces(req: Request, text_counter, api_count) -> list[tuple[str, Sequence[i
     return out
 
 
+@_located_request
 def _cumulative(req: Request, keys: list[str], text_counter, api_count) -> list[int]:
-    with _located(req):  # (every caching mode: the explicit ones named no file or line for a text too long)
-        return _cumulative_counts(req, keys, text_counter, api_count)
-
-
-def _cumulative_counts(req: Request, keys: list[str], text_counter, api_count) -> list[int]:
     cum: list[int] = []
     total = 0
     for k, p in enumerate(req.positions):
