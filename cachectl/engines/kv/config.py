@@ -95,9 +95,9 @@ _FIELD_FAMILIES = {
 def _own(config: dict, cfg: dict, field: str) -> Any:
     """``cfg[field]`` where the model's configuration class has that field (:data:`_FIELD_FAMILIES`), else None."""
     value = cfg.get(field)
-    if value is None or config.get(FROM_GGUF) or field not in _FIELD_FAMILIES:
+    if value is None or config.get(FROM_GGUF):
         return value
-    return value if model_type(config).startswith(_FIELD_FAMILIES[field]) and _FIELD_FAMILIES[field] else None
+    return value if model_type(config).startswith(_FIELD_FAMILIES[field]) else None
 
 
 def load_config(path: str) -> tuple[dict, str]:
@@ -492,9 +492,9 @@ def layer_types(config: dict, source: str = "config.json") -> list[str]:
             if not pattern or n % len(pattern):  # one entry per layer, or one period repeated over the layers
                 raise InputError(f"lists {len(pattern)} entries for {n} layers", source=source,
                                  field="sliding_window_pattern")
-            if any(x not in (True, False) or isinstance(x, float) for x in pattern):  # ("false" was true)
-                odd = next(x for x in pattern if x not in (True, False) or isinstance(x, float))
-                raise InputError(f"expected true or false per layer, got {odd!r:.40}", source=source,
+            odd = [x for x in pattern if x not in (True, False) or isinstance(x, float)]  # ("false" was true)
+            if odd:
+                raise InputError(f"expected true or false per layer, got {odd[0]!r:.40}", source=source,
                                  field="sliding_window_pattern")
             types = ["sliding_attention" if pattern[i % len(pattern)] else "full_attention" for i in range(n)]
         elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 1:
@@ -1127,12 +1127,13 @@ class _GgufFile:
                 raise InputError(f"unknown GGUF value type {itype} in array {key!r:.80}", source=self.source)
             size = struct.calcsize(_GGUF_SCALARS[itype]) if itype in _GGUF_SCALARS else _GGUF_MIN_SIZE[itype]
             count = self.count(self.unpack("<Q", f"array length of {key!r:.80}"), size, f"array {key!r:.80}")
-            if (skip_big and count > 64 or count > MAX_LAYERS) and itype in _GGUF_SCALARS:
-                # the vocabulary's scores and types, and any array longer than a per-layer one can be (a file of one
-                # array of 25M integers took 1 GB and 19 s, read into a list nothing asks for)
+            # the vocabulary (its tokens, scores and types), and any array longer than a per-layer one can be (a file
+            # of one array of 25M integers took 1 GB and 19 s, read into a list nothing asks for)
+            skip = skip_big and count > 64 or count > MAX_LAYERS
+            if skip and itype in _GGUF_SCALARS:
                 self.fh.seek(size * count, 1)
                 return None
-            if (skip_big and count > 64 or count > MAX_LAYERS) and itype == 8:  # the vocabulary itself
+            if skip and itype == 8:
                 for _ in range(count):
                     n = self.count(self.unpack("<Q", f"string length in {key!r:.80}"), 1, f"string in {key!r:.80}")
                     self.fh.seek(n, 1)
