@@ -202,8 +202,8 @@ def _anthropic_client():
     from .common import api_timeout
 
     # errors (401, 429, 529, timeouts, no connection) become one line in common.provider_api_error
-    client = anthropic.Anthropic(max_retries=2, timeout=api_timeout())
-    return _Deadlined(client, 3 * api_timeout() + 5)
+    timeout = api_timeout()
+    return _Deadlined(anthropic.Anthropic(max_retries=2, timeout=timeout), 3 * timeout + 5)
 
 
 class _Deadlined:
